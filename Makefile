@@ -1,0 +1,31 @@
+# The two commands of the README: `make run` and `make test`.
+.PHONY: run test setup migrate worker web bench-quick check clean
+
+run:            ## set up, migrate, demo user + zoo, start web server and a Celery worker
+	scripts/run.sh
+
+test:           ## the whole suite (PostgreSQL + Redis, started if absent; then SQLite)
+	scripts/test.sh $(ARGS)
+
+setup:
+	scripts/setup_venv.sh
+
+migrate: setup
+	.venv/bin/python manage.py migrate --noinput
+
+check: setup
+	.venv/bin/python manage.py check
+	.venv/bin/python manage.py makemigrations --check --dry-run
+
+worker: setup
+	.venv/bin/celery -A config worker -Q default,tuning,telemetry --loglevel INFO
+
+web: setup
+	.venv/bin/gunicorn config.wsgi:application --bind 127.0.0.1:8000
+
+bench-quick: setup
+	.venv/bin/python bench/tuning_time.py --quick --json bench/results/tuning_time.json
+	.venv/bin/python bench/scheduling.py --quick --json bench/results/scheduling.json
+
+clean:
+	rm -rf var staticfiles .pytest_cache

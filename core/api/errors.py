@@ -1,0 +1,54 @@
+"""One error format for the whole API.
+
+Every 4xx/5xx body is `{"detail": str, "code": str, "errors": {field: [msgs]}}`;
+`detail` keeps DRF's key so existing clients still read it.
+"""
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from core.exceptions import QuotaExceeded, ServiceError
+from core.onnx_models.errors import OnnxValidationError
+
+
+def _flatten(detail) -> tuple[str, dict]:
+    if isinstance(detail, dict):
+        errors = {k: [str(m) for m in (v if isinstance(v, list) else [v])] for k, v in detail.items()}
+        first_field, msgs = next(iter(errors.items()), ("", ["Invalid input."]))
+        prefix = "" if first_field in ("non_field_errors", "detail") else f"{first_field}: "
+        return prefix + (msgs[0] if msgs else "Invalid input."), errors
+    if isinstance(detail, list):
+        msgs = [str(m) for m in detail]
+        return (msgs[0] if msgs else "Invalid input."), {"non_field_errors": msgs}
+    return str(detail), {}
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, OnnxValidationError):
+        return Response(
+            {"detail": exc.message, "code": exc.code, "errors": {"file": [exc.message]}},
+            status=status.HTTP_400_BAD_REQUEST,
+        )
+    if isinstance(exc, ServiceError):
+        body = {"detail": exc.message, "code": exc.code, "errors": {exc.field: [exc.message]} if exc.field else {}}
+        if isinstance(exc, QuotaExceeded):
+            body["quota"] = exc.quota
+        return Response(body, status=exc.status)
+    if isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    detail = exc.detail if isinstance(exc, exceptions.APIException) else response.data
+    message, errors = _flatten(detail)
+    code = getattr(exc, "default_code", "error")
+    if isinstance(exc, exceptions.ValidationError):
+        code = "invalid"
+    elif isinstance(exc, Http404):
+        code = "not_found"
+    response.data = {"detail": message, "code": code, "errors": errors}
+    return response

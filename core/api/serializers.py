@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from core import selectors
+from core.models import ApiToken, DLModel, Membership, Quota, Team
+
+
+class TeamScopedPrimaryKeyField(serializers.PrimaryKeyRelatedField):
+    """A `team` field that only accepts teams the caller can write to."""
+
+    def get_queryset(self):
+        request = self.context.get("request")
+        if request is None:
+            return Team.objects.none()
+        return Team.objects.filter(pk__in=selectors.writable_team_ids(request.user))
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    role = serializers.SerializerMethodField(help_text="The caller's role in this team.")
+
+    class Meta:
+        model = Team
+        fields = ["id", "name", "slug", "description", "grid_intensity_g_per_kwh", "role", "created_at"]
+        read_only_fields = ["slug", "created_at"]
+
+    @extend_schema_field(serializers.ChoiceField(choices=Membership.Role.choices, allow_null=True))
+    def get_role(self, team: Team) -> str | None:
+        request = self.context.get("request")
+        return selectors.role_in_team(request.user, team.pk) if request else None
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    username = serializers.SlugRelatedField(
+        source="user", slug_field="username", queryset=get_user_model().objects.filter(is_active=True)
+    )
+    team = serializers.PrimaryKeyRelatedField(queryset=Team.objects.all())
+
+    class Meta:
+        model = Membership
+        fields = ["id", "team", "username", "role", "created_at"]
+        read_only_fields = ["created_at"]
+
+    def validate_team(self, team):
+        request = self.context["request"]
+        if not selectors.teams_for_user(request.user).filter(pk=team.pk).exists():
+            raise serializers.ValidationError("No such team.")
+        return team
+
+
+class MembershipUpdateSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Membership.Role.choices)
+
+
+class QuotaSerializer(serializers.ModelSerializer):
+    team_name = serializers.CharField(source="team.name", read_only=True)
+    usage = serializers.SerializerMethodField(help_text="Current usage this calendar month (UTC).")
+
+    class Meta:
+        model = Quota
+        fields = [
+            "id", "team", "team_name", "max_concurrent_runs", "tuning_trials_per_month",
+            "gpu_hours_per_month", "energy_kwh_per_month", "usage", "updated_at",
+        ]
+        read_only_fields = ["team", "updated_at"]
+
+    @extend_schema_field(serializers.DictField())
+    def get_usage(self, quota: Quota) -> dict:
+        return selectors.quota_usage(quota.team_id).as_dict()
+
+
+class DLModelSerializer(serializers.ModelSerializer):
+    team_name = serializers.CharField(source="team.name", read_only=True)
+    gflops = serializers.FloatField(read_only=True)
+
+    class Meta:
+        model = DLModel
+        fields = [
+            "id", "team", "team_name", "name", "description", "source", "file_size", "sha256",
+            "opset", "ir_version", "producer", "inputs", "outputs", "batch_size",
+            "total_flops", "gflops", "param_count", "activation_bytes", "conv_count", "linear_count",
+            "activation_count", "other_count", "op_histogram", "num_tuning_tasks", "tuning_task_names",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class DLModelUploadSerializer(serializers.Serializer):
+    team = TeamScopedPrimaryKeyField(help_text="A team you are an owner or member of.")
+    name = serializers.CharField(max_length=100)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+    file = serializers.FileField(help_text="An .onnx file with static input shapes (batch dim may be symbolic).")
+
+
+class ApiTokenSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+        read_only_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
+
+
+class ApiTokenCreatedSerializer(ApiTokenSerializer):
+    key = serializers.CharField(read_only=True, help_text="Shown once; store it now.")
+
+    class Meta(ApiTokenSerializer.Meta):
+        fields = ApiTokenSerializer.Meta.fields + ["key"]
+
+
+class MeSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    username = serializers.CharField()
+    is_staff = serializers.BooleanField()
+    teams = serializers.ListField(child=serializers.DictField())

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from config.api_router import router
+
+from . import views
+
+router.register("teams", views.TeamViewSet, basename="team")
+router.register("memberships", views.MembershipViewSet, basename="membership")
+router.register("quotas", views.QuotaViewSet, basename="quota")
+router.register("models", views.DLModelViewSet, basename="dlmodel")
+router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
+
+urlpatterns = [path("me/", views.MeView.as_view(), name="api-me")]

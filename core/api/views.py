@@ -1,0 +1,225 @@
+"""Thin API views over core.services / core.selectors."""
+from __future__ import annotations
+
+import django_filters
+from django.http import FileResponse
+from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
+from rest_framework import mixins, parsers, permissions, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core import selectors, services
+from core.models import ApiToken, DLModel, Membership, Quota, Team
+
+from .permissions import IsStaffOrReadOnly, IsTeamMemberWriteOrReadOnly
+from .serializers import (
+    ApiTokenCreatedSerializer,
+    ApiTokenSerializer,
+    DLModelSerializer,
+    DLModelUploadSerializer,
+    MembershipSerializer,
+    MembershipUpdateSerializer,
+    MeSerializer,
+    QuotaSerializer,
+    TeamSerializer,
+)
+
+
+class MeView(APIView):
+    @extend_schema(responses=MeSerializer, summary="The caller and their teams")
+    def get(self, request):
+        teams = [
+            {"id": m.team_id, "name": m.team.name, "role": m.role}
+            for m in Membership.objects.filter(user=request.user).select_related("team")
+        ]
+        return Response(
+            {"id": request.user.pk, "username": request.user.get_username(), "is_staff": request.user.is_staff,
+             "teams": teams}
+        )
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Teams you belong to"),
+    create=extend_schema(summary="Create a team (you become its owner)"),
+    partial_update=extend_schema(summary="Rename or describe a team (owners)"),
+)
+class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                  mixins.UpdateModelMixin, viewsets.GenericViewSet):
+    serializer_class = TeamSerializer
+    search_fields = ["name"]
+    ordering_fields = ["name", "created_at"]
+    http_method_names = ["get", "post", "patch", "head", "options"]
+
+    def get_queryset(self):
+        return selectors.teams_for_user(self.request.user).order_by("name")
+
+    def perform_create(self, serializer):
+        team = services.create_team(
+            name=serializer.validated_data["name"], owner=self.request.user,
+            description=serializer.validated_data.get("description", ""),
+        )
+        serializer.instance = team
+
+    def perform_update(self, serializer):
+        if selectors.role_in_team(self.request.user, serializer.instance.pk) != Membership.Role.OWNER:
+            from rest_framework.exceptions import PermissionDenied
+
+            raise PermissionDenied("Only the team's owners can change it.")
+        serializer.save()
+
+
+class MembershipFilter(django_filters.FilterSet):
+    class Meta:
+        model = Membership
+        fields = ["team", "role"]
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Members of your teams"),
+    create=extend_schema(summary="Add a member (team owners)"),
+    partial_update=extend_schema(request=MembershipUpdateSerializer, summary="Change a member's role (owners)"),
+    destroy=extend_schema(summary="Remove a member (owners)"),
+)
+class MembershipViewSet(viewsets.ModelViewSet):
+    serializer_class = MembershipSerializer
+    filterset_class = MembershipFilter
+    ordering_fields = ["created_at", "role"]
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return selectors.memberships_for_user(self.request.user)
+
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        membership = services.add_member(
+            actor=request.user, team=serializer.validated_data["team"],
+            user=serializer.validated_data["user"], role=serializer.validated_data["role"],
+        )
+        return Response(self.get_serializer(membership).data, status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request, *args, **kwargs):
+        membership = self.get_object()
+        body = MembershipUpdateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        membership = services.change_member_role(actor=request.user, membership=membership,
+                                                 role=body.validated_data["role"])
+        return Response(self.get_serializer(membership).data)
+
+    def perform_destroy(self, instance):
+        services.remove_member(actor=self.request.user, membership=instance)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Quotas of your teams, with this month's usage"),
+    partial_update=extend_schema(summary="Change a team's limits (staff)"),
+)
+class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
+                   viewsets.GenericViewSet):
+    serializer_class = QuotaSerializer
+    permission_classes = [permissions.IsAuthenticated, IsStaffOrReadOnly]
+    filterset_fields = ["team"]
+    http_method_names = ["get", "patch", "head", "options"]
+
+    def get_queryset(self):
+        if self.request.user.is_staff and self.request.method not in permissions.SAFE_METHODS:
+            return Quota.objects.select_related("team")
+        return selectors.quotas_for_user(self.request.user)
+
+    def perform_update(self, serializer):
+        limits = {k: v for k, v in serializer.validated_data.items() if k in services.QUOTA_FIELDS}
+        serializer.instance = services.update_quota(actor=self.request.user, quota=serializer.instance, **limits)
+
+
+class DLModelFilter(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains")
+    min_gflops = django_filters.NumberFilter(method="filter_min_gflops")
+
+    class Meta:
+        model = DLModel
+        fields = ["team", "source", "name", "opset"]
+
+    def filter_min_gflops(self, queryset, name, value):
+        return queryset.filter(total_flops__gte=int(value * 1e9))
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Models of your teams"),
+    retrieve=extend_schema(summary="A model with its graph features"),
+    destroy=extend_schema(summary="Delete a model (owners and members)"),
+)
+class DLModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
+                     viewsets.GenericViewSet):
+    serializer_class = DLModelSerializer
+    permission_classes = [permissions.IsAuthenticated, IsTeamMemberWriteOrReadOnly]
+    filterset_class = DLModelFilter
+    search_fields = ["name", "description"]
+    ordering_fields = ["name", "created_at", "total_flops", "param_count"]
+    ordering = ["-created_at"]
+
+    def get_queryset(self):
+        return selectors.models_for_user(self.request.user)
+
+    @extend_schema(
+        request={"multipart/form-data": DLModelUploadSerializer},
+        responses={201: DLModelSerializer},
+        summary="Upload and validate an ONNX model",
+        description="The file is validated (size cap, onnx.checker, shape inference, TVM Relax import, "
+        "tuning-task count) and its graph features computed. A bad file gets a 400 naming the problem "
+        "(`code` is e.g. `not_protobuf`, `truncated`, `unsupported_op`, `too_large`) and nothing is stored.",
+        examples=[OpenApiExample("Bad file", response_only=True, status_codes=["400"], value={
+            "detail": "The file is not an ONNX protobuf.", "code": "not_protobuf",
+            "errors": {"file": ["The file is not an ONNX protobuf."]}})],
+    )
+    def create(self, request, *args, **kwargs):
+        body = DLModelUploadSerializer(data=request.data, context=self.get_serializer_context())
+        body.is_valid(raise_exception=True)
+        upload = body.validated_data["file"]
+        data = services.read_upload(upload)
+        model = services.register_model(
+            team=body.validated_data["team"], name=body.validated_data["name"],
+            description=body.validated_data.get("description", ""), data=data,
+            filename=upload.name, actor=request.user,
+        )
+        return Response(self.get_serializer(model).data, status=status.HTTP_201_CREATED)
+
+    def get_parsers(self):
+        if getattr(self, "action", None) == "create" or self.request.method == "POST":
+            return [parsers.MultiPartParser(), parsers.FormParser()]
+        return super().get_parsers()
+
+    def perform_destroy(self, instance):
+        services.delete_model(actor=self.request.user, model=instance)
+
+    @extend_schema(responses={(200, "application/octet-stream"): bytes}, summary="Download the ONNX file")
+    @action(detail=True, methods=["get"])
+    def download(self, request, pk=None):
+        model = self.get_object()
+        return FileResponse(model.file.open("rb"), as_attachment=True, filename=f"{model.name}.onnx",
+                            content_type="application/octet-stream")
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Your API tokens"),
+    create=extend_schema(responses={201: ApiTokenCreatedSerializer}, summary="Create a token (key shown once)"),
+    destroy=extend_schema(summary="Revoke a token"),
+)
+class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.RetrieveModelMixin,
+                      mixins.DestroyModelMixin, viewsets.GenericViewSet):
+    serializer_class = ApiTokenSerializer
+    filterset_fields = []
+
+    def get_queryset(self):
+        return ApiToken.objects.filter(user=self.request.user)
+
+    def create(self, request, *args, **kwargs):
+        body = ApiTokenSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        issued = services.create_api_token(user=request.user, name=body.validated_data["name"])
+        data = ApiTokenSerializer(issued.token).data | {"key": issued.key}
+        return Response(data, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, *args, **kwargs):
+        token = services.revoke_api_token(user=request.user, token=self.get_object())
+        return Response(ApiTokenSerializer(token).data, status=status.HTTP_200_OK)

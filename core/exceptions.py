@@ -1,0 +1,37 @@
+"""Domain errors raised by services; the API and dashboard turn them into 4xx/messages."""
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """A request that cannot be carried out as asked. `status` is the HTTP status it maps to."""
+
+    status = 400
+    code = "invalid"
+
+    def __init__(self, message: str, *, code: str | None = None, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+        self.field = field
+
+
+class ConflictError(ServiceError):
+    status = 409
+    code = "conflict"
+
+
+class QuotaExceeded(ServiceError):
+    """Starting the work would exceed a team quota. `quota` names the limit."""
+
+    status = 429
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, *, quota: str):
+        super().__init__(message, code="quota_exceeded")
+        self.quota = quota
+
+
+class PermissionDenied(ServiceError):
+    status = 403
+    code = "permission_denied"

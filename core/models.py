@@ -1,0 +1,154 @@
+"""Teams, memberships, quotas, API tokens and the DL model registry."""
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    slug = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    # Overrides the platform-wide grid intensity for carbon accounting.
+    grid_intensity_g_per_kwh = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0)],
+        help_text="gCO2e per kWh for this team's carbon figures; empty = platform default.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner", "Owner"
+        MEMBER = "member", "Member"
+        VIEWER = "viewer", "Viewer"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team__name", "user__username"]
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="unique_membership")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
+    @property
+    def can_write(self) -> bool:
+        return self.role in (self.Role.OWNER, self.Role.MEMBER)
+
+
+class Quota(models.Model):
+    """Monthly limits per team; usage is computed by core.selectors."""
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="quota")
+    max_concurrent_runs = models.PositiveIntegerField(default=2)
+    tuning_trials_per_month = models.PositiveIntegerField(default=20_000)
+    gpu_hours_per_month = models.FloatField(default=100.0, validators=[MinValueValidator(0.0)])
+    energy_kwh_per_month = models.FloatField(default=50.0, validators=[MinValueValidator(0.0)])
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["team__name"]
+
+    def __str__(self) -> str:
+        return f"Quota of {self.team}"
+
+
+class ApiToken(models.Model):
+    """A named, revocable API key. Only its SHA-256 is stored; the key is shown once."""
+
+    PREFIX_LEN = 8
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=PREFIX_LEN, db_index=True, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}...)"
+
+    @staticmethod
+    def hash_key(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    @staticmethod
+    def generate_key() -> str:
+        return secrets.token_urlsafe(32)
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+def model_upload_path(instance: "DLModel", filename: str) -> str:
+    return f"models/{instance.team_id}/{instance.sha256[:16]}.onnx"
+
+
+class DLModel(models.Model):
+    """An uploaded (or zoo-generated) ONNX model with its validated graph features."""
+
+    class Source(models.TextChoices):
+        UPLOAD = "upload", "Upload"
+        ZOO = "zoo", "Model zoo"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="models")
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.UPLOAD)
+    file = models.FileField(upload_to=model_upload_path, max_length=255)
+    file_size = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    opset = models.PositiveIntegerField()
+    ir_version = models.PositiveIntegerField()
+    producer = models.CharField(max_length=200, blank=True)
+    inputs = models.JSONField(help_text="[{name, shape, dtype}]")
+    outputs = models.JSONField(default=list)
+    batch_size = models.PositiveIntegerField()
+    # Graph features (Horus's predictor inputs); the full set is in `features`.
+    total_flops = models.BigIntegerField()
+    param_count = models.BigIntegerField()
+    activation_bytes = models.BigIntegerField()
+    conv_count = models.PositiveIntegerField()
+    linear_count = models.PositiveIntegerField()
+    activation_count = models.PositiveIntegerField()
+    other_count = models.PositiveIntegerField()
+    op_histogram = models.JSONField(default=dict)
+    features = models.JSONField(default=dict)
+    num_tuning_tasks = models.PositiveIntegerField(null=True, blank=True)
+    tuning_task_names = models.JSONField(default=list, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team__name", "name"]
+        verbose_name = "DL model"
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="unique_model_name_per_team")]
+        indexes = [models.Index(fields=["team", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.team})"
+
+    @property
+    def gflops(self) -> float:
+        return self.total_flops / 1e9

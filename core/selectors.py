@@ -1,0 +1,90 @@
+"""Reads for teams, memberships, quotas and models, always scoped to a user."""
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from .models import DLModel, Membership, Quota, Team
+
+
+def teams_for_user(user: AbstractBaseUser) -> QuerySet[Team]:
+    if not user.is_authenticated:
+        return Team.objects.none()
+    return Team.objects.filter(memberships__user=user).distinct()
+
+
+def role_in_team(user: AbstractBaseUser, team_id: int) -> str | None:
+    if not user.is_authenticated:
+        return None
+    return Membership.objects.filter(user=user, team_id=team_id).values_list("role", flat=True).first()
+
+
+def writable_team_ids(user: AbstractBaseUser) -> set[int]:
+    if not user.is_authenticated:
+        return set()
+    return set(
+        Membership.objects.filter(
+            user=user, role__in=[Membership.Role.OWNER, Membership.Role.MEMBER]
+        ).values_list("team_id", flat=True)
+    )
+
+
+def memberships_for_user(user: AbstractBaseUser) -> QuerySet[Membership]:
+    return Membership.objects.filter(team__in=teams_for_user(user)).select_related("team", "user")
+
+
+def models_for_user(user: AbstractBaseUser) -> QuerySet[DLModel]:
+    return DLModel.objects.filter(team__in=teams_for_user(user)).select_related("team")
+
+
+def quotas_for_user(user: AbstractBaseUser) -> QuerySet[Quota]:
+    return Quota.objects.filter(team__in=teams_for_user(user)).select_related("team")
+
+
+# --- Quota usage --------------------------------------------------------------
+# Apps that consume quota register a provider in their AppConfig.ready(); core
+# stays unaware of tuning/scheduling models.
+
+@dataclass
+class QuotaUsage:
+    concurrent_runs: int = 0
+    tuning_trials_this_month: int = 0
+    gpu_hours_this_month: float = 0.0
+    energy_kwh_this_month: float = 0.0
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "concurrent_runs": self.concurrent_runs,
+            "tuning_trials_this_month": self.tuning_trials_this_month,
+            "gpu_hours_this_month": round(self.gpu_hours_this_month, 4),
+            "energy_kwh_this_month": round(self.energy_kwh_this_month, 6),
+        }
+
+
+UsageProvider = Callable[[int, dt.datetime], dict]
+_usage_providers: dict[str, UsageProvider] = {}
+
+
+def register_usage_provider(name: str, provider: UsageProvider) -> None:
+    """`provider(team_id, month_start)` returns a partial dict of QuotaUsage fields."""
+    _usage_providers[name] = provider
+
+
+def month_start(now: dt.datetime | None = None) -> dt.datetime:
+    now = now or timezone.now()
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def quota_usage(team_id: int) -> QuotaUsage:
+    usage = QuotaUsage()
+    start = month_start()
+    for provider in _usage_providers.values():
+        for key, value in provider(team_id, start).items():
+            setattr(usage, key, getattr(usage, key) + value)
+    return usage

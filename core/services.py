@@ -1,0 +1,283 @@
+"""Writes for teams, memberships, tokens, quotas and the model registry.
+
+Keyword-only, typed, atomic: views, admin, commands and tasks call these.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.files.base import ContentFile
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.text import slugify
+
+from core.onnx_models.errors import OnnxValidationError
+
+from .exceptions import ConflictError, PermissionDenied, ServiceError
+from .models import ApiToken, DLModel, Membership, Quota, Team
+
+if TYPE_CHECKING:
+    from core.onnx_models.validate import ValidatedModel
+
+log = logging.getLogger(__name__)
+
+
+# --- Teams and memberships -----------------------------------------------------
+
+@transaction.atomic
+def create_team(*, name: str, owner: AbstractBaseUser, description: str = "") -> Team:
+    name = name.strip()
+    if not name:
+        raise ServiceError("A team needs a name.", field="name")
+    slug = slugify(name)[:100] or "team"
+    if Team.objects.filter(name__iexact=name).exists() or Team.objects.filter(slug=slug).exists():
+        raise ConflictError(f"A team named '{name}' already exists.", field="name")
+    team = Team.objects.create(name=name, slug=slug, description=description)
+    Quota.objects.create(team=team)
+    Membership.objects.create(team=team, user=owner, role=Membership.Role.OWNER)
+    return team
+
+
+def _require_owner(*, actor: AbstractBaseUser, team: Team) -> None:
+    if actor.is_staff:
+        return
+    if not Membership.objects.filter(team=team, user=actor, role=Membership.Role.OWNER).exists():
+        raise PermissionDenied("Only the team's owners can manage its members.")
+
+
+@transaction.atomic
+def add_member(*, actor: AbstractBaseUser, team: Team, user: AbstractBaseUser, role: str) -> Membership:
+    _require_owner(actor=actor, team=team)
+    if role not in Membership.Role.values:
+        raise ServiceError(f"Unknown role '{role}'; use one of {', '.join(Membership.Role.values)}.", field="role")
+    try:
+        with transaction.atomic():
+            return Membership.objects.create(team=team, user=user, role=role)
+    except IntegrityError:
+        raise ConflictError(f"{user} is already a member of {team}.", field="user") from None
+
+
+def _ensure_an_owner_remains(team: Team, excluding: Membership) -> None:
+    others = Membership.objects.filter(team=team, role=Membership.Role.OWNER).exclude(pk=excluding.pk)
+    if not others.exists():
+        raise ConflictError("A team must keep at least one owner.")
+
+
+@transaction.atomic
+def change_member_role(*, actor: AbstractBaseUser, membership: Membership, role: str) -> Membership:
+    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    _require_owner(actor=actor, team=membership.team)
+    if role not in Membership.Role.values:
+        raise ServiceError(f"Unknown role '{role}'; use one of {', '.join(Membership.Role.values)}.", field="role")
+    if membership.role == Membership.Role.OWNER and role != Membership.Role.OWNER:
+        _ensure_an_owner_remains(membership.team, membership)
+    membership.role = role
+    membership.save(update_fields=["role"])
+    return membership
+
+
+@transaction.atomic
+def remove_member(*, actor: AbstractBaseUser, membership: Membership) -> None:
+    _require_owner(actor=actor, team=membership.team)
+    if membership.role == Membership.Role.OWNER:
+        _ensure_an_owner_remains(membership.team, membership)
+    membership.delete()
+
+
+# --- Quotas --------------------------------------------------------------------
+
+QUOTA_FIELDS = ("max_concurrent_runs", "tuning_trials_per_month", "gpu_hours_per_month", "energy_kwh_per_month")
+
+
+@transaction.atomic
+def update_quota(*, actor: AbstractBaseUser, quota: Quota, **limits) -> Quota:
+    if not actor.is_staff:
+        raise PermissionDenied("Only staff can change quotas.")
+    unknown = set(limits) - set(QUOTA_FIELDS)
+    if unknown:
+        raise ServiceError(f"Unknown quota field(s): {', '.join(sorted(unknown))}.")
+    for name, value in limits.items():
+        if value is None or value < 0:
+            raise ServiceError(f"{name} must be a non-negative number.", field=name)
+        setattr(quota, name, value)
+    quota.save()
+    return quota
+
+
+def lock_team_quota(team_id: int) -> Quota:
+    """Serialize quota checks for one team until the caller's transaction ends.
+
+    PostgreSQL: a row lock (SELECT ... FOR UPDATE). SQLite ignores FOR UPDATE,
+    so we also write the row: that takes SQLite's database write lock, and a
+    concurrent checker waits at its own write until we commit.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("lock_team_quota must be called inside transaction.atomic()")
+    quota, _ = Quota.objects.get_or_create(team_id=team_id)
+    quota = Quota.objects.select_for_update().get(pk=quota.pk)
+    Quota.objects.filter(pk=quota.pk).update(updated_at=timezone.now())
+    return quota
+
+
+# --- API tokens ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token: ApiToken
+    key: str  # shown once, never stored
+
+
+def create_api_token(*, user: AbstractBaseUser, name: str) -> IssuedToken:
+    name = (name or "").strip() or "default"
+    key = ApiToken.generate_key()
+    token = ApiToken.objects.create(
+        user=user, name=name[:100], prefix=key[: ApiToken.PREFIX_LEN], key_hash=ApiToken.hash_key(key)
+    )
+    return IssuedToken(token=token, key=key)
+
+
+def revoke_api_token(*, user: AbstractBaseUser, token: ApiToken) -> ApiToken:
+    if token.user_id != user.pk and not user.is_staff:
+        raise PermissionDenied("You can only revoke your own tokens.")
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+    return token
+
+
+# --- Model registry ------------------------------------------------------------
+
+def _require_writer(*, actor: AbstractBaseUser | None, team: Team) -> None:
+    if actor is None or actor.is_staff:
+        return
+    if not Membership.objects.filter(
+        team=team, user=actor, role__in=[Membership.Role.OWNER, Membership.Role.MEMBER]
+    ).exists():
+        raise PermissionDenied("Viewers cannot change this team's models.")
+
+
+def validate_model_bytes(*, data: bytes, filename: str) -> "ValidatedModel":
+    """Run the registry's validation with the platform's limits; raises OnnxValidationError."""
+    # Imported here: validation pulls in onnx (and TVM for task counting), which
+    # web processes should only pay for when a model is actually uploaded.
+    from core.onnx_models.validate import validate_onnx_bytes
+
+    return validate_onnx_bytes(
+        data,
+        filename=filename,
+        max_bytes=settings.ONNX_MAX_UPLOAD_BYTES,
+        max_gflops=settings.ONNX_MAX_GFLOPS,
+        count_tasks=settings.ONNX_COUNT_TUNING_TASKS,
+        target=settings.DEFAULT_TUNING_TARGET,
+    )
+
+
+def read_upload(uploaded, *, max_bytes: int | None = None) -> bytes:
+    """Read an uploaded file, refusing it before reading when it is over the cap."""
+    max_bytes = max_bytes or settings.ONNX_MAX_UPLOAD_BYTES
+    size = getattr(uploaded, "size", None)
+    if size is not None and size > max_bytes:
+        raise OnnxValidationError(
+            "too_large",
+            f"The file is {size / 1e6:.1f} MB; the limit is {max_bytes / 1e6:.1f} MB.",
+        )
+    chunks, total = [], 0
+    for chunk in uploaded.chunks() if hasattr(uploaded, "chunks") else [uploaded.read()]:
+        total += len(chunk)
+        if total > max_bytes:
+            raise OnnxValidationError(
+                "too_large", f"The file is over the {max_bytes / 1e6:.1f} MB limit."
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def register_model(
+    *,
+    team: Team,
+    name: str,
+    data: bytes,
+    filename: str,
+    actor: AbstractBaseUser | None = None,
+    description: str = "",
+    source: str = DLModel.Source.UPLOAD,
+    validated: "ValidatedModel | None" = None,
+) -> DLModel:
+    """Validate an ONNX file and store it with its features. Nothing is stored on failure."""
+    _require_writer(actor=actor, team=team)
+    name = (name or "").strip()
+    if not name:
+        raise ServiceError("A model needs a name.", field="name")
+    if len(name) > 100:
+        raise ServiceError("Model names are at most 100 characters.", field="name")
+    if DLModel.objects.filter(team=team, name=name).exists():
+        raise ConflictError(f"Team {team} already has a model named '{name}'.", field="name")
+    validated = validated or validate_model_bytes(data=data, filename=filename)
+    features = validated.features
+    digest = hashlib.sha256(data).hexdigest()
+    model = DLModel(
+        team=team,
+        name=name,
+        description=description,
+        source=source,
+        file_size=len(data),
+        sha256=digest,
+        opset=validated.opset,
+        ir_version=validated.ir_version,
+        producer=validated.producer[:200],
+        inputs=validated.inputs,
+        outputs=validated.outputs,
+        batch_size=validated.batch_size,
+        total_flops=features.total_flops,
+        param_count=features.param_count,
+        activation_bytes=features.activation_bytes,
+        conv_count=features.conv_count,
+        linear_count=features.linear_count,
+        activation_count=features.activation_count,
+        other_count=features.other_count,
+        op_histogram=dict(features.op_histogram),
+        features=features.to_dict(),
+        num_tuning_tasks=validated.num_tuning_tasks,
+        tuning_task_names=list(validated.task_names or []),
+        created_by=actor if actor is not None and actor.is_authenticated else None,
+    )
+    stored_name = None
+    try:
+        with transaction.atomic():
+            model.file.save(f"{digest[:16]}.onnx", ContentFile(data), save=False)
+            stored_name = model.file.name
+            model.save()
+    except IntegrityError:
+        _delete_file(stored_name)
+        raise ConflictError(f"Team {team} already has a model named '{name}'.", field="name") from None
+    except BaseException:
+        _delete_file(stored_name)
+        raise
+    return model
+
+
+def _delete_file(name: str | None) -> None:
+    if not name:
+        return
+    from django.core.files.storage import default_storage
+
+    # Another model of the team may share the same content (same sha256 path).
+    if DLModel.objects.filter(file=name).exists():
+        return
+    try:
+        default_storage.delete(name)
+    except OSError:  # pragma: no cover - best effort cleanup
+        log.warning("could not delete stored file %s", name)
+
+
+@transaction.atomic
+def delete_model(*, actor: AbstractBaseUser, model: DLModel) -> None:
+    _require_writer(actor=actor, team=model.team)
+    name = model.file.name
+    model.delete()
+    transaction.on_commit(lambda: _delete_file(name))

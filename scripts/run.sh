@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# `make run`: install, migrate, create the demo user/team/zoo, start a Celery worker and the web server.
+# Embedded defaults: SQLite + a SQLite-backed Celery broker under ./var; set DATABASE_URL/REDIS_URL for servers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup_venv.sh
+PY=.venv/bin/python
+HOST=${HOST:-127.0.0.1}
+PORT=${PORT:-8000}
+mkdir -p var/log
+$PY manage.py migrate --noinput
+$PY manage.py collectstatic --noinput >/dev/null
+$PY manage.py bootstrap_demo
+NODE=$($PY -c 'import socket; print(socket.gethostname().split(".")[0])')
+QUEUES=${WORKER_QUEUES:-default,tuning,telemetry,measure.$NODE.cpu}
+.venv/bin/celery -A config worker -Q "$QUEUES" --concurrency "${WORKER_CONCURRENCY:-2}" \
+  --hostname "cpu@$NODE" --loglevel INFO >var/log/worker.log 2>&1 &
+WORKER_PID=$!
+trap 'kill $WORKER_PID 2>/dev/null; wait $WORKER_PID 2>/dev/null' EXIT INT TERM
+cat <<MSG
+
+  dlopt is up.
+    Dashboard:  http://$HOST:$PORT/        (login: demo / demo-password)
+    API docs:   http://$HOST:$PORT/api/docs/
+    Admin:      http://$HOST:$PORT/admin/
+    Worker log: var/log/worker.log (queues: $QUEUES)
+  Ctrl-C stops the web server and the worker.
+
+MSG
+.venv/bin/gunicorn config.wsgi:application --bind "$HOST:$PORT" --workers "${WEB_WORKERS:-2}" \
+  --access-logfile var/log/access.log
