@@ -69,6 +69,7 @@ if [ -z "${TEST_DATABASE_URL:-}" ]; then
 fi
 
 export DLOPT_VAR_DIR="$TMP/var"
+export REDIS_URL="$TEST_REDIS_URL"   # the Celery broker of the tests and their workers
 export PYTHONUNBUFFERED=1
 echo "== pass 1: whole suite on PostgreSQL ($TEST_DATABASE_URL), Redis $TEST_REDIS_URL"
 set +e

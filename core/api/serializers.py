@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -8,6 +9,7 @@ from core import selectors
 from core.models import ApiToken, DLModel, Membership, Quota, Team
 
 
+@extend_schema_field(OpenApiTypes.INT)
 class TeamScopedPrimaryKeyField(serializers.PrimaryKeyRelatedField):
     """A `team` field that only accepts teams the caller can write to."""
 

@@ -1,0 +1,102 @@
+"""Teams, memberships (owner-only), quotas (staff write), tokens (revocable), /api/me/."""
+from __future__ import annotations
+
+import pytest
+
+from core.models import ApiToken, Membership, Quota
+from tests.conftest import client_for
+
+pytestmark = pytest.mark.django_db
+
+
+def test_create_team_makes_caller_owner_with_quota(api_owner, user_owner):
+    resp = api_owner.post("/api/teams/", {"name": "Vision"})
+    assert resp.status_code == 201, resp.content
+    team_id = resp.json()["id"]
+    assert resp.json()["role"] == "owner"
+    assert Membership.objects.get(team_id=team_id, user=user_owner).role == "owner"
+    assert Quota.objects.filter(team_id=team_id).exists()
+    assert api_owner.post("/api/teams/", {"name": "vision"}).status_code == 409
+
+
+def test_team_list_is_scoped(api_owner, team_a, team_b):
+    names = [t["name"] for t in api_owner.get("/api/teams/").json()["results"]]
+    assert names == ["Team A"]
+    assert api_owner.get(f"/api/teams/{team_b.pk}/").status_code == 404
+
+
+def test_only_owner_manages_members(team_a, user_owner, user_member, user_other):
+    member_client, owner_client = client_for(user_member), client_for(user_owner)
+    resp = member_client.post("/api/memberships/", {"team": team_a.pk, "username": "mallory", "role": "viewer"})
+    assert resp.status_code == 403
+    resp = owner_client.post("/api/memberships/", {"team": team_a.pk, "username": "mallory", "role": "viewer"})
+    assert resp.status_code == 201, resp.content
+    membership_id = resp.json()["id"]
+    assert owner_client.patch(f"/api/memberships/{membership_id}/", {"role": "member"}).json()["role"] == "member"
+    assert member_client.delete(f"/api/memberships/{membership_id}/").status_code == 403
+    assert owner_client.delete(f"/api/memberships/{membership_id}/").status_code == 204
+    assert not Membership.objects.filter(pk=membership_id).exists()
+
+
+def test_last_owner_cannot_be_removed_or_demoted(team_a, user_owner):
+    owner_membership = Membership.objects.get(team=team_a, user=user_owner)
+    client = client_for(user_owner)
+    assert client.patch(f"/api/memberships/{owner_membership.pk}/", {"role": "viewer"}).status_code == 409
+    assert client.delete(f"/api/memberships/{owner_membership.pk}/").status_code == 409
+
+
+def test_memberships_of_other_teams_invisible(api_other, team_a, user_member):
+    assert api_other.get(f"/api/memberships/?team={team_a.pk}").json()["count"] == 0
+    resp = api_other.post("/api/memberships/", {"team": team_a.pk, "username": "mallory", "role": "owner"})
+    assert resp.status_code == 400 and "team" in resp.json()["errors"]
+
+
+def test_quota_read_for_members_write_for_staff(team_a, user_owner, user_staff):
+    quota = team_a.quota
+    owner = client_for(user_owner)
+    body = owner.get(f"/api/quotas/{quota.pk}/").json()
+    assert body["max_concurrent_runs"] == quota.max_concurrent_runs
+    assert set(body["usage"]) >= {"concurrent_runs", "tuning_trials_this_month", "gpu_hours_this_month",
+                                  "energy_kwh_this_month"}
+    assert owner.patch(f"/api/quotas/{quota.pk}/", {"max_concurrent_runs": 99}).status_code == 403
+    staff = client_for(user_staff)
+    resp = staff.patch(f"/api/quotas/{quota.pk}/", {"max_concurrent_runs": 7, "energy_kwh_per_month": 1.5})
+    assert resp.status_code == 200, resp.content
+    quota.refresh_from_db()
+    assert (quota.max_concurrent_runs, quota.energy_kwh_per_month) == (7, 1.5)
+    assert staff.patch(f"/api/quotas/{quota.pk}/", {"gpu_hours_per_month": -1}).status_code == 400
+
+
+def test_tokens_are_hashed_and_revocable(user_owner):
+    from rest_framework.test import APIClient
+
+    session = APIClient()
+    session.force_authenticate(user_owner)
+    resp = session.post("/api/tokens/", {"name": "ci"})
+    assert resp.status_code == 201
+    key, token_id = resp.json()["key"], resp.json()["id"]
+    assert not ApiToken.objects.filter(key_hash=key).exists()  # only the hash is stored
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    assert client.get("/api/me/").json()["username"] == "alice"
+    assert "key" not in session.get("/api/tokens/").json()["results"][0]
+    assert session.delete(f"/api/tokens/{token_id}/").json()["revoked_at"]
+    resp = client.get("/api/me/")
+    assert resp.status_code == 401 and "revoked" in resp.json()["detail"]
+
+
+def test_cannot_revoke_someone_elses_token(user_owner, user_other):
+    from core import services
+
+    issued = services.create_api_token(user=user_other, name="x")
+    assert client_for(user_owner).delete(f"/api/tokens/{issued.token.pk}/").status_code == 404
+
+
+def test_error_format_is_uniform(api_owner):
+    body = api_owner.get("/api/models/999999/").json()
+    assert set(body) >= {"detail", "code", "errors"} and body["code"] == "not_found"
+
+
+def test_me_lists_roles(team_a, user_viewer):
+    body = client_for(user_viewer).get("/api/me/").json()
+    assert body["teams"] == [{"id": team_a.pk, "name": "Team A", "role": "viewer"}]
