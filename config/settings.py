@@ -203,6 +203,12 @@ ONNX_COUNT_TUNING_TASKS = env.bool("ONNX_COUNT_TUNING_TASKS", default=True)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024  # larger uploads stream to a temp file
 DEFAULT_TUNING_TARGET = {"kind": "llvm", "num-cores": env.int("DLOPT_TUNING_CORES", default=2)}
+# A running run whose executor sent no heartbeat for this long is presumed dead
+# (its worker was killed) and re-enqueued by tuning.recover_stale_runs.
+TUNING_STALE_AFTER_S = env.float("TUNING_STALE_AFTER_S", default=120.0)
+CELERY_BEAT_SCHEDULE = {
+    "recover-stale-tuning-runs": {"task": "tuning.recover_stale_runs", "schedule": 60.0},
+}
 # Energy model used where no meter exists (labeled "modeled" everywhere it shows).
 ENERGY_CPU_WATTS_PER_CORE = env.float("ENERGY_CPU_WATTS_PER_CORE", default=10.0)
 ENERGY_GPU_BOARD_WATTS = env.float("ENERGY_GPU_BOARD_WATTS", default=300.0)

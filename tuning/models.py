@@ -1,1 +1,180 @@
-"""Models: see the app docstring."""
+"""Tuning runs, their tasks, every measured candidate, and DOP rounds.
+
+State lives here and in TVM's tuning database under the run's work dir, never
+only in a worker's memory, so a killed worker's run resumes where it stopped.
+"""
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from core.models import DLModel, Team
+
+
+class TuningRun(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        PAUSED = "paused", "Paused"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    ACTIVE = (Status.QUEUED, Status.RUNNING)
+    TERMINAL = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+    class Mode(models.TextChoices):
+        STOCK = "stock", "Stock MetaSchedule (LocalBuilder + LocalRunner)"
+        DOPPLER = "doppler", "DOPpler (persistent builder, pooled async runner, auto DOP)"
+
+    class Action(models.TextChoices):
+        NONE = "", "None"
+        CANCEL = "cancel", "Cancel"
+        PAUSE = "pause", "Pause"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="tuning_runs")
+    model = models.ForeignKey(DLModel, on_delete=models.CASCADE, related_name="tuning_runs")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    target = models.JSONField(help_text='TVM target dict, e.g. {"kind": "llvm", "num-cores": 2}')
+    target_kind = models.CharField(max_length=20, db_index=True, editable=False)
+    max_trials = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(100_000)])
+    trials_per_round = models.PositiveIntegerField(default=32, validators=[MinValueValidator(1),
+                                                                           MaxValueValidator(1024)])
+    measurement_mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.DOPPLER)
+    dop_fixed = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)],
+                                            help_text="Fixed degree of parallelism; empty = automatic (DOPpler).")
+    threads = models.PositiveIntegerField(null=True, blank=True,
+                                          help_text="Threads per measurement; empty = the target's cores.")
+    options = models.JSONField(default=dict, blank=True, help_text="Engine options (search population, seed...).")
+
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    requested_action = models.CharField(max_length=10, choices=Action.choices, default=Action.NONE, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Liveness of the executing worker; a stale heartbeat on a running run means
+    # its worker died and the run is re-enqueued (see services.recover_stale_runs).
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    lease = models.CharField(max_length=64, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    worker = models.CharField(max_length=200, blank=True)
+
+    # Progress and results (filled as the run goes).
+    trials_done = models.PositiveIntegerField(default=0)
+    wall_seconds = models.FloatField(default=0.0, help_text="Tuning wall time summed over attempts.")
+    estimated_latency_s = models.FloatField(null=True, blank=True,
+                                            help_text="Sum over tasks of weight x best latency.")
+    final_dop = models.PositiveIntegerField(null=True, blank=True)
+    mean_parallel_error = models.FloatField(null=True, blank=True)
+    tuned_latency_s = models.FloatField(null=True, blank=True)
+    untuned_latency_s = models.FloatField(null=True, blank=True)
+    outputs_match = models.BooleanField(null=True, blank=True)
+    max_abs_diff = models.FloatField(null=True, blank=True)
+    summary = models.JSONField(default=dict, blank=True)
+    records_file = models.FileField(upload_to="runs/records/", blank=True, max_length=255)
+    module_file = models.FileField(upload_to="runs/modules/", blank=True, max_length=255)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["team", "status"]), models.Index(fields=["team", "-created_at"])]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(max_trials__gte=1), name="run_max_trials_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Run {self.pk} of {self.model.name} ({self.status})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in self.ACTIVE
+
+    @property
+    def progress(self) -> float:
+        return min(1.0, self.trials_done / self.max_trials) if self.max_trials else 0.0
+
+    @property
+    def dop_mode(self) -> str:
+        return str(self.dop_fixed) if self.dop_fixed else "auto"
+
+    @property
+    def speedup(self) -> float | None:
+        if self.tuned_latency_s and self.untuned_latency_s:
+            return self.untuned_latency_s / self.tuned_latency_s
+        return None
+
+
+class TuningTask(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        TUNING = "tuning", "Tuning"
+        DONE = "done", "Done"
+        PREEMPTED = "preempted", "Pre-empted (plateau)"
+
+    run = models.ForeignKey(TuningRun, on_delete=models.CASCADE, related_name="tasks")
+    index = models.PositiveIntegerField()
+    name = models.CharField(max_length=300)
+    flops = models.FloatField(default=0.0)
+    weight = models.FloatField(default=1.0)
+    trials = models.PositiveIntegerField(default=0)
+    best_latency_s = models.FloatField(null=True, blank=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+
+    class Meta:
+        ordering = ["run", "index"]
+        constraints = [models.UniqueConstraint(fields=["run", "index"], name="unique_task_index_per_run")]
+
+    def __str__(self) -> str:
+        return f"{self.name} (run {self.run_id})"
+
+    @property
+    def gflops_per_s(self) -> float | None:
+        if self.best_latency_s and self.flops:
+            return self.flops / self.best_latency_s / 1e9
+        return None
+
+
+class Measurement(models.Model):
+    """One measured candidate. (run, task, candidate_key) is unique: a resumed run never stores one twice."""
+
+    run = models.ForeignKey(TuningRun, on_delete=models.CASCADE, related_name="measurements")
+    task = models.ForeignKey(TuningTask, on_delete=models.CASCADE, related_name="measurements")
+    round_index = models.PositiveIntegerField()
+    candidate_key = models.CharField(max_length=64)
+    run_secs = models.JSONField(default=list, help_text="Latency samples in seconds.")
+    latency_s = models.FloatField(null=True, blank=True, help_text="Median of the samples (corrected if DOP>1).")
+    build_secs = models.FloatField(null=True, blank=True)
+    run_wall_secs = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    dop = models.PositiveIntegerField(default=1)
+    remeasured_serially = models.BooleanField(default=False)
+    serial_secs = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "task", "candidate_key"], name="unique_candidate_per_task"),
+        ]
+        indexes = [models.Index(fields=["run", "task", "round_index"])]
+
+
+class DopRound(models.Model):
+    """The DOP in force and the parallel-vs-serial error measured in one round."""
+
+    run = models.ForeignKey(TuningRun, on_delete=models.CASCADE, related_name="dop_rounds")
+    round_index = models.PositiveIntegerField()
+    task_index = models.IntegerField(default=-1)
+    dop = models.PositiveIntegerField()
+    mean_error = models.FloatField(null=True, blank=True)
+    n_candidates = models.PositiveIntegerField(default=0)
+    n_remeasured = models.PositiveIntegerField(default=0)
+    n_failures = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "round_index"]
+        constraints = [models.UniqueConstraint(fields=["run", "round_index"], name="unique_dop_round")]

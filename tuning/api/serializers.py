@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from core import selectors as core_selectors
+from core.models import DLModel
+from tuning.models import DopRound, Measurement, TuningRun, TuningTask
+
+
+@extend_schema_field(OpenApiTypes.INT)
+class TeamModelField(serializers.PrimaryKeyRelatedField):
+    def get_queryset(self):
+        request = self.context.get("request")
+        if request is None:
+            return DLModel.objects.none()
+        return core_selectors.models_for_user(request.user)
+
+
+class TuningRunSerializer(serializers.ModelSerializer):
+    model_name = serializers.CharField(source="model.name", read_only=True)
+    progress = serializers.FloatField(read_only=True)
+    dop_mode = serializers.CharField(read_only=True)
+    speedup = serializers.FloatField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = TuningRun
+        fields = [
+            "id", "team", "model", "model_name", "target", "target_kind", "max_trials", "trials_per_round",
+            "measurement_mode", "dop_mode", "dop_fixed", "threads", "options", "status", "requested_action",
+            "error", "created_at", "started_at", "finished_at", "attempts", "worker", "trials_done", "progress",
+            "wall_seconds", "estimated_latency_s", "final_dop", "mean_parallel_error", "tuned_latency_s",
+            "untuned_latency_s", "speedup", "outputs_match", "max_abs_diff", "summary",
+        ]
+        read_only_fields = fields
+
+
+class TuningRunCreateSerializer(serializers.Serializer):
+    model = TeamModelField(help_text="A model of one of your teams.")
+    max_trials = serializers.IntegerField(min_value=1, max_value=100_000)
+    target = serializers.JSONField(required=False, help_text='TVM target dict; default {"kind": "llvm", '
+                                   '"num-cores": <cores>}.')
+    trials_per_round = serializers.IntegerField(min_value=1, max_value=1024, default=32)
+    measurement_mode = serializers.ChoiceField(choices=TuningRun.Mode.choices, default=TuningRun.Mode.DOPPLER)
+    dop = serializers.CharField(default="auto", help_text="'auto' or a fixed degree of parallelism.")
+    threads = serializers.IntegerField(min_value=1, max_value=1024, required=False, allow_null=True)
+    search_population = serializers.IntegerField(min_value=8, max_value=4096, required=False,
+                                                 help_text="Evolutionary search population (smaller = faster).")
+    seed = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
+
+    def validate_dop(self, value):
+        if value != "auto" and not (value.isdigit() and int(value) >= 1):
+            raise serializers.ValidationError("Use 'auto' or a positive integer.")
+        return value
+
+
+class TuningTaskSerializer(serializers.ModelSerializer):
+    gflops_per_s = serializers.FloatField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = TuningTask
+        fields = ["id", "index", "name", "flops", "weight", "trials", "best_latency_s", "gflops_per_s", "status"]
+        read_only_fields = fields
+
+
+class MeasurementSerializer(serializers.ModelSerializer):
+    task_index = serializers.IntegerField(source="task.index", read_only=True)
+
+    class Meta:
+        model = Measurement
+        fields = ["id", "task", "task_index", "round_index", "candidate_key", "run_secs", "latency_s", "build_secs",
+                  "run_wall_secs", "error", "worker", "dop", "remeasured_serially", "serial_secs", "created_at"]
+        read_only_fields = fields
+
+
+class DopRoundSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = DopRound
+        fields = ["round_index", "task_index", "dop", "mean_error", "n_candidates", "n_remeasured", "n_failures",
+                  "created_at"]
+        read_only_fields = fields
+
+
+class ImportRecordsSerializer(serializers.Serializer):
+    workloads = serializers.FileField(help_text="TVM JSONDatabase database_workload.json")
+    records = serializers.FileField(help_text="TVM JSONDatabase database_tuning_record.json")

@@ -1,0 +1,7 @@
+from config.api_router import router
+
+from . import views
+
+router.register("runs", views.TuningRunViewSet, basename="tuningrun")
+
+urlpatterns: list = []

@@ -1,0 +1,150 @@
+"""Tuning API: runs (create/list/detail/cancel/pause/resume), tasks, measurements, artifacts."""
+from __future__ import annotations
+
+import django_filters
+from django.http import FileResponse, Http404
+from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
+from rest_framework import mixins, parsers, permissions, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from core.api.permissions import IsTeamMemberWriteOrReadOnly
+from core.services import read_upload
+from tuning import selectors, services
+from tuning.models import TuningRun
+
+from .serializers import (
+    DopRoundSerializer,
+    ImportRecordsSerializer,
+    MeasurementSerializer,
+    TuningRunCreateSerializer,
+    TuningRunSerializer,
+    TuningTaskSerializer,
+)
+
+
+class TuningRunFilter(django_filters.FilterSet):
+    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lte")
+
+    class Meta:
+        model = TuningRun
+        fields = ["team", "model", "status", "target_kind", "measurement_mode"]
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Tuning runs of your teams"),
+    retrieve=extend_schema(summary="A run with its progress and results"),
+)
+class TuningRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                       viewsets.GenericViewSet):
+    serializer_class = TuningRunSerializer
+    permission_classes = [permissions.IsAuthenticated, IsTeamMemberWriteOrReadOnly]
+    filterset_class = TuningRunFilter
+    ordering_fields = ["created_at", "status", "trials_done", "wall_seconds", "tuned_latency_s"]
+    ordering = ["-created_at"]
+    parser_classes = [parsers.JSONParser, parsers.MultiPartParser, parsers.FormParser]
+
+    def get_queryset(self):
+        return selectors.runs_for_user(self.request.user)
+
+    @extend_schema(
+        request=TuningRunCreateSerializer, responses={201: TuningRunSerializer},
+        summary="Start a tuning run",
+        description="Queued on the `tuning` Celery queue. Refused with 429 and the quota's name when the team's "
+        "concurrent-run or monthly-trial quota would be exceeded.",
+        examples=[OpenApiExample("Small DOPpler run", request_only=True, value={
+            "model": 1, "max_trials": 64, "target": {"kind": "llvm", "num-cores": 2},
+            "measurement_mode": "doppler", "dop": "auto"})],
+    )
+    def create(self, request, *args, **kwargs):
+        body = TuningRunCreateSerializer(data=request.data, context=self.get_serializer_context())
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        options = {k: data[k] for k in ("search_population", "seed") if data.get(k) is not None}
+        dop = data["dop"]
+        run = services.start_run(
+            actor=request.user, model=data["model"], max_trials=data["max_trials"], target=data.get("target"),
+            trials_per_round=data["trials_per_round"], measurement_mode=data["measurement_mode"],
+            dop=dop if dop == "auto" else int(dop), threads=data.get("threads"), options=options,
+        )
+        return Response(TuningRunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    def _control(self, fn):
+        run = self.get_object()
+        run = fn(actor=self.request.user, run=run)
+        return Response(TuningRunSerializer(run).data)
+
+    @extend_schema(request=None, responses=TuningRunSerializer, summary="Cancel a run")
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        return self._control(services.cancel_run)
+
+    @extend_schema(request=None, responses=TuningRunSerializer, summary="Pause a run (stops between rounds)")
+    @action(detail=True, methods=["post"])
+    def pause(self, request, pk=None):
+        return self._control(services.pause_run)
+
+    @extend_schema(request=None, responses=TuningRunSerializer, summary="Resume a paused run")
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        return self._control(services.resume_run)
+
+    @extend_schema(responses=TuningTaskSerializer(many=True), summary="The run's tuning tasks")
+    @action(detail=True, methods=["get"])
+    def tasks(self, request, pk=None):
+        qs = selectors.tasks_of_run(self.get_object())
+        page = self.paginate_queryset(qs)
+        return self.get_paginated_response(TuningTaskSerializer(page, many=True).data)
+
+    @extend_schema(responses=MeasurementSerializer(many=True), summary="Every measured candidate (paginated)")
+    @action(detail=True, methods=["get"])
+    def measurements(self, request, pk=None):
+        qs = selectors.measurements_of_run(self.get_object())
+        task = request.query_params.get("task_index")
+        if task is not None:
+            if not task.isdigit():
+                from rest_framework.exceptions import ValidationError
+
+                raise ValidationError({"task_index": ["Must be a non-negative integer."]})
+            qs = qs.filter(task__index=int(task))
+        page = self.paginate_queryset(qs)
+        return self.get_paginated_response(MeasurementSerializer(page, many=True).data)
+
+    @extend_schema(responses=DopRoundSerializer(many=True), summary="DOP and parallel-vs-serial error per round")
+    @action(detail=True, methods=["get"], url_path="dop-rounds")
+    def dop_rounds(self, request, pk=None):
+        page = self.paginate_queryset(selectors.dop_rounds_of_run(self.get_object()))
+        return self.get_paginated_response(DopRoundSerializer(page, many=True).data)
+
+    def _file(self, field: str, filename: str):
+        run = self.get_object()
+        f = getattr(run, field)
+        if not f:
+            raise Http404("Not available yet: the run has not finished successfully.")
+        return FileResponse(f.open("rb"), as_attachment=True, filename=filename,
+                            content_type="application/octet-stream")
+
+    @extend_schema(responses={(200, "application/zip"): bytes}, summary="TVM tuning database (zip of JSON files)")
+    @action(detail=True, methods=["get"])
+    def records(self, request, pk=None):
+        return self._file("records_file", f"run{pk}-records.zip")
+
+    @extend_schema(responses={(200, "application/octet-stream"): bytes}, summary="Compiled tuned module (.so)")
+    @action(detail=True, methods=["get"])
+    def module(self, request, pk=None):
+        return self._file("module_file", f"run{pk}-tuned.so")
+
+    @extend_schema(request={"multipart/form-data": ImportRecordsSerializer},
+                   responses={200: TuningRunSerializer}, summary="Import an existing TVM tuning database")
+    @action(detail=True, methods=["post"], url_path="import-records")
+    def import_records(self, request, pk=None):
+        run = self.get_object()
+        body = ImportRecordsSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        services.import_database(
+            actor=request.user, run=run,
+            workloads=read_upload(body.validated_data["workloads"], max_bytes=50 * 1024 * 1024),
+            records=read_upload(body.validated_data["records"], max_bytes=200 * 1024 * 1024))
+        run.refresh_from_db()
+        return Response(TuningRunSerializer(run).data)

@@ -1,0 +1,153 @@
+"""Tune a registered model (or an ONNX file) from the terminal, with a progress bar and a JSON summary."""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from core.exceptions import ServiceError
+from core.models import DLModel, Membership, Team
+from core.onnx_models.errors import OnnxValidationError
+from core.services import register_model
+from tuning import services
+from tuning.models import TuningRun
+
+
+class Command(BaseCommand):
+    help = ("Tune a model with TVM MetaSchedule. Runs in this process by default; --worker hands the run to a "
+            "Celery worker and follows its progress.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("model", help="Registered model: id or name (with --team), or a path to an .onnx file")
+        parser.add_argument("--team", help="Team slug or name (required for a name or a file)")
+        parser.add_argument("--trials", type=int, default=64, help="Total trial budget (default 64)")
+        parser.add_argument("--trials-per-round", type=int, default=32)
+        parser.add_argument("--target", default=None,
+                            help='TVM target as JSON, e.g. \'{"kind": "llvm", "num-cores": 2}\' (default: this CPU)')
+        parser.add_argument("--mode", choices=TuningRun.Mode.values, default=TuningRun.Mode.DOPPLER)
+        parser.add_argument("--dop", default="auto", help="'auto' or a fixed degree of parallelism")
+        parser.add_argument("--threads", type=int, default=None)
+        parser.add_argument("--population", type=int, default=None, help="Evolutionary search population")
+        parser.add_argument("--seed", type=int, default=None)
+        parser.add_argument("--worker", action="store_true", help="Run on a Celery worker instead of in-process")
+        parser.add_argument("--json", action="store_true", help="Print a JSON summary at the end")
+        parser.add_argument("--no-progress", action="store_true")
+
+    def _resolve_model(self, ref: str, team_ref: str | None) -> DLModel:
+        team = None
+        if team_ref:
+            team = Team.objects.filter(slug=team_ref).first() or Team.objects.filter(name=team_ref).first()
+            if team is None:
+                raise CommandError(f"No team '{team_ref}'.")
+        path = Path(ref)
+        if ref.endswith(".onnx") or path.exists():
+            if not path.is_file():
+                raise CommandError(f"No such file: {ref}")
+            if team is None:
+                raise CommandError("--team is required to register an ONNX file.")
+            name = path.stem
+            existing = DLModel.objects.filter(team=team, name=name).first()
+            if existing:
+                return existing
+            try:
+                return register_model(team=team, name=name, data=path.read_bytes(), filename=path.name)
+            except OnnxValidationError as exc:
+                raise CommandError(f"{path.name} refused ({exc.code}): {exc}") from exc
+        qs = DLModel.objects.all() if team is None else DLModel.objects.filter(team=team)
+        model = qs.filter(pk=int(ref)).first() if ref.isdigit() else qs.filter(name=ref).first()
+        if model is None:
+            raise CommandError(f"No model '{ref}'" + (f" in team {team}" if team else "") + ".")
+        return model
+
+    def handle(self, *args, **opt):
+        model = self._resolve_model(opt["model"], opt["team"])
+        owner = Membership.objects.filter(team=model.team, role=Membership.Role.OWNER).select_related("user").first()
+        if owner is None:
+            raise CommandError(f"Team {model.team} has no owner to run as.")
+        try:
+            target = json.loads(opt["target"]) if opt["target"] else None
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"--target is not valid JSON: {exc}") from exc
+        options = {k: v for k, v in (("search_population", opt["population"]), ("seed", opt["seed"])) if v}
+        dop = opt["dop"] if opt["dop"] == "auto" else int(opt["dop"]) if opt["dop"].isdigit() else None
+        if dop is None:
+            raise CommandError("--dop must be 'auto' or a positive integer.")
+        try:
+            run = services.start_run(
+                actor=owner.user, model=model, max_trials=opt["trials"], target=target,
+                trials_per_round=opt["trials_per_round"], measurement_mode=opt["mode"], dop=dop,
+                threads=opt["threads"], options=options, enqueue=opt["worker"])
+        except ServiceError as exc:
+            raise CommandError(str(exc)) from exc
+        out = sys.stderr if opt["json"] else self.stdout
+        out.write(f"Run {run.pk}: {model.name} on {run.target}, {run.max_trials} trials, mode {run.measurement_mode}, "
+                  f"DOP {run.dop_mode}\n")
+        stop = threading.Event()
+        bar = None if opt["no_progress"] else threading.Thread(target=self._progress, args=(run.pk, stop), daemon=True)
+        if bar:
+            bar.start()
+        started = time.perf_counter()
+        try:
+            if opt["worker"]:
+                while TuningRun.objects.get(pk=run.pk).status not in TuningRun.TERMINAL + (TuningRun.Status.PAUSED,):
+                    time.sleep(1.0)
+            else:
+                services.execute_run(run_id=run.pk, worker="cli")
+        except KeyboardInterrupt:
+            services.cancel_run(actor=owner.user, run=TuningRun.objects.get(pk=run.pk))
+            raise CommandError(f"Interrupted; run {run.pk} cancelled.") from None
+        finally:
+            stop.set()
+            if bar:
+                bar.join()
+        run.refresh_from_db()
+        summary = self._summary(run, time.perf_counter() - started)
+        if opt["json"]:
+            self.stdout.write(json.dumps(summary, indent=2))
+        else:
+            self._print(summary)
+        if run.status != TuningRun.Status.SUCCEEDED:
+            raise CommandError(f"Run {run.pk} ended {run.status}: {run.error}")
+
+    def _progress(self, run_id: int, stop: threading.Event) -> None:
+        from django.db import connection
+        from tqdm import tqdm
+
+        run = TuningRun.objects.get(pk=run_id)
+        with tqdm(total=run.max_trials, unit="trial", file=sys.stderr, dynamic_ncols=True) as bar:
+            while not stop.wait(0.5):
+                run = TuningRun.objects.only("trials_done", "estimated_latency_s", "status").get(pk=run_id)
+                bar.n = min(run.trials_done, run.max_trials)
+                est = f"{run.estimated_latency_s * 1e3:.3f} ms" if run.estimated_latency_s else "-"
+                bar.set_postfix_str(f"{run.status}, est. {est}")
+                bar.refresh()
+        connection.close()
+
+    @staticmethod
+    def _summary(run: TuningRun, wall: float) -> dict:
+        return {
+            "run": run.pk, "model": run.model.name, "status": run.status, "wall_seconds": round(wall, 2),
+            "tuning_wall_seconds": round(run.wall_seconds, 2), "measurements": run.trials_done,
+            "final_dop": run.final_dop, "mean_parallel_error": run.mean_parallel_error,
+            "tuned_latency_ms": run.tuned_latency_s * 1e3 if run.tuned_latency_s else None,
+            "untuned_latency_ms": run.untuned_latency_s * 1e3 if run.untuned_latency_s else None,
+            "speedup": run.speedup, "outputs_match": run.outputs_match,
+            "tasks": [{"index": t.index, "name": t.name, "trials": t.trials,
+                       "best_latency_ms": t.best_latency_s * 1e3 if t.best_latency_s else None}
+                      for t in run.tasks.order_by("index")],
+        }
+
+    def _print(self, s: dict) -> None:
+        self.stdout.write(f"\nRun {s['run']} {s['status']} in {s['wall_seconds']} s, {s['measurements']} measurements, "
+                          f"final DOP {s['final_dop']}")
+        for t in s["tasks"]:
+            best = f"{t['best_latency_ms']:.4f} ms" if t["best_latency_ms"] else "-"
+            self.stdout.write(f"  task {t['index']:>2} {t['name'][:48]:<48} {t['trials']:>5} trials  best {best}")
+        if s["tuned_latency_ms"]:
+            self.stdout.write(f"End to end: tuned {s['tuned_latency_ms']:.4f} ms vs untuned "
+                              f"{s['untuned_latency_ms']:.4f} ms ({s['speedup']:.2f}x), outputs match: "
+                              f"{s['outputs_match']}")

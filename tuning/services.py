@@ -1,0 +1,491 @@
+"""Tuning runs: start, execute (idempotent, resumable), cancel, pause, resume, recover.
+
+The Celery task is a thin wrapper over `execute_run`. Everything the run needs
+to continue after a crash is in the database (run, tasks, measurements) and in
+TVM's JSON tuning database under the run's work dir.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import os
+import secrets
+import shutil
+import time
+import zipfile
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.files.base import ContentFile
+from django.db import transaction
+from django.db.models import Count, Min, Q, Sum
+from django.utils import timezone
+
+from core.exceptions import ConflictError, PermissionDenied, QuotaExceeded, ServiceError
+from core.models import DLModel, Membership
+from core.selectors import month_start
+from core.services import lock_team_quota
+
+from .models import DopRound, Measurement, TuningRun, TuningTask
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_TARGET_KINDS = ("llvm", "cuda")
+
+
+class LeaseLost(Exception):
+    """Another executor took the run over (this one was presumed dead); stop quietly."""
+
+
+def run_work_dir(run_id: int) -> Path:
+    path = Path(settings.MEDIA_ROOT) / "runs" / str(run_id) / "work"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _require_writer(actor: AbstractBaseUser, team_id: int) -> None:
+    if actor.is_staff:
+        return
+    if not Membership.objects.filter(user=actor, team_id=team_id,
+                                     role__in=[Membership.Role.OWNER, Membership.Role.MEMBER]).exists():
+        raise PermissionDenied("Viewers cannot start or control tuning runs.")
+
+
+def validate_target(target) -> dict:
+    if isinstance(target, str):
+        target = {"kind": target}
+    if not isinstance(target, dict) or "kind" not in target:
+        raise ServiceError('The target must be a TVM target dict such as {"kind": "llvm", "num-cores": 2}.',
+                           field="target")
+    if target["kind"] not in SUPPORTED_TARGET_KINDS:
+        raise ServiceError(f"Unsupported target kind '{target['kind']}'; use one of "
+                           f"{', '.join(SUPPORTED_TARGET_KINDS)}.", field="target")
+    for key in ("num-cores", "max-threads-per-block"):
+        if key in target and (not isinstance(target[key], int) or target[key] < 1):
+            raise ServiceError(f"target['{key}'] must be a positive integer.", field="target")
+    if target["kind"] == "llvm":
+        target = {"num-cores": os.cpu_count() or 1, **target}
+    return target
+
+
+# --- quota -------------------------------------------------------------------------
+
+def trials_used_this_month(team_id: int) -> int:
+    return Measurement.objects.filter(run__team_id=team_id, created_at__gte=month_start()).count()
+
+
+def trials_reserved(team_id: int) -> int:
+    """Trials still to come from runs that are queued, running or paused."""
+    active = TuningRun.objects.filter(team_id=team_id, status__in=[*TuningRun.ACTIVE, TuningRun.Status.PAUSED])
+    total = active.aggregate(budget=Sum("max_trials"), done=Sum("trials_done"))
+    return max(0, (total["budget"] or 0) - (total["done"] or 0))
+
+
+def _check_quota(*, team_id: int, max_trials: int) -> None:
+    """Called with the team's quota row locked, so concurrent starts serialize here."""
+    quota = lock_team_quota(team_id)
+    running = TuningRun.objects.filter(team_id=team_id, status__in=TuningRun.ACTIVE).count()
+    if running >= quota.max_concurrent_runs:
+        raise QuotaExceeded(
+            f"Quota 'max concurrent tuning runs' reached: {running} of {quota.max_concurrent_runs} runs are queued "
+            "or running. Wait for one to finish or cancel one.", quota="max_concurrent_runs")
+    committed = trials_used_this_month(team_id) + trials_reserved(team_id)
+    if committed + max_trials > quota.tuning_trials_per_month:
+        left = max(0, quota.tuning_trials_per_month - committed)
+        raise QuotaExceeded(
+            f"Quota 'tuning trials per month' would be exceeded: {max_trials} requested, {left} left of "
+            f"{quota.tuning_trials_per_month} this month.", quota="tuning_trials_per_month")
+
+
+def _usage_provider(team_id: int, since) -> dict:
+    return {
+        "concurrent_runs": TuningRun.objects.filter(team_id=team_id, status__in=TuningRun.ACTIVE).count(),
+        "tuning_trials_this_month": Measurement.objects.filter(run__team_id=team_id, created_at__gte=since).count(),
+    }
+
+
+# --- start / control -----------------------------------------------------------------
+
+def start_run(
+    *,
+    actor: AbstractBaseUser,
+    model: DLModel,
+    max_trials: int,
+    target: dict | str | None = None,
+    trials_per_round: int = 32,
+    measurement_mode: str = TuningRun.Mode.DOPPLER,
+    dop: str | int = "auto",
+    threads: int | None = None,
+    options: dict | None = None,
+    enqueue: bool = True,
+) -> TuningRun:
+    _require_writer(actor, model.team_id)
+    target = validate_target(target or settings.DEFAULT_TUNING_TARGET)
+    if not isinstance(max_trials, int) or max_trials < 1:
+        raise ServiceError("max_trials must be a positive integer.", field="max_trials")
+    if not isinstance(trials_per_round, int) or not 1 <= trials_per_round <= 1024:
+        raise ServiceError("trials_per_round must be between 1 and 1024.", field="trials_per_round")
+    if measurement_mode not in TuningRun.Mode.values:
+        raise ServiceError(f"measurement_mode must be one of {', '.join(TuningRun.Mode.values)}.",
+                           field="measurement_mode")
+    dop_fixed = None
+    if dop not in ("auto", None, ""):
+        try:
+            dop_fixed = int(dop)
+        except (TypeError, ValueError):
+            raise ServiceError("dop must be 'auto' or a positive integer.", field="dop") from None
+        if dop_fixed < 1:
+            raise ServiceError("dop must be 'auto' or a positive integer.", field="dop")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ServiceError("threads must be a positive integer.", field="threads")
+    with transaction.atomic():
+        _check_quota(team_id=model.team_id, max_trials=max_trials)
+        run = TuningRun.objects.create(
+            team_id=model.team_id, model=model, created_by=actor, target=target, target_kind=target["kind"],
+            max_trials=max_trials, trials_per_round=trials_per_round, measurement_mode=measurement_mode,
+            dop_fixed=dop_fixed, threads=threads, options=options or {},
+        )
+        if enqueue:
+            _enqueue(run)
+    return run
+
+
+def _enqueue(run: TuningRun) -> None:
+    from .tasks import execute_run
+
+    execute_run.delay_on_commit(run.pk)
+
+
+def _locked(run: TuningRun) -> TuningRun:
+    return TuningRun.objects.select_for_update().get(pk=run.pk)
+
+
+@transaction.atomic
+def cancel_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
+    run = _locked(run)
+    _require_writer(actor, run.team_id)
+    if run.status in TuningRun.TERMINAL:
+        raise ConflictError(f"Run {run.pk} is already {run.status}.")
+    if run.status in (TuningRun.Status.QUEUED, TuningRun.Status.PAUSED):
+        run.status, run.finished_at = TuningRun.Status.CANCELLED, timezone.now()
+        run.requested_action = TuningRun.Action.NONE
+    else:  # running: the engine stops between rounds and the executor records it
+        run.requested_action = TuningRun.Action.CANCEL
+    run.save(update_fields=["status", "finished_at", "requested_action"])
+    return run
+
+
+@transaction.atomic
+def pause_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
+    run = _locked(run)
+    _require_writer(actor, run.team_id)
+    if run.status == TuningRun.Status.QUEUED:
+        run.status = TuningRun.Status.PAUSED
+    elif run.status == TuningRun.Status.RUNNING:
+        run.requested_action = TuningRun.Action.PAUSE
+    else:
+        raise ConflictError(f"Only queued or running runs can be paused; run {run.pk} is {run.status}.")
+    run.save(update_fields=["status", "requested_action"])
+    return run
+
+
+@transaction.atomic
+def resume_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
+    run = _locked(run)
+    _require_writer(actor, run.team_id)
+    if run.status != TuningRun.Status.PAUSED:
+        raise ConflictError(f"Only paused runs can be resumed; run {run.pk} is {run.status}.")
+    _check_quota(team_id=run.team_id, max_trials=0)
+    run.status, run.requested_action = TuningRun.Status.QUEUED, TuningRun.Action.NONE
+    run.save(update_fields=["status", "requested_action"])
+    _enqueue(run)
+    return run
+
+
+def recover_stale_runs(*, stale_after_s: float | None = None) -> list[int]:
+    """Re-enqueue runs whose executor stopped sending heartbeats (its worker died)."""
+    stale_after_s = stale_after_s if stale_after_s is not None else settings.TUNING_STALE_AFTER_S
+    cutoff = timezone.now() - timedelta(seconds=stale_after_s)
+    stale = TuningRun.objects.filter(status=TuningRun.Status.RUNNING).filter(
+        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True))
+    recovered = []
+    for run_id in stale.values_list("pk", flat=True):
+        with transaction.atomic():
+            n = TuningRun.objects.filter(pk=run_id, status=TuningRun.Status.RUNNING).filter(
+                Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True)
+            ).update(status=TuningRun.Status.QUEUED, lease="")
+            if n:
+                log.warning("run %s: executor presumed dead (no heartbeat for %ss), re-enqueued", run_id,
+                            stale_after_s)
+                _enqueue(TuningRun(pk=run_id))
+                recovered.append(run_id)
+    return recovered
+
+
+# --- execution ----------------------------------------------------------------------
+
+def claim_run(run_id: int, *, worker: str) -> str | None:
+    """Take the run for this executor; None when it is not runnable or another live executor has it."""
+    lease = secrets.token_hex(16)
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=settings.TUNING_STALE_AFTER_S)
+    with transaction.atomic():
+        run = TuningRun.objects.select_for_update().filter(pk=run_id).first()
+        if run is None:
+            log.warning("run %s does not exist (deleted?); nothing to do", run_id)
+            return None
+        live_other = run.status == TuningRun.Status.RUNNING and run.heartbeat_at and run.heartbeat_at >= cutoff
+        if run.status != TuningRun.Status.QUEUED and not (run.status == TuningRun.Status.RUNNING and not live_other):
+            log.info("run %s is %s; not executing it again", run_id, run.status)
+            return None
+        run.status, run.lease, run.heartbeat_at, run.worker = TuningRun.Status.RUNNING, lease, now, worker[:200]
+        run.attempts += 1
+        run.started_at = run.started_at or now
+        run.save(update_fields=["status", "lease", "heartbeat_at", "worker", "attempts", "started_at"])
+    return lease
+
+
+class DatabaseSink:
+    """The engine's TuningSink: streams tasks, measurements and rounds into the database."""
+
+    HEARTBEAT_EVERY_S = 2.0
+
+    def __init__(self, run_id: int, lease: str):
+        self.run_id, self.lease = run_id, lease
+        self._task_ids: dict[int, int] = dict(TuningTask.objects.filter(run_id=run_id).values_list("index", "pk"))
+        self._last_beat = 0.0
+
+    def _check_lease(self) -> TuningRun:
+        run = TuningRun.objects.only("lease", "requested_action", "status").get(pk=self.run_id)
+        if run.lease != self.lease:
+            raise LeaseLost(f"run {self.run_id} was taken over by another executor")
+        return run
+
+    def on_tasks(self, tasks) -> None:
+        with transaction.atomic():
+            for t in tasks:
+                obj, _ = TuningTask.objects.update_or_create(
+                    run_id=self.run_id, index=t.index,
+                    defaults={"name": t.name[:300], "flops": float(t.flops or 0), "weight": float(t.weight or 1)})
+                self._task_ids[t.index] = obj.pk
+
+    def on_measurements(self, records) -> None:
+        if not records:
+            return
+        self._check_lease()
+        rows = []
+        for r in records:
+            task_id = self._task_ids.get(r.task_index)
+            if task_id is None:
+                task_id = TuningTask.objects.get_or_create(
+                    run_id=self.run_id, index=r.task_index, defaults={"name": r.task_name[:300]})[0].pk
+                self._task_ids[r.task_index] = task_id
+            secs = [float(s) for s in (r.run_secs or [])]
+            latency = getattr(r, "latency_s", None)
+            if latency is None and secs and not r.error:
+                latency = sorted(secs)[len(secs) // 2]
+            rows.append(Measurement(
+                run_id=self.run_id, task_id=task_id, round_index=r.round_index, candidate_key=r.candidate_key,
+                run_secs=secs, latency_s=latency, build_secs=r.build_secs, run_wall_secs=r.run_wall_secs,
+                error=(r.error or "")[:5000], worker=(r.worker or "")[:200], dop=r.dop or 1,
+                remeasured_serially=bool(r.remeasured_serially), serial_secs=r.serial_secs))
+        with transaction.atomic():
+            Measurement.objects.bulk_create(rows, ignore_conflicts=True)
+            touched = {row.task_id for row in rows}
+            self._refresh_tasks(touched)
+            self._refresh_run(heartbeat=True)
+
+    def on_serial_remeasure(self, updates) -> None:
+        """Final top-10 % serial re-measure: (task_index, candidate_key, serial_secs) triples."""
+        with transaction.atomic():
+            for task_index, key, serial in updates:
+                Measurement.objects.filter(run_id=self.run_id, task_id=self._task_ids.get(task_index),
+                                           candidate_key=key).update(remeasured_serially=True, serial_secs=serial)
+
+    def _refresh_tasks(self, task_ids) -> None:
+        stats = (Measurement.objects.filter(task_id__in=task_ids)
+                 .values("task_id").annotate(n=Count("id"), best=Min("latency_s", filter=Q(error=""))))
+        for s in stats:
+            TuningTask.objects.filter(pk=s["task_id"]).update(
+                trials=s["n"], best_latency_s=s["best"], status=TuningTask.Status.TUNING)
+
+    def _refresh_run(self, *, heartbeat: bool) -> None:
+        tasks = TuningTask.objects.filter(run_id=self.run_id)
+        estimate = None
+        if tasks and all(t.best_latency_s for t in tasks):
+            estimate = sum(t.weight * t.best_latency_s for t in tasks)
+        fields = {"trials_done": Measurement.objects.filter(run_id=self.run_id).count(),
+                  "estimated_latency_s": estimate}
+        if heartbeat:
+            fields["heartbeat_at"] = timezone.now()
+        TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(**fields)
+
+    def on_round(self, info) -> None:
+        DopRound.objects.update_or_create(
+            run_id=self.run_id, round_index=info.round_index,
+            defaults={"task_index": info.task_index, "dop": info.dop, "mean_error": info.mean_error,
+                      "n_candidates": info.n_candidates, "n_remeasured": info.n_remeasured,
+                      "n_failures": info.n_failures})
+
+    def control(self) -> str | None:
+        now = time.monotonic()
+        run = self._check_lease()
+        if now - self._last_beat > self.HEARTBEAT_EVERY_S:
+            TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(heartbeat_at=timezone.now())
+            self._last_beat = now
+        return run.requested_action or None
+
+
+def build_engine_config(run: TuningRun, work_dir: Path):
+    from tuning.engine.session import TuningConfig
+    from tuning.engine.timer import EvaluatorConfig
+
+    opts = dict(run.options or {})
+    evaluator = EvaluatorConfig(**opts.pop("evaluator", {})) if "evaluator" in opts else EvaluatorConfig()
+    return TuningConfig(
+        target=run.target, max_trials=run.max_trials, trials_per_round=run.trials_per_round,
+        mode=run.measurement_mode, dop=run.dop_fixed or "auto", threads=run.threads, work_dir=str(work_dir),
+        seed=opts.get("seed"), evaluator=evaluator, search_population=opts.get("search_population"),
+    )
+
+
+def execute_run(*, run_id: int, worker: str = "") -> str | None:
+    """Run (or resume) a tuning run to completion. Idempotent: a finished or live run is left alone."""
+    import onnx
+
+    from tuning.engine.session import run_tuning
+
+    lease = claim_run(run_id, worker=worker or f"pid{os.getpid()}")
+    if lease is None:
+        return None
+    run = TuningRun.objects.select_related("model").get(pk=run_id)
+    work_dir = run_work_dir(run.pk)
+    sink = DatabaseSink(run.pk, lease)
+    started = time.perf_counter()
+    try:
+        with run.model.file.open("rb") as f:
+            model_proto = onnx.load_model_from_string(f.read())
+        config = build_engine_config(run, work_dir)
+        summary = run_tuning(model_proto, config, sink)
+        status = getattr(summary, "status", "succeeded")
+        _add_wall(run.pk, lease, time.perf_counter() - started)
+        if status in ("cancelled", "paused"):
+            return _finish_interrupted(run.pk, lease, status)
+        _finish_succeeded(run.pk, lease, model_proto, summary, work_dir)
+        return TuningRun.Status.SUCCEEDED
+    except LeaseLost:
+        log.warning("run %s: lease lost, another executor continues it", run_id)
+        return None
+    except Exception as exc:  # the run fails; the worker lives on
+        log.exception("run %s failed", run_id)
+        _add_wall(run.pk, lease, time.perf_counter() - started)
+        TuningRun.objects.filter(pk=run.pk, lease=lease).update(
+            status=TuningRun.Status.FAILED, error=f"{type(exc).__name__}: {exc}"[:10000],
+            finished_at=timezone.now())
+        return TuningRun.Status.FAILED
+
+
+def _add_wall(run_id: int, lease: str, seconds: float) -> None:
+    from django.db.models import F
+
+    TuningRun.objects.filter(pk=run_id, lease=lease).update(wall_seconds=F("wall_seconds") + seconds)
+
+
+def _finish_interrupted(run_id: int, lease: str, status: str) -> str:
+    new = TuningRun.Status.CANCELLED if status == "cancelled" else TuningRun.Status.PAUSED
+    TuningRun.objects.filter(pk=run_id, lease=lease).update(
+        status=new, requested_action="", lease="",
+        finished_at=timezone.now() if new == TuningRun.Status.CANCELLED else None)
+    return new
+
+
+def _finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Path) -> None:
+    from tuning.engine.session import compile_and_compare
+
+    run = TuningRun.objects.get(pk=run_id)
+    threads = run.threads or run.target.get("num-cores")
+    comparison = compile_and_compare(model_proto, str(work_dir), run.target, threads,
+                                     export_path=str(work_dir / "tuned_module.so"))
+    records_zip = _zip_database(work_dir)
+    tasks_best = {t.index: t for t in TuningTask.objects.filter(run_id=run_id)}
+    for t in getattr(summary, "tasks", []) or []:
+        idx = t.get("index") if isinstance(t, dict) else getattr(t, "index", None)
+        if idx in tasks_best:
+            TuningTask.objects.filter(pk=tasks_best[idx].pk).update(status=TuningTask.Status.DONE)
+    TuningTask.objects.filter(run_id=run_id, status=TuningTask.Status.PENDING).update(status=TuningTask.Status.DONE)
+    summary_dict = summary.to_dict() if hasattr(summary, "to_dict") else dict(getattr(summary, "__dict__", {}))
+    with transaction.atomic():
+        run = TuningRun.objects.select_for_update().get(pk=run_id)
+        if run.lease != lease:
+            raise LeaseLost(f"run {run_id} was taken over")
+        run.records_file.save(f"run{run_id}-records.zip", ContentFile(records_zip), save=False)
+        module_path = work_dir / "tuned_module.so"
+        if module_path.exists():
+            run.module_file.save(f"run{run_id}-tuned.so", ContentFile(module_path.read_bytes()), save=False)
+        run.tuned_latency_s = comparison.get("tuned_latency_s")
+        run.untuned_latency_s = comparison.get("untuned_latency_s")
+        run.outputs_match = comparison.get("outputs_match")
+        run.max_abs_diff = comparison.get("max_abs_diff")
+        run.final_dop = getattr(summary, "final_dop", None)
+        run.mean_parallel_error = getattr(summary, "mean_parallel_error", None)
+        run.summary = _json_safe(summary_dict)
+        run.trials_done = Measurement.objects.filter(run_id=run_id).count()
+        run.status, run.finished_at, run.lease = TuningRun.Status.SUCCEEDED, timezone.now(), ""
+        run.requested_action = ""
+        run.save()
+
+
+def _json_safe(value):
+    import json
+
+    return json.loads(json.dumps(value, default=lambda o: getattr(o, "__dict__", str(o))))
+
+
+def _zip_database(work_dir: Path) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(work_dir.rglob("database_*.json")):
+            zf.write(path, path.relative_to(work_dir).as_posix())
+    return buf.getvalue()
+
+
+# --- import of an existing TVM database --------------------------------------------
+
+@transaction.atomic
+def import_database(*, actor: AbstractBaseUser, run: TuningRun, workloads: bytes, records: bytes) -> int:
+    """Merge an existing TVM JSON tuning database into a run that has not started yet.
+
+    The records seed the search and count toward the run's trials; they are
+    validated line by line (JSON, workload index in range) before anything is written.
+    """
+    import json
+
+    run = _locked(run)
+    _require_writer(actor, run.team_id)
+    if run.status not in (TuningRun.Status.QUEUED, TuningRun.Status.PAUSED):
+        raise ConflictError("Records can be imported only into a queued or paused run.")
+    try:
+        wl_lines = [json.loads(line) for line in workloads.decode().splitlines() if line.strip()]
+        rec_lines = [json.loads(line) for line in records.decode().splitlines() if line.strip()]
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ServiceError(f"Not a TVM JSON database (one JSON value per line): {exc}", field="records") from None
+    if not wl_lines or not rec_lines:
+        raise ServiceError("Both the workload file and the tuning-record file must be non-empty.")
+    for n, rec in enumerate(rec_lines, 1):
+        if not (isinstance(rec, list) and len(rec) == 2 and isinstance(rec[0], int) and 0 <= rec[0] < len(wl_lines)):
+            raise ServiceError(f"Tuning record line {n}: expected [workload_index, record] with a valid index.",
+                               field="records")
+    work_dir = run_work_dir(run.pk)
+    dest = work_dir / "imported"
+    dest.mkdir(exist_ok=True)
+    (dest / "database_workload.json").write_bytes(workloads)
+    (dest / "database_tuning_record.json").write_bytes(records)
+    run.options = {**run.options, "imported_records": len(rec_lines)}
+    run.save(update_fields=["options"])
+    return len(rec_lines)
+
+
+def delete_run_files(run_id: int) -> None:
+    shutil.rmtree(Path(settings.MEDIA_ROOT) / "runs" / str(run_id), ignore_errors=True)

@@ -1,0 +1,40 @@
+"""Celery tasks: thin, idempotent wrappers over tuning.services.
+
+TVM is imported inside the tasks, never at worker start: forking after TVM's
+thread pool has run hangs the child (see TVM_NOTES).
+"""
+from __future__ import annotations
+
+import socket
+
+from celery import shared_task
+from celery.signals import worker_ready
+
+from . import services
+
+
+@shared_task(name="tuning.execute_run", bind=True, acks_late=True, reject_on_worker_lost=True)
+def execute_run(self, run_id: int) -> str | None:
+    return services.execute_run(run_id=run_id, worker=self.request.hostname or socket.gethostname())
+
+
+@shared_task(name="tuning.recover_stale_runs")
+def recover_stale_runs() -> list[int]:
+    return services.recover_stale_runs()
+
+
+@shared_task(name="tuning.measure_candidate", acks_late=True)
+def measure_candidate(payload: dict) -> dict:
+    """Measure one built candidate shipped by a DistributedRunner (needs only TVM's runtime)."""
+    from tuning.engine.measure import measure_payload
+
+    return measure_payload(payload)
+
+
+@worker_ready.connect
+def _recover_on_start(sender=None, **kwargs):
+    # A restarted worker picks up runs orphaned by a crash without waiting for beat.
+    app = getattr(sender, "app", None)
+    consuming = getattr(app.amqp.queues, "consume_from", None) if app is not None else None
+    if consuming and "tuning" in consuming:
+        recover_stale_runs.apply_async(queue="tuning", countdown=1)
