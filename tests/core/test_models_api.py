@@ -41,9 +41,9 @@ def test_upload_good_model_stores_features(api_owner, team_a, small_cnn_bytes):
 def _bad_files(small_cnn_bytes):
     unsupported = helper.make_model(
         helper.make_graph(
-            [helper.make_node("Det", ["x"], ["y"]), helper.make_node("Unique", ["y"], ["z"])], "g",
+            [helper.make_node("Celu", ["x"], ["y"])], "g",  # valid ONNX, no converter in TVM Relax
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 3])],
-            [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 3])],
         ),
         opset_imports=[helper.make_opsetid("", 17)],
     )
@@ -121,12 +121,13 @@ def test_viewer_reads_but_cannot_write(user_viewer, model_a, team_a, small_cnn_b
     assert DLModel.objects.filter(pk=model_a.pk).exists()
 
 
-def test_member_deletes_model_and_file(user_member, model_a, settings):
+def test_member_deletes_model_and_file(user_member, model_a, django_capture_on_commit_callbacks):
     from tests.conftest import client_for
 
     path = model_a.file.path
     assert os.path.exists(path)
-    resp = client_for(user_member).delete(f"/api/models/{model_a.pk}/")
+    with django_capture_on_commit_callbacks(execute=True):
+        resp = client_for(user_member).delete(f"/api/models/{model_a.pk}/")
     assert resp.status_code == 204
     assert not DLModel.objects.filter(pk=model_a.pk).exists()
     assert not os.path.exists(path)
@@ -151,3 +152,12 @@ def test_download_returns_the_file(api_owner, model_a, small_cnn_bytes):
     resp = api_owner.get(f"/api/models/{model_a.pk}/download/")
     assert resp.status_code == 200
     assert b"".join(resp.streaming_content) == small_cnn_bytes
+
+
+def test_upload_counts_tuning_tasks_through_tvm(api_owner, team_a, small_cnn_bytes, settings):
+    settings.ONNX_COUNT_TUNING_TASKS = True
+    resp = upload(api_owner, team_a.pk, small_cnn_bytes)
+    assert resp.status_code == 201, resp.content
+    body = resp.json()
+    assert body["num_tuning_tasks"] >= 3
+    assert len(body["tuning_task_names"]) == body["num_tuning_tasks"]
