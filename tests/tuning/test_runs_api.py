@@ -1,0 +1,199 @@
+"""Tuning runs without TVM: creation, validation, quotas, control state machine, scoping, recovery."""
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from core.models import Quota
+from tests.conftest import client_for
+from tuning import services
+from tuning.models import Measurement, TuningRun, TuningTask
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def no_broker(monkeypatch):
+    """These tests are about the service rules; enqueueing is recorded instead of sent."""
+    sent = []
+    monkeypatch.setattr(services, "_enqueue", lambda run: sent.append(run.pk))
+    return sent
+
+
+def start(client, model, **extra):
+    return client.post("/api/runs/", {"model": model.pk, "max_trials": 16, **extra}, format="json")
+
+
+def test_create_run_queues_it(api_owner, model_a, no_broker):
+    resp = start(api_owner, model_a, target={"kind": "llvm", "num-cores": 2}, dop="auto")
+    assert resp.status_code == 201, resp.content
+    body = resp.json()
+    assert body["status"] == "queued" and body["target"] == {"kind": "llvm", "num-cores": 2}
+    assert body["dop_mode"] == "auto" and body["measurement_mode"] == "doppler"
+    assert no_broker == [body["id"]]
+
+
+@pytest.mark.parametrize("payload,field", [
+    ({"max_trials": 0}, "max_trials"),
+    ({"target": {"kind": "opencl"}}, "target"),
+    ({"target": "not a dict or kind!"}, "target"),
+    ({"target": {"kind": "llvm", "num-cores": -1}}, "target"),
+    ({"dop": "many"}, "dop"),
+    ({"measurement_mode": "fast"}, "measurement_mode"),
+])
+def test_bad_run_requests_are_400_with_field(api_owner, model_a, payload, field):
+    resp = api_owner.post("/api/runs/", {"model": model_a.pk, "max_trials": 16, **payload}, format="json")
+    assert resp.status_code == 400, resp.content
+    assert field in resp.json()["errors"], resp.json()
+    assert TuningRun.objects.count() == 0
+
+
+def test_other_teams_model_and_run_are_invisible(api_other, api_owner, model_a):
+    assert start(api_other, model_a).status_code == 400  # model not in caller's teams
+    run_id = start(api_owner, model_a).json()["id"]
+    for path in ("", "tasks/", "measurements/", "dop-rounds/", "records/"):
+        assert api_other.get(f"/api/runs/{run_id}/{path}").status_code == 404, path
+    assert api_other.post(f"/api/runs/{run_id}/cancel/").status_code == 404
+    assert api_other.get("/api/runs/").json()["count"] == 0
+
+
+def test_viewer_cannot_start_or_cancel(user_viewer, api_owner, model_a):
+    viewer = client_for(user_viewer)
+    assert start(viewer, model_a).status_code == 403
+    run_id = start(api_owner, model_a).json()["id"]
+    assert viewer.get(f"/api/runs/{run_id}/").status_code == 200
+    assert viewer.post(f"/api/runs/{run_id}/cancel/").status_code == 403
+
+
+def test_concurrent_run_quota(api_owner, model_a, team_a):
+    Quota.objects.filter(team=team_a).update(max_concurrent_runs=1)
+    assert start(api_owner, model_a).status_code == 201
+    resp = start(api_owner, model_a)
+    assert resp.status_code == 429
+    assert resp.json()["quota"] == "max_concurrent_runs" and "concurrent" in resp.json()["detail"]
+
+
+def test_monthly_trial_quota_counts_reserved_trials(api_owner, model_a, team_a):
+    Quota.objects.filter(team=team_a).update(tuning_trials_per_month=40, max_concurrent_runs=10)
+    assert start(api_owner, model_a, max_trials=30).status_code == 201
+    resp = start(api_owner, model_a, max_trials=11)
+    assert resp.status_code == 429 and resp.json()["quota"] == "tuning_trials_per_month"
+    assert "10 left" in resp.json()["detail"]
+    assert start(api_owner, model_a, max_trials=10).status_code == 201
+
+
+def test_control_state_machine(api_owner, model_a):
+    run_id = start(api_owner, model_a).json()["id"]
+    assert api_owner.post(f"/api/runs/{run_id}/pause/").json()["status"] == "paused"
+    assert api_owner.post(f"/api/runs/{run_id}/pause/").status_code == 409
+    assert api_owner.post(f"/api/runs/{run_id}/resume/").json()["status"] == "queued"
+    TuningRun.objects.filter(pk=run_id).update(status="running", heartbeat_at=timezone.now())
+    body = api_owner.post(f"/api/runs/{run_id}/cancel/").json()
+    assert body["status"] == "running" and body["requested_action"] == "cancel"  # engine stops between rounds
+    TuningRun.objects.filter(pk=run_id).update(status="succeeded")
+    resp = api_owner.post(f"/api/runs/{run_id}/cancel/")
+    assert resp.status_code == 409 and "already succeeded" in resp.json()["detail"]
+
+
+def test_claim_is_exclusive_and_idempotent(model_a, user_owner):
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False)
+    lease = services.claim_run(run.pk, worker="w1")
+    assert lease
+    assert services.claim_run(run.pk, worker="w2") is None  # live executor holds it
+    TuningRun.objects.filter(pk=run.pk).update(status="succeeded")
+    assert services.claim_run(run.pk, worker="w3") is None  # finished runs are never re-executed
+    assert services.claim_run(999999, worker="w4") is None
+
+
+def test_recover_stale_runs_requeues_dead_executor(model_a, user_owner, no_broker):
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False)
+    lease = services.claim_run(run.pk, worker="w1")
+    assert services.recover_stale_runs(stale_after_s=60) == []  # heartbeat fresh
+    TuningRun.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=120))
+    assert services.recover_stale_runs(stale_after_s=60) == [run.pk]
+    run.refresh_from_db()
+    assert run.status == "queued" and no_broker == [run.pk]
+    new_lease = services.claim_run(run.pk, worker="w2")
+    assert new_lease and new_lease != lease
+    # The old executor, if it comes back, finds its lease gone and stops.
+    sink = services.DatabaseSink(run.pk, lease)
+    with pytest.raises(services.LeaseLost):
+        sink.control()
+
+
+def _record(task_index, key, secs, round_index=0, error=None):
+    from tuning.engine.events import MeasurementRecord
+
+    return MeasurementRecord(task_index=task_index, task_name=f"t{task_index}", round_index=round_index,
+                             candidate_key=key, run_secs=secs, build_secs=0.1, run_wall_secs=0.2, error=error,
+                             worker="w", dop=1, remeasured_serially=False, serial_secs=None)
+
+
+def test_sink_stores_each_candidate_once_and_tracks_best(model_a, user_owner):
+    from tuning.engine.events import RoundInfo, TaskInfo
+
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False)
+    lease = services.claim_run(run.pk, worker="w1")
+    sink = services.DatabaseSink(run.pk, lease)
+    sink.on_tasks([TaskInfo(index=0, name="conv", flops=2e6, weight=1.0),
+                   TaskInfo(index=1, name="dense", flops=1e6, weight=2.0)])
+    sink.on_measurements([_record(0, "a", [3e-3, 2e-3, 4e-3]), _record(1, "b", [1e-3]),
+                          _record(0, "c", [], error="build failed")])
+    sink.on_measurements([_record(0, "a", [9.0]), _record(0, "d", [1e-3])])  # "a" again: resumed run
+    sink.on_round(RoundInfo(round_index=0, task_index=0, dop=2, mean_error=0.03, n_candidates=4,
+                            n_remeasured=1, n_failures=0))
+    assert Measurement.objects.filter(run=run).count() == 4
+    assert Measurement.objects.get(run=run, candidate_key="a").latency_s == pytest.approx(3e-3)
+    conv = TuningTask.objects.get(run=run, index=0)
+    assert conv.trials == 3 and conv.best_latency_s == pytest.approx(1e-3)
+    run.refresh_from_db()
+    assert run.trials_done == 4
+    assert run.estimated_latency_s == pytest.approx(1e-3 * 1.0 + 1e-3 * 2.0)
+    assert run.dop_rounds.get().mean_error == pytest.approx(0.03)
+
+
+def test_best_so_far_curve_is_monotone_and_downsampled(model_a, user_owner):
+    from tuning.selectors import best_so_far_curve
+
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False)
+    task = TuningTask.objects.create(run=run, index=0, name="t", flops=1e6, weight=1)
+    Measurement.objects.bulk_create([
+        Measurement(run=run, task=task, round_index=i // 32, candidate_key=str(i), latency_s=1.0 / (1 + i % 97))
+        for i in range(2000)])
+    curve = best_so_far_curve(run, max_points=100)
+    ys = curve["tasks"][0]["best_s"]
+    assert len(ys) <= 101 and all(a >= b for a, b in zip(ys, ys[1:]))
+    assert curve["end_to_end"]["estimate_s"][-1] == pytest.approx(1.0 / 97)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_starts_never_over_allocate_the_last_run(model_a, user_owner, team_a):
+    if connection.vendor != "postgresql":
+        pytest.skip("row locking race is exercised on PostgreSQL (pass 1 of make test)")
+    Quota.objects.filter(team=team_a).update(max_concurrent_runs=3)
+    services.start_run(actor=user_owner, model=model_a, max_trials=4, enqueue=False)
+    barrier, outcomes = threading.Barrier(8), []
+
+    def attempt():
+        from django.db import connections
+
+        try:
+            barrier.wait()
+            services.start_run(actor=user_owner, model=model_a, max_trials=4, enqueue=False)
+            outcomes.append("ok")
+        except services.QuotaExceeded:
+            outcomes.append("refused")
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=attempt) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes.count("ok") == 2 and outcomes.count("refused") == 6
+    assert TuningRun.objects.filter(team=team_a, status="queued").count() == 3
