@@ -16,7 +16,7 @@ def register_zoo_models(*, team: Team, names: list[str] | None = None, stdout=No
     """Build and register each zoo model the team does not have yet (idempotent)."""
     out = stdout or io.StringIO()
     registered = []
-    for name in names or [entry.name for entry in zoo.list_models()]:
+    for name in names or zoo.list_models():
         if name not in zoo.ZOO:
             raise CommandError(f"Unknown zoo model '{name}'. Known: {', '.join(zoo.ZOO)}")
         existing = DLModel.objects.filter(team=team, name=name).first()
