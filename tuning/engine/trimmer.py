@@ -1,0 +1,169 @@
+"""Trimmer's cost cutting, as pure decision logic (the TVM hooks call into it).
+
+- Per-task pre-emption: a task whose best latency has not improved by more
+  than ``min_improvement`` (relative) for ``plateau_rounds`` consecutive rounds
+  stops receiving trials (authors' default: 2 rounds).
+- Budget re-allocation: the trials a pre-empted task no longer uses go to the
+  tasks still improving, weighted by their share of end-to-end latency
+  (weight x best latency).
+- Whole-model stop: the estimated end-to-end latency (sum of weight x best)
+  over a window of rounds fails to improve by more than ``model_min_improvement``
+  ``model_patience`` times in a row, or reaches ``target_latency_s``.
+
+Django-free and TVM-free, so every rule is unit-tested on synthetic histories.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+__all__ = ["TrimmerConfig", "TaskPlateauTracker", "ModelStopper", "allocate_trials", "TrimmerState"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrimmerConfig:
+    enabled: bool = True
+    plateau_rounds: int = 2            # rounds without improvement before a task is pre-empted
+    min_improvement: float = 0.01      # relative improvement that counts as progress
+    model_window: int = 2              # rounds summed for the whole-model cost (authors' window)
+    model_patience: int = 3            # non-improving windows in a row before the run stops
+    model_min_improvement: float = 0.005
+    target_latency_s: float | None = None
+    min_trials_per_task: int = 0       # a task is never pre-empted before this many trials
+    filter_enabled: bool = True        # ML candidate filter
+    filter_oversample: int = 4         # candidates generated per slot, best predicted kept
+    filter_keep_explore: float = 0.1   # share of slots kept for unfiltered (random) candidates
+
+    @classmethod
+    def from_dict(cls, data: Mapping | None) -> "TrimmerConfig":
+        data = dict(data or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown Trimmer option(s): {', '.join(sorted(unknown))}")
+        cfg = cls(**data)
+        if cfg.plateau_rounds < 1 or cfg.model_window < 1 or cfg.model_patience < 1:
+            raise ValueError("plateau_rounds, model_window and model_patience must be >= 1")
+        if not 0 <= cfg.min_improvement < 1 or not 0 <= cfg.model_min_improvement < 1:
+            raise ValueError("improvement thresholds are relative and must be in [0, 1)")
+        if cfg.filter_oversample < 1 or not 0 <= cfg.filter_keep_explore <= 1:
+            raise ValueError("filter_oversample must be >= 1 and filter_keep_explore in [0, 1]")
+        if cfg.target_latency_s is not None and cfg.target_latency_s <= 0:
+            raise ValueError("target_latency_s must be positive")
+        return cfg
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class TaskPlateauTracker:
+    """Counts, per task, the consecutive rounds whose batch did not improve its best."""
+
+    def __init__(self, config: TrimmerConfig):
+        self.config = config
+        self.best: dict[int, float] = {}
+        self.stale_rounds: dict[int, int] = {}
+        self.trials: dict[int, int] = {}
+        self.preempted: dict[int, int] = {}  # task -> trials it had when pre-empted
+
+    def observe(self, task: int, batch_latencies: Sequence[float | None]) -> bool:
+        """Record one measured batch of a task; returns True when the task is (now) pre-empted."""
+        if task in self.preempted:
+            return True
+        valid = [x for x in batch_latencies if x is not None and math.isfinite(x) and x > 0]
+        self.trials[task] = self.trials.get(task, 0) + len(batch_latencies)
+        previous = self.best.get(task)
+        batch_best = min(valid) if valid else None
+        if batch_best is not None and (previous is None or batch_best < previous * (1 - self.config.min_improvement)):
+            self.stale_rounds[task] = 0
+        else:
+            self.stale_rounds[task] = self.stale_rounds.get(task, 0) + 1
+        if batch_best is not None and (previous is None or batch_best < previous):
+            self.best[task] = batch_best
+        if (self.config.enabled and self.stale_rounds[task] >= self.config.plateau_rounds
+                and self.trials[task] >= self.config.min_trials_per_task):
+            self.preempted[task] = self.trials[task]
+            return True
+        return False
+
+    def is_preempted(self, task: int) -> bool:
+        return task in self.preempted
+
+
+class ModelStopper:
+    """Whole-model stop on the windowed end-to-end estimate, or at a target latency."""
+
+    def __init__(self, config: TrimmerConfig):
+        self.config = config
+        self.history: list[float] = []
+        self.misses = 0
+        self.reason: str | None = None
+
+    def observe(self, estimate_s: float | None) -> bool:
+        """Record the end-to-end estimate after a round; returns True when the run should stop."""
+        if estimate_s is None or not math.isfinite(estimate_s):
+            return False
+        self.history.append(estimate_s)
+        cfg = self.config
+        if cfg.target_latency_s is not None and estimate_s <= cfg.target_latency_s:
+            self.reason = f"target latency reached ({estimate_s * 1e3:.4f} ms <= {cfg.target_latency_s * 1e3:.4f} ms)"
+            return True
+        w = cfg.model_window
+        if len(self.history) < 2 * w:
+            return False
+        recent = sum(self.history[-w:])
+        before = sum(self.history[-2 * w:-w])
+        if recent < before * (1 - cfg.model_min_improvement):
+            self.misses = 0
+        else:
+            self.misses += 1
+        if cfg.enabled and self.misses >= cfg.model_patience:
+            self.reason = (f"end-to-end estimate did not improve by more than "
+                           f"{cfg.model_min_improvement:.1%} for {self.misses} windows of {w} rounds")
+            return True
+        return False
+
+
+def allocate_trials(remaining: int, tasks: Mapping[int, tuple[float, float | None]], active: Sequence[int]) -> dict[int, int]:
+    """Split ``remaining`` trials among ``active`` tasks by share of end-to-end latency.
+
+    ``tasks`` maps task -> (weight, best latency or None). A task with no
+    measurement yet gets the mean share, so new tasks are not starved.
+    Largest-remainder rounding: the result sums to ``remaining`` exactly.
+    """
+    active = list(active)
+    if remaining <= 0 or not active:
+        return {t: 0 for t in active}
+    known = [tasks[t][0] * tasks[t][1] for t in active if tasks[t][1]]
+    fallback = (sum(known) / len(known)) if known else 1.0
+    shares = {t: (tasks[t][0] * tasks[t][1]) if tasks[t][1] else fallback for t in active}
+    total = sum(shares.values()) or 1.0
+    exact = {t: remaining * s / total for t, s in shares.items()}
+    alloc = {t: int(math.floor(x)) for t, x in exact.items()}
+    left = remaining - sum(alloc.values())
+    for t in sorted(active, key=lambda t: exact[t] - alloc[t], reverse=True)[:left]:
+        alloc[t] += 1
+    return alloc
+
+
+@dataclasses.dataclass
+class TrimmerState:
+    """What a run reports about trimming: per-task pre-emption and the model stop."""
+
+    preempted_tasks: dict[int, int] = dataclasses.field(default_factory=dict)
+    model_stop_reason: str | None = None
+    generated: int = 0
+    filtered: int = 0
+    measured: int = 0
+    rounds: list[dict] = dataclasses.field(default_factory=list)
+
+    def record_filter_round(self, *, round_index: int, task: int, generated: int, filtered: int, measured: int) -> None:
+        self.generated += generated
+        self.filtered += filtered
+        self.measured += measured
+        self.rounds.append({"round": round_index, "task": task, "generated": generated, "filtered": filtered,
+                            "measured": measured})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
