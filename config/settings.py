@@ -213,6 +213,8 @@ CELERY_BEAT_SCHEDULE = {
 ENERGY_CPU_WATTS_PER_CORE = env.float("ENERGY_CPU_WATTS_PER_CORE", default=10.0)
 ENERGY_GPU_BOARD_WATTS = env.float("ENERGY_GPU_BOARD_WATTS", default=300.0)
 ENERGY_GRID_INTENSITY_G_PER_KWH = env.float("ENERGY_GRID_INTENSITY_G_PER_KWH", default=400.0)
+# Used to refuse a run that would exceed the energy quota before the team has history.
+ENERGY_JOULES_PER_TRIAL_ESTIMATE = env.float("ENERGY_JOULES_PER_TRIAL_ESTIMATE", default=15.0)
 
 LOGGING = {
     "version": 1,

@@ -33,6 +33,7 @@ from .models import DopRound, Measurement, TuningRun, TuningTask
 log = logging.getLogger(__name__)
 
 SUPPORTED_TARGET_KINDS = ("llvm", "cuda")
+JOULES_PER_KWH = 3.6e6
 
 
 class LeaseLost(Exception):
@@ -91,6 +92,7 @@ def _check_quota(*, team_id: int, max_trials: int) -> None:
         raise QuotaExceeded(
             f"Quota 'max concurrent tuning runs' reached: {running} of {quota.max_concurrent_runs} runs are queued "
             "or running. Wait for one to finish or cancel one.", quota="max_concurrent_runs")
+    _check_energy_quota(team_id=team_id, quota=quota, max_trials=max_trials)
     committed = trials_used_this_month(team_id) + trials_reserved(team_id)
     if committed + max_trials > quota.tuning_trials_per_month:
         left = max(0, quota.tuning_trials_per_month - committed)
@@ -99,10 +101,45 @@ def _check_quota(*, team_id: int, max_trials: int) -> None:
             f"{quota.tuning_trials_per_month} this month.", quota="tuning_trials_per_month")
 
 
+def energy_joules_this_month(team_id: int, *, exclude_run: int | None = None) -> float:
+    qs = TuningRun.objects.filter(team_id=team_id, created_at__gte=month_start())
+    if exclude_run is not None:
+        qs = qs.exclude(pk=exclude_run)
+    return qs.aggregate(j=Sum("energy_joules"))["j"] or 0.0
+
+
+def joules_per_trial_estimate(team_id: int) -> tuple[float, str]:
+    """Energy one trial costs, from the team's finished runs, else the platform default."""
+    done = TuningRun.objects.filter(team_id=team_id, status=TuningRun.Status.SUCCEEDED, trials_done__gt=0,
+                                    energy_joules__gt=0).aggregate(j=Sum("energy_joules"), n=Sum("trials_done"))
+    if done["n"]:
+        return done["j"] / done["n"], f"the team's past runs ({done['n']} trials)"
+    return settings.ENERGY_JOULES_PER_TRIAL_ESTIMATE, "the platform default per-trial estimate"
+
+
+def _check_energy_quota(*, team_id: int, quota, max_trials: int) -> None:
+    budget_j = quota.energy_kwh_per_month * JOULES_PER_KWH
+    used_j = energy_joules_this_month(team_id)
+    if used_j >= budget_j:
+        raise QuotaExceeded(
+            f"Quota 'energy per month' reached: {used_j / JOULES_PER_KWH:.4f} kWh used of "
+            f"{quota.energy_kwh_per_month:g} kWh this month.", quota="energy_kwh_per_month")
+    per_trial, basis = joules_per_trial_estimate(team_id)
+    needed_j = per_trial * max_trials
+    if used_j + needed_j > budget_j:
+        raise QuotaExceeded(
+            f"Quota 'energy per month' would be exceeded: this run needs about {needed_j / JOULES_PER_KWH:.4f} kWh "
+            f"({per_trial:.1f} J per trial, from {basis}) and {(budget_j - used_j) / JOULES_PER_KWH:.4f} kWh are left "
+            f"of {quota.energy_kwh_per_month:g} kWh. Lower max_trials or enable Trimmer.",
+            quota="energy_kwh_per_month")
+
+
 def _usage_provider(team_id: int, since) -> dict:
     return {
         "concurrent_runs": TuningRun.objects.filter(team_id=team_id, status__in=TuningRun.ACTIVE).count(),
         "tuning_trials_this_month": Measurement.objects.filter(run__team_id=team_id, created_at__gte=since).count(),
+        "energy_kwh_this_month": (TuningRun.objects.filter(team_id=team_id, created_at__gte=since)
+                                  .aggregate(j=Sum("energy_joules"))["j"] or 0.0) / JOULES_PER_KWH,
     }
 
 
@@ -119,6 +156,8 @@ def start_run(
     dop: str | int = "auto",
     threads: int | None = None,
     options: dict | None = None,
+    trimmer: bool = False,
+    trimmer_options: dict | None = None,
     enqueue: bool = True,
 ) -> TuningRun:
     _require_writer(actor, model.team_id)
@@ -140,12 +179,22 @@ def start_run(
             raise ServiceError("dop must be 'auto' or a positive integer.", field="dop")
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ServiceError("threads must be a positive integer.", field="threads")
+    from tuning.engine.trimmer import TrimmerConfig
+
+    try:
+        trimmer_cfg = TrimmerConfig.from_dict(trimmer_options)
+    except (TypeError, ValueError) as exc:
+        raise ServiceError(f"Invalid Trimmer options: {exc}", field="trimmer_options") from None
+    team = model.team
+    grid = team.grid_intensity_g_per_kwh
     with transaction.atomic():
         _check_quota(team_id=model.team_id, max_trials=max_trials)
         run = TuningRun.objects.create(
             team_id=model.team_id, model=model, created_by=actor, target=target, target_kind=target["kind"],
             max_trials=max_trials, trials_per_round=trials_per_round, measurement_mode=measurement_mode,
             dop_fixed=dop_fixed, threads=threads, options=options or {},
+            trimmer_enabled=bool(trimmer), trimmer_options=trimmer_cfg.to_dict() if trimmer else {},
+            grid_intensity_g_per_kwh=grid if grid is not None else settings.ENERGY_GRID_INTENSITY_G_PER_KWH,
         )
         if enqueue:
             _enqueue(run)
@@ -252,10 +301,44 @@ class DatabaseSink:
 
     HEARTBEAT_EVERY_S = 2.0
 
-    def __init__(self, run_id: int, lease: str):
+    def __init__(self, run_id: int, lease: str, meter=None):
         self.run_id, self.lease = run_id, lease
         self._task_ids: dict[int, int] = dict(TuningTask.objects.filter(run_id=run_id).values_list("index", "pk"))
         self._last_beat = 0.0
+        run = TuningRun.objects.only("team_id", "energy_joules", "energy_build_joules", "energy_measure_joules",
+                                     "threads", "target").get(pk=run_id)
+        self.team_id = run.team_id
+        self.threads = run.threads or run.target.get("num-cores") or 1
+        # Energy of earlier attempts (a resumed run) plus what this attempt's meter reads.
+        self.meter = meter
+        self._base = (run.energy_joules, run.energy_build_joules, run.energy_measure_joules)
+        self._build_cpu_s = 0.0
+        self._measure_cpu_s = 0.0
+        self.stop_reason = ""
+
+    def energy(self) -> tuple[float, float, float]:
+        """(total, build, measure) joules of the whole run so far."""
+        if self.meter is None:
+            return self._base
+        total = self.meter.read().joules
+        # Builds use one core each, measurements `threads` cores: split the metered
+        # energy in proportion to those CPU-seconds; the rest is search and overhead.
+        attributed = (self._build_cpu_s + self._measure_cpu_s) * settings.ENERGY_CPU_WATTS_PER_CORE
+        scale = min(1.0, total / attributed) if attributed else 0.0
+        build = self._build_cpu_s * settings.ENERGY_CPU_WATTS_PER_CORE * scale
+        measure = self._measure_cpu_s * settings.ENERGY_CPU_WATTS_PER_CORE * scale
+        return self._base[0] + total, self._base[1] + build, self._base[2] + measure
+
+    def flush(self) -> None:
+        """Write the run's energy so far (called when the attempt ends, however it ends)."""
+        TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(**self._energy_fields())
+
+    def _energy_fields(self) -> dict:
+        total, build, measure = self.energy()
+        fields = {"energy_joules": total, "energy_build_joules": build, "energy_measure_joules": measure}
+        if self.meter is not None:
+            fields["energy_source"] = self.meter.source
+        return fields
 
     def _check_lease(self) -> TuningRun:
         run = TuningRun.objects.only("lease", "requested_action", "status").get(pk=self.run_id)
@@ -286,6 +369,9 @@ class DatabaseSink:
             latency = getattr(r, "latency_s", None)
             if latency is None and secs and not r.error:
                 latency = sorted(secs)[len(secs) // 2]
+            self._build_cpu_s += r.build_secs or 0.0
+            # DOP workers share the cores: each measures with cores // DOP threads.
+            self._measure_cpu_s += (r.run_wall_secs or 0.0) * max(1, self.threads // max(1, r.dop or 1))
             rows.append(Measurement(
                 run_id=self.run_id, task_id=task_id, round_index=r.round_index, candidate_key=r.candidate_key,
                 run_secs=secs, latency_s=latency, build_secs=r.build_secs, run_wall_secs=r.run_wall_secs,
@@ -317,7 +403,7 @@ class DatabaseSink:
         if tasks and all(t.best_latency_s for t in tasks):
             estimate = sum(t.weight * t.best_latency_s for t in tasks)
         fields = {"trials_done": Measurement.objects.filter(run_id=self.run_id).count(),
-                  "estimated_latency_s": estimate}
+                  "estimated_latency_s": estimate, **self._energy_fields()}
         if heartbeat:
             fields["heartbeat_at"] = timezone.now()
         TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(**fields)
@@ -333,9 +419,27 @@ class DatabaseSink:
         now = time.monotonic()
         run = self._check_lease()
         if now - self._last_beat > self.HEARTBEAT_EVERY_S:
-            TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(heartbeat_at=timezone.now())
+            TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(
+                heartbeat_at=timezone.now(), **self._energy_fields())
             self._last_beat = now
-        return run.requested_action or None
+        if run.requested_action:
+            return run.requested_action
+        if self._energy_quota_reached():
+            return TuningRun.Action.CANCEL
+        return None
+
+    def _energy_quota_reached(self) -> bool:
+        from core.models import Quota
+
+        budget_kwh = Quota.objects.filter(team_id=self.team_id).values_list("energy_kwh_per_month", flat=True).first()
+        if budget_kwh is None:
+            return False
+        used = energy_joules_this_month(self.team_id, exclude_run=self.run_id) + self.energy()[0]
+        if used >= budget_kwh * JOULES_PER_KWH:
+            self.stop_reason = (f"Stopped at the team's energy quota ({budget_kwh:g} kWh per month); "
+                                f"results so far are kept.")
+            return True
+        return False
 
 
 def build_engine_config(run: TuningRun, work_dir: Path):
@@ -362,7 +466,7 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
         return None
     run = TuningRun.objects.select_related("model").get(pk=run_id)
     work_dir = run_work_dir(run.pk)
-    sink = DatabaseSink(run.pk, lease)
+    sink = DatabaseSink(run.pk, lease, meter=make_energy_meter(run))
     started = time.perf_counter()
     try:
         with run.model.file.open("rb") as f:
@@ -371,8 +475,9 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
         summary = run_tuning(model_proto, config, sink)
         status = getattr(summary, "status", "succeeded")
         _add_wall(run.pk, lease, time.perf_counter() - started)
+        sink.flush()
         if status in ("cancelled", "paused"):
-            return _finish_interrupted(run.pk, lease, status)
+            return _finish_interrupted(run.pk, lease, status, reason=sink.stop_reason)
         _finish_succeeded(run.pk, lease, model_proto, summary, work_dir)
         return TuningRun.Status.SUCCEEDED
     except LeaseLost:
@@ -381,6 +486,7 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
     except Exception as exc:  # the run fails; the worker lives on
         log.exception("run %s failed", run_id)
         _add_wall(run.pk, lease, time.perf_counter() - started)
+        sink.flush()
         TuningRun.objects.filter(pk=run.pk, lease=lease).update(
             status=TuningRun.Status.FAILED, error=f"{type(exc).__name__}: {exc}"[:10000],
             finished_at=timezone.now())
@@ -393,10 +499,19 @@ def _add_wall(run_id: int, lease: str, seconds: float) -> None:
     TuningRun.objects.filter(pk=run_id, lease=lease).update(wall_seconds=F("wall_seconds") + seconds)
 
 
-def _finish_interrupted(run_id: int, lease: str, status: str) -> str:
+def make_energy_meter(run: TuningRun):
+    """The best meter of this host for the run: RAPL or a CPU model, plus NVML for CUDA targets."""
+    from tuning.engine.energy import available_meters
+
+    return available_meters(cpu_watts_per_core=settings.ENERGY_CPU_WATTS_PER_CORE,
+                            gpu_board_watts=settings.ENERGY_GPU_BOARD_WATTS,
+                            want_gpu=run.target.get("kind") == "cuda")
+
+
+def _finish_interrupted(run_id: int, lease: str, status: str, reason: str = "") -> str:
     new = TuningRun.Status.CANCELLED if status == "cancelled" else TuningRun.Status.PAUSED
     TuningRun.objects.filter(pk=run_id, lease=lease).update(
-        status=new, requested_action="", lease="",
+        status=new, requested_action="", lease="", stop_reason=reason[:300],
         finished_at=timezone.now() if new == TuningRun.Status.CANCELLED else None)
     return new
 

@@ -197,3 +197,41 @@ def test_concurrent_starts_never_over_allocate_the_last_run(model_a, user_owner,
         t.join()
     assert outcomes.count("ok") == 2 and outcomes.count("refused") == 6
     assert TuningRun.objects.filter(team=team_a, status="queued").count() == 3
+
+
+def test_trimmer_options_validated_and_stored(api_owner, model_a):
+    bad = start(api_owner, model_a, trimmer=True, trimmer_options={"plateau_rounds": 0})
+    assert bad.status_code == 400 and "trimmer_options" in bad.json()["errors"]
+    ok = start(api_owner, model_a, trimmer=True, trimmer_options={"plateau_rounds": 3})
+    assert ok.status_code == 201
+    body = ok.json()
+    assert body["trimmer_enabled"] and body["trimmer_options"]["plateau_rounds"] == 3
+    assert body["energy_joules"] == 0 and body["grid_intensity_g_per_kwh"] == 400.0
+
+
+def test_energy_quota_refuses_a_run_that_would_exceed_it(api_owner, model_a, team_a, settings):
+    settings.ENERGY_JOULES_PER_TRIAL_ESTIMATE = 100.0
+    Quota.objects.filter(team=team_a).update(energy_kwh_per_month=0.001)  # 3600 J
+    resp = start(api_owner, model_a, max_trials=40)                         # ~4000 J
+    assert resp.status_code == 429 and resp.json()["quota"] == "energy_kwh_per_month"
+    assert "kWh" in resp.json()["detail"] and "Trimmer" in resp.json()["detail"]
+    assert start(api_owner, model_a, max_trials=30).status_code == 201
+
+
+def test_running_run_stops_cleanly_at_energy_quota(model_a, user_owner, team_a):
+    from tuning.engine.energy import ModeledMeter
+
+    Quota.objects.filter(team=team_a).update(energy_kwh_per_month=0.001)  # 3600 J
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False)
+    lease = services.claim_run(run.pk, worker="w")
+    cpu = {"s": 0.0}
+    sink = services.DatabaseSink(run.pk, lease, meter=ModeledMeter(cpu_watts_per_core=10.0,
+                                                                   cpu_seconds=lambda: cpu["s"]))
+    assert sink.control() is None
+    cpu["s"] = 400.0  # 4000 J modeled
+    assert sink.control() == "cancel" and "energy quota" in sink.stop_reason
+    sink.flush()
+    assert services._finish_interrupted(run.pk, lease, "cancelled", reason=sink.stop_reason) == "cancelled"
+    run.refresh_from_db()
+    assert run.status == "cancelled" and "energy quota" in run.stop_reason
+    assert run.energy_joules == pytest.approx(4000.0) and run.energy_source == "modeled"

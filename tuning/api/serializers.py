@@ -23,6 +23,9 @@ class TuningRunSerializer(serializers.ModelSerializer):
     progress = serializers.FloatField(read_only=True)
     dop_mode = serializers.CharField(read_only=True)
     speedup = serializers.FloatField(read_only=True, allow_null=True)
+    energy_kwh = serializers.FloatField(read_only=True)
+    carbon_g = serializers.FloatField(read_only=True, allow_null=True,
+                                      help_text="Energy x the team's grid intensity (gCO2e).")
 
     class Meta:
         model = TuningRun
@@ -31,7 +34,10 @@ class TuningRunSerializer(serializers.ModelSerializer):
             "measurement_mode", "dop_mode", "dop_fixed", "threads", "options", "status", "requested_action",
             "error", "created_at", "started_at", "finished_at", "attempts", "worker", "trials_done", "progress",
             "wall_seconds", "estimated_latency_s", "final_dop", "mean_parallel_error", "tuned_latency_s",
-            "untuned_latency_s", "speedup", "outputs_match", "max_abs_diff", "summary",
+            "untuned_latency_s", "speedup", "outputs_match", "max_abs_diff", "summary", "stop_reason",
+            "trimmer_enabled", "trimmer_options", "candidates_generated", "candidates_filtered",
+            "energy_joules", "energy_kwh", "energy_source", "energy_build_joules", "energy_measure_joules",
+            "energy_saved_joules", "trials_saved", "savings_basis", "grid_intensity_g_per_kwh", "carbon_g",
         ]
         read_only_fields = fields
 
@@ -48,6 +54,12 @@ class TuningRunCreateSerializer(serializers.Serializer):
     search_population = serializers.IntegerField(min_value=8, max_value=4096, required=False,
                                                  help_text="Evolutionary search population (smaller = faster).")
     seed = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
+    trimmer = serializers.BooleanField(default=False, help_text="Enable Trimmer (plateau pre-emption, model "
+                                       "stop, ML candidate filter).")
+    trimmer_options = serializers.DictField(required=False, default=dict, help_text=(
+        "Overrides of TrimmerConfig: plateau_rounds, min_improvement, model_window, model_patience, "
+        "model_min_improvement, target_latency_s, min_trials_per_task, filter_enabled, filter_oversample, "
+        "filter_keep_explore."))
 
     def validate_dop(self, value):
         if value != "auto" and not (value.isdigit() and int(value) >= 1):

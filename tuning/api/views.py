@@ -67,6 +67,7 @@ class TuningRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
             actor=request.user, model=data["model"], max_trials=data["max_trials"], target=data.get("target"),
             trials_per_round=data["trials_per_round"], measurement_mode=data["measurement_mode"],
             dop=dop if dop == "auto" else int(dop), threads=data.get("threads"), options=options,
+            trimmer=data["trimmer"], trimmer_options=data.get("trimmer_options") or None,
         )
         return Response(TuningRunSerializer(run).data, status=status.HTTP_201_CREATED)
 
