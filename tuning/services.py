@@ -447,11 +447,18 @@ def build_engine_config(run: TuningRun, work_dir: Path):
     from tuning.engine.timer import EvaluatorConfig
 
     opts = dict(run.options or {})
-    evaluator = EvaluatorConfig(**opts.pop("evaluator", {})) if "evaluator" in opts else EvaluatorConfig()
+    evaluator = EvaluatorConfig.from_any(opts.get("evaluator"))
+    queues = opts.get("measure_queues") or []
+    distributed = {}
+    if queues and run.measurement_mode == TuningRun.Mode.DOPPLER:
+        from .distributed import celery_submit
+
+        distributed = {"distributed_submit": celery_submit, "device_queue": list(queues)}
     return TuningConfig(
         target=run.target, max_trials=run.max_trials, trials_per_round=run.trials_per_round,
         mode=run.measurement_mode, dop=run.dop_fixed or "auto", threads=run.threads, work_dir=str(work_dir),
         seed=opts.get("seed"), evaluator=evaluator, search_population=opts.get("search_population"),
+        genetic_num_iters=opts.get("genetic_num_iters"), **distributed,
     )
 
 
@@ -593,10 +600,13 @@ def import_database(*, actor: AbstractBaseUser, run: TuningRun, workloads: bytes
             raise ServiceError(f"Tuning record line {n}: expected [workload_index, record] with a valid index.",
                                field="records")
     work_dir = run_work_dir(run.pk)
-    dest = work_dir / "imported"
-    dest.mkdir(exist_ok=True)
-    (dest / "database_workload.json").write_bytes(workloads)
-    (dest / "database_tuning_record.json").write_bytes(records)
+    workload_path, records_path = work_dir / "database_workload.json", work_dir / "database_tuning_record.json"
+    if records_path.exists() and records_path.stat().st_size:
+        raise ConflictError("This run already has tuning records; import into a new run.")
+    # Written as the run's own database: the engine resumes from it, so the
+    # imported records seed the search and count toward the trial budget.
+    workload_path.write_bytes(workloads)
+    records_path.write_bytes(records)
     run.options = {**run.options, "imported_records": len(rec_lines)}
     run.save(update_fields=["options"])
     return len(rec_lines)

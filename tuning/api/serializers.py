@@ -54,6 +54,11 @@ class TuningRunCreateSerializer(serializers.Serializer):
     search_population = serializers.IntegerField(min_value=8, max_value=4096, required=False,
                                                  help_text="Evolutionary search population (smaller = faster).")
     seed = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
+    measure_queues = serializers.ListField(
+        child=serializers.RegexField(r"^measure\.[A-Za-z0-9_-]+\.(cpu|gpu\d+)$", max_length=200),
+        required=False, max_length=64,
+        help_text="Measure on remote devices: Celery queues such as measure.<host>.cpu or measure.<host>.gpu0 "
+                  "(see /api/nodes/). Empty = measure on the tuning host.")
     trimmer = serializers.BooleanField(default=False, help_text="Enable Trimmer (plateau pre-emption, model "
                                        "stop, ML candidate filter).")
     trimmer_options = serializers.DictField(required=False, default=dict, help_text=(

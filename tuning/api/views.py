@@ -61,7 +61,8 @@ class TuningRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
         body = TuningRunCreateSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        options = {k: data[k] for k in ("search_population", "seed") if data.get(k) is not None}
+        options = {k: data[k] for k in ("search_population", "seed", "measure_queues")
+                   if data.get(k) not in (None, [])}
         dop = data["dop"]
         run = services.start_run(
             actor=request.user, model=data["model"], max_trials=data["max_trials"], target=data.get("target"),
