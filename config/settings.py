@@ -186,7 +186,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # reconnect after a broker restart, forever
 # Longer than the longest task (a tuning run), so Redis does not re-deliver a
 # message that a live worker is still executing.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=12 * 3600)}
+CELERY_BROKER_TRANSPORT_OPTIONS = (
+    {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=12 * 3600)}
+    if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else {}
+)
 CELERY_TASK_ROUTES = {
     "tuning.tasks.*": {"queue": "tuning"},
     "scheduling.tasks.heartbeat": {"queue": "telemetry"},
@@ -208,6 +211,7 @@ DEFAULT_TUNING_TARGET = {"kind": "llvm", "num-cores": env.int("DLOPT_TUNING_CORE
 TUNING_STALE_AFTER_S = env.float("TUNING_STALE_AFTER_S", default=120.0)
 CELERY_BEAT_SCHEDULE = {
     "recover-stale-tuning-runs": {"task": "tuning.recover_stale_runs", "schedule": 60.0},
+    "gpu-heartbeat": {"task": "scheduling.heartbeat", "schedule": env.float("SCHEDULING_HEARTBEAT_S", default=15.0)},
 }
 # Energy model used where no meter exists (labeled "modeled" everywhere it shows).
 ENERGY_CPU_WATTS_PER_CORE = env.float("ENERGY_CPU_WATTS_PER_CORE", default=10.0)

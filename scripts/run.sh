@@ -17,6 +17,9 @@ QUEUES=${WORKER_QUEUES:-default,tuning,telemetry,measure.$NODE.cpu}
   --hostname "cpu@$NODE" --loglevel INFO >var/log/worker.log 2>&1 &
 WORKER_PID=$!
 trap 'kill $WORKER_PID 2>/dev/null; wait $WORKER_PID 2>/dev/null' EXIT INT TERM
+for _ in $(seq 60); do grep -q " ready." var/log/worker.log 2>/dev/null && break; sleep 0.5
+  kill -0 $WORKER_PID 2>/dev/null || { echo "error: the Celery worker exited at start:" >&2; tail -20 var/log/worker.log >&2; exit 1; }
+done
 cat <<MSG
 
   dlopt is up.
