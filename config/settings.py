@@ -190,9 +190,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
     {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=12 * 3600)}
     if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else {}
 )
+# Routes match task *names* (tasks are named "<app>.<action>").
 CELERY_TASK_ROUTES = {
-    "tuning.tasks.*": {"queue": "tuning"},
-    "scheduling.tasks.heartbeat": {"queue": "telemetry"},
+    "tuning.execute_run": {"queue": "tuning"},
+    "tuning.recover_stale_runs": {"queue": "tuning"},
+    "scheduling.heartbeat": {"queue": "telemetry"},
 }
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = TIME_ZONE
@@ -213,6 +215,12 @@ CELERY_BEAT_SCHEDULE = {
     "recover-stale-tuning-runs": {"task": "tuning.recover_stale_runs", "schedule": 60.0},
     "gpu-heartbeat": {"task": "scheduling.heartbeat", "schedule": env.float("SCHEDULING_HEARTBEAT_S", default=15.0)},
 }
+# GPU scheduling (Horus): placement policy and liveness windows.
+SCHEDULING_POLICY = env.str("SCHEDULING_POLICY", default="horus")
+SCHEDULING_NODE_STALE_S = env.float("SCHEDULING_NODE_STALE_S", default=180.0)
+SCHEDULING_TELEMETRY_FRESH_S = env.float("SCHEDULING_TELEMETRY_FRESH_S", default=120.0)
+SCHEDULING_TELEMETRY_RETENTION_DAYS = env.int("SCHEDULING_TELEMETRY_RETENTION_DAYS", default=7)
+SCHEDULING_DEFAULT_JOB_ESTIMATE_S = env.float("SCHEDULING_DEFAULT_JOB_ESTIMATE_S", default=600.0)
 # Energy model used where no meter exists (labeled "modeled" everywhere it shows).
 ENERGY_CPU_WATTS_PER_CORE = env.float("ENERGY_CPU_WATTS_PER_CORE", default=10.0)
 ENERGY_GPU_BOARD_WATTS = env.float("ENERGY_GPU_BOARD_WATTS", default=300.0)

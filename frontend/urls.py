@@ -1,11 +1,41 @@
+"""Dashboard pages, and the chart data API under /api/charts/.
+
+config/urls.py maps "api/" to the REST router before including this module; a
+path the router does not know falls through to here, so /api/charts/... lands
+on frontend.api (tests/frontend/test_api.py checks that it still does).
+"""
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import views
+from . import api, views
+
+chart_patterns = [
+    path("api/charts/models/<int:pk>/ops/", api.ModelOpsChartView.as_view(), name="charts-model-ops"),
+    path("api/charts/runs/compare/", api.RunCompareChartView.as_view(), name="charts-run-compare"),
+    path("api/charts/runs/<int:pk>/curve/", api.RunCurveChartView.as_view(), name="charts-run-curve"),
+    path("api/charts/runs/<int:pk>/dop/", api.RunDopChartView.as_view(), name="charts-run-dop"),
+    path("api/charts/runs/<int:pk>/live/", api.RunLiveView.as_view(), name="charts-run-live"),
+    path("api/charts/energy/", api.EnergyChartView.as_view(), name="charts-energy"),
+    path("api/charts/cluster/", api.ClusterChartView.as_view(), name="charts-cluster"),
+    path("api/charts/simulations/<int:pk>/", api.SimulationChartView.as_view(), name="charts-simulation"),
+]
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.home, name="home"),
+    path("team/", views.switch_team, name="switch-team"),
+    path("models/", views.model_list, name="model-list"),
+    path("models/upload/", views.model_upload, name="model-upload"),
     path("models/<int:pk>/", views.model_detail, name="model-detail"),
+    path("runs/", views.run_list, name="run-list"),
+    path("runs/new/", views.run_start, name="run-start"),
+    path("runs/compare/", views.run_compare, name="run-compare"),
+    path("runs/<int:pk>/", views.run_detail, name="run-detail"),
+    path("runs/<int:pk>/<str:action>/", views.run_control, name="run-control"),
+    path("cluster/", views.cluster, name="cluster"),
+    path("simulations/", views.simulations, name="simulations"),
+    path("simulations/<int:pk>/", views.simulation_detail, name="simulation-detail"),
+    path("energy/", views.energy, name="energy"),
+    *chart_patterns,
 ]

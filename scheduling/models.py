@@ -1,1 +1,306 @@
-"""Models: see the app docstring."""
+"""The GPU cluster and its jobs: nodes, GPUs, telemetry, GPU jobs, placements,
+profiles, predictor versions, trace uploads and simulation runs.
+
+State lives here; the Django-free algorithms (predictor, policies, simulator)
+live in ``scheduling.horus`` and are driven by ``scheduling.services``.
+"""
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from core.models import DLModel, Team
+
+
+class Node(models.Model):
+    """A worker machine. Registered by its Celery worker (on start and at every heartbeat)."""
+
+    name = models.CharField(max_length=100, unique=True, help_text="DLOPT_NODE_NAME of the worker (queue prefix).")
+    hostname = models.CharField(max_length=255, blank=True)
+    cpu_cores = models.PositiveIntegerField(default=0)
+    memory_mb = models.PositiveBigIntegerField(default=0, help_text="Host RAM in MB.")
+    queues = models.JSONField(default=list, blank=True,
+                              help_text="Celery queues this node's workers serve, e.g. measure.<node>.gpu0.")
+    nvml_available = models.BooleanField(default=False)
+    nvml_error = models.TextField(blank=True, help_text="Why no GPU was found (pynvml's error), if none was.")
+    driver_version = models.CharField(max_length=50, blank=True)
+    drained = models.BooleanField(default=False, help_text="A drained node gets no new placements.")
+    registered_at = models.DateTimeField(auto_now_add=True)
+    last_seen = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def cpu_queue(self) -> str:
+        return f"measure.{self.name.replace('.', '-')}.cpu"
+
+
+def gpu_queue_name(node_name: str, index: int) -> str:
+    return f"measure.{node_name.replace('.', '-')}.gpu{int(index)}"
+
+
+class GPU(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField(help_text="NVML device index on its node.")
+    uuid = models.CharField(max_length=100, blank=True, db_index=True)
+    name = models.CharField(max_length=100, help_text="NVML device name, e.g. 'NVIDIA H200'.")
+    gpu_model = models.CharField(max_length=50, help_text="Normalized model the predictor knows (V100, T4, ...).")
+    memory_total_mb = models.FloatField(validators=[MinValueValidator(0.0)])
+    power_limit_w = models.FloatField(null=True, blank=True)
+    queue = models.CharField(max_length=200, help_text="Celery queue of this GPU: measure.<node>.gpu<index>.")
+    drained = models.BooleanField(default=False)
+    present = models.BooleanField(default=True, help_text="False when the last heartbeat no longer saw it.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        verbose_name = "GPU"
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="unique_gpu_index_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index} ({self.name})"
+
+
+class GpuTelemetry(models.Model):
+    """One NVML sample of one GPU (a heartbeat)."""
+
+    gpu = models.ForeignKey(GPU, on_delete=models.CASCADE, related_name="telemetry")
+    ts = models.DateTimeField()
+    util_pct = models.FloatField()
+    mem_used_mb = models.FloatField()
+    mem_total_mb = models.FloatField(null=True, blank=True)
+    power_w = models.FloatField(null=True, blank=True)
+    temperature_c = models.FloatField(null=True, blank=True)
+    energy_mj = models.FloatField(null=True, blank=True,
+                                  help_text="NVML total energy counter since driver load (mJ), where supported.")
+
+    class Meta:
+        ordering = ["-ts"]
+        verbose_name = "GPU telemetry sample"
+        indexes = [models.Index(fields=["gpu", "ts"], name="gputelemetry_gpu_ts"),
+                   models.Index(fields=["ts"], name="gputelemetry_ts")]
+
+    def __str__(self) -> str:
+        return f"{self.gpu} @ {self.ts:%Y-%m-%d %H:%M:%S}: {self.util_pct:.0f}%"
+
+
+class PredictorVersion(models.Model):
+    """A trained Horus utilization/memory predictor (XGBoost), with its k-fold error."""
+
+    version = models.PositiveIntegerField(unique=True)
+    file = models.FileField(upload_to="predictors/", max_length=255)
+    metrics = models.JSONField(default=dict, help_text="k-fold RMSLE / MAE of utilization and memory.")
+    params = models.JSONField(default=dict, blank=True)
+    sources = models.JSONField(default=list, blank=True, help_text="Profile sources it was trained on.")
+    n_records = models.PositiveIntegerField()
+    active = models.BooleanField(default=False)
+    trained_at = models.DateTimeField(auto_now_add=True)
+    trained_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+
+    class Meta:
+        ordering = ["-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["active"], condition=Q(active=True), name="one_active_predictor"),
+        ]
+
+    def __str__(self) -> str:
+        return f"predictor v{self.version}{' (active)' if self.active else ''}"
+
+    @property
+    def util_rmsle(self) -> float | None:
+        return (self.metrics.get("util") or {}).get("rmsle")
+
+    @property
+    def mem_rmsle(self) -> float | None:
+        return (self.metrics.get("mem") or {}).get("rmsle")
+
+
+class GpuProfile(models.Model):
+    """What a model at a batch size used on a GPU model: measured by `profile_gpu`, or the synthetic seed set."""
+
+    SYNTHETIC_PREFIX = "synthetic"
+
+    model_name = models.CharField(max_length=100, db_index=True)
+    dl_model = models.ForeignKey(DLModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    batch_size = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    gpu_model = models.CharField(max_length=50, db_index=True)
+    features = models.JSONField(help_text="Graph features at this batch size (predictor inputs).")
+    util_pct = models.FloatField(validators=[MinValueValidator(0.0), MaxValueValidator(100.0)])
+    peak_mem_mb = models.FloatField(validators=[MinValueValidator(0.0)])
+    power_w = models.FloatField(null=True, blank=True)
+    source = models.CharField(max_length=100, db_index=True,
+                              help_text="Where the numbers come from: 'synthetic-roofline-v1' or 'profile_gpu:<gpu>'.")
+    meta = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["model_name", "gpu_model", "batch_size"]
+        verbose_name = "GPU profile"
+        constraints = [
+            models.UniqueConstraint(fields=["model_name", "batch_size", "gpu_model", "source"],
+                                    name="unique_profile_per_config_and_source"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model_name} bs{self.batch_size} on {self.gpu_model} ({self.source})"
+
+    @property
+    def is_synthetic(self) -> bool:
+        return self.source.startswith(self.SYNTHETIC_PREFIX)
+
+
+class GpuJob(models.Model):
+    """A job that runs a registered model on one GPU, placed by a policy."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"
+        PLACED = "placed", "Placed"
+        RUNNING = "running", "Running"
+        FINISHED = "finished", "Finished"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    ACTIVE = (State.PENDING, State.PLACED, State.RUNNING)
+    TERMINAL = (State.FINISHED, State.FAILED, State.CANCELLED)
+
+    class Runtime(models.TextChoices):
+        AUTO = "auto", "Auto (onnxruntime CUDA, else TVM CUDA)"
+        ONNXRUNTIME = "onnxruntime", "onnxruntime (CUDA execution provider)"
+        TVM = "tvm", "TVM (CUDA target)"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="gpu_jobs")
+    model = models.ForeignKey(DLModel, on_delete=models.CASCADE, related_name="gpu_jobs")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    batch_size = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(4096)])
+    runtime = models.CharField(max_length=12, choices=Runtime.choices, default=Runtime.AUTO)
+    iterations = models.PositiveIntegerField(default=100, validators=[MinValueValidator(1)],
+                                             help_text="Inference iterations the job runs.")
+    duration_estimate_s = models.FloatField(validators=[MinValueValidator(1.0)],
+                                            help_text="GPU time reserved against the team's GPU-hour quota.")
+    predicted_util_pct = models.FloatField(null=True, blank=True)
+    predicted_mem_mb = models.FloatField(null=True, blank=True)
+    predicted_for_gpu_model = models.CharField(max_length=50, blank=True)
+    predictor_version = models.ForeignKey(PredictorVersion, null=True, blank=True, on_delete=models.SET_NULL,
+                                          related_name="jobs")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING, db_index=True)
+    policy = models.CharField(max_length=30, blank=True, help_text="Policy that placed the job.")
+    error = models.TextField(blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    measured_util_pct = models.FloatField(null=True, blank=True)
+    measured_mem_mb = models.FloatField(null=True, blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    placed_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "GPU job"
+        indexes = [models.Index(fields=["team", "state"]), models.Index(fields=["state", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"GPU job {self.pk} ({self.model.name} bs{self.batch_size}, {self.state})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in self.ACTIVE
+
+
+class Placement(models.Model):
+    """A job on a GPU. At most one active (unreleased) placement per job - a DB constraint."""
+
+    job = models.ForeignKey(GpuJob, on_delete=models.CASCADE, related_name="placements")
+    gpu = models.ForeignKey(GPU, on_delete=models.PROTECT, related_name="placements")
+    policy = models.CharField(max_length=30)
+    score = models.FloatField(null=True, blank=True, help_text="The policy's cost of this GPU (lower is better).")
+    queue = models.CharField(max_length=200)
+    placed_at = models.DateTimeField(db_index=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-placed_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["job"], condition=Q(released_at__isnull=True),
+                                    name="one_active_placement_per_job"),
+        ]
+        indexes = [models.Index(fields=["gpu", "released_at"])]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} on {self.gpu} ({self.policy})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.released_at is None
+
+
+def trace_upload_path(instance: "TraceUpload", filename: str) -> str:
+    return f"traces/{instance.team_id}/{instance.sha256[:16]}-{filename[-60:]}"
+
+
+class TraceUpload(models.Model):
+    """A cluster trace a team uploaded (Philly jobs or an Alibaba pod list), validated row by row."""
+
+    class Kind(models.TextChoices):
+        PHILLY = "philly", "Philly jobs (timestamp, duration, num_gpus)"
+        ALIBABA_PODS = "alibaba_pods", "Alibaba pod list"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="traces")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    file = models.FileField(upload_to=trace_upload_path, max_length=255)
+    file_size = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    n_jobs = models.PositiveIntegerField()
+    summary = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["team", "name"], name="unique_trace_name_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind}, {self.n_jobs} jobs)"
+
+
+class SimulationRun(models.Model):
+    """A trace-driven simulation of one or more placement policies, run by a Celery task."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="simulations")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    trace = models.CharField(max_length=20, help_text="'philly', 'alibaba' or 'upload'.")
+    trace_upload = models.ForeignKey(TraceUpload, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="simulations")
+    policies = models.JSONField(help_text="Policy names, in the order they were run.")
+    seed = models.IntegerField(default=0)
+    parameters = models.JSONField(default=dict, help_text="Method, cluster scale, job slice, predictor error...")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    results = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["team", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"Simulation {self.pk} of {self.trace} ({self.status})"

@@ -47,6 +47,9 @@ fi
 # The fault tests stop and restart a Redis of their own; they need the binary.
 command -v redis-server >/dev/null || { echo "Installing redis-server with apt-get..."; apt_install redis-server; }
 
+# --- Chromium for the browser tests (Playwright drives the system browser) ------
+command -v chromium >/dev/null || [ -x /usr/bin/chromium ] || { echo "Installing chromium with apt-get..."; apt_install chromium; }
+
 # --- PostgreSQL -----------------------------------------------------------------
 if [ -z "${TEST_DATABASE_URL:-}" ]; then
   if port_answers 127.0.0.1 5432 && $PY -c 'import psycopg; psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", connect_timeout=3).close()' 2>/dev/null; then

@@ -52,6 +52,7 @@ def test_compose_commands_reference_real_modules():
 def test_check_deploy_is_clean_under_production_settings(tmp_path):
     env = dict(os.environ, DJANGO_SECURE="1", DJANGO_SECRET_KEY="x" * 30 + "-prod-secret-key-for-check-0123456789",
                DJANGO_DEBUG="0", DLOPT_VAR_DIR=str(tmp_path), DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3")
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # a test-only flag; production never sets it
     proc = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

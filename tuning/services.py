@@ -202,9 +202,27 @@ def start_run(
 
 
 def _enqueue(run: TuningRun) -> None:
+    """Send the run to the `tuning` queue once the transaction commits.
+
+    The run is committed by then, so a broker outage must not turn the request into a 500: the run is
+    paused instead (nothing it did is lost; resume it once the broker is back), with the reason in
+    `error`, in the database and on `run`, which the caller answers with."""
+    from kombu.exceptions import OperationalError as BrokerError
+
     from .tasks import execute_run
 
-    execute_run.delay_on_commit(run.pk)
+    def send():
+        try:
+            execute_run.delay(run.pk)
+        except (BrokerError, OSError) as exc:
+            log.error("run %s could not be queued: %s", run.pk, exc)
+            run.status = TuningRun.Status.PAUSED
+            run.error = (f"Could not be queued: the task broker is unreachable ({exc}). The run is paused; "
+                         "resume it when the broker is back.")
+            TuningRun.objects.filter(pk=run.pk, status=TuningRun.Status.QUEUED).update(
+                status=run.status, error=run.error, lease="")
+
+    transaction.on_commit(send)
 
 
 def _locked(run: TuningRun) -> TuningRun:
@@ -247,8 +265,8 @@ def resume_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
     if run.status != TuningRun.Status.PAUSED:
         raise ConflictError(f"Only paused runs can be resumed; run {run.pk} is {run.status}.")
     _check_quota(team_id=run.team_id, max_trials=0)
-    run.status, run.requested_action = TuningRun.Status.QUEUED, TuningRun.Action.NONE
-    run.save(update_fields=["status", "requested_action"])
+    run.status, run.requested_action, run.error = TuningRun.Status.QUEUED, TuningRun.Action.NONE, ""
+    run.save(update_fields=["status", "requested_action", "error"])
     _enqueue(run)
     return run
 
@@ -347,41 +365,51 @@ class DatabaseSink:
         return run
 
     def on_tasks(self, tasks) -> None:
+        ids = {}
         with transaction.atomic():
             for t in tasks:
                 obj, _ = TuningTask.objects.update_or_create(
                     run_id=self.run_id, index=t.index,
                     defaults={"name": t.name[:300], "flops": float(t.flops or 0), "weight": float(t.weight or 1)})
-                self._task_ids[t.index] = obj.pk
+                ids[t.index] = obj.pk
+        self._task_ids.update(ids)  # only ids that were committed
 
     def on_measurements(self, records) -> None:
         if not records:
             return
         self._check_lease()
-        rows = []
-        for r in records:
-            task_id = self._task_ids.get(r.task_index)
-            if task_id is None:
-                task_id = TuningTask.objects.get_or_create(
-                    run_id=self.run_id, index=r.task_index, defaults={"name": r.task_name[:300]})[0].pk
-                self._task_ids[r.task_index] = task_id
-            secs = [float(s) for s in (r.run_secs or [])]
-            latency = getattr(r, "latency_s", None)
-            if latency is None and secs and not r.error:
-                latency = sorted(secs)[len(secs) // 2]
-            self._build_cpu_s += r.build_secs or 0.0
-            # DOP workers share the cores: each measures with cores // DOP threads.
-            self._measure_cpu_s += (r.run_wall_secs or 0.0) * max(1, self.threads // max(1, r.dop or 1))
-            rows.append(Measurement(
-                run_id=self.run_id, task_id=task_id, round_index=r.round_index, candidate_key=r.candidate_key,
-                run_secs=secs, latency_s=latency, build_secs=r.build_secs, run_wall_secs=r.run_wall_secs,
-                error=(r.error or "")[:5000], worker=(r.worker or "")[:200], dop=r.dop or 1,
-                remeasured_serially=bool(r.remeasured_serially), serial_secs=r.serial_secs))
-        with transaction.atomic():
-            Measurement.objects.bulk_create(rows, ignore_conflicts=True)
-            touched = {row.task_id for row in rows}
-            self._refresh_tasks(touched)
-            self._refresh_run(heartbeat=True)
+        rows, new_ids = [], {}
+        counters = (self._build_cpu_s, self._measure_cpu_s)
+        # One transaction: a database error leaves neither a task row nor a measurement of this batch,
+        # and the task-id cache and CPU-second counters only keep what was committed.
+        try:
+            with transaction.atomic():
+                for r in records:
+                    task_id = self._task_ids.get(r.task_index) or new_ids.get(r.task_index)
+                    if task_id is None:
+                        task_id = TuningTask.objects.get_or_create(
+                            run_id=self.run_id, index=r.task_index, defaults={"name": r.task_name[:300]})[0].pk
+                        new_ids[r.task_index] = task_id
+                    secs = [float(s) for s in (r.run_secs or [])]
+                    latency = getattr(r, "latency_s", None)
+                    if latency is None and secs and not r.error:
+                        latency = sorted(secs)[len(secs) // 2]
+                    self._build_cpu_s += r.build_secs or 0.0
+                    # DOP workers share the cores: each measures with cores // DOP threads.
+                    self._measure_cpu_s += (r.run_wall_secs or 0.0) * max(1, self.threads // max(1, r.dop or 1))
+                    rows.append(Measurement(
+                        run_id=self.run_id, task_id=task_id, round_index=r.round_index,
+                        candidate_key=r.candidate_key, run_secs=secs, latency_s=latency, build_secs=r.build_secs,
+                        run_wall_secs=r.run_wall_secs, error=(r.error or "")[:5000], worker=(r.worker or "")[:200],
+                        dop=r.dop or 1, remeasured_serially=bool(r.remeasured_serially), serial_secs=r.serial_secs))
+                Measurement.objects.bulk_create(rows, ignore_conflicts=True)
+                touched = {row.task_id for row in rows}
+                self._refresh_tasks(touched)
+                self._refresh_run(heartbeat=True)
+        except BaseException:
+            self._build_cpu_s, self._measure_cpu_s = counters
+            raise
+        self._task_ids.update(new_ids)
 
     def on_serial_remeasure(self, updates) -> None:
         """Final top-10 % serial re-measure: (task_index, candidate_key, serial_secs) triples."""
@@ -479,6 +507,8 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
         with run.model.file.open("rb") as f:
             model_proto = onnx.load_model_from_string(f.read())
         config = build_engine_config(run, work_dir)
+        if run.attempts > 1:
+            reconcile_with_database(sink, model_proto, run, work_dir)
         summary = run_tuning(model_proto, config, sink)
         status = getattr(summary, "status", "succeeded")
         _add_wall(run.pk, lease, time.perf_counter() - started)
@@ -498,6 +528,24 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
             status=TuningRun.Status.FAILED, error=f"{type(exc).__name__}: {exc}"[:10000],
             finished_at=timezone.now())
         return TuningRun.Status.FAILED
+
+
+def reconcile_with_database(sink: "DatabaseSink", model_proto, run: TuningRun, work_dir: Path) -> int:
+    """Store the candidates TVM's database holds but the store lacks (the previous
+    executor died between TVM's commit and ours). Returns how many were added."""
+    from tuning.engine.session import database_records
+
+    if not (work_dir / "database_tuning_record.json").exists():
+        return 0
+    known = set(Measurement.objects.filter(run_id=run.pk).values_list("candidate_key", flat=True))
+    missing = [r for r in database_records(str(work_dir), model_proto, run.target) if r.candidate_key not in known]
+    for r in missing:
+        r.round_index = 0
+    if missing:
+        log.warning("run %s: %d candidate(s) in TVM's database were missing from the store; added", run.pk,
+                    len(missing))
+        sink.on_measurements(missing)
+    return len(missing)
 
 
 def _add_wall(run_id: int, lease: str, seconds: float) -> None:

@@ -1,0 +1,83 @@
+"""Small helpers shared by benchmark scripts (no Django)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    vals = [float(v) for v in values if v is not None and v > 0]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info(**extra) -> dict:
+    info = {
+        "cpu": cpu_model(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    try:
+        from importlib.metadata import version
+
+        info["tvm"] = version("apache-tvm")
+        info["tvm_ffi"] = version("apache-tvm-ffi")
+    except Exception:  # noqa: BLE001
+        pass
+    info.update(extra)
+    return info
+
+
+def run_child(script: str, spec: dict, *, timeout: float, env: dict | None = None) -> dict:
+    """Run ``python script --job <json>`` in a fresh interpreter; the child
+    writes its result JSON to ``spec["out"]``."""
+    child_env = dict(os.environ)
+    child_env["PYTHONPATH"] = str(ROOT) + (os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else "")
+    if env:
+        child_env.update({k: str(v) for k, v in env.items()})
+    proc = subprocess.run(
+        [sys.executable, script, "--job", json.dumps(spec)],
+        env=child_env,
+        cwd=str(ROOT),
+        timeout=timeout,
+        capture_output=True,
+        text=True,
+    )
+    out = Path(spec["out"])
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(
+            f"child job {spec.get('label')} failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return json.loads(out.read_text())
+
+
+def fmt_s(v: float | None, unit: str = "s") -> str:
+    if v is None:
+        return "-"
+    if unit == "us":
+        return f"{v * 1e6:,.1f}"
+    if unit == "ms":
+        return f"{v * 1e3:,.3f}"
+    return f"{v:,.1f}"

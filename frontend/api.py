@@ -1,0 +1,184 @@
+"""Chart data API: Plotly-ready figure dicts, so automation can re-plot what the dashboard shows.
+
+Every endpoint returns the exact figure the page draws (``{"data": [...],
+"layout": {...}}``, plotly.js's figure format), built by frontend.charts from
+the same selectors. Objects of other teams are 404s, as everywhere.
+"""
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from . import charts, clusterdata, presenters, queries
+from .forms import parse_id_list
+from .scope import get_scope
+
+TAG = "charts"
+
+
+class PlotlyFigureSerializer(serializers.Serializer):
+    data = serializers.ListField(child=serializers.DictField(), help_text="plotly.js traces")
+    layout = serializers.DictField(help_text="plotly.js layout")
+
+
+class ApiErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    code = serializers.CharField()
+    errors = serializers.DictField(child=serializers.ListField(child=serializers.CharField()))
+
+
+class RunFiguresSerializer(serializers.Serializer):
+    curve = PlotlyFigureSerializer(help_text="Best latency so far vs trials, end to end and per task.")
+    dop = PlotlyFigureSerializer(help_text="DOP and parallel-vs-serial error per round.")
+
+
+class RunLiveSerializer(serializers.Serializer):
+    stamp = serializers.CharField(help_text="Changes whenever anything shown changes; send it back as ?stamp=.")
+    unchanged = serializers.BooleanField(required=False,
+                                         help_text="True when ?stamp= matched: only `run` is sent then.")
+    run = serializers.DictField(help_text="Status, progress and results; `display` holds formatted strings.")
+    tasks = serializers.ListField(child=serializers.DictField(), required=False,
+                                  help_text="Per-task rows: FLOPs, trials, best latency, GFLOP/s, status.")
+    dop_rounds = serializers.ListField(child=serializers.DictField(), required=False)
+    figures = RunFiguresSerializer(required=False)
+
+
+class FigureSetSerializer(serializers.Serializer):
+    available = serializers.BooleanField(help_text="False while the scheduling app has no such data yet.")
+    missing = serializers.ListField(child=serializers.CharField(), help_text="Scheduling models not there yet.")
+    figures = serializers.DictField(child=PlotlyFigureSerializer(), help_text="Figures by name.")
+
+
+class CompareSerializer(serializers.Serializer):
+    figure = PlotlyFigureSerializer()
+    runs = serializers.ListField(child=serializers.DictField(), help_text="Summary row per run.")
+
+
+NOT_FOUND = OpenApiResponse(ApiErrorSerializer, description="Not found, or not one of your teams' objects.")
+
+
+class ModelOpsChartView(APIView):
+    @extend_schema(tags=[TAG], responses={200: PlotlyFigureSerializer, 404: NOT_FOUND},
+                   summary="Operator histogram of a model (bar chart)")
+    def get(self, request, pk: int):
+        return Response(charts.op_histogram_figure(queries.model_for_user(request.user, pk)))
+
+
+MAX_POINTS = OpenApiParameter("max_points", OpenApiTypes.INT, OpenApiParameter.QUERY, required=False,
+                              description="Points per series after downsampling (20-5000; default 400).")
+
+
+def _max_points(request) -> int | None:
+    raw = request.query_params.get("max_points")
+    if raw in (None, ""):
+        return None
+    if not raw.isdigit() or not 20 <= int(raw) <= 5000:
+        raise ValidationError({"max_points": ["An integer from 20 to 5000."]})
+    return int(raw)
+
+
+class RunCurveChartView(APIView):
+    @extend_schema(tags=[TAG], parameters=[MAX_POINTS],
+                   responses={200: PlotlyFigureSerializer, 400: ApiErrorSerializer, 404: NOT_FOUND},
+                   summary="Best latency so far vs trials (end to end and per task)",
+                   description="From tuning.selectors.best_so_far_curve, downsampled server-side.")
+    def get(self, request, pk: int):
+        run = queries.run_for_user(request.user, pk)
+        return Response(presenters.run_curve_figure(run, max_points=_max_points(request)))
+
+
+class RunDopChartView(APIView):
+    @extend_schema(tags=[TAG], responses={200: PlotlyFigureSerializer, 404: NOT_FOUND},
+                   summary="DOP and parallel-vs-serial error per round")
+    def get(self, request, pk: int):
+        return Response(presenters.run_dop_figure(queries.run_for_user(request.user, pk)))
+
+
+class RunLiveView(APIView):
+    @extend_schema(
+        tags=[TAG], responses={200: RunLiveSerializer, 404: NOT_FOUND},
+        parameters=[OpenApiParameter("stamp", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
+                                         description="The `stamp` of the previous answer: when nothing changed "
+                                                     "only the run's numbers come back.")],
+        summary="Live state of a run: numbers, task table, DOP rounds and both figures",
+        description="The run page polls this every 2 s and re-plots with Plotly.react.")
+    def get(self, request, pk: int):
+        run = queries.run_for_user(request.user, pk)
+        stamp = request.query_params.get("stamp")
+        if stamp:
+            n_rounds = queries.dop_round_count(run)
+            current = presenters.live_stamp(run, n_rounds)
+            if current == stamp:
+                return Response({"stamp": current, "unchanged": True,
+                                 "run": presenters.run_numbers(run, dop_rounds=n_rounds)})
+        return Response(presenters.run_live_payload(run))
+
+
+RUNS = OpenApiParameter("runs", OpenApiTypes.STR, OpenApiParameter.QUERY, required=True,
+                        description="Two or more run ids, comma-separated (or repeated).")
+
+
+class RunCompareChartView(APIView):
+    @extend_schema(tags=[TAG], parameters=[RUNS],
+                   responses={200: CompareSerializer, 400: ApiErrorSerializer, 404: NOT_FOUND},
+                   summary="End-to-end curves of several runs overlaid, with a summary per run")
+    def get(self, request):
+        try:
+            ids = parse_id_list(request.query_params.getlist("runs"))
+        except ValueError as exc:
+            raise ValidationError({"runs": [str(exc)]}) from None
+        if not 2 <= len(ids) <= 8:
+            raise ValidationError({"runs": ["Give from 2 to 8 run ids."]})
+        runs = queries.runs_for_user_by_ids(request.user, ids)
+        curves = {r.pk: presenters.curve_for(r, max_points=presenters.CURVE_MAX_POINTS) for r in runs}
+        summary = []
+        for r in runs:
+            numbers = presenters.run_numbers(r)
+            numbers.pop("actions", None)
+            summary.append({**numbers, "model": r.model.name, "team": r.team.name, "target": r.target,
+                            "measurement_mode": r.measurement_mode, "dop_mode": r.dop_mode})
+        return Response({"figure": charts.compare_figure(runs, curves), "runs": summary})
+
+
+TEAM = OpenApiParameter("team", OpenApiTypes.INT, OpenApiParameter.QUERY, required=False,
+                        description="One of your teams; default all of them.")
+
+
+def _team_ids(request) -> list[int]:
+    all_ids = [t.pk for t in get_scope(request).teams]
+    raw = request.query_params.get("team")
+    if raw in (None, ""):
+        return all_ids
+    if not raw.isdigit() or int(raw) not in all_ids:
+        from django.http import Http404
+
+        raise Http404("No such team among yours.")
+    return [int(raw)]
+
+
+class EnergyChartView(APIView):
+    @extend_schema(tags=[TAG], parameters=[TEAM], responses={200: PlotlyFigureSerializer, 404: NOT_FOUND},
+                   summary="Tuning energy per team and month (wall-hours until energy is recorded)")
+    def get(self, request):
+        return Response(charts.energy_figure(queries.energy_by_team_month(_team_ids(request))))
+
+
+class ClusterChartView(APIView):
+    @extend_schema(tags=[TAG], parameters=[TEAM],
+                   responses={200: FigureSetSerializer, 404: NOT_FOUND},
+                   summary="Cluster figures (GPU utilization and memory, jobs per state)",
+                   description="`available` is false (and `figures` empty) while the scheduling app has no data.")
+    def get(self, request):
+        return Response(clusterdata.cluster_figures(_team_ids(request)))
+
+
+class SimulationChartView(APIView):
+    @extend_schema(tags=[TAG],
+                   responses={200: FigureSetSerializer, 404: NOT_FOUND},
+                   summary="Figures of one simulation run (policies compared)")
+    def get(self, request, pk: int):
+        return Response(clusterdata.simulation_figures(get_scope(request), pk))

@@ -1,0 +1,227 @@
+"""Plotly figures built server-side with plotly.py.
+
+Every builder returns a plain figure dict (``{"data": [...], "layout": {...}}``)
+that plotly.js draws with ``Plotly.newPlot``/``Plotly.react`` and that the chart
+API returns as is, so automation can re-plot the same figure. Data arrive
+already downsampled (tuning.selectors.best_so_far_curve thins each series), so
+a run of tens of thousands of measurements stays a few hundred points a trace.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+# A small explicit template: the default "plotly" template adds ~7 KB to every
+# figure, which the live view would otherwise re-send every 2 s.
+_TEMPLATE = go.layout.Template(layout={
+    "font": {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12, "color": "#222"},
+    "colorway": ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                 "#bcbd22", "#17becf"],
+    "paper_bgcolor": "#fff", "plot_bgcolor": "#fff",
+    "xaxis": {"gridcolor": "#eee", "linecolor": "#999", "zerolinecolor": "#ddd"},
+    "yaxis": {"gridcolor": "#eee", "linecolor": "#999", "zerolinecolor": "#ddd"},
+    "hovermode": "closest",
+})
+E2E_COLOR = "#111"
+
+
+def _layout(**kwargs) -> dict:
+    base = {"template": _TEMPLATE, "margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "autosize": True,
+            "legend": {"font": {"size": 11}}}
+    base.update(kwargs)
+    return base
+
+
+def figure_dict(fig: go.Figure) -> dict:
+    return fig.to_plotly_json()
+
+
+def empty_figure(message: str, *, title: str = "", height: int = 260) -> dict:
+    fig = go.Figure(layout=_layout(
+        title={"text": title}, height=height,
+        xaxis={"visible": False}, yaxis={"visible": False},
+        annotations=[{"text": message, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5,
+                      "font": {"size": 14, "color": "#666"}}],
+    ))
+    return figure_dict(fig)
+
+
+def plain(text) -> str:
+    """User-given names (models, tasks, teams, policies) shown as text, never as plotly.js pseudo-HTML."""
+    return str(text).replace("<", "‹").replace(">", "›")
+
+
+def _ms(values):
+    return [None if v is None else v * 1e3 for v in values]
+
+
+# --- model ----------------------------------------------------------------------------------
+
+
+def op_histogram_figure(model) -> dict:
+    """Bar chart of the model's ONNX operator counts, most frequent first."""
+    items = sorted((model.op_histogram or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    if not items:
+        return empty_figure("No operators recorded for this model.", title="Operator histogram")
+    ops, counts = [plain(k) for k, _ in items], [v for _, v in items]
+    fig = go.Figure(
+        go.Bar(x=ops, y=counts, marker={"color": "#1f77b4"}, hovertemplate="%{x}: %{y}<extra></extra>",
+               name="nodes"),
+        layout=_layout(title={"text": f"Operator histogram of {plain(model.name)}"}, height=360,
+                       xaxis={"title": {"text": "ONNX operator"}, "tickangle": -40 if len(ops) > 8 else 0},
+                       yaxis={"title": {"text": "nodes"}}, showlegend=False),
+    )
+    return figure_dict(fig)
+
+
+# --- tuning runs --------------------------------------------------------------------------------
+
+
+def _short(name: str, n: int = 38) -> str:
+    name = plain(name)
+    return name if len(name) <= n else name[: n - 1] + "…"
+
+
+def best_so_far_figure(curve: dict, *, run_id: int | None = None) -> dict:
+    """End-to-end estimate (top) and per-task best latency (bottom) vs measured trials.
+
+    `curve` is tuning.selectors.best_so_far_curve's output.
+    """
+    tasks = curve.get("tasks") or {}
+    e2e = curve.get("end_to_end") or {"trials": [], "estimate_s": []}
+    if not tasks or not any(t["trials"] for t in tasks.values()):
+        return empty_figure("No measurements yet: the curve appears as soon as the first round is stored.",
+                            title="Best latency so far", height=520)
+    data = []
+    data.append(go.Scatter(
+        x=e2e["trials"], y=_ms(e2e["estimate_s"]), name="end-to-end estimate", mode="lines",
+        line={"color": E2E_COLOR, "width": 2.5, "shape": "hv"}, xaxis="x", yaxis="y",
+        hovertemplate="trial %{x}<br>estimate %{y:.4g} ms<extra>end to end</extra>",
+    ))
+    for index in sorted(tasks, key=lambda i: int(i)):
+        t = tasks[index]
+        data.append(go.Scatter(
+            x=t["trials"], y=_ms(t["best_s"]), name=f"T{index} {_short(t.get('name', ''))}", mode="lines",
+            line={"width": 1.3, "shape": "hv"}, xaxis="x", yaxis="y2", legendgroup="tasks",
+            hovertemplate=f"T{index}<br>trial %{{x}}<br>best %{{y:.4g}} ms<extra></extra>",
+        ))
+    layout = _layout(
+        title={"text": "Best latency so far vs trials"}, height=560, uirevision=f"curve-{run_id}",
+        xaxis={"title": {"text": "measured trials (whole run)"}, "anchor": "y2"},
+        yaxis={"title": {"text": "end-to-end (ms)"}, "domain": [0.6, 1.0], "type": "log"},
+        yaxis2={"title": {"text": "per task (ms)"}, "domain": [0.0, 0.48], "type": "log"},
+        legend={"font": {"size": 10}},
+    )
+    if not e2e["trials"]:
+        layout["annotations"] = [{
+            "text": "end-to-end estimate starts once every task has a valid measurement", "showarrow": False,
+            "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.8, "font": {"color": "#666"}}]
+    return figure_dict(go.Figure(data=data, layout=layout))
+
+
+def dop_figure(rounds: list[dict], *, run_id: int | None = None) -> dict:
+    """Degree of parallelism (bars) and mean parallel-vs-serial error (line, %) per measurement round."""
+    if not rounds:
+        return empty_figure("No DOP rounds recorded yet.", title="DOP and parallel-vs-serial error per round")
+    xs = [r["round_index"] for r in rounds]
+    errors = [None if r["mean_error"] is None else r["mean_error"] * 100 for r in rounds]
+    data = [
+        go.Bar(x=xs, y=[r["dop"] for r in rounds], name="DOP", marker={"color": "#9fc5e8"},
+               hovertemplate="round %{x}: DOP %{y}<extra></extra>"),
+        go.Scatter(x=xs, y=errors, name="mean error (%)", mode="lines+markers", yaxis="y2",
+                   line={"color": "#d62728"}, marker={"size": 4}, connectgaps=False,
+                   hovertemplate="round %{x}: error %{y:.2f}%<extra></extra>"),
+    ]
+    layout = _layout(
+        title={"text": "DOP and parallel-vs-serial error per round"}, height=320, uirevision=f"dop-{run_id}",
+        margin={"l": 60, "r": 70, "t": 40, "b": 50},
+        xaxis={"title": {"text": "round"}},
+        yaxis={"title": {"text": "degree of parallelism"}, "rangemode": "tozero", "dtick": 1 if max(
+            r["dop"] for r in rounds) <= 16 else None},
+        yaxis2={"title": {"text": "mean error (%)"}, "overlaying": "y", "side": "right", "rangemode": "tozero",
+                "showgrid": False},
+        legend={"orientation": "h", "y": 1.12, "x": 1, "xanchor": "right"}, bargap=0.15,
+    )
+    return figure_dict(go.Figure(data=data, layout=layout))
+
+
+def compare_figure(runs, curves: dict[int, dict]) -> dict:
+    """End-to-end best-latency curves of several runs, overlaid."""
+    data = []
+    for run in runs:
+        e2e = (curves.get(run.pk) or {}).get("end_to_end") or {}
+        if not e2e.get("trials"):
+            continue
+        data.append(go.Scatter(
+            x=e2e["trials"], y=_ms(e2e["estimate_s"]), mode="lines", line={"shape": "hv", "width": 2},
+            name=f"run {run.pk}: {plain(run.model.name)} · {run.measurement_mode} · DOP {run.dop_mode}",
+            hovertemplate=f"run {run.pk}<br>trial %{{x}}<br>%{{y:.4g}} ms<extra></extra>",
+        ))
+    if not data:
+        return empty_figure("None of these runs has an end-to-end estimate yet.", title="Runs compared")
+    fig = go.Figure(data=data, layout=_layout(
+        title={"text": "End-to-end best latency so far"}, height=440,
+        xaxis={"title": {"text": "measured trials"}}, yaxis={"title": {"text": "estimated latency (ms)"},
+                                                             "type": "log"},
+        legend={"orientation": "h", "y": -0.2},
+    ))
+    return figure_dict(fig)
+
+
+# --- energy -----------------------------------------------------------------------------------
+
+
+def energy_figure(rows) -> dict:
+    """Per team and month: energy (kWh) where recorded, otherwise tuning wall-hours."""
+    if not rows:
+        return empty_figure("No tuning runs in these teams yet.", title="Tuning per month")
+    with_energy = any(r.energy_kwh is not None for r in rows)
+    teams = sorted({r.team_name for r in rows})
+    months = sorted({r.month for r in rows})
+    labels = [m.strftime("%Y-%m") for m in months]
+    data = []
+    for team in teams:
+        by_month = {r.month: r for r in rows if r.team_name == team}
+        if with_energy:
+            ys = [by_month[m].energy_kwh if m in by_month else None for m in months]
+        else:
+            ys = [by_month[m].wall_hours if m in by_month else 0 for m in months]
+        data.append(go.Bar(x=labels, y=ys, name=plain(team)))
+    title = "Tuning energy per month (kWh)" if with_energy else \
+        "Tuning wall-hours per month (energy not measured yet)"
+    fig = go.Figure(data=data, layout=_layout(
+        title={"text": title}, height=340, barmode="group",
+        xaxis={"title": {"text": "month"}, "type": "category"},
+        yaxis={"title": {"text": "kWh" if with_energy else "wall-hours"}},
+    ))
+    return figure_dict(fig)
+
+
+# --- scheduling ---------------------------------------------------------------------------------
+
+
+def bar_figure(labels: list[str], values: list[float], *, title: str, y_title: str, height: int = 320,
+               color: str = "#1f77b4", y_range: list[float] | None = None) -> dict:
+    if not labels:
+        return empty_figure("No data yet.", title=title)
+    yaxis = {"title": {"text": y_title}}
+    if y_range is not None:
+        yaxis["range"] = y_range
+    fig = go.Figure(go.Bar(x=[plain(x) for x in labels], y=values, marker={"color": color}),
+                    layout=_layout(title={"text": title}, height=height, showlegend=False,
+                                   xaxis={"type": "category"}, yaxis=yaxis))
+    return figure_dict(fig)
+
+
+def lines_figure(series: dict[str, tuple[list, list]], *, title: str, x_title: str, y_title: str,
+                 height: int = 320, y_range: list[float] | None = None) -> dict:
+    if not series or not any(xs for xs, _ in series.values()):
+        return empty_figure("No data yet.", title=title)
+    data = [go.Scatter(x=xs, y=ys, name=plain(name), mode="lines") for name, (xs, ys) in series.items()]
+    yaxis = {"title": {"text": y_title}}
+    if y_range is not None:
+        yaxis["range"] = y_range
+    fig = go.Figure(data=data, layout=_layout(title={"text": title}, height=height,
+                                              xaxis={"title": {"text": x_title}}, yaxis=yaxis,
+                                              legend={"orientation": "h", "y": -0.3, "font": {"size": 10}},
+                                              margin={"l": 60, "r": 20, "t": 40, "b": 80}))
+    return figure_dict(fig)

@@ -1,0 +1,214 @@
+"""Cluster and simulation pages over the scheduling app (read through scheduling.selectors).
+
+Nodes and GPUs are shared infrastructure (every signed-in user sees them, as
+the scheduling API does); GPU jobs, placements and simulations belong to teams
+and follow the dashboard's team scope (another team's simulation is a 404).
+Until the scheduling app has recorded anything, the pages say "no data yet".
+"""
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter, defaultdict
+
+from django.db.models import Count
+from django.http import Http404
+from django.utils import timezone
+
+from . import charts, queries
+
+CLUSTER_MODELS = ("Node", "GPU", "GpuTelemetry", "GpuJob", "Placement")
+SIMULATION_MODELS = ("SimulationRun",)
+TELEMETRY_WINDOW = dt.timedelta(hours=1)
+TELEMETRY_MAX_ROWS = 20_000
+TELEMETRY_POINTS_PER_GPU = 300
+RECENT_JOBS = 30
+
+
+def _missing(names) -> list[str]:
+    return [n for n in names if queries.scheduling_model(n) is None]
+
+
+def _thin(xs: list, ys: list, n: int) -> tuple[list, list]:
+    if len(xs) <= n:
+        return xs, ys
+    step = len(xs) / n
+    idx = sorted({int(i * step) for i in range(n)} | {len(xs) - 1})
+    return [xs[i] for i in idx], [ys[i] for i in idx]
+
+
+# --- cluster ----------------------------------------------------------------------------------
+
+
+def _gpus():
+    from scheduling import selectors
+
+    return list(selectors.gpus())
+
+
+def _nodes():
+    from scheduling import selectors
+
+    now = timezone.now()
+    nodes = list(selectors.nodes())
+    for n in nodes:
+        n.fresh = selectors.is_node_fresh(n, now)
+    return nodes
+
+
+def _telemetry_series(gpus) -> dict[str, tuple[list, list]]:
+    from scheduling.models import GpuTelemetry
+
+    since = timezone.now() - TELEMETRY_WINDOW
+    labels = {g.pk: f"{g.node.name}/gpu{g.index}" for g in gpus}
+    rows = (GpuTelemetry.objects.filter(ts__gte=since, gpu_id__in=list(labels)).order_by("-ts")
+            .values_list("gpu_id", "ts", "util_pct")[:TELEMETRY_MAX_ROWS])
+    series: dict[int, tuple[list, list]] = defaultdict(lambda: ([], []))
+    for gpu_id, ts, util in reversed(list(rows)):
+        xs, ys = series[gpu_id]
+        xs.append(ts.isoformat())
+        ys.append(util)
+    return {labels[g]: _thin(xs, ys, TELEMETRY_POINTS_PER_GPU) for g, (xs, ys) in series.items()}
+
+
+def _jobs(team_ids: list[int]):
+    from scheduling.models import GpuJob, Placement
+
+    jobs_qs = GpuJob.objects.filter(team_id__in=team_ids)
+    state_counts = dict(jobs_qs.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
+    recent = list(jobs_qs.select_related("model", "team").order_by("-created_at")[:RECENT_JOBS])
+    placements = {p.job_id: p for p in Placement.objects.filter(job__in=recent, released_at__isnull=True)
+                  .select_related("gpu", "gpu__node")}
+    for job in recent:
+        job.active_placement = placements.get(job.pk)
+    return state_counts, recent
+
+
+def cluster_figures_for(gpus, state_counts) -> dict:
+    from scheduling.models import GpuJob
+
+    labels = [f"{g.node.name}/gpu{g.index}" for g in gpus]
+    util = [g.latest_util_pct for g in gpus]
+    mem = [(g.latest_mem_used_mb / g.memory_total_mb * 100) if g.latest_mem_used_mb is not None
+           and g.memory_total_mb else None for g in gpus]
+    states = [s for s, _ in GpuJob.State.choices]
+    return {
+        "utilization": charts.bar_figure(labels, util, title="GPU utilization (latest sample)",
+                                         y_title="utilization (%)", y_range=[0, 100]),
+        "memory": charts.bar_figure(labels, mem, title="GPU memory used (latest sample)",
+                                    y_title="memory used (% of total)", color="#9467bd", y_range=[0, 100]),
+        "telemetry": charts.lines_figure(_telemetry_series(gpus), title="GPU utilization, last hour",
+                                         x_title="time (UTC)", y_title="utilization (%)", y_range=[0, 100]),
+        "jobs": charts.bar_figure([GpuJob.State(s).label for s in states],
+                                  [state_counts.get(s, 0) for s in states],
+                                  title="GPU jobs by state (your teams)", y_title="jobs", color="#2ca02c"),
+    }
+
+
+def cluster_context(scope) -> dict:
+    missing = _missing(CLUSTER_MODELS)
+    if missing:
+        return {"available": False, "missing": missing}
+    from scheduling import selectors
+
+    nodes = _nodes()
+    gpus = _gpus()
+    state_counts, recent = _jobs(scope.team_ids)
+    predictor = selectors.active_predictor_version()
+    has_data = bool(nodes or gpus or state_counts)
+    return {
+        "available": has_data, "missing": [], "nodes": nodes, "gpus": gpus, "recent_jobs": recent,
+        "state_counts": state_counts, "predictor": predictor,
+        "figures": cluster_figures_for(gpus, state_counts) if has_data else {},
+    }
+
+
+def cluster_figures(team_ids: list[int]) -> dict:
+    if _missing(CLUSTER_MODELS):
+        return {"available": False, "missing": _missing(CLUSTER_MODELS), "figures": {}}
+    gpus = _gpus()
+    state_counts, _ = _jobs(team_ids)
+    return {"available": True, "missing": [], "figures": cluster_figures_for(gpus, state_counts)}
+
+
+# --- simulations ------------------------------------------------------------------------------
+
+
+def simulations_context(scope) -> dict:
+    missing = _missing(SIMULATION_MODELS)
+    if missing:
+        return {"available": False, "missing": missing}
+    from scheduling.models import SimulationRun
+
+    sims = list(SimulationRun.objects.filter(team_id__in=scope.team_ids).select_related("team", "trace_upload")
+                .order_by("-created_at")[:100])
+    for s in sims:
+        s.method = (s.results or {}).get("method") or (s.parameters or {}).get("method") or ""
+        s.n_jobs = ((s.results or {}).get("trace") or {}).get("jobs_used")
+    return {"available": bool(sims), "missing": [], "simulations": sims,
+            "status_counts": Counter(s.status for s in sims)}
+
+
+def _simulation(scope, pk: int):
+    if _missing(SIMULATION_MODELS):
+        raise Http404("No simulation data yet.")
+    from scheduling.models import SimulationRun
+
+    # Any of the user's teams (not only the switcher's): like every detail page.
+    sim = SimulationRun.objects.filter(pk=pk, team_id__in=scope.all_team_ids).select_related("team").first()
+    if sim is None:
+        raise Http404("No such simulation in your teams.")
+    return sim
+
+
+REPLAY_BARS = (("makespan_h", "makespan (h)"), ("mean_wait_s", "mean wait (s)"),
+               ("util_mean_pct", "mean GPU utilization (%)"), ("mean_jct_s", "mean JCT (s)"))
+FILL_BARS = (("allocated_share", "GPU capacity allocated (share)"), ("frag_rate", "fragmentation rate"),
+             ("unallocated_gpus", "unallocated GPUs"), ("failed", "pods that could not be placed"))
+
+
+def simulation_figures_for(sim) -> dict:
+    results = sim.results or {}
+    table = results.get("table") or []
+    policies = results.get("policies") or {}
+    if not table:
+        return {}
+    method = results.get("method", "replay")
+    names = [row["policy"] for row in table]
+    # jsonb does not keep key order: follow the table (a list), i.e. the order the policies ran.
+    ordered = [(n, policies[n]) for n in names if n in policies]
+    figures = {}
+    for key, title in (FILL_BARS if method == "fill" else REPLAY_BARS):
+        if any(row.get(key) is not None for row in table):
+            figures[key] = charts.bar_figure(names, [row.get(key) for row in table], title=title, y_title=title,
+                                             height=280)
+    if method == "fill":
+        series = {name: ([p.get("arrived_share") for p in r.get("curve") or []],
+                         [p.get("allocated_share") for p in r.get("curve") or []]) for name, r in ordered}
+        figures["curve"] = charts.lines_figure(series, title="Allocated vs arrived GPU request",
+                                               x_title="arrived request (share of capacity)",
+                                               y_title="allocated (share of capacity)")
+    else:
+        series = {}
+        for name, r in ordered:
+            ts = r.get("timeseries") or {}
+            series[name] = ([t / 3600 for t in ts.get("t_s") or []], ts.get("util_pct") or [])
+        figures["curve"] = charts.lines_figure(series, title="Cluster GPU utilization over time",
+                                               x_title="simulated time (h)", y_title="utilization (%)",
+                                               y_range=[0, 105])
+    return figures
+
+
+def simulation_detail_context(scope, pk: int) -> dict:
+    sim = _simulation(scope, pk)
+    results = sim.results or {}
+    table = results.get("table") or []
+    columns = [c for c in (table[0].keys() if table else []) if c != "policy"]
+    rows = [(row.get("policy"), [row.get(c) for c in columns]) for row in table]
+    return {"sim": sim, "results": results, "table": table, "columns": columns, "rows": rows,
+            "figures": simulation_figures_for(sim), "cluster": results.get("cluster") or {},
+            "assumptions": results.get("assumptions") or {}, "trace": results.get("trace") or {}}
+
+
+def simulation_figures(scope, pk: int) -> dict:
+    sim = _simulation(scope, pk)
+    return {"available": bool(sim.results), "missing": [], "figures": simulation_figures_for(sim)}

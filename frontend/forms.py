@@ -1,0 +1,120 @@
+"""Dashboard forms. They only validate input; views hand the cleaned data to services."""
+from __future__ import annotations
+
+from django import forms
+from django.conf import settings
+
+from core.models import DLModel, Team
+from tuning.models import TuningRun
+
+
+class ModelUploadForm(forms.Form):
+    team = forms.ModelChoiceField(queryset=Team.objects.none(), empty_label=None)
+    name = forms.CharField(max_length=100, help_text="Unique within the team.")
+    description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+    file = forms.FileField(label="ONNX file", widget=forms.ClearableFileInput(attrs={"accept": ".onnx"}),
+                           help_text="Static input shapes, weights inside the file (no external data).")
+
+    def __init__(self, *args, teams=(), initial_team: Team | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["team"].queryset = Team.objects.filter(pk__in=[t.pk for t in teams]).order_by("name")
+        if initial_team is not None:
+            self.fields["team"].initial = initial_team.pk
+
+
+class StartRunForm(forms.Form):
+    TARGET_CHOICES = [("llvm", "CPU (llvm)"), ("cuda", "NVIDIA GPU (cuda)")]
+    DOP_CHOICES = [("auto", "automatic (DOPpler picks it from the measured error)"), ("fixed", "fixed")]
+
+    model = forms.ModelChoiceField(queryset=DLModel.objects.none(), empty_label=None)
+    target_kind = forms.ChoiceField(label="Target", choices=TARGET_CHOICES, initial="llvm")
+    num_cores = forms.IntegerField(label="CPU cores", min_value=1, max_value=1024, required=False,
+                                   help_text="For llvm targets: the cores TVM schedules for.")
+    max_trials = forms.IntegerField(label="Trials (measurements)", min_value=1, max_value=100_000, initial=64)
+    trials_per_round = forms.IntegerField(label="Trials per round", min_value=1, max_value=1024, initial=32)
+    measurement_mode = forms.ChoiceField(label="Measurement mode", choices=TuningRun.Mode.choices,
+                                         initial=TuningRun.Mode.DOPPLER)
+    dop_mode = forms.ChoiceField(label="Degree of parallelism", choices=DOP_CHOICES, initial="auto",
+                                 widget=forms.RadioSelect)
+    dop_fixed = forms.IntegerField(label="Fixed DOP", min_value=1, max_value=256, required=False)
+    threads = forms.IntegerField(label="Threads per measurement", min_value=1, max_value=1024, required=False,
+                                 help_text="Empty = the target's cores.")
+    search_population = forms.IntegerField(min_value=8, max_value=4096, required=False,
+                                           help_text="Evolutionary search population (smaller = faster).")
+    seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, required=False)
+
+    # ---- Trimmer (tuning.engine.trimmer.TrimmerConfig) -------------------------------------
+    trimmer_enabled = forms.BooleanField(label="Enable Trimmer", required=False, help_text=(
+        "Stop tuning operators that stopped improving, stop the whole run on a plateau, and drop "
+        "candidates the cost model predicts to be poor before they are built and measured."))
+    plateau_rounds = forms.IntegerField(label="Plateau rounds", min_value=1, max_value=50, initial=2,
+                                        required=False, help_text="Rounds without improvement before an "
+                                        "operator is pre-empted (authors' default 2).")
+    min_improvement = forms.FloatField(label="Min. improvement", min_value=0.0, max_value=0.5, initial=0.01,
+                                       required=False, help_text="Relative gain that counts as progress.")
+    model_patience = forms.IntegerField(label="Model-stop patience", min_value=1, max_value=50, initial=3,
+                                        required=False, help_text="Non-improving windows before the run stops.")
+    target_latency_ms = forms.FloatField(label="Target latency (ms)", min_value=0.0001, required=False,
+                                         help_text="Stop once the estimated end-to-end latency reaches it.")
+    filter_enabled = forms.BooleanField(label="ML candidate filter", required=False, initial=True)
+    filter_oversample = forms.IntegerField(label="Filter oversampling", min_value=1, max_value=16, initial=4,
+                                           required=False, help_text="Candidates scored per measured slot.")
+
+    TRIMMER_FIELDS: tuple[str, ...] = ("trimmer_enabled", "plateau_rounds", "min_improvement", "model_patience",
+                                       "target_latency_ms", "filter_enabled", "filter_oversample")
+
+    def trimmer_bound_fields(self):
+        return [self[name] for name in self.TRIMMER_FIELDS]
+
+    def trimmer(self) -> tuple[bool, dict | None]:
+        """(enabled, TrimmerConfig options) for start_run."""
+        data = self.cleaned_data
+        if not data.get("trimmer_enabled"):
+            return False, None
+        options = {key: data[key] for key in ("plateau_rounds", "min_improvement", "model_patience",
+                                              "filter_oversample") if data.get(key) is not None}
+        options["filter_enabled"] = bool(data.get("filter_enabled"))
+        if data.get("target_latency_ms"):
+            options["target_latency_s"] = data["target_latency_ms"] / 1e3
+        return True, options
+    # ------------------------------------------------------------------------------------------
+
+    def __init__(self, *args, models=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["model"].queryset = models if models is not None else DLModel.objects.none()
+        self.fields["model"].label_from_instance = lambda m: f"{m.name} ({m.team.name})"
+        self.fields["num_cores"].initial = settings.DEFAULT_TUNING_TARGET.get("num-cores")
+
+    def clean(self):
+        data = super().clean()
+        if data.get("dop_mode") == "fixed" and not data.get("dop_fixed"):
+            self.add_error("dop_fixed", "Give the fixed degree of parallelism, or choose automatic.")
+        return data
+
+    def target(self) -> dict:
+        kind = self.cleaned_data["target_kind"]
+        target = {"kind": kind}
+        if kind == "llvm" and self.cleaned_data.get("num_cores"):
+            target["num-cores"] = self.cleaned_data["num_cores"]
+        return target
+
+    def dop(self) -> str | int:
+        return self.cleaned_data["dop_fixed"] if self.cleaned_data["dop_mode"] == "fixed" else "auto"
+
+    def options(self) -> dict:
+        return {k: self.cleaned_data[k] for k in ("search_population", "seed") if self.cleaned_data.get(k) is not None}
+
+
+def parse_id_list(values: list[str]) -> list[int]:
+    """`?runs=3&runs=5` or `?runs=3,5` -> [3, 5] (order kept, duplicates dropped); ValueError on junk."""
+    ids: list[int] = []
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if not part.isdigit():
+                raise ValueError(f"'{part}' is not a run id")
+            if int(part) not in ids:
+                ids.append(int(part))
+    return ids

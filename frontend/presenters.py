@@ -1,0 +1,259 @@
+"""What a page shows, as plain data: the template and the live JSON use the same dicts.
+
+Numbers are formatted here once (``display``), so the server-rendered page and
+the values the browser swaps in every 2 s can never disagree.
+"""
+from __future__ import annotations
+
+from django.urls import reverse
+
+from tuning import selectors as tuning_selectors
+from tuning.models import TuningRun
+
+from . import charts, queries
+
+CURVE_MAX_POINTS = 400         # per series, after server-side downsampling
+CURVE_MAX_POINTS_MANY_TASKS = 200
+MANY_TASKS = 20
+FULL_RESOLUTION = 10**9
+DASH = "—"
+
+
+def fmt_latency(seconds: float | None) -> str:
+    if seconds is None:
+        return DASH
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if not seconds:
+        return DASH if seconds is None else "0 s"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(int(round(seconds)), 60)
+    if minutes < 120:
+        return f"{minutes} min {sec:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def fmt_number(value, digits: int = 2, suffix: str = "") -> str:
+    if value is None:
+        return DASH
+    return f"{value:,.{digits}f}{suffix}"
+
+
+def fmt_flops(flops: float | None) -> str:
+    if not flops:
+        return DASH
+    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if flops >= scale:
+            return f"{flops / scale:.2f} {unit}"
+    return f"{flops:.0f} FLOP"
+
+
+def fmt_energy(joules: float | None) -> str:
+    if joules is None:
+        return DASH
+    if joules >= 360_000:  # 0.1 kWh
+        return f"{joules / 3.6e6:.3f} kWh"
+    if joules >= 1000:
+        return f"{joules / 1000:.2f} kJ"
+    return f"{joules:.1f} J"
+
+
+def fmt_carbon(grams: float | None) -> str:
+    if grams is None:
+        return DASH
+    return f"{grams / 1000:.3f} kgCO2e" if grams >= 1000 else f"{grams:.2f} gCO2e"
+
+
+def fmt_target(target: dict) -> str:
+    if not target:
+        return DASH
+    extras = ", ".join(f"{k} {v}" for k, v in target.items() if k != "kind")
+    return f"{target.get('kind')}" + (f" ({extras})" if extras else "")
+
+
+def run_actions(run: TuningRun) -> dict:
+    pending = run.requested_action or ""
+    return {
+        "cancel": run.status not in TuningRun.TERMINAL and pending != TuningRun.Action.CANCEL,
+        "pause": run.status in TuningRun.ACTIVE and pending == "",
+        "resume": run.status == TuningRun.Status.PAUSED,
+    }
+
+
+def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
+    """The run's headline numbers: raw values for automation, display strings for the page."""
+    energy = queries.run_energy(run)
+    raw = {
+        "id": run.pk, "status": run.status, "status_label": run.get_status_display(),
+        "requested_action": run.requested_action or "", "progress": round(run.progress, 4),
+        "trials_done": run.trials_done, "max_trials": run.max_trials, "wall_seconds": run.wall_seconds,
+        "estimated_latency_s": run.estimated_latency_s, "final_dop": run.final_dop,
+        "mean_parallel_error": run.mean_parallel_error, "tuned_latency_s": run.tuned_latency_s,
+        "untuned_latency_s": run.untuned_latency_s, "speedup": run.speedup, "outputs_match": run.outputs_match,
+        "error": run.error, "is_active": run.is_active, "is_terminal": run.status in TuningRun.TERMINAL,
+        "attempts": run.attempts, "worker": run.worker,
+        "started_at": run.started_at.isoformat() if run.started_at else None,
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "has_records": bool(run.records_file), "has_module": bool(run.module_file),
+        "dop_rounds": dop_rounds, "energy": energy, "actions": run_actions(run),
+        "trimmer_enabled": run.trimmer_enabled, "trimmer_options": run.trimmer_options,
+        "candidates_generated": run.candidates_generated, "candidates_filtered": run.candidates_filtered,
+        "stop_reason": run.stop_reason,
+    }
+    pending = {"cancel": " (cancel requested)", "pause": " (pause requested)"}.get(run.requested_action or "", "")
+    display = {
+        "status": run.get_status_display() + pending,
+        "trials": f"{run.trials_done:,} / {run.max_trials:,}",
+        "progress_pct": f"{run.progress * 100:.0f}%",
+        "wall": fmt_duration(run.wall_seconds),
+        "estimate": fmt_latency(run.estimated_latency_s),
+        "final_dop": str(run.final_dop) if run.final_dop else DASH,
+        "mean_error": fmt_number(run.mean_parallel_error * 100 if run.mean_parallel_error is not None else None,
+                                 2, " %"),
+        "tuned": fmt_latency(run.tuned_latency_s),
+        "untuned": fmt_latency(run.untuned_latency_s),
+        "speedup": fmt_number(run.speedup, 2, "×"),
+        "outputs_match": DASH if run.outputs_match is None else ("yes" if run.outputs_match else "NO"),
+        "energy": "not measured yet" if energy is None else f"{fmt_energy(energy['energy_j'])} ({energy['source']})",
+        "energy_split": DASH if energy is None else
+        f"build {fmt_energy(energy['build_j'])} · measure {fmt_energy(energy['measure_j'])}",
+        "energy_saved": DASH if energy is None or energy["saved_j"] is None else
+        fmt_energy(energy["saved_j"]) + (f" ({energy['trials_saved']:,} trials)" if energy["trials_saved"] else ""),
+        "carbon": "not measured yet" if energy is None else (
+            fmt_carbon(energy["carbon_g"]) + (f" at {energy['grid_intensity_g_per_kwh']:g} g/kWh"
+                                              if energy["grid_intensity_g_per_kwh"] is not None else "")),
+        "trimmer": "on" if run.trimmer_enabled else "off",
+        "filtered": f"{run.candidates_filtered:,} of {run.candidates_generated:,}" if run.candidates_generated
+        else DASH,
+        "stop_reason": run.stop_reason or DASH,
+        "dop_rounds": DASH if dop_rounds is None else f"{dop_rounds:,}",
+    }
+    raw["display"] = display
+    return raw
+
+
+def task_table(run: TuningRun, tasks=None) -> list[dict]:
+    tasks = queries.tasks_of_run(run) if tasks is None else tasks
+    rows = queries.task_rows(tasks)
+    for row in rows:
+        row["display"] = {
+            "flops": fmt_flops(row["flops"]), "trials": f"{row['trials']:,}",
+            "best": fmt_latency(row["best_latency_s"]), "gflops": fmt_number(row["gflops_per_s"], 2),
+            "weight": f"{row['weight']:g}",
+            "status": row["status_label"] + (f" at trial {row['preempted_at_trial']:,}"
+                                             if row["preempted_at_trial"] is not None else ""),
+        }
+    return rows
+
+
+def compress_steps(xs: list, ys: list, max_points: int) -> tuple[list, list]:
+    """Keep only the points where a best-so-far staircase changes (plus its last point).
+
+    Lossless for a line drawn with shape "hv" (what the curve figures use): a
+    run of 10,000 measurements has a few hundred improvements, not 10,000
+    distinct points. Trials before the first valid measurement (None) are
+    dropped. Only if more than `max_points` changes remain is the staircase
+    thinned (evenly, keeping the last point).
+    """
+    out_x: list = []
+    out_y: list = []
+    last = len(xs) - 1
+    prev = None
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        if y is None:
+            continue
+        if y != prev or i == last:
+            out_x.append(x)
+            out_y.append(y)
+            prev = y
+    if len(out_x) > max_points:
+        step = len(out_x) / max_points
+        idx = sorted({int(k * step) for k in range(max_points)} | {len(out_x) - 1})
+        out_x, out_y = [out_x[k] for k in idx], [out_y[k] for k in idx]
+    return out_x, out_y
+
+
+def curve_for(run: TuningRun, *, n_tasks: int | None = None, max_points: int | None = None) -> dict:
+    """tuning.selectors.best_so_far_curve, reduced to its change points (see compress_steps)."""
+    if max_points is None:
+        many = n_tasks is not None and n_tasks > MANY_TASKS
+        max_points = CURVE_MAX_POINTS_MANY_TASKS if many else CURVE_MAX_POINTS
+    # Unthinned from the selector (index sampling could drop improvements), then compressed losslessly.
+    curve = tuning_selectors.best_so_far_curve(run, max_points=FULL_RESOLUTION)
+    for task in curve["tasks"].values():
+        task["trials"], task["best_s"] = compress_steps(task["trials"], task["best_s"], max_points)
+    e2e = curve["end_to_end"]
+    e2e["trials"], e2e["estimate_s"] = compress_steps(e2e["trials"], e2e["estimate_s"], max_points)
+    return curve
+
+
+def full_resolution_curve(run: TuningRun) -> dict:
+    """Every measurement a point (the benchmark's baseline)."""
+    return tuning_selectors.best_so_far_curve(run, max_points=FULL_RESOLUTION)
+
+
+def run_curve_figure(run: TuningRun, *, n_tasks: int | None = None, max_points: int | None = None,
+                     full_resolution: bool = False) -> dict:
+    curve = full_resolution_curve(run) if full_resolution else curve_for(run, n_tasks=n_tasks, max_points=max_points)
+    return charts.best_so_far_figure(curve, run_id=run.pk)
+
+
+def run_dop_figure(run: TuningRun, rounds: list[dict] | None = None) -> dict:
+    rounds = queries.dop_rounds_of_run(run) if rounds is None else rounds
+    return charts.dop_figure(rounds, run_id=run.pk)
+
+
+def run_live_payload(run: TuningRun, *, include_figures: bool = True) -> dict:
+    """Everything the run page refreshes: numbers, task table, DOP rounds, figures."""
+    tasks = queries.tasks_of_run(run)
+    rounds = queries.dop_rounds_of_run(run)
+    payload = {
+        "run": run_numbers(run, dop_rounds=len(rounds)),
+        "tasks": task_table(run, tasks),
+        "dop_rounds": [
+            {**r, "display": {"mean_error": fmt_number(r["mean_error"] * 100 if r["mean_error"] is not None
+                                                       else None, 2, " %")}}
+            for r in rounds
+        ],
+        "stamp": live_stamp(run, len(rounds)),
+    }
+    if include_figures:
+        payload["figures"] = {
+            "curve": run_curve_figure(run, n_tasks=len(tasks)),
+            "dop": run_dop_figure(run, rounds),
+        }
+    return payload
+
+
+def live_stamp(run: TuningRun, n_rounds: int) -> str:
+    """Changes whenever anything the page shows changes (the browser skips re-plotting otherwise)."""
+    parts = (run.status, run.requested_action, run.trials_done, n_rounds, run.estimated_latency_s,
+             run.final_dop, run.tuned_latency_s, bool(run.records_file), bool(run.module_file),
+             round(run.energy_joules, 1), run.candidates_filtered, run.stop_reason)
+    return "|".join(str(p) for p in parts)
+
+
+def run_links(run: TuningRun) -> dict:
+    return {
+        "records": f"/api/runs/{run.pk}/records/",
+        "module": f"/api/runs/{run.pk}/module/",
+        "live": reverse("charts-run-live", args=[run.pk]),
+        "curve": reverse("charts-run-curve", args=[run.pk]),
+        "dop": reverse("charts-run-dop", args=[run.pk]),
+    }
+
+
+def compare_rows(runs) -> list[dict]:
+    rows = []
+    for run in runs:
+        numbers = run_numbers(run)
+        rows.append({"run": run, "numbers": numbers, "target": fmt_target(run.target)})
+    return rows

@@ -1,0 +1,224 @@
+"""Dashboard reads that the apps' selectors do not offer (yet).
+
+Everything here is read-only and takes the caller's team ids or user, so a
+page can never show another team's object. Where a field another app is still
+adding does not exist yet (tuning energy, scheduling models), the functions
+say so instead of failing, and the pages show a placeholder.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from django.apps import apps
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Count, Max, Q, QuerySet, Sum
+from django.db.models.functions import TruncMonth
+from django.http import Http404
+
+from core import selectors as core_selectors
+from core.models import DLModel
+from tuning import selectors as tuning_selectors
+from tuning.models import DopRound, TuningRun, TuningTask
+
+# --- models ---------------------------------------------------------------------------
+
+
+def models_in_scope(team_ids: list[int]) -> QuerySet[DLModel]:
+    return (DLModel.objects.filter(team_id__in=team_ids).select_related("team")
+            .annotate(run_count=Count("tuning_runs")).order_by("team__name", "name"))
+
+
+def model_for_user(user: AbstractBaseUser, pk: int) -> DLModel:
+    model = core_selectors.models_for_user(user).filter(pk=pk).first()
+    if model is None:
+        raise Http404("No such model in your teams.")
+    return model
+
+
+def recent_runs_of_model(model: DLModel, *, limit: int = 10) -> list[TuningRun]:
+    return list(TuningRun.objects.filter(model=model).select_related("team", "model")
+                .order_by("-created_at")[:limit])
+
+
+# --- runs ---------------------------------------------------------------------------------
+
+
+def runs_in_scope(team_ids: list[int]) -> QuerySet[TuningRun]:
+    return TuningRun.objects.filter(team_id__in=team_ids).select_related("model", "team")
+
+
+def run_for_user(user: AbstractBaseUser, pk: int) -> TuningRun:
+    run = tuning_selectors.runs_for_user(user).filter(pk=pk).first()
+    if run is None:
+        raise Http404("No such tuning run in your teams.")
+    return run
+
+
+def runs_for_user_by_ids(user: AbstractBaseUser, ids: list[int]) -> list[TuningRun]:
+    """The runs in the order asked; Http404 when any of them is not in the user's teams."""
+    found = {r.pk: r for r in tuning_selectors.runs_for_user(user).filter(pk__in=ids)}
+    missing = [i for i in ids if i not in found]
+    if missing:
+        raise Http404("No such tuning run in your teams.")
+    return [found[i] for i in ids]
+
+
+def tasks_of_run(run: TuningRun) -> list[TuningTask]:
+    return list(tuning_selectors.tasks_of_run(run))
+
+
+def dop_rounds_of_run(run: TuningRun) -> list[dict]:
+    return list(tuning_selectors.dop_rounds_of_run(run).values(
+        "round_index", "task_index", "dop", "mean_error", "n_candidates", "n_remeasured", "n_failures"))
+
+
+def task_rows(tasks: list[TuningTask]) -> list[dict]:
+    """The per-task table, as plain values (the page and the live JSON use the same rows)."""
+    rows = []
+    for t in tasks:
+        rows.append({
+            "index": t.index, "name": t.name, "flops": t.flops, "weight": t.weight, "trials": t.trials,
+            "best_latency_s": t.best_latency_s, "gflops_per_s": t.gflops_per_s, "status": t.status,
+            "status_label": t.get_status_display(), "preempted_at_trial": t.preempted_at_trial,
+        })
+    return rows
+
+
+# --- energy -------------------------------------------------------------------------------
+# TuningRun.energy_joules is 0 and energy_source empty until a run's executor
+# records energy (measured with RAPL/NVML, or modeled); the UI then says
+# "not measured yet" instead of showing a zero.
+
+
+def run_has_energy(run: TuningRun) -> bool:
+    return bool(run.energy_source) or bool(run.energy_joules)
+
+
+def run_energy(run: TuningRun) -> dict | None:
+    """The run's energy figures with their source, or None when none was recorded."""
+    if not run_has_energy(run):
+        return None
+    return {
+        "energy_j": run.energy_joules,
+        "kwh": run.energy_kwh,
+        "source": run.energy_source or "unknown",
+        "build_j": run.energy_build_joules,
+        "measure_j": run.energy_measure_joules,
+        "saved_j": run.energy_saved_joules,
+        "trials_saved": run.trials_saved,
+        "savings_basis": run.savings_basis,
+        "grid_intensity_g_per_kwh": run.grid_intensity_g_per_kwh,
+        "carbon_g": run.carbon_g,
+    }
+
+
+@dataclass
+class EnergyMonth:
+    team_id: int
+    team_name: str
+    month: dt.date
+    runs: int
+    trials: int
+    wall_hours: float
+    runs_with_energy: int = 0
+    energy_kwh: float | None = None
+    saved_kwh: float | None = None
+    carbon_g: float | None = None
+    sources: list[str] = field(default_factory=list)
+
+
+J_PER_KWH = 3.6e6
+
+
+def energy_by_team_month(team_ids: list[int]) -> list[EnergyMonth]:
+    """Tuning activity, energy (with its sources) and carbon per team and calendar month.
+
+    Carbon is summed per run from the run's grid intensity; runs without one
+    use the team's intensity, else the platform default (ENERGY_GRID_INTENSITY_G_PER_KWH).
+    """
+    from django.conf import settings
+    from django.db.models import F, FloatField, Value
+    from django.db.models.functions import Coalesce
+
+    default_intensity = float(getattr(settings, "ENERGY_GRID_INTENSITY_G_PER_KWH", 400.0))
+    intensity = Coalesce(F("grid_intensity_g_per_kwh"), F("team__grid_intensity_g_per_kwh"),
+                         Value(default_intensity), output_field=FloatField())
+    measured = Q(energy_joules__gt=0) | ~Q(energy_source="")
+    rows = (TuningRun.objects.filter(team_id__in=team_ids)
+            .annotate(month=TruncMonth("created_at"))
+            .values("team_id", "team__name", "month")
+            .annotate(runs=Count("id"), trials=Sum("trials_done"), wall=Sum("wall_seconds"),
+                      with_energy=Count("id", filter=measured),
+                      energy_j=Sum("energy_joules", filter=measured),
+                      saved_j=Sum("energy_saved_joules", filter=measured),
+                      carbon_g=Sum(F("energy_joules") / J_PER_KWH * intensity, filter=measured,
+                                   output_field=FloatField()))
+            .order_by("-month", "team__name"))
+    sources: dict[tuple, set] = {}
+    for r in (TuningRun.objects.filter(team_id__in=team_ids).filter(measured)
+              .annotate(month=TruncMonth("created_at")).values("team_id", "month", "energy_source").distinct()):
+        sources.setdefault((r["team_id"], r["month"]), set()).add(r["energy_source"] or "unknown")
+    out = []
+    for r in rows:
+        month = r["month"].date() if isinstance(r["month"], dt.datetime) else r["month"]
+        has = bool(r["with_energy"])
+        out.append(EnergyMonth(
+            team_id=r["team_id"], team_name=r["team__name"], month=month, runs=r["runs"],
+            trials=r["trials"] or 0, wall_hours=(r["wall"] or 0.0) / 3600.0, runs_with_energy=r["with_energy"],
+            energy_kwh=(r["energy_j"] or 0.0) / J_PER_KWH if has else None,
+            saved_kwh=(r["saved_j"] / J_PER_KWH) if has and r["saved_j"] is not None else None,
+            carbon_g=(r["carbon_g"] or 0.0) if has else None,
+            sources=sorted(sources.get((r["team_id"], r["month"]), ())),
+        ))
+    return out
+
+
+def energy_recorded(team_ids: list[int]) -> bool:
+    return TuningRun.objects.filter(team_id__in=team_ids).filter(
+        Q(energy_joules__gt=0) | ~Q(energy_source="")).exists()
+
+
+def quota_usage_rows(teams) -> list[dict]:
+    """This month's usage against each team's quota (core.selectors.quota_usage)."""
+    from core.models import Quota
+
+    quotas = {q.team_id: q for q in Quota.objects.filter(team__in=teams)}
+    rows = []
+    for team in teams:
+        usage = core_selectors.quota_usage(team.pk)
+        rows.append({"team": team, "quota": quotas.get(team.pk), "usage": usage})
+    return rows
+
+
+# --- overview -------------------------------------------------------------------------------
+
+
+def overview_counts(team_ids: list[int]) -> dict:
+    runs = TuningRun.objects.filter(team_id__in=team_ids)
+    counts = runs.aggregate(
+        total=Count("id"),
+        active=Count("id", filter=Q(status__in=TuningRun.ACTIVE)),
+        paused=Count("id", filter=Q(status=TuningRun.Status.PAUSED)),
+        succeeded=Count("id", filter=Q(status=TuningRun.Status.SUCCEEDED)),
+        trials=Sum("trials_done"),
+        last=Max("created_at"),
+    )
+    counts["models"] = DLModel.objects.filter(team_id__in=team_ids).count()
+    counts["trials"] = counts["trials"] or 0
+    return counts
+
+
+# --- scheduling (written by another helper; may not exist yet) ------------------------------
+
+
+def scheduling_model(name: str):
+    """The scheduling app's model class, or None while it does not exist yet."""
+    try:
+        return apps.get_model("scheduling", name)
+    except LookupError:
+        return None
+
+
+def dop_round_count(run: TuningRun) -> int:
+    return DopRound.objects.filter(run=run).count()

@@ -1,0 +1,186 @@
+/* dlopt dashboard: draws the server-built Plotly figures and keeps a run page live.
+ *
+ * Figures are embedded as <script type="application/json" id="fig-..."> (Django's
+ * json_script) next to a <div data-figure="fig-...">. The run page polls its JSON
+ * endpoint every 2 s and updates numbers, tables and charts in place
+ * (Plotly.react), without reloading. Everything stays readable without JS.
+ */
+(function () {
+  "use strict";
+
+  var PLOT_CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["sendDataToCloud"] };
+  var POLL_MS = 2000;
+
+  function readFigure(id) {
+    var el = document.getElementById(id);
+    if (!el) return null;
+    try { return JSON.parse(el.textContent); } catch (e) { return null; }
+  }
+
+  function plot(div, fig, react) {
+    if (!window.Plotly || !fig) return;
+    var fn = react && div.classList.contains("drawn") ? window.Plotly.react : window.Plotly.newPlot;
+    fn(div, fig.data || [], fig.layout || {}, PLOT_CONFIG);
+    div.classList.add("drawn");
+  }
+
+  function drawAll() {
+    document.querySelectorAll("[data-figure]").forEach(function (div) {
+      plot(div, readFigure(div.getAttribute("data-figure")), false);
+    });
+  }
+
+  // --- team switcher: submit on change (the button stays for no-JS use) -------------------------
+  function teamSwitcher() {
+    document.querySelectorAll("form[data-autosubmit]").forEach(function (form) {
+      form.querySelectorAll(".js-hide").forEach(function (b) { b.hidden = true; });
+      var select = form.querySelector("select");
+      if (select) select.addEventListener("change", function () { form.submit(); });
+    });
+  }
+
+  // --- live run page --------------------------------------------------------------------------
+  function td(text, cls) {
+    var cell = document.createElement("td");
+    if (cls) cell.className = cls;
+    cell.textContent = text == null ? "" : String(text);
+    return cell;
+  }
+
+  function badge(text, cls) {
+    var span = document.createElement("span");
+    span.className = "badge " + cls;
+    span.textContent = text;
+    return span;
+  }
+
+  function renderTasks(tbody, tasks) {
+    if (!tbody || !tasks) return;
+    var rows = document.createDocumentFragment();
+    tasks.forEach(function (t) {
+      var tr = document.createElement("tr");
+      tr.className = "task-" + t.status;
+      tr.appendChild(td(t.index, "num"));
+      var name = td(""); var code = document.createElement("code"); code.textContent = t.name; name.appendChild(code);
+      tr.appendChild(name);
+      tr.appendChild(td(t.display.weight, "num"));
+      tr.appendChild(td(t.display.flops, "num"));
+      tr.appendChild(td(t.display.trials, "num"));
+      tr.appendChild(td(t.display.best, "num"));
+      tr.appendChild(td(t.display.gflops, "num"));
+      var st = td(""); st.appendChild(badge(t.display.status, "task-status-" + t.status)); tr.appendChild(st);
+      rows.appendChild(tr);
+    });
+    if (tasks.length) { tbody.replaceChildren(rows); }
+  }
+
+  function renderRounds(tbody, rounds) {
+    if (!tbody || !rounds || !rounds.length) return;
+    var rows = document.createDocumentFragment();
+    rounds.forEach(function (r) {
+      var tr = document.createElement("tr");
+      [r.round_index, r.task_index, r.dop, r.display.mean_error, r.n_candidates, r.n_remeasured, r.n_failures]
+        .forEach(function (v) { tr.appendChild(td(v, "num")); });
+      rows.appendChild(tr);
+    });
+    tbody.replaceChildren(rows);
+  }
+
+  function applyRun(root, run) {
+    var d = run.display || {};
+    document.querySelectorAll("[data-field]").forEach(function (el) {
+      var key = el.getAttribute("data-field");
+      if (Object.prototype.hasOwnProperty.call(d, key)) el.textContent = d[key];
+    });
+    var status = document.getElementById("run-status");
+    if (status) status.className = "badge status-" + run.status;
+    var fill = document.getElementById("progress-fill");
+    if (fill) fill.style.width = (run.progress * 100).toFixed(1) + "%";
+    var bar = document.getElementById("progress-bar");
+    if (bar) bar.setAttribute("aria-valuenow", run.trials_done);
+    var actions = run.actions || {};
+    root.querySelectorAll("form[data-action]").forEach(function (f) {
+      f.hidden = !actions[f.getAttribute("data-action")];
+    });
+    var err = document.getElementById("run-error");
+    if (err) {
+      err.hidden = !run.error;
+      var pre = err.querySelector("[data-raw=error]");
+      if (pre) pre.textContent = run.error || "";
+    }
+    var noEnergy = document.getElementById("energy-not-measured");
+    if (noEnergy) noEnergy.hidden = !!run.energy;
+    [["records", run.has_records], ["module", run.has_module]].forEach(function (pair) {
+      var link = document.querySelector("[data-download=" + pair[0] + "]");
+      var missing = document.querySelector("[data-download-missing=" + pair[0] + "]");
+      if (link) link.hidden = !pair[1];
+      if (missing) missing.hidden = !!pair[1];
+    });
+  }
+
+  function liveRun(root) {
+    var url = root.getAttribute("data-live-url");
+    var stamp = root.getAttribute("data-stamp") || "";
+    var indicator = document.getElementById("live-indicator");
+    var failures = 0;
+    var timer = null;
+    root.setAttribute("data-updates", "0");
+
+    function say(text) { if (indicator) indicator.textContent = text; }
+
+    function schedule(ms) { timer = window.setTimeout(poll, ms); }
+
+    function poll() {
+      if (document.hidden) { schedule(POLL_MS); return; }
+      var q = url + (url.indexOf("?") < 0 ? "?" : "&") + "stamp=" + encodeURIComponent(stamp);
+      fetch(q, { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (resp) {
+          if (!resp.ok) throw new Error("HTTP " + resp.status);
+          return resp.json();
+        })
+        .then(function (body) {
+          failures = 0;
+          applyRun(root, body.run);
+          if (!body.unchanged) {
+            stamp = body.stamp;
+            root.setAttribute("data-stamp", stamp);
+            renderTasks(document.getElementById("tasks-body"), body.tasks);
+            renderRounds(document.getElementById("rounds-body"), body.dop_rounds);
+            var figs = body.figures || {};
+            var curve = document.querySelector("[data-figure=fig-curve]");
+            var dop = document.querySelector("[data-figure=fig-dop]");
+            if (curve && figs.curve) plot(curve, figs.curve, true);
+            if (dop && figs.dop) plot(dop, figs.dop, true);
+            root.setAttribute("data-updates", String(Number(root.getAttribute("data-updates")) + 1));
+          }
+          var now = new Date();
+          if (body.run.is_terminal) {
+            root.setAttribute("data-terminal", "1");
+            say("finished · final state shown");
+            return;
+          }
+          say("live · updated " + now.toLocaleTimeString());
+          schedule(POLL_MS);
+        })
+        .catch(function (e) {
+          failures += 1;
+          say("connection problem (" + e.message + "), retrying…");
+          schedule(Math.min(30000, POLL_MS * Math.pow(2, failures)));
+        });
+    }
+
+    if (root.getAttribute("data-terminal") === "1") { say(""); return; }
+    say("live");
+    schedule(POLL_MS);
+  }
+
+  function start() {
+    teamSwitcher();
+    drawAll();
+    var live = document.getElementById("run-live");
+    if (live) liveRun(live);
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

@@ -1,0 +1,234 @@
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from core import selectors as core_selectors
+from core.api.serializers import TeamScopedPrimaryKeyField
+from core.models import DLModel
+from scheduling.experiments import ExperimentParams
+from scheduling.horus.policies import POLICIES
+from scheduling.models import (
+    GPU,
+    GpuJob,
+    GpuProfile,
+    GpuTelemetry,
+    Node,
+    Placement,
+    PredictorVersion,
+    SimulationRun,
+    TraceUpload,
+)
+
+SYNTHETIC_NOTE = ("Synthetic: no GPU measured this (seeded roofline model of a training step, "
+                  "scheduling/horus/profiles.py). Run `manage.py profile_gpu` on a GPU worker for real records.")
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    gpu_count = serializers.IntegerField(read_only=True)
+    gpu_note = serializers.SerializerMethodField(help_text="Why the node has no GPUs, when it has none.")
+
+    class Meta:
+        model = Node
+        fields = ["id", "name", "hostname", "cpu_cores", "memory_mb", "queues", "nvml_available", "nvml_error",
+                  "driver_version", "drained", "gpu_count", "gpu_note", "registered_at", "last_seen"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_gpu_note(self, node: Node) -> str | None:
+        if node.nvml_available:
+            return None
+        return f"no NVIDIA GPU found (pynvml: {node.nvml_error or 'unknown'})"
+
+
+class GPUSerializer(serializers.ModelSerializer):
+    node_name = serializers.CharField(source="node.name", read_only=True)
+    served = serializers.SerializerMethodField(help_text="A worker of the node consumes this GPU's queue.")
+    latest_util_pct = serializers.FloatField(read_only=True, allow_null=True)
+    latest_mem_used_mb = serializers.FloatField(read_only=True, allow_null=True)
+    latest_ts = serializers.DateTimeField(read_only=True, allow_null=True)
+    active_jobs = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = GPU
+        fields = ["id", "node", "node_name", "index", "uuid", "name", "gpu_model", "memory_total_mb", "power_limit_w",
+                  "queue", "served", "drained", "present", "active_jobs", "latest_util_pct", "latest_mem_used_mb",
+                  "latest_ts", "created_at"]
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_served(self, gpu: GPU) -> bool:
+        return gpu.queue in (gpu.node.queues or [])
+
+
+class GpuTelemetrySerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="gpu.node.name", read_only=True)
+    gpu_index = serializers.IntegerField(source="gpu.index", read_only=True)
+
+    class Meta:
+        model = GpuTelemetry
+        fields = ["id", "gpu", "node", "gpu_index", "ts", "util_pct", "mem_used_mb", "mem_total_mb", "power_w",
+                  "temperature_c", "energy_mj"]
+        read_only_fields = fields
+
+
+class GpuProfileSerializer(serializers.ModelSerializer):
+    synthetic = serializers.BooleanField(source="is_synthetic", read_only=True)
+    note = serializers.SerializerMethodField()
+
+    class Meta:
+        model = GpuProfile
+        fields = ["id", "model_name", "dl_model", "batch_size", "gpu_model", "util_pct", "peak_mem_mb", "power_w",
+                  "source", "synthetic", "note", "features", "meta", "created_at"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_note(self, profile: GpuProfile) -> str | None:
+        return SYNTHETIC_NOTE if profile.is_synthetic else None
+
+
+class PredictorVersionSerializer(serializers.ModelSerializer):
+    util_rmsle = serializers.FloatField(read_only=True, allow_null=True)
+    mem_rmsle = serializers.FloatField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = PredictorVersion
+        fields = ["id", "version", "active", "n_records", "sources", "util_rmsle", "mem_rmsle", "metrics", "params",
+                  "trained_at"]
+        read_only_fields = fields
+
+
+class TrainPredictorSerializer(serializers.Serializer):
+    k_folds = serializers.IntegerField(min_value=2, max_value=20, default=5)
+    seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, default=0)
+    activate = serializers.BooleanField(default=True)
+
+
+@extend_schema_field(OpenApiTypes.INT)
+class TeamModelField(serializers.PrimaryKeyRelatedField):
+    def get_queryset(self):
+        request = self.context.get("request")
+        if request is None:
+            return DLModel.objects.none()
+        return core_selectors.models_for_user(request.user)
+
+
+class PlacementSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="gpu.node.name", read_only=True)
+    gpu_index = serializers.IntegerField(source="gpu.index", read_only=True)
+    active = serializers.BooleanField(source="is_active", read_only=True)
+
+    class Meta:
+        model = Placement
+        fields = ["id", "job", "gpu", "node", "gpu_index", "queue", "policy", "score", "placed_at", "released_at",
+                  "active"]
+        read_only_fields = fields
+
+
+class GpuJobSerializer(serializers.ModelSerializer):
+    model_name = serializers.CharField(source="model.name", read_only=True)
+    predictor = serializers.IntegerField(source="predictor_version.version", read_only=True, allow_null=True)
+    placement = serializers.SerializerMethodField(help_text="The active placement, if any.")
+
+    class Meta:
+        model = GpuJob
+        fields = ["id", "team", "model", "model_name", "batch_size", "runtime", "iterations", "duration_estimate_s",
+                  "predicted_util_pct", "predicted_mem_mb", "predicted_for_gpu_model", "predictor", "state",
+                  "policy", "placement", "error", "worker", "measured_util_pct", "measured_mem_mb", "result",
+                  "created_at", "placed_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+    @extend_schema_field(PlacementSerializer(allow_null=True))
+    def get_placement(self, job: GpuJob) -> dict | None:
+        active = [p for p in job.placements.all() if p.released_at is None]
+        return PlacementSerializer(active[0]).data if active else None
+
+
+class GpuJobCreateSerializer(serializers.Serializer):
+    model = TeamModelField(help_text="A model of one of your teams.")
+    batch_size = serializers.IntegerField(min_value=1, max_value=4096)
+    iterations = serializers.IntegerField(min_value=1, max_value=10_000_000, default=100)
+    duration_estimate_s = serializers.FloatField(min_value=1.0, max_value=30 * 24 * 3600, required=False,
+                                                 help_text="GPU time reserved against the monthly GPU-hour quota "
+                                                 "(default SCHEDULING_DEFAULT_JOB_ESTIMATE_S, 600 s).")
+    runtime = serializers.ChoiceField(choices=GpuJob.Runtime.choices, default=GpuJob.Runtime.AUTO)
+
+
+class PlaceSerializer(serializers.Serializer):
+    policy = serializers.ChoiceField(choices=sorted(POLICIES), required=False,
+                                     help_text="Default: SCHEDULING_POLICY (horus).")
+
+
+class TraceUploadSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TraceUpload
+        fields = ["id", "team", "name", "kind", "file_size", "sha256", "n_jobs", "summary", "created_at"]
+        read_only_fields = fields
+
+
+class TraceUploadCreateSerializer(serializers.Serializer):
+    team = TeamScopedPrimaryKeyField(help_text="A team you are an owner or member of.")
+    name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+    file = serializers.FileField(help_text="CSV (or .csv.gz): Philly jobs (timestamp,duration,num_gpus) or an "
+                                 "Alibaba pod list (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,creation_time,"
+                                 "deletion_time]).")
+
+
+class SimulationRunSerializer(serializers.ModelSerializer):
+    # A plain string in the schema: an enum named "status" would collide with the tuning runs' one.
+    status = serializers.CharField(read_only=True, help_text="queued, running, succeeded or failed.")
+    trace_upload_name = serializers.CharField(source="trace_upload.name", read_only=True, allow_null=True)
+    table = serializers.SerializerMethodField(help_text="One summary row per policy (when succeeded).")
+
+    class Meta:
+        model = SimulationRun
+        fields = ["id", "team", "trace", "trace_upload", "trace_upload_name", "policies", "seed", "parameters",
+                  "status", "error", "table", "created_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField()))
+    def get_table(self, run: SimulationRun) -> list:
+        return (run.results or {}).get("table", [])
+
+
+class SimulationRunDetailSerializer(SimulationRunSerializer):
+    class Meta(SimulationRunSerializer.Meta):
+        fields = SimulationRunSerializer.Meta.fields + ["results"]
+        read_only_fields = fields
+
+
+class SimulationParametersSerializer(serializers.Serializer):
+    """Documented shape of `parameters` (every key optional)."""
+
+    method = serializers.ChoiceField(choices=["replay", "fill"], required=False,
+                                     help_text="Default: replay for Philly, fill (ATC'23) for Alibaba pods.")
+    jobs = serializers.IntegerField(required=False, help_text="Replay: jobs in the slice (default 1000).")
+    start = serializers.IntegerField(required=False, help_text="Replay: index of the slice's first job.")
+    gpus = serializers.IntegerField(required=False, help_text="Philly-style traces: cluster GPUs (default 64).")
+    gpus_per_node = serializers.IntegerField(required=False)
+    gpu_model = serializers.CharField(required=False, help_text="Cluster GPU model / profile table (V100).")
+    scale = serializers.FloatField(required=False, help_text="Alibaba: fraction of its 1,213 GPU nodes (0.05).")
+    compress = serializers.FloatField(required=False, help_text="Divide inter-arrival times by this.")
+    max_duration_s = serializers.FloatField(required=False)
+    backfill = serializers.IntegerField(required=False)
+    predictor_error = serializers.FloatField(required=False, help_text="Extra log-normal sigma on predictions.")
+    predictions = serializers.ChoiceField(choices=["predictor", "oracle"], required=False)
+    until = serializers.FloatField(required=False, help_text="Fill: stop at this share of capacity requested.")
+
+
+class SimulationCreateSerializer(serializers.Serializer):
+    team = TeamScopedPrimaryKeyField(help_text="A team you are an owner or member of.")
+    trace = serializers.CharField(help_text="'philly', 'alibaba' or the id of a trace your team uploaded.")
+    policies = serializers.ListField(child=serializers.CharField(), required=False, default=["all"],
+                                     help_text=f"Policy names or ['all']: {', '.join(POLICIES)}.")
+    seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, default=0)
+    parameters = SimulationParametersSerializer(required=False, default=dict)
+
+    def validate_parameters(self, value):
+        known = {f for f in ExperimentParams.__dataclass_fields__}
+        extra = set(self.initial_data.get("parameters") or {}) - known if isinstance(
+            self.initial_data.get("parameters"), dict) else set()
+        if extra:
+            raise serializers.ValidationError(f"Unknown parameter(s): {', '.join(sorted(extra))}.")
+        return value

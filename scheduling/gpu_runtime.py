@@ -1,0 +1,170 @@
+"""Run an ONNX model on an NVIDIA GPU and measure what it used. No Django here.
+
+Used by the ``scheduling.run_job`` Celery task (a placed GPU job) and by the
+``profile_gpu`` command (profile records for the predictor). Two runtimes:
+
+* ``onnxruntime`` with the CUDA execution provider (needs the onnxruntime-gpu
+  build; the pinned CPU wheel has no CUDA provider and is refused clearly);
+* ``tvm``: the model compiled for ``{"kind": "cuda"}`` by the tuning engine's
+  Relax pipeline (needs a CUDA-enabled TVM build).
+
+``auto`` tries onnxruntime, then TVM. With no GPU every entry point raises
+:class:`~scheduling.telemetry.NoGpuError` ("no NVIDIA GPU found (pynvml: ...)").
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from .telemetry import GpuSampler, NoGpuError, require_gpu
+
+__all__ = ["GpuRuntimeError", "rebatch", "run_model_on_gpu", "NoGpuError"]
+
+
+class GpuRuntimeError(RuntimeError):
+    """The model cannot be run on the GPU with the requested runtime (the message says why)."""
+
+
+def rebatch(model_bytes: bytes, batch_size: int):
+    """The ONNX model with the leading dimension of every graph input set to ``batch_size``
+    (outputs and intermediate shapes left for the runtime to infer)."""
+    import onnx
+
+    model = onnx.load_from_string(model_bytes)
+    init = {i.name for i in model.graph.initializer}
+    for vi in model.graph.input:
+        if vi.name in init:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims):
+            dims[0].Clear()
+            dims[0].dim_value = int(batch_size)
+    del model.graph.value_info[:]
+    for vi in model.graph.output:
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims):
+            dims[0].Clear()
+            dims[0].dim_param = "batch"
+    return model
+
+
+def _inputs(model, seed: int = 0) -> dict[str, np.ndarray]:
+    from onnx import helper
+
+    rng = np.random.default_rng(seed)
+    init = {i.name for i in model.graph.initializer}
+    out = {}
+    for vi in model.graph.input:
+        if vi.name in init:
+            continue
+        t = vi.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in t.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(t.elem_type)
+        if np.issubdtype(dtype, np.floating):
+            out[vi.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            out[vi.name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            out[vi.name] = rng.integers(0, 10, shape).astype(dtype)
+    return out
+
+
+def _run_onnxruntime(model, inputs, iterations: int, device_index: int, sampler_factory) -> dict[str, Any]:
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:  # pragma: no cover - pinned dependency
+        raise GpuRuntimeError(f"onnxruntime is not installed ({exc})") from None
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise GpuRuntimeError(
+            "onnxruntime has no CUDAExecutionProvider here (the CPU wheel is installed; a GPU worker needs "
+            f"onnxruntime-gpu). Available: {', '.join(ort.get_available_providers())}")
+    sess = ort.InferenceSession(model.SerializeToString(),
+                                providers=[("CUDAExecutionProvider", {"device_id": device_index})])
+    if sess.get_providers()[0] != "CUDAExecutionProvider":
+        raise GpuRuntimeError(f"onnxruntime fell back to {sess.get_providers()[0]}: CUDA could not be initialised")
+    sess.run(None, inputs)  # warm-up (kernel selection, allocations)
+    lat: list[float] = []
+    with sampler_factory() as sampler:
+        for _ in range(iterations):
+            t = time.perf_counter()
+            sess.run(None, inputs)
+            lat.append(time.perf_counter() - t)
+    return {"runtime": "onnxruntime", "provider": "CUDAExecutionProvider", "latencies_s": lat, **sampler.result()}
+
+
+def _run_tvm(model, inputs, iterations: int, device_index: int, sampler_factory) -> dict[str, Any]:
+    try:
+        import tvm
+    except ImportError as exc:  # pragma: no cover
+        raise GpuRuntimeError(f"TVM is not installed ({exc})") from None
+    if not tvm.cuda(device_index).exist:
+        raise GpuRuntimeError("TVM sees no CUDA device (a TVM build without CUDA, or no GPU)")
+    from tuning.engine.relax_pipeline import compile_model, run_and_time
+
+    target = {"kind": "cuda"}
+    exe = compile_model(model, target)
+    run_and_time(exe, inputs, target, number=1, repeat=1, device_index=device_index)  # warm-up
+    with sampler_factory() as sampler:
+        _, median_s = run_and_time(exe, inputs, target, number=max(1, iterations), repeat=1,
+                                   device_index=device_index)
+    return {"runtime": "tvm", "provider": "cuda", "latencies_s": [median_s], **sampler.result()}
+
+
+def run_model_on_gpu(
+    model_bytes: bytes,
+    *,
+    batch_size: int,
+    iterations: int = 100,
+    device_index: int = 0,
+    runtime: str = "auto",
+    nvml: Any = None,
+) -> dict[str, Any]:
+    """Run ``iterations`` inferences at ``batch_size`` on GPU ``device_index`` while sampling NVML.
+
+    Returns ``{"runtime", "latency_ms", "throughput_per_s", "util_mean_pct", "mem_peak_mb",
+    "mem_used_by_job_mb", "power_mean_w", "energy_j", "gpu_name", ...}``. Raises NoGpuError
+    without a GPU and GpuRuntimeError when no runtime can use it.
+    """
+    reading = require_gpu(nvml)
+    if device_index >= len(reading.gpus):
+        raise NoGpuError(f"no NVIDIA GPU #{device_index} on this host ({reading.summary})")
+    model = rebatch(model_bytes, batch_size)
+    inputs = _inputs(model)
+
+    def sampler():
+        return GpuSampler(device_index, nvml=nvml)
+
+    order = {"auto": [_run_onnxruntime, _run_tvm], "onnxruntime": [_run_onnxruntime], "tvm": [_run_tvm]}.get(runtime)
+    if order is None:
+        raise GpuRuntimeError(f"unknown runtime {runtime!r}; use auto, onnxruntime or tvm")
+    errors = []
+    for fn in order:
+        try:
+            out = fn(model, inputs, iterations, device_index, sampler)
+            break
+        except GpuRuntimeError as exc:
+            errors.append(str(exc))
+    else:
+        raise GpuRuntimeError("no GPU runtime could run the model: " + "; ".join(errors))
+    lat = out.pop("latencies_s")
+    median = statistics.median(lat) if lat else None
+    gpu = reading.gpus[device_index]
+    # Baseline: memory in use before this process created its CUDA context, so
+    # the job's figure includes context, weights and activations (as profiles do).
+    peak, base = out.get("mem_peak_mb"), gpu.mem_used_mb
+    return {
+        **out,
+        "batch_size": batch_size,
+        "iterations": iterations,
+        "latency_ms": median * 1000 if median is not None else None,
+        "throughput_per_s": batch_size / median if median else None,
+        "mem_used_by_job_mb": max(0.0, peak - base) if peak is not None else None,
+        "gpu_index": device_index,
+        "gpu_name": gpu.name,
+        "gpu_model": gpu.gpu_model,
+        "gpu_memory_total_mb": gpu.memory_total_mb,
+        "runtime_errors": errors,
+    }

@@ -1,0 +1,476 @@
+"""Placement policies: Horus and the baselines, behind one interface.
+
+A policy gets a :class:`~.cluster.JobView` (request + predictions, never the
+job's true utilization or memory) and a read-only
+:class:`~.cluster.ClusterView`, and returns the GPU indices to run the job on,
+or ``None`` to leave it waiting::
+
+    class PlacementPolicy:
+        name: str
+        def place(self, job: JobView, cluster: ClusterView, now: float) -> list[int] | None
+        def rebalance(self, cluster: ClusterView, now: float) -> list[tuple[str, list[int]]]
+
+``rebalance`` (optional) returns migrations ``(job_id, new_gpus)``; the
+simulator calls it after jobs finish. Hard constraints every policy honours:
+the job's GPU count, one node for ``single_node`` jobs, node CPU/RAM where
+modelled, and ``gpu_milli`` shares when the cluster enforces them. The
+simulator re-checks them and rejects (raises) a placement that breaks one; a
+placement whose TRUE memory does not fit fails as an out-of-memory crash.
+
+Policies (registry :data:`POLICIES`):
+
+* ``fifo_exclusive`` - one job per GPU, first fit (YARN-CS FIFO as Tiresias
+  models it).
+* ``gandiva`` - Gandiva-like packing as the Horus authors' simulator has it:
+  cost = 1.3 x (measured mem + job mem) / GPU mem + CURRENT MEASURED
+  utilization / 100 + jobs on the GPU; the incoming job's utilization is not
+  predicted. Same 3-jobs / 500 MB limits.
+* ``best_fit`` - bin packing: the feasible GPU with the least room left
+  (milli shares when enforced, else predicted memory), at most 3 jobs/GPU.
+* ``random_fit`` - a seeded uniformly random feasible GPU, at most 3 jobs/GPU.
+* ``horus`` - Horus (TPDS'22): cost = 1.3 x (mem in use + job mem) / GPU mem
+  + |util + job util - 100| / 100 (x 1.6 when over 100) + jobs on the GPU,
+  on PREDICTED utilization and memory; lowest wins; at most 3 jobs per GPU and
+  at least 500 MB left free when co-locating (an empty GPU is always eligible
+  unless the job is known from an OOM crash not to fit).
+* ``horus_migrate`` - Horus plus re-packing: a GPU whose measured demand is
+  over 100 % moves one job to a GPU where it fits without over-subscription.
+* ``fgd`` - Fragmentation Gradient Descent (ATC'23): the placement that
+  least increases the node's expected fragmentation for the target workload;
+  request-based (honours ``gpu_milli`` even when the cluster does not enforce
+  it, so whole-GPU jobs never share).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .cluster import MILLI, ClusterView, JobView, WorkloadType, fgd_fragmentation
+
+__all__ = [
+    "PlacementPolicy",
+    "FifoExclusive",
+    "Gandiva",
+    "BestFit",
+    "RandomFit",
+    "Horus",
+    "HorusMigrate",
+    "FGD",
+    "POLICIES",
+    "make_policy",
+    "horus_score",
+    "HORUS_MAX_JOBS_PER_GPU",
+    "HORUS_HEADROOM_MB",
+]
+
+HORUS_MAX_JOBS_PER_GPU = 3
+HORUS_HEADROOM_MB = 500.0
+
+
+def horus_score(
+    util_in_use: np.ndarray | float,
+    mem_in_use: np.ndarray | float,
+    n_jobs: np.ndarray | float,
+    mem_cap: np.ndarray | float,
+    job_util: float,
+    job_mem: float,
+    *,
+    mem_weight: float = 1.3,
+    over_penalty: float = 1.6,
+) -> np.ndarray:
+    """Horus placement cost (lower is better), vectorised over GPUs."""
+    mem_term = mem_weight * (np.asarray(mem_in_use, float) + job_mem) / np.asarray(mem_cap, float)
+    over = np.asarray(util_in_use, float) + job_util - 100.0
+    util_term = np.abs(over) / 100.0 * np.where(over > 0, over_penalty, 1.0)
+    return mem_term + util_term + np.asarray(n_jobs, float)
+
+
+def _base_mask(job: JobView, cv: ClusterView, *, respect_milli: bool | None = None) -> np.ndarray:
+    """GPUs that satisfy the hard constraints every policy honours."""
+    mask = np.ones(cv.n_gpus, dtype=bool)
+    if respect_milli if respect_milli is not None else cv.enforce_milli:
+        mask &= cv.milli_used + job.gpu_milli <= MILLI
+    ok = cv.node_cpu_ok(job)
+    if ok is not None:
+        mask &= ok
+    return mask
+
+
+def _choose(job: JobView, cv: ClusterView, cost: np.ndarray, mask: np.ndarray) -> list[int] | None:
+    """The ``job.num_gpus`` feasible GPUs of lowest cost (ties: lowest index);
+    for ``single_node`` jobs, the node whose k best GPUs cost least."""
+    k = job.num_gpus
+    idx = np.flatnonzero(mask)
+    if len(idx) < k:
+        return None
+    if k == 1:
+        return [int(idx[np.argmin(cost[idx])])]
+    if not job.single_node:
+        order = np.lexsort((idx, cost[idx]))
+        return sorted(int(g) for g in idx[order[:k]])
+    best: tuple[float, int] | None = None
+    best_gpus: list[int] | None = None
+    nodes = cv.gpu_node[idx]
+    counts = np.bincount(nodes, minlength=cv.n_nodes)
+    for n in np.flatnonzero(counts >= k):
+        g = idx[nodes == n]
+        order = np.lexsort((g, cost[g]))[:k]
+        total = float(cost[g[order]].sum())
+        if best is None or total < best[0] - 1e-12:
+            best = (total, int(n))
+            best_gpus = sorted(int(x) for x in g[order])
+    return best_gpus
+
+
+class PlacementPolicy:
+    """Base class. Subclasses set ``name`` and implement :meth:`place`."""
+
+    name = "base"
+    #: whether the policy may put several jobs on one GPU
+    shares_gpus = False
+    #: True if refusing a request implies refusing any request at least as
+    #: large in every dimension (GPUs, milli, CPU, RAM, memory, predicted
+    #: util, single-node) at the same cluster state; lets the simulator skip
+    #: hopeless backfill attempts. Set False in a policy where that fails.
+    monotone_feasibility = True
+
+    def reset(self, seed: int = 0) -> None:
+        """Called by the simulator before a run (clear state, reseed)."""
+
+    def place(self, job: JobView, cluster: ClusterView, now: float) -> list[int] | None:
+        raise NotImplementedError
+
+    def rebalance(self, cluster: ClusterView, now: float) -> list[tuple[str, list[int]]]:
+        return []
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "shares_gpus": self.shares_gpus}
+
+
+class FifoExclusive(PlacementPolicy):
+    """One job per GPU; first fit (lowest GPU index), which also packs nodes."""
+
+    name = "fifo_exclusive"
+
+    def place(self, job, cluster, now):
+        if cluster.free_gpus < job.num_gpus:
+            return None
+        mask = _base_mask(job, cluster) & (cluster.n_jobs == 0)
+        return _choose(job, cluster, np.arange(cluster.n_gpus, dtype=float), mask)
+
+
+class _SharingPolicy(PlacementPolicy):
+    shares_gpus = True
+
+    def __init__(self, *, max_jobs_per_gpu: int = HORUS_MAX_JOBS_PER_GPU, headroom_mb: float = HORUS_HEADROOM_MB):
+        self.max_jobs = int(max_jobs_per_gpu)
+        self.headroom_mb = float(headroom_mb)
+
+    def _mask(self, job: JobView, cv: ClusterView, mem_in_use: np.ndarray, job_mem: float) -> np.ndarray:
+        """Hard constraints + at most ``max_jobs`` per GPU + ``headroom_mb`` left
+        free when co-locating. An empty GPU is always eligible unless the job is
+        KNOWN (from an earlier out-of-memory crash) not to fit: a prediction
+        alone must not keep a job from ever running."""
+        mask = _base_mask(job, cv)
+        mask &= cv.n_jobs < self.max_jobs
+        left = cv.mem_cap_mb - (mem_in_use + job_mem)
+        mask &= (left >= self.headroom_mb) | ((cv.n_jobs == 0) & (cv.mem_cap_mb >= job.mem_floor_mb))
+        return mask
+
+    def describe(self):
+        return {**super().describe(), "max_jobs_per_gpu": self.max_jobs, "headroom_mb": self.headroom_mb}
+
+
+class Horus(_SharingPolicy):
+    """Horus: lowest :func:`horus_score` on predicted utilization and memory."""
+
+    name = "horus"
+
+    def __init__(self, *, max_jobs_per_gpu: int = HORUS_MAX_JOBS_PER_GPU, headroom_mb: float = HORUS_HEADROOM_MB,
+                 state: str = "predicted", max_util_pct: float | None = None):
+        super().__init__(max_jobs_per_gpu=max_jobs_per_gpu, headroom_mb=headroom_mb)
+        if state not in ("predicted", "measured"):
+            raise ValueError("state must be 'predicted' or 'measured'")
+        #: what the GPU's current load is taken from: the predictions of the
+        #: jobs placed there (the paper's simulator) or measurements
+        self.state = state
+        #: optional hard cap (not in the paper): never co-locate where the
+        #: predicted utilization sum would exceed this; an empty GPU is always allowed
+        self.max_util_pct = max_util_pct
+
+    def _load(self, cv: ClusterView) -> tuple[np.ndarray, np.ndarray]:
+        if self.state == "predicted":
+            # memory in use: the larger of the placed jobs' predictions and what
+            # NVML measures (an under-predicted neighbour must not cause an OOM)
+            return cv.pred_util_pct, np.maximum(cv.pred_mem_mb, cv.meas_mem_mb)
+        return cv.demand_util_pct, cv.meas_mem_mb
+
+    def cost(self, job: JobView, cv: ClusterView) -> tuple[np.ndarray, np.ndarray]:
+        """``(cost, feasible mask)`` over all GPUs."""
+        util, mem = self._load(cv)
+        jmem = max(job.pred_mem_mb, job.mem_floor_mb)
+        mask = self._mask(job, cv, mem, jmem)
+        if self.max_util_pct is not None:
+            mask &= (cv.n_jobs == 0) | (util + job.pred_util_pct <= self.max_util_pct)
+        return horus_score(util, mem, cv.n_jobs, cv.mem_cap_mb, job.pred_util_pct, jmem), mask
+
+    def place(self, job, cluster, now):
+        cost, mask = self.cost(job, cluster)
+        return _choose(job, cluster, cost, mask)
+
+    def describe(self):
+        return {**super().describe(), "state": self.state, "max_util_pct": self.max_util_pct}
+
+
+class HorusMigrate(Horus):
+    """Horus plus re-packing on measurements.
+
+    * admission: a job is co-located only where the running jobs' MEASURED
+      demand plus its PREDICTED utilization stays within ``admit_util_pct``
+      (an empty GPU is always fine), so a GPU measured as saturated takes no more;
+    * migration: after jobs finish, a GPU whose measured demand exceeds
+      ``100 + tolerance_pct`` moves the smallest single-GPU job whose departure
+      ends the over-subscription to the GPU of lowest Horus cost (measured
+      state) that can take it without exceeding 100 %. A job moves at most
+      ``max_migrations`` times, only after ``min_runtime_s`` on its GPU, and
+      pays the simulator's ``migration_cost_s``."""
+
+    name = "horus_migrate"
+
+    def __init__(self, *, tolerance_pct: float = 5.0, max_migrations: int = 2, min_runtime_s: float = 60.0,
+                 admit_util_pct: float | None = 110.0, max_examined: int = 8, **kw):
+        super().__init__(**kw)
+        self.tolerance = float(tolerance_pct)
+        self.max_migrations = int(max_migrations)
+        self.min_runtime_s = float(min_runtime_s)
+        #: re-pack admission: co-locate only where the MEASURED demand of the
+        #: running jobs plus the job's PREDICTED utilization stays within this
+        #: (None: no gate, plain Horus placement)
+        self.admit_util_pct = admit_util_pct
+        #: over-subscribed GPUs examined per rebalance call (bounds the cost)
+        self.max_examined = int(max_examined)
+
+    def cost(self, job, cv):
+        cost, mask = super().cost(job, cv)
+        if self.admit_util_pct is not None:
+            mask &= (cv.n_jobs == 0) | (cv.demand_util_pct + job.pred_util_pct <= self.admit_util_pct)
+        return cost, mask
+
+    def rebalance(self, cluster, now):
+        # scratch copies so several moves in one round see each other
+        dem = np.array(cluster.demand_util_pct, dtype=float)
+        nj = np.array(cluster.n_jobs, dtype=float)
+        open_gpu = nj < self.max_jobs
+        if not open_gpu.any():
+            return []
+        room = 100.0 - float(np.min(np.where(open_gpu, dem, np.inf)))  # most util any open GPU can take
+        excess = dem - 100.0 - self.tolerance
+        # a move must end the source's over-subscription, so the job moved
+        # needs util >= excess and <= room: GPUs with excess > room are skipped
+        hot = np.flatnonzero((excess > 0) & (nj >= 2) & (excess <= room))
+        if len(hot) == 0:
+            return []
+        moves: list[tuple[str, list[int]]] = []
+        mem = np.array(cluster.meas_mem_mb, dtype=float)
+        milli = np.array(cluster.milli_used, dtype=float)
+        # the most over-subscribed first; at most `max_examined` GPUs per call
+        for g in hot[np.argsort(-excess[hot], kind="stable")][: self.max_examined]:
+            ex = dem[g] - 100.0 - self.tolerance
+            if ex <= 0 or ex > room:
+                continue
+            cands = [
+                rj for rj in cluster.jobs_on(int(g))
+                if rj.view.num_gpus == 1 and ex <= rj.meas_util_pct <= room
+                and rj.migrations < self.max_migrations and now - rj.start_time >= self.min_runtime_s
+            ]
+            cands.sort(key=lambda rj: (rj.meas_util_pct, rj.view.job_id))  # smallest sufficient move
+            for rj in cands:
+                u, m = rj.meas_util_pct, rj.meas_mem_mb
+                mask = open_gpu & (cluster.mem_cap_mb - (mem + m) >= self.headroom_mb) & (dem + u <= 100.0)
+                if cluster.enforce_milli:
+                    mask &= milli + rj.view.gpu_milli <= MILLI
+                ok = cluster.node_cpu_ok(rj.view)
+                if ok is not None:
+                    mask &= ok & (cluster.gpu_node == cluster.gpu_node[g])  # CPU is reserved on its node
+                mask[g] = False
+                idx = np.flatnonzero(mask)
+                if len(idx) == 0:
+                    continue
+                cost = horus_score(dem[idx], mem[idx], nj[idx], cluster.mem_cap_mb[idx], u, m)
+                t = int(idx[np.argmin(cost)])
+                moves.append((rj.view.job_id, [t]))
+                dem[g] -= u; mem[g] -= m; nj[g] -= 1; milli[g] -= rj.view.gpu_milli
+                dem[t] += u; mem[t] += m; nj[t] += 1; milli[t] += rj.view.gpu_milli
+                open_gpu[g] = nj[g] < self.max_jobs
+                open_gpu[t] = nj[t] < self.max_jobs
+                room = 100.0 - float(np.min(np.where(open_gpu, dem, np.inf))) if open_gpu.any() else 0.0
+                break
+            if room <= 0:
+                break
+        return moves
+
+    def describe(self):
+        return {**super().describe(), "tolerance_pct": self.tolerance, "max_migrations": self.max_migrations,
+                "min_runtime_s": self.min_runtime_s, "admit_util_pct": self.admit_util_pct}
+
+
+class Gandiva(Horus):
+    """Gandiva-like packing, as the Horus authors' simulator models it: the
+    Horus constraints and memory term, but the utilization term is the GPU's
+    CURRENT MEASURED utilization only (lower is better) - the incoming job's
+    utilization is not predicted. The job's memory (its predicted/declared
+    peak) is used, as in that simulator."""
+
+    name = "gandiva"
+
+    def __init__(self, **kw):
+        super().__init__(state="measured", **kw)
+
+    def cost(self, job, cv):
+        jmem = max(job.pred_mem_mb, job.mem_floor_mb)
+        mem = cv.meas_mem_mb
+        mask = self._mask(job, cv, mem, jmem)
+        score = 1.3 * (mem + jmem) / cv.mem_cap_mb + cv.meas_util_pct / 100.0 + cv.n_jobs
+        return score, mask
+
+
+class BestFit(_SharingPolicy):
+    """Bin packing: least room left after placement (milli shares when the
+    cluster enforces them, else predicted memory); ties to the lowest index."""
+
+    name = "best_fit"
+
+    def place(self, job, cluster, now):
+        jmem = max(job.pred_mem_mb, job.mem_floor_mb)
+        mem = np.maximum(cluster.pred_mem_mb, cluster.meas_mem_mb)
+        mask = self._mask(job, cluster, mem, jmem)
+        if cluster.enforce_milli:
+            cost = (MILLI - cluster.milli_used - job.gpu_milli) / MILLI + 1e-3 * (cluster.mem_cap_mb - mem - jmem) / cluster.mem_cap_mb
+        else:
+            cost = (cluster.mem_cap_mb - mem - jmem) / cluster.mem_cap_mb
+        return _choose(job, cluster, np.asarray(cost, float), mask)
+
+
+class RandomFit(_SharingPolicy):
+    """A uniformly random feasible GPU (seeded), same constraints as best_fit."""
+
+    name = "random_fit"
+
+    def __init__(self, *, seed: int = 0, **kw):
+        super().__init__(**kw)
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+
+    def reset(self, seed: int = 0) -> None:
+        self.rng = np.random.default_rng([self.seed, seed])
+
+    def place(self, job, cluster, now):
+        jmem = max(job.pred_mem_mb, job.mem_floor_mb)
+        mask = self._mask(job, cluster, np.maximum(cluster.pred_mem_mb, cluster.meas_mem_mb), jmem)
+        if mask.sum() < job.num_gpus:
+            return None
+        return _choose(job, cluster, self.rng.random(cluster.n_gpus), mask)
+
+
+class FGD(PlacementPolicy):
+    """Fragmentation Gradient Descent (Weng et al., USENIX ATC'23): choose the
+    placement whose node's expected fragmentation (for the target workload,
+    ``cluster.workload``) grows least. Request-based: ``gpu_milli`` shares are
+    always honoured, so whole-GPU jobs never share a GPU."""
+
+    name = "fgd"
+
+    def place(self, job, cluster, now):
+        if job.gpu_milli >= MILLI and cluster.free_gpus < job.num_gpus:
+            return None  # whole GPUs needed and not enough empty ones
+        mask = _base_mask(job, cluster, respect_milli=True)
+        types = cluster.workload or [WorkloadType(job.num_gpus, min(job.gpu_milli, MILLI), 1.0)]
+        nf = cluster.node_free_milli()
+        k = job.num_gpus
+        if k == 1:
+            idx = np.flatnonzero(mask)
+            if len(idx) == 0:
+                return None
+            delta = self._delta_single(nf, cluster, idx, min(job.gpu_milli, MILLI), types)
+            return [int(idx[np.argmin(delta)])]
+        need = min(job.gpu_milli, MILLI)
+        if job.single_node:
+            return self._place_node(job, cluster, nf, mask, need, types)
+        # a gang across nodes: place one GPU at a time, each by least delta
+        chosen: list[int] = []
+        m = mask.copy()
+        nf = nf.copy()
+        for _ in range(k):
+            idx = np.flatnonzero(m)
+            if len(idx) == 0:
+                return None
+            delta = self._delta_single(nf, cluster, idx, need, types)
+            g = int(idx[np.argmin(delta)])
+            chosen.append(g)
+            m[g] = False
+            nf[cluster.gpu_node[g], cluster.gpu_slot[g]] -= need
+        return sorted(chosen)
+
+    @staticmethod
+    def _delta_single(nf, cv, idx, need, types) -> np.ndarray:
+        """Fragmentation increase of taking ``need`` from each candidate GPU.
+        GPUs of one node with the same free amount are interchangeable, so the
+        work is per distinct (node, free) pair."""
+        nodes = cv.gpu_node[idx]
+        slot_free = nf[nodes, cv.gpu_slot[idx]]
+        keys = nodes.astype(np.int64) * (MILLI + 1) + slot_free
+        uk, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+        un = nodes[first]
+        before = nf[un]
+        after = before.copy()
+        after[np.arange(len(uk)), cv.gpu_slot[idx[first]]] -= need
+        d = fgd_fragmentation(after, types) - fgd_fragmentation(before, types)
+        return d[inv.reshape(-1)]
+
+    @staticmethod
+    def _place_node(job, cv, nf, mask, need, types) -> list[int] | None:
+        k = job.num_gpus
+        best: tuple[float, int] | None = None
+        best_gpus = None
+        idx = np.flatnonzero(mask)
+        nodes = cv.gpu_node[idx]
+        for n in np.unique(nodes):
+            g = idx[nodes == n]
+            if len(g) < k:
+                continue
+            # fill the fullest GPUs first (least free left unusable)
+            free = nf[n, cv.gpu_slot[g]]
+            pick = g[np.lexsort((g, free))[:k]]
+            after = nf[n].copy()
+            after[cv.gpu_slot[pick]] -= need
+            d = float(fgd_fragmentation(after[None, :], types)[0] - fgd_fragmentation(nf[n][None, :], types)[0])
+            if best is None or d < best[0] - 1e-12:
+                best = (d, int(n))
+                best_gpus = sorted(int(x) for x in pick)
+        return best_gpus
+
+
+PolicyFactory = Callable[..., PlacementPolicy]
+
+#: name -> factory (keyword arguments are the policy's options)
+POLICIES: dict[str, PolicyFactory] = {
+    "fifo_exclusive": FifoExclusive,
+    "gandiva": Gandiva,
+    "best_fit": BestFit,
+    "random_fit": RandomFit,
+    "horus": Horus,
+    "horus_migrate": HorusMigrate,
+    "fgd": FGD,
+}
+
+
+def make_policy(name: str, **options: Any) -> PlacementPolicy:
+    """Instantiate a registered policy by name (``KeyError`` lists the names)."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+    return factory(**options)

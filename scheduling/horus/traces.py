@@ -1,0 +1,465 @@
+"""Trace parsing (Alibaba GPU 2023, Philly) and workload assignment.
+
+Parsers take a path (``.csv`` or ``.csv.gz``) or a file-like object (text or
+binary, e.g. a Django ``UploadedFile``) and return :class:`Job` /
+:class:`~.cluster.NodeSpec` lists. A malformed row raises
+:class:`TraceFormatError` naming the file, the 1-based line and the column.
+
+Formats (header row required, extra columns ignored):
+
+* Alibaba ``openb_node_list_*.csv``: ``sn, cpu_milli, memory_mib, gpu, model``
+* Alibaba ``openb_pod_list_*.csv``: ``name, cpu_milli, memory_mib, num_gpu,
+  gpu_milli`` and, for replay, ``creation_time, deletion_time`` (seconds;
+  ``scheduled_time`` optional). Duration = deletion - (scheduled or creation).
+* Philly (Pollux artifact): ``timestamp, duration, num_gpus`` (``gpu_time``,
+  ``cluster`` optional); timestamps ``YYYY-MM-DD HH:MM:SS``, made relative to
+  the earliest job.
+
+Neither trace says which model a job trains. :func:`assign_workloads` gives
+each job a zoo model and batch size by a stated, seeded mapping; the job's
+TRUE utilization/memory come from the profile table (what the simulator
+runs), its PREDICTED ones from the predictor (what policies see).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from .cluster import MILLI, ClusterSpec, NodeSpec
+from .features import DATA_DIR
+from .profiles import ProfileTable, gpu_spec
+
+__all__ = [
+    "Job",
+    "Node",
+    "TraceFormatError",
+    "TraceData",
+    "load_alibaba_nodes",
+    "load_alibaba_pods",
+    "load_philly",
+    "parse_trace",
+    "alibaba_cluster",
+    "assign_workloads",
+    "time_slice",
+    "compress_time",
+    "cap_durations",
+    "predictions_from",
+    "DEFAULT_TRACE_DIR",
+    "ALIBABA_NODES_PATH",
+    "ALIBABA_PODS_PATH",
+    "PHILLY_PATH",
+]
+
+Node = NodeSpec
+DEFAULT_TRACE_DIR = DATA_DIR / "traces"
+ALIBABA_NODES_PATH = DEFAULT_TRACE_DIR / "alibaba-gpu-2023" / "openb_node_list_gpu_node.csv"
+ALIBABA_PODS_PATH = DEFAULT_TRACE_DIR / "alibaba-gpu-2023" / "openb_pod_list_default.csv"
+PHILLY_PATH = DEFAULT_TRACE_DIR / "philly" / "philly.csv.gz"
+
+
+class TraceFormatError(ValueError):
+    """A trace file is malformed. ``file``, ``line`` (1-based, header = 1) and
+    ``column`` say where."""
+
+    def __init__(self, file: str, line: int | None, column: str | None, message: str):
+        self.file, self.line, self.column, self.message = file, line, column, message
+        where = file
+        if line is not None:
+            where += f", line {line}"
+        if column is not None:
+            where += f", column {column!r}"
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass(slots=True)
+class Job:
+    """A trace job. ``true_*`` are what the simulator runs; ``pred_*`` what
+    policies see (None until :func:`assign_workloads`)."""
+
+    job_id: str
+    submit_time: float
+    duration_s: float
+    num_gpus: int
+    gpu_milli: int = MILLI
+    cpu_milli: int = 0
+    ram_mib: int = 0
+    single_node: bool = False
+    model: str | None = None
+    batch_size: int | None = None
+    true_util_pct: float | None = None
+    true_mem_mb: float | None = None
+    pred_util_pct: float | None = None
+    pred_mem_mb: float | None = None
+    source: str = ""
+    line: int = 0
+
+    @property
+    def gpu_request(self) -> float:
+        """GPUs requested (fractional for GPU-sharing pods)."""
+        return self.num_gpus * min(self.gpu_milli, MILLI) / MILLI
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _open_rows(source: str | os.PathLike[str] | IO[Any], name: str | None) -> tuple[Iterator[list[str]], str, Any]:
+    """CSV row iterator over a path or file-like object (gzip detected by magic)."""
+    closer = None
+    if isinstance(source, (str, os.PathLike)):
+        p = Path(source)
+        display = name or p.name
+        try:
+            raw: IO[bytes] = open(p, "rb")
+        except OSError as e:
+            raise TraceFormatError(display, None, None, f"cannot open: {e.strerror}") from None
+        closer = raw
+    else:
+        display = name or getattr(source, "name", None) or "<upload>"
+        display = os.path.basename(str(display))
+        raw = source  # type: ignore[assignment]
+    data = raw.read()
+    if closer is not None:
+        closer.close()
+    if isinstance(data, str):
+        text = data
+    else:
+        if data[:2] == b"\x1f\x8b":
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError) as e:
+                raise TraceFormatError(display, None, None, f"corrupt gzip data ({e})") from None
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise TraceFormatError(display, None, None, f"not UTF-8 text (byte {e.start})") from None
+    return csv.reader(io.StringIO(text, newline="")), display, None
+
+
+def _header(rows: Iterator[list[str]], file: str, required: Sequence[str]) -> dict[str, int]:
+    try:
+        header = next(rows)
+    except StopIteration:
+        raise TraceFormatError(file, 1, None, "empty file (no header row)") from None
+    except csv.Error as e:
+        raise TraceFormatError(file, 1, None, f"bad CSV: {e}") from None
+    cols = {h.strip(): i for i, h in enumerate(header)}
+    missing = [c for c in required if c not in cols]
+    if missing:
+        raise TraceFormatError(file, 1, missing[0], f"header lacks required column(s) {', '.join(missing)}; has {', '.join(cols) or 'none'}")
+    return cols
+
+
+def _iter_records(rows: Iterator[list[str]], file: str, ncols: int) -> Iterator[tuple[int, list[str]]]:
+    line = 1
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise TraceFormatError(file, line + 1, None, f"bad CSV: {e}") from None
+        line += 1
+        if not row or all(not c.strip() for c in row):
+            continue  # blank line
+        if len(row) < ncols:
+            raise TraceFormatError(file, line, None, f"expected {ncols} fields, got {len(row)}")
+        yield line, row
+
+
+def _int(row: list[str], cols: Mapping[str, int], col: str, file: str, line: int, *, lo: int | None = 0, hi: int | None = None,
+         default: int | None = None) -> int:
+    s = row[cols[col]].strip() if col in cols else ""
+    if s == "" and default is not None:
+        return default
+    try:
+        v = float(s)
+        if not math.isfinite(v) or v != int(v):
+            raise ValueError
+        v = int(v)
+    except ValueError:
+        raise TraceFormatError(file, line, col, f"expected an integer, got {s!r}") from None
+    if lo is not None and v < lo:
+        raise TraceFormatError(file, line, col, f"must be >= {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise TraceFormatError(file, line, col, f"must be <= {hi}, got {v}")
+    return v
+
+
+def _float(row: list[str], cols: Mapping[str, int], col: str, file: str, line: int, *, lo: float | None = 0.0) -> float:
+    s = row[cols[col]].strip()
+    try:
+        v = float(s)
+        if not math.isfinite(v):
+            raise ValueError
+    except ValueError:
+        raise TraceFormatError(file, line, col, f"expected a number, got {s!r}") from None
+    if lo is not None and v < lo:
+        raise TraceFormatError(file, line, col, f"must be >= {lo:g}, got {v:g}")
+    return v
+
+
+def load_alibaba_nodes(source: str | os.PathLike[str] | IO[Any] = ALIBABA_NODES_PATH, *, name: str | None = None,
+                       gpu_only: bool = True) -> list[NodeSpec]:
+    """Nodes of an Alibaba ``openb_node_list_*.csv``; GPU memory from
+    :data:`~.profiles.GPU_SPECS` by model name (G2/G3 assumed, see there)."""
+    rows, file, _ = _open_rows(source, name)
+    cols = _header(rows, file, ("sn", "cpu_milli", "memory_mib", "gpu", "model"))
+    out: list[NodeSpec] = []
+    seen: set[str] = set()
+    for line, row in _iter_records(rows, file, len(cols)):
+        sn = row[cols["sn"]].strip()
+        if not sn:
+            raise TraceFormatError(file, line, "sn", "empty node name")
+        if sn in seen:
+            raise TraceFormatError(file, line, "sn", f"duplicate node {sn!r}")
+        seen.add(sn)
+        cpu = _int(row, cols, "cpu_milli", file, line, lo=1)
+        ram = _int(row, cols, "memory_mib", file, line, lo=1)
+        ngpu = _int(row, cols, "gpu", file, line, lo=0, hi=64)
+        model = row[cols["model"]].strip()
+        if ngpu > 0 and not model:
+            raise TraceFormatError(file, line, "model", f"node has {ngpu} GPUs but no GPU model")
+        if ngpu == 0 and gpu_only:
+            continue
+        out.append(NodeSpec(sn, ngpu, model or "none", gpu_spec(model).mem_mb if ngpu else 0.0, cpu, ram))
+    if not out:
+        raise TraceFormatError(file, None, None, "no GPU nodes")
+    return out
+
+
+def alibaba_cluster(nodes: Sequence[NodeSpec] | None = None, *, name: str = "alibaba-2023") -> ClusterSpec:
+    """The Alibaba-2023 GPU cluster (GPU sharing by ``gpu_milli`` enforced)."""
+    nodes = list(nodes) if nodes is not None else load_alibaba_nodes()
+    return ClusterSpec(tuple(nodes), name, enforce_milli=True,
+                       note="Alibaba cluster-trace-gpu-v2023 GPU nodes; G2/G3 memory assumed 32 GB")
+
+
+def load_alibaba_pods(source: str | os.PathLike[str] | IO[Any] = ALIBABA_PODS_PATH, *, name: str | None = None,
+                      gpu_only: bool = True, require_times: bool = True) -> list[Job]:
+    """Pods of an Alibaba ``openb_pod_list_*.csv`` as jobs (one node each).
+
+    ``gpu_only`` drops CPU-only pods (``num_gpu == 0``). With
+    ``require_times`` (replay) creation/deletion times must be present; the
+    fill method does not need them (``require_times=False``: times default 0)."""
+    rows, file, _ = _open_rows(source, name)
+    req = ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"]
+    if require_times:
+        req += ["creation_time", "deletion_time"]
+    cols = _header(rows, file, req)
+    out: list[Job] = []
+    seen: set[str] = set()
+    for line, row in _iter_records(rows, file, len(cols)):
+        pod = row[cols["name"]].strip()
+        if not pod:
+            raise TraceFormatError(file, line, "name", "empty pod name")
+        if pod in seen:
+            raise TraceFormatError(file, line, "name", f"duplicate pod {pod!r}")
+        seen.add(pod)
+        cpu = _int(row, cols, "cpu_milli", file, line)
+        ram = _int(row, cols, "memory_mib", file, line)
+        ngpu = _int(row, cols, "num_gpu", file, line, lo=0, hi=64)
+        milli = _int(row, cols, "gpu_milli", file, line, lo=0, hi=MILLI)
+        if ngpu > 0 and milli == 0:
+            raise TraceFormatError(file, line, "gpu_milli", f"pod requests {ngpu} GPU(s) with gpu_milli 0")
+        if ngpu > 1 and milli != MILLI:
+            raise TraceFormatError(file, line, "gpu_milli", f"multi-GPU pod must request whole GPUs (1000), got {milli}")
+        if ngpu == 0 and gpu_only:
+            continue
+        if require_times or "creation_time" in cols:
+            created = _int(row, cols, "creation_time", file, line, default=0 if not require_times else None)
+            deleted = _int(row, cols, "deletion_time", file, line, default=created if not require_times else None)
+            sched = _int(row, cols, "scheduled_time", file, line, default=created) if "scheduled_time" in cols else created
+            if deleted < created:
+                raise TraceFormatError(file, line, "deletion_time", f"deleted ({deleted}) before created ({created})")
+            start = sched if sched >= created else created
+            duration = float(max(1, deleted - min(max(start, created), deleted)))
+        else:
+            created, duration = 0, 1.0
+        out.append(Job(pod, float(created), duration, ngpu, milli if ngpu else 0, cpu, ram, single_node=True,
+                       source=file, line=line))
+    return out
+
+
+_EPOCH = datetime(1970, 1, 1)
+
+
+def _philly_time(s: str, file: str, line: int) -> float:
+    """Seconds since 1970 of a naive timestamp, independent of the local timezone."""
+    try:
+        dt = datetime.fromisoformat(s.strip())
+        if dt.tzinfo is not None:
+            dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+        return (dt - _EPOCH).total_seconds()
+    except ValueError:
+        raise TraceFormatError(file, line, "timestamp", f"expected 'YYYY-MM-DD HH:MM:SS', got {s!r}") from None
+
+
+def load_philly(source: str | os.PathLike[str] | IO[Any] = PHILLY_PATH, *, name: str | None = None) -> list[Job]:
+    """Jobs of the Philly trace (Pollux's ``philly.csv``), submit times relative
+    to the earliest job, in submit order (ties: file order). Multi-GPU jobs may
+    span nodes (the trace has no placement)."""
+    rows, file, _ = _open_rows(source, name)
+    cols = _header(rows, file, ("timestamp", "duration", "num_gpus"))
+    raw: list[tuple[float, float, int, int]] = []
+    for line, row in _iter_records(rows, file, len(cols)):
+        ts = _philly_time(row[cols["timestamp"]], file, line)
+        dur = _float(row, cols, "duration", file, line)
+        ng = _int(row, cols, "num_gpus", file, line, lo=1, hi=4096)
+        raw.append((ts, dur, ng, line))
+    if not raw:
+        raise TraceFormatError(file, None, None, "no jobs")
+    t0 = min(r[0] for r in raw)
+    raw.sort(key=lambda r: (r[0], r[3]))
+    return [Job(f"philly-{line - 1}", ts - t0, max(1.0, dur), ng, MILLI, source=file, line=line) for ts, dur, ng, line in raw]
+
+
+@dataclass
+class TraceData:
+    kind: str  # "philly" | "alibaba_pods" | "alibaba_nodes"
+    jobs: list[Job]
+    nodes: list[NodeSpec]
+
+
+def parse_trace(source: str | os.PathLike[str] | IO[Any], *, name: str | None = None) -> TraceData:
+    """Parse an uploaded trace of any supported kind, detected from its header."""
+    if isinstance(source, (str, os.PathLike)):
+        data = Path(source).read_bytes()
+        name = name or Path(source).name
+    else:
+        data = source.read()
+        name = name or os.path.basename(str(getattr(source, "name", "") or "<upload>"))
+    if isinstance(data, str):
+        data = data.encode()
+    head = gzip.decompress(data)[:4096] if data[:2] == b"\x1f\x8b" else data[:4096]
+    first = head.decode("utf-8-sig", errors="replace").splitlines()[0] if head else ""
+    cols = {c.strip() for c in first.split(",")}
+    if {"timestamp", "duration", "num_gpus"} <= cols:
+        return TraceData("philly", load_philly(io.BytesIO(data), name=name), [])
+    if {"sn", "gpu", "model"} <= cols:
+        return TraceData("alibaba_nodes", [], load_alibaba_nodes(io.BytesIO(data), name=name))
+    if {"name", "num_gpu", "gpu_milli"} <= cols:
+        return TraceData("alibaba_pods", load_alibaba_pods(io.BytesIO(data), name=name, require_times="creation_time" in cols), [])
+    raise TraceFormatError(name or "<upload>", 1, None,
+                           "unknown trace format: expected a Philly header (timestamp,duration,num_gpus), "
+                           "an Alibaba pod list (name,...,num_gpu,gpu_milli) or node list (sn,...,gpu,model)")
+
+
+# --------------------------------------------------------------------------- shaping
+
+
+def time_slice(jobs: Sequence[Job], start_s: float, span_s: float) -> list[Job]:
+    """Jobs submitted in ``[start_s, start_s + span_s)``, re-based to start at 0."""
+    sel = [j for j in jobs if start_s <= j.submit_time < start_s + span_s]
+    return [replace(j, submit_time=j.submit_time - start_s) for j in sel]
+
+
+def compress_time(jobs: Sequence[Job], factor: float) -> list[Job]:
+    """Divide inter-arrival times by ``factor`` (durations unchanged): a
+    ``factor``-times higher arrival rate on the same jobs."""
+    if factor <= 0:
+        raise ValueError("factor must be > 0")
+    if not jobs:
+        return []
+    t0 = min(j.submit_time for j in jobs)
+    return [replace(j, submit_time=(j.submit_time - t0) / factor) for j in jobs]
+
+
+def cap_durations(jobs: Sequence[Job], max_s: float) -> list[Job]:
+    """Cap every duration at ``max_s`` (e.g. pods censored at the trace end)."""
+    return [replace(j, duration_s=min(j.duration_s, max_s)) if j.duration_s > max_s else j for j in jobs]
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+def assign_workloads(
+    jobs: Sequence[Job],
+    table: ProfileTable,
+    *,
+    predictions: Mapping[tuple[str, int], tuple[float, float]] | None = None,
+    seed: int = 0,
+    mapping: str = "auto",
+    ref_mem_mb: float | None = None,
+) -> list[Job]:
+    """Copies of ``jobs`` with model, batch size, TRUE util/memory (from
+    ``table``) and PREDICTED util/memory (from ``predictions``, a
+    ``{(model, batch): (util, mem)}`` map; None = oracle, prediction = truth).
+
+    Mapping (seeded, one draw per job in list order):
+
+    * ``"uniform"``: every (model, batch) configuration of ``table`` equally likely.
+    * ``"request"``: for a GPU-sharing job (``gpu_milli < 1000``), uniform over
+      the configurations that fit its request - utilization <= gpu_milli/10 %
+      and memory <= gpu_milli/1000 of ``ref_mem_mb`` (default: the table's GPU)
+      - falling back to the lowest-utilization configuration; whole-GPU jobs
+      as ``"uniform"``.
+    * ``"auto"``: ``"request"`` if any job shares a GPU, else ``"uniform"``.
+
+    A job that already names a model and batch size in the table keeps them.
+    """
+    if mapping not in ("auto", "uniform", "request"):
+        raise ValueError("mapping must be 'auto', 'uniform' or 'request'")
+    if mapping == "auto":
+        mapping = "request" if any(0 < j.gpu_milli < MILLI for j in jobs) else "uniform"
+    rng = np.random.default_rng(seed)
+    keys = table.keys
+    utils = np.array([table.util[k] for k in keys])
+    mems = np.array([table.mem[k] for k in keys])
+    ref = ref_mem_mb if ref_mem_mb is not None else gpu_spec(table.gpu_model).mem_mb
+    by_milli: dict[int, np.ndarray] = {}
+    out: list[Job] = []
+    draws = rng.random(len(jobs))
+    lowest = int(np.argmin(utils))
+    for j, r in zip(jobs, draws):
+        if j.model is not None and j.batch_size is not None and (j.model, j.batch_size) in table.util:
+            key = (j.model, j.batch_size)
+        else:
+            if mapping == "request" and 0 < j.gpu_milli < MILLI:
+                cand = by_milli.get(j.gpu_milli)
+                if cand is None:
+                    cand = np.flatnonzero((utils <= j.gpu_milli / 10.0) & (mems <= ref * j.gpu_milli / MILLI))
+                    if len(cand) == 0:
+                        cand = np.array([lowest])
+                    by_milli[j.gpu_milli] = cand
+                key = keys[int(cand[min(int(r * len(cand)), len(cand) - 1)])]
+            else:
+                key = keys[min(int(r * len(keys)), len(keys) - 1)]
+        tu, tm = table.util[key], table.mem[key]
+        if predictions is None:
+            pu, pm = tu, tm
+        else:
+            pu, pm = predictions[key]
+        out.append(replace(j, model=key[0], batch_size=key[1], true_util_pct=tu, true_mem_mb=tm,
+                           pred_util_pct=float(pu), pred_mem_mb=float(pm)))
+    return out
+
+
+def predictions_from(predictor: Any, table: ProfileTable, *, out_of_fold: bool = True) -> dict[tuple[str, int], tuple[float, float]]:
+    """``{(model, batch): (util, mem)}`` for every configuration of ``table``
+    from a :class:`~.predictor.TrainedPredictor`: its out-of-fold (held-out
+    model) prediction when it has one and ``out_of_fold``, else a fresh
+    prediction from the features."""
+    out: dict[tuple[str, int], tuple[float, float]] = {}
+    missing = []
+    for key in table.keys:
+        cv = predictor.cv_predictions.get((key[0], key[1], table.gpu_model)) if out_of_fold else None
+        if cv is not None:
+            out[key] = cv
+        else:
+            missing.append(key)
+    if missing:
+        u, m = predictor.predict_many([table.features[k] for k in missing], gpu_model=table.gpu_model)
+        for k, uu, mm in zip(missing, u, m):
+            out[k] = (float(uu), float(mm))
+    return out

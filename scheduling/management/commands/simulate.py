@@ -1,0 +1,128 @@
+"""Replay a cluster trace under one or every placement policy and print a comparison table."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from core.exceptions import ServiceError
+from core.models import Team
+from scheduling import services
+from scheduling.experiments import (
+    POLICY_NAMES,
+    SHIPPED_TRACES,
+    ExperimentError,
+    ExperimentParams,
+    format_table,
+    load_jobs,
+    run_experiment,
+)
+from scheduling.horus.traces import TraceFormatError
+from scheduling.models import TraceUpload
+
+
+class Command(BaseCommand):
+    help = ("Trace-driven simulation of GPU placement policies (Horus and baselines). Philly: replay of a job "
+            "slice on a uniform cluster of --gpus GPUs; Alibaba: the ATC'23 fill method on a --scale fraction of "
+            "the trace's own cluster. The scale is printed with the results.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--trace", required=True, help="philly, alibaba, or the id of an uploaded trace")
+        parser.add_argument("--policy", default="all",
+                            help=f"'all' or comma-separated names: {', '.join(POLICY_NAMES)}")
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--json", action="store_true", help="Print one JSON object instead of the table")
+        parser.add_argument("--output", help="Also write the JSON result to this file")
+        parser.add_argument("--method", choices=["replay", "fill"], default=None)
+        parser.add_argument("--scale", type=float, default=None,
+                            help="Alibaba: fraction of its 1,213 GPU nodes (default 0.05)")
+        parser.add_argument("--gpus", type=int, default=None, help="Philly-style traces: cluster GPUs (default 64)")
+        parser.add_argument("--gpus-per-node", type=int, default=None)
+        parser.add_argument("--gpu-model", default=None, help="GPU model of the uniform cluster (default V100)")
+        parser.add_argument("--jobs", type=int, default=None, help="Replay: jobs in the slice (default 1000)")
+        parser.add_argument("--start", type=int, default=None, help="Replay: index of the first job of the slice")
+        parser.add_argument("--compress", type=float, default=None, help="Divide inter-arrival times by this")
+        parser.add_argument("--max-duration", type=float, default=None, help="Cap job durations (seconds)")
+        parser.add_argument("--backfill", type=int, default=None, help="Queue window (1 = strict FIFO)")
+        parser.add_argument("--predictor-error", type=float, default=None,
+                            help="Extra log-normal sigma on predictions")
+        parser.add_argument("--predictions", choices=["predictor", "oracle"], default=None)
+        parser.add_argument("--until", type=float, default=None, help="Fill: stop at this share of capacity")
+        parser.add_argument("--save", action="store_true", help="Store the run (needs --team)")
+        parser.add_argument("--team", help="Team slug or name, for --save and uploaded traces")
+
+    def _params(self, opts) -> dict:
+        keys = {"method": "method", "scale": "scale", "gpus": "gpus", "gpus_per_node": "gpus_per_node",
+                "gpu_model": "gpu_model", "jobs": "jobs", "start": "start", "compress": "compress",
+                "max_duration": "max_duration_s", "backfill": "backfill", "predictor_error": "predictor_error",
+                "predictions": "predictions", "until": "until"}
+        return {dst: opts[src] for src, dst in keys.items() if opts.get(src) is not None}
+
+    def handle(self, *args, **opts):
+        self.verbosity = opts["verbosity"]
+        policies = ["all"] if opts["policy"] == "all" else [p.strip() for p in opts["policy"].split(",") if p.strip()]
+        params = self._params(opts)
+        team = None
+        if opts["team"]:
+            team = Team.objects.filter(slug=opts["team"]).first() or Team.objects.filter(name=opts["team"]).first()
+            if team is None:
+                raise CommandError(f"No team '{opts['team']}'.")
+        try:
+            if opts["save"]:
+                result = self._run_saved(team, opts["trace"], policies, opts["seed"], params)
+            else:
+                result = self._run_here(team, opts["trace"], policies, opts["seed"], params)
+        except (ServiceError, ExperimentError, TraceFormatError) as exc:
+            raise CommandError(str(exc)) from None
+        if opts["output"]:
+            Path(opts["output"]).write_text(json.dumps(result, indent=1))
+        if opts["json"]:
+            self.stdout.write(json.dumps(result))
+            return
+        c = result["cluster"]
+        self.stdout.write(
+            f"trace {result['trace']['name']} ({result['trace']['kind']}): {result['trace']['jobs_used']} of "
+            f"{result['trace']['jobs_in_trace']} jobs, method {result['method']}, seed {result['seed']}\n"
+            f"cluster {c['name']}: {c['nodes']} nodes, {c['gpus']} GPUs {c['gpu_mix']}\n"
+            f"true utilization: {result['assumptions']['true_utilization']}\n"
+            f"predicted: {result['assumptions']['predicted_utilization']}"
+            + (f" (util RMSLE {result['predictor']['util_rmsle']:.3f}, mem RMSLE "
+               f"{result['predictor']['mem_rmsle']:.3f})" if result.get("predictor") else "") + "\n")
+        self.stdout.write(format_table(result["table"]))
+        if result.get("saved_run"):
+            self.stdout.write(f"\nstored as simulation run {result['saved_run']}")
+
+    def _run_here(self, team, trace, policies, seed, params) -> dict:
+        kind = jobs = None
+        label = trace
+        if trace.isdigit():
+            qs = TraceUpload.objects.filter(pk=int(trace))
+            if team is not None:
+                qs = qs.filter(team=team)
+            upload = qs.first()
+            if upload is None:
+                raise CommandError(f"No uploaded trace {trace}" + (f" in team {team}" if team else "") + ".")
+            with upload.file.open("rb") as f:
+                kind, jobs = load_jobs(upload.name, f)
+            label = upload.name
+        elif trace in SHIPPED_TRACES:
+            kind, jobs = load_jobs(trace)
+        else:
+            raise CommandError(f"Unknown trace '{trace}': use {', '.join(SHIPPED_TRACES)} or an uploaded trace's id.")
+        names = services._resolve_policies(policies)
+        ExperimentParams.from_dict(params).validate(kind)  # before a predictor is trained for nothing
+        records, predictor = services.simulation_inputs(params)
+        progress = None if self.verbosity < 2 else (lambda n: self.stderr.write(f"  {n}..."))
+        return run_experiment(trace=label, policies=names, seed=seed, params=params, profiles=records,
+                              predictor=predictor, kind=kind, jobs=jobs, progress=progress)
+
+    def _run_saved(self, team, trace, policies, seed, params) -> dict:
+        if team is None:
+            raise CommandError("--save needs --team.")
+        run = services.start_simulation(actor=None, team=team, trace=trace, policies=policies, seed=seed,
+                                        parameters=params, enqueue=False)
+        run = services.execute_simulation(run_id=run.pk)
+        if run.status != run.Status.SUCCEEDED:
+            raise CommandError(f"simulation {run.pk} failed: {run.error}")
+        return {**run.results, "saved_run": run.pk}

@@ -1,0 +1,127 @@
+"""Reads for the GPU cluster, its jobs and simulations; team data is scoped to the caller."""
+from __future__ import annotations
+
+import datetime as dt
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.utils import timezone
+
+from core.selectors import teams_for_user
+
+from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Node, Placement, PredictorVersion, SimulationRun, TraceUpload
+
+
+def node_stale_after_s() -> float:
+    return float(getattr(settings, "SCHEDULING_NODE_STALE_S", 180.0))
+
+
+def telemetry_fresh_s() -> float:
+    """A GPU's latest sample counts as its current load for this long (Gandiva-like policies)."""
+    return float(getattr(settings, "SCHEDULING_TELEMETRY_FRESH_S", 120.0))
+
+
+# --- cluster (visible to every authenticated user) ----------------------------------------
+
+def nodes() -> QuerySet[Node]:
+    return Node.objects.annotate(gpu_count=Count("gpus")).order_by("name")
+
+
+def gpus() -> QuerySet[GPU]:
+    latest = GpuTelemetry.objects.filter(gpu=OuterRef("pk")).order_by("-ts")
+    return (GPU.objects.select_related("node")
+            .annotate(latest_util_pct=Subquery(latest.values("util_pct")[:1]),
+                      latest_mem_used_mb=Subquery(latest.values("mem_used_mb")[:1]),
+                      latest_ts=Subquery(latest.values("ts")[:1]),
+                      active_jobs=Count("placements", filter=Q(placements__released_at__isnull=True),
+                                        distinct=True))
+            .order_by("node__name", "index"))
+
+
+def telemetry() -> QuerySet[GpuTelemetry]:
+    return GpuTelemetry.objects.select_related("gpu", "gpu__node").order_by("-ts", "-id")
+
+
+def is_node_fresh(node: Node, now: dt.datetime | None = None) -> bool:
+    now = now or timezone.now()
+    return node.last_seen is not None and node.last_seen >= now - dt.timedelta(seconds=node_stale_after_s())
+
+
+def schedulable_gpus(now: dt.datetime | None = None) -> list[GPU]:
+    """GPUs that may get new jobs: present, not drained, on a live undrained node, whose queue a worker serves."""
+    now = now or timezone.now()
+    cutoff = now - dt.timedelta(seconds=node_stale_after_s())
+    qs = (GPU.objects.select_related("node")
+          .filter(drained=False, present=True, node__drained=False, node__last_seen__gte=cutoff)
+          .order_by("node__name", "index"))
+    return [g for g in qs if g.queue in (g.node.queues or [])]
+
+
+def latest_samples(gpu_ids: list[int], *, since: dt.datetime) -> dict[int, GpuTelemetry]:
+    out: dict[int, GpuTelemetry] = {}
+    for s in GpuTelemetry.objects.filter(gpu_id__in=gpu_ids, ts__gte=since).order_by("gpu_id", "-ts"):
+        out.setdefault(s.gpu_id, s)
+    return out
+
+
+def fleet_gpu_model() -> str | None:
+    """The most common GPU model of the registered, present GPUs (predictions are made for it)."""
+    row = (GPU.objects.filter(present=True).values("gpu_model").annotate(n=Count("pk")).order_by("-n", "gpu_model")
+           .first())
+    return row["gpu_model"] if row else None
+
+
+# --- profiles and predictors ------------------------------------------------------------------
+
+def profiles() -> QuerySet[GpuProfile]:
+    return GpuProfile.objects.all().order_by("model_name", "gpu_model", "batch_size", "source")
+
+
+def predictor_versions() -> QuerySet[PredictorVersion]:
+    return PredictorVersion.objects.all().order_by("-version")
+
+
+def active_predictor_version() -> PredictorVersion | None:
+    return PredictorVersion.objects.filter(active=True).first()
+
+
+# --- team-scoped ------------------------------------------------------------------------------
+
+def jobs_for_user(user: AbstractBaseUser) -> QuerySet[GpuJob]:
+    return GpuJob.objects.filter(team__in=teams_for_user(user)).select_related("model", "team", "predictor_version")
+
+
+def placements_for_user(user: AbstractBaseUser) -> QuerySet[Placement]:
+    return (Placement.objects.filter(job__team__in=teams_for_user(user))
+            .select_related("job", "gpu", "gpu__node").order_by("-placed_at", "-id"))
+
+
+def active_placement(job: GpuJob) -> Placement | None:
+    return Placement.objects.filter(job=job, released_at__isnull=True).select_related("gpu", "gpu__node").first()
+
+
+def simulations_for_user(user: AbstractBaseUser) -> QuerySet[SimulationRun]:
+    return SimulationRun.objects.filter(team__in=teams_for_user(user)).select_related("team", "trace_upload")
+
+
+def traces_for_user(user: AbstractBaseUser) -> QuerySet[TraceUpload]:
+    return TraceUpload.objects.filter(team__in=teams_for_user(user)).select_related("team")
+
+
+# --- GPU-hours ---------------------------------------------------------------------------------
+
+def gpu_hours_used(team_id: int, since: dt.datetime, now: dt.datetime | None = None) -> float:
+    """GPU-hours held by the team's placements since ``since``: released ones in full, active ones so far."""
+    now = now or timezone.now()
+    total = 0.0
+    rows = (Placement.objects.filter(job__team_id=team_id)
+            .filter(Q(released_at__isnull=True) | Q(released_at__gte=since))
+            .values_list("placed_at", "released_at"))
+    for placed_at, released_at in rows:
+        start = max(placed_at, since)
+        end = released_at or now
+        if end > start:
+            total += (end - start).total_seconds()
+    return total / 3600.0
+

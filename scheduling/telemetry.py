@@ -1,0 +1,236 @@
+"""NVIDIA GPU telemetry through NVML (nvidia-ml-py's ``pynvml``). No Django here.
+
+Every function takes the NVML module as an argument (``nvml=None`` imports
+``pynvml``), so tests pass a fake one. A host without an NVIDIA driver (or
+without the library) is not an error: :func:`read_gpus` says so in
+``NvmlReading.error`` and returns no GPUs.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["GpuSample", "NvmlReading", "load_nvml", "read_gpus", "normalize_gpu_model", "GpuSampler",
+           "NoGpuError", "require_gpu"]
+
+MB = 1024 * 1024
+
+
+class NoGpuError(RuntimeError):
+    """No NVIDIA GPU can be used here; the message says why (pynvml's error)."""
+
+
+@dataclass
+class GpuSample:
+    index: int
+    uuid: str
+    name: str
+    memory_total_mb: float
+    util_pct: float
+    mem_used_mb: float
+    power_w: float | None = None
+    temperature_c: float | None = None
+    energy_mj: float | None = None
+    power_limit_w: float | None = None
+
+    @property
+    def gpu_model(self) -> str:
+        return normalize_gpu_model(self.name, self.memory_total_mb)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"gpu_model": self.gpu_model}
+
+
+@dataclass
+class NvmlReading:
+    available: bool
+    error: str = ""
+    driver_version: str = ""
+    gpus: list[GpuSample] = field(default_factory=list)
+    ts: float = field(default_factory=time.time)
+
+    @property
+    def summary(self) -> str:
+        if not self.available:
+            return f"no NVIDIA GPU found (pynvml: {self.error})"
+        return f"{len(self.gpus)} GPU(s): " + ", ".join(f"{g.index}:{g.name}" for g in self.gpus)
+
+
+def load_nvml() -> tuple[Any | None, str]:
+    """``(pynvml module, "")`` or ``(None, why)`` when nvidia-ml-py is not installed."""
+    try:
+        import pynvml
+    except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a pinned dependency
+        return None, f"nvidia-ml-py is not installed ({exc})"
+    return pynvml, ""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _optional(fn, *args) -> Any:
+    """An NVML query a GPU may not support (power, energy on older boards): None instead of an error."""
+    try:
+        return fn(*args)
+    except Exception:  # NVMLError_NotSupported and friends
+        return None
+
+
+def normalize_gpu_model(name: str, memory_total_mb: float | None = None) -> str:
+    """The GPU model name the predictor's datasheet table knows ('Tesla V100-SXM2-32GB' -> 'V100M32').
+
+    Unknown boards keep their cleaned name (e.g. 'H200'); the predictor then uses
+    V100 datasheet numbers and marks them assumed (see horus.profiles.gpu_spec).
+    """
+    clean = re.sub(r"^(NVIDIA|Tesla|GeForce|Quadro)\s+", "", name.strip(), flags=re.I)
+    clean = re.sub(r"^(NVIDIA|Tesla)\s+", "", clean, flags=re.I)
+    tokens = re.split(r"[\s\-_]+", clean.upper())
+    if "V100" in tokens or clean.upper().startswith("V100"):
+        big = (memory_total_mb or 0) > 20_000 or "32GB" in clean.upper()
+        return "V100M32" if big else "V100"
+    for known in ("P100", "T4", "A10"):
+        if tokens and tokens[0] == known:
+            return known
+    return tokens[0] if tokens and tokens[0] else (clean or "unknown")
+
+
+def read_gpus(nvml: Any = None) -> NvmlReading:
+    """One sample of every NVIDIA GPU on this host (utilization, memory, power, temperature, energy)."""
+    if nvml is None:
+        nvml, why = load_nvml()
+        if nvml is None:
+            return NvmlReading(available=False, error=why)
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded on a GPU-less host
+        return NvmlReading(available=False, error=str(exc) or type(exc).__name__)
+    try:
+        driver = _optional(nvml.nvmlSystemGetDriverVersion)
+        count = int(nvml.nvmlDeviceGetCount())
+        gpus: list[GpuSample] = []
+        temp_sensor = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
+        for i in range(count):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            mem = nvml.nvmlDeviceGetMemoryInfo(h)
+            util = _optional(nvml.nvmlDeviceGetUtilizationRates, h)
+            power_mw = _optional(nvml.nvmlDeviceGetPowerUsage, h)
+            limit_mw = _optional(nvml.nvmlDeviceGetEnforcedPowerLimit, h) if hasattr(
+                nvml, "nvmlDeviceGetEnforcedPowerLimit") else None
+            temp = _optional(nvml.nvmlDeviceGetTemperature, h, temp_sensor)
+            energy = _optional(nvml.nvmlDeviceGetTotalEnergyConsumption, h)
+            gpus.append(GpuSample(
+                index=i,
+                uuid=_text(_optional(nvml.nvmlDeviceGetUUID, h) or ""),
+                name=_text(_optional(nvml.nvmlDeviceGetName, h) or f"GPU {i}"),
+                memory_total_mb=float(mem.total) / MB,
+                util_pct=float(util.gpu) if util is not None else 0.0,
+                mem_used_mb=float(mem.used) / MB,
+                power_w=float(power_mw) / 1000.0 if power_mw is not None else None,
+                temperature_c=float(temp) if temp is not None else None,
+                energy_mj=float(energy) if energy is not None else None,
+                power_limit_w=float(limit_mw) / 1000.0 if limit_mw is not None else None,
+            ))
+        return NvmlReading(available=count > 0, error="" if count else "NVML found no devices",
+                           driver_version=_text(driver or ""), gpus=gpus)
+    except Exception as exc:
+        return NvmlReading(available=False, error=f"NVML query failed: {exc}")
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def require_gpu(nvml: Any = None) -> NvmlReading:
+    """The reading, or :class:`NoGpuError` ('no NVIDIA GPU found (pynvml: ...)')."""
+    reading = read_gpus(nvml)
+    if not reading.available:
+        raise NoGpuError(reading.summary)
+    return reading
+
+
+class GpuSampler:
+    """Samples one GPU in a background thread while work runs on it::
+
+        with GpuSampler(index=0) as s:
+            run()
+        s.result()  # {"util_mean_pct", "util_max_pct", "mem_peak_mb", "mem_baseline_mb", "power_mean_w", "energy_j"}
+    """
+
+    def __init__(self, index: int = 0, *, interval_s: float = 0.05, nvml: Any = None):
+        if nvml is None:
+            nvml, why = load_nvml()
+            if nvml is None:
+                raise NoGpuError(f"no NVIDIA GPU found (pynvml: {why})")
+        self.nvml, self.index, self.interval_s = nvml, index, interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.utils: list[float] = []
+        self.mems: list[float] = []
+        self.powers: list[float] = []
+        self.baseline_mb = 0.0
+        self.energy0 = self.energy1 = None
+        self.t0 = self.t1 = 0.0
+
+    def __enter__(self) -> "GpuSampler":
+        try:
+            self.nvml.nvmlInit()
+        except Exception as exc:
+            raise NoGpuError(f"no NVIDIA GPU found (pynvml: {exc})") from None
+        self.handle = self.nvml.nvmlDeviceGetHandleByIndex(self.index)
+        self.baseline_mb = float(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used) / MB
+        self.energy0 = _optional(self.nvml.nvmlDeviceGetTotalEnergyConsumption, self.handle)
+        self.t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval_s)
+
+    def _sample(self) -> None:
+        util = _optional(self.nvml.nvmlDeviceGetUtilizationRates, self.handle)
+        mem = _optional(self.nvml.nvmlDeviceGetMemoryInfo, self.handle)
+        power = _optional(self.nvml.nvmlDeviceGetPowerUsage, self.handle)
+        if util is not None:
+            self.utils.append(float(util.gpu))
+        if mem is not None:
+            self.mems.append(float(mem.used) / MB)
+        if power is not None:
+            self.powers.append(float(power) / 1000.0)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._sample()
+        self.t1 = time.perf_counter()
+        self.energy1 = _optional(self.nvml.nvmlDeviceGetTotalEnergyConsumption, self.handle)
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+    def result(self) -> dict[str, float | None]:
+        energy_j = None
+        if self.energy0 is not None and self.energy1 is not None:
+            energy_j = (float(self.energy1) - float(self.energy0)) / 1000.0
+        elif self.powers:
+            energy_j = sum(self.powers) / len(self.powers) * (self.t1 - self.t0)
+        return {
+            "util_mean_pct": sum(self.utils) / len(self.utils) if self.utils else None,
+            "util_max_pct": max(self.utils) if self.utils else None,
+            "mem_peak_mb": max(self.mems) if self.mems else None,
+            "mem_baseline_mb": self.baseline_mb,
+            "power_mean_w": sum(self.powers) / len(self.powers) if self.powers else None,
+            "energy_j": energy_j,
+            "energy_source": "nvml-counter" if self.energy0 is not None else ("nvml-power" if self.powers else None),
+            "seconds": self.t1 - self.t0,
+            "samples": len(self.utils),
+        }

@@ -1,0 +1,51 @@
+"""Dashboard test fixtures: no broker (enqueued runs are recorded), a logged-in client, fake runs."""
+from __future__ import annotations
+
+import pytest
+
+from core.models import Quota
+
+from .fakes import make_running_run
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    path = getattr(config, "dlopt_screenshot_dir", None)
+    if path is not None:
+        terminalreporter.write_line(f"dashboard screenshots: {path}")
+
+
+@pytest.fixture(autouse=True)
+def enqueued(monkeypatch):
+    """Runs started from the dashboard are recorded instead of sent to Celery (no worker in these tests)."""
+    calls: list[int] = []
+    monkeypatch.setattr("tuning.services._enqueue", lambda run: calls.append(run.pk))
+    return calls
+
+
+@pytest.fixture
+def owner_client(client, user_owner, team_a):
+    client.force_login(user_owner)
+    return client
+
+
+@pytest.fixture
+def roomy_quota(team_a):
+    Quota.objects.filter(team=team_a).update(max_concurrent_runs=20, tuning_trials_per_month=1_000_000)
+
+
+@pytest.fixture
+def run_a(user_owner, model_a, roomy_quota):
+    """A running run of team A with 4 tasks and 6 rounds of 16 measurements (one task pre-empted)."""
+    run, worker = make_running_run(actor=user_owner, model=model_a, max_trials=200, n_tasks=4, rounds=6,
+                                   per_round=16)
+    worker.preempt(3)
+    run.refresh_from_db()
+    run.fake_worker = worker
+    return run
+
+
+@pytest.fixture
+def run_b(user_other, model_b):
+    """A run of team B (another team: a 404 everywhere for team A's users)."""
+    run, _ = make_running_run(actor=user_other, model=model_b, max_trials=64, n_tasks=2, rounds=2, per_round=8)
+    return run
