@@ -158,12 +158,26 @@ def main(argv: list[str] | None = None) -> int:
     res = run_replay(ph, ALL, seed=seed)
     base = next(r for r in res if r["label"] == BASE)
     add_ratios(res, base)
-    replay_table("Philly replay, strict FIFO queue, interference +20 % while sharing and time-shared over 100 %", ph.scale, res, base)
+    replay_table("Philly replay, strict FIFO queue, interference +20 % while sharing (Horus's simulator)", ph.scale, res, base)
     experiments.append(experiment("philly-256gpu", "replay", ph, res, headline=True, queue="strict FIFO"))
     horus = next(r for r in res if r["label"] == "horus")
     mig = next(r for r in res if r["label"] == "horus_migrate")
     others = [r for r in res if not r["label"].startswith("horus")]
     best_other = min(others, key=lambda r: r["makespan_s"])
+
+    # ------------------------------------------------------------------ capped interference
+    # Sensitivity: over-subscribed GPUs also time-share (demand 150 % -> 1.5x slower), which
+    # the paper's model leaves free. Reported beside the headline, never instead of it.
+    capped_model = Interference(share_penalty=0.2, oversub_exponent=1.0)
+    capped = run_replay(ph, ["fifo_exclusive", "gandiva", "best_fit", "horus", "horus_migrate"], seed=seed,
+                        interference=capped_model)
+    cbase = next(r for r in capped if r["label"] == BASE)
+    add_ratios(capped, cbase)
+    replay_table("Sensitivity: capped interference (+20 % while sharing AND time-shared over 100 % demand)",
+                 ph.scale, capped, cbase)
+    experiments.append(experiment("philly-256gpu-capped-interference", "replay", ph, capped, interference="capped"))
+    capped_horus = next(r for r in capped if r["label"] == "horus")["ratios_vs_fifo_exclusive"]
+    capped_mig = next(r for r in capped if r["label"] == "horus_migrate")["ratios_vs_fifo_exclusive"]
 
     # ------------------------------------------------------------------ Alibaba fill
     fs = alibaba_fill_setup(1, seed=seed)
@@ -227,13 +241,6 @@ def main(argv: list[str] | None = None) -> int:
             replay_table(f"Cluster-size sweep: Philly on {n} GPUs (offered load {s.assumptions['offered_load']:.2f})", s.scale, rr, b)
             experiments.append(experiment(f"philly-{n}gpu", "replay", s, rr, queue="strict FIFO"))
 
-        paper = Interference(share_penalty=0.2, oversub_exponent=0.0)
-        rr = run_replay(ph, main_pols, seed=seed, interference=paper)
-        b = next(r for r in rr if r["label"] == BASE)
-        add_ratios(rr, b)
-        replay_table("Ablation: the Horus paper's interference model (+20 % while sharing, over-subscription free)", ph.scale, rr, b)
-        experiments.append(experiment("philly-256gpu-paper-interference", "replay", ph, rr, interference="paper"))
-
         rr = run_replay(ph, ["fifo_exclusive", "horus", "horus_migrate", "best_fit"], seed=seed, backfill=8)
         b = next(r for r in rr if r["label"] == BASE)
         add_ratios(rr, b)
@@ -271,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         "horus_vs_best_other_makespan": horus["makespan_s"] / best_other["makespan_s"],
         "best_other_policy": best_other["label"],
         "experiment": "philly-256gpu",
+        "interference": "paper: +20 % while sharing",
+        "capped_makespan_ratio": capped_horus["makespan_ratio"],
+        "capped_wait_ratio": capped_horus["wait_ratio"],
+        "capped_util_ratio": capped_horus["util_ratio"],
+        "capped_migrate_makespan_ratio": capped_mig["makespan_ratio"],
+        "capped_migrate_wait_ratio": capped_mig["wait_ratio"],
         "predictor_util_rmsle": pm["util"]["rmsle"],
         "profiles": "synthetic-roofline-v1",
     }
@@ -289,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         f"JCT {_r(overall['jct_ratio'])}")
     log(f"   horus_migrate: makespan {_r(overall['migrate_makespan_ratio'])}  wait {_r(overall['migrate_wait_ratio'])}  "
         f"util {_r(overall['migrate_util_ratio'])}")
+    log(f"   capped interference: horus makespan {_r(overall['capped_makespan_ratio'])}  wait "
+        f"{_r(overall['capped_wait_ratio'])}  util {_r(overall['capped_util_ratio'])}; horus_migrate makespan "
+        f"{_r(overall['capped_migrate_makespan_ratio'])}  wait {_r(overall['capped_migrate_wait_ratio'])}")
     log(f"   best non-Horus policy on makespan: {best_other['label']}; horus / it = {overall['horus_vs_best_other_makespan']:.2f}, "
         f"horus_migrate / it = {mo:.2f}")
     for k, g in goals.items():

@@ -17,9 +17,11 @@ Model of a running job
     progresses at rate ``1 / slowdown``. Alone on its GPU(s) the rate is 1.
     Sharing a GPU with others, :class:`Interference` gives the slowdown:
     ``(1 + share_penalty + util_slope * others_util/100) * max(1, D/100) ** oversub_exponent``
-    where ``D`` is the sum of the true utilizations on the GPU (default: +20 %
-    while sharing, as Horus models it, and over-subscribed GPUs time-share:
-    demand 150 % stretches everyone 1.5x more). A multi-GPU job runs at the
+    where ``D`` is the sum of the true utilizations on the GPU. The default is
+    Horus's own simulator: +20 % while sharing, nothing more
+    (``oversub_exponent=0``). ``oversub_exponent=1`` adds time-sharing of
+    over-subscribed GPUs (demand 150 % stretches everyone 1.5x more), the
+    "capped" model that benchmarks report as a sensitivity. A multi-GPU job runs at the
     rate of its slowest GPU. Rates change only at events, so finish times are
     recomputed only for jobs on GPUs whose set of jobs changed.
 
@@ -67,7 +69,7 @@ class Interference:
 
     share_penalty: float = 0.2
     util_slope: float = 0.0
-    oversub_exponent: float = 1.0
+    oversub_exponent: float = 0.0
 
     def slowdown(self, n_jobs: int, demand: float, job_util: float) -> float:
         if n_jobs <= 1:

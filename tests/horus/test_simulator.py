@@ -76,14 +76,14 @@ def test_sharing_costs_20_percent():
     assert r.shared_gpu_time_frac == pytest.approx(1.0)
 
 
-def test_oversubscription_time_shares():
+def test_default_is_horus_plus_20_percent_and_capped_model_time_shares():
     spec = ClusterSpec.uniform(1, 1)
     jobs = [job("a", 0, 100, util=80), job("b", 0, 100, util=80)]
-    r = simulate(jobs, spec, Horus(), record_jobs=True)
-    assert r.jobs["finish"] == pytest.approx([192, 192])  # 1.2 x 160/100
-    paper = simulate(jobs, spec, Horus(), interference=Interference(oversub_exponent=0.0), record_jobs=True)
+    paper = simulate(jobs, spec, Horus(), record_jobs=True)  # default: Horus's simulator
     assert paper.jobs["finish"] == pytest.approx([120, 120])
-    assert r.oversub_gpu_time_frac == pytest.approx(1.0)
+    capped = simulate(jobs, spec, Horus(), interference=Interference(oversub_exponent=1.0), record_jobs=True)
+    assert capped.jobs["finish"] == pytest.approx([192, 192])  # 1.2 x 160/100
+    assert capped.oversub_gpu_time_frac == pytest.approx(1.0)
 
 
 def test_rates_change_when_a_neighbour_leaves():
