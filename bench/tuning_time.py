@@ -1,0 +1,461 @@
+#!/usr/bin/env python
+"""Tuning wall time and best latency: stock MetaSchedule vs the platform's engine.
+
+For each workload and the same trial budget, interleaved in one run, each
+tuning job in a fresh interpreter (both sides pay their own imports and
+start-ups, as a tuning worker would):
+
+  stock  TVM 0.27's own path: ``ms.tune_tir`` (TIR workloads) or
+         ``extract_tasks`` + ``ms.tune_tasks`` (ONNX through Relax) with the
+         default LocalBuilder / LocalRunner, gradient task scheduler,
+         evolutionary search and evaluator (number=3, repeat=1,
+         min_repeat_ms=100); TVM_NUM_THREADS = --threads. The only change: the
+         builder timeout is 120 s instead of 30 s, because on a loaded 2-core
+         host a fresh builder worker's 11 s ``import tvm.s_tir.tensor_intrin``
+         alone can exceed 30 s and every build then fails.
+  ours   ``tuning.engine.session.run_tuning(mode="doppler", dop="auto")``:
+         persistent builder (.so), target-specific intrinsic import, pooled
+         asynchronous runner with core partitioning and DOPpler's DOP control,
+         final serial re-measure of the top 10 %; same search, evaluator,
+         thread count and trials.
+
+Then both winners of every workload are re-measured in ONE fresh process with
+the same evaluator (number=3, repeat=5, min_repeat_ms=100, medians over
+alternating rounds); ONNX models are compiled end to end with each database.
+Kernel winners are timed as MetaSchedule times them (weight-layout rewrite
+block removed, i.e. pre-laid-out weights); ONNX models run end to end.
+Ablation: the mechanisms switched on in turn (on every TIR workload; with
+--quick only "persistent builder + target-specific intrinsics, TVM's
+LocalRunner" on the first workload, to stay under 10 minutes). Search is not
+deterministic across processes even with a seed (multi-threaded sampling), so
+each run visits different candidates: ``cand.s`` (sum of the measured
+candidates' latencies) shows how much of a wall-time difference the
+trajectory alone explains.
+
+    .venv/bin/python bench/tuning_time.py [--quick] [--threads 2] [--json bench/results/tuning_time.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import fmt_s, geomean, machine_info, run_child  # noqa: E402
+
+SCRIPT = str(Path(__file__).resolve())
+
+# name -> (kind, description)
+WORKLOADS = {
+    "matmul512": ("tir", "C = A @ B, 512x512x512 float32"),
+    "conv3x3_resnet": ("tir", "conv2d NCHW 1x64x56x56, 64 out, 3x3, pad 1 (ResNet-18 stage 1)"),
+    "dwconv_mobilenet": ("tir", "depthwise conv2d NCHW 1x128x56x56, 3x3, pad 1 (MobileNet)"),
+    "small_cnn": ("onnx", "zoo small_cnn through Relax (5 tasks)"),
+}
+
+ABLATION = {
+    # label -> TuningConfig overrides (all on top of mode="doppler")
+    "persistent_builder": dict(builder="persistent", runner="local", light_intrinsics=False, final_remeasure=False),
+    "+light_intrinsics": dict(builder="persistent", runner="local", light_intrinsics=True, final_remeasure=False),
+    "+async_pooled_runner": dict(builder="persistent", runner="pooled", dop=1, light_intrinsics=True, final_remeasure=False),
+    "+dop_auto+final_remeasure": dict(),  # = ours
+}
+
+
+# --------------------------------------------------------------------------- workloads
+def make_workload(name: str):
+    from tuning.engine import testing
+
+    if name == "matmul512":
+        return testing.matmul_primfunc(512)
+    if name == "conv3x3_resnet":
+        return testing.conv2d_primfunc(1, 64, 56, 56, 64, 3, 3, 1, 1)
+    if name == "dwconv_mobilenet":
+        return testing.depthwise_conv2d_primfunc(1, 128, 56, 56, 3, 1, 1)
+    if name == "small_cnn":
+        try:
+            from core.onnx_models.zoo import build_model
+
+            return build_model("small_cnn")
+        except Exception:  # noqa: BLE001 - zoo not importable: same-shaped local net
+            return testing.tiny_cnn_onnx(channels=16, size=32)
+    if name == "tiny_cnn":
+        return testing.tiny_cnn_onnx()
+    raise KeyError(name)
+
+
+# --------------------------------------------------------------------------- child jobs
+def _strategy(spec: dict):
+    from tvm.s_tir import meta_schedule as ms
+
+    pop, iters = spec.get("population"), spec.get("genetic_iters")
+    if not pop and not iters:
+        return "evolutionary"
+    kw = {}
+    if pop:
+        kw.update(population_size=int(pop), init_min_unmeasured=min(50, int(pop)))
+    if iters:
+        kw["genetic_num_iters"] = int(iters)
+    return ms.search_strategy.EvolutionarySearch(**kw)
+
+
+def _job_stock(spec: dict) -> dict:
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.relax_pipeline import make_target
+
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    target = make_target(spec["target"])
+    wl = make_workload(spec["workload"])
+    builder = ms.builder.LocalBuilder(timeout_sec=120.0)
+    runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig())
+    strategy = _strategy(spec)
+    t0 = time.perf_counter()
+    if WORKLOADS.get(spec["workload"], ("onnx",))[0] == "tir":
+        db = ms.tune_tir(
+            wl,
+            target,
+            spec["work_dir"],
+            spec["trials"],
+            num_trials_per_iter=spec["per_round"],
+            builder=builder,
+            runner=runner,
+            strategy=strategy,
+            seed=spec["seed"],
+        )
+    else:
+        from tuning.engine.relax_pipeline import extract_tasks
+
+        tasks = extract_tasks(wl, target)
+        ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+            tasks, spec["work_dir"], strategy=strategy, seed=spec["seed"]
+        )
+        db = ms.tune_tasks(
+            tasks=ctxs,
+            task_weights=weights,
+            work_dir=spec["work_dir"],
+            max_trials_global=spec["trials"],
+            num_trials_per_iter=spec["per_round"],
+            builder=builder,
+            runner=runner,
+        )
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, **_db_stats(spec["work_dir"])}
+
+
+def _db_stats(work_dir: str) -> dict:
+    """Records in the run's database; ``candidate_time_s`` (sum of the measured
+    candidates' mean latencies) shows how much of a run's measuring time its
+    search trajectory alone implies (slow candidates cost more to time)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    recs = ms.database.JSONDatabase(work_dir=work_dir).get_all_tuning_records()
+    lats = [sum(float(x) for x in r.run_secs) / len(r.run_secs) for r in recs if r.run_secs]
+    lats = [x for x in lats if x < 1e9]
+    return {"n_records": len(recs), "recorded_best_s": min(lats) if lats else None, "candidate_time_s": sum(lats)}
+
+
+def _job_ours(spec: dict) -> dict:
+    from tuning.engine.session import TuningConfig, run_tuning
+    from tuning.engine.timer import EvaluatorConfig
+
+    wl = make_workload(spec["workload"])
+    overrides = dict(spec.get("overrides") or {})
+    cfg = TuningConfig(
+        target=spec["target"],
+        max_trials=spec["trials"],
+        trials_per_round=spec["per_round"],
+        mode="doppler",
+        threads=spec["threads"],
+        work_dir=spec["work_dir"],
+        seed=spec["seed"],
+        evaluator=EvaluatorConfig(),
+        search_population=spec.get("population"),
+        genetic_num_iters=spec.get("genetic_iters"),
+        **overrides,
+    )
+    t0 = time.perf_counter()
+    s = run_tuning(wl, cfg)
+    wall = time.perf_counter() - t0
+    return {
+        "wall_s": wall,
+        **_db_stats(spec["work_dir"]),
+        "final_dop": s.final_dop,
+        "dop_history": s.dop_history,
+        "mean_parallel_error": s.mean_parallel_error,
+        "phase_secs": s.phase_secs,
+        "final_remeasured": len(s.final_remeasure),
+        "status": s.status,
+    }
+
+
+def _job_remeasure(spec: dict) -> dict:
+    """Re-measure the winners of every (workload, side) in this one process."""
+    import numpy as np
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.relax_pipeline import compile_model, make_target, random_inputs, run_and_time
+    from tuning.engine.session import collect_tasks, open_database
+    from tuning.engine.timer import EvaluatorConfig, time_module
+
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    target = make_target(spec["target"])
+    cfg = EvaluatorConfig(number=3, repeat=5, min_repeat_ms=100)
+    rounds = int(spec.get("rounds", 3))
+    out = {}
+    for wname, sides in spec["items"].items():
+        wl = make_workload(wname)
+        runners = {}
+        for side, work_dir in sides.items():
+            db = open_database(work_dir) if side != "stock" else ms.database.JSONDatabase(work_dir=work_dir)
+            if WORKLOADS.get(wname, ("onnx",))[0] == "tir":
+                (task,) = collect_tasks(wl, target)
+                sch_mod = db.query_ir_module(task.mod, target, "main")
+                if sch_mod is None:
+                    runners[side] = None
+                    continue
+                from tvm.driver import build as tvm_build
+                from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+                # as MetaSchedule measured it (both sides): weights pre-laid-out
+                sch_mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(sch_mod)
+                rt = tvm_build(sch_mod, target=target)
+                dev = tvm.cpu()
+                rng = np.random.default_rng(0)
+                args = [
+                    tvm.runtime.tensor(rng.standard_normal([int(s) for s in a.shape]).astype(a.dtype), device=dev)
+                    for a in ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
+                ]
+                runners[side] = ("tir", rt, dev, args)
+            else:
+                ex = compile_model(wl, target, database=db)
+                runners[side] = ("onnx", ex, random_inputs(wl), None)
+        samples: dict[str, list[float]] = {s: [] for s in runners}
+        outputs = {}
+        for r in range(rounds):
+            order = list(runners) if r % 2 == 0 else list(reversed(list(runners)))
+            for side in order:
+                item = runners[side]
+                if item is None:
+                    continue
+                if item[0] == "tir":
+                    _, rt, dev, args = item
+                    samples[side].extend(time_module(rt, dev, args, cfg))
+                else:
+                    _, ex, inputs, _ = item
+                    outs, med = run_and_time(
+                        ex, inputs, target, number=cfg.number, repeat=cfg.repeat, min_repeat_ms=cfg.min_repeat_ms
+                    )
+                    outputs[side] = outs
+                    samples[side].append(med)
+        res = {side: (statistics.median(v) if v else None) for side, v in samples.items()}
+        if len(outputs) == 2:
+            a, b = list(outputs.values())
+            res["max_abs_diff"] = float(max(np.max(np.abs(x - y)) for x, y in zip(a, b)))
+        out[wname] = res
+    return out
+
+
+def child_main(spec: dict) -> None:
+    os.environ["TVM_NUM_THREADS"] = str(spec["threads"])
+    logging.basicConfig(level=logging.WARNING)
+    kind = spec["kind"]
+    if kind == "stock":
+        res = _job_stock(spec)
+    elif kind == "ours":
+        res = _job_ours(spec)
+    elif kind == "remeasure":
+        res = _job_remeasure(spec)
+    else:
+        raise ValueError(kind)
+    Path(spec["out"]).write_text(json.dumps(res, indent=1, default=str))
+
+
+# --------------------------------------------------------------------------- driver
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--job", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="small budgets, ablation on one workload (< 10 min on 2 cores)")
+    ap.add_argument("--threads", type=int, default=None, help="measurement/deployment threads (default: all cores)")
+    ap.add_argument("--trials", type=int, default=None, help="trials per TIR workload (default 64 quick / 256 full)")
+    ap.add_argument("--workloads", default=None, help="comma list (default: all)")
+    ap.add_argument("--no-ablation", action="store_true")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--population", type=int, default=None, help="evolutionary population, both sides (quick: 128, else TVM's 512)")
+    ap.add_argument("--genetic-iters", type=int, default=None, help="genetic iterations, both sides (quick: 2, else TVM's 4)")
+    ap.add_argument("--json", default=None, help="write the result JSON here")
+    ap.add_argument("--keep", action="store_true", help="keep the work directories")
+    args = ap.parse_args(argv)
+    if args.job:
+        child_main(json.loads(args.job))
+        return 0
+
+    cores = len(os.sched_getaffinity(0))
+    threads = args.threads or cores
+    target = {"kind": "llvm", "num-cores": cores}
+    tir_trials = args.trials or (64 if args.quick else 256)
+    per_round = 32 if args.quick else 64
+    names = args.workloads.split(",") if args.workloads else list(WORKLOADS)
+    # the same search on both sides; --quick shrinks it (as the platform's
+    # search_population knob does) so four workloads fit in 10 minutes
+    population = args.population or (128 if args.quick else None)
+    genetic_iters = args.genetic_iters or (2 if args.quick else None)
+    root = Path(tempfile.mkdtemp(prefix="bench_tuning_"))
+    started = time.perf_counter()
+    machine = machine_info(threads=threads, target=target)
+    print(f"# tuning_time: {len(names)} workloads, threads={threads}, cores={cores}, quick={args.quick}")
+    print(f"# machine: {machine['cpu']}, load average at start {machine.get('loadavg')}")
+
+    def budget(name: str) -> tuple[int, int]:
+        if WORKLOADS.get(name, ("onnx",))[0] == "tir":
+            return tir_trials, per_round
+        # one round per task (5 tasks): 8 per round quick, 16 full
+        pr = 8 if args.quick else 16
+        return pr * 5 * (1 if args.quick else 2), pr
+
+    def spec(kind, name, label, **extra):
+        trials, pr = budget(name)
+        wd = root / f"{name}__{label}"
+        return {
+            "kind": kind,
+            "label": f"{name}/{label}",
+            "workload": name,
+            "target": target,
+            "threads": threads,
+            "trials": trials,
+            "per_round": pr,
+            "seed": args.seed,
+            "population": population,
+            "genetic_iters": genetic_iters,
+            "work_dir": str(wd),
+            "out": str(root / f"{name}__{label}.json"),
+            **extra,
+        }
+
+    rows = []
+    for i, name in enumerate(names):
+        order = ["stock", "ours"] if i % 2 == 0 else ["ours", "stock"]
+        res = {}
+        for side in order:
+            sp = spec(side, name, side)
+            t0 = time.perf_counter()
+            res[side] = run_child(SCRIPT, sp, timeout=1800)
+            res[side]["work_dir"] = sp["work_dir"]
+            print(f"  {name:18s} {side:5s} wall {res[side]['wall_s']:7.1f} s  (job {time.perf_counter() - t0:5.1f} s)", flush=True)
+        trials, pr = budget(name)
+        rows.append({"workload": name, "kind": WORKLOADS.get(name, ("onnx", ""))[0], "description": WORKLOADS.get(name, ("", name))[1],
+                     "trials": trials, "trials_per_round": pr, "stock": res["stock"], "ours": res["ours"]})
+
+    ablation = []
+    if not args.no_ablation:
+        abl_names = [n for n in names if WORKLOADS.get(n, ("onnx",))[0] == "tir"]
+        abl_names = abl_names[:1] if args.quick else abl_names
+        labels = ["+light_intrinsics"] if args.quick else list(ABLATION)[:-1]
+        for name in abl_names:
+            row = next(r for r in rows if r["workload"] == name)
+            ablation.append({"workload": name, "config": "stock", "wall_s": row["stock"]["wall_s"], "wall_ratio": 1.0,
+                             "candidate_time_s": row["stock"].get("candidate_time_s")})
+            for label in labels:
+                overrides = dict(ABLATION[label])
+                if args.quick and label == "+light_intrinsics":
+                    label = "persistent_builder+light_intrinsics"
+                sp = spec("ours", name, "abl_" + label.replace("+", "p"), overrides=overrides)
+                r = run_child(SCRIPT, sp, timeout=1800)
+                ablation.append({"workload": name, "config": label, "wall_s": r["wall_s"],
+                                 "wall_ratio": r["wall_s"] / row["stock"]["wall_s"], "recorded_best_s": r["recorded_best_s"],
+                                 "candidate_time_s": r.get("candidate_time_s")})
+                print(f"  {name:18s} ablation {label:34s} wall {r['wall_s']:7.1f} s", flush=True)
+            ablation.append({"workload": name, "config": "+dop_auto+final_remeasure (ours)", "wall_s": row["ours"]["wall_s"],
+                             "wall_ratio": row["ours"]["wall_s"] / row["stock"]["wall_s"],
+                             "candidate_time_s": row["ours"].get("candidate_time_s")})
+
+    # -- re-measure every winner in one fresh process
+    items = {r["workload"]: {"stock": r["stock"]["work_dir"], "ours": r["ours"]["work_dir"]} for r in rows}
+    rm = run_child(SCRIPT, {"kind": "remeasure", "label": "remeasure", "target": target, "threads": threads,
+                            "items": items, "rounds": 3, "out": str(root / "remeasure.json")}, timeout=1800)
+    for r in rows:
+        m = rm.get(r["workload"], {})
+        r["stock"]["best_latency_s"] = m.get("stock")
+        r["ours"]["best_latency_s"] = m.get("ours")
+        r["max_abs_diff_outputs"] = m.get("max_abs_diff")
+        r["wall_ratio"] = r["ours"]["wall_s"] / r["stock"]["wall_s"]
+        r["latency_ratio"] = (m["ours"] / m["stock"]) if m.get("ours") and m.get("stock") else None
+        r["mean_parallel_error"] = r["ours"].get("mean_parallel_error")
+        r["final_dop"] = r["ours"].get("final_dop")
+
+    errs = [r["mean_parallel_error"] for r in rows if r.get("mean_parallel_error") is not None]
+    overall = {
+        "wall_ratio": geomean(r["wall_ratio"] for r in rows),
+        "latency_ratio": geomean(r["latency_ratio"] for r in rows if r["latency_ratio"]),
+        "mean_parallel_error": (sum(errs) / len(errs)) if errs else None,
+        "stock_wall_s_total": sum(r["stock"]["wall_s"] for r in rows),
+        "ours_wall_s_total": sum(r["ours"]["wall_s"] for r in rows),
+    }
+    machine["loadavg_end"] = list(os.getloadavg())
+    result = {
+        "benchmark": "tuning_time",
+        "overall": overall,
+        "workloads": rows,
+        "machine": machine,
+        "ablation": ablation,
+        "settings": {
+            "quick": args.quick,
+            "threads": threads,
+            "tir_trials": tir_trials,
+            "trials_per_round": per_round,
+            "evaluator_tuning": {"number": 3, "repeat": 1, "min_repeat_ms": 100},
+            "evaluator_remeasure": {"number": 3, "repeat": 5, "min_repeat_ms": 100, "rounds": 3},
+            "search": {"population": population or 512, "genetic_iters": genetic_iters or 4, "same_on_both_sides": True},
+            "seed": args.seed,
+        },
+        "bench_wall_s": time.perf_counter() - started,
+    }
+
+    # -- table
+    print()
+    print(f"{'workload':18s} {'trials':>6s} {'stock s':>8s} {'ours s':>8s} {'wall x':>7s} "
+          f"{'stock us':>10s} {'ours us':>10s} {'lat x':>6s} {'DOP':>4s} {'par.err':>7s}")
+    for r in rows:
+        pe = r.get("mean_parallel_error")
+        print(f"{r['workload']:18s} {r['trials']:6d} {r['stock']['wall_s']:8.1f} {r['ours']['wall_s']:8.1f} "
+              f"{r['wall_ratio']:7.3f} {fmt_s(r['stock']['best_latency_s'], 'us'):>10s} "
+              f"{fmt_s(r['ours']['best_latency_s'], 'us'):>10s} "
+              f"{(r['latency_ratio'] or float('nan')):6.3f} {str(r.get('final_dop')):>4s} "
+              f"{(pe if pe is not None else float('nan')):7.3f}")
+    print(f"{'overall (geomean)':18s} {'':6s} {overall['stock_wall_s_total']:8.1f} {overall['ours_wall_s_total']:8.1f} "
+          f"{overall['wall_ratio']:7.3f} {'':>10s} {'':>10s} {(overall['latency_ratio'] or float('nan')):6.3f}")
+    if ablation:
+        print("\nablation (wall time, ratio to stock; cand.s = sum of the measured candidates' latencies,"
+              " i.e. how slow the programs this run's search happened to visit were):")
+        for a in ablation:
+            ct = a.get("candidate_time_s")
+            print(f"  {a['workload']:18s} {a['config']:36s} {a['wall_s']:8.1f} s  x{a['wall_ratio']:.3f}"
+                  f"  cand.s {ct if ct is None else round(ct, 2)}")
+    print(f"\nthreads={threads}; best latency = winners re-measured in one fresh process "
+          f"(number=3, repeat=5, min_repeat_ms=100, median of 3 alternating rounds); "
+          f"search population {population or 512}, genetic iters {genetic_iters or 4} on both sides; "
+          f"load average start {machine['loadavg']} end {machine['loadavg_end']}; bench {result['bench_wall_s']:.0f} s")
+
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        print(f"wrote {args.json}")
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

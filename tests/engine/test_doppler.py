@@ -1,0 +1,123 @@
+"""DOPpler controller on synthetic latencies (pure, no TVM)."""
+
+import math
+
+import pytest
+
+from tuning.engine.doppler import DOPController, robust_z_scores
+
+
+def test_starts_at_one_and_grows_by_clamped_step():
+    c = DOPController(max_dop=64)
+    assert c.dop == 1
+    d = c.update([1.0, 2.0], [1.0, 2.0])  # zero error
+    # (128 - 1) / 2 = 63.5 -> step clamped to 7
+    assert (d.dop_before, d.dop_after) == (1, 8)
+    c.update([1.0], [1.01])  # 1 % error < 5 %
+    assert c.dop == 15
+
+
+def test_minimum_growth_step_is_two():
+    c = DOPController(cap=10, max_dop=64, initial_dop=9)
+    c.update([1.0], [1.0])
+    assert c.dop == 10  # step max((10-9)/2, 2) = 2 but capped at cap 10
+
+
+def test_back_off_on_large_error():
+    c = DOPController(max_dop=64, initial_dop=20)
+    d = c.update([1.0, 1.0], [0.8, 0.8])  # 20 % error
+    assert d.backed_off
+    assert d.dop_after == 16  # 0.8 x 20
+    assert c.cap == pytest.approx(18.0)  # 0.9 x 20
+    # growth now stays under the new cap
+    c.update([1.0], [1.0])
+    assert c.dop == 18
+
+
+def test_back_off_at_cap_keeps_cap():
+    c = DOPController(cap=10, max_dop=64, initial_dop=10)
+    c.update([1.0], [0.5])
+    assert c.cap == 10 and c.dop == 8
+
+
+def test_back_off_on_failures_caused_by_parallelism():
+    c = DOPController(max_dop=64, initial_dop=40)
+    d = c.update([1.0], [1.0], failures=3)  # 3 > 0.05 x 40 = 2
+    assert d.backed_off and c.dop == 32
+    c2 = DOPController(max_dop=64, initial_dop=40)
+    c2.update([1.0], [1.0], failures=2)  # not above 5 % of DOP
+    assert c2.dop > 40
+
+
+def test_clamped_to_max_dop_and_cap():
+    c = DOPController(max_dop=2)
+    c.update([1.0], [1.0])
+    assert c.dop == 2
+    c.update([1.0], [1.0])
+    assert c.dop == 2
+    c = DOPController(cap=4, max_dop=64, initial_dop=100)
+    assert c.dop == 4
+
+
+def test_small_cpu_backs_off_to_one_and_stays():
+    """2 cores, deployment = 2 threads: DOP 2 gives 1 thread per worker,
+    parallel latencies ~2x serial -> back to 1, and the lowered cap keeps it there."""
+    c = DOPController(max_dop=2)
+    c.update_serial_round(32)
+    assert c.dop == 2
+    d = c.update([2.0, 2.1, 1.9], [1.0, 1.05, 0.95])
+    assert d.backed_off and d.mean_error == pytest.approx(0.5)
+    assert c.dop == 1
+    for _ in range(3):
+        c.update_serial_round(32)
+        assert c.dop == 1
+    assert [h.dop for h in c.history] == [1, 2, 1, 1, 1]
+    assert c.mean_parallel_error() == pytest.approx(0.5)
+
+
+def test_correction_only_below_limit():
+    c = DOPController()
+    assert c.correct([1.0, 2.0], 0.1) == pytest.approx([0.9, 1.8])
+    assert c.correct([1.0, 2.0], 0.3) == [1.0, 2.0]
+    assert c.correct([1.0], None) == [1.0]
+    d = c.update([1.0, 1.0], [0.9, 0.9], latencies=[2.0, 4.0])
+    assert d.correction_applied
+    assert d.corrected_latencies == pytest.approx([1.8, 3.6])
+
+
+def test_signed_error_does_not_push_the_wrong_way():
+    c = DOPController()
+    d = c.update([1.0, 1.0], [1.1, 1.1], latencies=[2.0])
+    assert d.mean_error == pytest.approx(0.1)
+    assert d.mean_signed_error == pytest.approx(-0.1)
+    assert d.corrected_latencies == pytest.approx([2.2])
+
+
+def test_robust_z_double_mad():
+    z = robust_z_scores([1, 2, 3, 4, 100])
+    assert abs(z[-1]) > 3 and all(abs(v) < 3 for v in z[:-1])
+    # asymmetric spread: the lower side uses the lower MAD
+    z = robust_z_scores([10, 10.1, 10.2, 10.3, 10.4, 13, 16])
+    assert z[0] < 0 < z[-1]
+    assert robust_z_scores([5, 5, 5]) == [0.0, 0.0, 0.0]
+    assert math.isinf(robust_z_scores([5, 5, 5, 6])[-1])
+
+
+def test_select_outliers_plus_twenty_percent_of_good():
+    c = DOPController()
+    lat = [1.0 + 0.01 * i for i in range(20)] + [50.0]
+    idx = c.select_for_serial_remeasure(lat)
+    assert 20 in idx  # the outlier
+    good = [i for i in idx if i != 20]
+    assert len(good) == 4  # ceil(0.2 x 20)
+    assert 0 in good  # always the fastest good candidate
+    # failures are never selected here
+    assert c.select_for_serial_remeasure([None, float("inf"), 1e10, 1.0]) == [3]
+    assert c.select_for_serial_remeasure([]) == []
+
+
+def test_fixed_dop_records_error_but_does_not_adapt():
+    c = DOPController(initial_dop=2, adaptive=False, max_dop=4)
+    d = c.update([1.0], [0.5])
+    assert c.dop == 2 and d.mean_error == pytest.approx(0.5) and not d.backed_off
+    assert c.history[-1].n_sampled == 1

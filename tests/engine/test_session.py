@@ -1,0 +1,155 @@
+"""Real (small) tuning runs: streaming, resume, cancel/pause, stock mode,
+distributed runner, ONNX end to end."""
+
+import concurrent.futures
+
+import pytest
+
+from tuning.engine.events import ListSink
+from tuning.engine.measure import measure_payload
+from tuning.engine.session import TuningConfig, compile_and_compare, count_records, run_tuning
+from tuning.engine.testing import matmul_primfunc, tiny_cnn_onnx
+from tuning.engine.timer import EvaluatorConfig
+
+pytestmark = pytest.mark.slow
+
+FAST = EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20)
+
+
+def _cfg(cpu_target, work_dir, max_trials, **kw):
+    kw.setdefault("trials_per_round", 8)
+    kw.setdefault("search_population", 64)
+    kw.setdefault("genetic_num_iters", 2)
+    kw.setdefault("evaluator", FAST)
+    kw.setdefault("seed", 1)
+    return TuningConfig(target=cpu_target, max_trials=max_trials, work_dir=str(work_dir), **kw)
+
+
+def test_tiny_tune_streams_unique_records(tmp_path, cpu_target):
+    sink = ListSink()
+    s = run_tuning(matmul_primfunc(64), _cfg(cpu_target, tmp_path, 16), sink)
+    assert s.status == "succeeded"
+    assert len(sink.tasks) == 1 and sink.tasks[0].flops > 0
+    keys = [r.candidate_key for r in sink.records]
+    assert len(keys) == 16 and len(set(keys)) == 16
+    assert s.n_measurements == 16 and s.n_total_records == 16
+    ok = [r for r in sink.records if not r.error]
+    assert ok and all(r.worker and r.build_secs is not None and r.dop >= 1 for r in ok)
+    assert len(sink.rounds) == 2 and sink.rounds[0].dop == 1
+    assert [h["dop"] for h in s.dop_history][0] == 1 and len(s.dop_history) == 2
+    assert s.final_dop is not None and s.tasks[0].best_latency_s > 0
+    # DOPpler's final stage: top 10 % re-measured serially into work_dir/final
+    assert s.final_remeasure and s.tasks[0].final_latency_s is not None
+    assert "final_tuning_record" in s.database_paths
+
+
+def test_resume_continues_budget_without_rereporting(tmp_path, cpu_target):
+    model = matmul_primfunc(64)
+    first, second, third = ListSink(), ListSink(), ListSink()
+    s1 = run_tuning(model, _cfg(cpu_target, tmp_path, 8), first)
+    assert s1.n_total_records == 8 and len(first.records) == 8
+    s2 = run_tuning(model, _cfg(cpu_target, tmp_path, 16), second)
+    assert s2.trials_requested == 8
+    assert s2.n_total_records == 16 == count_records(str(tmp_path), model, cpu_target)
+    keys = [r.candidate_key for r in first.records + second.records]
+    assert len(set(keys)) == len(keys)  # nothing reported twice
+    # every stored trial was either reported now or was already in the database
+    assert len(second.records) + s2.n_duplicates == 8
+    assert min(r.round_index for r in second.records) > max(r.round_index for r in first.records)
+    s3 = run_tuning(model, _cfg(cpu_target, tmp_path, 16), third)  # budget spent
+    assert s3.trials_requested == 0 and third.records == [] and s3.n_total_records == 16
+
+
+def test_cancel_between_rounds(tmp_path, cpu_target):
+    sink = ListSink(stop_after_records=8, command="cancel")
+    s = run_tuning(matmul_primfunc(64), _cfg(cpu_target, tmp_path, 48), sink)
+    assert s.status == "cancelled"
+    assert 8 <= len(sink.records) < 48 and s.n_total_records == len(sink.records)
+    assert s.final_remeasure == []  # no final stage on a stopped run
+
+
+def test_pause_then_resume(tmp_path, cpu_target):
+    model = matmul_primfunc(64)
+    s = run_tuning(model, _cfg(cpu_target, tmp_path, 24), ListSink(stop_after_records=8, command="pause"))
+    assert s.status == "paused" and s.n_total_records < 24
+    sink = ListSink()
+    s2 = run_tuning(model, _cfg(cpu_target, tmp_path, 24), sink)
+    assert s2.status == "succeeded" and s2.n_total_records == 24
+    assert len(sink.records) + s2.n_duplicates == 24 - s.n_total_records
+
+
+def test_stock_mode_baseline(tmp_path, cpu_target, n_cores):
+    sink = ListSink()
+    s = run_tuning(matmul_primfunc(32), _cfg(cpu_target, tmp_path, 8, mode="stock", threads=n_cores), sink)
+    assert s.status == "succeeded" and s.mode == "stock"
+    assert len(sink.records) == 8 and len({r.candidate_key for r in sink.records}) == 8
+    assert s.final_remeasure == [] and s.dop_history == []
+
+
+def test_distributed_runner_end_to_end(tmp_path, cpu_target):
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)  # one "remote" device
+    sent = []
+
+    def submit(payload):
+        sent.append(payload["queue"])
+        return pool.submit(measure_payload, payload)
+
+    sink = ListSink()
+    cfg = _cfg(cpu_target, tmp_path, 8, distributed_submit=submit, device_queue="measure.remote.cpu", threads=1)
+    s = run_tuning(matmul_primfunc(32), cfg, sink)
+    pool.shutdown()
+    assert s.status == "succeeded" and len(sink.records) == 8
+    assert set(sent) == {"measure.remote.cpu"} and len(sent) >= 8  # + final re-measure
+    assert all(r.worker for r in sink.records if not r.error)
+
+
+def test_onnx_model_tune_and_compare(tmp_path, cpu_target):
+    model = tiny_cnn_onnx()
+    sink = ListSink()
+    s = run_tuning(model, _cfg(cpu_target, tmp_path, 20, trials_per_round=4, search_population=32), sink)
+    assert s.status == "succeeded" and len(s.tasks) == 5
+    assert {r.task_index for r in sink.records} == set(range(5))
+    res = compile_and_compare(model, str(tmp_path), cpu_target, threads=1, number=5, repeat=3)
+    assert res["outputs_match"], res
+    assert res["tuned_latency_s"] > 0 and res["untuned_latency_s"] > 0
+
+
+def test_cuda_candidates_build_here_and_ship_to_a_gpu_queue(tmp_path):
+    """GPU path without a GPU: sm_90 candidates are built by the persistent
+    builder and sent (as .so bytes + args info) to measure.<host>.gpu<i>; the
+    fake "remote" answers with a synthetic time, as a GPU worker would."""
+    import base64
+
+    from tuning.engine.measure import MeasureOutcome
+
+    sent = []
+
+    def submit(payload):
+        sent.append(payload)
+        f = concurrent.futures.Future()
+        size = len(base64.b64decode(payload["artifact_b64"]))
+        f.set_result(MeasureOutcome([1e-6 * (1 + size % 97)], None, "fake-h200:0").to_dict())
+        return f
+
+    sink = ListSink()
+    cfg = TuningConfig(
+        target={"kind": "cuda", "arch": "sm_90"},
+        max_trials=4,
+        trials_per_round=4,
+        work_dir=str(tmp_path),
+        seed=0,
+        search_population=16,
+        genetic_num_iters=1,
+        distributed_submit=submit,
+        device_queue=["measure.gpuhost.gpu1"],
+        evaluator=EvaluatorConfig(number=10, repeat=3, min_repeat_ms=50),
+    )
+    s = run_tuning(matmul_primfunc(128), cfg, sink)
+    assert s.status == "succeeded"
+    ok = [r for r in sink.records if not r.error]
+    assert ok, [r.error for r in sink.records]
+    assert all(r.worker == "fake-h200:0" for r in ok)
+    p = sent[0]
+    assert p["device_type"] == "cuda" and p["device_index"] == 1 and p["queue"] == "measure.gpuhost.gpu1"
+    assert base64.b64decode(p["artifact_b64"])[:4] == b"\x7fELF"  # a shared object, runtime-loadable
+    assert p["evaluator"] == {"number": 10, "repeat": 3, "min_repeat_ms": 50, "enable_cpu_cache_flush": False}

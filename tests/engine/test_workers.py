@@ -1,0 +1,289 @@
+"""Persistent builder, measuring workers, pooled and distributed runners."""
+
+import base64
+import concurrent.futures
+import os
+
+import pytest
+
+from tuning.engine.measure import (
+    MeasureOutcome,
+    make_payload,
+    measure_artifact,
+    measure_path,
+    measure_payload,
+    queue_name,
+)
+from tuning.engine.runner import device_index_from_queue, partition_cores
+from tuning.engine.timer import EvaluatorConfig, default_evaluator
+
+FAST = EvaluatorConfig(number=2, repeat=2, min_repeat_ms=5)
+
+
+# ----------------------------------------------------------------- pure parts
+@pytest.mark.parametrize("cores", [[0], [0, 1], list(range(8)), list(range(16))])
+@pytest.mark.parametrize("threads", [1, 2, 4, 16])
+def test_partition_never_oversubscribes(cores, threads):
+    for dop in range(1, 20):
+        layout = partition_cores(cores, dop, threads)
+        assert 1 <= len(layout) <= len(cores)
+        assert sum(t for _, t in layout) <= len(cores)
+        used = [c for cpus, _ in layout for c in cpus]
+        assert len(used) == len(set(used))  # disjoint core sets
+        for cpus, t in layout:
+            assert t == len(cpus) and t <= threads
+
+
+def test_partition_serial_is_deployment_threads():
+    assert partition_cores([0, 1], 1, 2) == [([0, 1], 2)]
+    assert partition_cores([0, 1], 2, 2) == [([0], 1), ([1], 1)]
+    assert partition_cores(list(range(8)), 2, 4) == [([0, 1, 2, 3], 4), ([4, 5, 6, 7], 4)]
+
+
+def test_queue_names():
+    assert queue_name("node-a", "cpu") == "measure.node-a.cpu"
+    assert queue_name("node-a", "cuda", 3) == "measure.node-a.gpu3"
+    assert queue_name("gpu.box.lan", "cuda", 0) == "measure.gpu-box-lan.gpu0"
+    assert device_index_from_queue("measure.node-a.gpu3") == 3
+    assert device_index_from_queue("measure.node-a.cpu") == 0
+
+
+def test_evaluator_config_roundtrip():
+    cfg = EvaluatorConfig(number=5, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=True)
+    assert EvaluatorConfig.from_any(cfg.to_dict()) == cfg
+    tvm_cfg = cfg.to_tvm()
+    assert EvaluatorConfig.from_any(tvm_cfg) == cfg
+    assert default_evaluator("cpu") == EvaluatorConfig()
+    assert default_evaluator("cuda").repeat >= 3
+
+
+def test_payload_is_json_and_complete():
+    import json
+
+    p = make_payload(
+        b"\x7fELFabc",
+        device_type="cuda",
+        args_info_json=[["TENSOR", "float32", [4, 4]]],
+        evaluator=FAST,
+        threads=None,
+        device_index=1,
+        queue="measure.h.gpu1",
+    )
+    json.dumps(p)
+    assert base64.b64decode(p["artifact_b64"]) == b"\x7fELFabc"
+    assert p["device_type"] == "cuda" and p["device_index"] == 1 and p["queue"] == "measure.h.gpu1"
+    assert p["evaluator"] == FAST.to_dict() and p["args_info"] == [["TENSOR", "float32", [4, 4]]]
+
+
+def test_missing_gpu_error_is_clear(matmul_artifacts):
+    paths, args = matmul_artifacts
+    out = measure_path(paths[0], device_type="cuda", args_info_json=args, evaluator=FAST)
+    assert out.run_secs == [] and "DeviceUnavailable" in out.error and "gpu" in out.error
+
+
+# ----------------------------------------------------------------- builder
+def test_persistent_builder_reuses_workers(builder, cpu_target):
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.testing import matmul_primfunc
+
+    mod = tvm.IRModule({"main": matmul_primfunc(32)})
+    inputs = [ms.builder.BuilderInput(mod, make_target(cpu_target)) for _ in range(4)]
+    builder.build(inputs)
+    pids = builder.worker_pids()
+    for _ in range(2):
+        res = builder.build(inputs)
+        assert builder.worker_pids() == pids  # same processes across batches
+        for r in res:
+            assert r.error_msg is None and str(r.artifact_path).endswith(".so")
+    assert all(w.starts == 1 for w in builder.pool.workers)
+
+
+def test_builder_recycles_after_max_uses(cpu_target):
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.builder import PersistentBuilder
+    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.testing import matmul_primfunc
+
+    b = PersistentBuilder(max_workers=1, max_uses=2)
+    try:
+        mod = tvm.IRModule({"main": matmul_primfunc(16)})
+        inp = [ms.builder.BuilderInput(mod, make_target(cpu_target))]
+        b.build(inp)
+        pid = b.worker_pids()[0]
+        b.build(inp)
+        assert b.worker_pids()[0] == pid
+        b.build(inp)  # third build: recycled
+        assert b.worker_pids()[0] != pid
+    finally:
+        b.shutdown()
+
+
+def test_builder_reports_errors(builder, cpu_target):
+    import tvm
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.relax_pipeline import make_target
+
+    # a cuda-only construct for a CPU target: thread binding fails to build on llvm
+    a = te.placeholder((64,), name="A")
+    b = te.compute((64,), lambda i: a[i] + 1, name="B")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b]))
+    (i,) = sch.get_loops(sch.get_sblock("B"))
+    sch.bind(i, "threadIdx.x")
+    res = builder.build([ms.builder.BuilderInput(sch.mod, make_target(cpu_target))])
+    assert res[0].artifact_path is None and "exception" in res[0].error_msg.lower()
+
+
+# ----------------------------------------------------------------- measuring
+def test_measure_artifact_from_bytes(matmul_artifacts):
+    paths, args = matmul_artifacts
+    with open(paths[0], "rb") as fh:
+        data = fh.read()
+    out = measure_artifact(data, device_type="cpu", args_info_json=args, evaluator=FAST, threads=1, cpu_ids=None)
+    assert out.error is None and len(out.run_secs) == 2 and all(0 < s < 0.1 for s in out.run_secs)
+    payload = make_payload(data, device_type="cpu", args_info_json=args, evaluator=FAST, threads=1)
+    d = measure_payload(payload)
+    assert d["error"] is None and len(d["run_secs"]) == 2
+    assert MeasureOutcome.from_any(d).run_secs == d["run_secs"]
+
+
+def test_pooled_runner_measures_with_partitioned_cores(matmul_artifacts, n_cores):
+    from tvm.s_tir.meta_schedule.arg_info import TensorInfo
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    from tuning.engine.runner import PooledAsyncRunner
+
+    paths, args = matmul_artifacts
+    infos = [TensorInfo(a[1], a[2]) for a in args]
+    runner = PooledAsyncRunner(evaluator=FAST, threads=n_cores, dop=max(2, n_cores), timeout_sec=30)
+    try:
+        futs = runner.run([RunnerInput(p, "cpu", infos) for p in paths])
+        results = [f.result() for f in futs]
+        assert all(r.error_msg is None and len(r.run_secs) == 2 for r in results)
+        rep = runner.ledger.rounds[0]
+        assert rep.n_candidates == 4
+        dop = rep.dop
+        layout = runner.worker_layout(dop)
+        assert sum(t for _, t in layout) <= n_cores
+        pool_workers = runner._pools[dop].workers
+        for w, (cpus, t) in zip(pool_workers, layout):
+            assert w.spec.threads == t and list(w.spec.cpu_ids) == cpus
+        if n_cores >= 2:
+            # parallel config != serial config -> a sample was re-measured serially
+            assert rep.n_remeasured >= 1
+            metas = [runner.ledger.pop(p) for p in paths]
+            assert {m.dop for m in metas} == {dop}
+            assert any(m.remeasured_serially for m in metas)
+            assert runner.controller.history and runner.controller.history[0].n_sampled >= 1
+        # worker processes keep their affinity
+        for w in pool_workers:
+            assert set(os.sched_getaffinity(w.pid)) == set(w.spec.cpu_ids)
+        assert runner.wait_idle(timeout=5)
+    finally:
+        runner.shutdown()
+
+
+def test_distributed_runner_sends_payloads(matmul_artifacts):
+    from tvm.s_tir.meta_schedule.arg_info import TensorInfo
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    from tuning.engine.runner import DistributedRunner
+
+    paths, args = matmul_artifacts
+    infos = [TensorInfo(a[1], a[2]) for a in args]
+    sent = []
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+
+    def submit(payload):
+        sent.append(payload)
+        return pool.submit(measure_payload, payload)
+
+    queues = [queue_name("hostA", "cpu"), queue_name("hostB", "cpu")]
+    runner = DistributedRunner(submit, queues, evaluator=FAST, threads=1)
+    futs = runner.run([RunnerInput(p, "cpu", infos) for p in paths])
+    results = [f.result() for f in futs]
+    pool.shutdown()
+    assert all(r.error_msg is None for r in results)
+    assert [p["queue"] for p in sent] == queues * 2
+    assert all(p["threads"] == 1 and p["evaluator"] == FAST.to_dict() for p in sent)
+    meta = runner.ledger.pop(paths[0])
+    assert meta is not None and meta.dop == 2
+
+
+def test_distributed_runner_surfaces_remote_errors(matmul_artifacts):
+    from tvm.s_tir.meta_schedule.arg_info import TensorInfo
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    from tuning.engine.runner import DistributedRunner
+
+    paths, args = matmul_artifacts
+    infos = [TensorInfo(a[1], a[2]) for a in args]
+
+    def submit(payload):
+        f = concurrent.futures.Future()
+        f.set_exception(RuntimeError("broker down"))
+        return f
+
+    runner = DistributedRunner(submit, "measure.x.gpu0")
+    (res,) = [f.result() for f in runner.run([RunnerInput(paths[0], "cuda", infos)])]
+    assert res.run_secs is None and "broker down" in res.error_msg
+
+
+def test_measure_needs_only_the_runtime(matmul_artifacts):
+    """A measuring worker can run with TVM_USE_RUNTIME_LIB=1 (no compiler library)."""
+    import json
+    import subprocess
+    import sys
+
+    paths, args = matmul_artifacts
+    code = (
+        "import json, sys\n"
+        "from tuning.engine.measure import measure_path\n"
+        f"o = measure_path({paths[1]!r}, device_type='cpu', args_info_json={json.dumps(args)}, "
+        "evaluator={'number': 2, 'repeat': 1, 'min_repeat_ms': 5}, threads=1)\n"
+        "print(json.dumps({'err': o.error, 'n': len(o.run_secs), "
+        "'compiler': any(k.startswith('tvm.s_tir') or k.startswith('tvm.relax') for k in sys.modules)}))\n"
+    )
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", PYTHONPATH=os.getcwd())
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res == {"err": None, "n": 1, "compiler": False}
+
+
+def test_probe_first_validates_a_new_dop(matmul_artifacts, n_cores):
+    """A DOP not validated yet is tried on a probe (measured in parallel, then
+    serially) before the rest of the round is spent at it."""
+    if n_cores < 2:
+        pytest.skip("needs 2 cores")
+    from tvm.s_tir.meta_schedule.arg_info import TensorInfo
+    from tvm.s_tir.meta_schedule.runner import RunnerInput
+
+    from tuning.engine.doppler import DOPController
+    from tuning.engine.runner import PooledAsyncRunner
+
+    paths, args = matmul_artifacts
+    infos = [TensorInfo(a[1], a[2]) for a in args]
+    ctrl = DOPController(max_dop=n_cores, initial_dop=2)
+    runner = PooledAsyncRunner(evaluator=FAST, threads=n_cores, controller=ctrl)
+    try:
+        jobs = [RunnerInput(paths[i % len(paths)], "cpu", infos) for i in range(12)]
+        results = [f.result() for f in runner.run(jobs)]
+        assert all(r.error_msg is None for r in results)
+        (h,) = ctrl.history
+        n_probe = max(4, 3)  # max(2 x DOP, ceil(0.2 x 12))
+        assert h.dop == 2 and h.n_sampled == n_probe
+        rep = runner.ledger.rounds[0]
+        assert rep.n_remeasured >= n_probe
+        if h.dop_after == 1:  # backed off: the rest was measured serially, once
+            assert rep.n_remeasured == n_probe
+    finally:
+        runner.shutdown()

@@ -1,0 +1,269 @@
+"""DOPpler's degree-of-parallelism (DOP) controller, as pure functions.
+
+The rule (DOPpler, IEEE TPDS 2023; Conductor's ``doppler_bic``):
+
+* DOP starts at 1 under a cap of 128 (and never above ``max_dop``, what the
+  measuring cores allow: workers x threads <= cores).
+* Each round measures its candidates DOP at a time, then re-measures
+  *serially* (one worker, the deployment thread count) a sample: the outliers
+  (robust z-score with a double MAD > ``z_threshold``) plus ``sample_share``
+  of the good candidates.
+* error_i = |parallel_i - serial_i| / parallel_i, averaged over the sample.
+* If the mean error > ``error_threshold`` or failures caused by parallelism
+  > ``failure_threshold`` x DOP: cap = 0.9 x DOP (cap stays DOP if DOP was at
+  the cap) and DOP x= 0.8. Else DOP += (cap - DOP) / 2, the step clamped to
+  [2, 7], never above the cap or ``max_dop``.
+* Latencies that were not re-measured are scaled by (1 - mean error) when
+  |mean error| < ``correction_limit`` (0.25). We use the *signed* mean
+  ((parallel - serial) / parallel), which equals DOPpler's unsigned one when
+  parallel runs are slower, and does not push numbers the wrong way when they
+  are not.
+
+On a small CPU the serial reference is the deployment configuration (all
+threads): DOP > 1 gives each worker fewer threads, the error is large and the
+controller backs off to 1, which is the right answer there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+
+__all__ = ["DOPController", "RoundDecision", "RoundStat", "robust_z_scores", "default_max_dop"]
+
+FAILED = 1e9  # latencies >= this (or None / inf / nan) count as failures
+
+
+def default_max_dop(threads: int | None = None) -> int:
+    """Cores this process may use (its affinity set): each parallel worker
+    needs at least one core of its own."""
+    from .procpool import available_cpus
+
+    return max(1, len(available_cpus()))
+
+
+def _valid(x) -> bool:
+    return x is not None and not (isinstance(x, float) and (math.isnan(x) or math.isinf(x))) and x < FAILED
+
+
+def robust_z_scores(values: Sequence[float]) -> list[float]:
+    """Robust z-scores with a double MAD: deviations below the median are
+    scaled by the MAD of the lower half, above it by the MAD of the upper half
+    (skewed latency distributions). z = 0.6745 (x - median) / MAD_side.
+    A side with MAD 0 gives z = 0 for x == median and +-inf otherwise."""
+    xs = [float(v) for v in values]
+    if not xs:
+        return []
+    med = statistics.median(xs)
+    lower = [med - v for v in xs if v <= med]
+    upper = [v - med for v in xs if v >= med]
+    mad_lo = statistics.median(lower) if lower else 0.0
+    mad_hi = statistics.median(upper) if upper else 0.0
+    out = []
+    for v in xs:
+        dev = v - med
+        mad = mad_lo if v <= med else mad_hi
+        if dev == 0:
+            out.append(0.0)
+        elif mad == 0:
+            out.append(math.copysign(math.inf, dev))
+        else:
+            out.append(0.6745 * dev / mad)
+    return out
+
+
+@dataclasses.dataclass
+class RoundStat:
+    dop: int
+    mean_error: float | None
+    n_sampled: int
+    failures: int = 0
+    cap: float = 128.0
+    dop_after: int = 1
+    mean_signed_error: float | None = None
+    adapted: bool = True
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class RoundDecision:
+    dop_before: int
+    dop_after: int
+    mean_error: float | None
+    mean_signed_error: float | None
+    n_sampled: int
+    failures: int
+    backed_off: bool
+    cap_before: float
+    cap_after: float
+    corrected_latencies: list[float] | None = None
+    correction_applied: bool = False
+    errors: list[float] = dataclasses.field(default_factory=list)
+
+
+class DOPController:
+    """Chooses the DOP round by round from the measured parallel-vs-serial error."""
+
+    def __init__(
+        self,
+        cap: float = 128,
+        error_threshold: float = 0.05,
+        failure_threshold: float = 0.05,
+        z_threshold: float = 3.0,
+        sample_share: float = 0.2,
+        correction_limit: float = 0.25,
+        max_dop: int | None = None,
+        *,
+        initial_dop: int = 1,
+        min_step: int = 2,
+        max_step: int = 7,
+        adaptive: bool = True,
+    ) -> None:
+        self.cap = float(cap)
+        self.error_threshold = float(error_threshold)
+        self.failure_threshold = float(failure_threshold)
+        self.z_threshold = float(z_threshold)
+        self.sample_share = float(sample_share)
+        self.correction_limit = float(correction_limit)
+        self.max_dop = int(max_dop) if max_dop else default_max_dop()
+        self.min_step = int(min_step)
+        self.max_step = int(max_step)
+        self.adaptive = bool(adaptive)
+        self.dop = self._clamp(initial_dop)
+        self.history: list[RoundStat] = []
+
+    # ------------------------------------------------------------------ helpers
+    def _clamp(self, dop: float) -> int:
+        return max(1, min(int(math.floor(dop + 1e-9)), int(math.floor(self.cap + 1e-9)) or 1, self.max_dop))
+
+    @staticmethod
+    def latency_of(run_secs: Sequence[float] | None) -> float | None:
+        if not run_secs:
+            return None
+        vals = [float(x) for x in run_secs]
+        lat = sum(vals) / len(vals)
+        return lat if _valid(lat) else None
+
+    # ------------------------------------------------------------------ sampling
+    def select_for_serial_remeasure(self, latencies: Sequence[float | None]) -> list[int]:
+        """Indices to re-measure serially: every outlier (|robust z| >
+        z_threshold) plus ceil(sample_share x #good) good candidates, spread
+        evenly over the good ones' ranks and always including the fastest.
+        Failed candidates (None / inf / >= 1e9) are not selected here."""
+        idx = [i for i, x in enumerate(latencies) if _valid(x)]
+        if not idx:
+            return []
+        z = robust_z_scores([latencies[i] for i in idx])
+        outliers = [i for i, zi in zip(idx, z) if abs(zi) > self.z_threshold]
+        good = sorted((i for i, zi in zip(idx, z) if abs(zi) <= self.z_threshold), key=lambda i: latencies[i])
+        k = min(len(good), math.ceil(self.sample_share * len(good))) if good else 0
+        picks: list[int] = []
+        if k > 0:
+            if k == 1:
+                picks = [good[0]]
+            else:
+                step = (len(good) - 1) / (k - 1)
+                picks = sorted({good[round(j * step)] for j in range(k)})
+        return sorted(set(outliers) | set(picks))
+
+    # ------------------------------------------------------------------ rule
+    def correct(self, latencies: Sequence[float], mean_error: float | None) -> list[float]:
+        """Scale latencies by (1 - mean_error) when |mean_error| < correction_limit."""
+        if mean_error is None or abs(mean_error) >= self.correction_limit:
+            return [float(x) for x in latencies]
+        return [float(x) * (1.0 - mean_error) if _valid(x) else x for x in latencies]
+
+    def can_correct(self, mean_error: float | None) -> bool:
+        return mean_error is not None and abs(mean_error) < self.correction_limit
+
+    def update(
+        self,
+        parallel: Sequence[float | None],
+        serial: Sequence[float | None],
+        failures: int = 0,
+        *,
+        latencies: Sequence[float] | None = None,
+    ) -> RoundDecision:
+        """Apply the DOPpler rule to one round. ``parallel[i]``/``serial[i]`` are
+        the latencies of the i-th re-measured candidate (pairs with a failure on
+        either side are skipped); ``failures`` counts candidates that failed in
+        parallel but not serially. With ``latencies``, also returns them
+        corrected by the round's mean (signed) error."""
+        if len(parallel) != len(serial):
+            raise ValueError("parallel and serial must be paired")
+        errors: list[float] = []
+        signed: list[float] = []
+        for p, s in zip(parallel, serial):
+            if _valid(p) and _valid(s) and p > 0:
+                errors.append(abs(p - s) / p)
+                signed.append((p - s) / p)
+        mean_error = sum(errors) / len(errors) if errors else None
+        mean_signed = sum(signed) / len(signed) if signed else None
+
+        dop_before, cap_before = self.dop, self.cap
+        backed_off = False
+        if self.adaptive:
+            too_noisy = mean_error is not None and mean_error > self.error_threshold
+            too_many_failures = dop_before > 1 and failures > self.failure_threshold * dop_before
+            if too_noisy or too_many_failures:
+                backed_off = True
+                self.cap = float(dop_before) if dop_before >= self.cap else 0.9 * dop_before
+                self.dop = self._clamp(0.8 * dop_before)
+            elif mean_error is not None or dop_before == 1:
+                step = min(max((self.cap - dop_before) / 2.0, self.min_step), self.max_step)
+                self.dop = self._clamp(min(self.cap, dop_before + step))
+        decision = RoundDecision(
+            dop_before=dop_before,
+            dop_after=self.dop,
+            mean_error=mean_error,
+            mean_signed_error=mean_signed,
+            n_sampled=len(parallel),
+            failures=int(failures),
+            backed_off=backed_off,
+            cap_before=cap_before,
+            cap_after=self.cap,
+            errors=errors,
+        )
+        if latencies is not None:
+            decision.corrected_latencies = self.correct(latencies, mean_signed)
+            decision.correction_applied = self.can_correct(mean_signed)
+        self.history.append(
+            RoundStat(
+                dop=dop_before,
+                mean_error=mean_error,
+                n_sampled=len(parallel),
+                failures=int(failures),
+                cap=self.cap,
+                dop_after=self.dop,
+                mean_signed_error=mean_signed,
+                adapted=self.adaptive,
+            )
+        )
+        return decision
+
+    def update_serial_round(self, n_candidates: int, failures: int = 0) -> RoundDecision:
+        """A round whose parallel configuration *is* the serial one (DOP 1 at
+        the deployment thread count): error 0 by definition, nothing sampled."""
+        return self._serial(failures)
+
+    def _serial(self, failures: int) -> RoundDecision:
+        dec = self.update([], [], failures=failures)
+        dec.mean_error = 0.0
+        dec.mean_signed_error = 0.0
+        self.history[-1].mean_error = 0.0
+        self.history[-1].mean_signed_error = 0.0
+        return dec
+
+    # ------------------------------------------------------------------ summary
+    def mean_parallel_error(self) -> float | None:
+        """Mean error over rounds that really ran in parallel (DOP > 1 or fewer
+        threads than serial) and re-measured a sample."""
+        vals = [h.mean_error for h in self.history if h.n_sampled > 0 and h.mean_error is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    def history_dicts(self) -> list[dict]:
+        return [h.to_dict() for h in self.history]

@@ -1,0 +1,164 @@
+"""What the engine reports while it tunes (Django-free data classes + sink protocol)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "TaskInfo",
+    "MeasurementRecord",
+    "RoundInfo",
+    "TuningSink",
+    "NullSink",
+    "ListSink",
+    "candidate_key",
+    "trace_json",
+]
+
+
+@dataclasses.dataclass
+class TaskInfo:
+    index: int
+    name: str
+    flops: float
+    weight: float
+
+
+@dataclasses.dataclass
+class MeasurementRecord:
+    task_index: int
+    task_name: str
+    round_index: int
+    candidate_key: str
+    run_secs: list[float]
+    build_secs: float | None = None
+    run_wall_secs: float | None = None
+    error: str | None = None
+    worker: str | None = None
+    dop: int | None = None
+    remeasured_serially: bool = False
+    serial_secs: float | None = None
+    parallel_secs: float | None = None
+
+    @property
+    def latency_s(self) -> float | None:
+        if self.error or not self.run_secs:
+            return None
+        return sum(self.run_secs) / len(self.run_secs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class RoundInfo:
+    round_index: int
+    task_index: int
+    dop: int
+    mean_error: float | None
+    n_candidates: int
+    n_remeasured: int
+    n_failures: int
+    dop_after: int | None = None
+    wall_secs: float | None = None
+    # Trimmer's candidate filter: candidates the search generated for this batch and
+    # how many of them the filter dropped (n_candidates = the ones measured)
+    n_generated: int | None = None
+    n_filtered: int | None = None
+
+
+@runtime_checkable
+class TuningSink(Protocol):
+    """Receives tuning progress; called from the tuning thread, between rounds."""
+
+    def on_tasks(self, tasks: list[TaskInfo]) -> None: ...
+
+    def on_measurements(self, records: list[MeasurementRecord]) -> None: ...
+
+    def on_round(self, info: RoundInfo) -> None: ...
+
+    def control(self) -> str | None:
+        """``"cancel"`` or ``"pause"`` to stop between rounds, else ``None``."""
+        ...
+
+
+class NullSink:
+    def on_tasks(self, tasks):
+        pass
+
+    def on_measurements(self, records):
+        pass
+
+    def on_round(self, info):
+        pass
+
+    def control(self):
+        return None
+
+
+class ListSink:
+    """Collects everything in lists; ``stop_after_records`` / ``command`` let
+    tests trigger cancel or pause."""
+
+    def __init__(self, *, stop_after_records: int | None = None, command: str = "cancel"):
+        self.tasks: list[TaskInfo] = []
+        self.records: list[MeasurementRecord] = []
+        self.rounds: list[RoundInfo] = []
+        self.stop_after_records = stop_after_records
+        self.command = command
+        self.control_calls = 0
+        self._lock = threading.Lock()
+
+    def on_tasks(self, tasks):
+        with self._lock:
+            self.tasks = list(tasks)
+
+    def on_measurements(self, records):
+        with self._lock:
+            self.records.extend(records)
+
+    def on_round(self, info):
+        with self._lock:
+            self.rounds.append(info)
+
+    def control(self):
+        self.control_calls += 1
+        if self.stop_after_records is not None and len(self.records) >= self.stop_after_records:
+            return self.command
+        return None
+
+
+def _to_py(obj: Any) -> Any:
+    """TVM FFI containers / scalars -> plain JSON-able Python values."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, (list, tuple)):
+        return [_to_py(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _to_py(v) for k, v in obj.items()}
+    typename = type(obj).__name__
+    if typename in ("Array", "List", "Tuple") or hasattr(obj, "__len__") and hasattr(obj, "__getitem__") and not hasattr(obj, "keys"):
+        try:
+            return [_to_py(x) for x in obj]
+        except TypeError:
+            pass
+    if hasattr(obj, "items"):
+        return {str(k): _to_py(v) for k, v in obj.items()}
+    if hasattr(obj, "value"):
+        return _to_py(obj.value)
+    return str(obj)
+
+
+def trace_json(trace) -> str:
+    """Canonical JSON text of a ``tvm.s_tir.schedule.Trace`` (with decisions)."""
+    return json.dumps(_to_py(trace.as_json()), sort_keys=True, separators=(",", ":"))
+
+
+def candidate_key(task_name: str, trace_or_json) -> str:
+    """Stable id of a candidate: sha1(task name + schedule-trace JSON)."""
+    text = trace_or_json if isinstance(trace_or_json, str) else trace_json(trace_or_json)
+    return hashlib.sha1((task_name + "\n" + text).encode()).hexdigest()

@@ -1,0 +1,265 @@
+"""Measure one built candidate: a pure function any worker can run.
+
+Needs only TVM's runtime (works with ``TVM_USE_RUNTIME_LIB=1`` and
+``libtvm_compiler.so`` absent): nothing here imports ``tvm.s_tir`` or the
+compiler. A remote Celery worker calls :func:`measure_payload` with the dict a
+:class:`~tuning.engine.runner.DistributedRunner` sent; the local pool calls
+:func:`measure_path`.
+
+Thread count: TVM's pool can be shrunk in-process (``runtime.config_threadpool``)
+but not grown past the size it was created with, so measuring processes should
+start with ``TVM_NUM_THREADS`` = the cores they own and ``TVM_BIND_THREADS=0``;
+:func:`configure_process` sets the env vars if the pool is not up yet, the
+affinity, and the pool size.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+import socket
+import tempfile
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .timer import DeviceUnavailable, EvaluatorConfig, check_device, time_module
+
+__all__ = [
+    "MeasureOutcome",
+    "configure_process",
+    "measure_artifact",
+    "measure_path",
+    "measure_payload",
+    "make_payload",
+    "queue_name",
+    "worker_id",
+]
+
+_STATE: dict[str, Any] = {"threads": None, "cpus": None, "pool_started": False}
+
+
+@dataclasses.dataclass
+class MeasureOutcome:
+    run_secs: list[float]
+    error: str | None
+    worker: str
+    wall_secs: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_any(cls, value: Any) -> MeasureOutcome:
+        if isinstance(value, MeasureOutcome):
+            return value
+        if isinstance(value, Mapping):
+            return cls(
+                run_secs=[float(x) for x in (value.get("run_secs") or [])],
+                error=value.get("error"),
+                worker=str(value.get("worker") or "?"),
+                wall_secs=float(value.get("wall_secs") or 0.0),
+            )
+        raise TypeError(f"cannot read a MeasureOutcome from {type(value)!r}")
+
+
+def queue_name(host: str, device_type: str, index: int = 0) -> str:
+    """Queue of one measuring device: ``measure.<host>.cpu`` or ``measure.<host>.gpu<i>``."""
+    host = host.replace(".", "-")
+    if device_type in ("cpu", "llvm"):
+        return f"measure.{host}.cpu"
+    return f"measure.{host}.gpu{int(index)}"
+
+
+def worker_id(device_type: str = "cpu", index: int = 0, cpu_ids: Sequence[int] | None = None) -> str:
+    where = f"{socket.gethostname()}:{os.getpid()}"
+    if device_type not in ("cpu", "llvm"):
+        return f"{where}:{device_type}{index}"
+    if not cpu_ids:
+        try:
+            cpu_ids = sorted(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover
+            return f"{where}:cpu"
+    return f"{where}:cpu[{','.join(str(c) for c in cpu_ids)}]"
+
+
+def configure_process(threads: int | None, cpu_ids: Sequence[int] | None) -> None:
+    """Pin this process (calling thread, inherited by threads created later)
+    to ``cpu_ids`` and size TVM's thread pool to ``threads`` (no TVM binding)."""
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
+    if cpu_ids:
+        cpus = tuple(sorted(int(c) for c in cpu_ids))
+        if _STATE["cpus"] != cpus:
+            try:
+                os.sched_setaffinity(0, set(cpus))
+            except (AttributeError, OSError):
+                pass
+            _STATE["cpus"] = cpus
+    if threads:
+        threads = int(threads)
+        if not _STATE["pool_started"]:
+            os.environ["TVM_NUM_THREADS"] = str(threads)
+        if _STATE["threads"] != threads:
+            import tvm_ffi
+
+            cfg = tvm_ffi.get_global_func("runtime.config_threadpool", allow_missing=True)
+            if cfg is not None:
+                cfg(0, threads)
+            _STATE["threads"] = threads
+
+
+def _alloc_args(device, args_info_json: Sequence[Any]) -> list[Any]:
+    import numpy as np
+    import tvm
+    import tvm_ffi
+
+    fill = tvm_ffi.get_global_func("tvm.contrib.random.random_fill_for_measure", allow_missing=True)
+    rng = np.random.default_rng(0)
+    args = []
+    for info in args_info_json:
+        kind = info[0]
+        if kind != "TENSOR":
+            raise NotImplementedError(f"argument kind {kind!r}")
+        _, dtype, shape = info
+        shape = [int(s) for s in shape]
+        arr = tvm.runtime.empty(shape, dtype=str(dtype), device=device)
+        filled = False
+        if fill is not None:
+            try:
+                fill(arr)
+                filled = True
+            except Exception:  # noqa: BLE001 - e.g. no random contrib for this device
+                filled = False
+        if not filled:
+            if "float" in str(dtype):
+                host = rng.standard_normal(shape).astype(str(dtype))
+            else:
+                host = rng.integers(0, 4, shape).astype(str(dtype))
+            arr.copyfrom(host)
+        args.append(arr)
+    return args
+
+
+def measure_path(
+    artifact_path: str,
+    *,
+    device_type: str,
+    args_info_json: Sequence[Any],
+    evaluator: EvaluatorConfig | Mapping | None = None,
+    threads: int | None = None,
+    cpu_ids: Sequence[int] | None = None,
+    device_index: int = 0,
+) -> MeasureOutcome:
+    """Load an exported ``.so`` from disk and time it. Never raises: an error
+    is returned in ``MeasureOutcome.error``."""
+    t0 = time.perf_counter()
+    who = worker_id(device_type, device_index, cpu_ids)
+    try:
+        configure_process(threads, cpu_ids if device_type in ("cpu", "llvm") else None)
+        import tvm
+
+        dev = check_device("cpu" if device_type == "llvm" else device_type, device_index)
+        rt_mod = tvm.runtime.load_module(artifact_path)
+        args = _alloc_args(dev, args_info_json)
+        _STATE["pool_started"] = True
+        secs = time_module(rt_mod, dev, args, evaluator)
+        del args
+        return MeasureOutcome(secs, None, who, time.perf_counter() - t0)
+    except DeviceUnavailable as exc:
+        return MeasureOutcome([], f"DeviceUnavailable: {exc}", who, time.perf_counter() - t0)
+    except Exception:  # noqa: BLE001
+        return MeasureOutcome([], traceback.format_exc(limit=6), who, time.perf_counter() - t0)
+
+
+def measure_artifact(
+    artifact_bytes: bytes,
+    *,
+    device_type: str,
+    args_info_json: list,
+    evaluator: EvaluatorConfig | Mapping | None = None,
+    threads: int | None = None,
+    cpu_ids: list[int] | None = None,
+    device_index: int = 0,
+) -> MeasureOutcome:
+    """Time a candidate given as the bytes of its exported ``.so``."""
+    fd, path = tempfile.mkstemp(suffix=".so", prefix="ms_cand_")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(artifact_bytes)
+        return measure_path(
+            path,
+            device_type=device_type,
+            args_info_json=args_info_json,
+            evaluator=evaluator,
+            threads=threads,
+            cpu_ids=cpu_ids,
+            device_index=device_index,
+        )
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def make_payload(
+    artifact_bytes: bytes,
+    *,
+    device_type: str,
+    args_info_json: list,
+    evaluator: EvaluatorConfig | Mapping | None,
+    threads: int | None,
+    cpu_ids: list[int] | None = None,
+    device_index: int = 0,
+    queue: str | None = None,
+    candidate: str | None = None,
+) -> dict[str, Any]:
+    """The JSON-able message a distributed runner sends for one candidate."""
+    return {
+        "artifact_b64": base64.b64encode(artifact_bytes).decode("ascii"),
+        "artifact_format": "so",
+        "device_type": device_type,
+        "device_index": int(device_index),
+        "args_info": [list(_jsonable(a)) for a in args_info_json],
+        "evaluator": EvaluatorConfig.from_any(evaluator).to_dict(),
+        "threads": int(threads) if threads else None,
+        "cpu_ids": list(cpu_ids) if cpu_ids else None,
+        "queue": queue,
+        "candidate": candidate,
+    }
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (int, float, str, bool)) or x is None:
+        return x
+    try:
+        return [_jsonable(v) for v in x]
+    except TypeError:
+        pass
+    if hasattr(x, "value"):
+        return x.value
+    return str(x) if not str(x).lstrip("-").isdigit() else int(str(x))
+
+
+def measure_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Entry point for a remote (Celery) measuring worker: payload -> outcome dict."""
+    outcome = measure_artifact(
+        base64.b64decode(payload["artifact_b64"]),
+        device_type=payload["device_type"],
+        args_info_json=payload["args_info"],
+        evaluator=payload.get("evaluator"),
+        threads=payload.get("threads"),
+        cpu_ids=payload.get("cpu_ids"),
+        device_index=int(payload.get("device_index") or 0),
+    )
+    return outcome.to_dict()
+
+
+def warmup() -> None:
+    """Worker initializer: import the TVM runtime before the first job."""
+    import numpy  # noqa: F401
+    import tvm  # noqa: F401

@@ -1,0 +1,103 @@
+"""Small workloads for tests and benchmarks (Django-free, no files needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def tiny_cnn_onnx(seed: int = 0, channels: int = 8, size: int = 16, classes: int = 10):
+    """conv-relu-conv-relu-maxpool-flatten-gemm, 1x3xSxS float32 input.
+    Five MetaSchedule tasks on llvm."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    c = channels
+    w1 = (rng.standard_normal((c, 3, 3, 3)) * 0.2).astype(np.float32)
+    b1 = (rng.standard_normal((c,)) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float32)
+    b2 = (rng.standard_normal((c,)) * 0.1).astype(np.float32)
+    half = size // 2
+    wf = (rng.standard_normal((classes, c * half * half)) * 0.05).astype(np.float32)
+    bf = (rng.standard_normal((classes,)) * 0.1).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(w1, "w1"),
+        numpy_helper.from_array(b1, "b1"),
+        numpy_helper.from_array(w2, "w2"),
+        numpy_helper.from_array(b2, "b2"),
+        numpy_helper.from_array(wf, "wf"),
+        numpy_helper.from_array(bf, "bf"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p"], ["f"], axis=1),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, classes])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def matmul_primfunc(n: int = 64, m: int | None = None, k: int | None = None, dtype: str = "float32"):
+    """C = A @ B as a TIR PrimFunc (te.create_prim_func)."""
+    from tvm import te
+
+    m = m or n
+    k = k or n
+    a = te.placeholder((n, k), dtype=dtype, name="A")
+    b = te.placeholder((k, m), dtype=dtype, name="B")
+    r = te.reduce_axis((0, k), name="k")
+    c = te.compute((n, m), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    return te.create_prim_func([a, b, c]).with_attr("global_symbol", "main")
+
+
+def conv2d_primfunc(
+    n: int = 1,
+    ci: int = 64,
+    h: int = 56,
+    w: int = 56,
+    co: int = 64,
+    kh: int = 3,
+    kw: int = 3,
+    stride: int = 1,
+    pad: int = 1,
+    dtype: str = "float32",
+):
+    """NCHW 3x3 conv2d (ResNet-18 layer shape by default) via topi."""
+    from tvm import te, topi
+
+    data = te.placeholder((n, ci, h, w), dtype=dtype, name="data")
+    kernel = te.placeholder((co, ci, kh, kw), dtype=dtype, name="kernel")
+    out = topi.nn.conv2d_nchw(data, kernel, stride, pad, 1, out_dtype=dtype)
+    return te.create_prim_func([data, kernel, out]).with_attr("global_symbol", "main")
+
+
+def depthwise_conv2d_primfunc(
+    n: int = 1,
+    c: int = 128,
+    h: int = 56,
+    w: int = 56,
+    k: int = 3,
+    stride: int = 1,
+    pad: int = 1,
+    dtype: str = "float32",
+):
+    """NCHW depthwise 3x3 conv2d (MobileNet-like) via topi."""
+    from tvm import te, topi
+
+    data = te.placeholder((n, c, h, w), dtype=dtype, name="data")
+    kernel = te.placeholder((c, 1, k, k), dtype=dtype, name="kernel")
+    out = topi.nn.depthwise_conv2d_nchw(data, kernel, stride, pad, 1, out_dtype=dtype)
+    return te.create_prim_func([data, kernel, out]).with_attr("global_symbol", "main")

@@ -1,0 +1,123 @@
+"""High-precision timing of a built tensor program, per device type.
+
+CPU: TVM's ``time_evaluator`` (C++ loop, ``std::chrono`` around ``number``
+calls, the first call discarded as warm-up) in a process whose TVM thread pool
+has a *fixed* size (``TVM_NUM_THREADS``, ``TVM_BIND_THREADS=0`` and an explicit
+CPU affinity set by the measuring worker), so every candidate is timed with the
+same thread count the model will be deployed with.
+
+CUDA (and other GPUs): the same ``time_evaluator`` call on a ``cuda`` device
+uses TVM's device timer (``profiling.timer.cuda``: CUDA events recorded on the
+stream around the ``number`` launches, then synchronised), i.e. the time is
+taken *on the device*, not from CPU timestamps, so kernel-launch jitter of a
+busy host does not enter the number. This is the DOPpler requirement that
+makes parallel measurement on a shared host safe.
+
+Importable with TVM's runtime only (``TVM_USE_RUNTIME_LIB=1``): nothing here
+touches the compiler library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["EvaluatorConfig", "default_evaluator", "time_module", "check_device", "DeviceUnavailable"]
+
+
+class DeviceUnavailable(RuntimeError):
+    """The requested device does not exist on this host."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluatorConfig:
+    """How one candidate is timed.
+
+    number: calls averaged into one sample; repeat: samples returned;
+    min_repeat_ms: ``number`` is raised until one sample lasts at least this
+    long; enable_cpu_cache_flush: flush the CPU cache (all args but the first)
+    before every sample. Defaults equal TVM MetaSchedule's own defaults.
+    """
+
+    number: int = 3
+    repeat: int = 1
+    min_repeat_ms: int = 100
+    enable_cpu_cache_flush: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_any(cls, value: EvaluatorConfig | Mapping[str, Any] | None) -> EvaluatorConfig:
+        if value is None:
+            return cls()
+        if isinstance(value, EvaluatorConfig):
+            return value
+        if isinstance(value, Mapping):
+            fields = {f.name for f in dataclasses.fields(cls)}
+            return cls(**{k: v for k, v in value.items() if k in fields})
+        # a tvm.s_tir.meta_schedule.runner.EvaluatorConfig (NamedTuple)
+        return cls(
+            number=int(value.number),
+            repeat=int(value.repeat),
+            min_repeat_ms=int(value.min_repeat_ms),
+            enable_cpu_cache_flush=bool(value.enable_cpu_cache_flush),
+        )
+
+    def to_tvm(self):
+        """The equivalent ``ms.runner.EvaluatorConfig`` (for TVM's own runners)."""
+        from tvm.s_tir.meta_schedule.runner import EvaluatorConfig as TVMEvaluatorConfig
+
+        return TVMEvaluatorConfig(
+            number=self.number,
+            repeat=self.repeat,
+            min_repeat_ms=self.min_repeat_ms,
+            enable_cpu_cache_flush=self.enable_cpu_cache_flush,
+        )
+
+
+def default_evaluator(device_type: str) -> EvaluatorConfig:
+    """Per-device defaults: TVM's on CPU; on GPUs more samples (device-side
+    events are cheap, and kernels are short) and no CPU cache flush."""
+    if device_type in ("cpu", "llvm"):
+        return EvaluatorConfig(number=3, repeat=1, min_repeat_ms=100, enable_cpu_cache_flush=False)
+    return EvaluatorConfig(number=10, repeat=3, min_repeat_ms=50, enable_cpu_cache_flush=False)
+
+
+def check_device(device_type: str, index: int = 0):
+    """Return ``tvm.runtime.device(device_type, index)`` or raise a clear
+    :class:`DeviceUnavailable` when it is not present on this host."""
+    import socket
+
+    import tvm
+
+    dev = tvm.runtime.device(device_type, index)
+    if device_type not in ("cpu", "llvm") and not dev.exist:
+        raise DeviceUnavailable(
+            f"no {device_type} device #{index} on host {socket.gethostname()}: candidates for "
+            f"this target can be built here but must be measured by a worker on a machine with "
+            f"that GPU (queue measure.<host>.gpu<i>)"
+        )
+    return dev
+
+
+def time_module(rt_mod, device, args, cfg: EvaluatorConfig | Mapping | None = None) -> list[float]:
+    """Time ``rt_mod``'s entry function on ``device`` with ``args``; return
+    ``cfg.repeat`` samples in seconds (each the mean of >= ``cfg.number`` calls).
+    On GPUs the samples come from device-side event timing (see module doc)."""
+    cfg = EvaluatorConfig.from_any(cfg)
+    is_cpu = device.dlpack_device_type() == 1 if hasattr(device, "dlpack_device_type") else True
+    f_preproc = "cache_flush_cpu_non_first_arg" if (cfg.enable_cpu_cache_flush and is_cpu) else ""
+    evaluator = rt_mod.time_evaluator(
+        rt_mod.entry_name,
+        device,
+        number=cfg.number,
+        repeat=cfg.repeat,
+        min_repeat_ms=cfg.min_repeat_ms,
+        f_preproc=f_preproc,
+    )
+    device.sync()
+    res = evaluator(*args)
+    device.sync()
+    return [float(x) for x in res.results]

@@ -1,0 +1,337 @@
+"""Trimmer inside a tuning run: the glue between its pure rules (``trimmer.py``)
+and TVM MetaSchedule.
+
+- :class:`TrimmerRuntime` (TVM-free): fed by the streaming measure callback
+  after every measured batch, it keeps the per-task plateau tracker, the
+  whole-model stopper and the filter counts, and tells the task scheduler
+  which tasks to pre-empt, whether to stop the run, and which task gets the
+  next round (the remaining budget split among the tasks still improving by
+  their share of end-to-end latency, :func:`~.trimmer.allocate_trials`).
+  The callback only *decides*: terminating a task from inside a measure
+  callback crashes with an asynchronous runner, so the scheduler's
+  ``next_task_id`` applies the decisions between rounds.
+- :class:`FilteredSearch`: a ``PySearchStrategy`` around TVM's
+  ``EvolutionarySearch`` that asks it for ``filter_oversample`` x the batch,
+  scores the candidates with the tuner's cost model (higher is better) and
+  keeps the best, plus a ``filter_keep_explore`` share drawn at random from
+  the rest. The inner search is given an inflated budget, so this wrapper
+  enforces the real per-task trial budget itself.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+
+from .events import TaskInfo
+from .trimmer import ModelStopper, TaskPlateauTracker, TrimmerConfig, TrimmerState, allocate_trials
+
+__all__ = ["TrimmerRuntime", "FilteredSearch", "make_filtered_search", "ALL_PREEMPTED"]
+
+ALL_PREEMPTED = "every task reached its plateau (all pre-empted)"
+
+
+class TrimmerRuntime:
+    """Trimmer's decisions during one ``run_tuning`` call (thread-safe)."""
+
+    def __init__(
+        self,
+        config: TrimmerConfig,
+        tasks: Sequence[TaskInfo],
+        *,
+        max_trials: int,
+        initial_best: Mapping[int, float] | None = None,
+        initial_trials: Mapping[int, int] | None = None,
+        preempted: Mapping[int, int] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.config = config
+        self.weights = {t.index: float(t.weight or 1.0) for t in tasks}
+        self.names = {t.index: t.name for t in tasks}
+        self.max_trials = int(max_trials)
+        self.tracker = TaskPlateauTracker(config)
+        self.stopper = ModelStopper(config)
+        self.state = TrimmerState()
+        self.lock = threading.Lock()
+        self.rng = random.Random(seed)
+        self.best: dict[int, float] = {i: math.inf for i in self.weights}
+        for i, b in (initial_best or {}).items():
+            if b is not None and math.isfinite(b):
+                self.best[i] = float(b)
+                self.tracker.best[i] = float(b)
+        self.tracker.trials.update({int(k): int(v) for k, v in (initial_trials or {}).items()})
+        self._generated: dict[int, deque[tuple[int, int]]] = {i: deque() for i in self.weights}
+        self.outstanding: dict[int, int] = {}  # kept by the filter, not measured yet
+        self.per_round = 1  # batch size assumed for an in-flight batch the filter did not count
+        self.pending: set[int] = set()  # pre-empted by the callback, to terminate in the scheduler
+        self.reallocations: list[dict] = []
+        self.stop_reason: str | None = None
+        self.cost_model = None  # the tuner's Python cost model (set by the session) for the filter
+        for i, n in (preempted or {}).items():  # a resumed run keeps its pre-emptions
+            i = int(i)
+            if i in self.weights:
+                self.tracker.preempted[i] = int(n)
+                self.state.preempted_tasks[i] = int(n)
+                self.pending.add(i)
+
+    # ------------------------------------------------------------------ filter side
+    def note_generated(self, task: int, generated: int, filtered: int) -> None:
+        """The candidate filter produced a batch for ``task`` (called before it is measured)."""
+        with self.lock:
+            self._generated.setdefault(task, deque()).append((int(generated), int(filtered)))
+            self.outstanding[task] = self.outstanding.get(task, 0) + int(generated) - int(filtered)
+
+    # ------------------------------------------------------------------ callback side
+    def estimate(self) -> float | None:
+        """End-to-end estimate: sum of weight x best latency (None until every task has one)."""
+        vals = [self.weights[i] * b for i, b in self.best.items()]
+        if not vals or not all(math.isfinite(v) for v in vals):
+            return None
+        return sum(vals)
+
+    def observe_batch(self, task: int, latencies: Sequence[float | None], *, round_index: int) -> tuple[int | None, int | None]:
+        """One measured batch of ``task`` (None = failed candidate). Returns the
+        batch's (generated, filtered) counts when the filter produced it."""
+        with self.lock:
+            gen = self._generated.get(task)
+            counts: tuple[int | None, int | None] = (None, None)
+            if gen:
+                g, f = gen.popleft()
+                counts = (g, f)
+                self.outstanding[task] = max(0, self.outstanding.get(task, 0) - (g - f))
+            if gen is not None and counts[0]:
+                self.state.record_filter_round(round_index=round_index, task=task, generated=g, filtered=f,
+                                               measured=len(latencies))
+            else:
+                self.state.measured += len(latencies)
+            valid = [x for x in latencies if x is not None and math.isfinite(x) and 0 < x < 1e9]
+            if valid:
+                self.best[task] = min(self.best.get(task, math.inf), min(valid))
+            was = self.tracker.is_preempted(task)
+            if self.tracker.observe(task, list(latencies)) and not was:
+                self.state.preempted_tasks[task] = self.tracker.preempted[task]
+                self.pending.add(task)
+                self._record_reallocation(task, round_index)
+            if self.stopper.observe(self.estimate()) and self.stop_reason is None:
+                self.stop_reason = self.stopper.reason
+                self.state.model_stop_reason = self.stop_reason
+            return counts
+
+    def _spent(self) -> int:
+        return sum(self.tracker.trials.values())
+
+    def _shares(self, active: Iterable[int]) -> dict[int, tuple[float, float | None]]:
+        return {i: (self.weights[i], self.best[i] if math.isfinite(self.best[i]) else None) for i in active}
+
+    def _active(self, exclude: Iterable[int] = ()) -> list[int]:
+        ex = set(exclude)
+        return [i for i in self.weights if not self.tracker.is_preempted(i) and i not in ex]
+
+    def _record_reallocation(self, task: int, round_index: int) -> None:
+        remaining = max(0, self.max_trials - self._spent())
+        others = self._active(exclude=[task])
+        before = allocate_trials(remaining, self._shares(others + [task]), others + [task])
+        after = allocate_trials(remaining, self._shares(others), others)
+        self.reallocations.append({
+            "task": task,
+            "task_name": self.names.get(task),
+            "round": round_index,
+            "at_trial": self.tracker.preempted[task],
+            "remaining_budget": remaining,
+            "freed_trials": before.get(task, 0),
+            "moved_to": {j: after[j] - before.get(j, 0) for j in others if after[j] - before.get(j, 0)},
+        })
+
+    # ------------------------------------------------------------------ scheduler side
+    def take_pending(self) -> list[int]:
+        with self.lock:
+            out = sorted(self.pending)
+            self.pending.clear()
+            return out
+
+    def is_preempted(self, task: int) -> bool:
+        return self.tracker.is_preempted(task)
+
+    def choose(self, alive: Sequence[int], remaining: int, in_flight: Iterable[int] = ()) -> int | None:
+        """The next task among ``alive`` (not terminated): the remaining budget plus
+        what the still-improving tasks already spent is split by their share of
+        end-to-end latency; the task furthest below its allotment goes next
+        (trials in flight count as spent; ties: the larger share)."""
+        with self.lock:
+            active = [i for i in alive if not self.tracker.is_preempted(i)]
+            if not active:
+                return None
+            flying = set(in_flight)
+            pending = {i: self.outstanding.get(i, 0) or (self.per_round if i in flying else 0) for i in active}
+            spent = {i: self.tracker.trials.get(i, 0) + pending[i] for i in active}
+            remaining = max(0, remaining - sum(pending.values()))
+            alloc = allocate_trials(sum(spent.values()) + remaining, self._shares(active), active)
+            shares = self._shares(active)
+            known = [w * b for w, b in shares.values() if b]
+            fallback = (sum(known) / len(known)) if known else 1.0
+
+            def share(i: int) -> float:
+                w, b = shares[i]
+                return w * b if b else fallback
+
+            best = max(alloc[i] - spent[i] for i in active)
+            tied = [i for i in active if alloc[i] - spent[i] == best]
+            top = max(share(i) for i in tied)
+            tied = [i for i in tied if share(i) == top]
+            return tied[0] if len(tied) == 1 else tied[self.rng.randrange(len(tied))]
+
+    def finish_all_preempted(self) -> None:
+        with self.lock:
+            if self.stop_reason is None:
+                self.stop_reason = ALL_PREEMPTED
+                self.state.model_stop_reason = ALL_PREEMPTED
+
+    # ------------------------------------------------------------------ report
+    def to_dict(self) -> dict:
+        with self.lock:
+            d = self.state.to_dict()
+            d["preempted_task_names"] = {i: self.names.get(i) for i in d["preempted_tasks"]}
+            d["reallocations"] = list(self.reallocations)
+            d["trials_by_task"] = dict(self.tracker.trials)
+            d["config"] = self.config.to_dict()
+            return d
+
+
+# --------------------------------------------------------------------------- candidate filter
+def _filtered_search_class():
+    """Defined lazily so importing this module does not import TVM."""
+    global _FILTERED_SEARCH
+    if _FILTERED_SEARCH is not None:
+        return _FILTERED_SEARCH
+    import numpy as np
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
+
+    @derived_object
+    class FilteredSearch(PySearchStrategy):
+        def __init__(
+            self,
+            *,
+            task_index: int,
+            runtime: TrimmerRuntime | None = None,
+            oversample: int = 4,
+            keep_explore: float = 0.1,
+            inner_kwargs: dict | None = None,
+            seed: int | None = None,
+        ) -> None:
+            super().__init__()
+            self.task_index = int(task_index)
+            self.runtime = runtime
+            self.oversample = max(1, int(oversample))
+            self.keep_explore = float(keep_explore)
+            self.inner_kwargs = dict(inner_kwargs or {})
+            self.seed = seed
+            self.inner = ms.search_strategy.EvolutionarySearch(**self.inner_kwargs)
+            self.rng = random.Random(None if seed is None else seed * 1_000_003 + self.task_index)
+            self.context = None
+            self.cost_model = None
+            self.max_trials = 0
+            self.per_iter = 0
+            self.sent = 0
+            self.generated = 0
+            self.filtered = 0
+
+        def _initialize_with_tune_context(self, context) -> None:
+            self.context = context
+            self.inner._initialize_with_tune_context(context)
+
+        def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None) -> None:
+            self.max_trials, self.per_iter = int(max_trials), int(num_trials_per_iter)
+            self.sent = 0
+            self.cost_model = cost_model
+            k = self.oversample
+            # the inner search counts only what is measured (NotifyRunnerResults), so its
+            # budget never binds: the real one is enforced in generate_measure_candidates
+            self.inner.pre_tuning(
+                self.max_trials * k + k * self.per_iter, self.per_iter * k, design_spaces, database, cost_model
+            )
+
+        def post_tuning(self) -> None:
+            self.inner.post_tuning()
+            self.cost_model = None
+
+        def _scores(self, candidates) -> list[float] | None:
+            cm = getattr(self.runtime, "cost_model", None) or self.cost_model
+            if cm is None:
+                return None
+            # an XGBModel answers random numbers until it has seen its warm-up samples:
+            # keep the inner search's own order (its cost-model ranking) until then
+            inner_model = getattr(cm, "_inst", cm)
+            n_data = getattr(inner_model, "data_size", None)
+            n_warm = getattr(inner_model, "num_warmup_samples", None)
+            if n_data is not None and n_warm is not None and n_data < n_warm:
+                return None
+            try:
+                return [float(x) for x in np.asarray(cm.predict(self.context, candidates)).ravel()]
+            except Exception:  # noqa: BLE001 - never lose a round to the filter
+                return None
+
+        def generate_measure_candidates(self):
+            want = min(self.per_iter, self.max_trials - self.sent)
+            if want <= 0:
+                return None
+            cands = self.inner.generate_measure_candidates()
+            if cands is None:
+                return None
+            cands = list(cands)
+            if len(cands) > want:
+                n_explore = min(want, int(round(want * self.keep_explore)))
+                n_best = want - n_explore
+                scores = self._scores(cands)
+                order = list(range(len(cands)))
+                if scores is not None and len(scores) == len(cands):
+                    order.sort(key=lambda i: -scores[i])
+                keep = order[:n_best]
+                rest = order[n_best:]
+                keep += self.rng.sample(rest, min(n_explore, len(rest)))
+                kept = [cands[i] for i in sorted(keep)]
+            else:
+                kept = cands
+            self.sent += len(kept)
+            self.generated += len(cands)
+            self.filtered += len(cands) - len(kept)
+            if self.runtime is not None:
+                self.runtime.note_generated(self.task_index, len(cands), len(cands) - len(kept))
+            return kept
+
+        def notify_runner_results(self, measure_candidates, results) -> None:
+            self.inner.notify_runner_results(measure_candidates, results)
+
+        def clone(self):
+            return FilteredSearch(
+                task_index=self.task_index,
+                runtime=self.runtime,
+                oversample=self.oversample,
+                keep_explore=self.keep_explore,
+                inner_kwargs=self.inner_kwargs,
+                seed=self.seed,
+            )
+
+    _FILTERED_SEARCH = FilteredSearch
+    return FilteredSearch
+
+
+_FILTERED_SEARCH = None
+
+
+def make_filtered_search(*, task_index: int, runtime: TrimmerRuntime | None, config: TrimmerConfig,
+                         inner_kwargs: dict | None = None, seed: int | None = None):
+    """A :class:`FilteredSearch` for one task (``inner_kwargs``: EvolutionarySearch's)."""
+    cls = _filtered_search_class()
+    return cls(task_index=task_index, runtime=runtime, oversample=config.filter_oversample,
+               keep_explore=config.filter_keep_explore, inner_kwargs=inner_kwargs, seed=seed)
+
+
+def __getattr__(name: str):  # FilteredSearch without importing TVM at module import
+    if name == "FilteredSearch":
+        return _filtered_search_class()
+    raise AttributeError(name)
