@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import django_filters
+from django.conf import settings
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
 from rest_framework import mixins, parsers, permissions, status, viewsets
@@ -11,6 +12,7 @@ from rest_framework.views import APIView
 
 from core import selectors, services
 from core.models import ApiToken, DLModel, Membership, Quota, Team
+from core.onnx_models.errors import OnnxValidationError
 
 from .permissions import IsStaffOrReadOnly, IsTeamMemberWriteOrReadOnly
 from .serializers import (
@@ -24,6 +26,7 @@ from .serializers import (
     QuotaSerializer,
     TeamSerializer,
 )
+from .uploads import body_over, declared_length
 
 
 class MeView(APIView):
@@ -141,7 +144,7 @@ class DLModelFilter(django_filters.FilterSet):
         fields = ["team", "source", "name", "opset"]
 
     def filter_min_gflops(self, queryset, name, value):
-        return queryset.filter(total_flops__gte=int(value * 1e9))
+        return queryset.filter(total_flops__gte=int(value * 1_000_000_000))  # value is a Decimal
 
 
 @extend_schema_view(
@@ -174,6 +177,9 @@ class DLModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.De
             "errors": {"file": ["The file is not an ONNX protobuf."]}})],
     )
     def create(self, request, *args, **kwargs):
+        if body_over(request, settings.ONNX_MAX_UPLOAD_BYTES):  # refused before the body is read
+            raise OnnxValidationError("too_large", f"The upload is {declared_length(request) / 1e6:.1f} MB; the "
+                                      f"limit is {settings.ONNX_MAX_UPLOAD_BYTES / 1e6:.1f} MB.")
         body = DLModelUploadSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         upload = body.validated_data["file"]
