@@ -1,0 +1,587 @@
+#!/usr/bin/env python
+"""API load test: gunicorn + PostgreSQL + Redis on loopback, 200 concurrent users.
+
+Seeds a throwaway PostgreSQL database (default `dlopt_bench_load`, dropped and re-created) with one
+team, 20 users with API tokens, 20 models and 100 tuning runs holding 100,000 measurements (one long
+run of 50,000, the rest 500 each), starts gunicorn on a free loopback port (default 4 sync workers,
+as deployed: docker-compose runs sync workers; gthread with keep-alive is an option), and drives it
+with a small asyncio HTTP/1.1 client (a keep-alive connection per user where the server keeps it
+open; no third-party client):
+
+  1. paced: USERS users together send RATE requests/s (each user one request every USERS/RATE s) for
+     DURATION s. Latency is measured from each request's *scheduled* time, so a slow answer that
+     delays a user's next request is counted too (no coordinated omission).
+  2. the same at each of --also-rates (default 100 and 150 req/s): where the knee is;
+  3. saturation: the same users with no pause, for a shorter time: the throughput ceiling.
+
+The request mix is the brief's: run list (40 %), run detail (40 %), model list (20 %), with a
+different user's token per user. Before the load, each endpoint is also timed in-process (Django
+test client, median of N, SQL query count) - that is where the time goes when the goal is missed.
+
+Prints a table and, with --json PATH, writes
+{"overall": {"rps", "p50_ms", "p99_ms", "errors", ...}, "phases": {...}, "endpoints": {...}, "machine": {...}}
+where "overall" is the paced phase at --rate. Stops by itself (hard timeout per phase); everything on 127.0.0.1.
+
+    .venv/bin/python bench/load.py [--quick] [--users 200] [--rate 200] [--duration 30]
+                                   [--workers 4] [--worker-class sync|gthread] [--threads 4]
+                                   [--also-rates 100,150] [--json bench/results/load.json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/dlopt_bench_load"
+MIX = (("run_list", 0.4), ("run_detail", 0.4), ("model_list", 0.2))
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--users", type=int, default=200)
+    ap.add_argument("--rate", type=float, default=200.0, help="requests/s of the paced phase, all users together")
+    ap.add_argument("--duration", type=float, default=30.0, help="seconds of the paced phase")
+    ap.add_argument("--saturation", type=float, default=15.0, help="seconds of the no-pause phase (0 = skip)")
+    ap.add_argument("--also-rates", default="100,150", help="comma-separated extra paced rates (req/s), reported "
+                    "beside the main one ('' = none)")
+    ap.add_argument("--measurements", type=int, default=100_000)
+    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--models", type=int, default=20)
+    ap.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    ap.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker (gthread only)")
+    ap.add_argument("--worker-class", default="sync", choices=["gthread", "sync"],
+                    help="gunicorn worker class (sync: no keep-alive, a connection per request)")
+    ap.add_argument("--database-url", default=os.environ.get("LOAD_DATABASE_URL", DEFAULT_DB),
+                    help="PostgreSQL database to (re)create for the test; its name must contain 'bench'")
+    ap.add_argument("--redis-url", default=os.environ.get("LOAD_REDIS_URL", "redis://127.0.0.1:6379/14"))
+    ap.add_argument("--reuse-db", action="store_true", help="keep an already seeded database")
+    ap.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
+    ap.add_argument("--repeats", type=int, default=30, help="in-process timings per endpoint")
+    ap.add_argument("--quick", action="store_true", help="10 s paced + 5 s saturation, 10 in-process repeats")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--seed-child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker_class == "sync":
+        args.threads = 1  # gunicorn would silently switch a sync worker with threads > 1 to gthread
+    if args.quick:
+        args.duration, args.saturation, args.repeats = min(args.duration, 10.0), min(args.saturation, 5.0), 10
+    return args
+
+
+# --- database and seeding (run in a child process: the load generator stays Django-free) ---------------
+
+def _admin_dsn(url: str) -> tuple[str, str]:
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    name = u.path.lstrip("/")
+    if "bench" not in name:
+        raise SystemExit(f"refusing to drop/create database {name!r}: its name must contain 'bench'")
+    return url.replace("postgres://", "postgresql://", 1).rsplit("/", 1)[0] + "/postgres", name
+
+
+def recreate_database(url: str) -> None:
+    import psycopg
+
+    admin, name = _admin_dsn(url)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def drop_database(url: str) -> None:
+    import psycopg
+
+    admin, name = _admin_dsn(url)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def server_env(args, workdir: Path) -> dict:
+    env = dict(os.environ)
+    env.update(DATABASE_URL=args.database_url, REDIS_URL=args.redis_url, DLOPT_VAR_DIR=str(workdir / "var"),
+               DJANGO_MEDIA_ROOT=str(workdir / "media"), DJANGO_SETTINGS_MODULE="config.settings",
+               ONNX_COUNT_TUNING_TASKS="0", DJANGO_DEBUG="0", DJANGO_LOG_LEVEL="WARNING",
+               DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost,testserver", PYTHONPATH=str(ROOT))
+    env.pop("CELERY_BROKER_URL", None)
+    return env
+
+
+def seed_child(spec: dict) -> dict:
+    """Runs inside Django: migrate, seed, time each endpoint in-process. Returns what the driver needs."""
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    if not spec["reuse"]:
+        call_command("migrate", verbosity=0, interactive=False)
+    from django.contrib.auth import get_user_model
+
+    from core.models import ApiToken, DLModel
+    from tuning.models import Measurement, TuningRun
+
+    User = get_user_model()
+    t0 = time.perf_counter()
+    if not spec["reuse"] or not TuningRun.objects.exists():
+        _seed(spec)
+    seed_s = time.perf_counter() - t0
+    from core import services as core_services
+
+    users = list(User.objects.filter(username__startswith="load-").order_by("username"))
+    ApiToken.objects.filter(user__in=users, name="load").delete()
+    tokens = [core_services.create_api_token(user=u, name="load").key for u in users]
+    run_ids = list(TuningRun.objects.order_by("pk").values_list("pk", flat=True))
+    big = TuningRun.objects.order_by("-trials_done").first()
+    profile = _profile_endpoints(users[0], run_ids, big, spec["repeats"])
+    return {"tokens": tokens, "run_ids": run_ids, "models": DLModel.objects.count(),
+            "measurements": Measurement.objects.count(), "runs": len(run_ids), "seed_s": seed_s,
+            "endpoints": profile}
+
+
+def _seed(spec: dict) -> None:
+    import random as rnd
+
+    from django.contrib.auth import get_user_model
+    from django.db import transaction
+    from django.utils import timezone
+
+    from core import services as core_services
+    from core.models import Membership, Quota
+    from core.onnx_models import zoo
+    from tuning.models import DopRound, Measurement, TuningRun, TuningTask
+
+    rng = rnd.Random(0)
+    User = get_user_model()
+    owner = User.objects.create_user("load-00", password="load-pw")
+    team = core_services.create_team(name="Load team", owner=owner)
+    Quota.objects.filter(team=team).update(max_concurrent_runs=10_000, tuning_trials_per_month=10**9,
+                                           energy_kwh_per_month=1e9)
+    for i in range(1, 20):
+        u = User.objects.create_user(f"load-{i:02d}", password="load-pw")
+        Membership.objects.create(team=team, user=u, role=Membership.Role.MEMBER)
+    data = zoo.build_model("small_cnn").SerializeToString()
+    validated = core_services.validate_model_bytes(data=data, filename="m.onnx")
+    models = [core_services.register_model(team=team, name=f"model-{i:02d}", data=data, filename="m.onnx",
+                                           actor=owner, validated=validated) for i in range(spec["models"])]
+    n_runs, total = spec["runs"], spec["measurements"]
+    big_n = total // 2
+    rest = (total - big_n) // max(1, n_runs - 1)
+    now = timezone.now()
+    statuses = ["succeeded"] * 7 + ["running", "failed", "cancelled"]
+    for k in range(n_runs):
+        n = big_n if k == 0 else rest
+        if k == n_runs - 1:
+            n = total - big_n - rest * (n_runs - 2)
+        status = "running" if k == 0 else statuses[k % len(statuses)]
+        with transaction.atomic():
+            run = TuningRun.objects.create(
+                team=team, model=models[k % len(models)], created_by=owner,
+                target={"kind": "llvm", "num-cores": 2}, target_kind="llvm", max_trials=max(n, 1),
+                trials_per_round=32, status=status, trials_done=n, started_at=now, wall_seconds=n * 0.4,
+                estimated_latency_s=1e-3, final_dop=2, mean_parallel_error=0.01, energy_joules=n * 12.0,
+                energy_source="modeled", grid_intensity_g_per_kwh=400.0,
+                summary={"tasks": [{"index": i, "name": f"fused_op_{i}", "best_s": 1e-4 * (i + 1),
+                                    "trials": n // 4} for i in range(4)], "dop_history": list(range(1, 30)),
+                         "note": "seeded by bench/load.py"},
+                finished_at=now if status != "running" else None)
+            tasks = TuningTask.objects.bulk_create([
+                TuningTask(run=run, index=i, name=f"fused_op_{i}", flops=1e7 * (i + 1), weight=1.0 + i,
+                           trials=n // 4, best_latency_s=1e-4 * (i + 1), status="done") for i in range(4)])
+            rows = []
+            for j in range(n):
+                lat = rng.uniform(1e-4, 1e-3)
+                rows.append(Measurement(run=run, task=tasks[j % 4], round_index=j // 32, candidate_key=f"c{j:07d}",
+                                        run_secs=[lat, lat * 1.01, lat * 0.99], latency_s=lat, build_secs=0.2,
+                                        run_wall_secs=0.01, worker="seed", dop=2))
+                if len(rows) == 5000:
+                    Measurement.objects.bulk_create(rows)
+                    rows = []
+            Measurement.objects.bulk_create(rows)
+            DopRound.objects.bulk_create([DopRound(run=run, round_index=r, task_index=r % 4, dop=2, mean_error=0.01,
+                                                   n_candidates=32) for r in range(max(1, n // 32))])
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute("ANALYZE")
+
+
+def _profile_endpoints(user, run_ids, big_run, repeats) -> dict:
+    """In-process median time and SQL queries per endpoint (no network, no concurrency)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from rest_framework.test import APIClient
+
+    from core import services as core_services
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {core_services.create_api_token(user=user, name='profile').key}")
+    last_page = max(1, (big_run.trials_done + 49) // 50)
+    urls = {"run_list": "/api/runs/", "run_detail": f"/api/runs/{run_ids[len(run_ids) // 2]}/",
+            "model_list": "/api/models/",
+            "measurements_first_page": f"/api/runs/{big_run.pk}/measurements/",
+            "measurements_last_page": f"/api/runs/{big_run.pk}/measurements/?page={last_page}",
+            "quota_usage": "/api/quotas/"}
+    out = {}
+    for name, url in urls.items():
+        client.get(url)  # warm
+        times, queries, size = [], 0, 0
+        for _ in range(repeats):
+            with CaptureQueriesContext(connection) as ctx:
+                t = time.perf_counter()
+                resp = client.get(url)
+                times.append(time.perf_counter() - t)
+            assert resp.status_code == 200, (url, resp.status_code, resp.content[:200])
+            queries, size = len(ctx.captured_queries), len(resp.content)
+            slowest = max(ctx.captured_queries, key=lambda q: float(q["time"]))
+        out[name] = {"url": url, "median_ms": statistics.median(times) * 1e3, "queries": queries, "bytes": size,
+                     "slowest_query_ms": float(slowest["time"]) * 1e3,
+                     "slowest_query": slowest["sql"][:160]}
+    return out
+
+
+# --- the HTTP client -----------------------------------------------------------------------------------
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection (GET only)."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader = self.writer = None
+
+    async def close(self):
+        if self.writer is not None:
+            self.writer.close()
+            try:
+                await self.writer.wait_closed()
+            except Exception:  # noqa: BLE001
+                pass
+        self.reader = self.writer = None
+
+    async def get(self, path: str, token: str) -> tuple[int, int]:
+        req = (f"GET {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nAuthorization: Token {token}\r\n"
+               "Accept: application/json\r\nConnection: keep-alive\r\n\r\n").encode()
+        for attempt in (1, 2):  # a keep-alive connection the server closed meanwhile: reconnect once
+            fresh = self.writer is None
+            if fresh:
+                self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            try:
+                self.writer.write(req)
+                await self.writer.drain()
+                status_line = await self.reader.readline()
+                if not status_line:
+                    raise ConnectionResetError("closed by server")
+                status = int(status_line.split()[1])
+                length, close, chunked = 0, False, False
+                while True:
+                    line = await self.reader.readline()
+                    if line in (b"\r\n", b"\n", b""):
+                        break
+                    key, _, value = line.decode("latin-1").partition(":")
+                    key, value = key.strip().lower(), value.strip().lower()
+                    if key == "content-length":
+                        length = int(value)
+                    elif key == "connection" and value == "close":
+                        close = True
+                    elif key == "transfer-encoding" and "chunked" in value:
+                        chunked = True
+                if chunked:
+                    length = 0
+                    while True:
+                        size = int((await self.reader.readline()).strip() or b"0", 16)
+                        await self.reader.readexactly(size + 2)
+                        length += size
+                        if size == 0:
+                            break
+                else:
+                    await self.reader.readexactly(length)
+                if close:
+                    await self.close()
+                return status, length
+            except (ConnectionError, asyncio.IncompleteReadError, OSError):
+                await self.close()
+                if fresh or attempt == 2:
+                    raise
+        raise RuntimeError("unreachable")
+
+
+def pick(rng: random.Random, plan: dict) -> tuple[str, str]:
+    r, acc = rng.random(), 0.0
+    for name, weight in MIX:
+        acc += weight
+        if r <= acc:
+            break
+    if name == "run_detail":
+        return name, f"/api/runs/{rng.choice(plan['run_ids'])}/"
+    return name, {"run_list": "/api/runs/", "model_list": "/api/models/"}[name]
+
+
+async def phase(port: int, plan: dict, *, users: int, duration: float, rate: float | None, seed: int) -> dict:
+    """rate=None: no pause (saturation). Returns latencies (s) per endpoint, errors, wall time."""
+    results: list[tuple[str, float, bool]] = []
+    errors: dict[str, int] = {}
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.5
+    end = start + duration
+    interval = users / rate if rate else 0.0
+
+    async def user(u: int):
+        rng = random.Random(seed * 100_000 + u)
+        conn = Conn("127.0.0.1", port)
+        token = plan["tokens"][u % len(plan["tokens"])]
+        scheduled = start + (u / rate if rate else 0.0)
+        try:
+            while True:
+                if rate:
+                    delay = scheduled - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                if scheduled >= end or loop.time() >= end:
+                    return
+                name, path = pick(rng, plan)
+                sent = loop.time()
+                t0 = scheduled if rate else sent
+                try:
+                    status, _ = await asyncio.wait_for(conn.get(path, token), timeout=10.0)
+                    ok = status == 200
+                    if not ok:
+                        errors[f"HTTP {status}"] = errors.get(f"HTTP {status}", 0) + 1
+                except Exception as exc:  # noqa: BLE001 - every failure is an error of the run
+                    ok = False
+                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                    await conn.close()
+                results.append((name, loop.time() - t0, ok))
+                scheduled += interval if rate else 0.0
+                if not rate:
+                    scheduled = loop.time()
+        finally:
+            await conn.close()
+
+    t0 = loop.time()
+    await asyncio.wait_for(asyncio.gather(*(user(u) for u in range(users))), timeout=duration + 60)
+    wall = max(loop.time() - t0 - 0.5, 1e-9)
+    return {"results": results, "errors": errors, "wall": wall}
+
+
+def summarize(res: dict, duration: float) -> dict:
+    lat = sorted(t for _, t, ok in res["results"] if ok)
+    n = len(res["results"])
+    out = {"requests": n, "errors": n - len(lat), "error_kinds": res["errors"], "rps": len(lat) / duration,
+           **_pcts(lat)}
+    per = {}
+    for name, _ in MIX:
+        sub = sorted(t for k, t, ok in res["results"] if k == name and ok)
+        per[name] = {"requests": sum(1 for k, _, _ in res["results"] if k == name), **_pcts(sub)}
+    out["endpoints"] = per
+    return out
+
+
+def _pcts(lat: list[float]) -> dict:
+    if not lat:
+        return {"p50_ms": None, "p90_ms": None, "p99_ms": None, "max_ms": None}
+    q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] * 1e3  # noqa: E731
+    return {"p50_ms": q(0.50), "p90_ms": q(0.90), "p99_ms": q(0.99), "max_ms": lat[-1] * 1e3}
+
+
+# --- the server ------------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_gunicorn(args, env: dict, workdir: Path, token: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    log = open(workdir / "gunicorn.log", "wb")
+    cmd = [sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind", f"127.0.0.1:{port}",
+           "--workers", str(args.workers), "--worker-class", args.worker_class, "--threads", str(args.threads),
+           "--keep-alive", "30", "--backlog", "2048", "--timeout", "60", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError((workdir / "gunicorn.log").read_text(errors="replace")[-3000:])
+        try:
+            status, _ = asyncio.run(Conn("127.0.0.1", port).get("/api/me/", token))
+            if status == 200:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.3)
+    stop(proc)
+    raise RuntimeError("gunicorn did not answer in 60 s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+class CpuMeter:
+    """CPU used during a phase (in cores) by the server (gunicorn tree), PostgreSQL (all its processes:
+    other databases' work included), this load generator, and everything else on the machine (other jobs
+    sharing the cores distort the figures: reported)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        import psutil
+
+        self.proc, self.psutil = proc, psutil
+
+    def _busy(self) -> float:
+        t = self.psutil.cpu_times()
+        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+    def _postgres(self) -> dict[int, float]:
+        out = {}
+        for p in self.psutil.process_iter(["name", "cpu_times"]):
+            if p.info["name"] in ("postgres", "postmaster") and p.info["cpu_times"] is not None:
+                out[p.pid] = p.info["cpu_times"].user + p.info["cpu_times"].system
+        return out
+
+    def __enter__(self):
+        self.t0, self.s0, self.c0, self.b0 = time.monotonic(), server_cpu_seconds(self.proc), time.process_time(), \
+            self._busy()
+        self.pg0 = self._postgres()
+        return self
+
+    def __exit__(self, *exc):
+        wall = time.monotonic() - self.t0
+        server = server_cpu_seconds(self.proc) - self.s0
+        client = time.process_time() - self.c0
+        pg1 = self._postgres()
+        database = sum(v - self.pg0.get(pid, 0.0) for pid, v in pg1.items())
+        busy = self._busy() - self.b0
+        self.cores = {"server": server / wall, "database": database / wall, "load_generator": client / wall,
+                      "other": max(0.0, busy - server - client - database) / wall}
+
+
+def server_cpu_seconds(proc: subprocess.Popen) -> float:
+    import psutil
+
+    try:
+        p = psutil.Process(proc.pid)
+        procs = [p, *p.children(recursive=True)]
+        return sum(x.cpu_times().user + x.cpu_times().system for x in procs)
+    except psutil.Error:
+        return float("nan")
+
+
+# --- main ---------------------------------------------------------------------------------------------------
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.seed_child:
+        spec = json.loads(Path(args.seed_child).read_text())
+        Path(spec["out"]).write_text(json.dumps(seed_child(spec)))
+        return {}
+    workdir = Path(tempfile.mkdtemp(prefix="dlopt-bench-load-"))
+    env = server_env(args, workdir)
+    if not args.reuse_db:
+        recreate_database(args.database_url)
+    try:
+        return _run(args, env, workdir)
+    finally:
+        if not args.keep_db:
+            drop_database(args.database_url)
+
+
+def _run(args, env: dict, workdir: Path) -> dict:
+    spec_path = workdir / "seed.json"
+    spec_path.write_text(json.dumps({"out": str(workdir / "seeded.json"), "reuse": args.reuse_db,
+                                     "runs": args.runs, "models": args.models, "measurements": args.measurements,
+                                     "repeats": args.repeats}))
+    print(f"seeding {args.measurements:,} measurements in {args.runs} runs, {args.models} models "
+          f"({args.database_url}) ...", flush=True)
+    subprocess.run([sys.executable, __file__, "--seed-child", str(spec_path)], cwd=ROOT, env=env, check=True,
+                   timeout=1800)
+    plan = json.loads((workdir / "seeded.json").read_text())
+    print(f"seeded in {plan['seed_s']:.1f} s: {plan['measurements']:,} measurements, {plan['runs']} runs, "
+          f"{plan['models']} models\n")
+    print("in-process, one request at a time (Django test client, median):")
+    print(f"  {'endpoint':26s} {'median ms':>9s} {'queries':>7s} {'bytes':>8s}  slowest query")
+    for name, e in plan["endpoints"].items():
+        print(f"  {name:26s} {e['median_ms']:9.2f} {e['queries']:7d} {e['bytes']:8,d}  "
+              f"{e['slowest_query_ms']:.2f} ms: {e['slowest_query'][:70]}")
+    proc, port = start_gunicorn(args, env, workdir, plan["tokens"][0])
+    phases = {}
+    try:
+        asyncio.run(phase(port, plan, users=min(args.users, 50), duration=3.0, rate=50.0, seed=99))  # warm-up
+        runs = [("paced", args.rate, args.duration)]
+        runs += [(f"paced_{r:g}", r, max(5.0, args.duration / 2)) for r in
+                 (float(x) for x in args.also_rates.split(",") if x.strip()) if r != args.rate]
+        runs += [("saturation", None, args.saturation)] if args.saturation > 0 else []
+        for seed, (pname, rate, duration) in enumerate(runs, 1):
+            with CpuMeter(proc) as cpu:
+                res = asyncio.run(phase(port, plan, users=args.users, duration=duration, rate=rate, seed=seed))
+            phases[pname] = summarize(res, duration) | {
+                "users": args.users, "offered_rps": rate, "duration_s": duration, "cpu_cores": cpu.cores}
+    finally:
+        stop(proc)
+
+    print(f"\ngunicorn: {args.workers} workers x {args.threads} threads ({args.worker_class}), PostgreSQL, "
+          f"{args.users} users, loopback; {os.cpu_count()} cores shared with the load generator\n")
+    print(f"{'phase':12s} {'endpoint':12s} {'req':>7s} {'rps':>7s} {'p50 ms':>8s} {'p90 ms':>8s} {'p99 ms':>8s} "
+          f"{'max ms':>8s} {'errors':>6s}")
+    for pname, ph in phases.items():
+        cpu = ph["cpu_cores"]
+        print(f"{pname:12s} {'all':12s} {ph['requests']:7d} {ph['rps']:7.1f} {_f(ph['p50_ms'])} {_f(ph['p90_ms'])} "
+              f"{_f(ph['p99_ms'])} {_f(ph['max_ms'])} {ph['errors']:6d}   CPU cores: server {cpu['server']:.2f}, "
+              f"PostgreSQL {cpu['database']:.2f}, load generator {cpu['load_generator']:.2f}, "
+              f"other jobs {cpu['other']:.2f}")
+        for ename, e in ph["endpoints"].items():
+            print(f"{'':12s} {ename:12s} {e['requests']:7d} {'':7s} {_f(e['p50_ms'])} {_f(e['p90_ms'])} "
+                  f"{_f(e['p99_ms'])} {_f(e['max_ms'])}")
+        if ph["error_kinds"]:
+            print(f"{'':12s} errors: {ph['error_kinds']}")
+    paced = phases["paced"]
+    other = max(ph["cpu_cores"]["other"] for ph in phases.values())
+    if other > 0.2:
+        print(f"\nnote: other jobs used up to {other:.2f} of the {os.cpu_count()} cores during the run; "
+              "the figures are pessimistic")
+    goal = paced["p99_ms"] is not None and paced["p99_ms"] < 100 and paced["errors"] == 0 \
+        and paced["rps"] >= 0.95 * args.rate
+    print(f"\ngoal (p99 < 100 ms at {args.rate:g} req/s, 0 errors): {'MET' if goal else 'NOT MET'}")
+    from bench.common import machine_info
+
+    result = {
+        "overall": {"rps": paced["rps"], "p50_ms": paced["p50_ms"], "p99_ms": paced["p99_ms"],
+                    "errors": paced["errors"], "offered_rps": args.rate, "users": args.users,
+                    "saturation_rps": phases.get("saturation", {}).get("rps"), "goal_met": goal,
+                    "other_jobs_cpu_cores": other},
+        "phases": phases, "endpoints_in_process": plan["endpoints"],
+        "data": {k: plan[k] for k in ("measurements", "runs", "models")},
+        "server": {"workers": args.workers, "threads": args.threads, "worker_class": args.worker_class},
+        "machine": machine_info(),
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1, default=str))
+        print(f"wrote {args.json}")
+    return result
+
+
+def _f(v) -> str:
+    return f"{v:8.1f}" if v is not None else f"{'-':>8s}"
+
+
+if __name__ == "__main__":
+    main()

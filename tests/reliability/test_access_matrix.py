@@ -1,0 +1,622 @@
+"""Access-control matrix: EVERY API operation and EVERY dashboard URL, as every role.
+
+The operations are enumerated from the URL resolver (router and extra paths) and cross-checked
+against the OpenAPI schema, so a new endpoint shows up here by itself: until someone classifies it
+in EXPECTED (who may do what), the test fails. Each request runs in a savepoint that is rolled back,
+so every role meets the same objects in the same state.
+
+Roles: anonymous, viewer / member / owner of team A, the owner of another team (B), and staff (in no
+team). Objects: one of every kind in team A.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from django.conf import settings
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import transaction
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver, resolve, reverse
+from rest_framework.test import APIClient
+
+from .conftest import PHILLY_CSV, ROLES
+
+pytestmark = pytest.mark.django_db
+
+
+# --- expected outcomes ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    check: Callable  # (response, world) -> bool
+
+    def __repr__(self):
+        return self.name
+
+
+def _status(*codes):
+    return lambda r, w: r.status_code in codes
+
+
+OK = Outcome("2xx", lambda r, w: 200 <= r.status_code < 300)
+UNAUTH = Outcome("401", _status(401))
+FORBID = Outcome("403", _status(403))
+HIDDEN = Outcome("404", _status(404))
+NOT_ALLOWED = Outcome("405", _status(405))
+
+
+def refused_field(field: str) -> Outcome:
+    """Refused because the team/model named in the body is not one the caller may use: a 400 on that
+    field (DRF's related-field validation), or 403/404."""
+    def check(r, w):
+        if r.status_code in (403, 404):
+            return True
+        return r.status_code == 400 and field in (r.json().get("errors") or {})
+    return Outcome(f"400[{field}]/403/404", check)
+
+
+def _profile(anon=UNAUTH, viewer=OK, member=OK, owner=OK, other=OK, staff=OK):
+    return {"anon": anon, "viewer": viewer, "member": member, "owner": owner, "other": other, "staff": staff}
+
+
+PUBLIC = _profile(anon=OK)
+AUTH = _profile()                                                     # any signed-in user
+TEAM_READ = _profile(other=HIDDEN, staff=HIDDEN)                      # team A's object, read
+TEAM_WRITE = _profile(viewer=FORBID, other=HIDDEN, staff=HIDDEN)      # team A's object, write
+OWNER_ONLY = _profile(viewer=FORBID, member=FORBID, other=HIDDEN, staff=HIDDEN)
+STAFF_ONLY = _profile(viewer=FORBID, member=FORBID, owner=FORBID, other=FORBID)
+SELF_ONLY = _profile(viewer=HIDDEN, owner=HIDDEN, other=HIDDEN, staff=HIDDEN)  # the member's own token
+
+
+def create_in_team(field: str, viewer: Outcome | None = None):
+    return _profile(viewer=viewer or refused_field(field), other=refused_field(field), staff=refused_field(field))
+
+
+# (url name, METHOD) -> role -> outcome. Every API operation must be here.
+EXPECTED = {
+    ("schema", "GET"): PUBLIC,
+    ("api-docs", "GET"): PUBLIC,
+    ("api-root", "GET"): AUTH,
+    ("api-me", "GET"): AUTH,
+    ("team-list", "GET"): AUTH,
+    ("team-list", "POST"): AUTH,
+    ("team-detail", "GET"): TEAM_READ,
+    ("team-detail", "PATCH"): OWNER_ONLY,
+    ("membership-list", "GET"): AUTH,
+    ("membership-list", "POST"): _profile(viewer=FORBID, member=FORBID, other=refused_field("team"),
+                                          staff=refused_field("team")),
+    ("membership-detail", "GET"): TEAM_READ,
+    ("membership-detail", "PATCH"): OWNER_ONLY,
+    ("membership-detail", "DELETE"): OWNER_ONLY,
+    ("quota-list", "GET"): AUTH,
+    ("quota-detail", "GET"): TEAM_READ,
+    ("quota-detail", "PATCH"): STAFF_ONLY,
+    ("dlmodel-list", "GET"): AUTH,
+    ("dlmodel-list", "POST"): create_in_team("team"),
+    ("dlmodel-detail", "GET"): TEAM_READ,
+    ("dlmodel-detail", "DELETE"): TEAM_WRITE,
+    ("dlmodel-download", "GET"): TEAM_READ,
+    ("apitoken-list", "GET"): AUTH,
+    ("apitoken-list", "POST"): AUTH,
+    ("apitoken-detail", "GET"): SELF_ONLY,
+    ("apitoken-detail", "DELETE"): SELF_ONLY,
+    ("tuningrun-list", "GET"): AUTH,
+    ("tuningrun-list", "POST"): create_in_team("model", viewer=FORBID),
+    ("tuningrun-detail", "GET"): TEAM_READ,
+    ("tuningrun-cancel", "POST"): TEAM_WRITE,
+    ("tuningrun-pause", "POST"): TEAM_WRITE,
+    ("tuningrun-resume", "POST"): TEAM_WRITE,
+    ("tuningrun-import-records", "POST"): TEAM_WRITE,
+    ("tuningrun-tasks", "GET"): TEAM_READ,
+    ("tuningrun-measurements", "GET"): TEAM_READ,
+    ("tuningrun-dop-rounds", "GET"): TEAM_READ,
+    ("tuningrun-records", "GET"): TEAM_READ,
+    ("tuningrun-module", "GET"): TEAM_READ,
+    ("node-list", "GET"): AUTH,
+    ("node-detail", "GET"): AUTH,
+    ("node-drain", "POST"): STAFF_ONLY,
+    ("node-undrain", "POST"): STAFF_ONLY,
+    ("gpu-list", "GET"): AUTH,
+    ("gpu-detail", "GET"): AUTH,
+    ("gpu-drain", "POST"): STAFF_ONLY,
+    ("gpu-undrain", "POST"): STAFF_ONLY,
+    ("gputelemetry-list", "GET"): AUTH,
+    ("gputelemetry-detail", "GET"): AUTH,
+    ("gpuprofile-list", "GET"): AUTH,
+    ("gpuprofile-detail", "GET"): AUTH,
+    ("predictorversion-list", "GET"): AUTH,
+    ("predictorversion-detail", "GET"): AUTH,
+    ("predictorversion-train", "POST"): STAFF_ONLY,
+    ("predictorversion-activate", "POST"): STAFF_ONLY,
+    ("gpujob-list", "GET"): AUTH,
+    ("gpujob-list", "POST"): create_in_team("model", viewer=FORBID),
+    ("gpujob-place", "POST"): STAFF_ONLY,
+    ("gpujob-detail", "GET"): TEAM_READ,
+    ("gpujob-cancel", "POST"): TEAM_WRITE,
+    ("placement-list", "GET"): AUTH,
+    ("placement-detail", "GET"): TEAM_READ,
+    ("traceupload-list", "GET"): AUTH,
+    ("traceupload-list", "POST"): create_in_team("team"),
+    ("traceupload-detail", "GET"): TEAM_READ,
+    ("traceupload-detail", "DELETE"): TEAM_WRITE,
+    ("simulationrun-list", "GET"): AUTH,
+    ("simulationrun-list", "POST"): create_in_team("team"),
+    ("simulationrun-detail", "GET"): TEAM_READ,
+    ("charts-model-ops", "GET"): TEAM_READ,
+    ("charts-run-compare", "GET"): TEAM_READ,
+    ("charts-run-curve", "GET"): TEAM_READ,
+    ("charts-run-dop", "GET"): TEAM_READ,
+    ("charts-run-live", "GET"): TEAM_READ,
+    ("charts-energy", "GET"): TEAM_READ,
+    ("charts-cluster", "GET"): TEAM_READ,
+    ("charts-simulation", "GET"): TEAM_READ,
+}
+
+# Which object of the world a detail URL points at (by URL name, else by the name's basename).
+OBJECT_FOR = {
+    "team": "team_a", "membership": "membership", "quota": "quota", "dlmodel": "model", "apitoken": "token",
+    "tuningrun": "run", "tuningrun-resume": "paused_run", "tuningrun-records": "done_run",
+    "tuningrun-module": "done_run", "node": "node", "gpu": "gpu", "gputelemetry": "telemetry",
+    "gpuprofile": "profile", "predictorversion": "predictor", "gpujob": "job", "placement": "placement",
+    "traceupload": "trace", "simulationrun": "simulation", "charts-model-ops": "model", "charts-run-curve": "run",
+    "charts-run-dop": "run", "charts-run-live": "run", "charts-simulation": "simulation",
+}
+
+# Query strings some GETs need to name team A's objects.
+QUERY = {
+    "charts-run-compare": lambda w: f"?runs={w.run.pk},{w.done_run.pk}",
+    "charts-energy": lambda w: f"?team={w.team_a.pk}",
+    "charts-cluster": lambda w: f"?team={w.team_a.pk}",
+}
+
+
+def _onnx_upload(name="upload.onnx"):
+    from core.onnx_models import zoo
+
+    return SimpleUploadedFile(name, zoo.build_model("small_cnn").SerializeToString())
+
+
+# Valid request bodies: an allowed role's request succeeds; a refusal can only be access control.
+BODIES = {
+    ("team-list", "POST"): lambda w: ({"name": "A brand new team"}, "json"),
+    ("team-detail", "PATCH"): lambda w: ({"description": "changed"}, "json"),
+    ("membership-list", "POST"): lambda w: ({"team": w.team_a.pk, "username": "rel-other", "role": "viewer"},
+                                            "json"),
+    ("membership-detail", "PATCH"): lambda w: ({"role": "viewer"}, "json"),
+    ("quota-detail", "PATCH"): lambda w: ({"max_concurrent_runs": 7}, "json"),
+    ("dlmodel-list", "POST"): lambda w: ({"team": w.team_a.pk, "name": "uploaded", "file": _onnx_upload()},
+                                         "multipart"),
+    ("apitoken-list", "POST"): lambda w: ({"name": "ci"}, "json"),
+    ("tuningrun-list", "POST"): lambda w: ({"model": w.model.pk, "max_trials": 8}, "json"),
+    ("tuningrun-import-records", "POST"): lambda w: (
+        {"workloads": SimpleUploadedFile("database_workload.json", b'["abc", {"k": 1}]\n'),
+         "records": SimpleUploadedFile("database_tuning_record.json", b'[0, {"r": 1}]\n')}, "multipart"),
+    ("predictorversion-train", "POST"): lambda w: ({"k_folds": 2}, "json"),
+    ("gpujob-list", "POST"): lambda w: ({"model": w.model.pk, "batch_size": 8, "duration_estimate_s": 60}, "json"),
+    ("gpujob-place", "POST"): lambda w: ({}, "json"),
+    ("traceupload-list", "POST"): lambda w: (
+        {"team": w.team_a.pk, "name": "another", "file": SimpleUploadedFile("p.csv", PHILLY_CSV.encode())},
+        "multipart"),
+    ("simulationrun-list", "POST"): lambda w: (
+        {"team": w.team_a.pk, "trace": "philly", "policies": ["horus"], "parameters": {"jobs": 20, "gpus": 4}},
+        "json"),
+}
+
+# List endpoints of team-scoped objects: other teams and staff must not see team A's object in them.
+SCOPED_LISTS = {
+    "team-list": "team_a", "membership-list": "membership", "quota-list": "quota", "dlmodel-list": "model",
+    "tuningrun-list": "run", "gpujob-list": "job", "placement-list": "placement", "traceupload-list": "trace",
+    "simulationrun-list": "simulation", "apitoken-list": "token",
+}
+
+
+# --- enumeration -------------------------------------------------------------------------------------
+
+def _walk(patterns, prefix=""):
+    for p in patterns:
+        if isinstance(p, URLResolver):
+            yield from _walk(p.url_patterns, prefix + str(p.pattern))
+        elif isinstance(p, URLPattern):
+            yield prefix + str(p.pattern), p
+
+
+def _methods(pattern: URLPattern) -> list[str]:
+    cb = pattern.callback
+    cls = getattr(cb, "cls", None)
+    actions = getattr(cb, "actions", None)
+    if cls is None:
+        return []  # a function view (dashboard)
+    allowed = [m for m in cls.http_method_names if m not in ("options", "head", "trace")]
+    if actions:
+        return sorted(m.upper() for m in actions if m in allowed)
+    return sorted(m.upper() for m in allowed if hasattr(cls, m))
+
+
+def api_operations() -> dict[tuple[str, str], str]:
+    """(url name, METHOD) -> route of every API operation the resolver serves (format suffixes aside)."""
+    ops = {}
+    for route, pattern in _walk(get_resolver().url_patterns):
+        if not route.startswith("api/") or "format" in route:
+            continue
+        for method in _methods(pattern):
+            ops[(pattern.name, method)] = route
+    return ops
+
+
+def dashboard_routes() -> dict[str, str]:
+    """url name -> route of every dashboard page (everything outside api/ and admin/)."""
+    return {p.name: route for route, p in _walk(get_resolver().url_patterns)
+            if not route.startswith(("api/", "admin/"))}
+
+
+def url_for(name: str, w) -> str:
+    """The URL of an operation, pointing at team A's object of the right kind."""
+    from django.urls import NoReverseMatch
+
+    try:
+        url = reverse(name)
+    except NoReverseMatch:
+        if name in OBJECT_FOR:
+            key = name
+        else:  # "<router basename>-<action>": the longest basename that prefixes the name
+            key = max((k for k in OBJECT_FOR if name.startswith(k + "-")), key=len)
+        url = reverse(name, kwargs={"pk": getattr(w, OBJECT_FOR[key]).pk})
+    return url + (QUERY[name](w) if name in QUERY else "")
+
+
+def api_client(w, role) -> APIClient:
+    client = APIClient()
+    if role != "anon":
+        client.credentials(HTTP_AUTHORIZATION=f"Token {w.tokens[role]}")
+    return client
+
+
+def call(client, method: str, url: str, body=None, *, after=None):
+    """One request in a savepoint that is rolled back (and files it wrote removed)."""
+    data, fmt = body if body else (None, None)
+    with transaction.atomic():
+        kwargs = {"format": fmt} if fmt and isinstance(client, APIClient) else {}
+        resp = getattr(client, method.lower())(url, data, **kwargs) if data is not None else \
+            getattr(client, method.lower())(url)
+        result = after(resp) if after else None
+        transaction.set_rollback(True)
+    return resp, result
+
+
+# --- the API matrix --------------------------------------------------------------------------------------
+
+def test_every_api_operation_is_classified_and_in_the_schema(client):
+    ops = api_operations()
+    unclassified = sorted(set(ops) - set(EXPECTED))
+    assert not unclassified, ("API operations nobody classified (add them to EXPECTED with who may do what): "
+                              + ", ".join(f"{m} {ops[(n, m)]} ({n})" for n, m in unclassified))
+    stale = sorted(set(EXPECTED) - set(ops))
+    assert not stale, f"EXPECTED lists operations the resolver no longer serves: {stale}"
+
+    schema = client.get("/api/schema/?format=json").json()
+    in_schema = set()
+    for path, item in schema["paths"].items():
+        concrete = re.sub(r"\{[^}]+\}", "1", path)
+        name = resolve(concrete).url_name
+        for method in item:
+            if method in ("get", "post", "put", "patch", "delete"):
+                in_schema.add((name, method.upper()))
+                assert (name, method.upper()) in EXPECTED, f"schema operation {method.upper()} {path} unclassified"
+    # Every served operation is documented, except the schema and docs themselves.
+    undocumented = set(ops) - in_schema - {("schema", "GET"), ("api-docs", "GET"), ("api-root", "GET")}
+    assert not undocumented, f"operations served but missing from the OpenAPI schema: {sorted(undocumented)}"
+
+
+@pytest.fixture
+def cleanup_run_files(world):
+    def clean(_resp=None):
+        for run in (world.run, world.paused_run):
+            shutil.rmtree(Path(settings.MEDIA_ROOT) / "runs" / str(run.pk) / "work", ignore_errors=True)
+    return clean
+
+
+def test_api_access_matrix(world, cleanup_run_files):
+    failures, checked = [], 0
+    clients = {role: api_client(world, role) for role in ROLES}
+    for (name, method), route in sorted(api_operations().items()):
+        url = url_for(name, world)
+        for role in ROLES:
+            body = BODIES[(name, method)](world) if (name, method) in BODIES else None
+            expected = EXPECTED[(name, method)][role]
+            resp, ok = call(clients[role], method, url, body, after=lambda r: expected.check(r, world))
+            cleanup_run_files()
+            checked += 1
+            if os.environ.get("ACCESS_MATRIX_DUMP"):
+                print(f"{method:6} {url:45} {role:7} {resp.status_code} {expected!r}")
+            if resp.status_code >= 500 or not ok:
+                detail = resp.content[:200].decode(errors="replace")
+                failures.append(f"{method} {url} as {role}: got {resp.status_code}, expected {expected!r}: {detail}")
+    assert not failures, f"{len(failures)} of {checked} checks failed:\n" + "\n".join(failures)
+    assert checked >= 6 * 70
+
+
+def test_methods_a_view_does_not_serve_are_405(world):
+    """PUT on objects that only take PATCH, DELETE on objects that cannot be deleted, ..."""
+    member = api_client(world, "member")
+    cases = [("PUT", "team-detail"), ("PUT", "membership-detail"),
+             ("DELETE", "tuningrun-detail"), ("PATCH", "tuningrun-detail"), ("DELETE", "gpujob-detail"),
+             ("PATCH", "dlmodel-detail"), ("DELETE", "node-detail"), ("POST", "gputelemetry-list")]
+    for method, name in cases:
+        resp, _ = call(member, method, url_for(name, world), ({}, "json"))
+        assert resp.status_code == 405, (method, name, resp.status_code)
+    resp, _ = call(api_client(world, "staff"), "PUT", url_for("quota-detail", world), ({}, "json"))
+    assert resp.status_code == 405  # staff may PATCH a quota, never PUT it
+    # and anonymous callers learn nothing beyond "authenticate"
+    for method, name in cases:
+        resp, _ = call(APIClient(), method, url_for(name, world), ({}, "json"))
+        assert resp.status_code == 401, (method, name, resp.status_code)
+
+
+def test_lists_never_show_another_teams_objects(world):
+    for name, key in SCOPED_LISTS.items():
+        target = getattr(world, key).pk
+        for role in ("other", "staff", "anon"):
+            resp, _ = call(api_client(world, role), "GET", reverse(name) + "?page_size=500")
+            if role == "anon":
+                assert resp.status_code == 401
+                continue
+            assert resp.status_code == 200, (name, role)
+            ids = [row["id"] for row in resp.json()["results"]]
+            assert target not in ids, f"{name} shows team A's object {target} to {role}"
+        # ...while the team's own members do see it (the scoping is not just "show nothing")
+        owner = "member" if name == "apitoken-list" else "viewer"
+        resp, _ = call(api_client(world, owner), "GET", reverse(name) + "?page_size=500")
+        assert target in [row["id"] for row in resp.json()["results"]], (name, owner)
+
+
+def test_unknown_and_foreign_ids_are_indistinguishable(world):
+    """Another team's object is a 404 exactly like an object that does not exist (no id probing)."""
+    other = api_client(world, "other")
+    for name, key in (("dlmodel-detail", "model"), ("tuningrun-detail", "run"), ("gpujob-detail", "job"),
+                      ("traceupload-detail", "trace"), ("simulationrun-detail", "simulation")):
+        foreign, _ = call(other, "GET", reverse(name, kwargs={"pk": getattr(world, key).pk}))
+        missing, _ = call(other, "GET", reverse(name, kwargs={"pk": 987654321}))
+        assert foreign.status_code == missing.status_code == 404
+        assert foreign.json()["code"] == missing.json()["code"] == "not_found"
+
+
+def test_revoked_token_and_inactive_user_lose_access(world):
+    from core import services
+    from core.models import ApiToken
+
+    member = api_client(world, "member")
+    assert member.get("/api/me/").status_code == 200
+    token = ApiToken.objects.get(user=world.users["member"], name="rel")
+    assert member.delete(f"/api/tokens/{token.pk}/").status_code == 200
+    resp = member.get("/api/me/")
+    assert resp.status_code == 401 and "revoked" in resp.json()["detail"]
+    assert member.post("/api/tokens/", {"name": "sneaky"}, format="json").status_code == 401
+    # a malformed header is a 401 too, never a 500
+    for header in ("Token", "Token a b", "Bearer \xff\xfe", "Token " + "x" * 5000):
+        c = APIClient()
+        c.credentials(HTTP_AUTHORIZATION=header)
+        assert c.get("/api/me/").status_code == 401, header
+    # a deactivated user's still-valid token stops working
+    issued = services.create_api_token(user=world.users["viewer"], name="second")
+    c = APIClient()
+    c.credentials(HTTP_AUTHORIZATION=f"Token {issued.key}")
+    assert c.get("/api/me/").status_code == 200
+    type(world.users["viewer"]).objects.filter(pk=world.users["viewer"].pk).update(is_active=False)
+    assert c.get("/api/me/").status_code == 401
+
+
+# --- the dashboard matrix -------------------------------------------------------------------------------
+
+def _login_redirect(r, w):
+    return r.status_code == 302 and r["Location"].startswith(reverse("login"))
+
+
+LOGIN = Outcome("302->login", _login_redirect)
+PAGE = Outcome("200", _status(200))
+REDIRECT = Outcome("302 (not to login)", lambda r, w: r.status_code == 302 and not _login_redirect(r, w))
+
+
+def effect(base: Outcome, desc: str, predicate) -> Outcome:
+    return Outcome(f"{base.name} and {desc}", lambda r, w: base.check(r, w) and predicate(w))
+
+
+def _run_status(w):
+    from tuning.models import TuningRun
+
+    return TuningRun.objects.get(pk=w.run.pk).status
+
+
+def _model_count(w):
+    from core.models import DLModel
+
+    return DLModel.objects.filter(team=w.team_a).count()
+
+
+def _run_count(w):
+    from tuning.models import TuningRun
+
+    return TuningRun.objects.filter(team=w.team_a).count()
+
+
+CANCELLED = effect(REDIRECT, "the run is cancelled", lambda w: _run_status(w) == "cancelled")
+UNCHANGED_RUN = effect(REDIRECT, "the run is unchanged", lambda w: _run_status(w) == "queued")
+MODEL_ADDED = effect(REDIRECT, "a model was added", lambda w: _model_count(w) == 2)
+NO_MODEL = effect(PAGE, "no model was added", lambda w: _model_count(w) == 1)
+RUN_ADDED = effect(REDIRECT, "a run was added", lambda w: _run_count(w) == 4)
+NO_RUN = effect(PAGE, "no run was added", lambda w: _run_count(w) == 3)
+
+SIGNED_IN_PAGE = _profile(anon=LOGIN, viewer=PAGE, member=PAGE, owner=PAGE, other=PAGE, staff=PAGE)
+TEAM_PAGE = _profile(anon=LOGIN, viewer=PAGE, member=PAGE, owner=PAGE, other=HIDDEN, staff=HIDDEN)
+POST_ONLY = _profile(anon=LOGIN, viewer=NOT_ALLOWED, member=NOT_ALLOWED, owner=NOT_ALLOWED, other=NOT_ALLOWED,
+                     staff=NOT_ALLOWED)
+
+# (url name, METHOD) -> role -> outcome for every dashboard URL.
+DASHBOARD_EXPECTED = {
+    ("login", "GET"): _profile(anon=PAGE, viewer=PAGE, member=PAGE, owner=PAGE, other=PAGE, staff=PAGE),
+    ("logout", "GET"): _profile(anon=NOT_ALLOWED, viewer=NOT_ALLOWED, member=NOT_ALLOWED, owner=NOT_ALLOWED,
+                                other=NOT_ALLOWED, staff=NOT_ALLOWED),
+    ("logout", "POST"): _profile(anon=LOGIN, viewer=LOGIN, member=LOGIN, owner=LOGIN, other=LOGIN, staff=LOGIN),
+    ("home", "GET"): SIGNED_IN_PAGE,
+    ("switch-team", "GET"): POST_ONLY,
+    ("switch-team", "POST"): _profile(anon=LOGIN, viewer=REDIRECT, member=REDIRECT, owner=REDIRECT, other=HIDDEN,
+                                      staff=HIDDEN),
+    ("model-list", "GET"): SIGNED_IN_PAGE,
+    ("model-upload", "GET"): SIGNED_IN_PAGE,
+    ("model-upload", "POST"): _profile(anon=LOGIN, viewer=NO_MODEL, member=MODEL_ADDED, owner=MODEL_ADDED,
+                                       other=NO_MODEL, staff=NO_MODEL),
+    ("model-detail", "GET"): TEAM_PAGE,
+    ("run-list", "GET"): SIGNED_IN_PAGE,
+    ("run-start", "GET"): SIGNED_IN_PAGE,
+    ("run-start", "POST"): _profile(anon=LOGIN, viewer=NO_RUN, member=RUN_ADDED, owner=RUN_ADDED, other=NO_RUN,
+                                    staff=NO_RUN),
+    ("run-compare", "GET"): SIGNED_IN_PAGE,
+    ("run-detail", "GET"): TEAM_PAGE,
+    ("run-control", "GET"): POST_ONLY,
+    ("run-control", "POST"): _profile(anon=LOGIN, viewer=UNCHANGED_RUN, member=CANCELLED, owner=CANCELLED,
+                                      other=HIDDEN, staff=HIDDEN),
+    ("cluster", "GET"): SIGNED_IN_PAGE,
+    ("simulations", "GET"): SIGNED_IN_PAGE,
+    ("simulation-detail", "GET"): TEAM_PAGE,
+    ("energy", "GET"): SIGNED_IN_PAGE,
+}
+
+DASHBOARD_OBJECTS = {"model-detail": "model", "run-detail": "run", "simulation-detail": "simulation"}
+
+
+def dashboard_url(name: str, w) -> str:
+    if name == "run-control":
+        return reverse(name, kwargs={"pk": w.run.pk, "action": "cancel"})
+    if name in DASHBOARD_OBJECTS:
+        return reverse(name, kwargs={"pk": getattr(w, DASHBOARD_OBJECTS[name]).pk})
+    return reverse(name)
+
+
+def dashboard_body(name: str, w):
+    if name == "switch-team":
+        return {"team": w.team_a.pk}
+    if name == "model-upload":
+        return {"team": w.team_a.pk, "name": "dash-upload", "description": "", "file": _onnx_upload("d.onnx")}
+    if name == "run-start":
+        return {"model": w.model.pk, "target_kind": "llvm", "num_cores": 2, "max_trials": 16,
+                "trials_per_round": 8, "measurement_mode": "doppler", "dop_mode": "auto", "dop_fixed": "",
+                "threads": "", "search_population": "", "seed": ""}
+    return {}
+
+
+def test_every_dashboard_url_is_classified():
+    routes = dashboard_routes()
+    classified = {name for name, _ in DASHBOARD_EXPECTED}
+    assert not set(routes) - classified, f"dashboard URLs nobody classified: {sorted(set(routes) - classified)}"
+    assert not classified - set(routes), f"classified URLs that no longer exist: {sorted(classified - set(routes))}"
+
+
+def test_dashboard_access_matrix(world, monkeypatch):
+    monkeypatch.setattr("tuning.services._enqueue", lambda run: None)
+    failures = []
+    for (name, method), per_role in sorted(DASHBOARD_EXPECTED.items()):
+        url = dashboard_url(name, world)
+        for role in ROLES:
+            client = Client()
+            if role != "anon":
+                client.force_login(world.users[role])
+            body = (dashboard_body(name, world), None) if method == "POST" else None
+            expected = per_role[role]
+            resp, ok = call(client, method, url, body, after=lambda r: expected.check(r, world))
+            if resp.status_code >= 500 or not ok:
+                failures.append(f"{method} {url} as {role}: got {resp.status_code} "
+                                f"{resp.get('Location', '')}, expected {expected!r}")
+    assert not failures, "\n".join(failures)
+
+
+def test_admin_is_staff_only(world):
+    from django.contrib.auth.models import Permission
+
+    for role in ROLES:
+        client = Client()
+        if role != "anon":
+            client.force_login(world.users[role])
+        resp = client.get("/admin/")
+        if role == "staff":
+            assert resp.status_code == 200
+        else:
+            assert resp.status_code == 302 and "/admin/login/" in resp["Location"], role
+    # staff without model permissions sees no team data in the admin
+    staff = Client()
+    staff.force_login(world.users["staff"])
+    assert not Permission.objects.filter(user=world.users["staff"]).exists()
+    assert staff.get("/admin/core/dlmodel/").status_code == 403
+
+
+# --- CSRF ---------------------------------------------------------------------------------------------
+
+FORM_RE = re.compile(r"<form\b([^>]*)>", re.I)
+
+
+def _post_forms(html: str, page_url: str) -> set[str]:
+    out = set()
+    for attrs in FORM_RE.findall(html):
+        if re.search(r'method\s*=\s*"post"', attrs, re.I):
+            m = re.search(r'action\s*=\s*"([^"]*)"', attrs)
+            out.add(m.group(1) if m and m.group(1) else page_url)
+    return out
+
+
+def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, monkeypatch):
+    """Find every POST form on every dashboard page (rendered for the owner, who sees all controls),
+    then POST to each without the token: 403, and nothing changes."""
+    from core.services import create_team
+    from tuning.models import TuningRun
+
+    monkeypatch.setattr("tuning.services._enqueue", lambda run: None)
+    create_team(name="Rel Team C", owner=world.users["owner"])  # two teams: the team switcher shows
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(world.users["owner"])
+    actions: dict[str, str] = {}
+    for name, method in DASHBOARD_EXPECTED:
+        if method != "GET" or name in ("logout", "switch-team", "run-control"):
+            continue
+        url = dashboard_url(name, world)
+        resp = strict.get(url)
+        assert resp.status_code == 200, url
+        for action in _post_forms(resp.content.decode(), url):
+            actions.setdefault(action, url)
+    # every dashboard view that accepts POST has a form somewhere, and we found it
+    posted_names = {resolve(a.split("?")[0]).url_name for a in actions}
+    assert {"login", "logout", "switch-team", "model-upload", "run-start", "run-control"} <= posted_names, \
+        posted_names
+    before = (TuningRun.objects.filter(team=world.team_a).count(), _model_count(world), _run_status(world))
+    for action in sorted(actions):
+        name = resolve(action.split("?")[0]).url_name
+        resp = strict.post(action, dashboard_body(name, world))
+        assert resp.status_code == 403, f"POST {action} without a CSRF token got {resp.status_code}"
+    assert (TuningRun.objects.filter(team=world.team_a).count(), _model_count(world), _run_status(world)) == before
+    anon = Client(enforce_csrf_checks=True)
+    assert anon.post("/login/", {"username": "rel-owner", "password": "pw-rel-owner"}).status_code == 403
+
+
+def test_session_authenticated_api_writes_need_csrf(world):
+    """The API takes session auth too (the dashboard's fetch()): a cross-site POST riding on the session
+    cookie must be refused on every unsafe operation."""
+    strict = APIClient(enforce_csrf_checks=True)
+    strict.force_login(world.users["owner"])
+    # force_login + APIClient: authenticate through the session, not force_authenticate
+    failures = []
+    for (name, method), route in sorted(api_operations().items()):
+        if method == "GET":
+            continue
+        url = url_for(name, world)
+        body = BODIES[(name, method)](world) if (name, method) in BODIES else ({}, "json")
+        resp, _ = call(strict, method, url, body)
+        if resp.status_code != 403 or "CSRF" not in resp.content.decode():
+            failures.append(f"{method} {url}: {resp.status_code} {resp.content[:120]!r}")
+    assert not failures, "\n".join(failures)
+    # with the token the same session works (it is CSRF, not the session, being refused)
+    resp = strict.get("/api/me/")
+    assert resp.status_code == 200 and resp.json()["username"] == "rel-owner"

@@ -1,0 +1,478 @@
+"""Hostile uploads at the API: every bad ONNX file and every malformed trace gets a 4xx with a clear
+message and a machine code, nothing is stored (no row, no file), local files named by a model are
+never read, and a gigantic body streams through with bounded memory."""
+from __future__ import annotations
+
+import gzip
+import sys
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
+from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import set_external_data
+from rest_framework.test import APIClient
+
+from core import services as core_services
+from core.models import DLModel
+from scheduling.models import TraceUpload
+
+pytestmark = pytest.mark.django_db
+
+V = helper.make_tensor_value_info
+MB = 1024 * 1024
+
+
+def _model(nodes, inputs, outputs, initializers=(), opsets=(("", 17),)) -> bytes:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets]).SerializeToString()
+
+
+def _relu(shape) -> bytes:
+    return _model([helper.make_node("Relu", ["x"], ["y"])], [V("x", TensorProto.FLOAT, shape)],
+                  [V("y", TensorProto.FLOAT, shape)])
+
+
+def _external(location: str) -> bytes:
+    w = numpy_helper.from_array(np.ones(4, dtype="float32"), "w")
+    set_external_data(w, location=location, offset=0, length=16)
+    return _model([helper.make_node("Add", ["x", "w"], ["y"])], [V("x", TensorProto.FLOAT, [4])],
+                  [V("y", TensorProto.FLOAT, [4])], [w])
+
+
+def _ld(field: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    def varint(n):
+        out = bytearray()
+        while True:
+            b, n = n & 0x7F, n >> 7
+            out.append(b | (0x80 if n else 0))
+            if not n:
+                return bytes(out)
+    return varint((field << 3) | 2) + varint(len(payload)) + payload
+
+
+def _nesting_bomb(depth: int = 400) -> bytes:
+    """Graph -> node -> attribute -> graph ... `depth` levels deep (past protobuf's recursion limit)."""
+    g = b""
+    for _ in range(depth):
+        g = _ld(1, _ld(5, _ld(6, g)))  # GraphProto.node / NodeProto.attribute / AttributeProto.g
+    return b"\x08\x08" + _ld(7, g)     # ir_version 8, ModelProto.graph
+
+
+def _huge_declared_initializer() -> bytes:
+    w = TensorProto()
+    w.name, w.data_type = "w", TensorProto.FLOAT
+    w.dims.extend([100_000, 100_000])  # 40 GB declared, no data
+    return _model([helper.make_node("Add", ["x", "w"], ["y"])], [V("x", TensorProto.FLOAT, [100_000, 100_000])],
+                  [V("y", TensorProto.FLOAT, [100_000, 100_000])], [w])
+
+
+def _bad_onnx(small_cnn: bytes) -> dict[str, tuple[bytes, str, set[str]]]:
+    """name -> (bytes, filename, acceptable error codes)."""
+    matmul_tflops = _model([helper.make_node("MatMul", ["x", "y"], ["z"])],
+                           [V("x", TensorProto.FLOAT, [4096, 100_000]), V("y", TensorProto.FLOAT, [100_000, 4096])],
+                           [V("z", TensorProto.FLOAT, [4096, 4096])])
+    conv_tflops = _model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+                         [V("x", TensorProto.FLOAT, [1, 512, 2048, 2048]), V("w", TensorProto.FLOAT, [512, 512, 3, 3])],
+                         [V("y", TensorProto.FLOAT, [1, 512, 2048, 2048])])
+    custom_op = _model([helper.make_node("Backdoor", ["x"], ["y"], domain="com.evil")],
+                       [V("x", TensorProto.FLOAT, [4])], [V("y", TensorProto.FLOAT, [4])],
+                       opsets=(("", 17), ("com.evil", 1)))
+    celu = _model([helper.make_node("Celu", ["x"], ["y"])], [V("x", TensorProto.FLOAT, [1, 3, 3])],
+                  [V("y", TensorProto.FLOAT, [1, 3, 3])])
+    return {
+        "truncated": (small_cnn[: len(small_cnn) * 2 // 3], "m.onnx", {"truncated"}),
+        "truncated_tiny": (small_cnn[:40], "m.onnx", {"truncated", "not_protobuf"}),
+        "not_protobuf_text": (b"<html><script>alert(1)</script></html>" * 20, "m.onnx", {"not_protobuf"}),
+        "not_protobuf_random": (np.random.default_rng(0).bytes(100_000), "m.onnx", {"not_protobuf", "truncated"}),
+        "pytorch_zip": (b"PK\x03\x04" + b"\0" * 200, "model.onnx", {"not_protobuf"}),
+        "pickle": (b"\x80\x04\x95" + b"\0" * 64, "model.onnx", {"not_protobuf"}),
+        "empty": (b"", "m.onnx", {"empty", "invalid"}),  # DRF refuses an empty file first
+        "bad_extension": (small_cnn, "model.pt", {"bad_extension"}),
+        "absurd_dimension_huge": (_relu([1, 3, 2_000_000_000]), "m.onnx", {"absurd_dimension"}),
+        "absurd_dimension_negative": (_relu([1, -3, 8]), "m.onnx", {"absurd_dimension"}),
+        "absurd_dimension_zero": (_relu([1, 0, 8]), "m.onnx", {"absurd_dimension"}),
+        "billions_of_flops_matmul": (matmul_tflops, "m.onnx", {"too_many_flops"}),
+        "billions_of_flops_conv": (conv_tflops, "m.onnx", {"too_many_flops"}),
+        "external_data_absolute": (_external("/etc/passwd"), "m.onnx", {"external_data"}),
+        "external_data_traversal": (_external("../../../../../../etc/passwd"), "m.onnx", {"external_data"}),
+        "unsupported_op_custom_domain": (custom_op, "m.onnx", {"unsupported_op", "checker_failed"}),
+        "unsupported_op_celu": (celu, "m.onnx", {"unsupported_op"}),
+        "huge_declared_initializer": (_huge_declared_initializer(), "m.onnx",
+                                      {"checker_failed", "absurd_dimension", "too_many_flops"}),
+        "nesting_bomb": (_nesting_bomb(), "m.onnx", {"not_protobuf", "truncated", "checker_failed"}),
+    }
+
+
+CASES = ["truncated", "truncated_tiny", "not_protobuf_text", "not_protobuf_random", "pytorch_zip", "pickle", "empty",
+         "bad_extension", "absurd_dimension_huge", "absurd_dimension_negative", "absurd_dimension_zero",
+         "billions_of_flops_matmul", "billions_of_flops_conv", "external_data_absolute", "external_data_traversal",
+         "unsupported_op_custom_domain", "unsupported_op_celu", "huge_declared_initializer", "nesting_bomb"]
+
+
+# Opens of any ".../passwd" while an upload is handled (the external-data cases name /etc/passwd).
+_opened: list[str] = []
+_watching = [False]
+
+
+def _audit(event, args):
+    if _watching[0] and event == "open" and args and isinstance(args[0], (str, bytes)):
+        path = args[0].decode(errors="replace") if isinstance(args[0], bytes) else args[0]
+        if path.endswith("passwd"):
+            _opened.append(path)
+
+
+sys.addaudithook(_audit)
+
+
+def _stored_files(settings) -> list[Path]:
+    root = Path(settings.MEDIA_ROOT)
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+@pytest.fixture
+def uploader(django_user_model):
+    user = django_user_model.objects.create_user(username="uploader", password="pw")
+    team = core_services.create_team(name="Upload Team", owner=user)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {core_services.create_api_token(user=user, name='t').key}")
+    return client, team, user
+
+
+@pytest.fixture(scope="module")
+def bad_onnx(small_cnn_bytes):
+    return _bad_onnx(small_cnn_bytes)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_hostile_onnx_upload_is_a_clear_400_and_stores_nothing(case, bad_onnx, uploader, settings):
+    client, team, _ = uploader
+    data, filename, codes = bad_onnx[case]
+    _opened.clear()
+    _watching[0] = True
+    try:
+        resp = client.post("/api/models/", {"team": team.pk, "name": case, "file": SimpleUploadedFile(filename, data)},
+                           format="multipart")
+    finally:
+        _watching[0] = False
+    assert resp.status_code == 400, (case, resp.status_code, resp.content[:300])
+    body = resp.json()
+    assert body["code"] in codes, (case, body)
+    assert len(body["detail"]) >= 30 and body["errors"]["file"]
+    assert "Traceback" not in body["detail"]
+    assert not DLModel.objects.exists() and not _stored_files(settings)
+    assert not _opened, f"{case}: the server opened {_opened}"
+
+
+def test_audit_hook_would_see_a_read_of_passwd():
+    """The external-data test relies on the audit hook: prove it fires."""
+    _opened.clear()
+    _watching[0] = True
+    try:
+        open("/etc/passwd", "rb").close()
+    finally:
+        _watching[0] = False
+    assert _opened == ["/etc/passwd"]
+
+
+def test_external_data_model_is_refused_even_when_the_file_exists_next_to_it(uploader, settings, tmp_path):
+    """A model naming a sibling data file (the normal external-data layout) is refused, never resolved
+    against the upload dir or MEDIA_ROOT."""
+    client, team, _ = uploader
+    secret = Path(settings.MEDIA_ROOT) / "models" / str(team.pk) / "weights.bin"
+    secret.parent.mkdir(parents=True, exist_ok=True)
+    secret.write_bytes(np.ones(4, dtype="float32").tobytes())
+    resp = client.post("/api/models/", {"team": team.pk, "name": "ext", "file": SimpleUploadedFile(
+        "m.onnx", _external("weights.bin"))}, format="multipart")
+    assert resp.status_code == 400 and resp.json()["code"] == "external_data"
+    assert not DLModel.objects.exists()
+
+
+def test_hostile_names_and_filenames(uploader, small_cnn_bytes, settings):
+    client, team, _ = uploader
+    post = lambda name, filename="m.onnx": client.post(  # noqa: E731
+        "/api/models/", {"team": team.pk, "name": name, "file": SimpleUploadedFile(filename, small_cnn_bytes)},
+        format="multipart")
+    for name in ("x" * 101, "nul\x00byte", "   "):
+        resp = post(name)
+        assert resp.status_code == 400 and "name" in resp.json()["errors"], (name, resp.content[:200])
+    # a path in the file name never escapes the media dir: files are stored by content hash
+    resp = post("traversal", filename="../../../../tmp/evil.onnx")
+    assert resp.status_code == 201, resp.content
+    stored = DLModel.objects.get(name="traversal").file.path
+    assert Path(stored).resolve().is_relative_to(Path(settings.MEDIA_ROOT).resolve())
+    assert Path(stored).name.endswith(".onnx") and "evil" not in stored
+    # HTML in a name is data, not markup, on the dashboard
+    resp = post("<script>alert(1)</script>")
+    assert resp.status_code == 201
+    dash = Client()
+    dash.force_login(team.memberships.get().user)
+    html = dash.get("/models/").content.decode()
+    assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_dashboard_upload_of_hostile_files_shows_the_refusal_and_stores_nothing(uploader, bad_onnx, settings):
+    _, team, user = uploader
+    dash = Client()
+    dash.force_login(user)
+    for case in ("nesting_bomb", "external_data_absolute", "billions_of_flops_conv", "pytorch_zip"):
+        data, filename, codes = bad_onnx[case]
+        resp = dash.post("/models/upload/", {"team": team.pk, "name": case, "description": "",
+                                             "file": SimpleUploadedFile(filename, data)})
+        assert resp.status_code == 200, case
+        assert any(code in resp.content.decode() for code in codes), case
+    assert not DLModel.objects.exists() and not _stored_files(settings)
+
+
+# --- a gigantic body -------------------------------------------------------------------------------------
+
+class StreamingMultipart:
+    """A multipart/form-data body generated on the fly (never held in memory), counting what the server
+    reads of it."""
+
+    def __init__(self, fields: dict[str, str], filename: str, file_size: int, boundary: str = "RelBoundary7MA4YWx"):
+        self.boundary = boundary
+        head = b"".join(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+            for k, v in fields.items())
+        head += (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+                 "Content-Type: application/octet-stream\r\n\r\n").encode()
+        self.head, self.tail, self.file_size = head, f"\r\n--{boundary}--\r\n".encode(), file_size
+        self.length = len(head) + file_size + len(self.tail)
+        self.pos = 0
+        self.pattern = (b"\x08\x08\x12\xfe\xff\x03" + bytes(range(256)) * 256)[: 64 * 1024]
+
+    @property
+    def content_type(self) -> str:
+        return f"multipart/form-data; boundary={self.boundary}"
+
+    def _byte_range(self, start: int, end: int) -> bytes:
+        out = bytearray()
+        h, f = len(self.head), len(self.head) + self.file_size
+        while start < end:
+            if start < h:
+                piece = self.head[start:min(end, h)]
+            elif start < f:
+                off = (start - h) % len(self.pattern)
+                piece = self.pattern[off: off + min(end, f) - start]
+            else:
+                piece = self.tail[start - f: end - f]
+            out += piece
+            start += len(piece)
+        return bytes(out)
+
+    def read(self, size: int = -1) -> bytes:
+        end = self.length if size is None or size < 0 else min(self.length, self.pos + size)
+        data = self._byte_range(self.pos, end)
+        self.pos = end
+        return data
+
+    def readline(self, size: int = -1) -> bytes:
+        limit = self.length if size is None or size < 0 else min(self.length, self.pos + size)
+        out = bytearray()
+        while self.pos < limit:
+            chunk = self._byte_range(self.pos, min(limit, self.pos + 8192))
+            cut = chunk.find(b"\n")
+            if cut >= 0:
+                chunk = chunk[: cut + 1]
+            out += chunk
+            self.pos += len(chunk)
+            if cut >= 0:
+                break
+        return bytes(out)
+
+
+def _stream_upload(client, path: str, body: StreamingMultipart, **extra):
+    return client.request(REQUEST_METHOD="POST", PATH_INFO=path, CONTENT_TYPE=body.content_type,
+                          CONTENT_LENGTH=str(body.length), **{"wsgi.input": body}, **extra)
+
+
+@pytest.mark.parametrize("endpoint", ["/api/models/", "/api/traces/", "/models/upload/"])
+def test_gigantic_upload_is_refused_with_bounded_memory(endpoint, uploader, settings, monkeypatch):
+    """A 50 MB body against a 1 MB cap (models) / the trace cap: refused with a 4xx, memory stays bounded
+    (the body streams to a temp file or is never read), nothing is stored."""
+    client, team, user = uploader
+    settings.ONNX_MAX_UPLOAD_BYTES = 1 * MB
+    if endpoint == "/api/traces/":
+        monkeypatch.setattr("scheduling.services.MAX_TRACE_BYTES", 1 * MB)
+    body = StreamingMultipart({"team": str(team.pk), "name": "huge"}, "huge.onnx" if "models" in endpoint
+                              else "huge.csv", 50 * MB)
+    if endpoint.startswith("/api/"):
+        token = client._credentials["HTTP_AUTHORIZATION"]
+        http = Client()
+        extra = {"HTTP_AUTHORIZATION": token}
+    else:
+        http = Client()
+        http.force_login(user)
+        extra = {}
+    tracemalloc.start()
+    try:
+        resp = _stream_upload(http, endpoint, body, **extra)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    print(f"{endpoint}: {resp.status_code}, read {body.pos / MB:.1f} of {body.length / MB:.1f} MB, "
+          f"peak traced memory {peak / MB:.1f} MB")
+    if endpoint == "/models/upload/":
+        assert resp.status_code == 200 and "too_large" in resp.content.decode()
+    else:
+        assert resp.status_code in (400, 413), resp.content[:300]
+        assert resp.json()["code"] == "too_large" and "MB" in resp.json()["detail"]
+    assert peak < 12 * MB, f"peak traced memory {peak / MB:.1f} MB while a 50 MB body streamed"
+    assert not DLModel.objects.exists() and not TraceUpload.objects.exists() and not _stored_files(settings)
+    if endpoint.startswith("/api/"):
+        # token-authenticated API uploads are refused from Content-Length, before the body is read
+        assert body.pos <= 2 * MB, f"the server read {body.pos / MB:.1f} MB of a body it was going to refuse"
+
+
+# --- traces ----------------------------------------------------------------------------------------------
+
+PHILLY_HEAD = "timestamp,duration,num_gpus,gpu_time,cluster\n"
+GOOD_ROW = "2017-10-09 06:00:00,600,1,600,c1\n"
+
+
+def _gz_bomb(decompressed_mb: int) -> bytes:
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip container
+    zeros = b"0" * MB
+    out = [comp.compress((PHILLY_HEAD + GOOD_ROW).encode())]
+    out += [comp.compress(zeros) for _ in range(decompressed_mb)]
+    out.append(comp.flush())
+    return b"".join(out)
+
+
+TRACE_CASES = {
+    "bad_number": (PHILLY_HEAD + GOOD_ROW + "2017-10-09 06:03:00,abc,1,0,c1\n", 3, "duration"),
+    "negative_duration": (PHILLY_HEAD + GOOD_ROW + "2017-10-09 06:03:00,-5,1,0,c1\n", 3, "duration"),
+    "nan_duration": (PHILLY_HEAD + GOOD_ROW + "2017-10-09 06:03:00,nan,1,0,c1\n", 3, "duration"),
+    "inf_gpus": (PHILLY_HEAD + GOOD_ROW + "2017-10-09 06:03:00,5,inf,0,c1\n", 3, "num_gpus"),
+    "too_many_gpus": (PHILLY_HEAD + GOOD_ROW + "2017-10-09 06:03:00,5,100000000,0,c1\n", 3, "num_gpus"),
+    "fractional_gpus": (PHILLY_HEAD + GOOD_ROW + "2017-10-09 06:03:00,5,1.5,0,c1\n", 3, "num_gpus"),
+    "bad_timestamp": (PHILLY_HEAD + "yesterday,5,1,0,c1\n", 2, "timestamp"),
+    "timestamp_out_of_range": (PHILLY_HEAD + "0001-01-01 00:00:00+01:00,5,1,0,c1\n", None, None),
+    "timestamp_far_future_tz": (PHILLY_HEAD + "9999-12-31 23:59:59-14:00,5,1,0,c1\n", None, None),
+    "short_row": (PHILLY_HEAD + GOOD_ROW + "2017-10-09 06:03:00,5\n", 3, None),
+    "missing_column": ("timestamp,duration\n2017-10-09 06:00:00,5\n", 1, None),
+    "header_only": (PHILLY_HEAD, None, None),
+    "empty": ("", None, None),
+    "nul_bytes": (PHILLY_HEAD + "2017-10-09 06:00:00,6\x0000,1,600,c1\n", None, None),
+    "huge_field": (PHILLY_HEAD + "2017-10-09 06:00:00," + "9" * 200_000 + ",1,600,c1\n", None, None),
+    "pod_list_multi_gpu_fraction": ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,2,500\n", 2,
+                                    "gpu_milli"),
+    "node_list_not_jobs": ("sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,2,P100\n", None, None),
+}
+
+
+def _trace_post(client, team, data: bytes, filename="t.csv", name="t"):
+    return client.post("/api/traces/", {"team": team.pk, "name": name, "file": SimpleUploadedFile(filename, data)},
+                       format="multipart")
+
+
+@pytest.mark.parametrize("case", sorted(TRACE_CASES))
+def test_malformed_trace_is_a_clear_400_and_stores_nothing(case, uploader, settings):
+    client, team, _ = uploader
+    text, line, column = TRACE_CASES[case]
+    resp = _trace_post(client, team, text.encode())
+    assert resp.status_code == 400, (case, resp.status_code, resp.content[:300])
+    body = resp.json()
+    assert body["code"] in ("trace_malformed", "invalid"), body
+    assert len(body["detail"]) >= 10 and "Traceback" not in body["detail"]
+    if line is not None:
+        assert body["line"] == line, body
+    if column is not None:
+        assert body["column"] == column and f"'{column}'" in body["detail"], body
+    assert not TraceUpload.objects.exists() and not _stored_files(settings)
+
+
+@pytest.mark.parametrize("case", ["binary_junk", "not_utf8", "corrupt_gzip", "truncated_gzip", "gzip_bomb"])
+def test_hostile_trace_files_are_refused_with_bounded_memory(case, uploader, settings):
+    client, team, _ = uploader
+    data = {
+        "binary_junk": np.random.default_rng(1).bytes(50_000),
+        "not_utf8": (PHILLY_HEAD + GOOD_ROW).encode() + b"\xff\xfe\xfd,1,1\n",
+        "corrupt_gzip": b"\x1f\x8b" + b"not really gzip" * 10,
+        "truncated_gzip": gzip.compress((PHILLY_HEAD + GOOD_ROW * 1000).encode())[:-8],  # no CRC/size trailer
+        "gzip_bomb": _gz_bomb(300),  # ~300 KB that inflates to 300 MB
+    }[case]
+    tracemalloc.start()
+    try:
+        resp = _trace_post(client, team, data, filename="t.csv.gz" if "gzip" in case else "t.csv")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert resp.status_code == 400, (case, resp.status_code, resp.content[:300])
+    assert resp.json()["code"] in ("trace_malformed", "too_large") and len(resp.json()["detail"]) >= 15
+    assert peak < 100 * MB, f"{case}: peak traced memory {peak / MB:.0f} MB"
+    assert not TraceUpload.objects.exists() and not _stored_files(settings)
+
+
+def test_a_good_gzipped_trace_still_uploads(uploader):
+    client, team, _ = uploader
+    resp = _trace_post(client, team, gzip.compress((PHILLY_HEAD + GOOD_ROW * 3).encode()), filename="t.csv.gz")
+    assert resp.status_code == 201, resp.content
+    assert resp.json()["n_jobs"] == 3
+
+
+def test_import_records_refuses_garbage_with_4xx(uploader, small_cnn_bytes):
+    from tuning import services as tuning_services
+
+    client, team, user = uploader
+    model = core_services.register_model(team=team, name="m", data=small_cnn_bytes, filename="m.onnx", actor=user)
+    run = tuning_services.start_run(actor=user, model=model, max_trials=8, enqueue=False)
+    cases = {
+        "binary": (np.random.default_rng(2).bytes(5000), b'[0, {}]\n'),
+        "not_json": (b"hello\n", b"world\n"),
+        "bad_index": (b'["w"]\n', b'[7, {}]\n'),
+        "negative_index": (b'["w"]\n', b'[-1, {}]\n'),
+        "empty": (b"", b""),
+        "not_list": (b'["w"]\n', b'{"a": 1}\n'),
+        "bool_index": (b'["w"]\n', b'[true, {}]\n'),
+    }
+    for name, (wl, rec) in cases.items():
+        resp = client.post(f"/api/runs/{run.pk}/import-records/", {
+            "workloads": SimpleUploadedFile("database_workload.json", wl),
+            "records": SimpleUploadedFile("database_tuning_record.json", rec)}, format="multipart")
+        assert 400 <= resp.status_code < 500, (name, resp.status_code, resp.content[:200])
+        assert not (tuning_services.run_work_dir(run.pk) / "database_tuning_record.json").exists(), name
+
+
+# --- hostile query strings and form values ----------------------------------------------------------------
+
+BIG = "9" * 30  # past every integer column
+
+
+def test_hostile_query_strings_and_form_values_never_5xx(world, client):
+    """Ids past bigint, non-numbers, negative pages, huge page sizes, bad dates, unknown orderings, long id
+    lists, on the dashboard and the API; and open-redirect attempts on the team switcher."""
+    client.force_login(world.users["owner"])
+    urls = [
+        "/runs/?page=abc", "/runs/?page=-1", "/runs/?page=99999999", "/runs/?status=zzz", "/runs/?team=abc",
+        f"/runs/?team={BIG}", f"/runs/?model={BIG}", "/runs/?created_after=notadate", "/runs/?ordering=evil",
+        "/runs/compare/?runs=1,abc", f"/runs/compare/?runs={BIG},1", "/runs/compare/?runs=" + ",".join(["1"] * 500),
+        f"/models/{BIG}/", f"/runs/{BIG}/", f"/simulations/{BIG}/", "/runs/new/?model=abc", f"/runs/new/?model={BIG}",
+        f"/api/charts/runs/{BIG}/curve/", f"/api/charts/runs/1/curve/?max_points={BIG}",
+        f"/api/charts/energy/?team={BIG}",
+        f"/api/charts/runs/compare/?runs={BIG},1", f"/api/runs/{BIG}/", f"/api/models/{BIG}/", f"/api/runs/?team={BIG}",
+        f"/api/runs/?model={BIG}", f"/api/models/?min_gflops={BIG}", "/api/models/?min_gflops=-1e300",
+        "/api/models/?min_gflops=0.5", f"/api/runs/{world.run.pk}/measurements/?task_index={BIG}",
+        f"/api/runs/?page_size={BIG}", f"/api/runs/?page={BIG}", f"/api/gpu-telemetry/?gpu={BIG}",
+        "/api/gpu-telemetry/?since=2020-13-45", f"/api/runs/?created_after={BIG}", "/api/runs/?ordering=-evil",
+        "/api/models/?search=%00", "/api/runs/?status=%00",
+    ]
+    for url in urls:
+        assert client.get(url).status_code < 500, url
+    for data in ({"team": BIG}, {"team": "abc"}, {"team": "all", "next": "javascript:alert(1)"},
+                 {"team": "all", "next": "//evil.example/"}, {"team": "all", "next": "https://evil.example/"}):
+        resp = client.post("/team/", data)
+        assert resp.status_code in (302, 404), data
+        if resp.status_code == 302:
+            assert resp["Location"] == "/", (data, resp["Location"])  # never off-site
+    resp = client.post("/runs/new/", {"model": BIG, "max_trials": BIG, "target_kind": "llvm", "num_cores": BIG,
+                                      "trials_per_round": BIG, "measurement_mode": "doppler", "dop_mode": "fixed",
+                                      "dop_fixed": BIG, "threads": BIG, "search_population": BIG, "seed": BIG})
+    assert resp.status_code == 200  # the form, with its errors
+    assert client.post(f"/runs/{world.run.pk}/{'x' * 500}/").status_code == 404
