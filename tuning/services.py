@@ -441,7 +441,8 @@ class DatabaseSink:
             run_id=self.run_id, round_index=info.round_index,
             defaults={"task_index": info.task_index, "dop": info.dop, "mean_error": info.mean_error,
                       "n_candidates": info.n_candidates, "n_remeasured": info.n_remeasured,
-                      "n_failures": info.n_failures})
+                      "n_failures": info.n_failures, "n_generated": getattr(info, "n_generated", None),
+                      "n_filtered": getattr(info, "n_filtered", None)})
 
     def control(self) -> str | None:
         now = time.monotonic()
@@ -473,6 +474,7 @@ class DatabaseSink:
 def build_engine_config(run: TuningRun, work_dir: Path):
     from tuning.engine.session import TuningConfig
     from tuning.engine.timer import EvaluatorConfig
+    from tuning.engine.trimmer import TrimmerConfig
 
     opts = dict(run.options or {})
     evaluator = EvaluatorConfig.from_any(opts.get("evaluator"))
@@ -487,6 +489,7 @@ def build_engine_config(run: TuningRun, work_dir: Path):
         mode=run.measurement_mode, dop=run.dop_fixed or "auto", threads=run.threads, work_dir=str(work_dir),
         seed=opts.get("seed"), evaluator=evaluator, search_population=opts.get("search_population"),
         genetic_num_iters=opts.get("genetic_num_iters"), **distributed,
+        trimmer=TrimmerConfig.from_dict(run.trimmer_options) if run.trimmer_enabled else None,
     )
 
 
@@ -580,10 +583,15 @@ def _finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: P
                                      export_path=str(work_dir / "tuned_module.so"))
     records_zip = _zip_database(work_dir)
     tasks_best = {t.index: t for t in TuningTask.objects.filter(run_id=run_id)}
+    trim = (summary.get("trimmer") if isinstance(summary, dict) else getattr(summary, "trimmer", None)) or {}
+    preempted = {int(k): int(v) for k, v in (trim.get("preempted_tasks") or {}).items()}
     for t in getattr(summary, "tasks", []) or []:
         idx = t.get("index") if isinstance(t, dict) else getattr(t, "index", None)
-        if idx in tasks_best:
+        if idx in tasks_best and idx not in preempted:
             TuningTask.objects.filter(pk=tasks_best[idx].pk).update(status=TuningTask.Status.DONE)
+    for idx, at_trial in preempted.items():
+        TuningTask.objects.filter(run_id=run_id, index=idx).update(status=TuningTask.Status.PREEMPTED,
+                                                                  preempted_at_trial=at_trial)
     TuningTask.objects.filter(run_id=run_id, status=TuningTask.Status.PENDING).update(status=TuningTask.Status.DONE)
     summary_dict = summary.to_dict() if hasattr(summary, "to_dict") else dict(getattr(summary, "__dict__", {}))
     with transaction.atomic():
@@ -602,9 +610,35 @@ def _finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: P
         run.mean_parallel_error = getattr(summary, "mean_parallel_error", None)
         run.summary = _json_safe(summary_dict)
         run.trials_done = Measurement.objects.filter(run_id=run_id).count()
+        if run.trimmer_enabled:
+            _store_trimmer_results(run, trim, getattr(summary, "stop_reason", None))
         run.status, run.finished_at, run.lease = TuningRun.Status.SUCCEEDED, timezone.now(), ""
         run.requested_action = ""
         run.save()
+
+
+def _store_trimmer_results(run: TuningRun, trim: dict, stop_reason: str | None) -> None:
+    """Trimmer's counts and savings on the run (saved by the caller). Savings are counted only when
+    Trimmer ended the run before its budget: the trials it did not measure, priced at this run's own
+    mean energy per measured trial."""
+    rounds = DopRound.objects.filter(run_id=run.pk).aggregate(g=Sum("n_generated"), f=Sum("n_filtered"))
+    run.candidates_generated = rounds["g"] or int(trim.get("generated") or 0)
+    run.candidates_filtered = rounds["f"] or int(trim.get("filtered") or 0)
+    if stop_reason:
+        run.stop_reason = stop_reason[:300]
+    measured = run.trials_done
+    run.trials_saved = max(0, run.max_trials - measured) if stop_reason else 0
+    if measured and run.energy_joules:
+        per_trial = run.energy_joules / measured
+        run.energy_saved_joules = run.trials_saved * per_trial
+        source = run.energy_source or "modeled"
+        run.savings_basis = (
+            f"Untrimmed policy would have measured the full budget ({run.max_trials} trials) at this run's mean "
+            f"energy per measured trial ({per_trial:.1f} J = {run.energy_joules:.0f} J / {measured} trials, "
+            f"{source})")[:300]
+    else:
+        run.energy_saved_joules = None
+        run.savings_basis = "No energy reading for this run: savings not estimated"
 
 
 def _json_safe(value):

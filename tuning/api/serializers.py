@@ -64,7 +64,8 @@ class TuningRunCreateSerializer(serializers.Serializer):
     trimmer_options = serializers.DictField(required=False, default=dict, help_text=(
         "Overrides of TrimmerConfig: plateau_rounds, min_improvement, model_window, model_patience, "
         "model_min_improvement, target_latency_s, min_trials_per_task, filter_enabled, filter_oversample, "
-        "filter_keep_explore."))
+        "filter_keep_explore, judge_after_trials (plateaus count after this many trials; null = once the "
+        "cost model is warm)."))
 
     def validate_dop(self, value):
         if value != "auto" and not (value.isdigit() and int(value) >= 1):

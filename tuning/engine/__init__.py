@@ -13,4 +13,8 @@ Modules (import them directly; nothing heavy is imported here):
 - ``measure`` / ``timer``: the pure measuring function a remote worker runs
   with only TVM's runtime, and the per-device timer.
 - ``callbacks`` / ``scheduler`` / ``events``: streaming to a ``TuningSink``.
+- ``trimmer`` (pure rules) / ``trimmer_hooks`` (``TrimmerRuntime``,
+  ``FilteredSearch``): Trimmer's pre-emption, whole-model stop and candidate
+  filter, on with ``TuningConfig(trimmer=...)``.
+- ``energy``: RAPL / NVML / modeled meters, each reading labeled.
 """

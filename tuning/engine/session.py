@@ -74,7 +74,7 @@ class TuningConfig:
     builder_workers: int | None = None
     search_threads: int | str = "physical"
     cpu_ids: list[int] | None = None  # cores to measure on
-    overlap_measurement: bool | None = None  # None: only when measuring cores are not shared
+    overlap_measurement: bool | None = None  # None: pooled runner -> builds wait for it (shared cores); distributed -> overlap
     final_remeasure: bool | None = None  # default: True in doppler mode
     final_share: float = 0.1
     timeout_sec: float = 30.0

@@ -9,6 +9,11 @@
 - Whole-model stop: the estimated end-to-end latency (sum of weight x best)
   over a window of rounds fails to improve by more than ``model_min_improvement``
   ``model_patience`` times in a row, or reaches ``target_latency_s``.
+- Warm-up: plateaus are judged (pre-emption, the windowed stop) only after
+  ``judge_after_trials`` measured trials; None = once the tuner's cost model
+  has its warm-up samples (MetaSchedule's XGBoost model ranks candidates at
+  random until it has seen 100, so a plateau before that says nothing about
+  convergence). The target latency applies from the start.
 
 Django-free and TVM-free, so every rule is unit-tested on synthetic histories.
 """
@@ -34,6 +39,7 @@ class TrimmerConfig:
     filter_enabled: bool = True        # ML candidate filter
     filter_oversample: int = 4         # candidates generated per slot, best predicted kept
     filter_keep_explore: float = 0.1   # share of slots kept for unfiltered (random) candidates
+    judge_after_trials: int | None = None  # None: once the cost model is warm; 0: from the start
 
     @classmethod
     def from_dict(cls, data: Mapping | None) -> "TrimmerConfig":
@@ -51,6 +57,9 @@ class TrimmerConfig:
             raise ValueError("filter_oversample must be >= 1 and filter_keep_explore in [0, 1]")
         if cfg.target_latency_s is not None and cfg.target_latency_s <= 0:
             raise ValueError("target_latency_s must be positive")
+        if cfg.judge_after_trials is not None and (not isinstance(cfg.judge_after_trials, int)
+                                                   or cfg.judge_after_trials < 0):
+            raise ValueError("judge_after_trials must be a non-negative integer or null")
         return cfg
 
     def to_dict(self) -> dict:

@@ -9,7 +9,9 @@ and TVM MetaSchedule.
   their share of end-to-end latency, :func:`~.trimmer.allocate_trials`).
   The callback only *decides*: terminating a task from inside a measure
   callback crashes with an asynchronous runner, so the scheduler's
-  ``next_task_id`` applies the decisions between rounds.
+  ``next_task_id`` applies the decisions between rounds. Plateaus count only
+  after the warm-up (``TrimmerConfig.judge_after_trials``; by default once the
+  cost model has its warm-up samples: before that the search is random).
 - :class:`FilteredSearch`: a ``PySearchStrategy`` around TVM's
   ``EvolutionarySearch`` that asks it for ``filter_oversample`` x the batch,
   scores the candidates with the tuner's cost model (higher is better) and
@@ -20,6 +22,7 @@ and TVM MetaSchedule.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import threading
@@ -53,7 +56,10 @@ class TrimmerRuntime:
         self.names = {t.index: t.name for t in tasks}
         self.max_trials = int(max_trials)
         self.tracker = TaskPlateauTracker(config)
-        self.stopper = ModelStopper(config)
+        # the windowed rule runs on the part of the model tuning can still change
+        # (see _tunable_estimate); the target latency is checked on the full estimate
+        self.stopper = ModelStopper(dataclasses.replace(config, target_latency_s=None))
+        self.exhausted: set[int] = set()  # the search had fewer new candidates than a round
         self.state = TrimmerState()
         self.lock = threading.Lock()
         self.rng = random.Random(seed)
@@ -66,6 +72,9 @@ class TrimmerRuntime:
         self._generated: dict[int, deque[tuple[int, int]]] = {i: deque() for i in self.weights}
         self.outstanding: dict[int, int] = {}  # kept by the filter, not measured yet
         self.per_round = 1  # batch size assumed for an in-flight batch the filter did not count
+        self.filter_ranked = 0  # filter rounds ranked by the trained cost model
+        self.filter_unranked = 0  # ... kept in the search's own order (cost model still warming up)
+        self.judging_from_trial: int | None = None  # when plateaus started to count (warm-up over)
         self.pending: set[int] = set()  # pre-empted by the callback, to terminate in the scheduler
         self.reallocations: list[dict] = []
         self.stop_reason: str | None = None
@@ -78,9 +87,14 @@ class TrimmerRuntime:
                 self.pending.add(i)
 
     # ------------------------------------------------------------------ filter side
-    def note_generated(self, task: int, generated: int, filtered: int) -> None:
+    def note_generated(self, task: int, generated: int, filtered: int, ranked: bool | None = None) -> None:
         """The candidate filter produced a batch for ``task`` (called before it is measured)."""
         with self.lock:
+            if ranked is not None and filtered:
+                if ranked:
+                    self.filter_ranked += 1
+                else:
+                    self.filter_unranked += 1
             self._generated.setdefault(task, deque()).append((int(generated), int(filtered)))
             self.outstanding[task] = self.outstanding.get(task, 0) + int(generated) - int(filtered)
 
@@ -91,6 +105,28 @@ class TrimmerRuntime:
         if not vals or not all(math.isfinite(v) for v in vals):
             return None
         return sum(vals)
+
+    def _tunable_estimate(self) -> float | None:
+        """The estimate without the tasks whose search space is exhausted: their share is a
+        constant no tuning changes (a one-schedule reshape, say), and one noisy measurement
+        of it would otherwise dwarf the gains the windowed stop rule looks for."""
+        if self.estimate() is None:
+            return None
+        vals = [self.weights[i] * b for i, b in self.best.items() if i not in self.exhausted]
+        return sum(vals) if vals else None
+
+    def _check_target(self) -> None:
+        if self.config.target_latency_s is None or self.stop_reason is not None:
+            return
+        probe = ModelStopper(self.config)
+        if probe.observe(self.estimate()):
+            self.stop_reason = probe.reason
+            self.state.model_stop_reason = probe.reason
+
+    def _preempt(self, task: int, round_index: int, reason: str) -> None:
+        self.state.preempted_tasks[task] = self.tracker.preempted[task]
+        self.pending.add(task)
+        self._record_reallocation(task, round_index, reason)
 
     def observe_batch(self, task: int, latencies: Sequence[float | None], *, round_index: int) -> tuple[int | None, int | None]:
         """One measured batch of ``task`` (None = failed candidate). Returns the
@@ -110,18 +146,50 @@ class TrimmerRuntime:
             valid = [x for x in latencies if x is not None and math.isfinite(x) and 0 < x < 1e9]
             if valid:
                 self.best[task] = min(self.best.get(task, math.inf), min(valid))
+            short = len(latencies) < self.per_round and self._spent() + len(latencies) < self.max_trials
+            if short and not self.tracker.is_preempted(task):
+                # fewer new candidates than a round: the search space is (nearly) exhausted
+                self._observe_warmup(task, latencies, valid)
+                self.exhausted.add(task)
+                self.tracker.preempted[task] = self.tracker.trials[task]
+                self._preempt(task, round_index, "search space exhausted")
+                return counts
+            if not self._judging():
+                self._observe_warmup(task, latencies, valid)
+                return counts
+            if self.judging_from_trial is None:
+                self.judging_from_trial = self._spent()
             was = self.tracker.is_preempted(task)
             if self.tracker.observe(task, list(latencies)) and not was:
-                self.state.preempted_tasks[task] = self.tracker.preempted[task]
-                self.pending.add(task)
-                self._record_reallocation(task, round_index)
-            if self.stopper.observe(self.estimate()) and self.stop_reason is None:
+                self._preempt(task, round_index, "plateau")
+            self._check_target()
+            if self.stopper.observe(self._tunable_estimate()) and self.stop_reason is None:
                 self.stop_reason = self.stopper.reason
                 self.state.model_stop_reason = self.stop_reason
             return counts
 
     def _spent(self) -> int:
         return sum(self.tracker.trials.values())
+
+    def _judging(self) -> bool:
+        """Whether plateaus count yet (see ``TrimmerConfig.judge_after_trials``)."""
+        after = self.config.judge_after_trials
+        if after is not None:
+            return self._spent() >= after
+        cm = self.cost_model
+        n_data, n_warm = getattr(cm, "data_size", None), getattr(cm, "num_warmup_samples", None)
+        if not isinstance(n_data, int) or not isinstance(n_warm, int):
+            return True  # no warm-up to wait for
+        return n_data >= n_warm
+
+    def _observe_warmup(self, task: int, latencies, valid) -> None:
+        """Warm-up: keep the task's trials and best, judge nothing; only the target latency stops."""
+        tr = self.tracker
+        tr.trials[task] = tr.trials.get(task, 0) + len(latencies)
+        if valid and (task not in tr.best or min(valid) < tr.best[task]):
+            tr.best[task] = min(valid)
+        tr.stale_rounds[task] = 0
+        self._check_target()
 
     def _shares(self, active: Iterable[int]) -> dict[int, tuple[float, float | None]]:
         return {i: (self.weights[i], self.best[i] if math.isfinite(self.best[i]) else None) for i in active}
@@ -130,7 +198,7 @@ class TrimmerRuntime:
         ex = set(exclude)
         return [i for i in self.weights if not self.tracker.is_preempted(i) and i not in ex]
 
-    def _record_reallocation(self, task: int, round_index: int) -> None:
+    def _record_reallocation(self, task: int, round_index: int, reason: str) -> None:
         remaining = max(0, self.max_trials - self._spent())
         others = self._active(exclude=[task])
         before = allocate_trials(remaining, self._shares(others + [task]), others + [task])
@@ -139,6 +207,7 @@ class TrimmerRuntime:
             "task": task,
             "task_name": self.names.get(task),
             "round": round_index,
+            "reason": reason,
             "at_trial": self.tracker.preempted[task],
             "remaining_budget": remaining,
             "freed_trials": before.get(task, 0),
@@ -196,6 +265,10 @@ class TrimmerRuntime:
             d["preempted_task_names"] = {i: self.names.get(i) for i in d["preempted_tasks"]}
             d["reallocations"] = list(self.reallocations)
             d["trials_by_task"] = dict(self.tracker.trials)
+            d["filter_rounds_ranked"] = self.filter_ranked
+            d["filter_rounds_unranked"] = self.filter_unranked
+            d["judging_from_trial"] = self.judging_from_trial
+            d["exhausted_tasks"] = sorted(self.exhausted)
             d["config"] = self.config.to_dict()
             return d
 
@@ -283,12 +356,14 @@ def _filtered_search_class():
             if cands is None:
                 return None
             cands = list(cands)
+            ranked = None
             if len(cands) > want:
                 n_explore = min(want, int(round(want * self.keep_explore)))
                 n_best = want - n_explore
                 scores = self._scores(cands)
                 order = list(range(len(cands)))
-                if scores is not None and len(scores) == len(cands):
+                ranked = scores is not None and len(scores) == len(cands)
+                if ranked:
                     order.sort(key=lambda i: -scores[i])
                 keep = order[:n_best]
                 rest = order[n_best:]
@@ -300,7 +375,7 @@ def _filtered_search_class():
             self.generated += len(cands)
             self.filtered += len(cands) - len(kept)
             if self.runtime is not None:
-                self.runtime.note_generated(self.task_index, len(cands), len(cands) - len(kept))
+                self.runtime.note_generated(self.task_index, len(cands), len(cands) - len(kept), ranked)
             return kept
 
         def notify_runner_results(self, measure_candidates, results) -> None:

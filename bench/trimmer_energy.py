@@ -1,0 +1,471 @@
+#!/usr/bin/env python
+"""Tuning energy with and without Trimmer, same workloads and budget.
+
+For each workload, both sides run interleaved in one benchmark run, each
+tuning job in a fresh interpreter, with the same engine, search, seed,
+evaluator, thread count and trial budget:
+
+  untrimmed  ``run_tuning(mode="doppler")``: persistent builder, pooled
+             asynchronous runner, DOPpler's DOP control and final serial
+             re-measure; the whole budget is measured.
+  trimmed    the same plus Trimmer with the platform's default options
+             (``TrimmerConfig()``): per-task plateau pre-emption (2 rounds
+             without a 1 % gain), budget re-allocation by share of end-to-end
+             latency, whole-model stop (windows of 2 rounds, 3 misses of 0.5 %),
+             ML candidate filter (4x oversampling, best by the tuner's cost
+             model, 10 % random explore).
+
+Energy: the best meter this host has (``tuning.engine.energy.available_meters``,
+as the platform uses): RAPL package energy where ``/sys/class/powercap`` is
+readable, else ``modeled`` = CPU-seconds of the tuning process and all its
+workers (builders, measuring pool) x watts per core (``--watts-per-core``,
+the platform's ENERGY_CPU_WATTS_PER_CORE default, 10 W). Read from just before
+``run_tuning`` to just after it, sampled every 0.25 s so reaped workers are
+not lost. A modeled ratio does not depend on the wattage; it is a CPU-time
+ratio. Measured candidates = records the run measured. Wall = run_tuning's
+wall time (other processes on the host inflate it; energy as CPU time is
+steadier).
+
+Final latency: both tuned models of a workload are compiled with their
+databases in ONE fresh process and timed end to end alternately
+(number=3, repeat=5, min_repeat_ms=100; median of the alternating rounds).
+
+Ablation (full run, or ``--ablation`` with ``--quick``) on the first workload:
+Trimmer's mechanisms switched on in turn - filter only; pre-emption + model
+stop without the filter; all (= trimmed).
+
+    .venv/bin/python bench/trimmer_energy.py [--quick] [--json bench/results/trimmer_energy.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import fmt_s, geomean, machine_info, run_child  # noqa: E402
+
+SCRIPT = str(Path(__file__).resolve())
+
+WORKLOADS = {
+    "small_cnn": "zoo small_cnn (Conv-ReLU-Conv-ReLU-MaxPool-Gemm, 3x32x32) through Relax: 5 tasks",
+    "resnet_block": "ResNet basic block subgraph: 2 x (3x3 conv 64->64 on 28x28) + ReLU + residual Add: 2 tasks",
+}
+
+SIDES = {
+    "untrimmed": None,
+    "trimmed": {},  # TrimmerConfig() defaults, as the platform's form
+}
+
+ABLATION = {
+    "filter only": {"plateau_rounds": 100000, "model_patience": 100000},
+    "pre-emption + model stop": {"filter_enabled": False},
+    "all (trimmed)": {},
+}
+
+
+# --------------------------------------------------------------------------- workloads
+def resnet_block_onnx(channels: int = 64, size: int = 28, seed: int = 0):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    c = channels
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) * 0.05).astype(np.float32), "w1"),
+        numpy_helper.from_array((rng.standard_normal((c,)) * 0.1).astype(np.float32), "b1"),
+        numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) * 0.05).astype(np.float32), "w2"),
+        numpy_helper.from_array((rng.standard_normal((c,)) * 0.1).astype(np.float32), "b2"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "x"], ["s"]),
+        helper.make_node("Relu", ["s"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "resnet_block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, size, size])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def make_workload(name: str):
+    if name == "small_cnn":
+        from core.onnx_models.zoo import build_model
+
+        return build_model("small_cnn")
+    if name == "resnet_block":
+        return resnet_block_onnx()
+    if name == "tiny_cnn":
+        from tuning.engine.testing import tiny_cnn_onnx
+
+        return tiny_cnn_onnx()
+    raise KeyError(name)
+
+
+# --------------------------------------------------------------------------- child jobs
+class _Sampler:
+    """Reads a meter every ``every`` s in the background (ModeledMeter keeps the maximum)."""
+
+    def __init__(self, meter, every: float = 0.25) -> None:
+        self.meter, self.every = meter, every
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.every):
+            try:
+                self.meter.read()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=5)
+        return False
+
+
+class _CurveSink:
+    """Records the end-to-end estimate (sum of weight x best) after every measured batch."""
+
+    def __init__(self) -> None:
+        self.weights: dict[int, float] = {}
+        self.best: dict[int, float] = {}
+        self.n = 0
+        self.curve: list[tuple[int, float | None]] = []
+
+    def on_tasks(self, tasks):
+        self.weights = {t.index: float(t.weight) for t in tasks}
+
+    def on_measurements(self, records):
+        for r in records:
+            self.n += 1
+            lat = r.latency_s
+            if lat is not None and lat < self.best.get(r.task_index, float("inf")):
+                self.best[r.task_index] = lat
+        est = (sum(w * self.best[i] for i, w in self.weights.items())
+               if self.weights and all(i in self.best for i in self.weights) else None)
+        self.curve.append((self.n, est))
+
+    def on_round(self, info):
+        pass
+
+    def control(self):
+        return None
+
+
+def _job_tune(spec: dict) -> dict:
+    from tuning.engine.energy import available_meters
+    from tuning.engine.session import TuningConfig, run_tuning
+    from tuning.engine.timer import EvaluatorConfig
+
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    wl = make_workload(spec["workload"])
+    cfg = TuningConfig(
+        target=spec["target"],
+        max_trials=spec["trials"],
+        trials_per_round=spec["per_round"],
+        mode="doppler",
+        threads=spec["threads"],
+        work_dir=spec["work_dir"],
+        seed=spec["seed"],
+        evaluator=EvaluatorConfig(),
+        search_population=spec.get("population"),
+        genetic_num_iters=spec.get("genetic_iters"),
+        trimmer=spec.get("trimmer"),
+    )
+    meter = available_meters(cpu_watts_per_core=spec["watts_per_core"], gpu_board_watts=0.0)
+    j0 = meter.read().joules
+    t0 = time.perf_counter()
+    sink = _CurveSink()
+    with _Sampler(meter):
+        s = run_tuning(wl, cfg, sink)
+    wall = time.perf_counter() - t0
+    energy = meter.read().joules - j0
+    return {
+        "wall_s": wall,
+        "energy_j": energy,
+        "energy_source": meter.source,
+        "status": s.status,
+        "n_measured": s.n_measurements + s.n_duplicates,
+        "n_records": s.n_total_records,
+        "estimated_latency_s": s.best_latency_s,
+        "stop_reason": s.stop_reason,
+        "trimmer": s.trimmer,
+        "final_dop": s.final_dop,
+        "phase_secs": s.phase_secs,
+        "tasks": [{"name": t.name, "records": t.n_records, "best_s": t.best_latency_s} for t in s.tasks],
+        "curve": sink.curve,  # (records measured so far, end-to-end estimate) after every batch
+    }
+
+
+def _job_remeasure(spec: dict) -> dict:
+    """Compile every (workload, side) with its database and time them alternately in this process."""
+    import numpy as np
+
+    from tuning.engine.relax_pipeline import compile_model, make_target, random_inputs, run_and_time
+    from tuning.engine.session import open_database
+
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    target = make_target(spec["target"])
+    rounds = int(spec.get("rounds", 5))
+    out = {}
+    for wname, sides in spec["items"].items():
+        wl = make_workload(wname)
+        inputs = random_inputs(wl)
+        exes = {side: compile_model(wl, target, database=open_database(wd)) for side, wd in sides.items()}
+        samples: dict[str, list[float]] = {s: [] for s in exes}
+        outputs = {}
+        for r in range(rounds):
+            order = list(exes) if r % 2 == 0 else list(reversed(list(exes)))
+            for side in order:
+                outs, med = run_and_time(exes[side], inputs, target, number=3, repeat=5, min_repeat_ms=100,
+                                         threads=spec["threads"])
+                outputs[side] = outs
+                samples[side].append(med)
+        res = {side: statistics.median(v) for side, v in samples.items()}
+        res["samples"] = samples
+        vals = list(outputs.values())
+        if len(vals) >= 2:
+            res["max_abs_diff"] = float(max(float(np.max(np.abs(a - b))) for a, b in zip(vals[0], vals[1])))
+        out[wname] = res
+    return out
+
+
+def child_main(spec: dict) -> None:
+    os.environ["TVM_NUM_THREADS"] = str(spec["threads"])
+    logging.basicConfig(level=logging.WARNING)
+    res = _job_tune(spec) if spec["kind"] == "tune" else _job_remeasure(spec)
+    Path(spec["out"]).write_text(json.dumps(res, indent=1, default=str))
+
+
+# --------------------------------------------------------------------------- driver
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--job", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="smaller budgets, one repeat, no ablation (< 10 min on 2 cores)")
+    ap.add_argument("--workloads", default=None, help=f"comma list (default: {','.join(WORKLOADS)})")
+    ap.add_argument("--repeats", type=int, default=None, help="tuning jobs per side and workload (quick 1, full 3)")
+    ap.add_argument("--threads", type=int, default=None, help="measurement/deployment threads (default: all cores)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--population", type=int, default=None, help="evolutionary population (quick 128, full TVM's 512)")
+    ap.add_argument("--genetic-iters", type=int, default=None, help="genetic iterations (quick 2, full TVM's 4)")
+    ap.add_argument("--trials-scale", type=float, default=1.0, help="multiply every workload's trial budget")
+    ap.add_argument("--per-round", type=int, default=None, help="trials per round (quick 8, full 16)")
+    ap.add_argument("--sides", default=None, help="comma list of sides to run (default: untrimmed,trimmed)")
+    ap.add_argument("--ablation", action="store_true", help="run the ablation also with --quick")
+    ap.add_argument("--no-ablation", action="store_true")
+    ap.add_argument("--watts-per-core", type=float, default=10.0, help="modeled energy only (default 10 W)")
+    ap.add_argument("--json", default=None, help="write the result JSON here")
+    ap.add_argument("--keep", action="store_true", help="keep the work directories")
+    args = ap.parse_args(argv)
+    if args.job:
+        child_main(json.loads(args.job))
+        return 0
+
+    cores = len(os.sched_getaffinity(0))
+    threads = args.threads or cores
+    target = {"kind": "llvm", "num-cores": cores}
+    names = args.workloads.split(",") if args.workloads else list(WORKLOADS)
+    repeats = args.repeats or (1 if args.quick else 3)
+    population = args.population or (128 if args.quick else None)
+    genetic_iters = args.genetic_iters or (2 if args.quick else None)
+    per_round = args.per_round or 16
+    base_trials = {"small_cnn": 320 if args.quick else 640, "resnet_block": 256 if args.quick else 480}
+    do_ablation = (args.ablation or not args.quick) and not args.no_ablation
+    root = Path(tempfile.mkdtemp(prefix="bench_trimmer_"))
+    started = time.perf_counter()
+    machine = machine_info(threads=threads, target=target)
+    print(f"# trimmer_energy: {len(names)} workloads x {repeats} repeat(s), threads={threads}, cores={cores}, "
+          f"quick={args.quick}")
+    print(f"# machine: {machine['cpu']}, load average at start {machine.get('loadavg')}")
+
+    def trials_of(name: str) -> int:
+        return max(per_round, int(round(base_trials.get(name, 160) * args.trials_scale)))
+
+    def spec(name: str, label: str, trimmer, rep: int) -> dict:
+        wd = root / f"{name}__{label}__{rep}".replace(" ", "_").replace("+", "p").replace("(", "").replace(")", "")
+        return {"kind": "tune", "label": f"{name}/{label}/{rep}", "workload": name, "target": target,
+                "threads": threads, "trials": trials_of(name), "per_round": per_round, "seed": args.seed,
+                "population": population, "genetic_iters": genetic_iters, "trimmer": trimmer,
+                "watts_per_core": args.watts_per_core, "work_dir": str(wd), "out": str(wd) + ".json"}
+
+    rows = []
+    step = 0
+    for name in names:
+        runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+        for rep in range(repeats):
+            order = list(SIDES) if step % 2 == 0 else list(reversed(list(SIDES)))
+            step += 1
+            for side in order:
+                sp = spec(name, side, SIDES[side], rep)
+                res = run_child(SCRIPT, sp, timeout=3600)
+                res["work_dir"] = sp["work_dir"]
+                runs[side].append(res)
+                print(f"  {name:13s} {side:9s} #{rep}  wall {res['wall_s']:6.1f} s  energy {res['energy_j']:8.1f} J "
+                      f"({res['energy_source']})  measured {res['n_measured']:4d}  "
+                      f"stop: {res.get('stop_reason') or '-'}", flush=True)
+        rows.append({"workload": name, "description": WORKLOADS.get(name, name), "trials": trials_of(name),
+                     "trials_per_round": per_round, "runs": runs})
+
+    ablation = []
+    if do_ablation and names:
+        name = names[0]
+        for label, opts in ABLATION.items():
+            if label == "all (trimmed)":
+                continue
+            sp = spec(name, "abl " + label, opts, 0)
+            res = run_child(SCRIPT, sp, timeout=3600)
+            res["work_dir"] = sp["work_dir"]
+            ablation.append({"workload": name, "config": label, **res})
+            print(f"  {name:13s} ablation {label:26s} wall {res['wall_s']:6.1f} s  energy {res['energy_j']:8.1f} J  "
+                  f"measured {res['n_measured']:4d}", flush=True)
+
+    # -- final latency: every tuned model of a workload re-measured in one process
+    items = {}
+    for r in rows:
+        sides = {}
+        for side, lst in r["runs"].items():
+            for i, res in enumerate(lst):
+                sides[f"{side}#{i}"] = res["work_dir"]
+        for a in ablation:
+            if a["workload"] == r["workload"]:
+                sides[f"abl:{a['config']}"] = a["work_dir"]
+        items[r["workload"]] = sides
+    rm = run_child(SCRIPT, {"kind": "remeasure", "label": "remeasure", "target": target, "threads": threads,
+                            "items": items, "rounds": 5, "out": str(root / "remeasure.json")}, timeout=3600)
+
+    def med(vals):
+        vals = [v for v in vals if v is not None]
+        return statistics.median(vals) if vals else None
+
+    sources = set()
+    for r in rows:
+        m = rm.get(r["workload"], {})
+        for side, lst in r["runs"].items():
+            for i, res in enumerate(lst):
+                res["final_latency_s"] = m.get(f"{side}#{i}")
+                sources.add(res["energy_source"])
+        u, t = r["runs"]["untrimmed"], r["runs"]["trimmed"]
+        r["untrimmed"] = {k: med([x[k] for x in u]) for k in ("energy_j", "wall_s", "n_measured", "final_latency_s")}
+        r["trimmed"] = {k: med([x[k] for x in t]) for k in ("energy_j", "wall_s", "n_measured", "final_latency_s")}
+        for key, field in (("energy_ratio", "energy_j"), ("wall_ratio", "wall_s"), ("measured_ratio", "n_measured"),
+                           ("latency_ratio", "final_latency_s")):
+            a, b = r["trimmed"][field], r["untrimmed"][field]
+            r[key] = (a / b) if a and b else None
+        r["max_abs_diff_outputs"] = m.get("max_abs_diff")
+        r["preempted"] = [len((x.get("trimmer") or {}).get("preempted_tasks") or {}) for x in t]
+        r["stop_reasons"] = [x.get("stop_reason") for x in t]
+        tr = [x.get("trimmer") or {} for x in t]
+        r["filter"] = {"generated": med([x.get("generated") for x in tr]), "filtered": med([x.get("filtered") for x in tr]),
+                       "measured": med([x.get("measured") for x in tr])}
+    for a in ablation:
+        base = next(r for r in rows if r["workload"] == a["workload"])
+        a["final_latency_s"] = rm.get(a["workload"], {}).get(f"abl:{a['config']}")
+        a["energy_ratio"] = a["energy_j"] / base["untrimmed"]["energy_j"] if base["untrimmed"]["energy_j"] else None
+        a["measured_ratio"] = a["n_measured"] / base["untrimmed"]["n_measured"] if base["untrimmed"]["n_measured"] else None
+        a["latency_ratio"] = (a["final_latency_s"] / base["untrimmed"]["final_latency_s"]
+                              if a["final_latency_s"] and base["untrimmed"]["final_latency_s"] else None)
+    energy_source = "+".join(sorted(sources)) if sources else None
+    overall = {
+        "energy_ratio": geomean(r["energy_ratio"] for r in rows),
+        "measured_ratio": geomean(r["measured_ratio"] for r in rows),
+        "wall_ratio": geomean(r["wall_ratio"] for r in rows),
+        "latency_ratio": geomean(r["latency_ratio"] for r in rows),
+        "energy_source": energy_source,
+        "energy_note": ("modeled: CPU-seconds of the tuning process tree x "
+                        f"{args.watts_per_core:g} W per core (RAPL not readable on this host); "
+                        "the ratio is a CPU-time ratio") if energy_source == "modeled" else
+                       f"measured ({energy_source})",
+        "goal": {"energy_ratio_max": 0.55, "latency_ratio_max": 1.03},
+    }
+    overall["goal_met"] = bool(overall["energy_ratio"] is not None and overall["latency_ratio"] is not None
+                               and overall["energy_ratio"] <= 0.55 and overall["latency_ratio"] <= 1.03)
+    machine["loadavg_end"] = list(os.getloadavg())
+    result = {
+        "benchmark": "trimmer_energy",
+        "overall": overall,
+        "workloads": rows,
+        "ablation": ablation,
+        "machine": machine,
+        "settings": {
+            "quick": args.quick, "threads": threads, "repeats": repeats, "trials_per_round": per_round,
+            "trials": {n: trials_of(n) for n in names}, "seed": args.seed,
+            "search": {"population": population or 512, "genetic_iters": genetic_iters or 4},
+            "evaluator_tuning": {"number": 3, "repeat": 1, "min_repeat_ms": 100},
+            "evaluator_final": {"number": 3, "repeat": 5, "min_repeat_ms": 100, "rounds": 5, "alternating": True},
+            "trimmer": "TrimmerConfig() defaults", "watts_per_core": args.watts_per_core,
+        },
+        "bench_wall_s": time.perf_counter() - started,
+    }
+
+    # -- table
+    print()
+    print(f"{'workload':13s} {'trials':>6s} {'meas. U':>7s} {'meas. T':>7s} {'meas x':>6s} {'energy U J':>10s} "
+          f"{'energy T J':>10s} {'energy x':>8s} {'wall x':>6s} {'lat U us':>9s} {'lat T us':>9s} {'lat x':>6s} "
+          f"{'pre-empted':>10s}  stop")
+    for r in rows:
+        u, t = r["untrimmed"], r["trimmed"]
+        print(f"{r['workload']:13s} {r['trials']:6d} {u['n_measured']:7.0f} {t['n_measured']:7.0f} "
+              f"{(r['measured_ratio'] or float('nan')):6.3f} {u['energy_j']:10.1f} {t['energy_j']:10.1f} "
+              f"{(r['energy_ratio'] or float('nan')):8.3f} {(r['wall_ratio'] or float('nan')):6.3f} "
+              f"{fmt_s(u['final_latency_s'], 'us'):>9s} {fmt_s(t['final_latency_s'], 'us'):>9s} "
+              f"{(r['latency_ratio'] or float('nan')):6.3f} {str(r['preempted']):>10s}  "
+              f"{'; '.join(str(s) for s in r['stop_reasons'])[:90]}")
+    print(f"{'overall (geomean)':20s} measured x {overall['measured_ratio']:.3f}   energy x "
+          f"{(overall['energy_ratio'] or float('nan')):.3f} ({energy_source})   wall x "
+          f"{(overall['wall_ratio'] or float('nan')):.3f}   final latency x {(overall['latency_ratio'] or float('nan')):.3f}")
+    for r in rows:
+        f = r["filter"]
+        print(f"  filter {r['workload']}: generated {f['generated']}, filtered {f['filtered']}, measured {f['measured']}")
+    if ablation:
+        print("\nablation (first workload; ratios to untrimmed):")
+        for a in ablation:
+            print(f"  {a['workload']:13s} {a['config']:26s} energy x {(a['energy_ratio'] or float('nan')):.3f}  "
+                  f"measured x {(a['measured_ratio'] or float('nan')):.3f}  latency x "
+                  f"{(a['latency_ratio'] or float('nan')):.3f}")
+        for r in rows[:1]:
+            print(f"  {r['workload']:13s} {'all (trimmed)':26s} energy x {(r['energy_ratio'] or float('nan')):.3f}  "
+                  f"measured x {(r['measured_ratio'] or float('nan')):.3f}  latency x "
+                  f"{(r['latency_ratio'] or float('nan')):.3f}")
+    print(f"\ngoal energy x <= 0.55 with latency x <= 1.03: {'MET' if overall['goal_met'] else 'NOT MET'}")
+    print(f"energy: {overall['energy_note']}")
+    print(f"threads={threads}; same search (population {population or 512}, genetic iters {genetic_iters or 4}), "
+          f"seed {args.seed}, evaluator and budget on both sides; medians over {repeats} repeat(s); final latency = "
+          f"median of 5 alternating rounds in one process; load average start {machine['loadavg']} end "
+          f"{machine['loadavg_end']}; bench {result['bench_wall_s']:.0f} s")
+
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        print(f"wrote {args.json}")
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
