@@ -105,6 +105,9 @@ class StartRunForm(forms.Form):
         return {k: self.cleaned_data[k] for k in ("search_population", "seed") if self.cleaned_data.get(k) is not None}
 
 
+MAX_DB_ID = 2**63 - 1  # ids beyond a 64-bit integer cannot exist (and SQLite refuses to bind them)
+
+
 def parse_id_list(values: list[str]) -> list[int]:
     """`?runs=3&runs=5` or `?runs=3,5` -> [3, 5] (order kept, duplicates dropped); ValueError on junk."""
     ids: list[int] = []
@@ -113,7 +116,7 @@ def parse_id_list(values: list[str]) -> list[int]:
             part = part.strip()
             if not part:
                 continue
-            if not part.isdigit():
+            if not part.isdigit() or int(part) > MAX_DB_ID:
                 raise ValueError(f"'{part}' is not a run id")
             if int(part) not in ids:
                 ids.append(int(part))

@@ -10,6 +10,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied as DRFPermissionDenied
 from rest_framework.response import Response
 
+from core.api.filters import UtcIsoDateTimeFilter
 from core.api.permissions import IsTeamMemberWriteOrReadOnly
 from core.api.uploads import body_over
 from scheduling import selectors, services
@@ -110,8 +111,8 @@ class GPUViewSet(DrainMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, v
 
 
 class TelemetryFilter(django_filters.FilterSet):
-    since = django_filters.IsoDateTimeFilter(field_name="ts", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="ts", lookup_expr="lte")
+    since = UtcIsoDateTimeFilter(field_name="ts", lookup_expr="gte")
+    until = UtcIsoDateTimeFilter(field_name="ts", lookup_expr="lte")
     node = django_filters.CharFilter(field_name="gpu__node__name")
 
     class Meta:
@@ -198,8 +199,8 @@ class PredictorVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, 
 # --- jobs and placements (team-scoped) ------------------------------------------------------------------
 
 class GpuJobFilter(django_filters.FilterSet):
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lte")
+    created_after = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lte")
 
     class Meta:
         model = GpuJob

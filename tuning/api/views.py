@@ -8,6 +8,7 @@ from rest_framework import mixins, parsers, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from core.api.filters import UtcIsoDateTimeFilter
 from core.api.permissions import IsTeamMemberWriteOrReadOnly
 from core.api.uploads import body_over
 from core.services import read_upload
@@ -30,8 +31,8 @@ IMPORT_RECORDS_MAX_BYTES = 200 * 1024 * 1024
 
 
 class TuningRunFilter(django_filters.FilterSet):
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lte")
+    created_after = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lte")
 
     class Meta:
         model = TuningRun
