@@ -153,10 +153,10 @@ def test_model_stop_at_target_latency_ends_the_run_early(tmp_path, cpu_target, c
 
     sink = ListSink()
     s = run_tuning(cnn, _cfg(cpu_target, tmp_path, 200, {"target_latency_s": 10.0, "filter_enabled": False},
-                             final_remeasure=False), sink)
+                             final_remeasure=False, trials_per_round=4, search_population=24), sink)
     assert s.status == "succeeded"
     assert s.stop_reason and "target latency" in s.stop_reason
     assert s.trimmer["model_stop_reason"] == s.stop_reason
     # stops once every task has a latency (after the first round robin): far below the budget
-    assert 0 < s.n_measurements <= 5 * 8 < 200
+    assert 0 < s.n_measurements <= 5 * 4 < 200
     assert s.trimmer["generated"] == 0 and s.trimmer["measured"] == s.n_measurements + s.n_duplicates

@@ -253,8 +253,10 @@ class TrimmerRuntime:
             return tied[0] if len(tied) == 1 else tied[self.rng.randrange(len(tied))]
 
     def finish_all_preempted(self) -> None:
+        """No task left to tune: the stop is Trimmer's when it pre-empted any of them (else every
+        search space simply ran out, which TVM ends by itself)."""
         with self.lock:
-            if self.stop_reason is None:
+            if self.stop_reason is None and self.state.preempted_tasks:
                 self.stop_reason = ALL_PREEMPTED
                 self.state.model_stop_reason = ALL_PREEMPTED
 
