@@ -1,13 +1,15 @@
-"""Admin console: teams, members, quotas (limits beside usage), models, tokens."""
+"""Admin console: teams, members, quotas (limits beside usage), energy settings, models, tokens."""
 from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.shortcuts import redirect
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from . import selectors, services
-from .models import ApiToken, DLModel, Membership, Quota, Team
+from .models import ApiToken, DLModel, EnergySettings, Membership, Quota, Team
 from .onnx_models.errors import OnnxValidationError
 
 admin.site.site_header = "dlopt administration"
@@ -96,6 +98,35 @@ class QuotaAdmin(admin.ModelAdmin):
     @admin.display(description="Usage this month")
     def usage_summary(self, quota):
         return self._usage(quota).as_dict() if quota.pk else "-"
+
+
+@admin.register(EnergySettings)
+class EnergySettingsAdmin(admin.ModelAdmin):
+    """One row: the list page opens it (created from the ENERGY_* defaults the first time)."""
+
+    fields = ["cpu_watts_per_core", "gpu_board_watts", "grid_intensity_g_per_kwh", "joules_per_trial_estimate",
+              "updated_at", "updated_by"]
+    readonly_fields = ["updated_at", "updated_by"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        if not self.has_view_or_change_permission(request):
+            return super().changelist_view(request, extra_context)
+        row = services.ensure_energy_settings()
+        return redirect(reverse("admin:core_energysettings_change", args=[row.pk]))
+
+    def save_model(self, request, obj, form, change):
+        # Through the service: staff-only, validated, and who changed it is recorded.
+        saved = services.update_energy_settings(
+            actor=request.user, **{name: form.cleaned_data[name] for name in form.changed_data})
+        obj.updated_by, obj.updated_at = saved.updated_by, saved.updated_at
+        self.message_user(request, "Energy settings saved: new tuning runs use them; finished runs keep the "
+                                   "values they were measured or modeled with.", messages.SUCCESS)
 
 
 class DLModelAdminForm(forms.ModelForm):

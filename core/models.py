@@ -67,6 +67,43 @@ class Quota(models.Model):
         return f"Quota of {self.team}"
 
 
+class EnergySettings(models.Model):
+    """The platform's energy model, one row edited by staff in the admin.
+
+    Modeled energy (no RAPL or NVML on the host) is CPU-seconds x watts per core plus
+    GPU-busy-seconds x board power; carbon is energy x grid intensity (a team's own
+    intensity wins). Until staff save this row, the environment settings (ENERGY_*) apply.
+    Runs snapshot the values they used, so an edit changes new runs, not history.
+    """
+
+    SINGLETON_PK = 1
+
+    cpu_watts_per_core = models.FloatField(
+        validators=[MinValueValidator(0.1)], help_text="Watts one busy CPU core draws (modeled energy).")
+    gpu_board_watts = models.FloatField(
+        validators=[MinValueValidator(1.0)], help_text="Watts a busy GPU board draws (modeled energy).")
+    grid_intensity_g_per_kwh = models.FloatField(
+        validators=[MinValueValidator(0.0)],
+        help_text="gCO2e per kWh for carbon figures of teams without their own intensity.")
+    joules_per_trial_estimate = models.FloatField(
+        validators=[MinValueValidator(0.001)],
+        help_text="Energy of one tuning trial for the energy-quota check, until a team has finished runs.")
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+", editable=False)
+
+    class Meta:
+        verbose_name = verbose_name_plural = "energy settings"
+        constraints = [models.CheckConstraint(condition=models.Q(pk=1), name="energy_settings_singleton")]
+
+    def __str__(self) -> str:
+        return "Energy settings"
+
+    def save(self, *args, **kwargs):
+        self.pk = self.SINGLETON_PK
+        super().save(*args, **kwargs)
+
+
 class ApiToken(models.Model):
     """A named, revocable API key. Only its SHA-256 is stored; the key is shown once."""
 

@@ -9,7 +9,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from .models import DLModel, Membership, Quota, Team
+from .models import DLModel, EnergySettings, Membership, Quota, Team
 
 
 def teams_for_user(user: AbstractBaseUser) -> QuerySet[Team]:
@@ -88,3 +88,43 @@ def quota_usage(team_id: int) -> QuotaUsage:
         for key, value in provider(team_id, start).items():
             setattr(usage, key, getattr(usage, key) + value)
     return usage
+
+
+# --- Energy model ----------------------------------------------------------------
+
+ENERGY_FIELDS = ("cpu_watts_per_core", "gpu_board_watts", "grid_intensity_g_per_kwh", "joules_per_trial_estimate")
+
+
+@dataclass(frozen=True)
+class EnergyModel:
+    """The values modeled energy and carbon figures are computed with, and where they come from."""
+
+    cpu_watts_per_core: float
+    gpu_board_watts: float
+    grid_intensity_g_per_kwh: float
+    joules_per_trial_estimate: float
+    origin: str  # "admin" (staff saved the settings) or "environment" (ENERGY_* defaults)
+    updated_at: dt.datetime | None = None
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in ENERGY_FIELDS}
+
+
+def energy_defaults() -> dict[str, float]:
+    """The ENERGY_* environment settings: the model until staff save their own."""
+    from django.conf import settings
+
+    return {
+        "cpu_watts_per_core": float(settings.ENERGY_CPU_WATTS_PER_CORE),
+        "gpu_board_watts": float(settings.ENERGY_GPU_BOARD_WATTS),
+        "grid_intensity_g_per_kwh": float(settings.ENERGY_GRID_INTENSITY_G_PER_KWH),
+        "joules_per_trial_estimate": float(settings.ENERGY_JOULES_PER_TRIAL_ESTIMATE),
+    }
+
+
+def energy_model() -> EnergyModel:
+    row = EnergySettings.objects.filter(pk=EnergySettings.SINGLETON_PK).first()
+    if row is None:
+        return EnergyModel(**energy_defaults(), origin="environment")
+    return EnergyModel(**{name: getattr(row, name) for name in ENERGY_FIELDS}, origin="admin",
+                       updated_at=row.updated_at)

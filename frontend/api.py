@@ -167,6 +167,46 @@ class EnergyChartView(APIView):
         return Response(charts.energy_figure(queries.energy_by_team_month(_team_ids(request))))
 
 
+class EnergyMonthSerializer(serializers.Serializer):
+    team_id = serializers.IntegerField()
+    team_name = serializers.CharField()
+    month = serializers.DateField(help_text="First day of the calendar month (UTC).")
+    runs = serializers.IntegerField()
+    trials = serializers.IntegerField()
+    wall_hours = serializers.FloatField()
+    runs_with_energy = serializers.IntegerField()
+    energy_kwh = serializers.FloatField(allow_null=True, help_text="Tuning energy; null until a run records it.")
+    sources = serializers.ListField(child=serializers.CharField(),
+                                    help_text="How tuning energy was obtained: rapl, nvml, modeled.")
+    saved_kwh = serializers.FloatField(allow_null=True, help_text="Saved by Trimmer (see each run's basis).")
+    carbon_g = serializers.FloatField(allow_null=True)
+    colocation_saved_kwh = serializers.FloatField(allow_null=True, help_text="Saved by Horus co-location (modeled).")
+    colocation_gpu_hours = serializers.FloatField(allow_null=True)
+
+
+class EnergySummarySerializer(serializers.Serializer):
+    months = EnergyMonthSerializer(many=True)
+    colocation_basis = serializers.CharField()
+    energy_model = serializers.DictField(help_text="Watts and grid intensity behind modeled figures.")
+
+
+class EnergySummaryView(APIView):
+    @extend_schema(tags=[TAG], parameters=[TEAM], responses={200: EnergySummarySerializer, 404: NOT_FOUND},
+                   summary="Energy and carbon per team and month: tuning, saved by Trimmer and by co-location")
+    def get(self, request):
+        from dataclasses import asdict
+
+        from core.selectors import energy_model
+        from scheduling.selectors import COLOCATION_BASIS
+
+        model = energy_model()
+        return Response({
+            "months": [asdict(r) for r in queries.energy_by_team_month(_team_ids(request))],
+            "colocation_basis": COLOCATION_BASIS,
+            "energy_model": {**model.as_dict(), "origin": model.origin},
+        })
+
+
 class ClusterChartView(APIView):
     @extend_schema(tags=[TAG], parameters=[TEAM],
                    responses={200: FigureSetSerializer, 404: NOT_FOUND},

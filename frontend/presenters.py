@@ -122,7 +122,9 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "untuned": fmt_latency(run.untuned_latency_s),
         "speedup": fmt_number(run.speedup, 2, "×"),
         "outputs_match": DASH if run.outputs_match is None else ("yes" if run.outputs_match else "NO"),
-        "energy": "not measured yet" if energy is None else f"{fmt_energy(energy['energy_j'])} ({energy['source']})",
+        "energy": "not measured yet" if energy is None else f"{fmt_energy(energy['energy_j'])} ({energy['source']}"
+        + (f" at {energy['cpu_watts_per_core']:g} W/core" if "modeled" in energy["source"]
+           and energy["cpu_watts_per_core"] else "") + ")",
         "energy_split": DASH if energy is None else
         f"build {fmt_energy(energy['build_j'])} · measure {fmt_energy(energy['measure_j'])}",
         "energy_saved": DASH if energy is None or energy["saved_j"] is None else

@@ -103,6 +103,7 @@ def run_energy(run: TuningRun) -> dict | None:
         "energy_j": run.energy_joules,
         "kwh": run.energy_kwh,
         "source": run.energy_source or "unknown",
+        "cpu_watts_per_core": (run.energy_model or {}).get("cpu_watts_per_core"),
         "build_j": run.energy_build_joules,
         "measure_j": run.energy_measure_joules,
         "saved_j": run.energy_saved_joules,
@@ -126,6 +127,9 @@ class EnergyMonth:
     saved_kwh: float | None = None
     carbon_g: float | None = None
     sources: list[str] = field(default_factory=list)
+    # Horus co-location on the real cluster (modeled; see scheduling.selectors.COLOCATION_BASIS).
+    colocation_saved_kwh: float | None = None
+    colocation_gpu_hours: float | None = None
 
 
 J_PER_KWH = 3.6e6
@@ -135,13 +139,14 @@ def energy_by_team_month(team_ids: list[int]) -> list[EnergyMonth]:
     """Tuning activity, energy (with its sources) and carbon per team and calendar month.
 
     Carbon is summed per run from the run's grid intensity; runs without one
-    use the team's intensity, else the platform default (ENERGY_GRID_INTENSITY_G_PER_KWH).
+    use the team's intensity, else the platform's (admin energy settings, else ENERGY_GRID_INTENSITY_G_PER_KWH).
     """
-    from django.conf import settings
     from django.db.models import F, FloatField, Value
     from django.db.models.functions import Coalesce
 
-    default_intensity = float(getattr(settings, "ENERGY_GRID_INTENSITY_G_PER_KWH", 400.0))
+    from core.selectors import energy_model
+
+    default_intensity = energy_model().grid_intensity_g_per_kwh
     intensity = Coalesce(F("grid_intensity_g_per_kwh"), F("team__grid_intensity_g_per_kwh"),
                          Value(default_intensity), output_field=FloatField())
     measured = Q(energy_joules__gt=0) | ~Q(energy_source="")
@@ -171,7 +176,29 @@ def energy_by_team_month(team_ids: list[int]) -> list[EnergyMonth]:
             carbon_g=(r["carbon_g"] or 0.0) if has else None,
             sources=sorted(sources.get((r["team_id"], r["month"]), ())),
         ))
+    _add_colocation_savings(out, team_ids)
     return out
+
+
+def _add_colocation_savings(rows: list[EnergyMonth], team_ids: list[int]) -> None:
+    """Energy saved by co-locating GPU jobs, on each team-month row (rows added for months without tuning)."""
+    from core.models import Team
+    from scheduling.selectors import colocation_savings_by_team_month
+
+    savings = colocation_savings_by_team_month(team_ids)
+    if not savings:
+        return
+    by_key = {(r.team_id, r.month): r for r in rows}
+    names = dict(Team.objects.filter(pk__in={t for t, _ in savings}).values_list("pk", "name"))
+    for (team_id, month), saving in savings.items():
+        row = by_key.get((team_id, month))
+        if row is None:
+            row = EnergyMonth(team_id=team_id, team_name=names.get(team_id, "?"), month=month, runs=0, trials=0,
+                              wall_hours=0.0)
+            rows.append(row)
+        row.colocation_saved_kwh = saving.joules / J_PER_KWH
+        row.colocation_gpu_hours = saving.gpu_seconds / 3600.0
+    rows.sort(key=lambda r: (-r.month.toordinal(), r.team_name))
 
 
 def energy_recorded(team_ids: list[int]) -> bool:

@@ -16,6 +16,7 @@ chart_patterns = [
     path("api/charts/runs/<int:pk>/dop/", api.RunDopChartView.as_view(), name="charts-run-dop"),
     path("api/charts/runs/<int:pk>/live/", api.RunLiveView.as_view(), name="charts-run-live"),
     path("api/charts/energy/", api.EnergyChartView.as_view(), name="charts-energy"),
+    path("api/energy/", api.EnergySummaryView.as_view(), name="api-energy"),
     path("api/charts/cluster/", api.ClusterChartView.as_view(), name="charts-cluster"),
     path("api/charts/simulations/<int:pk>/", api.SimulationChartView.as_view(), name="charts-simulation"),
 ]

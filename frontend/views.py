@@ -15,10 +15,12 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from core import selectors as core_selectors
 from core import services as core_services
 from core.exceptions import QuotaExceeded, ServiceError
 from core.models import DLModel
 from core.onnx_models.errors import ERROR_CODES, OnnxValidationError
+from scheduling.selectors import COLOCATION_BASIS
 from tuning import services as tuning_services
 
 from . import charts, clusterdata, presenters, queries
@@ -232,7 +234,8 @@ def energy(request):
     return render(request, "frontend/energy.html", {
         "scope": scope, "rows": rows, "figure": charts.energy_figure(rows),
         "energy_recorded": queries.energy_recorded(scope.team_ids),
-        "quota_rows": queries.quota_usage_rows(scope.scoped_teams), "nav": "energy"})
+        "quota_rows": queries.quota_usage_rows(scope.scoped_teams), "nav": "energy",
+        "energy_model": core_selectors.energy_model(), "colocation_basis": COLOCATION_BASIS})
 
 
 # --- cluster and simulations (scheduling app) -------------------------------------------------------

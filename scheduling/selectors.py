@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -125,3 +126,64 @@ def gpu_hours_used(team_id: int, since: dt.datetime, now: dt.datetime | None = N
             total += (end - start).total_seconds()
     return total / 3600.0
 
+
+
+# --- energy saved by co-location ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ColocationSaving:
+    gpu_seconds: float  # GPU-seconds exclusive placement would have kept other GPUs busy
+    joules: float  # modeled: gpu_seconds x the GPU's power limit (else the platform's board watts)
+
+
+COLOCATION_BASIS = ("modeled: while k jobs share a GPU, exclusive placement would keep k GPUs busy, so each "
+                    "sharer saves (k-1)/k of that time x the GPU's power limit (else the platform's GPU board "
+                    "watts); interference slowdown is not subtracted")
+
+
+def colocation_savings_by_team_month(team_ids: list[int], *, now: dt.datetime | None = None
+                                     ) -> dict[tuple[int, dt.date], ColocationSaving]:
+    """Energy co-location saved on the real cluster, per team and calendar month of the job's placement."""
+    from core.selectors import energy_model
+
+    now = now or timezone.now()
+    gpu_ids = set(Placement.objects.filter(job__team_id__in=team_ids).values_list("gpu_id", flat=True))
+    if not gpu_ids:
+        return {}
+    board_watts = energy_model().gpu_board_watts
+    watts = {pk: (limit or board_watts) for pk, limit in GPU.objects.filter(pk__in=gpu_ids)
+             .values_list("pk", "power_limit_w")}
+    # Every placement on those GPUs counts, other teams' too: sharing with them saves as much.
+    placements = (Placement.objects.filter(gpu_id__in=gpu_ids)
+                  .values_list("pk", "gpu_id", "job__team_id", "placed_at", "released_at"))
+    by_gpu: dict[int, list[tuple]] = {}
+    for pk, gpu_id, team_id, placed_at, released_at in placements:
+        end = released_at or now
+        if end > placed_at:
+            by_gpu.setdefault(gpu_id, []).append((pk, team_id, placed_at, end))
+    saved_s: dict[int, float] = {}
+    for rows in by_gpu.values():
+        events = sorted([(start, 1, pk) for pk, _, start, _ in rows] + [(end, -1, pk) for pk, _, _, end in rows],
+                        key=lambda e: (e[0], e[1]))  # ends before starts at the same instant
+        active: set[int] = set()
+        last = None
+        for at, kind, pk in events:
+            if last is not None and len(active) > 1 and at > last:
+                share = (at - last).total_seconds() * (len(active) - 1) / len(active)
+                for p in active:
+                    saved_s[p] = saved_s.get(p, 0.0) + share
+            last = at
+            (active.add if kind == 1 else active.discard)(pk)
+    wanted = set(team_ids)
+    out: dict[tuple[int, dt.date], list[float]] = {}
+    for gpu_id, rows in by_gpu.items():
+        for pk, team_id, placed_at, _ in rows:
+            seconds = saved_s.get(pk, 0.0)
+            if team_id not in wanted or seconds <= 0:
+                continue
+            local = timezone.localtime(placed_at) if timezone.is_aware(placed_at) else placed_at
+            key = (team_id, local.date().replace(day=1))
+            acc = out.setdefault(key, [0.0, 0.0])
+            acc[0] += seconds
+            acc[1] += seconds * watts[gpu_id]
+    return {k: ColocationSaving(gpu_seconds=v[0], joules=v[1]) for k, v in out.items()}

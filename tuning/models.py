@@ -93,6 +93,8 @@ class TuningRun(models.Model):
     trials_saved = models.PositiveIntegerField(null=True, blank=True)
     savings_basis = models.CharField(max_length=300, blank=True)
     grid_intensity_g_per_kwh = models.FloatField(null=True, blank=True)
+    # The watts model in force when the run started (admin energy settings), used if energy is modeled.
+    energy_model = models.JSONField(default=dict, blank=True)
     records_file = models.FileField(upload_to="runs/records/", blank=True, max_length=255)
     module_file = models.FileField(upload_to="runs/modules/", blank=True, max_length=255)
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from core.exceptions import ConflictError, PermissionDenied, QuotaExceeded, ServiceError
 from core.models import DLModel, Membership
-from core.selectors import month_start
+from core.selectors import energy_model, month_start
 from core.services import lock_team_quota
 
 from .models import DopRound, Measurement, TuningRun, TuningTask
@@ -114,7 +114,7 @@ def joules_per_trial_estimate(team_id: int) -> tuple[float, str]:
                                     energy_joules__gt=0).aggregate(j=Sum("energy_joules"), n=Sum("trials_done"))
     if done["n"]:
         return done["j"] / done["n"], f"the team's past runs ({done['n']} trials)"
-    return settings.ENERGY_JOULES_PER_TRIAL_ESTIMATE, "the platform default per-trial estimate"
+    return energy_model().joules_per_trial_estimate, "the platform default per-trial estimate"
 
 
 def _check_energy_quota(*, team_id: int, quota, max_trials: int) -> None:
@@ -187,6 +187,7 @@ def start_run(
         raise ServiceError(f"Invalid Trimmer options: {exc}", field="trimmer_options") from None
     team = model.team
     grid = team.grid_intensity_g_per_kwh
+    platform_energy = energy_model()
     with transaction.atomic():
         _check_quota(team_id=model.team_id, max_trials=max_trials)
         run = TuningRun.objects.create(
@@ -194,7 +195,9 @@ def start_run(
             max_trials=max_trials, trials_per_round=trials_per_round, measurement_mode=measurement_mode,
             dop_fixed=dop_fixed, threads=threads, options=options or {},
             trimmer_enabled=bool(trimmer), trimmer_options=trimmer_cfg.to_dict() if trimmer else {},
-            grid_intensity_g_per_kwh=grid if grid is not None else settings.ENERGY_GRID_INTENSITY_G_PER_KWH,
+            grid_intensity_g_per_kwh=grid if grid is not None else platform_energy.grid_intensity_g_per_kwh,
+            energy_model={"cpu_watts_per_core": platform_energy.cpu_watts_per_core,
+                          "gpu_board_watts": platform_energy.gpu_board_watts},
         )
         if enqueue:
             _enqueue(run)
@@ -324,8 +327,9 @@ class DatabaseSink:
         self._task_ids: dict[int, int] = dict(TuningTask.objects.filter(run_id=run_id).values_list("index", "pk"))
         self._last_beat = 0.0
         run = TuningRun.objects.only("team_id", "energy_joules", "energy_build_joules", "energy_measure_joules",
-                                     "threads", "target").get(pk=run_id)
+                                     "threads", "target", "energy_model").get(pk=run_id)
         self.team_id = run.team_id
+        self.cpu_watts_per_core = run_energy_model(run)["cpu_watts_per_core"]
         self.threads = run.threads or run.target.get("num-cores") or 1
         # Energy of earlier attempts (a resumed run) plus what this attempt's meter reads.
         self.meter = meter
@@ -341,10 +345,10 @@ class DatabaseSink:
         total = self.meter.read().joules
         # Builds use one core each, measurements `threads` cores: split the metered
         # energy in proportion to those CPU-seconds; the rest is search and overhead.
-        attributed = (self._build_cpu_s + self._measure_cpu_s) * settings.ENERGY_CPU_WATTS_PER_CORE
+        attributed = (self._build_cpu_s + self._measure_cpu_s) * self.cpu_watts_per_core
         scale = min(1.0, total / attributed) if attributed else 0.0
-        build = self._build_cpu_s * settings.ENERGY_CPU_WATTS_PER_CORE * scale
-        measure = self._measure_cpu_s * settings.ENERGY_CPU_WATTS_PER_CORE * scale
+        build = self._build_cpu_s * self.cpu_watts_per_core * scale
+        measure = self._measure_cpu_s * self.cpu_watts_per_core * scale
         return self._base[0] + total, self._base[1] + build, self._base[2] + measure
 
     def flush(self) -> None:
@@ -557,12 +561,19 @@ def _add_wall(run_id: int, lease: str, seconds: float) -> None:
     TuningRun.objects.filter(pk=run_id, lease=lease).update(wall_seconds=F("wall_seconds") + seconds)
 
 
+def run_energy_model(run: TuningRun) -> dict[str, float]:
+    """The watts model the run started with; the current platform model for runs from before snapshots."""
+    current = energy_model()
+    return {"cpu_watts_per_core": float(run.energy_model.get("cpu_watts_per_core", current.cpu_watts_per_core)),
+            "gpu_board_watts": float(run.energy_model.get("gpu_board_watts", current.gpu_board_watts))}
+
+
 def make_energy_meter(run: TuningRun):
     """The best meter of this host for the run: RAPL or a CPU model, plus NVML for CUDA targets."""
     from tuning.engine.energy import available_meters
 
-    return available_meters(cpu_watts_per_core=settings.ENERGY_CPU_WATTS_PER_CORE,
-                            gpu_board_watts=settings.ENERGY_GPU_BOARD_WATTS,
+    watts = run_energy_model(run)
+    return available_meters(cpu_watts_per_core=watts["cpu_watts_per_core"], gpu_board_watts=watts["gpu_board_watts"],
                             want_gpu=run.target.get("kind") == "cuda")
 
 

@@ -3,6 +3,7 @@ from django.urls import path
 from config.api_router import router
 
 from . import views
+from .energy import EnergySettingsView
 
 router.register("teams", views.TeamViewSet, basename="team")
 router.register("memberships", views.MembershipViewSet, basename="membership")
@@ -10,4 +11,7 @@ router.register("quotas", views.QuotaViewSet, basename="quota")
 router.register("models", views.DLModelViewSet, basename="dlmodel")
 router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
 
-urlpatterns = [path("me/", views.MeView.as_view(), name="api-me")]
+urlpatterns = [
+    path("me/", views.MeView.as_view(), name="api-me"),
+    path("energy-settings/", EnergySettingsView.as_view(), name="api-energy-settings"),
+]

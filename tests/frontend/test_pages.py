@@ -461,3 +461,14 @@ def test_cluster_and_simulation_pages_without_data(owner_client):
     for url in ("/cluster/", "/simulations/"):
         html = owner_client.get(url).content.decode()
         assert "No data yet" in html, url
+
+
+def test_run_energy_says_the_watts_of_a_modeled_figure(owner_client, run_a):
+    from tuning.models import TuningRun
+
+    TuningRun.objects.filter(pk=run_a.pk).update(energy_joules=5400.0, energy_source="modeled",
+                                                 energy_model={"cpu_watts_per_core": 12.5, "gpu_board_watts": 300})
+    assert "(modeled at 12.5 W/core)" in owner_client.get(f"/runs/{run_a.pk}/").content.decode()
+    TuningRun.objects.filter(pk=run_a.pk).update(energy_source="rapl")  # measured: no watts model involved
+    html = owner_client.get(f"/runs/{run_a.pk}/").content.decode()
+    assert "(rapl)" in html and "W/core" not in html

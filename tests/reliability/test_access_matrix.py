@@ -155,6 +155,9 @@ EXPECTED = {
     ("charts-run-dop", "GET"): TEAM_READ,
     ("charts-run-live", "GET"): TEAM_READ,
     ("charts-energy", "GET"): TEAM_READ,
+    ("api-energy", "GET"): TEAM_READ,
+    ("api-energy-settings", "GET"): AUTH,
+    ("api-energy-settings", "PATCH"): STAFF_ONLY,
     ("charts-cluster", "GET"): TEAM_READ,
     ("charts-simulation", "GET"): TEAM_READ,
 }
@@ -173,6 +176,7 @@ OBJECT_FOR = {
 QUERY = {
     "charts-run-compare": lambda w: f"?runs={w.run.pk},{w.done_run.pk}",
     "charts-energy": lambda w: f"?team={w.team_a.pk}",
+    "api-energy": lambda w: f"?team={w.team_a.pk}",
     "charts-cluster": lambda w: f"?team={w.team_a.pk}",
 }
 
@@ -191,6 +195,7 @@ BODIES = {
                                             "json"),
     ("membership-detail", "PATCH"): lambda w: ({"role": "viewer"}, "json"),
     ("quota-detail", "PATCH"): lambda w: ({"max_concurrent_runs": 7}, "json"),
+    ("api-energy-settings", "PATCH"): lambda w: ({"grid_intensity_g_per_kwh": 120.0}, "json"),
     ("dlmodel-list", "POST"): lambda w: ({"team": w.team_a.pk, "name": "uploaded", "file": _onnx_upload()},
                                          "multipart"),
     ("apitoken-list", "POST"): lambda w: ({"name": "ci"}, "json"),
