@@ -1,13 +1,25 @@
 """Team-scoped permissions: viewers read, members write, owners manage members."""
+from django.db.models import OuterRef, QuerySet, Subquery
 from rest_framework import permissions
 
 from core.models import Membership
 
+CALLER_ROLE = "caller_team_role"
+_UNSET = object()
 
-def _role(request, team_id) -> str | None:
+
+def with_caller_role(queryset: QuerySet, user) -> QuerySet:
+    """Annotate each row with `user`'s role in the row's team, so the object permission needs no query."""
+    role = Membership.objects.filter(team_id=OuterRef("team_id"), user_id=user.pk).values("role")[:1]
+    return queryset.annotate(**{CALLER_ROLE: Subquery(role)})
+
+
+def _role(request, team_id, obj=None) -> str | None:
     cache = request.__dict__.setdefault("_team_roles", {})
     if team_id not in cache:
-        cache[team_id] = (
+        # Annotated for request.user by with_caller_role in this request's queryset.
+        annotated = obj.__dict__.get(CALLER_ROLE, _UNSET) if obj is not None else _UNSET
+        cache[team_id] = annotated if annotated is not _UNSET else (
             Membership.objects.filter(user=request.user, team_id=team_id).values_list("role", flat=True).first()
         )
     return cache[team_id]
@@ -20,7 +32,7 @@ class IsTeamMemberWriteOrReadOnly(permissions.BasePermission):
 
     def has_object_permission(self, request, view, obj):
         team_id = getattr(obj, "team_id", None)
-        role = _role(request, team_id)
+        role = _role(request, team_id, obj)
         if role is None:
             return bool(request.user.is_staff and request.method in permissions.SAFE_METHODS)
         if request.method in permissions.SAFE_METHODS:

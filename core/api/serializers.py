@@ -6,6 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core import selectors
+from core.api.fast import FastRepresentationMixin
 from core.models import ApiToken, DLModel, Membership, Quota, Team
 
 
@@ -73,7 +74,7 @@ class QuotaSerializer(serializers.ModelSerializer):
         return selectors.quota_usage(quota.team_id).as_dict()
 
 
-class DLModelSerializer(serializers.ModelSerializer):
+class DLModelSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     team_name = serializers.CharField(source="team.name", read_only=True)
     gflops = serializers.FloatField(read_only=True)
 

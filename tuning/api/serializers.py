@@ -5,6 +5,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core import selectors as core_selectors
+from core.api.fast import FastRepresentationMixin
 from core.models import DLModel
 from tuning.models import DopRound, Measurement, TuningRun, TuningTask
 
@@ -18,7 +19,7 @@ class TeamModelField(serializers.PrimaryKeyRelatedField):
         return core_selectors.models_for_user(request.user)
 
 
-class TuningRunSerializer(serializers.ModelSerializer):
+class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     model_name = serializers.CharField(source="model.name", read_only=True)
     progress = serializers.FloatField(read_only=True)
     dop_mode = serializers.CharField(read_only=True)
@@ -73,7 +74,7 @@ class TuningRunCreateSerializer(serializers.Serializer):
         return value
 
 
-class TuningTaskSerializer(serializers.ModelSerializer):
+class TuningTaskSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     gflops_per_s = serializers.FloatField(read_only=True, allow_null=True)
 
     class Meta:
@@ -82,7 +83,7 @@ class TuningTaskSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class MeasurementSerializer(serializers.ModelSerializer):
+class MeasurementSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     task_index = serializers.IntegerField(source="task.index", read_only=True)
 
     class Meta:
@@ -92,7 +93,7 @@ class MeasurementSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class DopRoundSerializer(serializers.ModelSerializer):
+class DopRoundSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     class Meta:
         model = DopRound
         fields = ["round_index", "task_index", "dop", "mean_error", "n_candidates", "n_remeasured", "n_failures",

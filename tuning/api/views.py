@@ -8,9 +8,11 @@ from rest_framework import mixins, parsers, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from core.api.fast import light_instances, read_columns
 from core.api.filters import UtcIsoDateTimeFilter
-from core.api.permissions import IsTeamMemberWriteOrReadOnly
+from core.api.permissions import IsTeamMemberWriteOrReadOnly, with_caller_role
 from core.api.uploads import body_over
+from core.models import DLModel
 from core.services import read_upload
 from tuning import selectors, services
 from tuning.models import TuningRun
@@ -25,7 +27,10 @@ from .serializers import (
 )
 
 
-RUN_COLUMNS = [f.name for f in TuningRun._meta.concrete_fields]
+# The columns TuningRunSerializer shows (its properties derive from shown columns too): parsing the
+# others (lease, energy model, file paths) on every row of a page is wasted work.
+RUN_COLUMNS = [f.name for f in TuningRun._meta.concrete_fields if f.name in TuningRunSerializer.Meta.fields]
+RUN_LIST_VALUES = [*read_columns(TuningRun, RUN_COLUMNS), "model__name"]
 IMPORT_WORKLOADS_MAX_BYTES = 50 * 1024 * 1024
 IMPORT_RECORDS_MAX_BYTES = 200 * 1024 * 1024
 
@@ -55,8 +60,20 @@ class TuningRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
     def get_queryset(self):
         # The serializers read the run's own columns and its model's name: load nothing more (the model's
         # graph features and the team are ~1/3 of the row-building time of a 50-run page).
-        return (selectors.runs_for_user(self.request.user).select_related(None).select_related("model")
-                .only(*RUN_COLUMNS, "model__name"))
+        qs = (selectors.runs_for_user(self.request.user).select_related(None).select_related("model")
+              .only(*RUN_COLUMNS, "model__name"))
+        if getattr(self, "detail", False):  # the object permission reads the caller's role from the same query
+            qs = with_caller_role(qs, self.request.user)
+        return qs
+
+    def list(self, request, *args, **kwargs):
+        # ListModelMixin.list with the page read as rows: half the CPU of building 50 only() instances.
+        queryset = self.filter_queryset(self.get_queryset())
+        rows = queryset.values(*RUN_LIST_VALUES)
+        page = self.paginate_queryset(rows)
+        runs = light_instances(TuningRun, rows if page is None else page, db=queryset.db, related={"model": DLModel})
+        data = self.get_serializer(runs, many=True).data
+        return Response(data) if page is None else self.get_paginated_response(data)
 
     @extend_schema(
         request=TuningRunCreateSerializer, responses={201: TuningRunSerializer},
