@@ -15,17 +15,53 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .telemetry import GpuSampler, NoGpuError, require_gpu
 
-__all__ = ["GpuRuntimeError", "rebatch", "run_model_on_gpu", "NoGpuError"]
+__all__ = ["GpuRuntimeError", "JobStopped", "rebatch", "run_model_on_gpu", "NoGpuError"]
+
+# How often a running job asks whether it should stop (a database read in the worker).
+STOP_CHECK_EVERY_S = 1.0
+# TVM's evaluator times `number` runs in one call: a long job is timed in chunks so it can stop between them.
+TVM_CHUNK = 50
 
 
 class GpuRuntimeError(RuntimeError):
     """The model cannot be run on the GPU with the requested runtime (the message says why)."""
+
+
+class JobStopped(Exception):
+    """The run was asked to stop (its job was cancelled) and stopped between two inferences."""
+
+
+class StopCheck:
+    """Calls ``should_stop`` at most every ``every_s`` seconds; raises JobStopped when it says yes."""
+
+    def __init__(self, should_stop: Callable[[], bool] | None, every_s: float = STOP_CHECK_EVERY_S):
+        self.should_stop, self.every_s = should_stop, every_s
+        self._last = time.monotonic()
+
+    def __call__(self) -> None:
+        if self.should_stop is None or time.monotonic() - self._last < self.every_s:
+            return
+        self._last = time.monotonic()
+        if self.should_stop():
+            raise JobStopped("stopped on request (the job was cancelled)")
+
+
+def timed_iterations(run_once: Callable[[], Any], iterations: int, check: StopCheck) -> list[float]:
+    """Wall seconds of each of ``iterations`` calls, checking for a stop request between them."""
+    lat: list[float] = []
+    for _ in range(iterations):
+        check()
+        t = time.perf_counter()
+        run_once()
+        lat.append(time.perf_counter() - t)
+    return lat
 
 
 def rebatch(model_bytes: bytes, batch_size: int):
@@ -72,7 +108,8 @@ def _inputs(model, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def _run_onnxruntime(model, inputs, iterations: int, device_index: int, sampler_factory) -> dict[str, Any]:
+def _run_onnxruntime(model, inputs, iterations: int, device_index: int, sampler_factory,
+                     check: StopCheck) -> dict[str, Any]:
     try:
         import onnxruntime as ort
     except ImportError as exc:  # pragma: no cover - pinned dependency
@@ -86,16 +123,13 @@ def _run_onnxruntime(model, inputs, iterations: int, device_index: int, sampler_
     if sess.get_providers()[0] != "CUDAExecutionProvider":
         raise GpuRuntimeError(f"onnxruntime fell back to {sess.get_providers()[0]}: CUDA could not be initialised")
     sess.run(None, inputs)  # warm-up (kernel selection, allocations)
-    lat: list[float] = []
     with sampler_factory() as sampler:
-        for _ in range(iterations):
-            t = time.perf_counter()
-            sess.run(None, inputs)
-            lat.append(time.perf_counter() - t)
+        lat = timed_iterations(lambda: sess.run(None, inputs), iterations, check)
     return {"runtime": "onnxruntime", "provider": "CUDAExecutionProvider", "latencies_s": lat, **sampler.result()}
 
 
-def _run_tvm(model, inputs, iterations: int, device_index: int, sampler_factory) -> dict[str, Any]:
+def _run_tvm(model, inputs, iterations: int, device_index: int, sampler_factory,
+             check: StopCheck) -> dict[str, Any]:
     try:
         import tvm
     except ImportError as exc:  # pragma: no cover
@@ -107,10 +141,16 @@ def _run_tvm(model, inputs, iterations: int, device_index: int, sampler_factory)
     target = {"kind": "cuda"}
     exe = compile_model(model, target)
     run_and_time(exe, inputs, target, number=1, repeat=1, device_index=device_index)  # warm-up
+    lat: list[float] = []  # mean latency of each chunk of up to TVM_CHUNK runs, timed on the device
+    left = max(1, iterations)
     with sampler_factory() as sampler:
-        _, median_s = run_and_time(exe, inputs, target, number=max(1, iterations), repeat=1,
-                                   device_index=device_index)
-    return {"runtime": "tvm", "provider": "cuda", "latencies_s": [median_s], **sampler.result()}
+        while left:
+            check()
+            n = min(TVM_CHUNK, left)
+            _, mean_s = run_and_time(exe, inputs, target, number=n, repeat=1, device_index=device_index)
+            lat.append(mean_s)
+            left -= n
+    return {"runtime": "tvm", "provider": "cuda", "latencies_s": lat, **sampler.result()}
 
 
 def run_model_on_gpu(
@@ -121,8 +161,12 @@ def run_model_on_gpu(
     device_index: int = 0,
     runtime: str = "auto",
     nvml: Any = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Run ``iterations`` inferences at ``batch_size`` on GPU ``device_index`` while sampling NVML.
+
+    ``should_stop`` is asked about once a second between inferences; when it answers True the run
+    ends with :class:`JobStopped` (a cancelled job frees its GPU at once and must not keep using it).
 
     Returns ``{"runtime", "latency_ms", "throughput_per_s", "util_mean_pct", "mem_peak_mb",
     "mem_used_by_job_mb", "power_mean_w", "energy_j", "gpu_name", ...}``. Raises NoGpuError
@@ -143,7 +187,7 @@ def run_model_on_gpu(
     errors = []
     for fn in order:
         try:
-            out = fn(model, inputs, iterations, device_index, sampler)
+            out = fn(model, inputs, iterations, device_index, sampler, StopCheck(should_stop))
             break
         except GpuRuntimeError as exc:
             errors.append(str(exc))

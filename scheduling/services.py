@@ -827,13 +827,17 @@ def reconcile_restarted_gpu_worker(*, queues: list[str], started_before: dt.date
     return out
 
 
+def _job_cancelled(job_id: int) -> bool:
+    return GpuJob.objects.filter(pk=job_id, state=GpuJob.State.CANCELLED).exists()
+
+
 def execute_job(*, job_id: int, placement_id: int, worker: str, nvml: Any = None) -> GpuJob | None:
     """Run a placed job's model on its GPU (the Celery task `scheduling.run_job` calls this).
 
     With no GPU the job fails with "no NVIDIA GPU found (pynvml: ...)"; with no CUDA-capable
     runtime it fails naming what is missing.
     """
-    from .gpu_runtime import GpuRuntimeError, NoGpuError, run_model_on_gpu
+    from .gpu_runtime import GpuRuntimeError, JobStopped, NoGpuError, run_model_on_gpu
 
     job = claim_job(job_id=job_id, placement_id=placement_id, worker=worker)
     if job is None:
@@ -844,7 +848,12 @@ def execute_job(*, job_id: int, placement_id: int, worker: str, nvml: Any = None
         with job.model.file.open("rb") as f:
             data = f.read()
         result = run_model_on_gpu(data, batch_size=job.batch_size, iterations=job.iterations,
-                                  device_index=placement.gpu.index, runtime=job.runtime, nvml=nvml)
+                                  device_index=placement.gpu.index, runtime=job.runtime, nvml=nvml,
+                                  should_stop=lambda: _job_cancelled(job_id))
+    except JobStopped:
+        # cancel_job already recorded the cancellation and freed the GPU; finish_job keeps both
+        log.info("GPU job %s cancelled while running on %s: stopped", job_id, worker)
+        return finish_job(job_id=job_id, error="cancelled while running")
     except (NoGpuError, GpuRuntimeError) as exc:
         log.warning("GPU job %s failed on %s: %s", job_id, worker, exc)
         return finish_job(job_id=job_id, error=str(exc))

@@ -213,3 +213,39 @@ def test_measured_load_adds_jobs_placed_after_the_latest_sample(gpu_node, model_
     GpuTelemetry.objects.create(gpu=g0, ts=t - dt.timedelta(seconds=5), util_pct=66, mem_used_mb=4200)
     state = services.build_cluster_state([g0, g1], now=t).state
     assert list(state.true_util) == [66.0, 40.0]  # a newer sample already shows the job
+
+
+def test_a_running_job_stops_soon_after_it_is_cancelled(gpu_node, model_a, user_owner, celery_sends, monkeypatch):
+    """The GPU is freed at cancel time, so the job must stop using it: the runtime asks between
+    inferences (the CUDA runtimes need a GPU, so one stands in here that runs the same stop loop)."""
+    from scheduling import gpu_runtime
+
+    job = make_job(model_a, iterations=1000)
+    (p,) = services.place_pending_jobs(policy="horus")
+    ran = []
+
+    def gpu_stand_in(data, *, iterations, should_stop, **kwargs):
+        def one_inference():
+            ran.append(1)
+            if len(ran) == 3:  # a user cancels while it runs
+                services.cancel_job(actor=user_owner, job=job)
+        gpu_runtime.timed_iterations(one_inference, iterations, gpu_runtime.StopCheck(should_stop, every_s=0))
+        raise AssertionError("the cancelled job ran to the end")
+
+    monkeypatch.setattr(gpu_runtime, "run_model_on_gpu", gpu_stand_in)
+    services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w")
+    job.refresh_from_db()
+    p.refresh_from_db()
+    assert len(ran) == 3 and job.state == "cancelled" and p.released_at is not None
+    assert not job.result  # nothing recorded as if it had finished
+
+
+def test_stop_check_asks_at_most_once_per_interval():
+    from scheduling.gpu_runtime import JobStopped, StopCheck, timed_iterations
+
+    asked = []
+    check = StopCheck(lambda: asked.append(1) or False, every_s=3600)
+    assert len(timed_iterations(lambda: None, 50, check)) == 50 and not asked  # no database read per inference
+    with pytest.raises(JobStopped):
+        timed_iterations(lambda: None, 50, StopCheck(lambda: True, every_s=0))
+    assert len(timed_iterations(lambda: None, 5, StopCheck(None, every_s=0))) == 5
