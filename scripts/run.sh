@@ -16,7 +16,22 @@ QUEUES=${WORKER_QUEUES:-default,tuning,telemetry,measure.$NODE.cpu}
 .venv/bin/celery -A config worker -Q "$QUEUES" --concurrency "${WORKER_CONCURRENCY:-2}" \
   --hostname "cpu@$NODE" --loglevel INFO >var/log/worker.log 2>&1 &
 WORKER_PID=$!
-trap 'kill $WORKER_PID 2>/dev/null; wait $WORKER_PID 2>/dev/null' EXIT INT TERM
+# On a GPU host, a second worker serves each GPU's queue (placed GPU jobs, GPU measurements), with three
+# slots per GPU: the jobs Horus co-locates on a GPU (at most 3) run together.
+GPUS=$($PY -c 'import pynvml as n
+try:
+    n.nvmlInit(); print(n.nvmlDeviceGetCount())
+except Exception:
+    print(0)' 2>/dev/null || echo 0)
+GPU_WORKER_PID=""
+if [ "${GPUS:-0}" -gt 0 ]; then
+  GPU_QUEUES=$(seq -s, -f "measure.$NODE.gpu%g" 0 $((GPUS - 1)))
+  .venv/bin/celery -A config worker -Q "$GPU_QUEUES" --concurrency $((3 * GPUS)) --pool prefork \
+    --hostname "gpu@$NODE" --loglevel INFO >var/log/gpu-worker.log 2>&1 &
+  GPU_WORKER_PID=$!
+  QUEUES="$QUEUES; GPU worker: $GPU_QUEUES (var/log/gpu-worker.log)"
+fi
+trap 'kill $WORKER_PID $GPU_WORKER_PID 2>/dev/null; wait $WORKER_PID $GPU_WORKER_PID 2>/dev/null' EXIT INT TERM
 for _ in $(seq 60); do grep -q " ready." var/log/worker.log 2>/dev/null && break; sleep 0.5
   kill -0 $WORKER_PID 2>/dev/null || { echo "error: the Celery worker exited at start:" >&2; tail -20 var/log/worker.log >&2; exit 1; }
 done

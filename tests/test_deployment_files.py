@@ -36,6 +36,12 @@ def test_gpu_worker_profile_and_device_reservation():
     queues = gpu["command"][gpu["command"].index("-Q") + 1].split(",")
     assert any(q.startswith("measure.") and q.endswith(".gpu0") for q in queues)
     assert not any(q == "tuning" for q in queues)  # GPU hosts measure, CPU hosts search and build
+    # the jobs Horus co-locates on a GPU run at the same time: one worker slot per job it may share
+    from scheduling.horus.policies import HORUS_MAX_JOBS_PER_GPU
+
+    command = gpu["command"]
+    assert command[command.index("--pool") + 1] == "prefork"
+    assert int(command[command.index("--concurrency") + 1]) >= HORUS_MAX_JOBS_PER_GPU
 
 
 def test_compose_commands_reference_real_modules():
