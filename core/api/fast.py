@@ -18,6 +18,7 @@ from django.utils import timezone
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework import fields as drf_fields
 from rest_framework import relations, serializers
+from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 _MISSING = object()
@@ -210,3 +211,22 @@ class QuickFilterBackend(DjangoFilterBackend):
             return name in filterset_class.base_filters
         return name in (getattr(view, "filterset_fields", None) or ())
 
+
+
+class RowListMixin:
+    """ListModelMixin.list with the page read as `.values()` rows into light instances (see
+    light_instances): a third to a half less CPU than building `only()` instances. Set `list_model`,
+    `list_values` (attnames plus "<fk>__<field>" keys) and `list_related` ({fk name: model})."""
+
+    list_model = None
+    list_values: list[str] = []
+    list_related: dict = {}
+
+    def list(self, request, *args, **kwargs):
+        queryset = self.filter_queryset(self.get_queryset())
+        rows = queryset.values(*self.list_values)
+        page = self.paginate_queryset(rows)
+        objs = light_instances(self.list_model, rows if page is None else page, db=queryset.db,
+                               related=self.list_related)
+        data = self.get_serializer(objs, many=True).data
+        return self.get_paginated_response(data) if page is not None else Response(data)

@@ -8,7 +8,7 @@ from rest_framework import mixins, parsers, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from core.api.fast import light_instances, read_columns
+from core.api.fast import RowListMixin, read_columns
 from core.api.filters import UtcIsoDateTimeFilter
 from core.api.permissions import IsTeamMemberWriteOrReadOnly, with_caller_role
 from core.api.uploads import body_over
@@ -48,13 +48,14 @@ class TuningRunFilter(django_filters.FilterSet):
     list=extend_schema(summary="Tuning runs of your teams"),
     retrieve=extend_schema(summary="A run with its progress and results"),
 )
-class TuningRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                        viewsets.GenericViewSet):
     serializer_class = TuningRunSerializer
     permission_classes = [permissions.IsAuthenticated, IsTeamMemberWriteOrReadOnly]
     filterset_class = TuningRunFilter
     ordering_fields = ["created_at", "status", "trials_done", "wall_seconds", "tuned_latency_s"]
     ordering = ["-created_at"]
+    list_model, list_values, list_related = TuningRun, RUN_LIST_VALUES, {"model": DLModel}
     parser_classes = [parsers.JSONParser, parsers.MultiPartParser, parsers.FormParser]
 
     def get_queryset(self):
@@ -65,15 +66,6 @@ class TuningRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.
         if getattr(self, "detail", False):  # the object permission reads the caller's role from the same query
             qs = with_caller_role(qs, self.request.user)
         return qs
-
-    def list(self, request, *args, **kwargs):
-        # ListModelMixin.list with the page read as rows: half the CPU of building 50 only() instances.
-        queryset = self.filter_queryset(self.get_queryset())
-        rows = queryset.values(*RUN_LIST_VALUES)
-        page = self.paginate_queryset(rows)
-        runs = light_instances(TuningRun, rows if page is None else page, db=queryset.db, related={"model": DLModel})
-        data = self.get_serializer(runs, many=True).data
-        return Response(data) if page is None else self.get_paginated_response(data)
 
     @extend_schema(
         request=TuningRunCreateSerializer, responses={201: TuningRunSerializer},
