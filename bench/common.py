@@ -6,6 +6,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -71,6 +72,37 @@ def run_child(script: str, spec: dict, *, timeout: float, env: dict | None = Non
             f"child job {spec.get('label')} failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
     return json.loads(out.read_text())
+
+
+def tuning_config(spec: dict, **extra):
+    """The engine's TuningConfig for a child job's spec (the fields every tuning benchmark sets the same
+    way: DOPpler measurement, the default evaluator, the spec's budget and search); ``extra`` adds the rest."""
+    from tuning.engine.session import TuningConfig
+    from tuning.engine.timer import EvaluatorConfig
+
+    return TuningConfig(
+        target=spec["target"],
+        max_trials=spec["trials"],
+        trials_per_round=spec["per_round"],
+        mode="doppler",
+        threads=spec["threads"],
+        work_dir=spec["work_dir"],
+        seed=spec["seed"],
+        evaluator=EvaluatorConfig(),
+        search_population=spec.get("population"),
+        genetic_num_iters=spec.get("genetic_iters"),
+        **extra,
+    )
+
+
+def write_result(result: dict, *, json_path: str | None, work_root: Path, keep: bool) -> None:
+    """Write the result JSON when asked, and remove the work directories unless they are to be kept."""
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=1, default=str))
+        print(f"wrote {json_path}")
+    if not keep:
+        shutil.rmtree(work_root, ignore_errors=True)
 
 
 def fmt_s(v: float | None, unit: str = "s") -> str:

@@ -52,7 +52,6 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -63,7 +62,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import fmt_s, geomean, machine_info, run_child  # noqa: E402
+from bench.common import fmt_s, geomean, machine_info, run_child, tuning_config, write_result  # noqa: E402
 
 SCRIPT = str(Path(__file__).resolve())
 
@@ -192,24 +191,11 @@ class _CurveSink:
 
 def _job_tune(spec: dict) -> dict:
     from tuning.engine.energy import available_meters
-    from tuning.engine.session import TuningConfig, run_tuning
-    from tuning.engine.timer import EvaluatorConfig
+    from tuning.engine.session import run_tuning
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     wl = make_workload(spec["workload"])
-    cfg = TuningConfig(
-        target=spec["target"],
-        max_trials=spec["trials"],
-        trials_per_round=spec["per_round"],
-        mode="doppler",
-        threads=spec["threads"],
-        work_dir=spec["work_dir"],
-        seed=spec["seed"],
-        evaluator=EvaluatorConfig(),
-        search_population=spec.get("population"),
-        genetic_num_iters=spec.get("genetic_iters"),
-        trimmer=spec.get("trimmer"),
-    )
+    cfg = tuning_config(spec, trimmer=spec.get("trimmer"))
     meter = available_meters(cpu_watts_per_core=spec["watts_per_core"], gpu_board_watts=0.0)
     j0 = meter.read().joules
     t0 = time.perf_counter()
@@ -477,12 +463,7 @@ def main(argv=None) -> int:
           f"median of 5 alternating rounds in one process; load average start {machine['loadavg']} end "
           f"{machine['loadavg_end']}; bench {result['bench_wall_s']:.0f} s")
 
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
-        print(f"wrote {args.json}")
-    if not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
+    write_result(result, json_path=args.json, work_root=root, keep=args.keep)
     return 0
 
 

@@ -41,7 +41,6 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -51,7 +50,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import fmt_s, geomean, machine_info, run_child  # noqa: E402
+from bench.common import fmt_s, geomean, machine_info, run_child, tuning_config, write_result  # noqa: E402
 
 SCRIPT = str(Path(__file__).resolve())
 
@@ -167,24 +166,10 @@ def _db_stats(work_dir: str) -> dict:
 
 
 def _job_ours(spec: dict) -> dict:
-    from tuning.engine.session import TuningConfig, run_tuning
-    from tuning.engine.timer import EvaluatorConfig
+    from tuning.engine.session import run_tuning
 
     wl = make_workload(spec["workload"])
-    overrides = dict(spec.get("overrides") or {})
-    cfg = TuningConfig(
-        target=spec["target"],
-        max_trials=spec["trials"],
-        trials_per_round=spec["per_round"],
-        mode="doppler",
-        threads=spec["threads"],
-        work_dir=spec["work_dir"],
-        seed=spec["seed"],
-        evaluator=EvaluatorConfig(),
-        search_population=spec.get("population"),
-        genetic_num_iters=spec.get("genetic_iters"),
-        **overrides,
-    )
+    cfg = tuning_config(spec, **(spec.get("overrides") or {}))
     t0 = time.perf_counter()
     s = run_tuning(wl, cfg)
     wall = time.perf_counter() - t0
@@ -448,12 +433,7 @@ def main(argv=None) -> int:
           f"search population {population or 512}, genetic iters {genetic_iters or 4} on both sides; "
           f"load average start {machine['loadavg']} end {machine['loadavg_end']}; bench {result['bench_wall_s']:.0f} s")
 
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
-        print(f"wrote {args.json}")
-    if not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
+    write_result(result, json_path=args.json, work_root=root, keep=args.keep)
     return 0
 
 
