@@ -95,3 +95,15 @@ def running_worker(**kwargs):
         yield worker
     finally:
         worker.stop()
+
+
+def wait_for(predicate, timeout: float, what: str, log=lambda: "", interval: float = 0.2):
+    """Poll ``predicate`` until it returns something truthy (returned); on timeout fail with the tail of
+    ``log()`` (a worker's log, say)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{log()[-4000:]}")

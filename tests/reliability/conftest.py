@@ -233,11 +233,3 @@ def aof_redis():
         yield server
 
 
-def wait_for(predicate, timeout: float, what: str, log=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{log()[-4000:]}")

@@ -12,9 +12,8 @@ from contextlib import contextmanager
 import pytest
 import redis as redis_lib
 
-from tests.workers import running_worker
+from tests.workers import running_worker, wait_for
 
-from .conftest import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -26,9 +26,8 @@ from django.db import connection
 
 from scheduling.models import GpuJob, Placement
 from tests.scheduling.conftest import make_job, register_gpu_node
-from tests.workers import ROOT, database_url_for_workers, start_worker
+from tests.workers import ROOT, database_url_for_workers, start_worker, wait_for
 
-from .conftest import wait_for
 
 LOCK_KEY = 424242
 VISIBILITY_S = 5  # the test workers' Redis visibility timeout (deployment: 12 h, see below)

@@ -7,7 +7,7 @@ import pytest
 
 from core import services as core_services
 from tests.conftest import require_env
-from tests.workers import running_worker, start_worker
+from tests.workers import running_worker, start_worker, wait_for
 from tuning import services
 from tuning.models import Measurement, TuningRun
 
@@ -33,17 +33,6 @@ def cnn(team_a, user_owner, small_cnn_bytes):
                                         filename="small_cnn.onnx", actor=user_owner)
 
 
-def wait_for(predicate, timeout: float, what: str, worker=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    log = worker.log()[-4000:] if worker else ""
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{log}")
-
-
 def test_zoo_model_tuned_end_to_end_on_a_worker(redis_url, cnn, user_owner, tmp_path, django_capture_on_commit_callbacks):
     with running_worker(broker_url=redis_url, queues="tuning", log_dir=tmp_path, pool="prefork") as worker:
         with django_capture_on_commit_callbacks(execute=True):
@@ -56,7 +45,7 @@ def test_zoo_model_tuned_end_to_end_on_a_worker(redis_url, cnn, user_owner, tmp_
             seen_progress.add(r.trials_done)
             return r if r.status in TuningRun.TERMINAL else None
 
-        run = wait_for(finished, 420, "the run to finish", worker)
+        run = wait_for(finished, 420, "the run to finish", worker.log, interval=0.5)
     assert run.status == "succeeded", run.error
     assert run.outputs_match is True and run.max_abs_diff < 1e-3
     assert run.tuned_latency_s > 0 and run.untuned_latency_s > 0
@@ -80,7 +69,8 @@ def test_worker_killed_mid_run_resumes_without_losing_or_duplicating(redis_url, 
         with django_capture_on_commit_callbacks(execute=True):
             run = services.start_run(actor=user_owner, model=cnn, max_trials=40, trials_per_round=8,
                                      target={"kind": "llvm", "num-cores": 2}, options=FAST)
-        wait_for(lambda: Measurement.objects.filter(run=run).count() >= 8, 300, "the first measurements", worker)
+        wait_for(lambda: Measurement.objects.filter(run=run).count() >= 8, 300, "the first measurements",
+                 worker.log, interval=0.5)
     finally:
         worker.kill()  # SIGKILL the whole worker: main process, pool child and the engine's builders/runners
     before = set(Measurement.objects.filter(run=run).values_list("task__index", "candidate_key"))
@@ -93,7 +83,7 @@ def test_worker_killed_mid_run_resumes_without_losing_or_duplicating(redis_url, 
             recovered = services.recover_stale_runs()  # what celery beat does every minute
         assert run.pk in recovered
         run = wait_for(lambda: (r := TuningRun.objects.get(pk=run.pk)).status in TuningRun.TERMINAL and r,
-                       420, "the resumed run to finish", rescuer)
+                       420, "the resumed run to finish", rescuer.log, interval=0.5)
     assert run.status == "succeeded", run.error
     assert run.attempts == 2
     after = list(Measurement.objects.filter(run=run).values_list("task__index", "candidate_key"))
