@@ -5,7 +5,7 @@ import hashlib
 import secrets
 
 from django.conf import settings
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
@@ -67,6 +67,20 @@ class Quota(models.Model):
         return f"Quota of {self.team}"
 
 
+# (min, max) of each energy setting: the model, the service and the API all check these.
+ENERGY_LIMITS = {
+    "cpu_watts_per_core": (0.1, 1e4),
+    "gpu_board_watts": (1.0, 1e5),
+    "grid_intensity_g_per_kwh": (0.0, 1e5),
+    "joules_per_trial_estimate": (0.001, 1e9),
+}
+
+
+def _energy_bounds(name: str) -> list:
+    low, high = ENERGY_LIMITS[name]
+    return [MinValueValidator(low), MaxValueValidator(high)]
+
+
 class EnergySettings(models.Model):
     """The platform's energy model, one row edited by staff in the admin.
 
@@ -79,14 +93,14 @@ class EnergySettings(models.Model):
     SINGLETON_PK = 1
 
     cpu_watts_per_core = models.FloatField(
-        validators=[MinValueValidator(0.1)], help_text="Watts one busy CPU core draws (modeled energy).")
+        validators=_energy_bounds("cpu_watts_per_core"), help_text="Watts one busy CPU core draws (modeled energy).")
     gpu_board_watts = models.FloatField(
-        validators=[MinValueValidator(1.0)], help_text="Watts a busy GPU board draws (modeled energy).")
+        validators=_energy_bounds("gpu_board_watts"), help_text="Watts a busy GPU board draws (modeled energy).")
     grid_intensity_g_per_kwh = models.FloatField(
-        validators=[MinValueValidator(0.0)],
+        validators=_energy_bounds("grid_intensity_g_per_kwh"),
         help_text="gCO2e per kWh for carbon figures of teams without their own intensity.")
     joules_per_trial_estimate = models.FloatField(
-        validators=[MinValueValidator(0.001)],
+        validators=_energy_bounds("joules_per_trial_estimate"),
         help_text="Energy of one tuning trial for the energy-quota check, until a team has finished runs.")
     updated_at = models.DateTimeField(auto_now=True)
     updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,

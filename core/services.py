@@ -19,7 +19,7 @@ from django.utils.text import slugify
 from core.onnx_models.errors import OnnxValidationError
 
 from .exceptions import ConflictError, PermissionDenied, ServiceError
-from .models import ApiToken, DLModel, EnergySettings, Membership, Quota, Team
+from .models import ENERGY_LIMITS, ApiToken, DLModel, EnergySettings, Membership, Quota, Team
 
 if TYPE_CHECKING:
     from core.onnx_models.validate import ValidatedModel
@@ -126,10 +126,6 @@ def lock_team_quota(team_id: int) -> Quota:
 
 # --- Energy model ----------------------------------------------------------------
 
-_ENERGY_MINIMUMS = {"cpu_watts_per_core": 0.1, "gpu_board_watts": 1.0, "grid_intensity_g_per_kwh": 0.0,
-                    "joules_per_trial_estimate": 0.001}
-
-
 def ensure_energy_settings() -> EnergySettings:
     """The settings row, created from the ENERGY_* defaults the first time (the admin edits it)."""
     from .selectors import energy_defaults
@@ -143,16 +139,15 @@ def update_energy_settings(*, actor: AbstractBaseUser, **values) -> EnergySettin
     """Staff change the platform's energy model; new runs use it, finished runs keep theirs."""
     if not actor.is_staff:
         raise PermissionDenied("Only staff can change the energy settings.")
-    unknown = set(values) - set(_ENERGY_MINIMUMS)
+    unknown = set(values) - set(ENERGY_LIMITS)
     if unknown:
         raise ServiceError(f"Unknown energy setting(s): {', '.join(sorted(unknown))}.")
     row = ensure_energy_settings()
     row = EnergySettings.objects.select_for_update().get(pk=row.pk)
     for name, value in values.items():
-        minimum = _ENERGY_MINIMUMS[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= minimum) \
-                or value == float("inf"):
-            raise ServiceError(f"{name} must be a finite number of at least {minimum:g}.", field=name)
+        low, high = ENERGY_LIMITS[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high):
+            raise ServiceError(f"{name} must be a number from {low:g} to {high:g}.", field=name)
         setattr(row, name, float(value))
     row.updated_by = actor
     row.save()

@@ -7,20 +7,23 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import selectors, services
+from core.models import ENERGY_LIMITS
 
 from .permissions import IsStaffOrReadOnly
 
 
+def _limited(name: str, help_text: str) -> serializers.FloatField:
+    low, high = ENERGY_LIMITS[name]
+    return serializers.FloatField(min_value=low, max_value=high, help_text=help_text)
+
+
 class EnergySettingsSerializer(serializers.Serializer):
-    cpu_watts_per_core = serializers.FloatField(min_value=0.1, max_value=1e4,
-                                                help_text="Watts of one busy CPU core (modeled energy).")
-    gpu_board_watts = serializers.FloatField(min_value=1.0, max_value=1e5,
-                                             help_text="Watts of a busy GPU board (modeled energy).")
-    grid_intensity_g_per_kwh = serializers.FloatField(
-        min_value=0.0, max_value=1e5, help_text="gCO2e per kWh for teams without their own intensity.")
-    joules_per_trial_estimate = serializers.FloatField(
-        min_value=0.001, max_value=1e9, help_text="Energy of one trial for the energy-quota check before a "
-                                                  "team has finished runs.")
+    cpu_watts_per_core = _limited("cpu_watts_per_core", "Watts of one busy CPU core (modeled energy).")
+    gpu_board_watts = _limited("gpu_board_watts", "Watts of a busy GPU board (modeled energy).")
+    grid_intensity_g_per_kwh = _limited("grid_intensity_g_per_kwh",
+                                        "gCO2e per kWh for teams without their own intensity.")
+    joules_per_trial_estimate = _limited("joules_per_trial_estimate", "Energy of one trial for the energy-quota "
+                                                                      "check before a team has finished runs.")
     origin = serializers.CharField(read_only=True, help_text="'admin' once staff saved the settings, else "
                                                              "'environment' (the ENERGY_* defaults).")
     updated_at = serializers.DateTimeField(read_only=True, allow_null=True)

@@ -39,7 +39,7 @@ def test_staff_change_wins_over_the_environment_and_records_who(env_energy, user
 
 @pytest.mark.parametrize("values", [{"cpu_watts_per_core": 0}, {"gpu_board_watts": -3}, {"cpu_watts_per_core": "x"},
                                     {"grid_intensity_g_per_kwh": float("nan")}, {"watts": 3},
-                                    {"joules_per_trial_estimate": float("inf")}])
+                                    {"joules_per_trial_estimate": float("inf")}, {"cpu_watts_per_core": 1e6}])
 def test_invalid_values_are_refused_and_nothing_is_saved(env_energy, user_staff, values):
     with pytest.raises(ServiceError):
         services.update_energy_settings(actor=user_staff, **values)
