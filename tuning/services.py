@@ -563,9 +563,12 @@ def _add_wall(run_id: int, lease: str, seconds: float) -> None:
 
 def run_energy_model(run: TuningRun) -> dict[str, float]:
     """The watts model the run started with; the current platform model for runs from before snapshots."""
+    keys = ("cpu_watts_per_core", "gpu_board_watts")
+    snapshot = run.energy_model or {}
+    if all(k in snapshot for k in keys):
+        return {k: float(snapshot[k]) for k in keys}
     current = energy_model()
-    return {"cpu_watts_per_core": float(run.energy_model.get("cpu_watts_per_core", current.cpu_watts_per_core)),
-            "gpu_board_watts": float(run.energy_model.get("gpu_board_watts", current.gpu_board_watts))}
+    return {k: float(snapshot.get(k, getattr(current, k))) for k in keys}
 
 
 def make_energy_meter(run: TuningRun):
