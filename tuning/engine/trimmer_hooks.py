@@ -237,8 +237,8 @@ class TrimmerRuntime:
             pending = {i: self.outstanding.get(i, 0) or (self.per_round if i in flying else 0) for i in active}
             spent = {i: self.tracker.trials.get(i, 0) + pending[i] for i in active}
             remaining = max(0, remaining - sum(pending.values()))
-            alloc = allocate_trials(sum(spent.values()) + remaining, self._shares(active), active)
             shares = self._shares(active)
+            alloc = allocate_trials(sum(spent.values()) + remaining, shares, active)
             known = [w * b for w, b in shares.values() if b]
             fallback = (sum(known) / len(known)) if known else 1.0
 
