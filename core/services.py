@@ -29,8 +29,21 @@ log = logging.getLogger(__name__)
 
 # --- Teams and memberships -----------------------------------------------------
 
+def require_team_creator(actor: AbstractBaseUser | None) -> None:
+    """Teams are created by staff (or the platform itself, ``actor=None``: commands, bootstrap).
+
+    Every team gets its own quota, so teams anyone could create would multiply every quota.
+    """
+    if actor is not None and not actor.is_staff:
+        raise PermissionDenied("Only staff can create teams (each team gets its own quotas); ask an "
+                               "administrator to create one for you.")
+
+
 @transaction.atomic
-def create_team(*, name: str, owner: AbstractBaseUser, description: str = "") -> Team:
+def create_team(*, name: str, owner: AbstractBaseUser, description: str = "",
+                actor: AbstractBaseUser | None = None) -> Team:
+    """A team with the default quota, ``owner`` its first owner. ``actor`` must be staff (None = the platform)."""
+    require_team_creator(actor)
     name = name.strip()
     if not name:
         raise ServiceError("A team needs a name.", field="name")

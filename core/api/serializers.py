@@ -35,6 +35,14 @@ class TeamSerializer(serializers.ModelSerializer):
         return selectors.role_in_team(request.user, team.pk) if request else None
 
 
+class TeamCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+    owner = serializers.SlugRelatedField(
+        slug_field="username", queryset=get_user_model().objects.filter(is_active=True), required=False,
+        help_text="Username of the team's first owner (default: the caller).")
+
+
 class MembershipSerializer(serializers.ModelSerializer):
     username = serializers.SlugRelatedField(
         source="user", slug_field="username", queryset=get_user_model().objects.filter(is_active=True)

@@ -25,6 +25,7 @@ from .serializers import (
     MembershipUpdateSerializer,
     MeSerializer,
     QuotaSerializer,
+    TeamCreateSerializer,
     TeamSerializer,
 )
 from .uploads import body_over, declared_length
@@ -47,7 +48,10 @@ class MeView(APIView):
 
 @extend_schema_view(
     list=extend_schema(summary="Teams you belong to"),
-    create=extend_schema(summary="Create a team (you become its owner)"),
+    create=extend_schema(
+        request=TeamCreateSerializer, responses={201: TeamSerializer}, summary="Create a team (staff)",
+        description="Staff only (each team gets its own quotas, so self-service teams would multiply them): "
+        "anyone else gets a 403. `owner` (a username, default the caller) becomes its first owner."),
     partial_update=extend_schema(summary="Rename or describe a team (owners)"),
 )
 class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
@@ -60,12 +64,14 @@ class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
     def get_queryset(self):
         return selectors.teams_for_user(self.request.user).order_by("name")
 
-    def perform_create(self, serializer):
-        team = services.create_team(
-            name=serializer.validated_data["name"], owner=self.request.user,
-            description=serializer.validated_data.get("description", ""),
-        )
-        serializer.instance = team
+    def create(self, request, *args, **kwargs):
+        services.require_team_creator(request.user)  # a 403 before anything else is looked at
+        body = TeamCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        team = services.create_team(actor=request.user, name=data["name"], owner=data.get("owner", request.user),
+                                    description=data.get("description", ""))
+        return Response(self.get_serializer(team).data, status=status.HTTP_201_CREATED)
 
     def perform_update(self, serializer):
         if selectors.role_in_team(self.request.user, serializer.instance.pk) != Membership.Role.OWNER:

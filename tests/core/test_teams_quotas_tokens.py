@@ -3,20 +3,40 @@ from __future__ import annotations
 
 import pytest
 
-from core.models import ApiToken, Membership, Quota
+from core import services
+from core.exceptions import PermissionDenied
+from core.models import ApiToken, Membership, Quota, Team
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db
 
 
-def test_create_team_makes_caller_owner_with_quota(api_owner, user_owner):
-    resp = api_owner.post("/api/teams/", {"name": "Vision"})
+def test_staff_create_a_team_with_its_owner_and_quota(user_staff, user_owner):
+    api_staff = client_for(user_staff)
+    resp = api_staff.post("/api/teams/", {"name": "Vision", "owner": user_owner.username})
     assert resp.status_code == 201, resp.content
     team_id = resp.json()["id"]
-    assert resp.json()["role"] == "owner"
     assert Membership.objects.get(team_id=team_id, user=user_owner).role == "owner"
+    assert not Membership.objects.filter(team_id=team_id, user=user_staff).exists()
     assert Quota.objects.filter(team_id=team_id).exists()
-    assert api_owner.post("/api/teams/", {"name": "vision"}).status_code == 409
+    assert api_staff.post("/api/teams/", {"name": "vision"}).status_code == 409
+    resp = api_staff.post("/api/teams/", {"name": "Audio"})  # no owner given: the caller owns it
+    assert resp.status_code == 201 and resp.json()["role"] == "owner"
+    assert api_staff.post("/api/teams/", {"name": "Text", "owner": "nobody"}).status_code == 400
+
+
+def test_non_staff_cannot_create_teams(api_owner, user_owner, team_a):
+    """Each team gets a fresh default quota: self-service teams would multiply every quota (issue 11)."""
+    teams_before = Team.objects.count()
+    for body in ({"name": "Vision"}, {"name": "Vision 2", "owner": user_owner.username}, {}):
+        resp = api_owner.post("/api/teams/", body)
+        assert resp.status_code == 403, resp.content
+        assert resp.json()["code"] == "permission_denied"
+        assert "Only staff can create teams" in resp.json()["detail"]
+    assert Team.objects.count() == teams_before and Quota.objects.count() == teams_before
+    with pytest.raises(PermissionDenied):
+        services.create_team(actor=user_owner, name="Direct", owner=user_owner)
+    assert not Team.objects.filter(name="Direct").exists()
 
 
 def test_team_list_is_scoped(api_owner, team_a, team_b):

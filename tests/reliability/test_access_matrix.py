@@ -86,7 +86,7 @@ EXPECTED = {
     ("api-root", "GET"): AUTH,
     ("api-me", "GET"): AUTH,
     ("team-list", "GET"): AUTH,
-    ("team-list", "POST"): AUTH,
+    ("team-list", "POST"): STAFF_ONLY,  # each team gets its own quotas: self-service teams multiply them
     ("team-detail", "GET"): TEAM_READ,
     ("team-detail", "PATCH"): OWNER_ONLY,
     ("membership-list", "GET"): AUTH,
