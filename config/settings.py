@@ -226,6 +226,8 @@ SCHEDULING_NODE_STALE_S = env.float("SCHEDULING_NODE_STALE_S", default=180.0)
 SCHEDULING_TELEMETRY_FRESH_S = env.float("SCHEDULING_TELEMETRY_FRESH_S", default=120.0)
 SCHEDULING_TELEMETRY_RETENTION_DAYS = env.int("SCHEDULING_TELEMETRY_RETENTION_DAYS", default=7)
 SCHEDULING_DEFAULT_JOB_ESTIMATE_S = env.float("SCHEDULING_DEFAULT_JOB_ESTIMATE_S", default=600.0)
+# The longest GPU time a job may declare (duration_estimate_s); a job is stopped when it reaches its own.
+SCHEDULING_MAX_JOB_DURATION_S = env.float("SCHEDULING_MAX_JOB_DURATION_S", default=24 * 3600.0)
 # Energy model used where no meter exists (labeled "modeled" everywhere it shows).
 ENERGY_CPU_WATTS_PER_CORE = env.float("ENERGY_CPU_WATTS_PER_CORE", default=10.0)
 ENERGY_GPU_BOARD_WATTS = env.float("ENERGY_GPU_BOARD_WATTS", default=300.0)

@@ -22,7 +22,7 @@ import numpy as np
 
 from .telemetry import GpuSampler, NoGpuError, require_gpu
 
-__all__ = ["GpuRuntimeError", "JobStopped", "rebatch", "run_model_on_gpu", "NoGpuError"]
+__all__ = ["DurationReached", "GpuRuntimeError", "JobStopped", "rebatch", "run_model_on_gpu", "NoGpuError"]
 
 # How often a running job asks whether it should stop (a database read in the worker).
 STOP_CHECK_EVERY_S = 1.0
@@ -38,14 +38,27 @@ class JobStopped(Exception):
     """The run was asked to stop (its job was cancelled) and stopped between two inferences."""
 
 
-class StopCheck:
-    """Calls ``should_stop`` at most every ``every_s`` seconds; raises JobStopped when it says yes."""
+class DurationReached(JobStopped):
+    """The run reached the GPU time its job declared (``duration_estimate_s``) and stopped."""
 
-    def __init__(self, should_stop: Callable[[], bool] | None, every_s: float = STOP_CHECK_EVERY_S):
-        self.should_stop, self.every_s = should_stop, every_s
+    def __init__(self, limit_s: float):
+        super().__init__(f"stopped: the job reached its declared duration of {limit_s:g} s")
+        self.limit_s = limit_s
+
+
+class StopCheck:
+    """Raises JobStopped when ``should_stop`` (asked at most every ``every_s`` seconds) says yes, and
+    DurationReached once ``limit_s`` seconds have passed since ``started`` (a monotonic time; default now)."""
+
+    def __init__(self, should_stop: Callable[[], bool] | None, every_s: float = STOP_CHECK_EVERY_S, *,
+                 limit_s: float | None = None, started: float | None = None):
+        self.should_stop, self.every_s, self.limit_s = should_stop, every_s, limit_s
         self._last = time.monotonic()
+        self.deadline = None if limit_s is None else (started if started is not None else self._last) + limit_s
 
     def __call__(self) -> None:
+        if self.deadline is not None and time.monotonic() >= self.deadline:  # no database read: every call
+            raise DurationReached(self.limit_s)
         if self.should_stop is None or time.monotonic() - self._last < self.every_s:
             return
         self._last = time.monotonic()
@@ -162,16 +175,20 @@ def run_model_on_gpu(
     runtime: str = "auto",
     nvml: Any = None,
     should_stop: Callable[[], bool] | None = None,
+    max_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Run ``iterations`` inferences at ``batch_size`` on GPU ``device_index`` while sampling NVML.
 
     ``should_stop`` is asked about once a second between inferences; when it answers True the run
     ends with :class:`JobStopped` (a cancelled job frees its GPU at once and must not keep using it).
+    ``max_seconds`` (the job's declared duration) counts from this call, model loading and compiling
+    included: between inferences past it the run ends with :class:`DurationReached`.
 
     Returns ``{"runtime", "latency_ms", "throughput_per_s", "util_mean_pct", "mem_peak_mb",
     "mem_used_by_job_mb", "power_mean_w", "energy_j", "gpu_name", ...}``. Raises NoGpuError
     without a GPU and GpuRuntimeError when no runtime can use it.
     """
+    started = time.monotonic()
     reading = require_gpu(nvml)
     if device_index >= len(reading.gpus):
         raise NoGpuError(f"no NVIDIA GPU #{device_index} on this host ({reading.summary})")
@@ -187,7 +204,8 @@ def run_model_on_gpu(
     errors = []
     for fn in order:
         try:
-            out = fn(model, inputs, iterations, device_index, sampler, StopCheck(should_stop))
+            out = fn(model, inputs, iterations, device_index, sampler,
+                     StopCheck(should_stop, limit_s=max_seconds, started=started))
             break
         except GpuRuntimeError as exc:
             errors.append(str(exc))

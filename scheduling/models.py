@@ -156,6 +156,15 @@ class GpuProfile(models.Model):
         return self.source.startswith(self.SYNTHETIC_PREFIX)
 
 
+# (min, max) of what a GPU job may ask for: the API and the service check these. The declared duration's
+# maximum is lowered by the SCHEDULING_MAX_JOB_DURATION_S setting (scheduling.services.gpu_job_limits).
+GPU_JOB_LIMITS = {
+    "batch_size": (1, 4096),
+    "iterations": (1, 10_000_000),
+    "duration_estimate_s": (1.0, 30 * 24 * 3600.0),
+}
+
+
 class GpuJob(models.Model):
     """A job that runs a registered model on one GPU, placed by a policy."""
 

@@ -27,13 +27,14 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from core.exceptions import ConflictError, PermissionDenied, QuotaExceeded, ServiceError
-from core.models import DLModel, Membership, Team
+from core.models import DLModel, Membership, Quota, Team
 from core.selectors import month_start
 from core.services import lock_team_quota
 
 from . import selectors, telemetry
 from .models import (
     GPU,
+    GPU_JOB_LIMITS,
     GpuJob,
     GpuProfile,
     GpuTelemetry,
@@ -479,17 +480,22 @@ def predict_job(*, model: DLModel, batch_size: int, gpu_model: str | None = None
 # GPU jobs: quota, submit, cancel
 # ==================================================================================================
 
-def gpu_hours_committed(team_id: int, now: dt.datetime | None = None) -> float:
-    """GPU-hours used this month plus what the team's active jobs have reserved and not yet used."""
-    now = now or timezone.now()
-    since = month_start(now)
-    used = selectors.gpu_hours_used(team_id, since, now)
+def _reserved_hours(team_id: int, now: dt.datetime, states=GpuJob.ACTIVE) -> float:
+    """GPU-hours the team's jobs in ``states`` have declared and not used yet: a running job is stopped
+    at its declared duration counted from its start, so it reserves what is left of it; others all of it."""
     reserved = 0.0
-    for job in GpuJob.objects.filter(team_id=team_id, state__in=GpuJob.ACTIVE).only(
-            "duration_estimate_s", "placed_at", "state"):
-        elapsed = (now - job.placed_at).total_seconds() if job.placed_at else 0.0
-        reserved += max(0.0, job.duration_estimate_s - elapsed)
-    return used + reserved / 3600.0
+    for estimate, started_at in GpuJob.objects.filter(team_id=team_id, state__in=states).values_list(
+            "duration_estimate_s", "started_at"):
+        elapsed = (now - started_at).total_seconds() if started_at else 0.0
+        reserved += max(0.0, estimate - elapsed)
+    return reserved / 3600.0
+
+
+def gpu_hours_committed(team_id: int, now: dt.datetime | None = None) -> float:
+    """GPU-hours used this month (running placements so far, finished ones in full) plus what the team's
+    active jobs have reserved and not yet used."""
+    now = now or timezone.now()
+    return selectors.gpu_hours_used(team_id, month_start(now), now) + _reserved_hours(team_id, now)
 
 
 def _check_gpu_quota(*, team_id: int, hours: float) -> None:
@@ -510,6 +516,27 @@ def default_job_estimate_s() -> float:
     return float(getattr(settings, "SCHEDULING_DEFAULT_JOB_ESTIMATE_S", 600.0))
 
 
+def gpu_job_limits() -> dict[str, tuple[float, float]]:
+    """GPU_JOB_LIMITS with the declared duration capped by SCHEDULING_MAX_JOB_DURATION_S."""
+    low, high = GPU_JOB_LIMITS["duration_estimate_s"]
+    cap = float(getattr(settings, "SCHEDULING_MAX_JOB_DURATION_S", high))
+    return {**GPU_JOB_LIMITS, "duration_estimate_s": (low, max(low, min(high, cap)))}
+
+
+def _check_job_request(*, batch_size, iterations, duration_estimate_s: float, runtime: str) -> None:
+    for name, value in (("batch_size", batch_size), ("iterations", iterations),
+                        ("duration_estimate_s", duration_estimate_s)):
+        low, high = gpu_job_limits()[name]
+        integral = name != "duration_estimate_s"
+        if isinstance(value, bool) or not isinstance(value, int if integral else (int, float)) \
+                or not low <= value <= high:
+            unit = "" if integral else " s"
+            raise ServiceError(f"{name} must be {'an integer' if integral else 'a number'} from {low:g}{unit} "
+                               f"to {high:g}{unit}.", field=name)
+    if runtime not in GpuJob.Runtime.values:
+        raise ServiceError(f"runtime must be one of {', '.join(GpuJob.Runtime.values)}.", field="runtime")
+
+
 def submit_job(
     *,
     actor: AbstractBaseUser,
@@ -521,17 +548,13 @@ def submit_job(
     place: bool = True,
 ) -> GpuJob:
     """Queue a GPU job with its predicted utilization and memory. Refused (QuotaExceeded) when its
-    estimated GPU time would exceed the team's monthly GPU-hour quota."""
+    declared GPU time would exceed the team's monthly GPU-hour quota. The job is stopped (failed) when it
+    reaches that duration, and the quota is checked again when it is placed."""
     _require_writer(actor, model.team_id, "submit GPU jobs")
-    if not isinstance(batch_size, int) or not 1 <= batch_size <= 4096:
-        raise ServiceError("batch_size must be between 1 and 4096.", field="batch_size")
-    if not isinstance(iterations, int) or not 1 <= iterations <= 10_000_000:
-        raise ServiceError("iterations must be between 1 and 10000000.", field="iterations")
-    if runtime not in GpuJob.Runtime.values:
-        raise ServiceError(f"runtime must be one of {', '.join(GpuJob.Runtime.values)}.", field="runtime")
-    estimate = float(duration_estimate_s if duration_estimate_s is not None else default_job_estimate_s())
-    if not 1.0 <= estimate <= 30 * 24 * 3600:
-        raise ServiceError("duration_estimate_s must be between 1 s and 30 days.", field="duration_estimate_s")
+    estimate = duration_estimate_s if duration_estimate_s is not None else default_job_estimate_s()
+    _check_job_request(batch_size=batch_size, iterations=iterations, duration_estimate_s=estimate,
+                       runtime=runtime)
+    estimate = float(estimate)
     # Outside the quota lock: the first prediction may train a predictor (seconds).
     prediction = predict_job(model=model, batch_size=batch_size)
     with transaction.atomic():
@@ -644,6 +667,48 @@ def build_cluster_state(gpus: list[GPU], *, now: dt.datetime) -> _Cluster:
     return _Cluster(state=state, gpus=gpus)
 
 
+class _GpuHourBudget:
+    """The GPU-hour quota re-checked as a placement pass places jobs: what each team has used this month
+    (running placements so far, finished ones in full), plus what its placed and running jobs still
+    reserve, plus the jobs this pass placed. A job that fits is placed; one that would fit once the team's
+    placed and running jobs end waits (stays pending); one that cannot fit even then fails, naming the quota."""
+
+    def __init__(self, now: dt.datetime):
+        self.now, self.teams = now, {}
+
+    def _team(self, team_id: int) -> dict[str, float]:
+        if team_id not in self.teams:
+            quota, _ = Quota.objects.get_or_create(team_id=team_id)
+            self.teams[team_id] = {
+                "limit": quota.gpu_hours_per_month,
+                "used": selectors.gpu_hours_used(team_id, month_start(self.now), self.now),
+                "reserved": _reserved_hours(team_id, self.now, states=(GpuJob.State.PLACED, GpuJob.State.RUNNING)),
+            }
+        return self.teams[team_id]
+
+    def verdict(self, job: GpuJob) -> str:
+        """``"place"``, ``"wait"`` or ``"refuse"``."""
+        t, hours = self._team(job.team_id), job.duration_estimate_s / 3600.0
+        if t["used"] + t["reserved"] + hours <= t["limit"] + 1e-9:
+            return "place"
+        return "wait" if t["used"] + hours <= t["limit"] + 1e-9 else "refuse"
+
+    def charge(self, job: GpuJob) -> None:
+        self._team(job.team_id)["reserved"] += job.duration_estimate_s / 3600.0
+
+    def refusal(self, job: GpuJob) -> str:
+        t = self._team(job.team_id)
+        return (f"Quota 'GPU hours per month' exhausted when the job was due to be placed: "
+                f"{t['used']:.3f} h of {t['limit']:g} h already used this month, {job.duration_estimate_s / 3600:.3f} "
+                "h declared. It was not run.")
+
+
+def _refuse_at_placement(job: GpuJob, budget: _GpuHourBudget, now: dt.datetime) -> None:
+    job.state, job.finished_at, job.error = GpuJob.State.FAILED, now, budget.refusal(job)
+    job.save(update_fields=["state", "finished_at", "error"])
+    log.warning("GPU job %s refused at placement: %s", job.pk, job.error)
+
+
 def _lock_gpus(gpus: list[GPU]) -> None:
     """Serialize placement passes: row locks on every schedulable GPU (PostgreSQL); on SQLite,
     which ignores FOR UPDATE, a write takes the database write lock for the transaction."""
@@ -686,36 +751,49 @@ def place_pending_jobs(*, policy: str | None = None, limit: int | None = None,
         for j in pending:
             j.model = models[j.model_id]
         cluster = build_cluster_state(gpus, now=now)
-        state, cv = cluster.state, cluster.state.view()
         views = [_job_view(j) for j in pending]
-        state.workload = workload_types(views)
+        cluster.state.workload = workload_types(views)
         pol = make_policy(name)
         pol.reset(int(now.timestamp()))
-        t = now.timestamp()
+        budget = _GpuHourBudget(now)
         for job, view in zip(pending, views):
-            chosen = pol.place(view, cv, t)
-            if not chosen:
+            verdict = budget.verdict(job)
+            if verdict != "place":
+                if verdict == "refuse":
+                    _refuse_at_placement(job, budget, now)
                 continue
-            g = int(chosen[0])
-            score = None
-            if hasattr(pol, "cost"):
-                cost, _ = pol.cost(view, cv)
-                score = float(cost[g])
-            # Until a heartbeat reports, the job's measured load is taken as its prediction.
-            state.add(view, [g], true_util=view.pred_util_pct, true_mem=view.pred_mem_mb, now=t)
-            gpu = cluster.gpus[g]
-            try:
-                with transaction.atomic():
-                    placement = Placement.objects.create(job=job, gpu=gpu, policy=name, score=score,
-                                                         queue=gpu.queue, placed_at=now)
-            except IntegrityError:  # already actively placed: never twice
-                log.warning("job %s already has an active placement; skipped", job.pk)
-                continue
-            job.state, job.policy, job.placed_at = GpuJob.State.PLACED, name, now
-            job.save(update_fields=["state", "policy", "placed_at"])
-            _dispatch(placement)
-            placed.append(placement)
+            placement = _place_one(job, view, pol, cluster, name=name, now=now)
+            if placement is not None:
+                budget.charge(job)
+                placed.append(placement)
     return placed
+
+
+def _place_one(job: GpuJob, view, pol, cluster: _Cluster, *, name: str, now: dt.datetime) -> Placement | None:
+    """Ask the policy for a GPU for one job; record and dispatch the placement it chose."""
+    state, cv, t = cluster.state, cluster.state.view(), now.timestamp()
+    chosen = pol.place(view, cv, t)
+    if not chosen:
+        return None
+    g = int(chosen[0])
+    score = None
+    if hasattr(pol, "cost"):
+        cost, _ = pol.cost(view, cv)
+        score = float(cost[g])
+    # Until a heartbeat reports, the job's measured load is taken as its prediction.
+    state.add(view, [g], true_util=view.pred_util_pct, true_mem=view.pred_mem_mb, now=t)
+    gpu = cluster.gpus[g]
+    try:
+        with transaction.atomic():
+            placement = Placement.objects.create(job=job, gpu=gpu, policy=name, score=score,
+                                                 queue=gpu.queue, placed_at=now)
+    except IntegrityError:  # already actively placed: never twice
+        log.warning("job %s already has an active placement; skipped", job.pk)
+        return None
+    job.state, job.policy, job.placed_at = GpuJob.State.PLACED, name, now
+    job.save(update_fields=["state", "policy", "placed_at"])
+    _dispatch(placement)
+    return placement
 
 
 def _send_on_commit(send, *, what: str, on_error=None) -> None:
@@ -831,13 +909,20 @@ def _job_cancelled(job_id: int) -> bool:
     return GpuJob.objects.filter(pk=job_id, state=GpuJob.State.CANCELLED).exists()
 
 
+def _overran_message(job: GpuJob) -> str:
+    high = gpu_job_limits()["duration_estimate_s"][1]
+    return (f"Stopped: the job reached its declared duration (duration_estimate_s = {job.duration_estimate_s:g} s, "
+            f"counted from its start, model loading included) before finishing its {job.iterations} iterations. "
+            f"Submit it again with a longer duration_estimate_s (at most {high:g} s) or fewer iterations.")
+
+
 def execute_job(*, job_id: int, placement_id: int, worker: str, nvml: Any = None) -> GpuJob | None:
     """Run a placed job's model on its GPU (the Celery task `scheduling.run_job` calls this).
 
     With no GPU the job fails with "no NVIDIA GPU found (pynvml: ...)"; with no CUDA-capable
     runtime it fails naming what is missing.
     """
-    from .gpu_runtime import GpuRuntimeError, JobStopped, NoGpuError, run_model_on_gpu
+    from .gpu_runtime import DurationReached, GpuRuntimeError, JobStopped, NoGpuError, run_model_on_gpu
 
     job = claim_job(job_id=job_id, placement_id=placement_id, worker=worker)
     if job is None:
@@ -849,7 +934,10 @@ def execute_job(*, job_id: int, placement_id: int, worker: str, nvml: Any = None
             data = f.read()
         result = run_model_on_gpu(data, batch_size=job.batch_size, iterations=job.iterations,
                                   device_index=placement.gpu.index, runtime=job.runtime, nvml=nvml,
-                                  should_stop=lambda: _job_cancelled(job_id))
+                                  should_stop=lambda: _job_cancelled(job_id), max_seconds=job.duration_estimate_s)
+    except DurationReached as exc:
+        log.info("GPU job %s stopped on %s at its declared duration (%g s)", job_id, worker, exc.limit_s)
+        return finish_job(job_id=job_id, error=_overran_message(job))
     except JobStopped:
         # cancel_job already recorded the cancellation and freed the GPU; finish_job keeps both
         log.info("GPU job %s cancelled while running on %s: stopped", job_id, worker)

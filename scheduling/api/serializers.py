@@ -11,6 +11,7 @@ from scheduling.experiments import ExperimentParams
 from scheduling.horus.policies import POLICIES
 from scheduling.models import (
     GPU,
+    GPU_JOB_LIMITS,
     GpuJob,
     GpuProfile,
     GpuTelemetry,
@@ -147,11 +148,16 @@ class GpuJobSerializer(serializers.ModelSerializer):
 
 class GpuJobCreateSerializer(serializers.Serializer):
     model = TeamModelField(help_text="A model of one of your teams.")
-    batch_size = serializers.IntegerField(min_value=1, max_value=4096)
-    iterations = serializers.IntegerField(min_value=1, max_value=10_000_000, default=100)
-    duration_estimate_s = serializers.FloatField(min_value=1.0, max_value=30 * 24 * 3600, required=False,
-                                                 help_text="GPU time reserved against the monthly GPU-hour quota "
-                                                 "(default SCHEDULING_DEFAULT_JOB_ESTIMATE_S, 600 s).")
+    batch_size = serializers.IntegerField(min_value=GPU_JOB_LIMITS["batch_size"][0],
+                                          max_value=GPU_JOB_LIMITS["batch_size"][1])
+    iterations = serializers.IntegerField(min_value=GPU_JOB_LIMITS["iterations"][0],
+                                          max_value=GPU_JOB_LIMITS["iterations"][1], default=100)
+    # The maximum is checked by the service: SCHEDULING_MAX_JOB_DURATION_S (24 h by default) lowers it.
+    duration_estimate_s = serializers.FloatField(
+        min_value=GPU_JOB_LIMITS["duration_estimate_s"][0], required=False,
+        help_text="GPU time reserved against the monthly GPU-hour quota (default SCHEDULING_DEFAULT_JOB_ESTIMATE_S, "
+        "600 s; at most SCHEDULING_MAX_JOB_DURATION_S, 24 h). The job is stopped, and fails, when it has run "
+        "this long (counted from its start on the GPU worker, model loading included).")
     runtime = serializers.ChoiceField(choices=GpuJob.Runtime.choices, default=GpuJob.Runtime.AUTO)
 
 

@@ -249,3 +249,43 @@ def test_stop_check_asks_at_most_once_per_interval():
     with pytest.raises(JobStopped):
         timed_iterations(lambda: None, 50, StopCheck(lambda: True, every_s=0))
     assert len(timed_iterations(lambda: None, 5, StopCheck(None, every_s=0))) == 5
+
+
+def test_a_running_job_is_stopped_at_its_declared_duration(gpu_node, model_a, use_nvml, celery_sends, monkeypatch):
+    """`duration_estimate_s` = 1 with 10,000,000 iterations used to pass the quota and then run for hours.
+    The job now fails when it reaches its declared duration. No CUDA runtime here: onnxruntime on the CPU
+    stands in for the CUDA inference; the rest (GPU lookup, rebatching, the stop check) is the real runtime."""
+    import onnxruntime as ort
+
+    from scheduling import gpu_runtime
+
+    use_nvml(FakeNvml([fake_gpu(), fake_gpu()]))
+    job = make_job(model_a, estimate=1.0, iterations=10_000_000)
+    (p,) = services.place_pending_jobs(policy="horus")
+    ran = []
+
+    def cpu_inference(model, inputs, iterations, device_index, sampler_factory, check):
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        with sampler_factory() as sampler:
+            lat = gpu_runtime.timed_iterations(lambda: ran.append(sess.run(None, inputs)), iterations, check)
+        return {"runtime": "onnxruntime", "latencies_s": lat, **sampler.result()}
+
+    monkeypatch.setattr(gpu_runtime, "_run_onnxruntime", cpu_inference)
+    out = tasks.run_job.run(job.pk, p.pk)
+    job.refresh_from_db()
+    p.refresh_from_db()
+    assert out["state"] == "failed" and job.state == "failed" and len(ran) < job.iterations
+    assert "reached its declared duration (duration_estimate_s = 1 s" in job.error
+    assert "at most 86400 s" in job.error
+    assert p.released_at is not None and not job.result
+
+
+def test_stop_check_enforces_a_deadline_without_asking_the_database():
+    from scheduling.gpu_runtime import DurationReached, JobStopped, StopCheck
+
+    asked = []
+    check = StopCheck(lambda: asked.append(1) or False, every_s=3600, limit_s=5.0, started=0.0)  # long past
+    with pytest.raises(DurationReached) as exc:
+        check()
+    assert isinstance(exc.value, JobStopped) and exc.value.limit_s == 5.0 and not asked
+    StopCheck(None, limit_s=3600.0)()  # not reached: returns
