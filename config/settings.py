@@ -200,6 +200,8 @@ CELERY_TASK_ROUTES = {
     "tuning.execute_run": {"queue": "tuning"},
     "tuning.recover_stale_runs": {"queue": "tuning"},
     "scheduling.heartbeat": {"queue": "telemetry"},
+    # Simulations have their own queue and worker, so a long one never delays tuning or placement.
+    "scheduling.run_simulation": {"queue": "simulations"},
 }
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = TIME_ZONE

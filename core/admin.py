@@ -63,9 +63,11 @@ def _usage_cell(used: float, limit: float, unit: str = "") -> str:
 class QuotaAdmin(admin.ModelAdmin):
     list_display = [
         "team", "max_concurrent_runs", "runs_now", "tuning_trials_per_month", "trials_used",
-        "gpu_hours_per_month", "gpu_hours_used", "energy_kwh_per_month", "energy_used", "updated_at",
+        "gpu_hours_per_month", "gpu_hours_used", "energy_kwh_per_month", "energy_used",
+        "max_concurrent_simulations", "simulations_now", "max_simulation_job_gpus", "updated_at",
     ]
-    list_editable = ["max_concurrent_runs", "tuning_trials_per_month", "gpu_hours_per_month", "energy_kwh_per_month"]
+    list_editable = ["max_concurrent_runs", "tuning_trials_per_month", "gpu_hours_per_month", "energy_kwh_per_month",
+                     "max_concurrent_simulations", "max_simulation_job_gpus"]
     search_fields = ["team__name"]
     readonly_fields = ["usage_summary"]
 
@@ -94,6 +96,10 @@ class QuotaAdmin(admin.ModelAdmin):
     @admin.display(description="Energy used")
     def energy_used(self, quota):
         return _usage_cell(round(self._usage(quota).energy_kwh_this_month, 3), quota.energy_kwh_per_month, " kWh")
+
+    @admin.display(description="Simulations now")
+    def simulations_now(self, quota):
+        return _usage_cell(self._usage(quota).concurrent_simulations, quota.max_concurrent_simulations)
 
     @admin.display(description="Usage this month")
     def usage_summary(self, quota):

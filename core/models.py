@@ -58,6 +58,10 @@ class Quota(models.Model):
     tuning_trials_per_month = models.PositiveIntegerField(default=20_000)
     gpu_hours_per_month = models.FloatField(default=100.0, validators=[MinValueValidator(0.0)])
     energy_kwh_per_month = models.FloatField(default=50.0, validators=[MinValueValidator(0.0)])
+    max_concurrent_simulations = models.PositiveIntegerField(
+        default=2, help_text="Trace simulations queued or running at once.")
+    max_simulation_job_gpus = models.PositiveBigIntegerField(
+        default=20_000_000, help_text="Largest simulation: jobs simulated x cluster GPUs.")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

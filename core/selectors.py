@@ -56,6 +56,7 @@ class QuotaUsage:
     tuning_trials_this_month: int = 0
     gpu_hours_this_month: float = 0.0
     energy_kwh_this_month: float = 0.0
+    concurrent_simulations: int = 0
     sources: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -64,6 +65,7 @@ class QuotaUsage:
             "tuning_trials_this_month": self.tuning_trials_this_month,
             "gpu_hours_this_month": round(self.gpu_hours_this_month, 4),
             "energy_kwh_this_month": round(self.energy_kwh_this_month, 6),
+            "concurrent_simulations": self.concurrent_simulations,
         }
 
 

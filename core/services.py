@@ -104,7 +104,8 @@ def remove_member(*, actor: AbstractBaseUser, membership: Membership) -> None:
 
 # --- Quotas --------------------------------------------------------------------
 
-QUOTA_FIELDS = ("max_concurrent_runs", "tuning_trials_per_month", "gpu_hours_per_month", "energy_kwh_per_month")
+QUOTA_FIELDS = ("max_concurrent_runs", "tuning_trials_per_month", "gpu_hours_per_month", "energy_kwh_per_month",
+                "max_concurrent_simulations", "max_simulation_job_gpus")
 
 
 @transaction.atomic

@@ -143,6 +143,18 @@ def build_cluster(kind: str, params: ExperimentParams, *, seed: int = 0) -> hclu
     return hcluster.ClusterSpec(tuple(nodes), f"{params.gpus} x {params.gpu_model} ({per}/node)")
 
 
+def simulation_size(kind: str, params: ExperimentParams, *, trace_jobs: int | None,
+                    seed: int = 0) -> tuple[int, int]:
+    """``(jobs simulated, cluster GPUs)`` of a validated experiment, without running it: what the per-team
+    size limit is checked against. ``trace_jobs`` is the trace's job count (None: unknown, the slice's size)."""
+    gpus = build_cluster(kind, params, seed=seed).n_gpus
+    if params.method == "fill":
+        jobs = trace_jobs or 0
+    else:
+        jobs = params.jobs if trace_jobs is None else max(0, min(params.jobs, trace_jobs - params.start))
+    return int(jobs), int(gpus)
+
+
 def _slice(jobs: Sequence[htraces.Job], params: ExperimentParams) -> list[htraces.Job]:
     ordered = sorted(jobs, key=lambda j: (j.submit_time, j.line))
     sl = ordered[params.start: params.start + params.jobs]

@@ -291,6 +291,8 @@ class SimulationRun(models.Model):
         SUCCEEDED = "succeeded", "Succeeded"
         FAILED = "failed", "Failed"
 
+    ACTIVE = (Status.QUEUED, Status.RUNNING)
+
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="simulations")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")

@@ -509,7 +509,8 @@ def _check_gpu_quota(*, team_id: int, hours: float) -> None:
 
 
 def _usage_provider(team_id: int, since: dt.datetime) -> dict:
-    return {"gpu_hours_this_month": selectors.gpu_hours_used(team_id, since)}
+    return {"gpu_hours_this_month": selectors.gpu_hours_used(team_id, since),
+            "concurrent_simulations": _active_simulations(team_id)}
 
 
 def default_job_estimate_s() -> float:
@@ -1086,6 +1087,38 @@ def _resolve_policies(policies: list[str] | str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _active_simulations(team_id: int) -> int:
+    return SimulationRun.objects.filter(team_id=team_id, status__in=SimulationRun.ACTIVE).count()
+
+
+def _check_simulation_quota(*, team_id: int, jobs: int, gpus: int) -> None:
+    """Per-team limits: simulations queued or running at once, and jobs x GPUs of one simulation."""
+    quota = lock_team_quota(team_id)
+    if jobs * gpus > quota.max_simulation_job_gpus:
+        raise QuotaExceeded(
+            f"Quota 'simulation size' would be exceeded: {jobs} jobs x {gpus} GPUs = {jobs * gpus} job-GPUs, the "
+            f"limit is {quota.max_simulation_job_gpus} per simulation. Simulate fewer jobs or a smaller cluster.",
+            quota="max_simulation_job_gpus")
+    active = _active_simulations(team_id)
+    if active >= quota.max_concurrent_simulations:
+        raise QuotaExceeded(
+            f"Quota 'concurrent simulations' reached: {active} of {quota.max_concurrent_simulations} simulations "
+            "are queued or running; start this one when one of them has finished.",
+            quota="max_concurrent_simulations")
+
+
+def _simulation_size(label: str, upload: TraceUpload | None, kind: str, params, seed: int) -> tuple[int, int]:
+    from .experiments import load_jobs, simulation_size
+
+    if upload is not None:
+        trace_jobs = upload.n_jobs
+    elif params.method == "fill":  # every GPU pod of the shipped trace (parsed once per process)
+        trace_jobs = len(load_jobs(label)[1])
+    else:
+        trace_jobs = None
+    return simulation_size(kind, params, trace_jobs=trace_jobs, seed=seed)
+
+
 def start_simulation(
     *,
     actor: AbstractBaseUser,
@@ -1096,7 +1129,8 @@ def start_simulation(
     parameters: dict[str, Any] | None = None,
     enqueue: bool = True,
 ) -> SimulationRun:
-    """Validate and queue a simulation (the `scheduling.run_simulation` task runs it)."""
+    """Validate and queue a simulation (the `scheduling.run_simulation` task runs it, on the `simulations`
+    queue). Refused (QuotaExceeded) past the team's concurrency or size limits."""
     from .experiments import ExperimentError, ExperimentParams
 
     _require_writer(actor, team.pk, "start simulations")
@@ -1106,7 +1140,9 @@ def start_simulation(
         params = ExperimentParams.from_dict(parameters).validate(kind)
     except ExperimentError as exc:
         raise ServiceError(str(exc), field=f"parameters.{exc.field}" if exc.field else "parameters") from None
+    jobs, gpus = _simulation_size(label, upload, kind, params, int(seed))
     with transaction.atomic():
+        _check_simulation_quota(team_id=team.pk, jobs=jobs, gpus=gpus)
         run = SimulationRun.objects.create(
             team=team, created_by=actor if actor is not None and actor.is_authenticated else None, trace=label,
             trace_upload=upload, policies=names, seed=int(seed), parameters=params.to_dict())

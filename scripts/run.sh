@@ -16,6 +16,10 @@ QUEUES=${WORKER_QUEUES:-default,tuning,telemetry,measure.$NODE.cpu}
 .venv/bin/celery -A config worker -Q "$QUEUES" --concurrency "${WORKER_CONCURRENCY:-2}" \
   --hostname "cpu@$NODE" --loglevel INFO >var/log/worker.log 2>&1 &
 WORKER_PID=$!
+# Trace simulations run on their own queue and worker (one slot), so they never delay tuning.
+.venv/bin/celery -A config worker -Q "${SIMULATION_QUEUES:-simulations}" --concurrency 1 \
+  --hostname "sim@$NODE" --loglevel INFO >var/log/simulation-worker.log 2>&1 &
+SIM_WORKER_PID=$!
 # On a GPU host, a second worker serves each GPU's queue (placed GPU jobs, GPU measurements), with three
 # slots per GPU: the jobs Horus co-locates on a GPU (at most 3) run together.
 GPUS=$($PY -c 'import pynvml as n
@@ -31,7 +35,8 @@ if [ "${GPUS:-0}" -gt 0 ]; then
   GPU_WORKER_PID=$!
   QUEUES="$QUEUES; GPU worker: $GPU_QUEUES (var/log/gpu-worker.log)"
 fi
-trap 'kill $WORKER_PID $GPU_WORKER_PID 2>/dev/null; wait $WORKER_PID $GPU_WORKER_PID 2>/dev/null' EXIT INT TERM
+trap 'kill $WORKER_PID $SIM_WORKER_PID $GPU_WORKER_PID 2>/dev/null
+      wait $WORKER_PID $SIM_WORKER_PID $GPU_WORKER_PID 2>/dev/null' EXIT INT TERM
 for _ in $(seq 60); do grep -q " ready." var/log/worker.log 2>/dev/null && break; sleep 0.5
   kill -0 $WORKER_PID 2>/dev/null || { echo "error: the Celery worker exited at start:" >&2; tail -20 var/log/worker.log >&2; exit 1; }
 done
@@ -42,6 +47,7 @@ cat <<MSG
     API docs:   http://$HOST:$PORT/api/docs/
     Admin:      http://$HOST:$PORT/admin/
     Worker log: var/log/worker.log (queues: $QUEUES)
+    Simulations: var/log/simulation-worker.log (queue: ${SIMULATION_QUEUES:-simulations})
   Ctrl-C stops the web server and the worker.
 
 MSG

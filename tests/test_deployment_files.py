@@ -18,10 +18,10 @@ def compose() -> dict:
 
 def test_compose_services_and_healthchecks():
     services = compose()["services"]
-    assert {"postgres", "redis", "web", "worker", "beat", "gpu-worker"} <= set(services)
+    assert {"postgres", "redis", "web", "worker", "simulation-worker", "beat", "gpu-worker"} <= set(services)
     for name in ("postgres", "redis", "web"):
         assert services[name]["healthcheck"]["test"], name
-    for name in ("web", "worker", "beat", "gpu-worker"):
+    for name in ("web", "worker", "simulation-worker", "beat", "gpu-worker"):
         deps = services[name]["depends_on"]
         assert deps["postgres"]["condition"] == deps["redis"]["condition"] == "service_healthy"
         env = services[name]["environment"]
@@ -44,9 +44,31 @@ def test_gpu_worker_profile_and_device_reservation():
     assert int(command[command.index("--concurrency") + 1]) >= HORUS_MAX_JOBS_PER_GPU
 
 
+def _queues(command: list[str]) -> list[str]:
+    return command[command.index("-Q") + 1].split(",")
+
+
+def test_simulations_have_their_own_queue_and_worker():
+    """A simulation can hold a worker for many seconds: it must never take a slot tuning needs."""
+    from config.celery import app
+
+    assert app.amqp.router.route({}, "scheduling.run_simulation")["queue"].name == "simulations"
+    assert app.amqp.router.route({}, "tuning.execute_run")["queue"].name == "tuning"
+    services = compose()["services"]
+    sim = services["simulation-worker"]["command"]
+    assert _queues(sim) == ["simulations"] and int(sim[sim.index("--concurrency") + 1]) == 1
+    for name in ("worker", "gpu-worker"):  # tuning workers do not take simulations
+        assert "simulations" not in _queues(services[name]["command"]), name
+    run_sh = (ROOT / "scripts" / "run.sh").read_text()
+    workers = [line for line in run_sh.splitlines() if "celery -A config worker" in line]
+    sim_workers = [line for line in workers if '-Q "${SIMULATION_QUEUES:-simulations}"' in line]
+    assert len(sim_workers) == 1 and len(workers) >= 2  # `make run`: its own worker beside the tuning one
+    assert "simulations" not in run_sh.split("QUEUES=${WORKER_QUEUES:-", 1)[1].split("}", 1)[0]
+
+
 def test_compose_commands_reference_real_modules():
     services = compose()["services"]
-    for name in ("worker", "beat", "gpu-worker"):
+    for name in ("worker", "simulation-worker", "beat", "gpu-worker"):
         cmd = services[name]["command"]
         app = cmd[cmd.index("-A") + 1]
         assert hasattr(importlib.import_module(app), "celery_app"), name

@@ -73,7 +73,8 @@ class QuotaSerializer(serializers.ModelSerializer):
         model = Quota
         fields = [
             "id", "team", "team_name", "max_concurrent_runs", "tuning_trials_per_month",
-            "gpu_hours_per_month", "energy_kwh_per_month", "usage", "updated_at",
+            "gpu_hours_per_month", "energy_kwh_per_month", "max_concurrent_simulations", "max_simulation_job_gpus",
+            "usage", "updated_at",
         ]
         read_only_fields = ["team", "updated_at"]
 

@@ -46,6 +46,7 @@ def test_quota_admin_shows_usage_and_edits_limits(client, django_user_model, tea
     assert page.status_code == 200
     html = page.content.decode()
     assert "Runs now" in html and "Energy used" in html and "Team A" in html
+    assert "Simulations now" in html and "Max simulation job gpus" in html
     qa, qb = team_a.quota, team_b.quota
     form = {
         "form-TOTAL_FORMS": "2", "form-INITIAL_FORMS": "2", "form-MIN_NUM_FORMS": "0", "form-MAX_NUM_FORMS": "1000",
@@ -54,11 +55,13 @@ def test_quota_admin_shows_usage_and_edits_limits(client, django_user_model, tea
     for i, q in enumerate([qa, qb]):
         form |= {f"form-{i}-id": str(q.pk), f"form-{i}-max_concurrent_runs": "5",
                  f"form-{i}-tuning_trials_per_month": "123", f"form-{i}-gpu_hours_per_month": "9.5",
-                 f"form-{i}-energy_kwh_per_month": "2.5"}
+                 f"form-{i}-energy_kwh_per_month": "2.5", f"form-{i}-max_concurrent_simulations": "3",
+                 f"form-{i}-max_simulation_job_gpus": "4000"}
     resp = client.post("/admin/core/quota/", form)
     assert resp.status_code == 302, resp.content.decode()[:2000]
     qa.refresh_from_db(); qb.refresh_from_db()
     assert (qa.max_concurrent_runs, qb.tuning_trials_per_month, qb.energy_kwh_per_month) == (5, 123, 2.5)
+    assert (qa.max_concurrent_simulations, qb.max_simulation_job_gpus) == (3, 4000)
 
 
 def test_admin_upload_refuses_bad_file_with_message(client, django_user_model, team_a):
