@@ -34,6 +34,11 @@ class TeamAdmin(admin.ModelAdmin):
     prepopulated_fields = {"slug": ["name"]}
     inlines = [QuotaInline, MembershipInline]
 
+    # Only staff reach the admin, and teams are created only by staff (each team gets its own quotas).
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        Quota.objects.get_or_create(team=form.instance)  # an untouched quota inline saves nothing
+
     @admin.display(description="Members")
     def member_count(self, team: Team) -> int:
         return team.memberships.count()

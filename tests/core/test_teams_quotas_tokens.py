@@ -39,6 +39,20 @@ def test_non_staff_cannot_create_teams(api_owner, user_owner, team_a):
     assert not Team.objects.filter(name="Direct").exists()
 
 
+def test_admin_team_creation_is_staff_only_and_gives_the_team_a_quota(client, django_user_model, user_owner):
+    client.force_login(user_owner)
+    resp = client.post("/admin/core/team/add/", {"name": "Sneaky", "slug": "sneaky"})
+    assert resp.status_code == 302 and "/admin/login/" in resp["Location"]
+    assert not Team.objects.filter(name="Sneaky").exists()
+    client.force_login(django_user_model.objects.create_superuser("root", "root@example.com", "pw"))
+    inline = {"quota-TOTAL_FORMS": "0", "quota-INITIAL_FORMS": "0", "quota-MIN_NUM_FORMS": "0",
+              "quota-MAX_NUM_FORMS": "1", "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0",
+              "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000"}
+    resp = client.post("/admin/core/team/add/", {"name": "Vision", "slug": "vision", **inline})
+    assert resp.status_code == 302, resp.content.decode()[:3000]
+    assert Quota.objects.filter(team__name="Vision").exists()
+
+
 def test_team_list_is_scoped(api_owner, team_a, team_b):
     names = [t["name"] for t in api_owner.get("/api/teams/").json()["results"]]
     assert names == ["Team A"]
