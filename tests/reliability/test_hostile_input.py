@@ -476,3 +476,31 @@ def test_hostile_query_strings_and_form_values_never_5xx(world, client):
                                       "dop_fixed": BIG, "threads": BIG, "search_population": BIG, "seed": BIG})
     assert resp.status_code == 200  # the form, with its errors
     assert client.post(f"/runs/{world.run.pk}/{'x' * 500}/").status_code == 404
+
+
+# --- quota-dodging requests (issue 11 section 2) ------------------------------------------------------------
+
+def test_quota_dodging_requests_are_4xx_and_write_nothing(world):
+    """Self-service teams, GPU jobs with absurd declared durations, oversized simulations: refused with a
+    4xx naming the problem, and no row is written."""
+    from core.models import Quota, Team
+    from scheduling.models import GpuJob, SimulationRun
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {world.tokens['owner']}")
+    before = (Team.objects.count(), Quota.objects.count(), GpuJob.objects.count(), SimulationRun.objects.count())
+    resp = client.post("/api/teams/", {"name": "Quota Twin"}, format="json")
+    assert resp.status_code == 403 and "Only staff can create teams" in resp.json()["detail"]
+    job = {"model": world.model.pk, "batch_size": 8, "iterations": 10_000_000}
+    for duration in (1e308, 10**9, 86401, -1, 0, 0.5, "nan", "inf", "abc", None):
+        resp = client.post("/api/gpu-jobs/", {**job, "duration_estimate_s": duration}, format="json")
+        assert 400 <= resp.status_code < 500, (duration, resp.status_code)
+        assert resp.json()["detail"], duration
+    for parameters in ({"jobs": 100_000, "gpus": 20_000}, {"jobs": 10**12, "gpus": 4}, {"jobs": 1, "gpus": 10**12},
+                       {"jobs": "many"}, {"gpus": -1}):
+        resp = client.post("/api/simulations/", {"team": world.team_a.pk, "trace": "philly", "policies": ["horus"],
+                                                 "parameters": parameters}, format="json")
+        assert 400 <= resp.status_code < 500, (parameters, resp.status_code)
+        assert resp.json()["detail"], parameters
+    assert (Team.objects.count(), Quota.objects.count(), GpuJob.objects.count(),
+            SimulationRun.objects.count()) == before
