@@ -116,6 +116,33 @@ def validate_target(target) -> dict:
     return target
 
 
+def validate_measure_queues(queues, *, target: dict) -> list[str]:
+    """The remote measurement queues a run may use: each must be the CPU queue (`measure.<node>.cpu`) of a
+    registered, live, undrained node that serves it. Nodes are shared by every team (there is no per-team
+    node list), so any team may use any live node's CPU queue. GPU queues are refused: GPU work goes
+    through placement and the GPU-hour quota (GPU jobs), which a tuning run's measurements would bypass."""
+    from scheduling import selectors as sched
+
+    if queues in (None, ""):
+        return []
+    if not isinstance(queues, list) or not all(isinstance(q, str) for q in queues):
+        raise ServiceError("measure_queues must be a list of queue names.", field="measure_queues")
+    if target.get("kind") != "llvm":
+        raise ServiceError("Remote measurement (measure_queues) is available for CPU (llvm) targets only.",
+                           field="measure_queues")
+    cutoff = timezone.now() - timedelta(seconds=sched.node_stale_after_s())
+    served = {q for node in sched.nodes().filter(drained=False, last_seen__gte=cutoff)
+              for q in (node.queues or []) if q == node.cpu_queue}
+    for q in queues:
+        if re.fullmatch(r"measure\.[A-Za-z0-9_-]+\.gpu\d+", q):
+            raise ServiceError(f"measure_queues: '{q}' is a GPU queue; GPU work is placed as GPU jobs (under the "
+                               "GPU-hour quota), never sent by a tuning run.", field="measure_queues")
+        if q not in served:
+            raise ServiceError(f"measure_queues: '{q}' is not the CPU queue of a registered, live node "
+                               "(see /api/nodes/).", field="measure_queues")
+    return list(dict.fromkeys(queues))
+
+
 # --- quota -------------------------------------------------------------------------
 
 def trials_used_this_month(team_id: int) -> int:
@@ -230,6 +257,9 @@ def start_run(
         trimmer_cfg = TrimmerConfig.from_dict(trimmer_options)
     except (TypeError, ValueError) as exc:
         raise ServiceError(f"Invalid Trimmer options: {exc}", field="trimmer_options") from None
+    options = dict(options or {})
+    if "measure_queues" in options:
+        options["measure_queues"] = validate_measure_queues(options["measure_queues"], target=target)
     team = model.team
     grid = team.grid_intensity_g_per_kwh
     platform_energy = energy_model()
@@ -238,7 +268,7 @@ def start_run(
         run = TuningRun.objects.create(
             team_id=model.team_id, model=model, created_by=actor, target=target, target_kind=target["kind"],
             max_trials=max_trials, trials_per_round=trials_per_round, measurement_mode=measurement_mode,
-            dop_fixed=dop_fixed, threads=threads, options=options or {},
+            dop_fixed=dop_fixed, threads=threads, options=options,
             trimmer_enabled=bool(trimmer), trimmer_options=trimmer_cfg.to_dict() if trimmer else {},
             grid_intensity_g_per_kwh=grid if grid is not None else platform_energy.grid_intensity_g_per_kwh,
             energy_model={"cpu_watts_per_core": platform_energy.cpu_watts_per_core,
@@ -719,6 +749,7 @@ def _finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: P
     comparison = _isolated("tuning.engine.session:compile_and_compare", model_proto, str(work_dir), run.target,
                            threads, export_path=str(work_dir / "tuned_module.so"),
                            what="compiling the tuned and untuned model and comparing their outputs")
+    _require_a_measurement(run)
     records_zip = _zip_database(work_dir)
     tasks_best = {t.index: t for t in TuningTask.objects.filter(run_id=run_id)}
     trim = (summary.get("trimmer") if isinstance(summary, dict) else getattr(summary, "trimmer", None)) or {}
@@ -753,6 +784,19 @@ def _finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: P
         run.status, run.finished_at, run.lease = TuningRun.Status.SUCCEEDED, timezone.now(), ""
         run.requested_action = ""
         run.save()
+
+
+class NoMeasurement(ServiceError):
+    pass
+
+
+def _require_a_measurement(run: TuningRun) -> None:
+    """A run whose every measurement failed has tuned nothing: it fails, saying why."""
+    stored = Measurement.objects.filter(run_id=run.pk)
+    if not stored.exists() or stored.filter(error="", latency_s__isnull=False).exists():
+        return  # nothing to tune (all candidates were already in the database), or tuned
+    common = (stored.values("error").annotate(n=Count("id")).order_by("-n").first() or {}).get("error", "")
+    raise NoMeasurement(f"No measurement succeeded ({stored.count()} tried); the most common error: {common}")
 
 
 def _store_trimmer_results(run: TuningRun, trim: dict, stop_reason: str | None) -> None:
