@@ -20,8 +20,6 @@ import time
 
 _waiters: concurrent.futures.ThreadPoolExecutor | None = None
 _lock = threading.Lock()
-RESULT_TIMEOUT_S = 600.0  # measuring, from the moment a worker started the task
-QUEUE_TIMEOUT_S = 3600.0  # waiting in the queue for a worker to take it
 
 
 class MeasurementLost(RuntimeError):
@@ -59,10 +57,12 @@ def _poll(async_result, queue: str, *, run_timeout: float, queue_timeout: float)
 
 
 def _wait(async_result, queue: str) -> dict:
+    from django.conf import settings
     from django.db import connection
 
     try:
-        return _poll(async_result, queue, run_timeout=RESULT_TIMEOUT_S, queue_timeout=QUEUE_TIMEOUT_S)
+        return _poll(async_result, queue, run_timeout=settings.TUNING_MEASURE_TIMEOUT_S,
+                     queue_timeout=settings.TUNING_MEASURE_QUEUE_TIMEOUT_S)
     finally:
         connection.close()  # the result backend's DB connection belongs to this waiter thread
 
