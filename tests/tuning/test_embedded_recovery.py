@@ -17,7 +17,7 @@ from tests.workers import ROOT, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-STALE_S = 5  # the lease; everything else is the embedded default
+STALE_S = 20  # the lease (longer than a worker takes to start); everything else is the embedded default
 
 
 def _env(var_dir):
@@ -33,9 +33,9 @@ def _state(env, run_id):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _worker(env, log_path, name):
+def _worker(env, log_path, name, **extra):
     log = open(log_path, "wb")
-    return subprocess.Popen(["scripts/worker.sh"], cwd=ROOT, env=env | {"WORKER_HOSTNAME": f"{name}@embedded"},
+    return subprocess.Popen(["scripts/worker.sh"], cwd=ROOT, env=env | {"WORKER_HOSTNAME": f"{name}@embedded"} | extra,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -51,7 +51,7 @@ def test_embedded_worker_killed_mid_run_is_recovered_by_the_next_worker(tmp_path
     env = _env(tmp_path / "var")
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True,
                    capture_output=True, timeout=300)
-    out = subprocess.run([sys.executable, "-m", "tests.tuning.embedded_state", "setup", "48"], cwd=ROOT, env=env,
+    out = subprocess.run([sys.executable, "-m", "tests.tuning.embedded_state", "setup", "12"], cwd=ROOT, env=env,
                          check=True, capture_output=True, text=True, timeout=300)
     run_id = int(out.stdout.strip().splitlines()[-1])
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
@@ -64,7 +64,9 @@ def test_embedded_worker_killed_mid_run_is_recovered_by_the_next_worker(tmp_path
     assert "beat: Starting" in first_log.read_text(errors="replace")  # make run's worker runs beat
     before = _state(env, run_id)
     assert before["status"] == "running" and before["attempts"] == 1
-    second = _worker(env, second_log, "second")  # at once: the dead worker's lease is still live
+    # At once, while the dead worker's lease is still live; without beat (whose 60 s sweep would also find
+    # the run): only the starting worker's re-check at lease expiry can recover it.
+    second = _worker(env, second_log, "second", WORKER_BEAT="0")
     try:
         done = wait_for(lambda: (s := _state(env, run_id))["status"] in ("succeeded", "failed", "cancelled") and s,
                         300, "the run to be recovered and finish", lambda: second_log.read_text(errors="replace"),
