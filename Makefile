@@ -17,8 +17,8 @@ check: setup
 	.venv/bin/python manage.py check
 	.venv/bin/python manage.py makemigrations --check --dry-run
 
-worker: setup
-	.venv/bin/celery -A config worker -Q default,tuning,telemetry --loglevel INFO
+worker: setup    ## the worker of `make run` (with celery beat inside: periodic recovery)
+	scripts/worker.sh
 
 web: setup
 	.venv/bin/gunicorn config.wsgi:application --bind 127.0.0.1:8000

@@ -218,6 +218,13 @@ DEFAULT_TUNING_TARGET = {"kind": "llvm", "num-cores": env.int("DLOPT_TUNING_CORE
 # A running run whose executor sent no heartbeat for this long is presumed dead
 # (its worker was killed) and re-enqueued by tuning.recover_stale_runs.
 TUNING_STALE_AFTER_S = env.float("TUNING_STALE_AFTER_S", default=120.0)
+# A run whose executor died this many times (each re-queued by recovery) is failed, not retried:
+# a model that kills the worker would otherwise kill every worker, forever.
+TUNING_MAX_EXECUTOR_LOSSES = env.int("TUNING_MAX_EXECUTOR_LOSSES", default=3)
+# Remote (measure_queues) measurement: how long one measurement may take once a worker has started it, and
+# how long it may wait in its queue for a worker; past either it is an infrastructure failure.
+TUNING_MEASURE_TIMEOUT_S = env.float("TUNING_MEASURE_TIMEOUT_S", default=600.0)
+TUNING_MEASURE_QUEUE_TIMEOUT_S = env.float("TUNING_MEASURE_QUEUE_TIMEOUT_S", default=3600.0)
 CELERY_BEAT_SCHEDULE = {
     "recover-stale-tuning-runs": {"task": "tuning.recover_stale_runs", "schedule": 60.0},
     "gpu-heartbeat": {"task": "scheduling.heartbeat", "schedule": env.float("SCHEDULING_HEARTBEAT_S", default=15.0)},

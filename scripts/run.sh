@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make run`: install, migrate, create the demo user/team/zoo, start a Celery worker and the web server.
+# `make run`: install, migrate, create the demo user/team/zoo, start a Celery worker (with beat) and the web server.
 # Embedded defaults: SQLite + a SQLite-backed Celery broker under ./var; set DATABASE_URL/REDIS_URL for servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,8 +13,8 @@ $PY manage.py collectstatic --noinput >/dev/null
 $PY manage.py bootstrap_demo
 NODE=$($PY -c 'import socket; print(socket.gethostname().split(".")[0])')
 QUEUES=${WORKER_QUEUES:-default,tuning,telemetry,measure.$NODE.cpu}
-.venv/bin/celery -A config worker -Q "$QUEUES" --concurrency "${WORKER_CONCURRENCY:-2}" \
-  --hostname "cpu@$NODE" --loglevel INFO >var/log/worker.log 2>&1 &
+# The worker runs celery beat too (-B): stale-run recovery and the other periodic tasks (scripts/worker.sh).
+WORKER_QUEUES="$QUEUES" scripts/worker.sh >var/log/worker.log 2>&1 &
 WORKER_PID=$!
 # Trace simulations run on their own queue and worker (one slot), so they never delay tuning.
 .venv/bin/celery -A config worker -Q "${SIMULATION_QUEUES:-simulations}" --concurrency 1 \

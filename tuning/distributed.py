@@ -4,15 +4,26 @@
 (`measure.<host>.cpu` or `measure.<host>.gpu<i>`) and returns a
 concurrent.futures.Future that resolves to the worker's outcome dict, so the
 tuning host keeps searching and building while remote devices measure.
+
+The tuning engine runs in a child process of the Celery worker (tuning.engine.isolate), never in task
+context, and the waiters below never call `AsyncResult.get()`: they poll the task's state in the result
+backend. The measuring deadline starts when a worker reports the task STARTED (task_track_started), not
+at submission: a candidate waiting in a busy queue is not a failed one. Everything that is not the
+worker's own answer (nobody took it, it took too long, the task raised) resolves the future with an
+exception, which the DistributedRunner reports as an infrastructure failure (kept out of the cost model).
 """
 from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 
 _waiters: concurrent.futures.ThreadPoolExecutor | None = None
 _lock = threading.Lock()
-RESULT_TIMEOUT_S = 600.0
+
+
+class MeasurementLost(RuntimeError):
+    """The measurement task gave no outcome (never taken, too slow, or the task itself failed)."""
 
 
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
@@ -23,12 +34,35 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
         return _waiters
 
 
-def _wait(async_result) -> dict:
+def _poll(async_result, queue: str, *, run_timeout: float, queue_timeout: float) -> dict:
+    from celery import states
+
+    submitted, started, interval = time.monotonic(), None, 0.02
+    while True:
+        state = async_result.state  # a result-backend read, no join
+        now = time.monotonic()
+        if state in states.READY_STATES:
+            break
+        if state == states.STARTED and started is None:
+            started = now
+        if started is not None and now - started > run_timeout:
+            raise MeasurementLost(f"{queue}: no result {run_timeout:g} s after a worker started measuring")
+        if started is None and now - submitted > queue_timeout:
+            raise MeasurementLost(f"{queue}: no worker took the measurement in {queue_timeout:g} s")
+        time.sleep(interval)
+        interval = min(0.25, interval * 1.5)
+    if state != states.SUCCESS:
+        raise MeasurementLost(f"{queue}: the measurement task ended {state}: {async_result.result!r}")
+    return async_result.result
+
+
+def _wait(async_result, queue: str) -> dict:
+    from django.conf import settings
     from django.db import connection
 
     try:
-        # Short polling interval: a candidate measures in milliseconds to seconds.
-        return async_result.get(timeout=RESULT_TIMEOUT_S, interval=0.02, propagate=True)
+        return _poll(async_result, queue, run_timeout=settings.TUNING_MEASURE_TIMEOUT_S,
+                     queue_timeout=settings.TUNING_MEASURE_QUEUE_TIMEOUT_S)
     finally:
         connection.close()  # the result backend's DB connection belongs to this waiter thread
 
@@ -40,4 +74,4 @@ def celery_submit(payload: dict) -> concurrent.futures.Future:
     if not queue:
         raise ValueError("payload has no device queue")
     result = measure_candidate.apply_async(args=[payload], queue=queue)
-    return _pool().submit(_wait, result)
+    return _pool().submit(_wait, result, queue)

@@ -60,6 +60,9 @@ class TuningRun(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     lease = models.CharField(max_length=64, blank=True)
     attempts = models.PositiveIntegerField(default=0)
+    # Times the run's executor died under it (stale heartbeat); at TUNING_MAX_EXECUTOR_LOSSES it fails.
+    executor_losses = models.PositiveIntegerField(default=0)
+    worker_lost_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True)
 
     # Progress and results (filled as the run goes).

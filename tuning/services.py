@@ -9,8 +9,11 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import secrets
 import shutil
+import sys
+import sysconfig
 import time
 import zipfile
 from datetime import timedelta
@@ -46,6 +49,48 @@ def run_work_dir(run_id: int) -> Path:
     return path
 
 
+_ABS_PATH = re.compile(r"(?<![\w.:/<>-])/(?:[\w.@+~-]+/)+([\w.@+~-]*)")
+
+
+def _path_prefixes(work_dir: Path | None) -> list[tuple[str, str]]:
+    """(absolute prefix, what users see instead), longest first, each with its symlink-free twin."""
+    pairs = [(work_dir, ".")] if work_dir is not None else []
+    pairs += [(Path(settings.MEDIA_ROOT), "<media>"), (Path(settings.VAR_DIR), "<var>"),
+              (Path(settings.BASE_DIR), "<app>")]
+    for key in ("purelib", "platlib", "stdlib", "platstdlib"):
+        pairs.append((Path(sysconfig.get_paths()[key]), "<python>"))
+    pairs += [(Path(sys.prefix), "<python>"), (Path(sys.base_prefix), "<python>")]
+    out = {}
+    for path, label in pairs:
+        for variant in {str(path), os.path.realpath(path)}:
+            if variant and variant != "/":
+                out.setdefault(variant.rstrip("/"), label)
+    return sorted(out.items(), key=lambda kv: -len(kv[0]))
+
+
+def public_text(text: str, work_dir: Path | None = None) -> str:
+    """`text` (an error, a traceback) as users may see it: no absolute server path. Paths under the run's
+    work dir become relative to it (`./database_workload.json`), the media/var/project dirs and the
+    Python installation become `<media>/`, `<var>/`, `<app>/`, `<python>/`, and any other absolute path
+    keeps only its file name (`<path>/name`)."""
+    if not text:
+        return text
+    for prefix, label in _path_prefixes(work_dir):
+        text = text.replace(prefix + "/", label + "/").replace(prefix, label)
+    return _ABS_PATH.sub(lambda m: "<path>/" + m.group(1), text)
+
+
+def public_json(value, work_dir: Path | None = None):
+    """`public_text` applied to every string of a JSON value (a run summary)."""
+    if isinstance(value, str):
+        return public_text(value, work_dir)
+    if isinstance(value, list):
+        return [public_json(v, work_dir) for v in value]
+    if isinstance(value, dict):
+        return {k: public_json(v, work_dir) for k, v in value.items()}
+    return value
+
+
 def _require_writer(actor: AbstractBaseUser, team_id: int) -> None:
     if actor.is_staff:
         return
@@ -69,6 +114,33 @@ def validate_target(target) -> dict:
     if target["kind"] == "llvm":
         target = {"num-cores": os.cpu_count() or 1, **target}
     return target
+
+
+def validate_measure_queues(queues, *, target: dict) -> list[str]:
+    """The remote measurement queues a run may use: each must be the CPU queue (`measure.<node>.cpu`) of a
+    registered, live, undrained node that serves it. Nodes are shared by every team (there is no per-team
+    node list), so any team may use any live node's CPU queue. GPU queues are refused: GPU work goes
+    through placement and the GPU-hour quota (GPU jobs), which a tuning run's measurements would bypass."""
+    from scheduling import selectors as sched
+
+    if queues in (None, ""):
+        return []
+    if not isinstance(queues, list) or not all(isinstance(q, str) for q in queues):
+        raise ServiceError("measure_queues must be a list of queue names.", field="measure_queues")
+    if target.get("kind") != "llvm":
+        raise ServiceError("Remote measurement (measure_queues) is available for CPU (llvm) targets only.",
+                           field="measure_queues")
+    cutoff = timezone.now() - timedelta(seconds=sched.node_stale_after_s())
+    served = {q for node in sched.nodes().filter(drained=False, last_seen__gte=cutoff)
+              for q in (node.queues or []) if q == node.cpu_queue}
+    for q in queues:
+        if re.fullmatch(r"measure\.[A-Za-z0-9_-]+\.gpu\d+", q):
+            raise ServiceError(f"measure_queues: '{q}' is a GPU queue; GPU work is placed as GPU jobs (under the "
+                               "GPU-hour quota), never sent by a tuning run.", field="measure_queues")
+        if q not in served:
+            raise ServiceError(f"measure_queues: '{q}' is not the CPU queue of a registered, live node "
+                               "(see /api/nodes/).", field="measure_queues")
+    return list(dict.fromkeys(queues))
 
 
 # --- quota -------------------------------------------------------------------------
@@ -185,6 +257,9 @@ def start_run(
         trimmer_cfg = TrimmerConfig.from_dict(trimmer_options)
     except (TypeError, ValueError) as exc:
         raise ServiceError(f"Invalid Trimmer options: {exc}", field="trimmer_options") from None
+    options = dict(options or {})
+    if "measure_queues" in options:
+        options["measure_queues"] = validate_measure_queues(options["measure_queues"], target=target)
     team = model.team
     grid = team.grid_intensity_g_per_kwh
     platform_energy = energy_model()
@@ -193,7 +268,7 @@ def start_run(
         run = TuningRun.objects.create(
             team_id=model.team_id, model=model, created_by=actor, target=target, target_kind=target["kind"],
             max_trials=max_trials, trials_per_round=trials_per_round, measurement_mode=measurement_mode,
-            dop_fixed=dop_fixed, threads=threads, options=options or {},
+            dop_fixed=dop_fixed, threads=threads, options=options,
             trimmer_enabled=bool(trimmer), trimmer_options=trimmer_cfg.to_dict() if trimmer else {},
             grid_intensity_g_per_kwh=grid if grid is not None else platform_energy.grid_intensity_g_per_kwh,
             energy_model={"cpu_watts_per_core": platform_energy.cpu_watts_per_core,
@@ -274,30 +349,71 @@ def resume_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
     return run
 
 
+def _stale(cutoff) -> Q:
+    return Q(status=TuningRun.Status.RUNNING) & (Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True))
+
+
+def _executor_lost(run: TuningRun) -> None:
+    """The run's executor died (no heartbeat): honour a requested cancel or pause, fail a run that has
+    now killed its executor TUNING_MAX_EXECUTOR_LOSSES times (it would crash the next one too), else
+    queue it again. `run` is locked by the caller; saved here."""
+    run.executor_losses += 1
+    run.lease, run.worker_lost_at = "", timezone.now()
+    limit = settings.TUNING_MAX_EXECUTOR_LOSSES
+    if run.requested_action == TuningRun.Action.CANCEL:
+        run.status, run.finished_at = TuningRun.Status.CANCELLED, timezone.now()
+    elif run.requested_action == TuningRun.Action.PAUSE:
+        run.status = TuningRun.Status.PAUSED
+    elif run.executor_losses >= limit:
+        run.status, run.finished_at = TuningRun.Status.FAILED, timezone.now()
+        run.error = (f"The run's executor died {run.executor_losses} times (worker killed or crashed while "
+                     f"running it, last on {run.worker or 'an unknown worker'}); it is not retried again.")
+    else:
+        run.status = TuningRun.Status.QUEUED
+    if run.status != TuningRun.Status.QUEUED:
+        run.requested_action = TuningRun.Action.NONE
+    run.save(update_fields=["status", "lease", "executor_losses", "worker_lost_at", "finished_at",
+                            "requested_action", "error"])
+
+
 def recover_stale_runs(*, stale_after_s: float | None = None) -> list[int]:
-    """Re-enqueue runs whose executor stopped sending heartbeats (its worker died)."""
+    """Deal with runs whose executor stopped sending heartbeats (its worker died): re-enqueue them, or
+    cancel/pause/fail them (see `_executor_lost`). Returns the re-enqueued runs."""
     stale_after_s = stale_after_s if stale_after_s is not None else settings.TUNING_STALE_AFTER_S
     cutoff = timezone.now() - timedelta(seconds=stale_after_s)
-    stale = TuningRun.objects.filter(status=TuningRun.Status.RUNNING).filter(
-        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True))
     recovered = []
-    for run_id in stale.values_list("pk", flat=True):
+    for run_id in TuningRun.objects.filter(_stale(cutoff)).values_list("pk", flat=True):
         with transaction.atomic():
-            n = TuningRun.objects.filter(pk=run_id, status=TuningRun.Status.RUNNING).filter(
-                Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True)
-            ).update(status=TuningRun.Status.QUEUED, lease="")
-            if n:
-                log.warning("run %s: executor presumed dead (no heartbeat for %ss), re-enqueued", run_id,
-                            stale_after_s)
-                _enqueue(TuningRun(pk=run_id))
+            run = TuningRun.objects.select_for_update().filter(_stale(cutoff), pk=run_id).first()
+            if run is None:
+                continue
+            _executor_lost(run)
+            log.warning("run %s: executor presumed dead (no heartbeat for %ss), now %s", run_id, stale_after_s,
+                        run.status)
+            if run.status == TuningRun.Status.QUEUED:
+                _enqueue(run)
                 recovered.append(run_id)
     return recovered
+
+
+def seconds_until_next_stale() -> float | None:
+    """When the first running run still holding a live lease goes stale if its executor sends no more
+    heartbeats (None when there is none): a worker that starts while a dead worker's lease is still
+    live checks again then."""
+    beats = TuningRun.objects.filter(status=TuningRun.Status.RUNNING, heartbeat_at__isnull=False)
+    first = beats.aggregate(m=Min("heartbeat_at"))["m"]
+    if first is None:
+        return None
+    return max(0.0, (first - timezone.now()).total_seconds() + settings.TUNING_STALE_AFTER_S)
 
 
 # --- execution ----------------------------------------------------------------------
 
 def claim_run(run_id: int, *, worker: str) -> str | None:
-    """Take the run for this executor; None when it is not runnable or another live executor has it."""
+    """Take the run for this executor; None when it is not runnable or another live executor has it.
+
+    A `running` run with a stale heartbeat (a re-delivered task of a dead worker) counts as an executor
+    loss first, like in `recover_stale_runs`."""
     lease = secrets.token_hex(16)
     now = timezone.now()
     cutoff = now - timedelta(seconds=settings.TUNING_STALE_AFTER_S)
@@ -306,8 +422,9 @@ def claim_run(run_id: int, *, worker: str) -> str | None:
         if run is None:
             log.warning("run %s does not exist (deleted?); nothing to do", run_id)
             return None
-        live_other = run.status == TuningRun.Status.RUNNING and run.heartbeat_at and run.heartbeat_at >= cutoff
-        if run.status != TuningRun.Status.QUEUED and not (run.status == TuningRun.Status.RUNNING and not live_other):
+        if run.status == TuningRun.Status.RUNNING and not (run.heartbeat_at and run.heartbeat_at >= cutoff):
+            _executor_lost(run)
+        if run.status != TuningRun.Status.QUEUED:
             log.info("run %s is %s; not executing it again", run_id, run.status)
             return None
         run.status, run.lease, run.heartbeat_at, run.worker = TuningRun.Status.RUNNING, lease, now, worker[:200]
@@ -324,6 +441,7 @@ class DatabaseSink:
 
     def __init__(self, run_id: int, lease: str, meter=None):
         self.run_id, self.lease = run_id, lease
+        self.work_dir = run_work_dir(run_id)
         self._task_ids: dict[int, int] = dict(TuningTask.objects.filter(run_id=run_id).values_list("index", "pk"))
         self._last_beat = 0.0
         run = TuningRun.objects.only("team_id", "energy_joules", "energy_build_joules", "energy_measure_joules",
@@ -404,7 +522,7 @@ class DatabaseSink:
                     rows.append(Measurement(
                         run_id=self.run_id, task_id=task_id, round_index=r.round_index,
                         candidate_key=r.candidate_key, run_secs=secs, latency_s=latency, build_secs=r.build_secs,
-                        run_wall_secs=r.run_wall_secs, error=(r.error or "")[:5000], worker=(r.worker or "")[:200],
+                        run_wall_secs=r.run_wall_secs, error=public_text(r.error or "", self.work_dir)[:5000], worker=(r.worker or "")[:200],
                         dop=r.dop or 1, remeasured_serially=bool(r.remeasured_serially), serial_secs=r.serial_secs))
                 Measurement.objects.bulk_create(rows, ignore_conflicts=True)
                 touched = {row.task_id for row in rows}
@@ -498,10 +616,11 @@ def build_engine_config(run: TuningRun, work_dir: Path):
 
 
 def execute_run(*, run_id: int, worker: str = "") -> str | None:
-    """Run (or resume) a tuning run to completion. Idempotent: a finished or live run is left alone."""
-    import onnx
+    """Run (or resume) a tuning run to completion. Idempotent: a finished or live run is left alone.
 
-    from tuning.engine.session import run_tuning
+    Every TVM call on the user's model runs in a child process (`call_isolated`): a model that
+    crashes TVM fails its run with a clear error, and this worker goes on serving other runs."""
+    import onnx
 
     lease = claim_run(run_id, worker=worker or f"pid{os.getpid()}")
     if lease is None:
@@ -516,7 +635,7 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
         config = build_engine_config(run, work_dir)
         if run.attempts > 1:
             reconcile_with_database(sink, model_proto, run, work_dir)
-        summary = run_tuning(model_proto, config, sink)
+        summary = _run_engine(sink, model_proto, config)
         status = getattr(summary, "status", "succeeded")
         _add_wall(run.pk, lease, time.perf_counter() - started)
         sink.flush()
@@ -532,20 +651,56 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
         _add_wall(run.pk, lease, time.perf_counter() - started)
         sink.flush()
         TuningRun.objects.filter(pk=run.pk, lease=lease).update(
-            status=TuningRun.Status.FAILED, error=f"{type(exc).__name__}: {exc}"[:10000],
+            status=TuningRun.Status.FAILED, error=public_text(_error_text(exc), work_dir)[:10000],
             finished_at=timezone.now())
         return TuningRun.Status.FAILED
+
+
+def _error_text(exc: BaseException) -> str:
+    from tuning.engine.isolate import EngineCrashed, EngineError
+
+    if isinstance(exc, (EngineCrashed, EngineError)):
+        return str(exc)  # already "the TVM compiler crashed ..." or "<remote type>: <message>"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _isolated(func: str, *args, what: str, sink=None, needs_django: bool = False, **kwargs):
+    """`call_isolated` for the platform: the child sets up Django only when the call needs it
+    (distributed measurement sends Celery tasks and reads their results)."""
+    from tuning.engine.isolate import call_isolated
+
+    lease_lost: list[Exception] = []
+
+    def on_sink_error(name, exc):
+        if isinstance(exc, LeaseLost):
+            lease_lost.append(exc)
+            return TuningRun.Action.CANCEL if name == "control" else None  # stop the child's engine
+        return None
+
+    value = call_isolated(func, *args, what=what, sink=sink, on_sink_error=on_sink_error,
+                          init="django:setup" if needs_django else None,
+                          env={"DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "config.settings")},
+                          **kwargs)
+    if lease_lost:
+        raise LeaseLost(str(lease_lost[0]))
+    return value
+
+
+def _run_engine(sink: "DatabaseSink", model_proto, config):
+    return _isolated("tuning.engine.session:run_tuning", model_proto, config, sink=sink,
+                     what="tuning the model (task extraction, search and measurement)",
+                     needs_django=config.distributed_submit is not None)
 
 
 def reconcile_with_database(sink: "DatabaseSink", model_proto, run: TuningRun, work_dir: Path) -> int:
     """Store the candidates TVM's database holds but the store lacks (the previous
     executor died between TVM's commit and ours). Returns how many were added."""
-    from tuning.engine.session import database_records
-
     if not (work_dir / "database_tuning_record.json").exists():
         return 0
     known = set(Measurement.objects.filter(run_id=run.pk).values_list("candidate_key", flat=True))
-    missing = [r for r in database_records(str(work_dir), model_proto, run.target) if r.candidate_key not in known]
+    records = _isolated("tuning.engine.session:database_records", str(work_dir), model_proto, run.target,
+                        what="reading the run's tuning database back")
+    missing = [r for r in records if r.candidate_key not in known]
     for r in missing:
         r.round_index = 0
     if missing:
@@ -589,12 +744,12 @@ def _finish_interrupted(run_id: int, lease: str, status: str, reason: str = "") 
 
 
 def _finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Path) -> None:
-    from tuning.engine.session import compile_and_compare
-
     run = TuningRun.objects.get(pk=run_id)
     threads = run.threads or run.target.get("num-cores")
-    comparison = compile_and_compare(model_proto, str(work_dir), run.target, threads,
-                                     export_path=str(work_dir / "tuned_module.so"))
+    comparison = _isolated("tuning.engine.session:compile_and_compare", model_proto, str(work_dir), run.target,
+                           threads, export_path=str(work_dir / "tuned_module.so"),
+                           what="compiling the tuned and untuned model and comparing their outputs")
+    _require_a_measurement(run)
     records_zip = _zip_database(work_dir)
     tasks_best = {t.index: t for t in TuningTask.objects.filter(run_id=run_id)}
     trim = (summary.get("trimmer") if isinstance(summary, dict) else getattr(summary, "trimmer", None)) or {}
@@ -622,13 +777,26 @@ def _finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: P
         run.max_abs_diff = comparison.get("max_abs_diff")
         run.final_dop = getattr(summary, "final_dop", None)
         run.mean_parallel_error = getattr(summary, "mean_parallel_error", None)
-        run.summary = _json_safe(summary_dict)
+        run.summary = public_json(_json_safe(summary_dict), work_dir)
         run.trials_done = Measurement.objects.filter(run_id=run_id).count()
         if run.trimmer_enabled:
             _store_trimmer_results(run, trim, getattr(summary, "stop_reason", None))
         run.status, run.finished_at, run.lease = TuningRun.Status.SUCCEEDED, timezone.now(), ""
         run.requested_action = ""
         run.save()
+
+
+class NoMeasurement(ServiceError):
+    pass
+
+
+def _require_a_measurement(run: TuningRun) -> None:
+    """A run whose every measurement failed has tuned nothing: it fails, saying why."""
+    stored = Measurement.objects.filter(run_id=run.pk)
+    if not stored.exists() or stored.filter(error="", latency_s__isnull=False).exists():
+        return  # nothing to tune (all candidates were already in the database), or tuned
+    common = (stored.values("error").annotate(n=Count("id")).order_by("-n").first() or {}).get("error", "")
+    raise NoMeasurement(f"No measurement succeeded ({stored.count()} tried); the most common error: {common}")
 
 
 def _store_trimmer_results(run: TuningRun, trim: dict, stop_reason: str | None) -> None:

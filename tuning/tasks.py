@@ -19,8 +19,15 @@ def execute_run(self, run_id: int) -> str | None:
 
 
 @shared_task(name="tuning.recover_stale_runs")
-def recover_stale_runs() -> list[int]:
-    return services.recover_stale_runs()
+def recover_stale_runs(recheck: bool = False) -> list[int]:
+    """Beat runs it periodically; a starting worker runs it with `recheck`: a run whose dead executor's
+    lease has not expired yet is checked again the moment it expires (once), not only at the next beat."""
+    recovered = services.recover_stale_runs()
+    if recheck:
+        delay = services.seconds_until_next_stale()
+        if delay is not None:
+            recover_stale_runs.apply_async(queue="tuning", countdown=delay + 1.0)
+    return recovered
 
 
 @shared_task(name="tuning.measure_candidate", acks_late=True)
@@ -37,4 +44,4 @@ def _recover_on_start(sender=None, **kwargs):
     app = getattr(sender, "app", None)
     consuming = getattr(app.amqp.queues, "consume_from", None) if app is not None else None
     if consuming and "tuning" in consuming:
-        recover_stale_runs.apply_async(queue="tuning", countdown=1)
+        recover_stale_runs.apply_async(kwargs={"recheck": True}, queue="tuning", countdown=1)

@@ -53,6 +53,13 @@ __all__ = [
 ]
 
 _FAILED = 1e10
+# Prefix of a runner error that says nothing about the candidate (a lost message, a dead measuring worker,
+# no answer in time): such results never reach the cost model (see session._skip_infrastructure_failures).
+INFRASTRUCTURE_ERROR = "infrastructure: "
+
+
+def is_infrastructure_failure(error_msg) -> bool:
+    return bool(error_msg) and str(error_msg).startswith(INFRASTRUCTURE_ERROR)
 
 
 def partition_cores(cores: Sequence[int], dop: int, threads: int) -> list[tuple[list[int], int]]:
@@ -533,8 +540,8 @@ class DistributedRunner(PyRunner):
                 remote = self.submit(self.build_payload(inp, q))
                 self.n_sent += 1
             except Exception as exc:  # noqa: BLE001
-                out.set_result((None, f"DistributedRunner: submit to {q} failed: {exc!r}"))
-                futures.append(_EngineFuture(out, self.timeout_sec))
+                out.set_result((None, f"{INFRASTRUCTURE_ERROR}submit to {q} failed: {exc!r}"))
+                futures.append(_EngineFuture(out, None))
                 continue
             t_sent = time.perf_counter()
 
@@ -542,7 +549,7 @@ class DistributedRunner(PyRunner):
                 try:
                     o = MeasureOutcome.from_any(rf.result())
                 except Exception as exc:  # noqa: BLE001
-                    o = MeasureOutcome([], f"DistributedRunner: {q}: {exc!r}", q)
+                    o = MeasureOutcome([], f"{INFRASTRUCTURE_ERROR}{exc}", q)
                 self.ledger.put(
                     path,
                     CandidateMeta(
@@ -556,5 +563,6 @@ class DistributedRunner(PyRunner):
                 out.set_result((o.run_secs or None, o.error))
 
             remote.add_done_callback(_done)
-            futures.append(_EngineFuture(out, self.timeout_sec))
+            # no deadline from submission: `submit`'s future enforces one from when measuring starts
+            futures.append(_EngineFuture(out, None))
         return futures

@@ -499,7 +499,8 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
                     )
                 logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
                 num_cores = contexts[0].num_threads
-                cost_model = ms.cost_model.XGBModel(num_tuning_cores=num_cores, tree_method="auto")
+                cost_model = _skip_infrastructure_failures(
+                    ms.cost_model.XGBModel(num_tuning_cores=num_cores, tree_method="auto"))
                 cm_path = os.path.join(work_dir, COST_MODEL_FILE)
                 if n_existing and os.path.exists(cm_path):
                     with contextlib.suppress(Exception), warnings.catch_warnings():
@@ -699,6 +700,26 @@ def _final_remeasure(database, tasks, target, builder, runner, cfg, work_dir, de
     return rows
 
 
+def _skip_infrastructure_failures(cost_model):
+    """Keep results that say nothing about their candidate (a lost measurement message, a dead measuring
+    worker: `runner.is_infrastructure_failure`) out of the cost model, which would learn them as 1e10 s
+    latencies (XGBModel.update prices every result without run_secs at 1e10)."""
+    from .runner import is_infrastructure_failure
+
+    update = cost_model._inst.update
+
+    def filtered(context, candidates, results):
+        keep = [i for i, r in enumerate(results) if not is_infrastructure_failure(r.error_msg)]
+        if len(keep) == len(results):
+            return update(context, candidates, results)
+        if keep:
+            update(context, [candidates[i] for i in keep], [results[i] for i in keep])
+        return None
+
+    cost_model.update = filtered  # the derived object forwards to its Python instance, which C++ calls
+    return cost_model
+
+
 def _distributed_serial(runner, jobs) -> list:
     """Serial re-measure through the distributed queue: one candidate at a time."""
     from .measure import MeasureOutcome, make_payload
@@ -719,7 +740,8 @@ def _distributed_serial(runner, jobs) -> list:
             queue=q,
         )
         try:
-            out.append(MeasureOutcome.from_any(runner.submit(payload).result(timeout=runner.timeout_sec)))
+            # no timeout here: the submit future has one, from when a worker starts measuring
+            out.append(MeasureOutcome.from_any(runner.submit(payload).result()))
         except Exception as exc:  # noqa: BLE001
             out.append(MeasureOutcome([], f"final re-measure failed: {exc!r}", q))
     return out

@@ -1,0 +1,124 @@
+"""Run one engine call (tuning, compile-and-compare, reading TVM's database) in a short-lived child process.
+
+A user model can crash TVM itself (an out-of-bounds Gather segfaults the compiled model; a hostile graph
+can crash a pass). The caller, a Celery worker serving many runs, must survive it: the call runs in a
+fresh interpreter (``_isolated_child.py``, started with Popen, never forked), and a child that dies
+is reported as :class:`EngineCrashed` naming the signal and what it was doing.
+
+The engine's sink stays in the caller (it writes the platform database): the child gets a proxy whose
+calls travel back over the pipe and are answered by the real sink, one at a time.
+Messages are 8-byte big-endian length + pickle, as in :mod:`.procpool`.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EngineCrashed", "EngineError", "call_isolated"]
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+_CHILD = str(Path(__file__).resolve().with_name("_isolated_child.py"))
+SINK_METHODS = ("on_tasks", "on_measurements", "on_round", "on_serial_remeasure", "control")
+
+
+class EngineCrashed(RuntimeError):
+    """The child died (a signal or an exit without an answer): TVM crashed on this input."""
+
+    def __init__(self, message: str, *, returncode: int | None = None):
+        super().__init__(message)
+        self.returncode = returncode
+
+
+class EngineError(RuntimeError):
+    """The call raised in the child; the message is its exception (type and text), the traceback is
+    in ``remote_traceback``."""
+
+    def __init__(self, message: str, remote_traceback: str = ""):
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown"
+        return f"signal {-code}, {name}"
+    return f"exit code {code}"
+
+
+def _send(stream, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack(">Q", len(data)) + data)
+    stream.flush()
+
+
+def _recv(stream):
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError
+    (n,) = struct.unpack(">Q", head)
+    data = stream.read(n)
+    if len(data) < n:
+        raise EOFError
+    return pickle.loads(data)
+
+
+def _answer_sink(sink, name: str, args: tuple, on_sink_error) -> tuple:
+    try:
+        return ("ok", getattr(sink, name)(*args))
+    except Exception as exc:  # noqa: BLE001 - relayed to the engine, which records sink errors
+        override = on_sink_error(name, exc) if on_sink_error else None
+        if override is not None:
+            return ("ok", override)
+        return ("err", f"{type(exc).__name__}: {exc}")
+
+
+def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | None = None,
+                  env: dict[str, str] | None = None, on_sink_error=None, **kwargs):
+    """Run ``func`` ("package.module:function") with ``args``/``kwargs`` in a fresh child process.
+
+    ``what`` says what the call does, for the crash message ("the TVM compiler crashed (signal 11,
+    SIGSEGV) while <what>"). With ``sink``, the child passes ``sink=<proxy>`` to ``func``.
+    ``init`` ("module:function") runs in the child first (e.g. ``django:setup``).
+    ``on_sink_error(name, exc)`` may map a sink exception to a value answered instead (e.g. "cancel").
+    """
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    child_env["PYTHONPATH"] = _ROOT + (os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else "")
+    proc = subprocess.Popen([sys.executable, "-u", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=child_env, close_fds=True)
+    try:
+        methods = [m for m in SINK_METHODS if sink is not None and hasattr(sink, m)]
+        _send(proc.stdin, (func, args, kwargs, init, methods if sink is not None else None))
+        while True:
+            try:
+                msg = _recv(proc.stdout)
+            except EOFError:
+                code = proc.wait()
+                raise EngineCrashed(f"the TVM compiler crashed ({_describe_exit(code)}) while {what}",
+                                    returncode=code) from None
+            if msg[0] == "sink":
+                _send(proc.stdin, _answer_sink(sink, msg[1], msg[2], on_sink_error))
+            elif msg[0] == "result":
+                return msg[1]
+            else:  # ("error", message, traceback)
+                raise EngineError(msg[1], msg[2])
+    finally:
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
