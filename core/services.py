@@ -203,6 +203,8 @@ def validate_model_bytes(*, data: bytes, filename: str) -> "ValidatedModel":
         filename=filename,
         max_bytes=settings.ONNX_MAX_UPLOAD_BYTES,
         max_gflops=settings.ONNX_MAX_GFLOPS,
+        max_tensor_elements=settings.ONNX_MAX_TENSOR_ELEMENTS,
+        max_activation_bytes=settings.ONNX_MAX_ACTIVATION_BYTES,
         count_tasks=settings.ONNX_COUNT_TUNING_TASKS,
         target=settings.DEFAULT_TUNING_TARGET,
     )
