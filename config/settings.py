@@ -178,9 +178,18 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
-    "DEFAULT_THROTTLE_RATES": {"user": env.str("API_THROTTLE_USER", default="100000/hour")},
+    # Every API request counts against "user"; uploads (models, traces), token creation and dashboard
+    # logins also against their own scope (core/api/throttles.py). Over the rate: 429 with Retry-After.
+    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        "user": env.str("API_THROTTLE_USER", default="100000/hour"),
+        "uploads": env.str("API_THROTTLE_UPLOADS", default="60/hour"),
+        "tokens": env.str("API_THROTTLE_TOKENS", default="20/hour"),
+        "login": env.str("API_THROTTLE_LOGIN", default="10/minute"),
+    },
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
+API_DOCS_PUBLIC = env.bool("API_DOCS_PUBLIC", default=False)  # 1 = /api/schema/ and /api/docs/ without login
 SPECTACULAR_SETTINGS = {
     "TITLE": "dlopt API",
     "DESCRIPTION": "Upload ONNX models, tune them with TVM (DOPpler + Trimmer), place GPU jobs with Horus. "
@@ -188,12 +197,18 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    # The schema maps every endpoint: logged-in users (session or token) only, unless API_DOCS_PUBLIC=1.
+    "SERVE_PERMISSIONS": ["core.api.permissions.ApiDocsAccess"],
     # The docs page loads Swagger UI from our own static files, never a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
 }
+
+# Throttle counts (and nothing else yet): Redis in deployment so every web worker shares them.
+_CACHE_URL = env.str("DJANGO_CACHE_URL", default="")
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _CACHE_URL}
+          if _CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- Celery --------------------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")

@@ -9,14 +9,28 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
+# (min, max) of each energy setting: the model, the service and the API all check these.
+ENERGY_LIMITS = {
+    "cpu_watts_per_core": (0.1, 1e4),
+    "gpu_board_watts": (1.0, 1e5),
+    "grid_intensity_g_per_kwh": (0.0, 1e5),
+    "joules_per_trial_estimate": (0.001, 1e9),
+}
+
+
+def _energy_bounds(name: str) -> list:
+    low, high = ENERGY_LIMITS[name]
+    return [MinValueValidator(low), MaxValueValidator(high)]
+
+
 class Team(models.Model):
     name = models.CharField(max_length=100, unique=True)
     slug = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True)
-    # Overrides the platform-wide grid intensity for carbon accounting.
+    # Overrides the platform-wide grid intensity for carbon accounting; set by staff only.
     grid_intensity_g_per_kwh = models.FloatField(
-        null=True, blank=True, validators=[MinValueValidator(0.0)],
-        help_text="gCO2e per kWh for this team's carbon figures; empty = platform default.",
+        null=True, blank=True, validators=_energy_bounds("grid_intensity_g_per_kwh"),
+        help_text="gCO2e per kWh for this team's carbon figures (staff only); empty = platform default.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -65,20 +79,6 @@ class Quota(models.Model):
 
     def __str__(self) -> str:
         return f"Quota of {self.team}"
-
-
-# (min, max) of each energy setting: the model, the service and the API all check these.
-ENERGY_LIMITS = {
-    "cpu_watts_per_core": (0.1, 1e4),
-    "gpu_board_watts": (1.0, 1e5),
-    "grid_intensity_g_per_kwh": (0.0, 1e5),
-    "joules_per_trial_estimate": (0.001, 1e9),
-}
-
-
-def _energy_bounds(name: str) -> list:
-    low, high = ENERGY_LIMITS[name]
-    return [MinValueValidator(low), MaxValueValidator(high)]
 
 
 class EnergySettings(models.Model):

@@ -43,6 +43,30 @@ def create_team(*, name: str, owner: AbstractBaseUser, description: str = "") ->
     return team
 
 
+TEAM_FIELDS = ("name", "description", "grid_intensity_g_per_kwh")
+
+
+@transaction.atomic
+def update_team(*, actor: AbstractBaseUser, team: Team, **fields) -> Team:
+    """Owners rename or describe their team; only staff set its grid intensity (its carbon figures),
+    within ENERGY_LIMITS, or clear it (None: the platform default)."""
+    unknown = set(fields) - set(TEAM_FIELDS)
+    if unknown:
+        raise ServiceError(f"Unknown team field(s): {', '.join(sorted(unknown))}.")
+    if "grid_intensity_g_per_kwh" in fields:
+        if not actor.is_staff:
+            raise PermissionDenied("Only staff can set a team's grid intensity (it sets the team's carbon figures).")
+        if fields["grid_intensity_g_per_kwh"] is not None:
+            _check_energy_value("grid_intensity_g_per_kwh", fields["grid_intensity_g_per_kwh"])
+    if set(fields) - {"grid_intensity_g_per_kwh"} and not actor.is_staff and not Membership.objects.filter(
+            team=team, user=actor, role=Membership.Role.OWNER).exists():
+        raise PermissionDenied("Only the team's owners can change it.")
+    for name, value in fields.items():
+        setattr(team, name, value)
+    team.save(update_fields=list(fields) or None)
+    return team
+
+
 def _require_owner(*, actor: AbstractBaseUser, team: Team) -> None:
     if actor.is_staff:
         return
@@ -134,6 +158,12 @@ def ensure_energy_settings() -> EnergySettings:
     return row
 
 
+def _check_energy_value(name: str, value) -> None:
+    low, high = ENERGY_LIMITS[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high):
+        raise ServiceError(f"{name} must be a number from {low:g} to {high:g}.", field=name)
+
+
 @transaction.atomic
 def update_energy_settings(*, actor: AbstractBaseUser, **values) -> EnergySettings:
     """Staff change the platform's energy model; new runs use it, finished runs keep theirs."""
@@ -145,9 +175,7 @@ def update_energy_settings(*, actor: AbstractBaseUser, **values) -> EnergySettin
     row = ensure_energy_settings()
     row = EnergySettings.objects.select_for_update().get(pk=row.pk)
     for name, value in values.items():
-        low, high = ENERGY_LIMITS[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high):
-            raise ServiceError(f"{name} must be a number from {low:g} to {high:g}.", field=name)
+        _check_energy_value(name, value)
         setattr(row, name, float(value))
     row.updated_by = actor
     row.save()

@@ -7,6 +7,7 @@ other team's object.
 from __future__ import annotations
 
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpResponseRedirect
@@ -17,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from core import selectors as core_selectors
 from core import services as core_services
+from core.api.throttles import LoginThrottle
 from core.exceptions import QuotaExceeded, ServiceError
 from core.models import DLModel
 from core.onnx_models.errors import ERROR_CODES, OnnxValidationError
@@ -30,6 +32,24 @@ from .scope import get_scope, set_current_team
 
 RUNS_PER_PAGE = 50
 MAX_COMPARE = 8
+
+
+# --- login ---------------------------------------------------------------------------------------
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login page, with attempts per client address limited (REST_FRAMEWORK's "login" rate)."""
+
+    def post(self, request, *args, **kwargs):
+        throttle = LoginThrottle()
+        if not throttle.allow_request(request, self):
+            # The password is not even checked: the form is shown again, unbound.
+            wait = int(throttle.wait() or 60) + 1
+            context = self.get_context_data(form=self.get_form_class()(request), throttled=wait)
+            response = self.render_to_response(context, status=429)
+            response["Retry-After"] = str(wait)
+            return response
+        return super().post(request, *args, **kwargs)
 
 
 # --- team switcher ------------------------------------------------------------------------

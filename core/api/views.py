@@ -5,7 +5,7 @@ import django_filters
 from django.conf import settings
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
-from rest_framework import mixins, parsers, permissions, status, viewsets
+from rest_framework import exceptions, mixins, parsers, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -27,6 +27,7 @@ from .serializers import (
     QuotaSerializer,
     TeamSerializer,
 )
+from .throttles import TokenCreateThrottle, UploadThrottle
 from .uploads import body_over, declared_length
 
 MODEL_LIST_VALUES = [*read_columns(DLModel, DLModelSerializer.Meta.fields), "team__name"]
@@ -48,7 +49,7 @@ class MeView(APIView):
 @extend_schema_view(
     list=extend_schema(summary="Teams you belong to"),
     create=extend_schema(summary="Create a team (you become its owner)"),
-    partial_update=extend_schema(summary="Rename or describe a team (owners)"),
+    partial_update=extend_schema(summary="Rename or describe a team (owners); grid intensity: staff only"),
 )
 class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                   mixins.UpdateModelMixin, viewsets.GenericViewSet):
@@ -68,11 +69,8 @@ class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
         serializer.instance = team
 
     def perform_update(self, serializer):
-        if selectors.role_in_team(self.request.user, serializer.instance.pk) != Membership.Role.OWNER:
-            from rest_framework.exceptions import PermissionDenied
-
-            raise PermissionDenied("Only the team's owners can change it.")
-        serializer.save()
+        serializer.instance = services.update_team(actor=self.request.user, team=serializer.instance,
+                                                   **serializer.validated_data)
 
 
 class MembershipFilter(django_filters.FilterSet):
@@ -166,6 +164,9 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
     ordering = ["-created_at"]
     list_model, list_values, list_related = DLModel, MODEL_LIST_VALUES, {"team": Team}
 
+    def get_throttles(self):
+        return [*super().get_throttles(), UploadThrottle()]
+
     def get_queryset(self):
         qs = selectors.models_for_user(self.request.user)
         if getattr(self, "detail", False):  # the object permission reads the caller's role from the same query
@@ -211,7 +212,8 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
 
 @extend_schema_view(
     list=extend_schema(summary="Your API tokens"),
-    create=extend_schema(responses={201: ApiTokenCreatedSerializer}, summary="Create a token (key shown once)"),
+    create=extend_schema(responses={201: ApiTokenCreatedSerializer},
+                         summary="Create a token (key shown once; session login only, never with a token)"),
     destroy=extend_schema(summary="Revoke a token"),
 )
 class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.RetrieveModelMixin,
@@ -225,7 +227,13 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Ret
             return ApiToken.objects.none()
         return ApiToken.objects.filter(user=self.request.user)
 
+    def get_throttles(self):
+        return [*super().get_throttles(), TokenCreateThrottle()]
+
     def create(self, request, *args, **kwargs):
+        if isinstance(request.auth, ApiToken):  # a leaked token must not be able to mint children
+            raise exceptions.PermissionDenied(
+                "Creating API tokens needs a session login (sign in with your password), not an API token.")
         body = ApiTokenSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         issued = services.create_api_token(user=request.user, name=body.validated_data["name"])

@@ -81,8 +81,8 @@ def create_in_team(field: str, viewer: Outcome | None = None):
 
 # (url name, METHOD) -> role -> outcome. Every API operation must be here.
 EXPECTED = {
-    ("schema", "GET"): PUBLIC,
-    ("api-docs", "GET"): PUBLIC,
+    ("schema", "GET"): AUTH,     # issue 11 s.7: login required unless API_DOCS_PUBLIC=1
+    ("api-docs", "GET"): AUTH,
     ("api-root", "GET"): AUTH,
     ("api-me", "GET"): AUTH,
     ("team-list", "GET"): AUTH,
@@ -104,7 +104,8 @@ EXPECTED = {
     ("dlmodel-detail", "DELETE"): TEAM_WRITE,
     ("dlmodel-download", "GET"): TEAM_READ,
     ("apitoken-list", "GET"): AUTH,
-    ("apitoken-list", "POST"): AUTH,
+    # issue 11 s.7: a token never mints tokens (the matrix calls with tokens); sessions do (test below)
+    ("apitoken-list", "POST"): _profile(viewer=FORBID, member=FORBID, owner=FORBID, other=FORBID, staff=FORBID),
     ("apitoken-detail", "GET"): SELF_ONLY,
     ("apitoken-detail", "DELETE"): SELF_ONLY,
     ("tuningrun-list", "GET"): AUTH,
@@ -297,7 +298,7 @@ def call(client, method: str, url: str, body=None, *, after=None):
 
 # --- the API matrix --------------------------------------------------------------------------------------
 
-def test_every_api_operation_is_classified_and_in_the_schema(client):
+def test_every_api_operation_is_classified_and_in_the_schema(client, django_user_model):
     ops = api_operations()
     unclassified = sorted(set(ops) - set(EXPECTED))
     assert not unclassified, ("API operations nobody classified (add them to EXPECTED with who may do what): "
@@ -305,6 +306,7 @@ def test_every_api_operation_is_classified_and_in_the_schema(client):
     stale = sorted(set(EXPECTED) - set(ops))
     assert not stale, f"EXPECTED lists operations the resolver no longer serves: {stale}"
 
+    client.force_login(django_user_model.objects.create_user(username="schema-reader", password="pw"))
     schema = client.get("/api/schema/?format=json").json()
     in_schema = set()
     for path, item in schema["paths"].items():
@@ -625,3 +627,108 @@ def test_session_authenticated_api_writes_need_csrf(world):
     # with the token the same session works (it is CSRF, not the session, being refused)
     resp = strict.get("/api/me/")
     assert resp.status_code == 200 and resp.json()["username"] == "rel-owner"
+
+
+# --- issue 11 s.7: token minting, team grid intensity, throttles --------------------------------------------
+
+def test_a_token_cannot_mint_tokens_but_a_session_can(world):
+    from core.models import ApiToken
+
+    before = ApiToken.objects.count()
+    for role in ("viewer", "member", "owner", "staff"):
+        resp = api_client(world, role).post("/api/tokens/", {"name": "child"}, format="json")
+        assert resp.status_code == 403 and "session login" in resp.json()["detail"], (role, resp.content)
+    assert ApiToken.objects.count() == before
+    session = APIClient()
+    session.force_login(world.users["member"])
+    resp = session.post("/api/tokens/", {"name": "from-session"}, format="json")
+    assert resp.status_code == 201 and resp.json()["key"]
+    # revoking the leaked parent leaves no children it made
+    assert not ApiToken.objects.filter(user=world.users["member"], name="child").exists()
+
+
+@pytest.mark.parametrize("value", [0, 1e308, 400.0, None])
+def test_team_owners_cannot_set_their_grid_intensity(world, value):
+    team = world.team_a
+    resp = api_client(world, "owner").patch(f"/api/teams/{team.pk}/", {"grid_intensity_g_per_kwh": value},
+                                            format="json")
+    assert resp.status_code in (400, 403), resp.content  # 1e308 may fail the bounds first
+    team.refresh_from_db()
+    assert team.grid_intensity_g_per_kwh is None
+    # the owner can still rename/describe it
+    resp = api_client(world, "owner").patch(f"/api/teams/{team.pk}/", {"description": "ours"}, format="json")
+    assert resp.status_code == 200
+
+
+def test_staff_set_team_grid_intensity_within_energy_limits(world):
+    from core import services
+    from core.exceptions import PermissionDenied, ServiceError
+    from core.models import ENERGY_LIMITS
+
+    team, staff = world.team_a, world.users["staff"]
+    low, high = ENERGY_LIMITS["grid_intensity_g_per_kwh"]
+    for bad in (high * 10, 1e308, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ServiceError):
+            services.update_team(actor=staff, team=team, grid_intensity_g_per_kwh=bad)
+    with pytest.raises(PermissionDenied):
+        services.update_team(actor=world.users["owner"], team=team, grid_intensity_g_per_kwh=120.0)
+    services.update_team(actor=staff, team=team, grid_intensity_g_per_kwh=120.0)
+    team.refresh_from_db()
+    assert team.grid_intensity_g_per_kwh == 120.0
+    # the admin form (staff) applies the same bounds
+    type(staff).objects.filter(pk=staff.pk).update(is_superuser=True)  # may edit every model in the admin
+    admin = Client()
+    admin.force_login(staff)
+    resp = admin.post(f"/admin/core/team/{team.pk}/change/", {
+        "name": team.name, "slug": team.slug, "description": "", "grid_intensity_g_per_kwh": "1e308",
+        "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0",
+        "quota-TOTAL_FORMS": "0", "quota-INITIAL_FORMS": "0"})
+    assert resp.status_code == 200 and b"errornote" in resp.content
+    team.refresh_from_db()
+    assert team.grid_intensity_g_per_kwh == 120.0
+
+
+def _small_rates(settings, **rates):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
+                               "DEFAULT_THROTTLE_RATES": {**settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"],
+                                                          **rates}}
+
+
+def test_uploads_are_throttled(world, settings):
+    _small_rates(settings, uploads="2/hour")
+    member = api_client(world, "member")
+    statuses = []
+    for i in range(3):
+        resp = member.post("/api/models/", {"team": world.team_a.pk, "name": f"throttled-{i}",
+                                            "file": _onnx_upload()}, format="multipart")
+        statuses.append(resp.status_code)
+    assert statuses == [201, 201, 429], statuses
+    assert resp.json()["code"] == "throttled" and int(resp["Retry-After"]) > 0
+    assert not world.model.team.models.filter(name="throttled-2").exists()
+    # reads are not counted, and other users have their own count
+    assert member.get("/api/models/").status_code == 200
+    owner = api_client(world, "owner")
+    assert owner.post("/api/models/", {"team": world.team_a.pk, "name": "by-owner", "file": _onnx_upload()},
+                      format="multipart").status_code == 201
+    # trace uploads count against the same scope
+    resp = member.post("/api/traces/", {"team": world.team_a.pk, "name": "t", "file": SimpleUploadedFile(
+        "p.csv", PHILLY_CSV.encode())}, format="multipart")
+    assert resp.status_code == 429
+
+
+def test_token_creation_is_throttled(world, settings):
+    _small_rates(settings, tokens="2/hour")
+    session = APIClient()
+    session.force_login(world.users["member"])
+    statuses = [session.post("/api/tokens/", {"name": f"t{i}"}, format="json").status_code for i in range(3)]
+    assert statuses == [201, 201, 429], statuses
+
+
+def test_dashboard_login_is_throttled(world, settings):
+    _small_rates(settings, login="3/minute")
+    c = Client()
+    statuses = [c.post("/login/", {"username": "rel-member", "password": "wrong"}).status_code for _ in range(3)]
+    assert statuses == [200, 200, 200]
+    resp = c.post("/login/", {"username": "rel-member", "password": "pw-rel-member"})  # right, but too late
+    assert resp.status_code == 429 and b"Too many login attempts" in resp.content
+    assert "_auth_user_id" not in c.session
