@@ -64,6 +64,25 @@ class Membership(models.Model):
         return self.role in (self.Role.OWNER, self.Role.MEMBER)
 
 
+class TeamInvitation(models.Model):
+    """An owner's invitation of a user into a team. Nobody joins a team without saying so: the
+    membership is made only when the invited user accepts (the invitation is then deleted)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="team_invitations")
+    role = models.CharField(max_length=10, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="unique_team_invitation")]
+
+    def __str__(self) -> str:
+        return f"{self.user} invited to {self.team} ({self.role})"
+
+
 class Quota(models.Model):
     """Monthly limits per team; usage is computed by core.selectors."""
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.files.base import ContentFile
 from django.db import IntegrityError, transaction
@@ -18,8 +19,8 @@ from django.utils.text import slugify
 
 from core.onnx_models.errors import OnnxValidationError
 
-from .exceptions import ConflictError, PermissionDenied, ServiceError
-from .models import ENERGY_LIMITS, ApiToken, DLModel, EnergySettings, Membership, Quota, Team
+from .exceptions import ConflictError, NotFound, PermissionDenied, ServiceError
+from .models import ENERGY_LIMITS, ApiToken, DLModel, EnergySettings, Membership, Quota, Team, TeamInvitation
 
 if TYPE_CHECKING:
     from core.onnx_models.validate import ValidatedModel
@@ -76,9 +77,10 @@ def _require_owner(*, actor: AbstractBaseUser, team: Team) -> None:
 
 @transaction.atomic
 def add_member(*, actor: AbstractBaseUser, team: Team, user: AbstractBaseUser, role: str) -> Membership:
-    _require_owner(actor=actor, team=team)
-    if role not in Membership.Role.values:
-        raise ServiceError(f"Unknown role '{role}'; use one of {', '.join(Membership.Role.values)}.", field="role")
+    """Staff (admin, commands) put a user in a team directly; owners invite (invite_member)."""
+    if not actor.is_staff:
+        raise PermissionDenied("Owners invite users (POST /api/invitations/); the user joins by accepting.")
+    _check_role(role)
     try:
         with transaction.atomic():
             return Membership.objects.create(team=team, user=user, role=role)
@@ -86,18 +88,60 @@ def add_member(*, actor: AbstractBaseUser, team: Team, user: AbstractBaseUser, r
         raise ConflictError(f"{user} is already a member of {team}.", field="user") from None
 
 
-def _ensure_an_owner_remains(team: Team, excluding: Membership) -> None:
+def _check_role(role: str) -> None:
+    if role not in Membership.Role.values:
+        raise ServiceError(f"Unknown role '{role}'; use one of {', '.join(Membership.Role.values)}.", field="role")
+
+
+@transaction.atomic
+def invite_member(*, actor: AbstractBaseUser, team: Team, username: str, role: str) -> TeamInvitation | None:
+    """An owner invites a user by name. The outcome is not told to the caller: an unknown or inactive
+    name, or a user already in the team, makes no invitation but looks the same (None here, the same
+    202 at the API), so invitations cannot be used to find out who has an account."""
+    _require_owner(actor=actor, team=team)
+    _check_role(role)
+    User = get_user_model()
+    user = User.objects.filter(**{User.USERNAME_FIELD: (username or "").strip()}, is_active=True).first()
+    if user is None or Membership.objects.filter(team=team, user=user).exists():
+        return None
+    invitation, _ = TeamInvitation.objects.update_or_create(
+        team=team, user=user, defaults={"role": role, "invited_by": actor})
+    return invitation
+
+
+@transaction.atomic
+def accept_invitation(*, actor: AbstractBaseUser, invitation: TeamInvitation) -> Membership:
+    invitation = _own_invitation(actor, invitation)
+    membership, _ = Membership.objects.get_or_create(team=invitation.team, user=actor,
+                                                     defaults={"role": invitation.role})
+    invitation.delete()
+    return membership
+
+
+@transaction.atomic
+def decline_invitation(*, actor: AbstractBaseUser, invitation: TeamInvitation) -> None:
+    _own_invitation(actor, invitation).delete()
+
+
+def _own_invitation(actor: AbstractBaseUser, invitation: TeamInvitation) -> TeamInvitation:
+    row = TeamInvitation.objects.select_for_update().filter(pk=invitation.pk, user=actor).first()
+    if row is None:
+        raise NotFound("No such invitation.")
+    return row
+
+
+def _ensure_an_owner_remains(team: Team, excluding: Membership,
+                             message: str = "A team must keep at least one owner.") -> None:
     others = Membership.objects.filter(team=team, role=Membership.Role.OWNER).exclude(pk=excluding.pk)
     if not others.exists():
-        raise ConflictError("A team must keep at least one owner.")
+        raise ConflictError(message)
 
 
 @transaction.atomic
 def change_member_role(*, actor: AbstractBaseUser, membership: Membership, role: str) -> Membership:
     membership = Membership.objects.select_for_update().get(pk=membership.pk)
     _require_owner(actor=actor, team=membership.team)
-    if role not in Membership.Role.values:
-        raise ServiceError(f"Unknown role '{role}'; use one of {', '.join(Membership.Role.values)}.", field="role")
+    _check_role(role)
     if membership.role == Membership.Role.OWNER and role != Membership.Role.OWNER:
         _ensure_an_owner_remains(membership.team, membership)
     membership.role = role
@@ -107,9 +151,14 @@ def change_member_role(*, actor: AbstractBaseUser, membership: Membership, role:
 
 @transaction.atomic
 def remove_member(*, actor: AbstractBaseUser, membership: Membership) -> None:
-    _require_owner(actor=actor, team=membership.team)
+    """Owners remove members; any member removes themself (leaves), except the last owner."""
+    membership = Membership.objects.select_for_update().select_related("team").get(pk=membership.pk)
+    leaving = membership.user_id == actor.pk
+    if not leaving:
+        _require_owner(actor=actor, team=membership.team)
     if membership.role == Membership.Role.OWNER:
-        _ensure_an_owner_remains(membership.team, membership)
+        _ensure_an_owner_remains(membership.team, membership, **({"message": (
+            "You are the team's last owner: make another member an owner before leaving.")} if leaving else {}))
     membership.delete()
 
 

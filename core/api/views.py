@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import selectors, services
-from core.models import ApiToken, DLModel, Membership, Quota, Team
+from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation
 from core.onnx_models.errors import OnnxValidationError
 
 from .fast import RowListMixin, read_columns
@@ -21,10 +21,13 @@ from .serializers import (
     ApiTokenSerializer,
     DLModelSerializer,
     DLModelUploadSerializer,
+    InvitationCreateSerializer,
+    InvitationSentSerializer,
     MembershipSerializer,
     MembershipUpdateSerializer,
     MeSerializer,
     QuotaSerializer,
+    TeamInvitationSerializer,
     TeamSerializer,
 )
 from .throttles import TokenCreateThrottle, UploadThrottle
@@ -81,27 +84,20 @@ class MembershipFilter(django_filters.FilterSet):
 
 @extend_schema_view(
     list=extend_schema(summary="Members of your teams"),
-    create=extend_schema(summary="Add a member (team owners)"),
     partial_update=extend_schema(request=MembershipUpdateSerializer, summary="Change a member's role (owners)"),
-    destroy=extend_schema(summary="Remove a member (owners)"),
+    destroy=extend_schema(summary="Remove a member (owners), or leave a team (your own membership)"),
 )
-class MembershipViewSet(viewsets.ModelViewSet):
+class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
+                        viewsets.GenericViewSet):
+    """Members join by accepting an invitation (/api/invitations/), never by being added."""
+
     serializer_class = MembershipSerializer
     filterset_class = MembershipFilter
     ordering_fields = ["created_at", "role"]
-    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+    http_method_names = ["get", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
         return selectors.memberships_for_user(self.request.user)
-
-    def create(self, request, *args, **kwargs):
-        serializer = self.get_serializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        membership = services.add_member(
-            actor=request.user, team=serializer.validated_data["team"],
-            user=serializer.validated_data["user"], role=serializer.validated_data["role"],
-        )
-        return Response(self.get_serializer(membership).data, status=status.HTTP_201_CREATED)
 
     def partial_update(self, request, *args, **kwargs):
         membership = self.get_object()
@@ -113,6 +109,47 @@ class MembershipViewSet(viewsets.ModelViewSet):
 
     def perform_destroy(self, instance):
         services.remove_member(actor=self.request.user, membership=instance)
+
+
+INVITATION_SENT = ("If '{username}' is an active user who is not in {team} yet, they have been invited as {role}; "
+                   "they join when they accept.")
+
+
+@extend_schema_view(list=extend_schema(summary="Invitations to teams waiting for your answer"))
+class TeamInvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    serializer_class = TeamInvitationSerializer
+    filterset_fields = ["team"]
+    ordering_fields = ["created_at"]
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return TeamInvitation.objects.none()
+        return TeamInvitation.objects.filter(user=self.request.user).select_related("team", "invited_by")
+
+    @extend_schema(request=InvitationCreateSerializer, responses={202: InvitationSentSerializer},
+                   summary="Invite a user to a team you own",
+                   description="The answer is the same whether or not the user exists, so it cannot be used to "
+                   "find accounts. The user sees the invitation in their list and accepts or declines it.")
+    def create(self, request, *args, **kwargs):
+        body = InvitationCreateSerializer(data=request.data, context=self.get_serializer_context())
+        body.is_valid(raise_exception=True)
+        team, username, role = (body.validated_data[k] for k in ("team", "username", "role"))
+        services.invite_member(actor=request.user, team=team, username=username, role=role)
+        return Response({"detail": INVITATION_SENT.format(username=username, team=team.name, role=role)},
+                        status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={201: MembershipSerializer}, summary="Accept an invitation: join the team")
+    @action(detail=True, methods=["post"])
+    def accept(self, request, pk=None):
+        membership = services.accept_invitation(actor=request.user, invitation=self.get_object())
+        return Response(MembershipSerializer(membership, context=self.get_serializer_context()).data,
+                        status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={204: None}, summary="Decline an invitation")
+    @action(detail=True, methods=["post"])
+    def decline(self, request, pk=None):
+        services.decline_invitation(actor=request.user, invitation=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 @extend_schema_view(

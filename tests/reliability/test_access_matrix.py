@@ -90,11 +90,16 @@ EXPECTED = {
     ("team-detail", "GET"): TEAM_READ,
     ("team-detail", "PATCH"): OWNER_ONLY,
     ("membership-list", "GET"): AUTH,
-    ("membership-list", "POST"): _profile(viewer=FORBID, member=FORBID, other=refused_field("team"),
-                                          staff=refused_field("team")),
     ("membership-detail", "GET"): TEAM_READ,
     ("membership-detail", "PATCH"): OWNER_ONLY,
-    ("membership-detail", "DELETE"): OWNER_ONLY,
+    # world.membership is the member's own: they may leave; owners may remove them; the viewer may not
+    ("membership-detail", "DELETE"): _profile(viewer=FORBID, other=HIDDEN, staff=HIDDEN),
+    # issue 11 s.7: owners invite (202 whether or not the user exists), the invited user answers
+    ("teaminvitation-list", "GET"): AUTH,
+    ("teaminvitation-list", "POST"): _profile(viewer=FORBID, member=FORBID, other=refused_field("team"),
+                                              staff=refused_field("team")),
+    ("teaminvitation-accept", "POST"): _profile(viewer=HIDDEN, member=HIDDEN, owner=HIDDEN, staff=HIDDEN),
+    ("teaminvitation-decline", "POST"): _profile(viewer=HIDDEN, member=HIDDEN, owner=HIDDEN, staff=HIDDEN),
     ("quota-list", "GET"): AUTH,
     ("quota-detail", "GET"): TEAM_READ,
     ("quota-detail", "PATCH"): STAFF_ONLY,
@@ -165,7 +170,7 @@ EXPECTED = {
 
 # Which object of the world a detail URL points at (by URL name, else by the name's basename).
 OBJECT_FOR = {
-    "team": "team_a", "membership": "membership", "quota": "quota", "dlmodel": "model", "apitoken": "token",
+    "team": "team_a", "membership": "membership", "teaminvitation": "invitation", "quota": "quota", "dlmodel": "model", "apitoken": "token",
     "tuningrun": "run", "tuningrun-resume": "paused_run", "tuningrun-records": "done_run",
     "tuningrun-module": "done_run", "node": "node", "gpu": "gpu", "gputelemetry": "telemetry",
     "gpuprofile": "profile", "predictorversion": "predictor", "gpujob": "job", "placement": "placement",
@@ -192,8 +197,8 @@ def _onnx_upload(name="upload.onnx"):
 BODIES = {
     ("team-list", "POST"): lambda w: ({"name": "A brand new team"}, "json"),
     ("team-detail", "PATCH"): lambda w: ({"description": "changed"}, "json"),
-    ("membership-list", "POST"): lambda w: ({"team": w.team_a.pk, "username": "rel-other", "role": "viewer"},
-                                            "json"),
+    ("teaminvitation-list", "POST"): lambda w: ({"team": w.team_a.pk, "username": "rel-other", "role": "viewer"},
+                                                "json"),
     ("membership-detail", "PATCH"): lambda w: ({"role": "viewer"}, "json"),
     ("quota-detail", "PATCH"): lambda w: ({"max_concurrent_runs": 7}, "json"),
     ("api-energy-settings", "PATCH"): lambda w: ({"grid_intensity_g_per_kwh": 120.0}, "json"),
@@ -732,3 +737,73 @@ def test_dashboard_login_is_throttled(world, settings):
     resp = c.post("/login/", {"username": "rel-member", "password": "pw-rel-member"})  # right, but too late
     assert resp.status_code == 429 and b"Too many login attempts" in resp.content
     assert "_auth_user_id" not in c.session
+
+
+# --- issue 11 s.7: invitations instead of adding; anyone can leave; nothing tells who exists ------------------
+
+def test_owner_cannot_add_anyone_only_invite(world):
+    from core import services
+    from core.exceptions import PermissionDenied
+    from core.models import Membership
+
+    owner = api_client(world, "owner")
+    resp = owner.post("/api/memberships/", {"team": world.team_a.pk, "username": "rel-staff", "role": "viewer"},
+                      format="json")
+    assert resp.status_code == 405
+    with pytest.raises(PermissionDenied):
+        services.add_member(actor=world.users["owner"], team=world.team_a, user=world.users["staff"], role="viewer")
+    assert not Membership.objects.filter(team=world.team_a, user=world.users["staff"]).exists()
+
+
+def test_invitation_does_not_reveal_whether_a_user_exists(world):
+    from core.models import TeamInvitation
+
+    owner = api_client(world, "owner")
+    answers = {}
+    for username in ("rel-staff", "no-such-user-anywhere", "rel-member"):  # exists / unknown / already member
+        resp = owner.post("/api/invitations/", {"team": world.team_a.pk, "username": username, "role": "member"},
+                          format="json")
+        answers[username] = (resp.status_code, resp.json()["detail"].replace(username, "NAME"))
+    assert len(set(answers.values())) == 1 and answers["rel-staff"][0] == 202, answers
+    assert TeamInvitation.objects.filter(user=world.users["staff"]).exists()
+    assert not TeamInvitation.objects.filter(user=world.users["member"]).exists()
+    # an unknown team and another team's id are refused alike
+    bodies = []
+    for team_id in (world.team_b.pk, 10**9):
+        resp = owner.post("/api/invitations/", {"team": team_id, "username": "rel-staff"}, format="json")
+        bodies.append((resp.status_code, resp.json()["detail"]))
+    assert bodies[0] == bodies[1] and bodies[0][0] == 400, bodies
+
+
+def test_invited_user_accepts_or_declines_and_any_member_can_leave(world):
+    from core.models import Membership, TeamInvitation
+
+    other = api_client(world, "other")
+    (inv,) = other.get("/api/invitations/").json()["results"]
+    assert inv["team"] == world.team_a.pk and inv["role"] == "viewer"
+    assert api_client(world, "owner").get("/api/invitations/").json()["count"] == 0  # only the invitee sees it
+    assert api_client(world, "owner").post(f"/api/invitations/{inv['id']}/accept/").status_code == 404
+    resp = other.post(f"/api/invitations/{inv['id']}/accept/")
+    assert resp.status_code == 201 and resp.json()["role"] == "viewer"
+    assert not TeamInvitation.objects.filter(pk=inv["id"]).exists()
+    membership = Membership.objects.get(team=world.team_a, user=world.users["other"])
+    # the added user can leave again, as can any member
+    assert other.delete(f"/api/memberships/{membership.pk}/").status_code == 204
+    assert api_client(world, "viewer").delete(
+        f"/api/memberships/{Membership.objects.get(team=world.team_a, user=world.users['viewer']).pk}/"
+    ).status_code == 204
+    # decline: the invitation goes, no membership appears
+    api_client(world, "owner").post("/api/invitations/", {"team": world.team_a.pk, "username": "rel-other"},
+                                    format="json")
+    (inv,) = other.get("/api/invitations/").json()["results"]
+    assert other.post(f"/api/invitations/{inv['id']}/decline/").status_code == 204
+    assert not Membership.objects.filter(team=world.team_a, user=world.users["other"]).exists()
+
+
+def test_the_last_owner_cannot_leave(world):
+    from core.models import Membership
+
+    mine = Membership.objects.get(team=world.team_a, user=world.users["owner"])
+    resp = api_client(world, "owner").delete(f"/api/memberships/{mine.pk}/")
+    assert resp.status_code == 409 and "last owner" in resp.json()["detail"]
+    assert Membership.objects.filter(pk=mine.pk).exists()
