@@ -249,6 +249,9 @@ ONNX_MAX_GFLOPS = env.float("ONNX_MAX_GFLOPS", default=500.0)
 # tensor (2**28 = 1 GiB of float32) and bytes of all intermediate tensors together.
 ONNX_MAX_TENSOR_ELEMENTS = env.int("ONNX_MAX_TENSOR_ELEMENTS", default=2**28)
 ONNX_MAX_ACTIVATION_BYTES = env.int("ONNX_MAX_ACTIVATION_BYTES", default=8 * 1024**3)
+# Uploads larger than this are validated by a Celery task (the upload answers 202, state "validating");
+# smaller ones inline (201 or 400).
+ONNX_ASYNC_VALIDATION_BYTES = env.int("ONNX_ASYNC_VALIDATION_BYTES", default=4 * 1024 * 1024)
 ONNX_COUNT_TUNING_TASKS = env.bool("ONNX_COUNT_TUNING_TASKS", default=True)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024  # larger uploads stream to a temp file

@@ -180,11 +180,19 @@ class DLModel(models.Model):
         UPLOAD = "upload", "Upload"
         ZOO = "zoo", "Model zoo"
 
+    class State(models.TextChoices):
+        VALIDATING = "validating", "Validating"  # a large upload, checked by the core.validate_model task
+        READY = "ready", "Ready"
+        INVALID = "invalid", "Invalid"  # refused after upload: error_code/error_message say why; no file kept
+
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="models")
     name = models.CharField(max_length=100)
     description = models.TextField(blank=True)
     source = models.CharField(max_length=10, choices=Source.choices, default=Source.UPLOAD)
-    file = models.FileField(upload_to=model_upload_path, max_length=255)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.READY, db_index=True)
+    error_code = models.CharField(max_length=40, blank=True)
+    error_message = models.TextField(blank=True)
+    file = models.FileField(upload_to=model_upload_path, max_length=255, blank=True)
     file_size = models.BigIntegerField()
     sha256 = models.CharField(max_length=64)
     opset = models.PositiveIntegerField()

@@ -307,6 +307,52 @@ def read_upload(uploaded, *, max_bytes: int | None = None) -> bytes:
     return b"".join(chunks)
 
 
+def _check_new_model(*, actor: AbstractBaseUser | None, team: Team, name: str) -> str:
+    _require_writer(actor=actor, team=team)
+    name = (name or "").strip()
+    if not name:
+        raise ServiceError("A model needs a name.", field="name")
+    if len(name) > 100:
+        raise ServiceError("Model names are at most 100 characters.", field="name")
+    if DLModel.objects.filter(team=team, name=name).exists():
+        raise ConflictError(f"Team {team} already has a model named '{name}'.", field="name")
+    return name
+
+
+def _apply_validated(model: DLModel, validated: "ValidatedModel") -> None:
+    """Copy what validation found (inputs, outputs, graph features, tuning tasks) onto the row."""
+    features = validated.features
+    model.opset, model.ir_version, model.producer = validated.opset, validated.ir_version, validated.producer[:200]
+    model.inputs, model.outputs, model.batch_size = validated.inputs, validated.outputs, validated.batch_size
+    model.total_flops, model.param_count = features.total_flops, features.param_count
+    model.activation_bytes, model.conv_count = features.activation_bytes, features.conv_count
+    model.linear_count, model.activation_count = features.linear_count, features.activation_count
+    model.other_count, model.op_histogram = features.other_count, dict(features.op_histogram)
+    model.features = features.to_dict()
+    model.num_tuning_tasks, model.tuning_task_names = validated.num_tuning_tasks, list(validated.task_names or [])
+
+
+_PENDING_FEATURES = dict(opset=0, ir_version=0, inputs=[], outputs=[], batch_size=0, total_flops=0, param_count=0,
+                         activation_bytes=0, conv_count=0, linear_count=0, activation_count=0, other_count=0)
+
+
+def _store(model: DLModel, data: bytes, digest: str) -> DLModel:
+    """Save the file and the row together: on any failure neither is left behind."""
+    stored_name = None
+    try:
+        with transaction.atomic():
+            model.file.save(f"{digest[:16]}.onnx", ContentFile(data), save=False)
+            stored_name = model.file.name
+            model.save()
+    except IntegrityError:
+        _delete_file(stored_name)
+        raise ConflictError(f"Team {model.team} already has a model named '{model.name}'.", field="name") from None
+    except BaseException:
+        _delete_file(stored_name)
+        raise
+    return model
+
+
 def register_model(
     *,
     team: Team,
@@ -318,57 +364,100 @@ def register_model(
     source: str = DLModel.Source.UPLOAD,
     validated: "ValidatedModel | None" = None,
 ) -> DLModel:
-    """Validate an ONNX file and store it with its features. Nothing is stored on failure."""
-    _require_writer(actor=actor, team=team)
-    name = (name or "").strip()
-    if not name:
-        raise ServiceError("A model needs a name.", field="name")
-    if len(name) > 100:
-        raise ServiceError("Model names are at most 100 characters.", field="name")
-    if DLModel.objects.filter(team=team, name=name).exists():
-        raise ConflictError(f"Team {team} already has a model named '{name}'.", field="name")
+    """Validate an ONNX file and store it with its features (state ready). Nothing is stored on failure."""
+    name = _check_new_model(actor=actor, team=team, name=name)
     validated = validated or validate_model_bytes(data=data, filename=filename)
-    features = validated.features
     digest = hashlib.sha256(data).hexdigest()
     model = DLModel(
-        team=team,
-        name=name,
-        description=description,
-        source=source,
-        file_size=len(data),
-        sha256=digest,
-        opset=validated.opset,
-        ir_version=validated.ir_version,
-        producer=validated.producer[:200],
-        inputs=validated.inputs,
-        outputs=validated.outputs,
-        batch_size=validated.batch_size,
-        total_flops=features.total_flops,
-        param_count=features.param_count,
-        activation_bytes=features.activation_bytes,
-        conv_count=features.conv_count,
-        linear_count=features.linear_count,
-        activation_count=features.activation_count,
-        other_count=features.other_count,
-        op_histogram=dict(features.op_histogram),
-        features=features.to_dict(),
-        num_tuning_tasks=validated.num_tuning_tasks,
-        tuning_task_names=list(validated.task_names or []),
+        team=team, name=name, description=description, source=source, file_size=len(data), sha256=digest,
+        state=DLModel.State.READY, created_by=actor if actor is not None and actor.is_authenticated else None,
+    )
+    _apply_validated(model, validated)
+    return _store(model, data, digest)
+
+
+def submit_model(
+    *,
+    team: Team,
+    name: str,
+    data: bytes,
+    filename: str,
+    actor: AbstractBaseUser | None = None,
+    description: str = "",
+) -> DLModel:
+    """An upload from the API or the dashboard. Up to ONNX_ASYNC_VALIDATION_BYTES it is validated here
+    (register_model: ready, or refused with nothing stored); a larger file gets only the cheap checks
+    here (name, extension, size) and is stored as state ``validating``: the ``core.validate_model`` task
+    (default queue) then makes it ``ready``, or ``invalid`` with the error (its file deleted)."""
+    if len(data) <= settings.ONNX_ASYNC_VALIDATION_BYTES:
+        return register_model(team=team, name=name, data=data, filename=filename, actor=actor,
+                              description=description)
+    from core.onnx_models.validate import check_upload_basics
+
+    name = _check_new_model(actor=actor, team=team, name=name)
+    check_upload_basics(filename=filename, size=len(data), max_bytes=settings.ONNX_MAX_UPLOAD_BYTES)
+    digest = hashlib.sha256(data).hexdigest()
+    model = DLModel(
+        team=team, name=name, description=description, source=DLModel.Source.UPLOAD, file_size=len(data),
+        sha256=digest, state=DLModel.State.VALIDATING, **_PENDING_FEATURES,
         created_by=actor if actor is not None and actor.is_authenticated else None,
     )
-    stored_name = None
-    try:
-        with transaction.atomic():
-            model.file.save(f"{digest[:16]}.onnx", ContentFile(data), save=False)
-            stored_name = model.file.name
-            model.save()
-    except IntegrityError:
-        _delete_file(stored_name)
-        raise ConflictError(f"Team {team} already has a model named '{name}'.", field="name") from None
-    except BaseException:
-        _delete_file(stored_name)
-        raise
+    with transaction.atomic():
+        _store(model, data, digest)
+        from core.tasks import validate_model
+
+        pk = model.pk
+        transaction.on_commit(lambda: validate_model.delay(pk))
     return model
+
+
+def finish_model_validation(*, model_id: int) -> DLModel | None:
+    """Validate a ``validating`` model's stored file: ready with its features, or invalid with the error
+    and its file deleted. Idempotent: a model in any other state is left as it is."""
+    model = DLModel.objects.filter(pk=model_id, state=DLModel.State.VALIDATING).first()
+    if model is None:
+        return None
+    try:
+        with model.file.open("rb") as fh:
+            data = fh.read()
+        validated = validate_model_bytes(data=data, filename=model.file.name)
+    except OnnxValidationError as exc:
+        return _mark_invalid(model_id, exc.code, exc.message)
+    except Exception as exc:  # never leave it validating for good
+        log.exception("validating model %s failed", model_id)
+        _mark_invalid(model_id, "validation_failed", f"Validation failed with an internal error ({type(exc).__name__}); "
+                      "upload the model again, or ask an administrator.")
+        raise
+    with transaction.atomic():
+        model = DLModel.objects.select_for_update().filter(pk=model_id, state=DLModel.State.VALIDATING).first()
+        if model is None:  # deleted meanwhile
+            return None
+        _apply_validated(model, validated)
+        model.state = DLModel.State.READY
+        model.save()
+    return model
+
+
+@transaction.atomic
+def _mark_invalid(model_id: int, code: str, message: str) -> DLModel | None:
+    model = DLModel.objects.select_for_update().filter(pk=model_id, state=DLModel.State.VALIDATING).first()
+    if model is None:
+        return None
+    name = model.file.name
+    model.state, model.error_code, model.error_message, model.file = DLModel.State.INVALID, code, message, ""
+    model.save(update_fields=["state", "error_code", "error_message", "file"])
+    transaction.on_commit(lambda: _delete_file(name))
+    return model
+
+
+def require_ready(model: DLModel) -> None:
+    """Refuse work on a model that is still being validated or was refused."""
+    if model.state == DLModel.State.VALIDATING:
+        raise ConflictError(f"Model '{model.name}' is still being validated; try again when it is ready.",
+                            code="model_not_ready", field="model")
+    if model.state == DLModel.State.INVALID:
+        raise ServiceError(f"Model '{model.name}' was refused: {model.error_message}", code="model_invalid",
+                           field="model")
 
 
 def _delete_file(name: str | None) -> None:

@@ -104,7 +104,7 @@ def model_upload(request):
         upload = form.cleaned_data["file"]
         try:
             data = core_services.read_upload(upload)
-            model = core_services.register_model(
+            model = core_services.submit_model(
                 team=form.cleaned_data["team"], name=form.cleaned_data["name"], data=data,
                 filename=upload.name, actor=request.user, description=form.cleaned_data["description"])
         except OnnxValidationError as exc:
@@ -113,8 +113,12 @@ def model_upload(request):
         except ServiceError as exc:
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)
         else:
-            messages.success(request, f"Model '{model.name}' registered in {model.team.name}: "
-                                      f"{model.gflops:.3f} GFLOPs, {model.param_count:,} parameters.")
+            if model.state == DLModel.State.VALIDATING:
+                messages.info(request, f"Model '{model.name}' uploaded to {model.team.name}; it is being "
+                                       "validated (large file). This page shows the result when it is done.")
+            else:
+                messages.success(request, f"Model '{model.name}' registered in {model.team.name}: "
+                                          f"{model.gflops:.3f} GFLOPs, {model.param_count:,} parameters.")
             return redirect("model-detail", pk=model.pk)
     return render(request, "frontend/model_upload.html", {
         "scope": scope, "form": form, "refusal": refusal, "no_teams": not teams, "nav": "models"})
@@ -158,7 +162,8 @@ SERVICE_FIELD_TO_FORM = {"target": "target_kind", "dop": "dop_fixed", "max_trial
 @login_required
 def run_start(request):
     scope = get_scope(request)
-    models = (DLModel.objects.filter(team_id__in=[t.pk for t in scope.writable_scoped_teams])
+    models = (DLModel.objects.filter(team_id__in=[t.pk for t in scope.writable_scoped_teams],
+                                     state=DLModel.State.READY)
               .select_related("team").order_by("team__name", "name"))
     initial = {}
     if request.GET.get("model", "").isdigit():

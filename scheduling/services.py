@@ -29,7 +29,7 @@ from django.utils import timezone
 from core.exceptions import ConflictError, PermissionDenied, QuotaExceeded, ServiceError
 from core.models import DLModel, Membership, Team
 from core.selectors import month_start
-from core.services import lock_team_quota
+from core.services import lock_team_quota, require_ready
 
 from . import selectors, telemetry
 from .models import (
@@ -523,6 +523,7 @@ def submit_job(
     """Queue a GPU job with its predicted utilization and memory. Refused (QuotaExceeded) when its
     estimated GPU time would exceed the team's monthly GPU-hour quota."""
     _require_writer(actor, model.team_id, "submit GPU jobs")
+    require_ready(model)
     if not isinstance(batch_size, int) or not 1 <= batch_size <= 4096:
         raise ServiceError("batch_size must be between 1 and 4096.", field="batch_size")
     if not isinstance(iterations, int) or not 1 <= iterations <= 10_000_000:

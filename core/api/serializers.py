@@ -113,7 +113,8 @@ class DLModelSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     class Meta:
         model = DLModel
         fields = [
-            "id", "team", "team_name", "name", "description", "source", "file_size", "sha256",
+            "id", "team", "team_name", "name", "description", "source", "state", "error_code", "error_message",
+            "file_size", "sha256",
             "opset", "ir_version", "producer", "inputs", "outputs", "batch_size",
             "total_flops", "gflops", "param_count", "activation_bytes", "conv_count", "linear_count",
             "activation_count", "other_count", "op_histogram", "num_tuning_tasks", "tuning_task_names",

@@ -212,11 +212,14 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
 
     @extend_schema(
         request={"multipart/form-data": DLModelUploadSerializer},
-        responses={201: DLModelSerializer},
+        responses={201: DLModelSerializer, 202: DLModelSerializer},
         summary="Upload and validate an ONNX model",
-        description="The file is validated (size cap, onnx.checker, shape inference, TVM Relax import, "
-        "tuning-task count) and its graph features computed. A bad file gets a 400 naming the problem "
-        "(`code` is e.g. `not_protobuf`, `truncated`, `unsupported_op`, `too_large`) and nothing is stored.",
+        description="The file is validated (size cap, onnx.checker, shape inference, memory caps, TVM Relax "
+        "import, tuning-task count) and its graph features computed. A file up to ONNX_ASYNC_VALIDATION_BYTES "
+        "is validated in the request: 201 (`state` ready), or a 400 naming the problem (`code` is e.g. "
+        "`not_protobuf`, `truncated`, `unsupported_op`, `too_large`) and nothing is stored. A larger file "
+        "gets 202 with `state` validating: poll the model until it is `ready`, or `invalid` with "
+        "`error_code`/`error_message` (its file is then deleted; delete the model to reuse the name).",
         examples=[OpenApiExample("Bad file", response_only=True, status_codes=["400"], value={
             "detail": "The file is not an ONNX protobuf.", "code": "not_protobuf",
             "errors": {"file": ["The file is not an ONNX protobuf."]}})],
@@ -229,12 +232,14 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
         body.is_valid(raise_exception=True)
         upload = body.validated_data["file"]
         data = services.read_upload(upload)
-        model = services.register_model(
+        model = services.submit_model(
             team=body.validated_data["team"], name=body.validated_data["name"],
             description=body.validated_data.get("description", ""), data=data,
             filename=upload.name, actor=request.user,
         )
-        return Response(self.get_serializer(model).data, status=status.HTTP_201_CREATED)
+        validating = model.state == DLModel.State.VALIDATING
+        return Response(self.get_serializer(model).data,
+                        status=status.HTTP_202_ACCEPTED if validating else status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance):
         services.delete_model(actor=self.request.user, model=instance)
@@ -243,6 +248,7 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
     @action(detail=True, methods=["get"])
     def download(self, request, pk=None):
         model = self.get_object()
+        services.require_ready(model)
         return FileResponse(model.file.open("rb"), as_attachment=True, filename=f"{model.name}.onnx",
                             content_type="application/octet-stream")
 

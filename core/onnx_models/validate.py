@@ -53,6 +53,7 @@ from .features import GraphFeatures, _skeleton, compute_features
 __all__ = [
     "DEFAULT_TARGET",
     "ValidatedModel",
+    "check_upload_basics",
     "validate_onnx_bytes",
     "validate_onnx_file",
     "validate_onnx_model",
@@ -239,6 +240,12 @@ def validate_onnx_model(
         copy, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target,
         max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes,
     )
+
+
+def check_upload_basics(*, filename: str, size: int, max_bytes: int) -> None:
+    """Checks 1-2 only (name and size): what an upload gets before it is queued for validation."""
+    _check_filename(filename)
+    _check_size(size, max_bytes)
 
 
 def supported_ops() -> frozenset[str]:

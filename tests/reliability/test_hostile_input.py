@@ -527,3 +527,105 @@ def test_hostile_query_strings_and_form_values_never_5xx(world, client):
                                       "dop_fixed": BIG, "threads": BIG, "search_population": BIG, "seed": BIG})
     assert resp.status_code == 200  # the form, with its errors
     assert client.post(f"/runs/{world.run.pk}/{'x' * 500}/").status_code == 404
+
+
+# --- issue 11 s.6: large uploads are validated off the request path -------------------------------------------
+
+def _upload(client, team, name, data):
+    return client.post("/api/models/", {"team": team.pk, "name": name, "file": SimpleUploadedFile("m.onnx", data)},
+                       format="multipart")
+
+
+def test_large_upload_answers_202_validating_then_ends_ready_or_invalid(uploader, small_cnn_bytes, settings,
+                                                                       django_capture_on_commit_callbacks,
+                                                                       monkeypatch):
+    from core import tasks
+
+    client, team, _ = uploader
+    settings.ONNX_ASYNC_VALIDATION_BYTES = 0  # every upload counts as large here
+    queued = []
+    monkeypatch.setattr(tasks.validate_model, "delay", lambda pk: queued.append(pk))
+    with django_capture_on_commit_callbacks(execute=True):
+        good = _upload(client, team, "good", small_cnn_bytes)
+        bad = _upload(client, team, "hostile", _transpose([1, 1_000_000, 1_000_000], [0, 2, 1]))
+    assert good.status_code == bad.status_code == 202, (good.content, bad.content)
+    assert good.json()["state"] == bad.json()["state"] == "validating"
+    assert queued == [good.json()["id"], bad.json()["id"]]
+    # the model cannot be tuned or downloaded while it is validating
+    resp = client.post("/api/runs/", {"model": good.json()["id"], "max_trials": 8}, format="json")
+    assert resp.status_code == 409 and resp.json()["code"] == "model_not_ready", resp.content
+    assert client.get(f"/api/models/{good.json()['id']}/download/").status_code == 409
+    with django_capture_on_commit_callbacks(execute=True):
+        for pk in queued:
+            tasks.validate_model(pk)  # what the worker runs
+    ok = client.get(f"/api/models/{good.json()['id']}/").json()
+    assert ok["state"] == "ready" and ok["total_flops"] > 0 and ok["inputs"], ok
+    refused = client.get(f"/api/models/{bad.json()['id']}/").json()
+    assert refused["state"] == "invalid" and refused["error_code"] == "tensor_too_large"
+    assert "'x'" in refused["error_message"]
+    # the refused file is gone; the row keeps the error; it cannot be tuned
+    assert DLModel.objects.get(pk=refused["id"]).file.name == ""
+    assert len(_stored_files(settings)) == 1
+    resp = client.post("/api/runs/", {"model": refused["id"], "max_trials": 8}, format="json")
+    assert resp.status_code == 400 and resp.json()["code"] == "model_invalid"
+    # running the task again changes nothing (redelivery)
+    assert tasks.validate_model(refused["id"]) is None
+    # the dashboard shows the state and the error
+    dash = Client()
+    dash.force_login(team.memberships.get().user)
+    html = dash.get(f"/models/{refused['id']}/").content.decode()
+    assert 'data-state="invalid"' in html and "tensor_too_large" in html
+    assert "Invalid" in dash.get("/models/").content.decode()
+
+
+def test_small_uploads_still_validate_inline(uploader, small_cnn_bytes, settings):
+    client, team, _ = uploader
+    assert len(small_cnn_bytes) <= settings.ONNX_ASYNC_VALIDATION_BYTES
+    resp = _upload(client, team, "inline", small_cnn_bytes)
+    assert resp.status_code == 201 and resp.json()["state"] == "ready"
+    resp = _upload(client, team, "inline-bad", _relu([1, 1_000_000, 100_000]))
+    assert resp.status_code == 400 and not DLModel.objects.filter(name="inline-bad").exists()
+
+
+def test_dashboard_large_upload_redirects_to_a_validating_model(uploader, small_cnn_bytes, settings, monkeypatch):
+    from core import tasks
+
+    _, team, user = uploader
+    settings.ONNX_ASYNC_VALIDATION_BYTES = 0
+    monkeypatch.setattr(tasks.validate_model, "delay", lambda pk: None)
+    dash = Client()
+    dash.force_login(user)
+    resp = dash.post("/models/upload/", {"team": team.pk, "name": "big", "description": "",
+                                         "file": SimpleUploadedFile("m.onnx", small_cnn_bytes)}, follow=True)
+    assert resp.status_code == 200 and 'data-state="validating"' in resp.content.decode()
+    assert DLModel.objects.get(name="big").state == "validating"
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_large_uploads_are_validated_by_a_real_worker(small_cnn_bytes, settings, tmp_path, django_user_model):
+    """Through the API and a real Celery worker on Redis (default queue): 202, then ready / invalid."""
+    from config.celery import app
+    from tests.conftest import require_env
+    from tests.workers import running_worker, wait_for
+
+    redis_url = require_env("TEST_REDIS_URL")
+    app.conf.broker_url = redis_url
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_purge("default")
+    user = django_user_model.objects.create_user(username="big-uploader", password="pw")
+    team = core_services.create_team(name="Big Uploads", owner=user)
+    client = APIClient()
+    client.force_authenticate(user)
+    settings.ONNX_ASYNC_VALIDATION_BYTES = 0
+    with running_worker(broker_url=redis_url, queues="default", log_dir=tmp_path,
+                        env_extra={"ONNX_COUNT_TUNING_TASKS": "0"}) as worker:
+        good = _upload(client, team, "good", small_cnn_bytes)
+        bad = _upload(client, team, "bad", _relu([1, 1_000_000, 100_000]))
+        assert good.status_code == bad.status_code == 202
+        done = lambda: DLModel.objects.filter(state__in=["ready", "invalid"]).count() == 2  # noqa: E731
+        wait_for(done, 120, "both models validated", worker.log)
+    assert DLModel.objects.get(name="good").state == "ready"
+    bad_model = DLModel.objects.get(name="bad")
+    assert bad_model.state == "invalid" and bad_model.error_code == "tensor_too_large"
+    assert not bad_model.file.name
