@@ -425,7 +425,8 @@ def finish_model_validation(*, model_id: int) -> DLModel | None:
         return _mark_invalid(model_id, exc.code, exc.message)
     except Exception as exc:  # never leave it validating for good
         log.exception("validating model %s failed", model_id)
-        _mark_invalid(model_id, "validation_failed", f"Validation failed with an internal error ({type(exc).__name__}); "
+        _mark_invalid(model_id, "validation_failed",
+                      f"Validation failed with an internal error ({type(exc).__name__}); "
                       "upload the model again, or ask an administrator.")
         raise
     with transaction.atomic():
