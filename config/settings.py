@@ -23,9 +23,30 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 SECURE = env.bool("DJANGO_SECURE", default=False)
 _DEV_SECRET = "dev-insecure-secret-key-change-me-0123456789-abcdefghijklmnopqrstuvwxyz"
-SECRET_KEY = env.str("DJANGO_SECRET_KEY", default=_DEV_SECRET)
-if SECURE and SECRET_KEY == _DEV_SECRET:
-    raise environ.ImproperlyConfigured("DJANGO_SECURE=1 requires DJANGO_SECRET_KEY to be set")
+# Keys that are (or were) published in this repository: anyone can forge sessions signed with them.
+PUBLISHED_SECRET_KEYS = frozenset({
+    _DEV_SECRET,
+    "change-me-in-production-please-0123456789abcdef",  # docker-compose.yml's default until issue 11
+})
+
+
+def _secret_key() -> str:
+    """The rule: DJANGO_SECRET_KEY set to a published key is refused in any mode; DJANGO_SECURE=1
+    needs it set, 50+ characters, 5+ distinct (Django's own bar, security.W009). Unset with
+    DJANGO_SECURE=0 (`make run`, tests) = the dev key."""
+    key = env.str("DJANGO_SECRET_KEY", default="")
+    if key in PUBLISHED_SECRET_KEYS:
+        raise environ.ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is a key published in the dlopt repository; generate your own, e.g. "
+            "python -c 'import secrets; print(secrets.token_urlsafe(50))'")
+    if SECURE and (len(key) < 50 or len(set(key)) < 5):
+        raise environ.ImproperlyConfigured(
+            "DJANGO_SECURE=1 requires DJANGO_SECRET_KEY to be set to a random string of 50+ characters, e.g. "
+            "python -c 'import secrets; print(secrets.token_urlsafe(50))'")
+    return key or _DEV_SECRET
+
+
+SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -157,9 +178,18 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
-    "DEFAULT_THROTTLE_RATES": {"user": env.str("API_THROTTLE_USER", default="100000/hour")},
+    # Every API request counts against "user"; uploads (models, traces), token creation and dashboard
+    # logins also against their own scope (core/api/throttles.py). Over the rate: 429 with Retry-After.
+    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        "user": env.str("API_THROTTLE_USER", default="100000/hour"),
+        "uploads": env.str("API_THROTTLE_UPLOADS", default="60/hour"),
+        "tokens": env.str("API_THROTTLE_TOKENS", default="20/hour"),
+        "login": env.str("API_THROTTLE_LOGIN", default="10/minute"),
+    },
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
+API_DOCS_PUBLIC = env.bool("API_DOCS_PUBLIC", default=False)  # 1 = /api/schema/ and /api/docs/ without login
 SPECTACULAR_SETTINGS = {
     "TITLE": "dlopt API",
     "DESCRIPTION": "Upload ONNX models, tune them with TVM (DOPpler + Trimmer), place GPU jobs with Horus. "
@@ -167,12 +197,18 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    # The schema maps every endpoint: logged-in users (session or token) only, unless API_DOCS_PUBLIC=1.
+    "SERVE_PERMISSIONS": ["core.api.permissions.ApiDocsAccess"],
     # The docs page loads Swagger UI from our own static files, never a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
 }
+
+# Throttle counts (and nothing else yet): Redis in deployment so every web worker shares them.
+_CACHE_URL = env.str("DJANGO_CACHE_URL", default="")
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _CACHE_URL}
+          if _CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- Celery --------------------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
@@ -211,6 +247,13 @@ CELERY_TASK_ALWAYS_EAGER = False
 NODE_NAME = env.str("DLOPT_NODE_NAME", default=socket.gethostname().split(".")[0])
 ONNX_MAX_UPLOAD_BYTES = env.int("ONNX_MAX_UPLOAD_BYTES", default=200 * 1024 * 1024)
 ONNX_MAX_GFLOPS = env.float("ONNX_MAX_GFLOPS", default=500.0)
+# Memory caps checked from shape inference, before anything is compiled: elements in any one
+# tensor (2**28 = 1 GiB of float32) and bytes of all intermediate tensors together.
+ONNX_MAX_TENSOR_ELEMENTS = env.int("ONNX_MAX_TENSOR_ELEMENTS", default=2**28)
+ONNX_MAX_ACTIVATION_BYTES = env.int("ONNX_MAX_ACTIVATION_BYTES", default=8 * 1024**3)
+# Uploads larger than this are validated by a Celery task (the upload answers 202, state "validating");
+# smaller ones inline (201 or 400).
+ONNX_ASYNC_VALIDATION_BYTES = env.int("ONNX_ASYNC_VALIDATION_BYTES", default=4 * 1024 * 1024)
 ONNX_COUNT_TUNING_TASKS = env.bool("ONNX_COUNT_TUNING_TASKS", default=True)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024  # larger uploads stream to a temp file

@@ -9,7 +9,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from . import selectors, services
-from .models import ApiToken, DLModel, EnergySettings, Membership, Quota, Team
+from .models import ApiToken, DLModel, EnergySettings, Membership, Quota, Team, TeamInvitation
 from .onnx_models.errors import OnnxValidationError
 
 admin.site.site_header = "dlopt administration"
@@ -55,6 +55,14 @@ class MembershipAdmin(admin.ModelAdmin):
     list_editable = ["role"]
     search_fields = ["user__username", "team__name"]
     autocomplete_fields = ["user", "team"]
+
+
+@admin.register(TeamInvitation)
+class TeamInvitationAdmin(admin.ModelAdmin):
+    list_display = ["user", "team", "role", "invited_by", "created_at"]
+    list_filter = ["role"]
+    search_fields = ["user__username", "team__name"]
+    autocomplete_fields = ["user", "team", "invited_by"]
 
 
 def _usage_cell(used: float, limit: float, unit: str = "") -> str:

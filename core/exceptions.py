@@ -35,3 +35,8 @@ class QuotaExceeded(ServiceError):
 class PermissionDenied(ServiceError):
     status = 403
     code = "permission_denied"
+
+
+class NotFound(ServiceError):
+    status = 404
+    code = "not_found"

@@ -9,14 +9,28 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
+# (min, max) of each energy setting: the model, the service and the API all check these.
+ENERGY_LIMITS = {
+    "cpu_watts_per_core": (0.1, 1e4),
+    "gpu_board_watts": (1.0, 1e5),
+    "grid_intensity_g_per_kwh": (0.0, 1e5),
+    "joules_per_trial_estimate": (0.001, 1e9),
+}
+
+
+def _energy_bounds(name: str) -> list:
+    low, high = ENERGY_LIMITS[name]
+    return [MinValueValidator(low), MaxValueValidator(high)]
+
+
 class Team(models.Model):
     name = models.CharField(max_length=100, unique=True)
     slug = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True)
-    # Overrides the platform-wide grid intensity for carbon accounting.
+    # Overrides the platform-wide grid intensity for carbon accounting; set by staff only.
     grid_intensity_g_per_kwh = models.FloatField(
-        null=True, blank=True, validators=[MinValueValidator(0.0)],
-        help_text="gCO2e per kWh for this team's carbon figures; empty = platform default.",
+        null=True, blank=True, validators=_energy_bounds("grid_intensity_g_per_kwh"),
+        help_text="gCO2e per kWh for this team's carbon figures (staff only); empty = platform default.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -50,6 +64,25 @@ class Membership(models.Model):
         return self.role in (self.Role.OWNER, self.Role.MEMBER)
 
 
+class TeamInvitation(models.Model):
+    """An owner's invitation of a user into a team. Nobody joins a team without saying so: the
+    membership is made only when the invited user accepts (the invitation is then deleted)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="team_invitations")
+    role = models.CharField(max_length=10, choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(fields=["team", "user"], name="unique_team_invitation")]
+
+    def __str__(self) -> str:
+        return f"{self.user} invited to {self.team} ({self.role})"
+
+
 class Quota(models.Model):
     """Monthly limits per team; usage is computed by core.selectors."""
 
@@ -69,20 +102,6 @@ class Quota(models.Model):
 
     def __str__(self) -> str:
         return f"Quota of {self.team}"
-
-
-# (min, max) of each energy setting: the model, the service and the API all check these.
-ENERGY_LIMITS = {
-    "cpu_watts_per_core": (0.1, 1e4),
-    "gpu_board_watts": (1.0, 1e5),
-    "grid_intensity_g_per_kwh": (0.0, 1e5),
-    "joules_per_trial_estimate": (0.001, 1e9),
-}
-
-
-def _energy_bounds(name: str) -> list:
-    low, high = ENERGY_LIMITS[name]
-    return [MinValueValidator(low), MaxValueValidator(high)]
 
 
 class EnergySettings(models.Model):
@@ -165,11 +184,19 @@ class DLModel(models.Model):
         UPLOAD = "upload", "Upload"
         ZOO = "zoo", "Model zoo"
 
+    class State(models.TextChoices):
+        VALIDATING = "validating", "Validating"  # a large upload, checked by the core.validate_model task
+        READY = "ready", "Ready"
+        INVALID = "invalid", "Invalid"  # refused after upload: error_code/error_message say why; no file kept
+
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="models")
     name = models.CharField(max_length=100)
     description = models.TextField(blank=True)
     source = models.CharField(max_length=10, choices=Source.choices, default=Source.UPLOAD)
-    file = models.FileField(upload_to=model_upload_path, max_length=255)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.READY, db_index=True)
+    error_code = models.CharField(max_length=40, blank=True)
+    error_message = models.TextField(blank=True)
+    file = models.FileField(upload_to=model_upload_path, max_length=255, blank=True)
     file_size = models.BigIntegerField()
     sha256 = models.CharField(max_length=64)
     opset = models.PositiveIntegerField()

@@ -7,6 +7,7 @@ other team's object.
 from __future__ import annotations
 
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpResponseRedirect
@@ -17,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from core import selectors as core_selectors
 from core import services as core_services
+from core.api.throttles import LoginThrottle
 from core.exceptions import QuotaExceeded, ServiceError
 from core.models import DLModel
 from core.onnx_models.errors import ERROR_CODES, OnnxValidationError
@@ -30,6 +32,24 @@ from .scope import get_scope, set_current_team
 
 RUNS_PER_PAGE = 50
 MAX_COMPARE = 8
+
+
+# --- login ---------------------------------------------------------------------------------------
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login page, with attempts per client address limited (REST_FRAMEWORK's "login" rate)."""
+
+    def post(self, request, *args, **kwargs):
+        throttle = LoginThrottle()
+        if not throttle.allow_request(request, self):
+            # The password is not even checked: the form is shown again, unbound.
+            wait = int(throttle.wait() or 60) + 1
+            context = self.get_context_data(form=self.get_form_class()(request), throttled=wait)
+            response = self.render_to_response(context, status=429)
+            response["Retry-After"] = str(wait)
+            return response
+        return super().post(request, *args, **kwargs)
 
 
 # --- team switcher ------------------------------------------------------------------------
@@ -84,7 +104,7 @@ def model_upload(request):
         upload = form.cleaned_data["file"]
         try:
             data = core_services.read_upload(upload)
-            model = core_services.register_model(
+            model = core_services.submit_model(
                 team=form.cleaned_data["team"], name=form.cleaned_data["name"], data=data,
                 filename=upload.name, actor=request.user, description=form.cleaned_data["description"])
         except OnnxValidationError as exc:
@@ -93,8 +113,12 @@ def model_upload(request):
         except ServiceError as exc:
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)
         else:
-            messages.success(request, f"Model '{model.name}' registered in {model.team.name}: "
-                                      f"{model.gflops:.3f} GFLOPs, {model.param_count:,} parameters.")
+            if model.state == DLModel.State.VALIDATING:
+                messages.info(request, f"Model '{model.name}' uploaded to {model.team.name}; it is being "
+                                       "validated (large file). This page shows the result when it is done.")
+            else:
+                messages.success(request, f"Model '{model.name}' registered in {model.team.name}: "
+                                          f"{model.gflops:.3f} GFLOPs, {model.param_count:,} parameters.")
             return redirect("model-detail", pk=model.pk)
     return render(request, "frontend/model_upload.html", {
         "scope": scope, "form": form, "refusal": refusal, "no_teams": not teams, "nav": "models"})
@@ -138,7 +162,8 @@ SERVICE_FIELD_TO_FORM = {"target": "target_kind", "dop": "dop_fixed", "max_trial
 @login_required
 def run_start(request):
     scope = get_scope(request)
-    models = (DLModel.objects.filter(team_id__in=[t.pk for t in scope.writable_scoped_teams])
+    models = (DLModel.objects.filter(team_id__in=[t.pk for t in scope.writable_scoped_teams],
+                                     state=DLModel.State.READY)
               .select_related("team").order_by("team__name", "name"))
     initial = {}
     if request.GET.get("model", "").isdigit():

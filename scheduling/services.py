@@ -29,7 +29,7 @@ from django.utils import timezone
 from core.exceptions import ConflictError, PermissionDenied, QuotaExceeded, ServiceError
 from core.models import DLModel, Membership, Quota, Team
 from core.selectors import month_start
-from core.services import lock_team_quota
+from core.services import lock_team_quota, require_ready
 
 from . import selectors, telemetry
 from .models import (
@@ -552,6 +552,7 @@ def submit_job(
     declared GPU time would exceed the team's monthly GPU-hour quota. The job is stopped (failed) when it
     reaches that duration, and the quota is checked again when it is placed."""
     _require_writer(actor, model.team_id, "submit GPU jobs")
+    require_ready(model)
     estimate = duration_estimate_s if duration_estimate_s is not None else default_job_estimate_s()
     _check_job_request(batch_size=batch_size, iterations=iterations, duration_estimate_s=estimate,
                        runtime=runtime)

@@ -30,6 +30,14 @@ def _media_in_tmp(settings, tmp_path):
     settings.ONNX_COUNT_TUNING_TASKS = False
 
 
+@pytest.fixture(autouse=True)
+def _fresh_throttle_counts():
+    """API throttles count in the (per-process, local-memory) cache: start every test from zero."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 def make_user(django_user_model, username, **extra):
     return django_user_model.objects.create_user(username=username, password="pw-" + username, **extra)
 

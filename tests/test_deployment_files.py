@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,3 +96,79 @@ def test_production_refuses_default_secret(tmp_path):
     proc = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode != 0 and "DJANGO_SECRET_KEY" in proc.stderr
+
+
+# --- issue 11 s.7: no published secret, DJANGO_SECURE=1, check --deploy clean as compose runs it ----------
+
+_INTERP = re.compile(r"\$\{(\w+)(?::([?-])([^}]*))?\}")
+
+
+def _interpolate(value: str, environ: dict) -> str:
+    """docker compose's ${VAR}, ${VAR:-default} and ${VAR:?error} (an unset :? refuses to start)."""
+    def sub(m):
+        name, op, arg = m.groups()
+        if environ.get(name):
+            return environ[name]
+        if op == "?":
+            raise ValueError(f"compose refuses to start: {arg}")
+        return arg if op == "-" else ""
+    return _INTERP.sub(sub, str(value))
+
+
+def compose_env(service: str, environ: dict) -> dict:
+    env = compose()["services"][service]["environment"]
+    return {k: _interpolate(v, environ) for k, v in env.items()}
+
+
+def _settings_with(env_overrides: dict, tmp_path, *args) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_")}
+    env.update(env_overrides, DLOPT_VAR_DIR=str(tmp_path), DJANGO_MEDIA_ROOT=str(tmp_path / "media"),
+               DJANGO_STATIC_ROOT=str(tmp_path / "static"))
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    return subprocess.run([sys.executable, "manage.py", "check", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_compose_has_no_default_secret_and_is_secure_by_default():
+    for service in ("web", "worker", "beat", "gpu-worker"):
+        try:
+            compose_env(service, {})
+        except ValueError as exc:
+            assert "DJANGO_SECRET_KEY" in str(exc)
+        else:
+            raise AssertionError(f"{service} starts without DJANGO_SECRET_KEY")
+        env = compose_env(service, {"DJANGO_SECRET_KEY": "k" * 60})
+        assert env["DJANGO_SECURE"] == "1", service
+
+
+def test_check_deploy_is_clean_in_the_compose_configuration(tmp_path):
+    env = compose_env("web", {"DJANGO_SECRET_KEY": secrets.token_urlsafe(50)})
+    env["DATABASE_URL"] = f"sqlite:///{tmp_path}/db.sqlite3"  # no PostgreSQL here; check needs no database
+    proc = _settings_with(env, tmp_path, "--deploy", "--fail-level", "WARNING")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no issues" in proc.stdout
+
+
+def _published_keys() -> set[str]:
+    """Every secret-key string written in the repository: compose's old default and the settings' dev key."""
+    text = (ROOT / "config" / "settings.py").read_text()
+    keys = set(re.findall(r'_DEV_SECRET = "([^"]+)"', text))
+    keys |= set(re.findall(r'^\s+"([^"]{20,})",\s+# docker-compose', text, re.M))
+    keys.add("change-me-in-production-please-0123456789abcdef")  # compose's default on 64ee36e
+    return keys
+
+
+@pytest.mark.parametrize("secure", ["0", "1"])
+def test_settings_refuse_a_key_published_in_the_repository(secure, tmp_path):
+    keys = _published_keys()
+    assert len(keys) >= 2
+    for key in keys:
+        proc = _settings_with({"DJANGO_SECURE": secure, "DJANGO_SECRET_KEY": key}, tmp_path)
+        assert proc.returncode != 0 and "published" in proc.stderr, (key, proc.stdout + proc.stderr[-500:])
+
+
+def test_secure_mode_refuses_a_short_key_and_the_dev_mode_keeps_working(tmp_path):
+    proc = _settings_with({"DJANGO_SECURE": "1", "DJANGO_SECRET_KEY": "short-but-not-published"}, tmp_path)
+    assert proc.returncode != 0 and "50+" in proc.stderr
+    proc = _settings_with({"DJANGO_SECURE": "0"}, tmp_path)  # `make run`: no key set, the dev key
+    assert proc.returncode == 0, proc.stderr

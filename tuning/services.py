@@ -29,7 +29,7 @@ from django.utils import timezone
 from core.exceptions import ConflictError, PermissionDenied, QuotaExceeded, ServiceError
 from core.models import DLModel, Membership
 from core.selectors import energy_model, month_start
-from core.services import lock_team_quota
+from core.services import lock_team_quota, require_ready
 
 from .models import DopRound, Measurement, TuningRun, TuningTask
 
@@ -233,6 +233,7 @@ def start_run(
     enqueue: bool = True,
 ) -> TuningRun:
     _require_writer(actor, model.team_id)
+    require_ready(model)
     target = validate_target(target or settings.DEFAULT_TUNING_TARGET)
     if not isinstance(max_trials, int) or max_trials < 1:
         raise ServiceError("max_trials must be a positive integer.", field="max_trials")

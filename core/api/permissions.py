@@ -1,4 +1,5 @@
 """Team-scoped permissions: viewers read, members write, owners manage members."""
+from django.conf import settings
 from django.db.models import OuterRef, QuerySet, Subquery
 from rest_framework import permissions
 
@@ -45,3 +46,11 @@ class IsStaffOrReadOnly(permissions.BasePermission):
 
     def has_permission(self, request, view):
         return request.method in permissions.SAFE_METHODS or bool(request.user and request.user.is_staff)
+
+
+class ApiDocsAccess(permissions.BasePermission):
+    """/api/schema/ and /api/docs/: signed-in users, or anyone when settings.API_DOCS_PUBLIC (read per request)."""
+
+    def has_permission(self, request, view):
+        return bool(getattr(settings, "API_DOCS_PUBLIC", False)
+                    or (request.user and request.user.is_authenticated))

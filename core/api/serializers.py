@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from core import selectors
 from core.api.fast import FastRepresentationMixin
-from core.models import ApiToken, DLModel, Membership, Quota, Team
+from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation
 
 
 @extend_schema_field(OpenApiTypes.INT)
@@ -61,6 +61,38 @@ class MembershipSerializer(serializers.ModelSerializer):
         return team
 
 
+@extend_schema_field(OpenApiTypes.INT)
+class MemberTeamField(serializers.PrimaryKeyRelatedField):
+    """A team the caller belongs to; a team that does not exist and another team's id get the same error."""
+
+    default_error_messages = {"does_not_exist": "No such team among yours.",
+                              "incorrect_type": "No such team among yours."}
+
+    def get_queryset(self):
+        request = self.context.get("request")
+        return selectors.teams_for_user(request.user) if request is not None else Team.objects.none()
+
+
+class TeamInvitationSerializer(serializers.ModelSerializer):
+    team_name = serializers.CharField(source="team.name", read_only=True)
+    invited_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = TeamInvitation
+        fields = ["id", "team", "team_name", "role", "invited_by", "created_at"]
+        read_only_fields = fields
+
+
+class InvitationCreateSerializer(serializers.Serializer):
+    team = MemberTeamField(help_text="A team you own.")
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Membership.Role.choices, default=Membership.Role.MEMBER)
+
+
+class InvitationSentSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+
+
 class MembershipUpdateSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=Membership.Role.choices)
 
@@ -90,7 +122,8 @@ class DLModelSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     class Meta:
         model = DLModel
         fields = [
-            "id", "team", "team_name", "name", "description", "source", "file_size", "sha256",
+            "id", "team", "team_name", "name", "description", "source", "state", "error_code", "error_message",
+            "file_size", "sha256",
             "opset", "ir_version", "producer", "inputs", "outputs", "batch_size",
             "total_flops", "gflops", "param_count", "activation_bytes", "conv_count", "linear_count",
             "activation_count", "other_count", "op_histogram", "num_tuning_tasks", "tuning_task_names",

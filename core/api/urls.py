@@ -7,6 +7,7 @@ from .energy import EnergySettingsView
 
 router.register("teams", views.TeamViewSet, basename="team")
 router.register("memberships", views.MembershipViewSet, basename="membership")
+router.register("invitations", views.TeamInvitationViewSet, basename="teaminvitation")
 router.register("quotas", views.QuotaViewSet, basename="quota")
 router.register("models", views.DLModelViewSet, basename="dlmodel")
 router.register("tokens", views.ApiTokenViewSet, basename="apitoken")

@@ -5,13 +5,13 @@ import django_filters
 from django.conf import settings
 from django.http import FileResponse
 from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
-from rest_framework import mixins, parsers, permissions, status, viewsets
+from rest_framework import exceptions, mixins, parsers, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import selectors, services
-from core.models import ApiToken, DLModel, Membership, Quota, Team
+from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation
 from core.onnx_models.errors import OnnxValidationError
 
 from .fast import RowListMixin, read_columns
@@ -21,13 +21,17 @@ from .serializers import (
     ApiTokenSerializer,
     DLModelSerializer,
     DLModelUploadSerializer,
+    InvitationCreateSerializer,
+    InvitationSentSerializer,
     MembershipSerializer,
     MembershipUpdateSerializer,
     MeSerializer,
     QuotaSerializer,
     TeamCreateSerializer,
+    TeamInvitationSerializer,
     TeamSerializer,
 )
+from .throttles import TokenCreateThrottle, UploadThrottle
 from .uploads import body_over, declared_length
 
 MODEL_LIST_VALUES = [*read_columns(DLModel, DLModelSerializer.Meta.fields), "team__name"]
@@ -52,7 +56,7 @@ class MeView(APIView):
         request=TeamCreateSerializer, responses={201: TeamSerializer}, summary="Create a team (staff)",
         description="Staff only (each team gets its own quotas, so self-service teams would multiply them): "
         "anyone else gets a 403. `owner` (a username, default the caller) becomes its first owner."),
-    partial_update=extend_schema(summary="Rename or describe a team (owners)"),
+    partial_update=extend_schema(summary="Rename or describe a team (owners); grid intensity: staff only"),
 )
 class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                   mixins.UpdateModelMixin, viewsets.GenericViewSet):
@@ -74,11 +78,8 @@ class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
         return Response(self.get_serializer(team).data, status=status.HTTP_201_CREATED)
 
     def perform_update(self, serializer):
-        if selectors.role_in_team(self.request.user, serializer.instance.pk) != Membership.Role.OWNER:
-            from rest_framework.exceptions import PermissionDenied
-
-            raise PermissionDenied("Only the team's owners can change it.")
-        serializer.save()
+        serializer.instance = services.update_team(actor=self.request.user, team=serializer.instance,
+                                                   **serializer.validated_data)
 
 
 class MembershipFilter(django_filters.FilterSet):
@@ -89,27 +90,20 @@ class MembershipFilter(django_filters.FilterSet):
 
 @extend_schema_view(
     list=extend_schema(summary="Members of your teams"),
-    create=extend_schema(summary="Add a member (team owners)"),
     partial_update=extend_schema(request=MembershipUpdateSerializer, summary="Change a member's role (owners)"),
-    destroy=extend_schema(summary="Remove a member (owners)"),
+    destroy=extend_schema(summary="Remove a member (owners), or leave a team (your own membership)"),
 )
-class MembershipViewSet(viewsets.ModelViewSet):
+class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
+                        viewsets.GenericViewSet):
+    """Members join by accepting an invitation (/api/invitations/), never by being added."""
+
     serializer_class = MembershipSerializer
     filterset_class = MembershipFilter
     ordering_fields = ["created_at", "role"]
-    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+    http_method_names = ["get", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
         return selectors.memberships_for_user(self.request.user)
-
-    def create(self, request, *args, **kwargs):
-        serializer = self.get_serializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        membership = services.add_member(
-            actor=request.user, team=serializer.validated_data["team"],
-            user=serializer.validated_data["user"], role=serializer.validated_data["role"],
-        )
-        return Response(self.get_serializer(membership).data, status=status.HTTP_201_CREATED)
 
     def partial_update(self, request, *args, **kwargs):
         membership = self.get_object()
@@ -121,6 +115,47 @@ class MembershipViewSet(viewsets.ModelViewSet):
 
     def perform_destroy(self, instance):
         services.remove_member(actor=self.request.user, membership=instance)
+
+
+INVITATION_SENT = ("If '{username}' is an active user who is not in {team} yet, they have been invited as {role}; "
+                   "they join when they accept.")
+
+
+@extend_schema_view(list=extend_schema(summary="Invitations to teams waiting for your answer"))
+class TeamInvitationViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    serializer_class = TeamInvitationSerializer
+    filterset_fields = ["team"]
+    ordering_fields = ["created_at"]
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return TeamInvitation.objects.none()
+        return TeamInvitation.objects.filter(user=self.request.user).select_related("team", "invited_by")
+
+    @extend_schema(request=InvitationCreateSerializer, responses={202: InvitationSentSerializer},
+                   summary="Invite a user to a team you own",
+                   description="The answer is the same whether or not the user exists, so it cannot be used to "
+                   "find accounts. The user sees the invitation in their list and accepts or declines it.")
+    def create(self, request, *args, **kwargs):
+        body = InvitationCreateSerializer(data=request.data, context=self.get_serializer_context())
+        body.is_valid(raise_exception=True)
+        team, username, role = (body.validated_data[k] for k in ("team", "username", "role"))
+        services.invite_member(actor=request.user, team=team, username=username, role=role)
+        return Response({"detail": INVITATION_SENT.format(username=username, team=team.name, role=role)},
+                        status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={201: MembershipSerializer}, summary="Accept an invitation: join the team")
+    @action(detail=True, methods=["post"])
+    def accept(self, request, pk=None):
+        membership = services.accept_invitation(actor=request.user, invitation=self.get_object())
+        return Response(MembershipSerializer(membership, context=self.get_serializer_context()).data,
+                        status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={204: None}, summary="Decline an invitation")
+    @action(detail=True, methods=["post"])
+    def decline(self, request, pk=None):
+        services.decline_invitation(actor=request.user, invitation=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 @extend_schema_view(
@@ -172,6 +207,9 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
     ordering = ["-created_at"]
     list_model, list_values, list_related = DLModel, MODEL_LIST_VALUES, {"team": Team}
 
+    def get_throttles(self):
+        return [*super().get_throttles(), UploadThrottle()]
+
     def get_queryset(self):
         qs = selectors.models_for_user(self.request.user)
         if getattr(self, "detail", False):  # the object permission reads the caller's role from the same query
@@ -180,11 +218,14 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
 
     @extend_schema(
         request={"multipart/form-data": DLModelUploadSerializer},
-        responses={201: DLModelSerializer},
+        responses={201: DLModelSerializer, 202: DLModelSerializer},
         summary="Upload and validate an ONNX model",
-        description="The file is validated (size cap, onnx.checker, shape inference, TVM Relax import, "
-        "tuning-task count) and its graph features computed. A bad file gets a 400 naming the problem "
-        "(`code` is e.g. `not_protobuf`, `truncated`, `unsupported_op`, `too_large`) and nothing is stored.",
+        description="The file is validated (size cap, onnx.checker, shape inference, memory caps, TVM Relax "
+        "import, tuning-task count) and its graph features computed. A file up to ONNX_ASYNC_VALIDATION_BYTES "
+        "is validated in the request: 201 (`state` ready), or a 400 naming the problem (`code` is e.g. "
+        "`not_protobuf`, `truncated`, `unsupported_op`, `too_large`) and nothing is stored. A larger file "
+        "gets 202 with `state` validating: poll the model until it is `ready`, or `invalid` with "
+        "`error_code`/`error_message` (its file is then deleted; delete the model to reuse the name).",
         examples=[OpenApiExample("Bad file", response_only=True, status_codes=["400"], value={
             "detail": "The file is not an ONNX protobuf.", "code": "not_protobuf",
             "errors": {"file": ["The file is not an ONNX protobuf."]}})],
@@ -197,12 +238,14 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
         body.is_valid(raise_exception=True)
         upload = body.validated_data["file"]
         data = services.read_upload(upload)
-        model = services.register_model(
+        model = services.submit_model(
             team=body.validated_data["team"], name=body.validated_data["name"],
             description=body.validated_data.get("description", ""), data=data,
             filename=upload.name, actor=request.user,
         )
-        return Response(self.get_serializer(model).data, status=status.HTTP_201_CREATED)
+        validating = model.state == DLModel.State.VALIDATING
+        return Response(self.get_serializer(model).data,
+                        status=status.HTTP_202_ACCEPTED if validating else status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance):
         services.delete_model(actor=self.request.user, model=instance)
@@ -211,13 +254,15 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
     @action(detail=True, methods=["get"])
     def download(self, request, pk=None):
         model = self.get_object()
+        services.require_ready(model)
         return FileResponse(model.file.open("rb"), as_attachment=True, filename=f"{model.name}.onnx",
                             content_type="application/octet-stream")
 
 
 @extend_schema_view(
     list=extend_schema(summary="Your API tokens"),
-    create=extend_schema(responses={201: ApiTokenCreatedSerializer}, summary="Create a token (key shown once)"),
+    create=extend_schema(responses={201: ApiTokenCreatedSerializer},
+                         summary="Create a token (key shown once; session login only, never with a token)"),
     destroy=extend_schema(summary="Revoke a token"),
 )
 class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.RetrieveModelMixin,
@@ -231,7 +276,13 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Ret
             return ApiToken.objects.none()
         return ApiToken.objects.filter(user=self.request.user)
 
+    def get_throttles(self):
+        return [*super().get_throttles(), TokenCreateThrottle()]
+
     def create(self, request, *args, **kwargs):
+        if isinstance(request.auth, ApiToken):  # a leaked token must not be able to mint children
+            raise exceptions.PermissionDenied(
+                "Creating API tokens needs a session login (sign in with your password), not an API token.")
         body = ApiTokenSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         issued = services.create_api_token(user=request.user, name=body.validated_data["name"])

@@ -22,9 +22,12 @@ ERROR_CODES: dict[str, str] = {
     "absurd_dimension": "a dimension is <= 0 or larger than the allowed maximum",
     "checker_failed": "onnx.checker refused the model",
     "shape_inference_failed": "ONNX shape inference failed",
+    "tensor_too_large": "a tensor has more elements than the allowed maximum",
+    "too_much_activation_memory": "the intermediate tensors together need more memory than allowed",
     "unsupported_op": "an operator has no converter in TVM's Relax ONNX frontend",
-    "too_many_flops": "the model needs more compute than the allowed maximum",
+    "too_many_flops": "the model needs more compute (FLOPs plus data copied) than the allowed maximum",
     "tvm_import_failed": "TVM could not import (or extract tuning tasks from) the model",
+    "validation_failed": "validation of a large upload failed with an internal error (set by the platform)",
 }
 
 

@@ -19,7 +19,13 @@ Conventions (stated so the numbers can be checked by hand):
   LSTM/GRU/RNN are unrolled per time step and direction: gate matmuls
   (2 x MACs), biases, and the cell's elementwise work (LSTM 9H, GRU 7H, RNN 1H
   per batch row). Data movement (Reshape, Transpose, Concat, Gather, Slice,
-  Pad...) is 0. An op whose shapes shape inference could not resolve counts 0.
+  Pad...) is 0 FLOPs. An op whose shapes shape inference could not resolve counts 0.
+* **Bytes moved**: what the data-movement ops (Transpose, Concat, Gather*,
+  Slice, Pad, Expand, Tile, Split, Scatter*, DepthToSpace, ...) copy:
+  2 x their output bytes (each element read once, written once). Reshape,
+  Flatten, Squeeze, Unsqueeze and Identity change only metadata (no copy) and
+  count 0. Validation adds these bytes to the FLOPs in its cost estimate, so a
+  model of nothing but huge copies is not "free".
 * **Parameters**: elements of floating-point tensors of rank >= 1 held in
   initializers or Constant nodes. Rank-0 scalars (Clip bounds, the 0.5 in a
   GELU, a 1/sqrt(d) scale) are hyper-parameters, not weights. Integer
@@ -54,8 +60,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-__all__ = ["GraphFeatures", "compute_features", "layer_class"]
+__all__ = ["DATA_MOVEMENT_OPS", "GraphFeatures", "compute_features", "layer_class"]
 
+
+#: Ops that copy data without arithmetic (counted in ``bytes_moved``).
+DATA_MOVEMENT_OPS = frozenset({
+    "Transpose", "Concat", "Gather", "GatherElements", "GatherND", "Slice", "Pad", "Expand", "Tile",
+    "Split", "DepthToSpace", "SpaceToDepth", "Scatter", "ScatterElements",
+    "ScatterND", "Compress", "ReverseSequence", "ConcatFromSequence", "SplitToSequence", "OneHot",
+    "ConstantOfShape", "Trilu", "Unique", "NonZero", "TopK", "Col2Im", "CenterCropPad",
+})
 
 CONV_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "DeformConv"})
 RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
@@ -142,6 +156,7 @@ class GraphFeatures:
     other_count: int
     op_histogram: dict[str, int] = field(default_factory=dict)
     batch_size: int = 1
+    bytes_moved: int = 0
 
     def __hash__(self) -> int:  # the dict field would make the generated hash fail
         return hash((self.total_flops, self.param_count, self.activation_bytes, self.batch_size,
@@ -462,6 +477,7 @@ def compute_features(model: onnx.ModelProto, *, batch_size: int | None = None) -
     counts = Counter({"conv": 0, "linear": 0, "activation": 0, "other": 0})
     total_flops = 0
     activation_bytes = 0
+    bytes_moved = 0
     for node in g.node:
         histogram[node.op_type] += 1
         total_flops += _node_flops(node, shapes)
@@ -484,6 +500,8 @@ def compute_features(model: onnx.ModelProto, *, batch_size: int | None = None) -
                 numel = _numel(s)
                 if numel is not None:
                     activation_bytes += numel * _itemsize(et)
+                    if node.op_type in DATA_MOVEMENT_OPS:
+                        bytes_moved += 2 * numel * _itemsize(et)
 
     return GraphFeatures(
         total_flops=int(total_flops),
@@ -495,4 +513,5 @@ def compute_features(model: onnx.ModelProto, *, batch_size: int | None = None) -
         other_count=counts["other"],
         op_histogram=dict(sorted(histogram.items())),
         batch_size=int(batch),
+        bytes_moved=int(bytes_moved),
     )

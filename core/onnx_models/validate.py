@@ -19,9 +19,14 @@ expensive work:
 6. ``onnx.checker`` (structure, types, op schemas)   -> ``checker_failed``
 7. strict shape inference (with 6, what
    ``check_model(full_check=True)`` runs)            -> ``shape_inference_failed``
+   every tensor (inputs, intermediates, outputs)
+   has at most ``max_tensor_elements`` elements      -> ``tensor_too_large``
 8. every op has a converter in TVM's Relax ONNX
    frontend                                          -> ``unsupported_op``
-9. total FLOPs within ``max_gflops``                 -> ``too_many_flops``
+9. all intermediate tensors together within
+   ``max_activation_bytes``                          -> ``too_much_activation_memory``
+   cost (FLOPs + bytes the data-movement ops copy)
+   within ``max_gflops`` G-op equivalents            -> ``too_many_flops``
 10. TVM imports the model and extracts its tuning
     tasks (only with ``count_tasks=True``)           -> ``tvm_import_failed``
 
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -47,6 +53,7 @@ from .features import GraphFeatures, _skeleton, compute_features
 __all__ = [
     "DEFAULT_TARGET",
     "ValidatedModel",
+    "check_upload_basics",
     "validate_onnx_bytes",
     "validate_onnx_file",
     "validate_onnx_model",
@@ -60,6 +67,14 @@ log = logging.getLogger(__name__)
 DEFAULT_TARGET: dict[str, Any] = {"kind": "llvm", "num-cores": 2}
 
 _MB = 1024 * 1024
+_GB = 1024 * _MB
+
+#: Default caps (the platform passes its settings ONNX_MAX_TENSOR_ELEMENTS and
+#: ONNX_MAX_ACTIVATION_BYTES): 2**28 elements is 1 GiB of float32 in one tensor;
+#: 8 GiB for every intermediate tensor together (ResNet-18 needs ~25 MB, a BERT-base
+#: layer at sequence 128 ~20 MB).
+DEFAULT_MAX_TENSOR_ELEMENTS = 2**28
+DEFAULT_MAX_ACTIVATION_BYTES = 8 * _GB
 _READ_CHUNK = 4 * _MB
 
 # Op types TVM 0.27.0's Relax ONNX frontend converts (keys of
@@ -145,6 +160,8 @@ def validate_onnx_bytes(
     max_bytes: int,
     max_gflops: float = 500.0,
     max_dim: int = 1_000_000,
+    max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
+    max_activation_bytes: int = DEFAULT_MAX_ACTIVATION_BYTES,
     count_tasks: bool = True,
     target: dict | None = None,
 ) -> ValidatedModel:
@@ -155,7 +172,8 @@ def validate_onnx_bytes(
     _check_size(len(data), max_bytes)
     model = _parse(data)
     return _validate_parsed(
-        model, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target
+        model, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target,
+        max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes,
     )
 
 
@@ -166,6 +184,8 @@ def validate_onnx_file(
     filename: str | None = None,
     max_gflops: float = 500.0,
     max_dim: int = 1_000_000,
+    max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
+    max_activation_bytes: int = DEFAULT_MAX_ACTIVATION_BYTES,
     count_tasks: bool = True,
     target: dict | None = None,
 ) -> ValidatedModel:
@@ -195,6 +215,8 @@ def validate_onnx_file(
         max_bytes=max_bytes,
         max_gflops=max_gflops,
         max_dim=max_dim,
+        max_tensor_elements=max_tensor_elements,
+        max_activation_bytes=max_activation_bytes,
         count_tasks=count_tasks,
         target=target,
     )
@@ -205,6 +227,8 @@ def validate_onnx_model(
     *,
     max_gflops: float = 500.0,
     max_dim: int = 1_000_000,
+    max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
+    max_activation_bytes: int = DEFAULT_MAX_ACTIVATION_BYTES,
     count_tasks: bool = True,
     target: dict | None = None,
 ) -> ValidatedModel:
@@ -213,8 +237,15 @@ def validate_onnx_model(
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     return _validate_parsed(
-        copy, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target
+        copy, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target,
+        max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes,
     )
+
+
+def check_upload_basics(*, filename: str, size: int, max_bytes: int) -> None:
+    """Checks 1-2 only (name and size): what an upload gets before it is queued for validation."""
+    _check_filename(filename)
+    _check_size(size, max_bytes)
 
 
 def supported_ops() -> frozenset[str]:
@@ -612,6 +643,44 @@ def _check_structure(model: onnx.ModelProto, max_dim: int) -> onnx.ModelProto:
     return inferred
 
 
+def _check_tensor_elements(inferred: onnx.ModelProto, max_elements: int) -> None:
+    """Refuse any input, intermediate or output tensor with more than ``max_elements``
+    elements (shapes from inference; unresolved dimensions are not counted)."""
+    g = inferred.graph
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        if not vi.type.HasField("tensor_type"):
+            continue
+        dims = [d.dim_value for d in vi.type.tensor_type.shape.dim if d.HasField("dim_value")]
+        numel = math.prod(dims) if dims else 1
+        if numel > max_elements:
+            raise OnnxValidationError(
+                "tensor_too_large",
+                f"Tensor '{vi.name}' {list(dims)} has {numel:,} elements; the limit is "
+                f"{max_elements:,} elements per tensor. Use a smaller input size or batch.",
+            )
+
+
+def _check_cost(features, *, max_gflops: float, max_activation_bytes: int) -> None:
+    """All intermediate tensors together within the memory cap; arithmetic plus data
+    movement (one byte copied counted as one operation) within the compute cap."""
+    if features.activation_bytes > max_activation_bytes:
+        raise OnnxValidationError(
+            "too_much_activation_memory",
+            f"The model's intermediate tensors take {features.activation_bytes / _GB:,.2f} GiB "
+            f"together at batch {features.batch_size}; the limit is {max_activation_bytes / _GB:,.2f} GiB "
+            "(ONNX_MAX_ACTIVATION_BYTES). Use a smaller input size or batch, or a smaller model.",
+        )
+    cost = features.total_flops + features.bytes_moved
+    if cost > max_gflops * 1e9:
+        raise OnnxValidationError(
+            "too_many_flops",
+            f"The model needs {features.total_flops / 1e9:,.1f} GFLOPs and copies "
+            f"{features.bytes_moved / 1e9:,.1f} GB in data-movement ops (Transpose, Concat, Gather, ...) "
+            f"per inference at batch {features.batch_size}: {cost / 1e9:,.1f} G operations; the limit "
+            f"is {max_gflops:,.1f} G. Use a smaller input size or batch, or a smaller model.",
+        )
+
+
 def _check_ops(model: onnx.ModelProto) -> None:
     bad = unsupported_ops(model)
     if bad:
@@ -690,9 +759,12 @@ def _validate_parsed(
     max_dim: int,
     count_tasks: bool,
     target: dict | None,
+    max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
+    max_activation_bytes: int = DEFAULT_MAX_ACTIVATION_BYTES,
 ) -> ValidatedModel:
     try:
-        return _run_checks(model, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target)
+        return _run_checks(model, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target,
+                           max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes)
     except UnicodeDecodeError as exc:
         # upb decodes string fields lazily: a damaged name surfaces only when read.
         raise OnnxValidationError(
@@ -709,19 +781,16 @@ def _run_checks(
     max_dim: int,
     count_tasks: bool,
     target: dict | None,
+    max_tensor_elements: int,
+    max_activation_bytes: int,
 ) -> ValidatedModel:
     _check_external_data(model)
     _check_inputs(model, max_dim)
     inferred = _check_structure(model, max_dim)
+    _check_tensor_elements(inferred, max_tensor_elements)
     _check_ops(model)
     features = compute_features(model)
-    if features.total_flops > max_gflops * 1e9:
-        raise OnnxValidationError(
-            "too_many_flops",
-            f"The model needs {features.total_flops / 1e9:,.1f} GFLOPs per inference at batch "
-            f"{features.batch_size}; the limit is {max_gflops:,.1f} GFLOPs. Use a smaller input "
-            "size or batch, or a smaller model.",
-        )
+    _check_cost(features, max_gflops=max_gflops, max_activation_bytes=max_activation_bytes)
     num_tasks, names = (None, [])
     if count_tasks:
         num_tasks, names = _tuning_tasks(model, dict(target or DEFAULT_TARGET))

@@ -12,6 +12,7 @@ from rest_framework.response import Response
 
 from core.api.filters import UtcIsoDateTimeFilter
 from core.api.permissions import IsTeamMemberWriteOrReadOnly
+from core.api.throttles import UploadThrottle
 from core.api.uploads import body_over
 from scheduling import selectors, services
 from scheduling.models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, SimulationRun
@@ -302,6 +303,9 @@ class TraceUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixin
     filterset_fields = ["team", "kind"]
     search_fields = ["name"]
     ordering_fields = ["created_at", "name", "n_jobs"]
+
+    def get_throttles(self):
+        return [*super().get_throttles(), UploadThrottle()]
 
     def get_queryset(self):
         return selectors.traces_for_user(self.request.user)

@@ -8,7 +8,8 @@ from django.core.management import call_command
 pytestmark = pytest.mark.django_db
 
 
-def test_openapi_schema_generates_and_covers_endpoints(client):
+def test_openapi_schema_generates_and_covers_endpoints(client, user_owner):
+    client.force_login(user_owner)
     resp = client.get("/api/schema/")
     assert resp.status_code == 200
     schema = yaml.safe_load(resp.content)
@@ -24,13 +25,26 @@ def test_schema_command_has_no_warnings(tmp_path, capsys):
     assert (tmp_path / "s.yaml").stat().st_size > 1000
 
 
-def test_docs_page_uses_local_assets(client):
+def test_docs_page_uses_local_assets(client, user_owner):
     import re
 
+    client.force_login(user_owner)
     html = client.get("/api/docs/").content.decode()
     assert "swagger-ui" in html
     assets = re.findall(r'(?:src|href)="([^"]+)"', html)
     assert assets and all(not a.startswith(("http:", "https:", "//")) for a in assets), assets
+
+
+def test_schema_and_docs_need_a_login_unless_api_docs_public(client, settings):
+    """issue 11 s.7: the schema maps every endpoint; it is not served to anonymous callers by default."""
+    assert settings.API_DOCS_PUBLIC is False
+    for url in ("/api/schema/", "/api/docs/"):
+        resp = client.get(url)
+        assert resp.status_code in (401, 403), (url, resp.status_code)
+        assert b"openapi" not in resp.content and b"swagger-ui" not in resp.content
+    settings.API_DOCS_PUBLIC = True
+    assert client.get("/api/schema/").status_code == 200
+    assert client.get("/api/docs/").status_code == 200
 
 
 def test_admin_is_staff_only(client, user_owner):

@@ -1,4 +1,4 @@
-"""Teams, memberships (owner-only), quotas (staff write), tokens (revocable), /api/me/."""
+"""Teams, memberships (owners invite, users accept, anyone leaves), quotas (staff write), tokens (revocable), /api/me/."""
 from __future__ import annotations
 
 import pytest
@@ -61,9 +61,15 @@ def test_team_list_is_scoped(api_owner, team_a, team_b):
 
 def test_only_owner_manages_members(team_a, user_owner, user_member, user_other):
     member_client, owner_client = client_for(user_member), client_for(user_owner)
-    resp = member_client.post("/api/memberships/", {"team": team_a.pk, "username": "mallory", "role": "viewer"})
+    resp = member_client.post("/api/invitations/", {"team": team_a.pk, "username": "mallory", "role": "viewer"})
     assert resp.status_code == 403
-    resp = owner_client.post("/api/memberships/", {"team": team_a.pk, "username": "mallory", "role": "viewer"})
+    resp = owner_client.post("/api/invitations/", {"team": team_a.pk, "username": "mallory", "role": "viewer"})
+    assert resp.status_code == 202, resp.content
+    assert not Membership.objects.filter(team=team_a, user=user_other).exists()  # not until mallory accepts
+    mallory = client_for(user_other)
+    (invitation,) = mallory.get("/api/invitations/").json()["results"]
+    assert (invitation["team_name"], invitation["role"], invitation["invited_by"]) == ("Team A", "viewer", "alice")
+    resp = mallory.post(f"/api/invitations/{invitation['id']}/accept/")
     assert resp.status_code == 201, resp.content
     membership_id = resp.json()["id"]
     assert owner_client.patch(f"/api/memberships/{membership_id}/", {"role": "member"}).json()["role"] == "member"
@@ -81,7 +87,7 @@ def test_last_owner_cannot_be_removed_or_demoted(team_a, user_owner):
 
 def test_memberships_of_other_teams_invisible(api_other, team_a, user_member):
     assert api_other.get(f"/api/memberships/?team={team_a.pk}").json()["count"] == 0
-    resp = api_other.post("/api/memberships/", {"team": team_a.pk, "username": "mallory", "role": "owner"})
+    resp = api_other.post("/api/invitations/", {"team": team_a.pk, "username": "mallory", "role": "owner"})
     assert resp.status_code == 400 and "team" in resp.json()["errors"]
 
 

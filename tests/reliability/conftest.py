@@ -101,11 +101,13 @@ def build_world(django_user_model) -> World:
     simulation = sched_services.start_simulation(actor=owner, team=team_a, trace="philly",
                                                  parameters={"jobs": 50, "gpus": 8}, enqueue=False)
     membership = Membership.objects.get(team=team_a, user=w.users["member"])
+    # team A's owner invited team B's owner: only "other" sees, accepts or declines it
+    invitation = core_services.invite_member(actor=owner, team=team_a, username="rel-other", role="viewer")
     w.objects.update(
         team_a=team_a, team_b=team_b, model=model, model_b=model_b, run=run, paused_run=paused_run,
         done_run=done_run, node=node, gpu=gpu, telemetry=telemetry, predictor=predictor, profile=profile,
         job=job, placed_job=placed_job, placement=placement, trace=trace, simulation=simulation,
-        membership=membership, quota=team_a.quota,
+        membership=membership, invitation=invitation, quota=team_a.quota,
         token=ApiToken.objects.filter(user=w.users["member"]).first(),
     )
     return w

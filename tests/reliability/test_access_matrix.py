@@ -81,8 +81,8 @@ def create_in_team(field: str, viewer: Outcome | None = None):
 
 # (url name, METHOD) -> role -> outcome. Every API operation must be here.
 EXPECTED = {
-    ("schema", "GET"): PUBLIC,
-    ("api-docs", "GET"): PUBLIC,
+    ("schema", "GET"): AUTH,     # issue 11 s.7: login required unless API_DOCS_PUBLIC=1
+    ("api-docs", "GET"): AUTH,
     ("api-root", "GET"): AUTH,
     ("api-me", "GET"): AUTH,
     ("team-list", "GET"): AUTH,
@@ -90,11 +90,16 @@ EXPECTED = {
     ("team-detail", "GET"): TEAM_READ,
     ("team-detail", "PATCH"): OWNER_ONLY,
     ("membership-list", "GET"): AUTH,
-    ("membership-list", "POST"): _profile(viewer=FORBID, member=FORBID, other=refused_field("team"),
-                                          staff=refused_field("team")),
     ("membership-detail", "GET"): TEAM_READ,
     ("membership-detail", "PATCH"): OWNER_ONLY,
-    ("membership-detail", "DELETE"): OWNER_ONLY,
+    # world.membership is the member's own: they may leave; owners may remove them; the viewer may not
+    ("membership-detail", "DELETE"): _profile(viewer=FORBID, other=HIDDEN, staff=HIDDEN),
+    # issue 11 s.7: owners invite (202 whether or not the user exists), the invited user answers
+    ("teaminvitation-list", "GET"): AUTH,
+    ("teaminvitation-list", "POST"): _profile(viewer=FORBID, member=FORBID, other=refused_field("team"),
+                                              staff=refused_field("team")),
+    ("teaminvitation-accept", "POST"): _profile(viewer=HIDDEN, member=HIDDEN, owner=HIDDEN, staff=HIDDEN),
+    ("teaminvitation-decline", "POST"): _profile(viewer=HIDDEN, member=HIDDEN, owner=HIDDEN, staff=HIDDEN),
     ("quota-list", "GET"): AUTH,
     ("quota-detail", "GET"): TEAM_READ,
     ("quota-detail", "PATCH"): STAFF_ONLY,
@@ -104,7 +109,8 @@ EXPECTED = {
     ("dlmodel-detail", "DELETE"): TEAM_WRITE,
     ("dlmodel-download", "GET"): TEAM_READ,
     ("apitoken-list", "GET"): AUTH,
-    ("apitoken-list", "POST"): AUTH,
+    # issue 11 s.7: a token never mints tokens (the matrix calls with tokens); sessions do (test below)
+    ("apitoken-list", "POST"): _profile(viewer=FORBID, member=FORBID, owner=FORBID, other=FORBID, staff=FORBID),
     ("apitoken-detail", "GET"): SELF_ONLY,
     ("apitoken-detail", "DELETE"): SELF_ONLY,
     ("tuningrun-list", "GET"): AUTH,
@@ -164,7 +170,7 @@ EXPECTED = {
 
 # Which object of the world a detail URL points at (by URL name, else by the name's basename).
 OBJECT_FOR = {
-    "team": "team_a", "membership": "membership", "quota": "quota", "dlmodel": "model", "apitoken": "token",
+    "team": "team_a", "membership": "membership", "teaminvitation": "invitation", "quota": "quota", "dlmodel": "model", "apitoken": "token",
     "tuningrun": "run", "tuningrun-resume": "paused_run", "tuningrun-records": "done_run",
     "tuningrun-module": "done_run", "node": "node", "gpu": "gpu", "gputelemetry": "telemetry",
     "gpuprofile": "profile", "predictorversion": "predictor", "gpujob": "job", "placement": "placement",
@@ -191,8 +197,8 @@ def _onnx_upload(name="upload.onnx"):
 BODIES = {
     ("team-list", "POST"): lambda w: ({"name": "A brand new team"}, "json"),
     ("team-detail", "PATCH"): lambda w: ({"description": "changed"}, "json"),
-    ("membership-list", "POST"): lambda w: ({"team": w.team_a.pk, "username": "rel-other", "role": "viewer"},
-                                            "json"),
+    ("teaminvitation-list", "POST"): lambda w: ({"team": w.team_a.pk, "username": "rel-other", "role": "viewer"},
+                                                "json"),
     ("membership-detail", "PATCH"): lambda w: ({"role": "viewer"}, "json"),
     ("quota-detail", "PATCH"): lambda w: ({"max_concurrent_runs": 7}, "json"),
     ("api-energy-settings", "PATCH"): lambda w: ({"grid_intensity_g_per_kwh": 120.0}, "json"),
@@ -297,7 +303,7 @@ def call(client, method: str, url: str, body=None, *, after=None):
 
 # --- the API matrix --------------------------------------------------------------------------------------
 
-def test_every_api_operation_is_classified_and_in_the_schema(client):
+def test_every_api_operation_is_classified_and_in_the_schema(client, django_user_model):
     ops = api_operations()
     unclassified = sorted(set(ops) - set(EXPECTED))
     assert not unclassified, ("API operations nobody classified (add them to EXPECTED with who may do what): "
@@ -305,6 +311,7 @@ def test_every_api_operation_is_classified_and_in_the_schema(client):
     stale = sorted(set(EXPECTED) - set(ops))
     assert not stale, f"EXPECTED lists operations the resolver no longer serves: {stale}"
 
+    client.force_login(django_user_model.objects.create_user(username="schema-reader", password="pw"))
     schema = client.get("/api/schema/?format=json").json()
     in_schema = set()
     for path, item in schema["paths"].items():
@@ -625,3 +632,178 @@ def test_session_authenticated_api_writes_need_csrf(world):
     # with the token the same session works (it is CSRF, not the session, being refused)
     resp = strict.get("/api/me/")
     assert resp.status_code == 200 and resp.json()["username"] == "rel-owner"
+
+
+# --- issue 11 s.7: token minting, team grid intensity, throttles --------------------------------------------
+
+def test_a_token_cannot_mint_tokens_but_a_session_can(world):
+    from core.models import ApiToken
+
+    before = ApiToken.objects.count()
+    for role in ("viewer", "member", "owner", "staff"):
+        resp = api_client(world, role).post("/api/tokens/", {"name": "child"}, format="json")
+        assert resp.status_code == 403 and "session login" in resp.json()["detail"], (role, resp.content)
+    assert ApiToken.objects.count() == before
+    session = APIClient()
+    session.force_login(world.users["member"])
+    resp = session.post("/api/tokens/", {"name": "from-session"}, format="json")
+    assert resp.status_code == 201 and resp.json()["key"]
+    # revoking the leaked parent leaves no children it made
+    assert not ApiToken.objects.filter(user=world.users["member"], name="child").exists()
+
+
+@pytest.mark.parametrize("value", [0, 1e308, 400.0, None])
+def test_team_owners_cannot_set_their_grid_intensity(world, value):
+    team = world.team_a
+    resp = api_client(world, "owner").patch(f"/api/teams/{team.pk}/", {"grid_intensity_g_per_kwh": value},
+                                            format="json")
+    assert resp.status_code in (400, 403), resp.content  # 1e308 may fail the bounds first
+    team.refresh_from_db()
+    assert team.grid_intensity_g_per_kwh is None
+    # the owner can still rename/describe it
+    resp = api_client(world, "owner").patch(f"/api/teams/{team.pk}/", {"description": "ours"}, format="json")
+    assert resp.status_code == 200
+
+
+def test_staff_set_team_grid_intensity_within_energy_limits(world):
+    from core import services
+    from core.exceptions import PermissionDenied, ServiceError
+    from core.models import ENERGY_LIMITS
+
+    team, staff = world.team_a, world.users["staff"]
+    low, high = ENERGY_LIMITS["grid_intensity_g_per_kwh"]
+    for bad in (high * 10, 1e308, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ServiceError):
+            services.update_team(actor=staff, team=team, grid_intensity_g_per_kwh=bad)
+    with pytest.raises(PermissionDenied):
+        services.update_team(actor=world.users["owner"], team=team, grid_intensity_g_per_kwh=120.0)
+    services.update_team(actor=staff, team=team, grid_intensity_g_per_kwh=120.0)
+    team.refresh_from_db()
+    assert team.grid_intensity_g_per_kwh == 120.0
+    # the admin form (staff) applies the same bounds
+    type(staff).objects.filter(pk=staff.pk).update(is_superuser=True)  # may edit every model in the admin
+    admin = Client()
+    admin.force_login(staff)
+    resp = admin.post(f"/admin/core/team/{team.pk}/change/", {
+        "name": team.name, "slug": team.slug, "description": "", "grid_intensity_g_per_kwh": "1e308",
+        "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0",
+        "quota-TOTAL_FORMS": "0", "quota-INITIAL_FORMS": "0"})
+    assert resp.status_code == 200 and b"errornote" in resp.content
+    team.refresh_from_db()
+    assert team.grid_intensity_g_per_kwh == 120.0
+
+
+def _small_rates(settings, **rates):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
+                               "DEFAULT_THROTTLE_RATES": {**settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"],
+                                                          **rates}}
+
+
+def test_uploads_are_throttled(world, settings):
+    _small_rates(settings, uploads="2/hour")
+    member = api_client(world, "member")
+    statuses = []
+    for i in range(3):
+        resp = member.post("/api/models/", {"team": world.team_a.pk, "name": f"throttled-{i}",
+                                            "file": _onnx_upload()}, format="multipart")
+        statuses.append(resp.status_code)
+    assert statuses == [201, 201, 429], statuses
+    assert resp.json()["code"] == "throttled" and int(resp["Retry-After"]) > 0
+    assert not world.model.team.models.filter(name="throttled-2").exists()
+    # reads are not counted, and other users have their own count
+    assert member.get("/api/models/").status_code == 200
+    owner = api_client(world, "owner")
+    assert owner.post("/api/models/", {"team": world.team_a.pk, "name": "by-owner", "file": _onnx_upload()},
+                      format="multipart").status_code == 201
+    # trace uploads count against the same scope
+    resp = member.post("/api/traces/", {"team": world.team_a.pk, "name": "t", "file": SimpleUploadedFile(
+        "p.csv", PHILLY_CSV.encode())}, format="multipart")
+    assert resp.status_code == 429
+
+
+def test_token_creation_is_throttled(world, settings):
+    _small_rates(settings, tokens="2/hour")
+    session = APIClient()
+    session.force_login(world.users["member"])
+    statuses = [session.post("/api/tokens/", {"name": f"t{i}"}, format="json").status_code for i in range(3)]
+    assert statuses == [201, 201, 429], statuses
+
+
+def test_dashboard_login_is_throttled(world, settings):
+    _small_rates(settings, login="3/minute")
+    c = Client()
+    statuses = [c.post("/login/", {"username": "rel-member", "password": "wrong"}).status_code for _ in range(3)]
+    assert statuses == [200, 200, 200]
+    resp = c.post("/login/", {"username": "rel-member", "password": "pw-rel-member"})  # right, but too late
+    assert resp.status_code == 429 and b"Too many login attempts" in resp.content
+    assert "_auth_user_id" not in c.session
+
+
+# --- issue 11 s.7: invitations instead of adding; anyone can leave; nothing tells who exists ------------------
+
+def test_owner_cannot_add_anyone_only_invite(world):
+    from core import services
+    from core.exceptions import PermissionDenied
+    from core.models import Membership
+
+    owner = api_client(world, "owner")
+    resp = owner.post("/api/memberships/", {"team": world.team_a.pk, "username": "rel-staff", "role": "viewer"},
+                      format="json")
+    assert resp.status_code == 405
+    with pytest.raises(PermissionDenied):
+        services.add_member(actor=world.users["owner"], team=world.team_a, user=world.users["staff"], role="viewer")
+    assert not Membership.objects.filter(team=world.team_a, user=world.users["staff"]).exists()
+
+
+def test_invitation_does_not_reveal_whether_a_user_exists(world):
+    from core.models import TeamInvitation
+
+    owner = api_client(world, "owner")
+    answers = {}
+    for username in ("rel-staff", "no-such-user-anywhere", "rel-member"):  # exists / unknown / already member
+        resp = owner.post("/api/invitations/", {"team": world.team_a.pk, "username": username, "role": "member"},
+                          format="json")
+        answers[username] = (resp.status_code, resp.json()["detail"].replace(username, "NAME"))
+    assert len(set(answers.values())) == 1 and answers["rel-staff"][0] == 202, answers
+    assert TeamInvitation.objects.filter(user=world.users["staff"]).exists()
+    assert not TeamInvitation.objects.filter(user=world.users["member"]).exists()
+    # an unknown team and another team's id are refused alike
+    bodies = []
+    for team_id in (world.team_b.pk, 10**9):
+        resp = owner.post("/api/invitations/", {"team": team_id, "username": "rel-staff"}, format="json")
+        bodies.append((resp.status_code, resp.json()["detail"]))
+    assert bodies[0] == bodies[1] and bodies[0][0] == 400, bodies
+
+
+def test_invited_user_accepts_or_declines_and_any_member_can_leave(world):
+    from core.models import Membership, TeamInvitation
+
+    other = api_client(world, "other")
+    (inv,) = other.get("/api/invitations/").json()["results"]
+    assert inv["team"] == world.team_a.pk and inv["role"] == "viewer"
+    assert api_client(world, "owner").get("/api/invitations/").json()["count"] == 0  # only the invitee sees it
+    assert api_client(world, "owner").post(f"/api/invitations/{inv['id']}/accept/").status_code == 404
+    resp = other.post(f"/api/invitations/{inv['id']}/accept/")
+    assert resp.status_code == 201 and resp.json()["role"] == "viewer"
+    assert not TeamInvitation.objects.filter(pk=inv["id"]).exists()
+    membership = Membership.objects.get(team=world.team_a, user=world.users["other"])
+    # the added user can leave again, as can any member
+    assert other.delete(f"/api/memberships/{membership.pk}/").status_code == 204
+    assert api_client(world, "viewer").delete(
+        f"/api/memberships/{Membership.objects.get(team=world.team_a, user=world.users['viewer']).pk}/"
+    ).status_code == 204
+    # decline: the invitation goes, no membership appears
+    api_client(world, "owner").post("/api/invitations/", {"team": world.team_a.pk, "username": "rel-other"},
+                                    format="json")
+    (inv,) = other.get("/api/invitations/").json()["results"]
+    assert other.post(f"/api/invitations/{inv['id']}/decline/").status_code == 204
+    assert not Membership.objects.filter(team=world.team_a, user=world.users["other"]).exists()
+
+
+def test_the_last_owner_cannot_leave(world):
+    from core.models import Membership
+
+    mine = Membership.objects.get(team=world.team_a, user=world.users["owner"])
+    resp = api_client(world, "owner").delete(f"/api/memberships/{mine.pk}/")
+    assert resp.status_code == 409 and "last owner" in resp.json()["detail"]
+    assert Membership.objects.filter(pk=mine.pk).exists()

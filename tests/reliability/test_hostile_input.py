@@ -72,6 +72,20 @@ def _huge_declared_initializer() -> bytes:
                   [V("y", TensorProto.FLOAT, [100_000, 100_000])], [w])
 
 
+def _transpose(shape, perm) -> bytes:
+    out = [shape[i] for i in perm]
+    return _model([helper.make_node("Transpose", ["x"], ["y"], perm=perm)], [V("x", TensorProto.FLOAT, shape)],
+                  [V("y", TensorProto.FLOAT, out)])
+
+
+def _copy_chain(shape, n: int) -> bytes:
+    """`n` Transposes back and forth: 0 FLOPs, but every one copies the whole tensor."""
+    nodes = [helper.make_node("Transpose", [f"t{i}"], [f"t{i + 1}"], perm=[0, 2, 1]) for i in range(n)]
+    nodes[0].input[0], nodes[-1].output[0] = "x", "y"
+    out = shape if n % 2 == 0 else [shape[0], shape[2], shape[1]]
+    return _model(nodes, [V("x", TensorProto.FLOAT, shape)], [V("y", TensorProto.FLOAT, out)])
+
+
 def _bad_onnx(small_cnn: bytes) -> dict[str, tuple[bytes, str, set[str]]]:
     """name -> (bytes, filename, acceptable error codes)."""
     matmul_tflops = _model([helper.make_node("MatMul", ["x", "y"], ["z"])],
@@ -97,21 +111,26 @@ def _bad_onnx(small_cnn: bytes) -> dict[str, tuple[bytes, str, set[str]]]:
         "absurd_dimension_huge": (_relu([1, 3, 2_000_000_000]), "m.onnx", {"absurd_dimension"}),
         "absurd_dimension_negative": (_relu([1, -3, 8]), "m.onnx", {"absurd_dimension"}),
         "absurd_dimension_zero": (_relu([1, 0, 8]), "m.onnx", {"absurd_dimension"}),
-        "billions_of_flops_matmul": (matmul_tflops, "m.onnx", {"too_many_flops"}),
-        "billions_of_flops_conv": (conv_tflops, "m.onnx", {"too_many_flops"}),
+        "billions_of_flops_matmul": (matmul_tflops, "m.onnx", {"too_many_flops", "tensor_too_large"}),
+        "billions_of_flops_conv": (conv_tflops, "m.onnx", {"too_many_flops", "tensor_too_large"}),
+        # issue 11 s.6: 4 TB of activations at 0 FLOPs, and 400 GB through one Relu
+        "transpose_4tb": (_transpose([1, 1_000_000, 1_000_000], [0, 2, 1]), "m.onnx", {"tensor_too_large"}),
+        "relu_400gb": (_relu([1, 1_000_000, 100_000]), "m.onnx", {"tensor_too_large"}),
         "external_data_absolute": (_external("/etc/passwd"), "m.onnx", {"external_data"}),
         "external_data_traversal": (_external("../../../../../../etc/passwd"), "m.onnx", {"external_data"}),
         "unsupported_op_custom_domain": (custom_op, "m.onnx", {"unsupported_op", "checker_failed"}),
         "unsupported_op_celu": (celu, "m.onnx", {"unsupported_op"}),
         "huge_declared_initializer": (_huge_declared_initializer(), "m.onnx",
-                                      {"checker_failed", "absurd_dimension", "too_many_flops"}),
+                                      {"checker_failed", "absurd_dimension", "too_many_flops",
+                                       "tensor_too_large"}),
         "nesting_bomb": (_nesting_bomb(), "m.onnx", {"not_protobuf", "truncated", "checker_failed"}),
     }
 
 
 CASES = ["truncated", "truncated_tiny", "not_protobuf_text", "not_protobuf_random", "pytorch_zip", "pickle", "empty",
          "bad_extension", "absurd_dimension_huge", "absurd_dimension_negative", "absurd_dimension_zero",
-         "billions_of_flops_matmul", "billions_of_flops_conv", "external_data_absolute", "external_data_traversal",
+         "billions_of_flops_matmul", "billions_of_flops_conv", "transpose_4tb", "relu_400gb",
+         "external_data_absolute", "external_data_traversal",
          "unsupported_op_custom_domain", "unsupported_op_celu", "huge_declared_initializer", "nesting_bomb"]
 
 
@@ -167,6 +186,38 @@ def test_hostile_onnx_upload_is_a_clear_400_and_stores_nothing(case, bad_onnx, u
     assert "Traceback" not in body["detail"]
     assert not DLModel.objects.exists() and not _stored_files(settings)
     assert not _opened, f"{case}: the server opened {_opened}"
+
+
+def test_tensor_cap_names_the_tensor_and_the_limit(uploader, settings):
+    client, team, _ = uploader
+    resp = client.post("/api/models/", {"team": team.pk, "name": "t", "file": SimpleUploadedFile(
+        "m.onnx", _transpose([1, 1_000_000, 1_000_000], [0, 2, 1]))}, format="multipart")
+    assert resp.status_code == 400
+    detail = resp.json()["detail"]
+    assert "'x'" in detail and f"{settings.ONNX_MAX_TENSOR_ELEMENTS:,}" in detail, detail
+    settings.ONNX_MAX_TENSOR_ELEMENTS = 10**13  # the cap is the platform setting
+    settings.ONNX_MAX_ACTIVATION_BYTES = 1024**3
+    resp = client.post("/api/models/", {"team": team.pk, "name": "t", "file": SimpleUploadedFile(
+        "m.onnx", _relu([1, 1000, 1_000_000]))}, format="multipart")  # 4 GB out of the Relu
+    assert resp.status_code == 400 and resp.json()["code"] == "too_much_activation_memory", resp.content
+    assert "1.00 GiB" in resp.json()["detail"]
+    assert not DLModel.objects.exists() and not _stored_files(settings)
+
+
+def test_data_movement_counts_in_the_cost_estimate(uploader, settings):
+    """100 Transposes of a 4 MB tensor: 0 FLOPs, but 800 MB copied; refused under a 0.5 G-op cap."""
+    client, team, _ = uploader
+    settings.ONNX_MAX_GFLOPS = 0.5
+    resp = client.post("/api/models/", {"team": team.pk, "name": "copies", "file": SimpleUploadedFile(
+        "m.onnx", _copy_chain([1, 1000, 1000], 100))}, format="multipart")
+    assert resp.status_code == 400 and resp.json()["code"] == "too_many_flops", resp.content
+    assert "copies" in resp.json()["detail"] and "Transpose" in resp.json()["detail"]
+    assert not DLModel.objects.exists()
+    settings.ONNX_MAX_GFLOPS = 1.0  # the same model fits a larger budget
+    resp = client.post("/api/models/", {"team": team.pk, "name": "copies", "file": SimpleUploadedFile(
+        "m.onnx", _copy_chain([1, 1000, 1000], 100))}, format="multipart")
+    assert resp.status_code == 201, resp.content
+    assert DLModel.objects.get().features["bytes_moved"] == 100 * 2 * 4_000_000
 
 
 def test_audit_hook_would_see_a_read_of_passwd():
@@ -504,3 +555,105 @@ def test_quota_dodging_requests_are_4xx_and_write_nothing(world):
         assert resp.json()["detail"], parameters
     assert (Team.objects.count(), Quota.objects.count(), GpuJob.objects.count(),
             SimulationRun.objects.count()) == before
+
+
+# --- issue 11 s.6: large uploads are validated off the request path -------------------------------------------
+
+def _upload(client, team, name, data):
+    return client.post("/api/models/", {"team": team.pk, "name": name, "file": SimpleUploadedFile("m.onnx", data)},
+                       format="multipart")
+
+
+def test_large_upload_answers_202_validating_then_ends_ready_or_invalid(uploader, small_cnn_bytes, settings,
+                                                                       django_capture_on_commit_callbacks,
+                                                                       monkeypatch):
+    from core import tasks
+
+    client, team, _ = uploader
+    settings.ONNX_ASYNC_VALIDATION_BYTES = 0  # every upload counts as large here
+    queued = []
+    monkeypatch.setattr(tasks.validate_model, "delay", lambda pk: queued.append(pk))
+    with django_capture_on_commit_callbacks(execute=True):
+        good = _upload(client, team, "good", small_cnn_bytes)
+        bad = _upload(client, team, "hostile", _transpose([1, 1_000_000, 1_000_000], [0, 2, 1]))
+    assert good.status_code == bad.status_code == 202, (good.content, bad.content)
+    assert good.json()["state"] == bad.json()["state"] == "validating"
+    assert queued == [good.json()["id"], bad.json()["id"]]
+    # the model cannot be tuned or downloaded while it is validating
+    resp = client.post("/api/runs/", {"model": good.json()["id"], "max_trials": 8}, format="json")
+    assert resp.status_code == 409 and resp.json()["code"] == "model_not_ready", resp.content
+    assert client.get(f"/api/models/{good.json()['id']}/download/").status_code == 409
+    with django_capture_on_commit_callbacks(execute=True):
+        for pk in queued:
+            tasks.validate_model(pk)  # what the worker runs
+    ok = client.get(f"/api/models/{good.json()['id']}/").json()
+    assert ok["state"] == "ready" and ok["total_flops"] > 0 and ok["inputs"], ok
+    refused = client.get(f"/api/models/{bad.json()['id']}/").json()
+    assert refused["state"] == "invalid" and refused["error_code"] == "tensor_too_large"
+    assert "'x'" in refused["error_message"]
+    # the refused file is gone; the row keeps the error; it cannot be tuned
+    assert DLModel.objects.get(pk=refused["id"]).file.name == ""
+    assert len(_stored_files(settings)) == 1
+    resp = client.post("/api/runs/", {"model": refused["id"], "max_trials": 8}, format="json")
+    assert resp.status_code == 400 and resp.json()["code"] == "model_invalid"
+    # running the task again changes nothing (redelivery)
+    assert tasks.validate_model(refused["id"]) is None
+    # the dashboard shows the state and the error
+    dash = Client()
+    dash.force_login(team.memberships.get().user)
+    html = dash.get(f"/models/{refused['id']}/").content.decode()
+    assert 'data-state="invalid"' in html and "tensor_too_large" in html
+    assert "Invalid" in dash.get("/models/").content.decode()
+
+
+def test_small_uploads_still_validate_inline(uploader, small_cnn_bytes, settings):
+    client, team, _ = uploader
+    assert len(small_cnn_bytes) <= settings.ONNX_ASYNC_VALIDATION_BYTES
+    resp = _upload(client, team, "inline", small_cnn_bytes)
+    assert resp.status_code == 201 and resp.json()["state"] == "ready"
+    resp = _upload(client, team, "inline-bad", _relu([1, 1_000_000, 100_000]))
+    assert resp.status_code == 400 and not DLModel.objects.filter(name="inline-bad").exists()
+
+
+def test_dashboard_large_upload_redirects_to_a_validating_model(uploader, small_cnn_bytes, settings, monkeypatch):
+    from core import tasks
+
+    _, team, user = uploader
+    settings.ONNX_ASYNC_VALIDATION_BYTES = 0
+    monkeypatch.setattr(tasks.validate_model, "delay", lambda pk: None)
+    dash = Client()
+    dash.force_login(user)
+    resp = dash.post("/models/upload/", {"team": team.pk, "name": "big", "description": "",
+                                         "file": SimpleUploadedFile("m.onnx", small_cnn_bytes)}, follow=True)
+    assert resp.status_code == 200 and 'data-state="validating"' in resp.content.decode()
+    assert DLModel.objects.get(name="big").state == "validating"
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_large_uploads_are_validated_by_a_real_worker(small_cnn_bytes, settings, tmp_path, django_user_model):
+    """Through the API and a real Celery worker on Redis (default queue): 202, then ready / invalid."""
+    from config.celery import app
+    from tests.conftest import require_env
+    from tests.workers import running_worker, wait_for
+
+    redis_url = require_env("TEST_REDIS_URL")
+    app.conf.broker_url = redis_url
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_purge("default")
+    user = django_user_model.objects.create_user(username="big-uploader", password="pw")
+    team = core_services.create_team(name="Big Uploads", owner=user)
+    client = APIClient()
+    client.force_authenticate(user)
+    settings.ONNX_ASYNC_VALIDATION_BYTES = 0
+    with running_worker(broker_url=redis_url, queues="default", log_dir=tmp_path,
+                        env_extra={"ONNX_COUNT_TUNING_TASKS": "0"}) as worker:
+        good = _upload(client, team, "good", small_cnn_bytes)
+        bad = _upload(client, team, "bad", _relu([1, 1_000_000, 100_000]))
+        assert good.status_code == bad.status_code == 202
+        done = lambda: DLModel.objects.filter(state__in=["ready", "invalid"]).count() == 2  # noqa: E731
+        wait_for(done, 120, "both models validated", worker.log)
+    assert DLModel.objects.get(name="good").state == "ready"
+    bad_model = DLModel.objects.get(name="bad")
+    assert bad_model.state == "invalid" and bad_model.error_code == "tensor_too_large"
+    assert not bad_model.file.name
