@@ -98,7 +98,9 @@ def test_energy_figure_uses_recorded_energy(api_owner, owner_client, run_a):
     assert 'id="energy-not-measured" hidden' in html
 
 
-def test_schema_documents_chart_endpoints(client):
+def test_schema_documents_chart_endpoints(client, django_user_model):
+    # the schema needs a login (issue 11: API_DOCS_PUBLIC=0 by default)
+    client.force_login(django_user_model.objects.create_user(username="schema-reader", password="pw"))
     schema = yaml.safe_load(client.get("/api/schema/").content)
     for path in ("/api/charts/runs/{id}/curve/", "/api/charts/runs/{id}/live/", "/api/charts/models/{id}/ops/",
                  "/api/charts/runs/compare/", "/api/charts/energy/", "/api/charts/cluster/"):

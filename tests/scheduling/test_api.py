@@ -227,7 +227,9 @@ def test_uploaded_trace_is_team_scoped_and_simulated(api_owner, api_other, team_
     assert _upload(api_owner, team_a, GOOD_PHILLY).status_code == 409  # same name
 
 
-def test_schema_lists_scheduling_endpoints(client):
+def test_schema_lists_scheduling_endpoints(client, django_user_model):
+    # the schema needs a login (issue 11: API_DOCS_PUBLIC=0 by default)
+    client.force_login(django_user_model.objects.create_user(username="schema-reader", password="pw"))
     import yaml
 
     paths = set(yaml.safe_load(client.get("/api/schema/").content)["paths"])
