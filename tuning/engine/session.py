@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import sandbox
 from .doppler import DOPController
 from .events import NullSink, TaskInfo, TuningSink, candidate_key
 from .relax_pipeline import make_target, target_device_type
@@ -408,7 +410,9 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
 
         ledger = MeasureLedger()
         env_ctx = _env(TVM_NUM_THREADS=threads) if cfg.runner == "local" else contextlib.nullcontext()
-        with env_ctx:
+        # TVM's own Popen workers (stock mode) copy os.environ when they start: keep secrets out
+        scrub = sandbox.scrubbed_environ() if cfg.mode == "stock" else contextlib.nullcontext()
+        with env_ctx, scrub:
             if cfg.builder == "persistent":
                 from .builder import PersistentBuilder
 
@@ -424,6 +428,7 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
                 builder = ms.builder.LocalBuilder(
                     max_workers=cfg.builder_workers or len(available_cpus()),
                     timeout_sec=max(cfg.timeout_sec, 120.0),
+                    initializer=sandbox.stock_worker_init,
                 )
             if cfg.runner == "pooled":
                 controller = cfg.controller
@@ -435,6 +440,7 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
                     controller=controller,
                     timeout_sec=cfg.timeout_sec,
                     ledger=ledger,
+                    worker_limits=sandbox.default_limits(gpu=device_type != "cpu"),
                 )
                 controller = runner.controller
             elif cfg.runner == "distributed":
@@ -448,7 +454,9 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
                     ledger=ledger,
                 )
             else:
-                runner = ms.runner.LocalRunner(evaluator_config=cfg.evaluator.to_tvm(), timeout_sec=cfg.timeout_sec)
+                runner = ms.runner.LocalRunner(
+                    evaluator_config=cfg.evaluator.to_tvm(), timeout_sec=cfg.timeout_sec,
+                    initializer=functools.partial(sandbox.stock_worker_init, gpu=device_type != "cpu"))
 
             overlap = cfg.overlap_measurement
             if overlap is None:
