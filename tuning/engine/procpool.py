@@ -33,7 +33,7 @@ from typing import Any
 
 from . import sandbox
 
-__all__ = ["WorkerSpec", "WorkerProcess", "ProcessPool", "WorkerError", "WorkerTimeout", "available_cpus", "unpin_current_thread"]
+__all__ = ["WorkerSpec", "WorkerProcess", "ProcessPool", "run_isolated", "WorkerError", "WorkerTimeout", "available_cpus", "unpin_current_thread"]
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 _WORKER_SCRIPT = str(Path(__file__).resolve().with_name("_procworker.py"))
@@ -347,6 +347,16 @@ class ProcessPool:
             self.shutdown()
         except Exception:  # noqa: BLE001
             pass
+
+
+def run_isolated(func: str, *args, timeout: float | None = None, limits: dict | None = None, **kwargs):
+    """Run ``func`` once in a fresh sandboxed worker (its own environment, directory and limits),
+    then end the worker. Raises :class:`WorkerError` / :class:`WorkerTimeout` like ``call``."""
+    worker = WorkerProcess(WorkerSpec(name="isolated", limits=limits))
+    try:
+        return worker.call(func, *args, timeout=timeout, **kwargs)
+    finally:
+        worker.kill()
 
 
 @atexit.register
