@@ -671,7 +671,8 @@ def _measure_imported(work_dir, tasks, target, builder, runner, state, database,
     jobs = [_Job(path=path, device_type=device_type, args_info=_jsonable([a.as_json() for a in args[p[0]]]),
                  future=None) for p, path in built]  # type: ignore[arg-type]
     outcomes = dict(zip((p[2] for p, _ in built), _measure_serially(runner, jobs)))
-    round_index = state.round_offset + state.next_own_round()
+    round_index = state.round_offset  # a round of its own, before the search's rounds
+    state.round_offset += 1
     records = []
     for i, trace, key, _ in plan:
         out = outcomes.get(key)
