@@ -1,7 +1,7 @@
 """Child side of :mod:`tuning.engine.procpool` (run as a script, never forked).
 
-Applies its resource limits (sandbox.py) and sets the CPU affinity *before* anything starts a thread (so TVM's pool threads
-inherit it), moves fd 1 to stderr so stray prints cannot corrupt the protocol,
+Applies its resource limits (sandbox.py) and sets the CPU affinity *before*
+anything starts a thread (so TVM's pool threads inherit it), moves fd 1 to stderr so stray prints cannot corrupt the protocol,
 then serves ``(func "module:qualname", args, kwargs)`` requests read from
 stdin, answering ``(ok, value-or-traceback)`` on the original stdout.
 Messages are 8-byte big-endian length + pickle.

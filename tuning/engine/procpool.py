@@ -33,7 +33,8 @@ from typing import Any
 
 from . import sandbox
 
-__all__ = ["WorkerSpec", "WorkerProcess", "ProcessPool", "run_isolated", "WorkerError", "WorkerTimeout", "available_cpus", "unpin_current_thread"]
+__all__ = ["WorkerSpec", "WorkerProcess", "ProcessPool", "run_isolated", "WorkerError", "WorkerTimeout",
+           "available_cpus", "unpin_current_thread"]
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 _WORKER_SCRIPT = str(Path(__file__).resolve().with_name("_procworker.py"))

@@ -226,7 +226,8 @@ def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, m
             check_trace(rec.trace)
             rec.trace.apply_to_schedule(Schedule(mod), remove_postproc=False)
         except Exception as exc:  # noqa: BLE001 - any parse/replay failure refuses the line
-            errors.append(f"{where}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__}")
+            text = str(exc).strip()
+            errors.append(f"{where}: {text.splitlines()[-1][:300] if text else type(exc).__name__}")
             continue
         index = used_tasks.setdefault(ti, len(used_tasks))
         clean = ms.database.TuningRecord(rec.trace, ms.database.Workload(mod), None, tgt,

@@ -749,7 +749,8 @@ def _final_remeasure(database, tasks, target, builder, runner, cfg, work_dir, de
     paths = _build_all(builder, [m for _, _, m in plan], target)
     for (i, rec, _), path in zip(plan, paths):
         if not path:  # built and failed: charged all the same
-            rows.append({"task_index": i, "task_name": tasks[i].name, "candidate_key": candidate_key(tasks[i].name, rec.trace),
+            rows.append({"task_index": i, "task_name": tasks[i].name,
+                         "candidate_key": candidate_key(tasks[i].name, rec.trace),
                          "recorded_latency_s": _rec_latency(rec), "serial_latency_s": None, "error": "build failed"})
     for i, t in enumerate(tasks):
         items = [(rec, path) for (ti, rec, _), path in zip(plan, paths) if ti == i and path]
