@@ -67,6 +67,9 @@ class TuningRun(models.Model):
 
     # Progress and results (filled as the run goes).
     trials_done = models.PositiveIntegerField(default=0)
+    serial_remeasures = models.PositiveIntegerField(
+        default=0, help_text="Final serial re-measures (a build and a measurement each, beyond the trials); "
+                             "charged to the team's trial quota like trials.")
     wall_seconds = models.FloatField(default=0.0, help_text="Tuning wall time summed over attempts.")
     estimated_latency_s = models.FloatField(null=True, blank=True,
                                             help_text="Sum over tasks of weight x best latency.")

@@ -146,7 +146,16 @@ def validate_measure_queues(queues, *, target: dict) -> list[str]:
 # --- quota -------------------------------------------------------------------------
 
 def trials_used_this_month(team_id: int) -> int:
-    return Measurement.objects.filter(run__team_id=team_id, created_at__gte=month_start()).count()
+    """Every build+measure done for the team this month: trials (Measurement rows, imported records
+    included: the platform measures them) plus the final serial re-measures of its runs."""
+    return _trials_used(team_id, month_start())
+
+
+def _trials_used(team_id: int, since) -> int:
+    measured = Measurement.objects.filter(run__team_id=team_id, created_at__gte=since).count()
+    remeasured = TuningRun.objects.filter(team_id=team_id, created_at__gte=since).aggregate(
+        n=Sum("serial_remeasures"))["n"] or 0
+    return measured + remeasured
 
 
 def trials_reserved(team_id: int) -> int:
@@ -209,7 +218,7 @@ def _check_energy_quota(*, team_id: int, quota, max_trials: int) -> None:
 def _usage_provider(team_id: int, since) -> dict:
     return {
         "concurrent_runs": TuningRun.objects.filter(team_id=team_id, status__in=TuningRun.ACTIVE).count(),
-        "tuning_trials_this_month": Measurement.objects.filter(run__team_id=team_id, created_at__gte=since).count(),
+        "tuning_trials_this_month": _trials_used(team_id, since),
         "energy_kwh_this_month": (TuningRun.objects.filter(team_id=team_id, created_at__gte=since)
                                   .aggregate(j=Sum("energy_joules"))["j"] or 0.0) / JOULES_PER_KWH,
     }
@@ -535,11 +544,19 @@ class DatabaseSink:
         self._task_ids.update(new_ids)
 
     def on_serial_remeasure(self, updates) -> None:
-        """Final top-10 % serial re-measure: (task_index, candidate_key, serial_secs) triples."""
+        """Final top-10 % serial re-measure: (task_index, candidate_key, serial_secs | None) triples, one
+        per candidate built and measured again. Each is charged to the trial quota (serial_remeasures)."""
+        from django.db.models import F
+
+        updates = list(updates)
+        self._check_lease()
         with transaction.atomic():
             for task_index, key, serial in updates:
-                Measurement.objects.filter(run_id=self.run_id, task_id=self._task_ids.get(task_index),
-                                           candidate_key=key).update(remeasured_serially=True, serial_secs=serial)
+                if serial is not None:
+                    Measurement.objects.filter(run_id=self.run_id, task_id=self._task_ids.get(task_index),
+                                               candidate_key=key).update(remeasured_serially=True, serial_secs=serial)
+            TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(
+                serial_remeasures=F("serial_remeasures") + len(updates))
 
     def _refresh_tasks(self, task_ids) -> None:
         stats = (Measurement.objects.filter(task_id__in=task_ids)
@@ -840,41 +857,63 @@ def _zip_database(work_dir: Path) -> bytes:
 
 # --- import of an existing TVM database --------------------------------------------
 
-@transaction.atomic
+IMPORT_CHECK_TIMEOUT_S = 600
+
+
 def import_database(*, actor: AbstractBaseUser, run: TuningRun, workloads: bytes, records: bytes) -> int:
-    """Merge an existing TVM JSON tuning database into a run that has not started yet.
+    """Import an existing TVM JSON tuning database into a run that has not measured anything yet.
 
-    The records seed the search and count toward the run's trials; they are
-    validated line by line (JSON, workload index in range) before anything is written.
+    Records are parsed by TVM in a sandboxed subprocess and refused unless their workload is one of
+    the run's tasks and their trace holds only MetaSchedule's own instructions and annotations
+    (tuning.engine.record_check). At most the run's remaining trials; nothing is written on refusal.
+    Accepted records are seeds only: their latencies are dropped, and the engine builds and measures
+    each one itself as a trial of this run (a Measurement, charged to the trial quota) before it
+    counts or seeds the search.
     """
-    import json
+    from tuning.engine.procpool import WorkerError, WorkerTimeout, run_isolated
+    from tuning.engine.record_check import RecordError, precheck
 
-    run = _locked(run)
     _require_writer(actor, run.team_id)
+    _check_importable(run)
+    budget = max(0, run.max_trials - run.trials_done)
+    try:
+        precheck(workloads, records, max_records=budget)  # cheap bounds before TVM sees anything
+    except RecordError as exc:
+        raise ServiceError(f"{exc}.", field="records") from None
+    with run.model.file.open("rb") as f:
+        model_bytes = f.read()
+    try:
+        checked = run_isolated("tuning.engine.record_check:check_import", model_bytes, run.target, workloads,
+                               records, budget, timeout=IMPORT_CHECK_TIMEOUT_S)
+    except (WorkerError, WorkerTimeout) as exc:
+        log.warning("run %s: record import check failed: %s", run.pk, str(exc)[-500:])
+        raise ServiceError("The tuning records could not be parsed by TVM (the checker failed on them); "
+                           "nothing was imported.", field="records") from None
+    if checked.get("errors"):
+        errs = checked["errors"]
+        more = f" (and {len(errs) - 5} more)" if len(errs) > 5 else ""
+        raise ServiceError("Records refused, nothing was imported: " + "; ".join(errs[:5]) + more,
+                           field="records")
+    with transaction.atomic():
+        run = _locked(run)
+        _check_importable(run)
+        from tuning.engine.session import write_imported
+
+        write_imported(str(run_work_dir(run.pk)), checked["workloads"], checked["records"])
+        run.options = {**run.options, "imported_records": len(checked["records"])}
+        run.save(update_fields=["options"])
+    return len(checked["records"])
+
+
+def _check_importable(run: TuningRun) -> None:
+    from tuning.engine.session import has_imported
+
     if run.status not in (TuningRun.Status.QUEUED, TuningRun.Status.PAUSED):
         raise ConflictError("Records can be imported only into a queued or paused run.")
-    try:
-        wl_lines = [json.loads(line) for line in workloads.decode().splitlines() if line.strip()]
-        rec_lines = [json.loads(line) for line in records.decode().splitlines() if line.strip()]
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ServiceError(f"Not a TVM JSON database (one JSON value per line): {exc}", field="records") from None
-    if not wl_lines or not rec_lines:
-        raise ServiceError("Both the workload file and the tuning-record file must be non-empty.")
-    for n, rec in enumerate(rec_lines, 1):
-        if not (isinstance(rec, list) and len(rec) == 2 and isinstance(rec[0], int) and 0 <= rec[0] < len(wl_lines)):
-            raise ServiceError(f"Tuning record line {n}: expected [workload_index, record] with a valid index.",
-                               field="records")
     work_dir = run_work_dir(run.pk)
-    workload_path, records_path = work_dir / "database_workload.json", work_dir / "database_tuning_record.json"
-    if records_path.exists() and records_path.stat().st_size:
+    records_path = work_dir / "database_tuning_record.json"
+    if (records_path.exists() and records_path.stat().st_size) or has_imported(str(work_dir)):
         raise ConflictError("This run already has tuning records; import into a new run.")
-    # Written as the run's own database: the engine resumes from it, so the
-    # imported records seed the search and count toward the trial budget.
-    workload_path.write_bytes(workloads)
-    records_path.write_bytes(records)
-    run.options = {**run.options, "imported_records": len(rec_lines)}
-    run.save(update_fields=["options"])
-    return len(rec_lines)
 
 
 def delete_run_files(run_id: int) -> None:

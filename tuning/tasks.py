@@ -32,10 +32,11 @@ def recover_stale_runs(recheck: bool = False) -> list[int]:
 
 @shared_task(name="tuning.measure_candidate", acks_late=True)
 def measure_candidate(payload: dict) -> dict:
-    """Measure one built candidate shipped by a DistributedRunner (needs only TVM's runtime)."""
-    from tuning.engine.measure import measure_payload
+    """Measure one built candidate shipped by a DistributedRunner (needs only TVM's runtime), in a
+    sandboxed subprocess: the candidate never loads into this worker, next to its credentials."""
+    from tuning.engine.measure import measure_payload_isolated
 
-    return measure_payload(payload)
+    return measure_payload_isolated(payload)
 
 
 @worker_ready.connect

@@ -187,6 +187,24 @@ QUERY = {
 }
 
 
+_IMPORT_DB: dict = {}
+
+
+def _import_body(w):
+    """A valid TVM database for the world's model (a real trace of its first task), made once."""
+    if not _IMPORT_DB:
+        import onnx
+
+        from tuning.engine.testing import tuning_database
+
+        with w.model.file.open("rb") as f:
+            model = onnx.load_model_from_string(f.read())
+        _IMPORT_DB["db"] = tuning_database(model, w.run.target)
+    wl, rec = _IMPORT_DB["db"]
+    return ({"workloads": SimpleUploadedFile("database_workload.json", wl),
+             "records": SimpleUploadedFile("database_tuning_record.json", rec)}, "multipart")
+
+
 def _onnx_upload(name="upload.onnx"):
     from core.onnx_models import zoo
 
@@ -206,9 +224,7 @@ BODIES = {
                                          "multipart"),
     ("apitoken-list", "POST"): lambda w: ({"name": "ci"}, "json"),
     ("tuningrun-list", "POST"): lambda w: ({"model": w.model.pk, "max_trials": 8}, "json"),
-    ("tuningrun-import-records", "POST"): lambda w: (
-        {"workloads": SimpleUploadedFile("database_workload.json", b'["abc", {"k": 1}]\n'),
-         "records": SimpleUploadedFile("database_tuning_record.json", b'[0, {"r": 1}]\n')}, "multipart"),
+    ("tuningrun-import-records", "POST"): lambda w: _import_body(w),
     ("predictorversion-train", "POST"): lambda w: ({"k_folds": 2}, "json"),
     ("gpujob-list", "POST"): lambda w: ({"model": w.model.pk, "batch_size": 8, "duration_estimate_s": 60}, "json"),
     ("gpujob-place", "POST"): lambda w: ({}, "json"),

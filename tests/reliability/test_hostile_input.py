@@ -657,3 +657,105 @@ def test_large_uploads_are_validated_by_a_real_worker(small_cnn_bytes, settings,
     bad_model = DLModel.objects.get(name="bad")
     assert bad_model.state == "invalid" and bad_model.error_code == "tensor_too_large"
     assert not bad_model.file.name
+
+
+# --- imported tuning records (issue 11 §1) ---------------------------------------------------------------
+
+PRAGMA_IR = 'define void @evil() { ret void }\n@llvm.global_ctors = appending global [1 x { i32, ptr, ptr }] []'
+
+
+@pytest.fixture
+def import_run(uploader, small_cnn_bytes):
+    from tuning import services as tuning_services
+
+    client, team, user = uploader
+    model = core_services.register_model(team=team, name="m", data=small_cnn_bytes, filename="m.onnx", actor=user)
+    run = tuning_services.start_run(actor=user, model=model, max_trials=4, enqueue=False)
+    return client, run, small_cnn_bytes
+
+
+def _post_import(client, run, wl: bytes, rec: bytes):
+    return client.post(f"/api/runs/{run.pk}/import-records/", {
+        "workloads": SimpleUploadedFile("database_workload.json", wl),
+        "records": SimpleUploadedFile("database_tuning_record.json", rec)}, format="multipart")
+
+
+def _nothing_written(run) -> bool:
+    from tuning import services as tuning_services
+    from tuning.models import TuningRun
+
+    work = tuning_services.run_work_dir(run.pk)
+    return not any(work.rglob("database_*.json")) and "imported_records" not in TuningRun.objects.get(
+        pk=run.pk).options
+
+
+def _onnx(data: bytes):
+    import onnx
+
+    return onnx.load_model_from_string(data)
+
+
+@pytest.mark.parametrize("key", ["pragma_import_llvm", "pragma_import_c"])
+def test_import_refuses_a_trace_that_imports_code(import_run, key):
+    """A real TVM trace of the run's own task with Annotate(loop, pragma_import_*, <code>): 400, nothing written."""
+    from tuning.engine.testing import tuning_database
+
+    client, run, data = import_run
+    wl, rec = tuning_database(_onnx(data), run.target, annotations=((key, PRAGMA_IR),), on_loop=True)
+    resp = _post_import(client, run, wl, rec)
+    assert resp.status_code == 400, resp.content[:300]
+    detail = resp.json()["detail"]
+    assert "Tuning record line 1" in detail and key in detail and "allow-list" in detail
+    assert _nothing_written(run)
+
+
+def test_import_refuses_code_or_paths_in_allowed_annotation_values(import_run):
+    from tuning.engine.testing import tuning_database
+
+    client, run, data = import_run
+    wl, rec = tuning_database(_onnx(data), run.target,
+                              annotations=(("meta_schedule.auto_tensorize", "/tmp/evil.so; rm -rf /"),))
+    resp = _post_import(client, run, wl, rec)
+    assert resp.status_code == 400 and "Tuning record line 1" in resp.json()["detail"]
+    assert "not a plain name" in resp.json()["detail"] and _nothing_written(run)
+
+
+def test_import_refuses_a_workload_that_is_not_one_of_the_runs_tasks(import_run):
+    from tuning.engine.testing import matmul_primfunc, tuning_database
+
+    client, run, _ = import_run
+    wl, rec = tuning_database(matmul_primfunc(16), run.target)  # valid TVM, foreign workload
+    resp = _post_import(client, run, wl, rec)
+    assert resp.status_code == 400 and "Tuning record line 1" in resp.json()["detail"]
+    assert "not one of this run's tasks" in resp.json()["detail"] and _nothing_written(run)
+
+
+def test_import_is_capped_at_the_runs_trial_budget(import_run):
+    from tuning.engine.testing import tuning_database
+
+    client, run, data = import_run
+    wl, rec = tuning_database(_onnx(data), run.target, n_records=run.max_trials + 1)
+    resp = _post_import(client, run, wl, rec)
+    assert resp.status_code == 400 and "budget of 4 trials" in resp.json()["detail"]
+    assert _nothing_written(run)
+
+
+def test_import_keeps_only_checked_traces_as_seeds_without_their_latencies(import_run):
+    """An allowed record (imported 1e-9 s) is stored apart from the run's database, without run_secs:
+    nothing of it counts before the platform measures it."""
+    import json
+
+    from tuning import services as tuning_services
+    from tuning.engine.testing import tuning_database
+
+    client, run, data = import_run
+    wl, rec = tuning_database(_onnx(data), run.target, run_secs=(1e-9,), n_records=2)
+    resp = _post_import(client, run, wl, rec)
+    assert resp.status_code == 200, resp.content[:300]
+    work = tuning_services.run_work_dir(run.pk)
+    assert not (work / "database_tuning_record.json").exists()
+    stored = [json.loads(x) for x in (work / "imported" / "database_tuning_record.json").read_text().splitlines()]
+    assert len(stored) == 2 and all(r[1][1] is None for r in stored)  # run_secs dropped
+    assert resp.json()["trials_done"] == 0 and resp.json().get("estimated_latency_s") is None
+    # a second import into the same run is a conflict
+    assert _post_import(client, run, wl, rec).status_code == 409

@@ -244,3 +244,24 @@ def test_datetime_filters_with_extreme_offsets_never_5xx(api_owner, path):
     for value in ("0552-03-17T09:19:19-21:33", "9999-12-31T23:59:59-23:00", "0001-01-01T00:00:00+23:59"):
         resp = api_owner.get(path, {field: value})
         assert resp.status_code in (200, 400), (value, resp.status_code)
+
+
+def test_final_serial_remeasures_are_charged_to_the_trial_quota(api_owner, model_a, team_a, user_owner):
+    """Issue 11 §2: the final re-measure builds and measures again; each one counts like a trial."""
+    from tuning.engine.events import MeasurementRecord
+
+    Quota.objects.filter(team=team_a).update(tuning_trials_per_month=20, max_concurrent_runs=10)
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=4, enqueue=False)
+    lease = services.claim_run(run.pk, worker="test")
+    sink = services.DatabaseSink(run.pk, lease)
+    sink.on_measurements([MeasurementRecord(task_index=0, task_name="t0", round_index=0, candidate_key=f"k{i}",
+                                            run_secs=[1e-3 * (i + 1)]) for i in range(4)])
+    sink.on_serial_remeasure([(0, "k0", 9e-4), (0, "k1", None), (0, "k2", 2e-3)])  # one failed: charged too
+    run.refresh_from_db()
+    assert run.serial_remeasures == 3
+    assert services.trials_used_this_month(team_a.pk) == 4 + 3
+    assert Measurement.objects.get(run=run, candidate_key="k0").serial_secs == 9e-4
+    TuningRun.objects.filter(pk=run.pk).update(status=TuningRun.Status.SUCCEEDED, lease="")
+    resp = start(api_owner, model_a, max_trials=14)  # 20 - 7 = 13 left
+    assert resp.status_code == 429 and "13 left" in resp.json()["detail"]
+    assert start(api_owner, model_a, max_trials=13).status_code == 201

@@ -96,6 +96,9 @@ class NullSink:
     def on_round(self, info):
         pass
 
+    def on_serial_remeasure(self, updates):
+        pass
+
     def control(self):
         return None
 
@@ -108,6 +111,7 @@ class ListSink:
         self.tasks: list[TaskInfo] = []
         self.records: list[MeasurementRecord] = []
         self.rounds: list[RoundInfo] = []
+        self.serial_remeasures: list[tuple] = []  # (task_index, candidate_key, serial_secs | None)
         self.stop_after_records = stop_after_records
         self.command = command
         self.control_calls = 0
@@ -124,6 +128,10 @@ class ListSink:
     def on_round(self, info):
         with self._lock:
             self.rounds.append(info)
+
+    def on_serial_remeasure(self, updates):
+        with self._lock:
+            self.serial_remeasures.extend(updates)
 
     def control(self):
         self.control_calls += 1

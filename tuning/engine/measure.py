@@ -20,6 +20,7 @@ import dataclasses
 import os
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,7 @@ __all__ = [
     "measure_artifact",
     "measure_path",
     "measure_payload",
+    "measure_payload_isolated",
     "make_payload",
     "queue_name",
     "worker_id",
@@ -257,6 +259,34 @@ def measure_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
         device_index=int(payload.get("device_index") or 0),
     )
     return outcome.to_dict()
+
+
+_ISOLATED: dict[bool, Any] = {}
+_ISOLATED_LOCK = threading.Lock()
+
+
+def measure_payload_isolated(payload: Mapping[str, Any], *, timeout: float = 300.0) -> dict[str, Any]:
+    """:func:`measure_payload` in a sandboxed worker subprocess (see ``sandbox.py``), never in the
+    calling process: a Celery worker that measures shipped candidates must not load them next to
+    its own credentials. The worker stays alive between calls; a crash or timeout is an error
+    outcome, and the next call starts a fresh worker."""
+    from . import sandbox
+    from .procpool import WorkerError, WorkerProcess, WorkerSpec, WorkerTimeout
+
+    gpu = str(payload.get("device_type") or "cpu") not in ("cpu", "llvm")
+    with _ISOLATED_LOCK:
+        worker = _ISOLATED.get(gpu)
+        if worker is None:
+            worker = _ISOLATED[gpu] = WorkerProcess(
+                WorkerSpec(name=f"measure-isolated-{'gpu' if gpu else 'cpu'}", limits=sandbox.default_limits(gpu=gpu)),
+                initializer="tuning.engine.measure:warmup", max_uses=500)
+    t0 = time.perf_counter()
+    try:
+        return worker.call("tuning.engine.measure:measure_payload", dict(payload), timeout=timeout)
+    except (WorkerError, WorkerTimeout) as exc:
+        who = f"{socket.gethostname()}:isolated"
+        return MeasureOutcome([], f"measuring worker failed: {str(exc)[-2000:]}", who,
+                              time.perf_counter() - t0).to_dict()
 
 
 def warmup() -> None:

@@ -6,6 +6,9 @@ environment (``TVM_NUM_THREADS``, ``TVM_BIND_THREADS=0``) and CPU affinity, so
 the TVM thread pool it creates later has exactly the threads and cores it was
 given. Workers stay alive between calls (no re-import of TVM per batch), are
 recycled after ``max_uses`` calls, and are killed and restarted on a timeout.
+
+Workers run candidate code, so each is sandboxed (:mod:`.sandbox`): an allow-listed
+environment (no secrets), its own temporary working directory, and resource limits.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import select
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -27,7 +31,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WorkerSpec", "WorkerProcess", "ProcessPool", "WorkerError", "WorkerTimeout", "available_cpus", "unpin_current_thread"]
+from . import sandbox
+
+__all__ = ["WorkerSpec", "WorkerProcess", "ProcessPool", "run_isolated", "WorkerError", "WorkerTimeout",
+           "available_cpus", "unpin_current_thread"]
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 _WORKER_SCRIPT = str(Path(__file__).resolve().with_name("_procworker.py"))
@@ -80,6 +87,8 @@ class WorkerSpec:
     cpu_ids: Sequence[int] | None = None
     threads: int | None = None
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    # RLIMITs set in the child before it imports anything (see sandbox.py); None: sandbox defaults
+    limits: dict[str, int | None] | None = None
 
 
 class WorkerProcess:
@@ -100,6 +109,7 @@ class WorkerProcess:
         self.start_timeout = start_timeout
         self._stderr = stderr
         self._proc: subprocess.Popen | None = None
+        self._cwd: str | None = None
         self._ready = False
         self.uses = 0
         self.starts = 0
@@ -109,8 +119,13 @@ class WorkerProcess:
 
     # ------------------------------------------------------------------ lifecycle
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        """The child's environment: the sandbox allow-list of ours (no secrets), the spec's own
+        variables, a private HOME / TMPDIR, and the resource limits it sets on itself."""
+        env = sandbox.scrub_env()
         env.update(self.spec.env)
+        env["HOME"] = env["TMPDIR"] = self._cwd or tempfile.gettempdir()
+        limits = self.spec.limits if self.spec.limits is not None else sandbox.default_limits()
+        env[sandbox.LIMITS_VAR] = sandbox.limits_env(limits)
         env["ENGINE_WORKER_ROOT"] = _ROOT
         env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         if self.spec.cpu_ids:
@@ -134,12 +149,15 @@ class WorkerProcess:
         stderr = self._stderr
         if stderr is None:
             stderr = None if os.environ.get("ENGINE_WORKER_STDERR") == "inherit" else subprocess.DEVNULL
+        sandbox.remove_dir(self._cwd)
+        self._cwd = sandbox.private_dir()
         self._proc = subprocess.Popen(
             [sys.executable, "-u", _WORKER_SCRIPT],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
             env=self._env(),
+            cwd=self._cwd,
             close_fds=True,
         )
         self._ready = False
@@ -168,10 +186,14 @@ class WorkerProcess:
         finally:
             if proc.stdout:
                 proc.stdout.close()
+            sandbox.remove_dir(self._cwd)
+            self._cwd = None
 
     def kill(self) -> None:
         proc, self._proc = self._proc, None
         self._ready = False
+        sandbox.remove_dir(self._cwd)
+        self._cwd = None
         if proc is not None:
             self._kill(proc)
             if proc.stdout:
@@ -326,6 +348,16 @@ class ProcessPool:
             self.shutdown()
         except Exception:  # noqa: BLE001
             pass
+
+
+def run_isolated(func: str, *args, timeout: float | None = None, limits: dict | None = None, **kwargs):
+    """Run ``func`` once in a fresh sandboxed worker (its own environment, directory and limits),
+    then end the worker. Raises :class:`WorkerError` / :class:`WorkerTimeout` like ``call``."""
+    worker = WorkerProcess(WorkerSpec(name="isolated", limits=limits))
+    try:
+        return worker.call(func, *args, timeout=timeout, **kwargs)
+    finally:
+        worker.kill()
 
 
 @atexit.register

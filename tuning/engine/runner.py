@@ -203,9 +203,11 @@ class PooledAsyncRunner(PyRunner):
         probe_first: bool = True,
         device_index: int = 0,
         ledger: MeasureLedger | None = None,
+        worker_limits: dict | None = None,
     ) -> None:
         super().__init__()
         self.evaluator = EvaluatorConfig.from_any(evaluator)
+        self.worker_limits = worker_limits  # RLIMITs of the measuring workers (None: sandbox defaults)
         self.cores = list(cpu_ids) if cpu_ids else available_cpus()
         self.threads = max(1, min(int(threads or len(self.cores)), len(self.cores)))
         if controller is None:
@@ -245,7 +247,7 @@ class PooledAsyncRunner(PyRunner):
             pool = self._pools.get(dop)
             if pool is None:
                 specs = [
-                    WorkerSpec(name=f"measure-d{dop}-w{i}", cpu_ids=cpus, threads=t)
+                    WorkerSpec(name=f"measure-d{dop}-w{i}", cpu_ids=cpus, threads=t, limits=self.worker_limits)
                     for i, (cpus, t) in enumerate(self.worker_layout(dop))
                 ]
                 pool = ProcessPool(specs, initializer="tuning.engine.measure:warmup", max_uses=self.max_uses)

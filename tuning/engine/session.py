@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import sandbox
 from .doppler import DOPController
 from .events import NullSink, TaskInfo, TuningSink, candidate_key
 from .relax_pipeline import make_target, target_device_type
@@ -45,6 +47,8 @@ __all__ = [
 DB_WORKLOAD = "database_workload.json"
 DB_RECORDS = "database_tuning_record.json"
 FINAL_DIR = "final"
+IMPORTED_DIR = "imported"  # checked, imported records: seeds the platform builds and measures first
+IMPORTED_DONE_DIR = "imported_measured"
 COST_MODEL_FILE = "cost_model.xgb"
 
 
@@ -252,6 +256,30 @@ def _records_by_task(db, tasks: list[_Task]) -> dict[int, list]:
     return out
 
 
+def write_imported(work_dir: str, workload_lines: list[str], record_lines: list[str]) -> None:
+    """Store checked imported records (see record_check) apart from the run's database: they
+    count and seed the search only once the platform has built and measured them itself."""
+    d = os.path.join(work_dir, IMPORTED_DIR)
+    os.makedirs(d, exist_ok=True)
+    for name, lines in ((DB_WORKLOAD, workload_lines), (DB_RECORDS, record_lines)):
+        tmp = os.path.join(d, name + ".tmp")
+        Path(tmp).write_text("".join(line + "\n" for line in lines))
+        os.replace(tmp, os.path.join(d, name))
+
+
+def has_imported(work_dir: str) -> bool:
+    p = os.path.join(work_dir, IMPORTED_DIR, DB_RECORDS)
+    return os.path.exists(p) and os.path.getsize(p) > 0
+
+
+def _imported_db(work_dir: str):
+    from tvm.s_tir import meta_schedule as ms
+
+    d = os.path.join(work_dir, IMPORTED_DIR)
+    return ms.database.JSONDatabase(path_workload=os.path.join(d, DB_WORKLOAD),
+                                    path_tuning_record=os.path.join(d, DB_RECORDS), allow_missing=True)
+
+
 def count_records(work_dir: str, model, target) -> int:
     tasks = collect_tasks(model, make_target(target))
     return sum(len(v) for v in _records_by_task(_open_json_db(work_dir), tasks).values())
@@ -408,7 +436,9 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
 
         ledger = MeasureLedger()
         env_ctx = _env(TVM_NUM_THREADS=threads) if cfg.runner == "local" else contextlib.nullcontext()
-        with env_ctx:
+        # TVM's own Popen workers (stock mode) copy os.environ when they start: keep secrets out
+        scrub = sandbox.scrubbed_environ() if cfg.mode == "stock" else contextlib.nullcontext()
+        with env_ctx, scrub:
             if cfg.builder == "persistent":
                 from .builder import PersistentBuilder
 
@@ -424,6 +454,7 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
                 builder = ms.builder.LocalBuilder(
                     max_workers=cfg.builder_workers or len(available_cpus()),
                     timeout_sec=max(cfg.timeout_sec, 120.0),
+                    initializer=sandbox.stock_worker_init,
                 )
             if cfg.runner == "pooled":
                 controller = cfg.controller
@@ -435,6 +466,7 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
                     controller=controller,
                     timeout_sec=cfg.timeout_sec,
                     ledger=ledger,
+                    worker_limits=sandbox.default_limits(gpu=device_type != "cpu"),
                 )
                 controller = runner.controller
             elif cfg.runner == "distributed":
@@ -448,7 +480,9 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
                     ledger=ledger,
                 )
             else:
-                runner = ms.runner.LocalRunner(evaluator_config=cfg.evaluator.to_tvm(), timeout_sec=cfg.timeout_sec)
+                runner = ms.runner.LocalRunner(
+                    evaluator_config=cfg.evaluator.to_tvm(), timeout_sec=cfg.timeout_sec,
+                    initializer=functools.partial(sandbox.stock_worker_init, gpu=device_type != "cpu"))
 
             overlap = cfg.overlap_measurement
             if overlap is None:
@@ -471,6 +505,12 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
             for i, b in best0.items():
                 state.best_history[i].append(b)
 
+            if remaining > 0 and has_imported(work_dir):
+                t0 = time.perf_counter()
+                n_imported = _measure_imported(work_dir, tasks, target, builder, runner, state, database,
+                                               device_type, remaining)
+                remaining = max(0, remaining - n_imported)
+                phases["imported"] = time.perf_counter() - t0
             if remaining > 0:
                 t0 = time.perf_counter()
                 if cfg.light_intrinsics:
@@ -544,6 +584,10 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
                     database, tasks, target, builder, runner, cfg, work_dir, device_type, cfg.final_share
                 )
                 phases["final_remeasure"] = time.perf_counter() - t0
+                # every build+measure done on the owner's behalf is charged (one trial each)
+                if final_rows and hasattr(sink, "on_serial_remeasure"):
+                    state._safe("on_serial_remeasure", [
+                        (r["task_index"], r["candidate_key"], r["serial_latency_s"]) for r in final_rows])
     finally:
         for obj in (runner, builder):
             if obj is not None and hasattr(obj, "shutdown"):
@@ -599,6 +643,61 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
     )
 
 
+def _measure_imported(work_dir, tasks, target, builder, runner, state, database, device_type, budget) -> int:
+    """Build and measure the imported records (at most ``budget``) on this platform, as trials of
+    the run: only then do they enter the run's database (seeding the search and its cost model)
+    and the sink. Imported latencies never do. Returns how many were measured."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.schedule import Schedule
+
+    from .events import MeasurementRecord
+    from .measure import _jsonable
+    from .runner import _Job
+
+    plan = []  # (task index, trace, key, scheduled module)
+    for i, recs in _records_by_task(_imported_db(work_dir), tasks).items():
+        for rec in recs:
+            key = candidate_key(tasks[i].name, rec.trace)
+            if key in state.known_keys or len(plan) >= budget:
+                continue  # measured before a crash, or over the budget
+            try:
+                sch = Schedule(tasks[i].mod)
+                rec.trace.apply_to_schedule(sch, remove_postproc=False)
+                plan.append((i, rec.trace, key, sch.mod))
+            except Exception as exc:  # noqa: BLE001
+                log.warning("imported record of %s does not replay: %s", tasks[i].name, exc)
+    paths = _build_all(builder, [m for *_, m in plan], target)
+    args = {i: ms.arg_info.ArgInfo.from_prim_func(t.mod["main"]) for i, t in enumerate(tasks)}
+    built = [(p, path) for p, path in zip(plan, paths) if path]
+    jobs = [_Job(path=path, device_type=device_type, args_info=_jsonable([a.as_json() for a in args[p[0]]]),
+                 future=None) for p, path in built]  # type: ignore[arg-type]
+    outcomes = dict(zip((p[2] for p, _ in built), _measure_serially(runner, jobs)))
+    round_index = state.round_offset  # a round of its own, before the search's rounds
+    state.round_offset += 1
+    records = []
+    for i, trace, key, _ in plan:
+        out = outcomes.get(key)
+        secs = [float(x) for x in out.run_secs] if out is not None and not out.error else []
+        error = None if secs else ("build failed" if out is None else f"run: {out.error or 'no result'}")
+        database.commit_tuning_record(ms.database.TuningRecord(
+            trace, database.commit_workload(tasks[i].mod), secs or [1e10], target, args[i]))
+        if secs:
+            state.best[i] = min(state.best.get(i, math.inf), sum(secs) / len(secs))
+        state.known_keys.add(key)
+        records.append(MeasurementRecord(task_index=i, task_name=tasks[i].name, round_index=round_index,
+                                         candidate_key=key, run_secs=secs, error=error,
+                                         worker=out.worker if out is not None else None, dop=1))
+    for _, path in built:
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    state.n_reported += len(records)
+    if records:
+        state._safe("on_measurements", records)
+    done = os.path.join(work_dir, IMPORTED_DONE_DIR)
+    shutil.rmtree(done, ignore_errors=True)
+    os.replace(os.path.join(work_dir, IMPORTED_DIR), done)
+    return len(records)
+
+
 def _task_logger(index: int, name: str) -> logging.Logger:
     lg = logging.getLogger(f"tuning.engine.task.{index}")
     if lg.level == logging.NOTSET:
@@ -626,7 +725,7 @@ def _final_remeasure(database, tasks, target, builder, runner, cfg, work_dir, de
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.schedule import Schedule
 
-    from .runner import DistributedRunner, _Job
+    from .runner import _Job
 
     final_dir = os.path.join(work_dir, FINAL_DIR)
     shutil.rmtree(final_dir, ignore_errors=True)
@@ -648,13 +747,12 @@ def _final_remeasure(database, tasks, target, builder, runner, cfg, work_dir, de
                 plan.append((i, rec, sch.mod))
             except Exception as exc:  # noqa: BLE001
                 log.warning("final re-measure: cannot replay a trace of %s: %s", t.name, exc)
-    if hasattr(builder, "build_many"):
-        paths = builder.build_many([m for _, _, m in plan], target)  # all at once on the pool
-    else:
-        paths = []
-        for _, _, m in plan:
-            res = builder.build([ms.builder.BuilderInput(m, target)])[0]
-            paths.append(None if res.error_msg else str(res.artifact_path))
+    paths = _build_all(builder, [m for _, _, m in plan], target)
+    for (i, rec, _), path in zip(plan, paths):
+        if not path:  # built and failed: charged all the same
+            rows.append({"task_index": i, "task_name": tasks[i].name,
+                         "candidate_key": candidate_key(tasks[i].name, rec.trace),
+                         "recorded_latency_s": _rec_latency(rec), "serial_latency_s": None, "error": "build failed"})
     for i, t in enumerate(tasks):
         items = [(rec, path) for (ti, rec, _), path in zip(plan, paths) if ti == i and path]
         if not items:
@@ -669,10 +767,7 @@ def _final_remeasure(database, tasks, target, builder, runner, cfg, work_dir, de
             recs.append(rec)
         if not jobs:
             continue
-        if isinstance(runner, DistributedRunner):
-            outcomes = _distributed_serial(runner, jobs)
-        else:
-            outcomes = runner.measure_serial(jobs)
+        outcomes = _measure_serially(runner, jobs)
         for rec, job, out in zip(recs, jobs, outcomes):
             serial = None if out.error else (sum(out.run_secs) / len(out.run_secs) if out.run_secs else None)
             rows.append(
@@ -718,6 +813,39 @@ def _skip_infrastructure_failures(cost_model):
 
     cost_model.update = filtered  # the derived object forwards to its Python instance, which C++ calls
     return cost_model
+
+
+def _build_all(builder, mods: list, target) -> list[str | None]:
+    """Artifact path of each module (None where its build failed)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if hasattr(builder, "build_many"):
+        return builder.build_many(mods, target)  # all at once on the pool
+    paths = []
+    for m in mods:
+        res = builder.build([ms.builder.BuilderInput(m, target)])[0]
+        paths.append(None if res.error_msg else str(res.artifact_path))
+    return paths
+
+
+def _measure_serially(runner, jobs) -> list:
+    """MeasureOutcome of each job, one at a time, with whichever runner the run uses."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from .measure import MeasureOutcome
+    from .runner import DistributedRunner
+
+    if isinstance(runner, DistributedRunner):
+        return _distributed_serial(runner, jobs)
+    if hasattr(runner, "measure_serial"):
+        return runner.measure_serial(jobs)
+    out = []
+    for job in jobs:  # TVM's LocalRunner (stock mode)
+        args = [ms.arg_info.ArgInfo.from_json(a) for a in job.args_info]
+        res = runner.run([ms.runner.RunnerInput(job.path, job.device_type, args)])[0].result()
+        secs = [float(x) for x in res.run_secs] if res.run_secs is not None else []
+        out.append(MeasureOutcome(secs, str(res.error_msg) if res.error_msg else None, "local"))
+    return out
 
 
 def _distributed_serial(runner, jobs) -> list:

@@ -101,3 +101,34 @@ def depthwise_conv2d_primfunc(
     kernel = te.placeholder((c, 1, k, k), dtype=dtype, name="kernel")
     out = topi.nn.depthwise_conv2d_nchw(data, kernel, stride, pad, 1, out_dtype=dtype)
     return te.create_prim_func([data, kernel, out]).with_attr("global_symbol", "main")
+
+
+def tuning_database(model, target, *, annotations=(("meta_schedule.parallel", 16),), on_loop=False,
+                    run_secs=(1e-3,), task_index: int = 0, n_records: int = 1) -> tuple[bytes, bytes]:
+    """A TVM JSON database (workload file, record file) for one task of ``model``, made with TVM's
+    own API: a trace that annotates the task's root block (or, ``on_loop``, its first loop) with
+    ``annotations`` (key, value), e.g. ("pragma_import_llvm", "<IR>") for a hostile record."""
+    import json
+
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.schedule import Schedule
+
+    from .events import _to_py
+    from .relax_pipeline import make_target
+    from .session import collect_tasks
+
+    tgt = make_target(target)
+    mod = collect_tasks(model, tgt)[task_index].mod
+    lines = []
+    for n in range(n_records):
+        sch = Schedule(mod)
+        root = sch.get_sblock("root")
+        where = sch.get_loops(sch.get_child_blocks(root)[0])[0] if on_loop else root
+        for key, value in annotations:
+            sch.annotate(where, key, value)
+        sch.annotate(root, "meta_schedule.unroll_explicit", n)  # distinct candidates
+        rec = ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), list(run_secs), tgt,
+                                       ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+        lines.append(json.dumps([0, _to_py(rec.as_json())]))
+    workload = json.dumps(_to_py(ms.database.Workload(mod).as_json()))
+    return (workload + "\n").encode(), ("\n".join(lines) + "\n").encode()

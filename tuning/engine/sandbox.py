@@ -1,0 +1,131 @@
+"""What a process that builds or loads user-derived code (a tuning candidate) may see and use.
+
+Candidates are code derived from a user's model and, through imported records, from a user's
+traces: they are built and loaded only in worker subprocesses that get
+
+- an environment made from an allow-list (:data:`ENV_ALLOW`, :data:`ENV_ALLOW_PREFIXES`): no
+  database URL, secret key, broker or cloud credentials reach them;
+- a private, freshly made working directory (also their ``HOME`` and ``TMPDIR``);
+- resource limits set in the child before it imports anything: address space (``RLIMIT_AS``,
+  not for GPU workers: the CUDA driver reserves more virtual memory than any sane cap), CPU
+  seconds (``RLIMIT_CPU``) and open files (``RLIMIT_NOFILE``), soft = hard.
+
+Not isolated (see the README's security section): same user id as the worker (a worker running
+as root can raise its own hard limits), same network, same file system (no chroot, no seccomp,
+no namespaces). Limits can be tuned with ``DLOPT_SANDBOX_AS_MB``, ``DLOPT_SANDBOX_CPU_S`` and
+``DLOPT_SANDBOX_NOFILE``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+
+__all__ = ["ENV_ALLOW", "ENV_ALLOW_PREFIXES", "scrub_env", "default_limits", "limits_env", "apply_limits",
+           "apply_limits_from_env", "private_dir", "scrubbed_environ", "stock_worker_init"]
+
+# Variables a builder / measuring worker needs (compilers, libraries, locale, TVM and thread knobs).
+ENV_ALLOW = frozenset({
+    "PATH", "LANG", "LANGUAGE", "TERM", "TZ", "CC", "CXX", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHASHSEED",
+    "PYTHONDONTWRITEBYTECODE", "VIRTUAL_ENV", "ENGINE_WORKER_STDERR",
+})
+ENV_ALLOW_PREFIXES = ("LC_", "TVM_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "NVIDIA_", "DLOPT_SANDBOX_")
+LIMITS_VAR = "ENGINE_WORKER_RLIMITS"
+DEFAULT_AS_MB = 8192
+DEFAULT_CPU_S = 4 * 3600  # a persistent worker's lifetime CPU; each call also has a wall-clock timeout
+DEFAULT_NOFILE = 512
+
+
+def scrub_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The allow-listed part of ``env`` (default: this process's environment)."""
+    env = dict(os.environ if env is None else env)
+    return {k: v for k, v in env.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)}
+
+
+def _int_env(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def default_limits(*, gpu: bool = False) -> dict[str, int | None]:
+    """RLIMIT values for a candidate worker (``as_bytes`` None: no address-space cap)."""
+    as_mb = _int_env("DLOPT_SANDBOX_AS_MB", DEFAULT_AS_MB)
+    return {"as_bytes": None if gpu or as_mb <= 0 else as_mb * 1024 * 1024,
+            "cpu_s": _int_env("DLOPT_SANDBOX_CPU_S", DEFAULT_CPU_S),
+            "nofile": _int_env("DLOPT_SANDBOX_NOFILE", DEFAULT_NOFILE)}
+
+
+def limits_env(limits: dict[str, int | None]) -> str:
+    return ",".join(f"{k}={'' if v is None else int(v)}" for k, v in limits.items())
+
+
+def apply_limits(limits: dict[str, int | None]) -> None:
+    """Set soft = hard limits on this process (children inherit them)."""
+    import resource
+
+    names = {"as_bytes": resource.RLIMIT_AS, "cpu_s": resource.RLIMIT_CPU, "nofile": resource.RLIMIT_NOFILE}
+    for key, value in limits.items():
+        if value is None or key not in names:
+            continue
+        _, hard = resource.getrlimit(names[key])
+        value = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+        resource.setrlimit(names[key], (value, value))
+
+
+def apply_limits_from_env() -> None:
+    text = os.environ.get(LIMITS_VAR, "")
+    limits = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        limits[key] = int(value) if value else None
+    if limits:
+        apply_limits(limits)
+
+
+def private_dir() -> str:
+    return tempfile.mkdtemp(prefix="dlopt-sandbox-")
+
+
+def remove_dir(path: str | None) -> None:
+    if path:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def scrubbed_environ():
+    """Only the allow-listed variables in ``os.environ`` while the block runs (for TVM's own
+    Popen workers in stock mode, which copy this process's environment when they start)."""
+    saved = dict(os.environ)
+    keep = scrub_env(saved)
+    try:
+        for k in list(os.environ):
+            if k not in keep:
+                del os.environ[k]
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def stock_worker_init(gpu: bool = False) -> None:
+    """Initializer of TVM's LocalBuilder / LocalRunner workers (stock mode): limits and a private cwd
+    (bind ``gpu`` with functools.partial for a runner that measures on a GPU)."""
+    apply_limits(default_limits(gpu=gpu))
+    d = private_dir()
+    os.chdir(d)
+    os.environ["TMPDIR"] = os.environ["HOME"] = d
+    tempfile.tempdir = d
+
+
+def describe_process() -> dict:
+    """What this process runs with (environment names, cwd, limits): a probe the tests run in workers."""
+    import resource
+
+    return {"env": sorted(os.environ), "cwd": os.getcwd(), "pid": os.getpid(),
+            "limits": {"as_bytes": resource.getrlimit(resource.RLIMIT_AS),
+                       "cpu_s": resource.getrlimit(resource.RLIMIT_CPU),
+                       "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)}}
