@@ -695,8 +695,10 @@ def _isolated(func: str, *args, what: str, sink=None, needs_django: bool = False
             return TuningRun.Action.CANCEL if name == "control" else None  # stop the child's engine
         return None
 
+    # Without Django the child needs no secrets, so it gets the sandbox's scrubbed environment; a
+    # distributed run's child sends Celery tasks and reads results, so it keeps the worker's.
     value = call_isolated(func, *args, what=what, sink=sink, on_sink_error=on_sink_error,
-                          init="django:setup" if needs_django else None,
+                          init="django:setup" if needs_django else None, scrub=not needs_django,
                           env={"DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "config.settings")},
                           **kwargs)
     if lease_lost:

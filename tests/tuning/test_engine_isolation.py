@@ -118,3 +118,18 @@ def test_next_stale_check_is_when_a_live_lease_expires(model_a, user_owner, sett
     run = services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False)
     _running(run, age_s=100)
     assert 15 < services.seconds_until_next_stale() <= 20
+
+
+def test_engine_child_gets_no_secrets_unless_it_needs_django(monkeypatch):
+    """The engine child compiles and loads code derived from the user's model: without Django (every run
+    that is not distributed) it sees only the sandbox's allow-listed environment."""
+    monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/x")
+    monkeypatch.setenv("DJANGO_SECRET_KEY", "s3cret")
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://secret@broker/0")
+    probe = "tuning.engine.sandbox:describe_process"
+    seen = services._isolated(probe, what="probing the child's environment")["env"]
+    assert not {"DATABASE_URL", "DJANGO_SECRET_KEY", "CELERY_BROKER_URL"} & set(seen), seen
+    assert "PATH" in seen
+    # a distributed run's child sets up Django and talks to the broker: it keeps the worker's environment
+    seen = services._isolated(probe, what="probing", needs_django=True)["env"]
+    assert {"DATABASE_URL", "DJANGO_SECRET_KEY"} <= set(seen)

@@ -82,15 +82,19 @@ def _answer_sink(sink, name: str, args: tuple, on_sink_error) -> tuple:
 
 
 def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | None = None,
-                  env: dict[str, str] | None = None, on_sink_error=None, **kwargs):
+                  env: dict[str, str] | None = None, scrub: bool = False, on_sink_error=None, **kwargs):
     """Run ``func`` ("package.module:function") with ``args``/``kwargs`` in a fresh child process.
 
     ``what`` says what the call does, for the crash message ("the TVM compiler crashed (signal 11,
     SIGSEGV) while <what>"). With ``sink``, the child passes ``sink=<proxy>`` to ``func``.
     ``init`` ("module:function") runs in the child first (e.g. ``django:setup``).
     ``on_sink_error(name, exc)`` may map a sink exception to a value answered instead (e.g. "cancel").
+    With ``scrub``, the child gets only the sandbox's allow-listed environment plus ``env`` (no database
+    URL, secret key or broker credentials: it compiles and loads code derived from the user's model).
     """
-    child_env = dict(os.environ)
+    from .sandbox import scrub_env
+
+    child_env = scrub_env() if scrub else dict(os.environ)
     child_env.update(env or {})
     child_env["PYTHONPATH"] = _ROOT + (os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else "")
     proc = subprocess.Popen([sys.executable, "-u", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
