@@ -133,3 +133,12 @@ def test_engine_child_gets_no_secrets_unless_it_needs_django(monkeypatch):
     # a distributed run's child sets up Django and talks to the broker: it keeps the worker's environment
     seen = services._isolated(probe, what="probing", needs_django=True)["env"]
     assert {"DATABASE_URL", "DJANGO_SECRET_KEY"} <= set(seen)
+
+
+def test_engine_child_passes_large_messages_both_ways():
+    """A model proto and a run summary are megabytes: a pipe hands them over in pieces, and neither side
+    may take a short read or write for the end of the message."""
+    from tuning.engine.isolate import call_isolated
+
+    assert call_isolated("builtins:len", b"x" * 10_000_000, what="receiving a large argument") == 10_000_000
+    assert len(call_isolated("builtins:bytes", 20_000_000, what="sending a large answer")) == 20_000_000

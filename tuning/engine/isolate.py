@@ -55,20 +55,29 @@ def _describe_exit(code: int | None) -> str:
 
 
 def _send(stream, obj) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(struct.pack(">Q", len(data)) + data)
+    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    data = memoryview(struct.pack(">Q", len(body)) + body)
+    while data:  # an unbuffered pipe may take only part of a large message per write
+        written = stream.write(data)
+        data = data[written if written is not None else len(data):]
     stream.flush()
 
 
+def _read_exact(stream, n: int) -> bytes:
+    """``n`` bytes, however many reads that takes (a pipe hands large messages over in pieces)."""
+    chunks, left = [], n
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def _recv(stream):
-    head = stream.read(8)
-    if len(head) < 8:
-        raise EOFError
-    (n,) = struct.unpack(">Q", head)
-    data = stream.read(n)
-    if len(data) < n:
-        raise EOFError
-    return pickle.loads(data)
+    (n,) = struct.unpack(">Q", _read_exact(stream, 8))
+    return pickle.loads(_read_exact(stream, n))
 
 
 def _answer_sink(sink, name: str, args: tuple, on_sink_error) -> tuple:
