@@ -86,3 +86,35 @@ def test_stock_mode_workers_get_the_sandbox_too(secrets_in_env):
         assert not set(SECRETS) & set(os.environ)
         assert "PATH" in os.environ
     assert all(os.environ[k] == v for k, v in SECRETS.items())
+
+
+# --- a scrubbed environment is worth nothing if the sandbox can read its ancestor's ----------------------
+
+_READ_PARENT = ("import os\n"
+                "try:\n    print('SECRET_X' in open(f'/proc/{os.getppid()}/environ').read())\n"
+                "except OSError:\n    print('refused')\n")
+_PARENT = ("import subprocess, sys\nfrom tuning.engine import sandbox\n"
+           "if sys.argv[1] == 'protect':\n    assert sandbox.protect_secrets()\n"
+           "print(subprocess.run([sys.executable, '-c', sys.argv[2]], env=sandbox.scrub_env(), text=True,\n"
+           "                     capture_output=True).stdout.strip())\n")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists()
+                    or not Path("/usr/bin/python3").exists(), reason="needs root to run as another user")
+@pytest.mark.parametrize("mode,expected", [("plain", "True"), ("protect", "refused")])
+def test_a_sandbox_cannot_read_its_secret_holding_parents_environ(mode, expected):
+    """As an unprivileged user (the compose image's), a sandboxed child read the worker's secrets from
+    /proc/<ppid>/environ; a process that calls protect_secrets() (settings do) is non-dumpable: refused."""
+    import subprocess
+
+    root = str(Path(sandbox.__file__).resolve().parents[2])
+    out = subprocess.run(["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                          "/usr/bin/python3", "-c", _PARENT, mode, _READ_PARENT],
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": root, "SECRET_X": "hunter2"},
+                         capture_output=True, text=True, cwd="/tmp", timeout=60)
+    assert out.stdout.strip() == expected, (out.stdout, out.stderr[-500:])
+
+
+def test_processes_with_the_platforms_settings_are_not_dumpable(settings):
+    """Loading the settings (web, Celery workers, this test process) made the process non-dumpable."""
+    assert not sandbox.is_dumpable()
