@@ -118,3 +118,49 @@ def test_a_sandbox_cannot_read_its_secret_holding_parents_environ(mode, expected
 def test_processes_with_the_platforms_settings_are_not_dumpable(settings):
     """Loading the settings (web, Celery workers, this test process) made the process non-dumpable."""
     assert not sandbox.is_dumpable()
+
+
+# --- a sandboxed child's answer is data, never code run in the parent ----------------------------------------
+
+class _RunsInTheUnpickler:
+    """What candidate code in a worker can put on its pipe: a pickle that calls os.system when loaded."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def hostile_answer(marker: str):
+    return _RunsInTheUnpickler(marker)
+
+
+def test_a_workers_answer_cannot_run_code_in_the_parent(tmp_path):
+    """The parent (a tuning child, a Celery measure worker, the web's import check) unpickled whatever
+    the sandboxed worker wrote: a candidate ran os.system in the parent, outside the sandbox."""
+    from tuning.engine.procpool import WorkerError, WorkerProcess, WorkerSpec
+
+    marker = tmp_path / "ran-in-parent"
+    worker = WorkerProcess(WorkerSpec(name="hostile"))
+    try:
+        with pytest.raises(WorkerError, match="refused answer"):
+            worker.call("tests.engine.test_sandbox:hostile_answer", str(marker), timeout=120)
+    finally:
+        worker.close()
+    assert not marker.exists()
+    # the engine's own results still come back
+    worker = WorkerProcess(WorkerSpec(name="probe"))
+    try:
+        assert "cwd" in worker.call("tuning.engine.sandbox:describe_process", timeout=120)
+    finally:
+        worker.close()
+
+
+def test_the_engine_childs_answer_cannot_run_code_in_the_celery_worker(tmp_path):
+    from tuning.engine.isolate import EngineCrashed, call_isolated
+
+    marker = tmp_path / "ran-in-worker"
+    with pytest.raises(EngineCrashed, match="refused answer"):
+        call_isolated("tests.engine.test_sandbox:hostile_answer", str(marker), what="probing", scrub=True)
+    assert not marker.exists()

@@ -60,7 +60,7 @@ def _send(stream, obj) -> None:
     stream.flush()
 
 
-def _recv(stream):
+def _recv(stream, loads=pickle.loads):
     head = stream.read(8)
     if len(head) < 8:
         raise EOFError
@@ -68,7 +68,7 @@ def _recv(stream):
     data = stream.read(n)
     if len(data) < n:
         raise EOFError
-    return pickle.loads(data)
+    return loads(data)
 
 
 def _answer_sink(sink, name: str, args: tuple, on_sink_error) -> tuple:
@@ -92,6 +92,7 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
     With ``scrub``, the child gets only the sandbox's allow-listed environment plus ``env`` (no database
     URL, secret key or broker credentials: it compiles and loads code derived from the user's model).
     """
+    from .procpool import loads_from_sandbox
     from .sandbox import scrub_env
 
     child_env = scrub_env() if scrub else dict(os.environ)
@@ -103,8 +104,11 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
         methods = [m for m in SINK_METHODS if sink is not None and hasattr(sink, m)]
         _send(proc.stdin, (func, args, kwargs, init, methods if sink is not None else None))
         while True:
-            try:
-                msg = _recv(proc.stdout)
+            try:  # the child runs TVM on user input and spawns the candidates' sandboxes: data only
+                msg = _recv(proc.stdout, loads=loads_from_sandbox)
+            except pickle.UnpicklingError as exc:
+                proc.kill()
+                raise EngineCrashed(f"the engine's child sent a refused answer while {what}: {exc}") from None
             except EOFError:
                 code = proc.wait()
                 raise EngineCrashed(f"the TVM compiler crashed ({_describe_exit(code)}) while {what}",
