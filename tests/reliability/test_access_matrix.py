@@ -841,3 +841,17 @@ def test_an_invitation_dies_with_its_inviters_ownership(world):
     assert inv["role"] == "owner"
     assert other.post(f"/api/invitations/{inv['id']}/accept/").status_code == 404
     assert not Membership.objects.filter(team=world.team_a, user=world.users["other"]).exists()
+
+
+def test_record_imports_count_as_uploads_for_the_throttle(world, settings):
+    """An import is a 250 MB upload that holds a web worker while TVM checks it: it had only the
+    catch-all user rate (100000/hour), so a member could hold every web worker with imports."""
+    from tuning import services as tuning_services
+
+    _small_rates(settings, uploads="1/hour")
+    run = tuning_services.start_run(actor=world.users["member"], model=world.model, max_trials=4, enqueue=False)
+    member = api_client(world, "member")
+    statuses = [member.post(f"/api/runs/{run.pk}/import-records/", {
+        "workloads": SimpleUploadedFile("w.json", b"x\n"), "records": SimpleUploadedFile("r.json", b"y\n")},
+        format="multipart").status_code for _ in range(2)]
+    assert statuses == [400, 429], statuses
