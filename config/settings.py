@@ -287,6 +287,13 @@ ENERGY_GRID_INTENSITY_G_PER_KWH = env.float("ENERGY_GRID_INTENSITY_G_PER_KWH", d
 # Used to refuse a run that would exceed the energy quota before the team has history.
 ENERGY_JOULES_PER_TRIAL_ESTIMATE = env.float("ENERGY_JOULES_PER_TRIAL_ESTIMATE", default=15.0)
 
+# Processes that hold these settings' secrets are non-dumpable: the sandboxes (same user) cannot read
+# their /proc/<pid>/environ or memory, nor ptrace them. DLOPT_ALLOW_DUMPABLE=1 for debugging (py-spy).
+if not env.bool("DLOPT_ALLOW_DUMPABLE", default=False):
+    from tuning.engine.sandbox import protect_secrets
+
+    protect_secrets()
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

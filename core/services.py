@@ -125,6 +125,12 @@ def invite_member(*, actor: AbstractBaseUser, team: Team, username: str, role: s
 @transaction.atomic
 def accept_invitation(*, actor: AbstractBaseUser, invitation: TeamInvitation) -> Membership:
     invitation = _own_invitation(actor, invitation)
+    inviter = invitation.invited_by
+    if inviter is None or not (inviter.is_staff or Membership.objects.filter(
+            team_id=invitation.team_id, user=inviter, role=Membership.Role.OWNER).exists()):
+        # only the invitee sees an invitation, so the team cannot revoke it: it lapses with its
+        # inviter's ownership (an owner being removed cannot leave a way back in behind them)
+        raise NotFound("No such invitation.")
     membership, _ = Membership.objects.get_or_create(team=invitation.team, user=actor,
                                                      defaults={"role": invitation.role})
     invitation.delete()

@@ -86,3 +86,81 @@ def test_stock_mode_workers_get_the_sandbox_too(secrets_in_env):
         assert not set(SECRETS) & set(os.environ)
         assert "PATH" in os.environ
     assert all(os.environ[k] == v for k, v in SECRETS.items())
+
+
+# --- a scrubbed environment is worth nothing if the sandbox can read its ancestor's ----------------------
+
+_READ_PARENT = ("import os\n"
+                "try:\n    print('SECRET_X' in open(f'/proc/{os.getppid()}/environ').read())\n"
+                "except OSError:\n    print('refused')\n")
+_PARENT = ("import subprocess, sys\nfrom tuning.engine import sandbox\n"
+           "if sys.argv[1] == 'protect':\n    assert sandbox.protect_secrets()\n"
+           "print(subprocess.run([sys.executable, '-c', sys.argv[2]], env=sandbox.scrub_env(), text=True,\n"
+           "                     capture_output=True).stdout.strip())\n")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists()
+                    or not Path("/usr/bin/python3").exists(), reason="needs root to run as another user")
+@pytest.mark.parametrize("mode,expected", [("plain", "True"), ("protect", "refused")])
+def test_a_sandbox_cannot_read_its_secret_holding_parents_environ(mode, expected):
+    """As an unprivileged user (the compose image's), a sandboxed child read the worker's secrets from
+    /proc/<ppid>/environ; a process that calls protect_secrets() (settings do) is non-dumpable: refused."""
+    import subprocess
+
+    root = str(Path(sandbox.__file__).resolve().parents[2])
+    out = subprocess.run(["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                          "/usr/bin/python3", "-c", _PARENT, mode, _READ_PARENT],
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": root, "SECRET_X": "hunter2"},
+                         capture_output=True, text=True, cwd="/tmp", timeout=60)
+    assert out.stdout.strip() == expected, (out.stdout, out.stderr[-500:])
+
+
+def test_processes_with_the_platforms_settings_are_not_dumpable(settings):
+    """Loading the settings (web, Celery workers, this test process) made the process non-dumpable."""
+    assert not sandbox.is_dumpable()
+
+
+# --- a sandboxed child's answer is data, never code run in the parent ----------------------------------------
+
+class _RunsInTheUnpickler:
+    """What candidate code in a worker can put on its pipe: a pickle that calls os.system when loaded."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def hostile_answer(marker: str):
+    return _RunsInTheUnpickler(marker)
+
+
+def test_a_workers_answer_cannot_run_code_in_the_parent(tmp_path):
+    """The parent (a tuning child, a Celery measure worker, the web's import check) unpickled whatever
+    the sandboxed worker wrote: a candidate ran os.system in the parent, outside the sandbox."""
+    from tuning.engine.procpool import WorkerError, WorkerProcess, WorkerSpec
+
+    marker = tmp_path / "ran-in-parent"
+    worker = WorkerProcess(WorkerSpec(name="hostile"))
+    try:
+        with pytest.raises(WorkerError, match="refused answer"):
+            worker.call("tests.engine.test_sandbox:hostile_answer", str(marker), timeout=120)
+    finally:
+        worker.close()
+    assert not marker.exists()
+    # the engine's own results still come back
+    worker = WorkerProcess(WorkerSpec(name="probe"))
+    try:
+        assert "cwd" in worker.call("tuning.engine.sandbox:describe_process", timeout=120)
+    finally:
+        worker.close()
+
+
+def test_the_engine_childs_answer_cannot_run_code_in_the_celery_worker(tmp_path):
+    from tuning.engine.isolate import EngineCrashed, call_isolated
+
+    marker = tmp_path / "ran-in-worker"
+    with pytest.raises(EngineCrashed, match="refused answer"):
+        call_isolated("tests.engine.test_sandbox:hostile_answer", str(marker), what="probing", scrub=True)
+    assert not marker.exists()

@@ -823,3 +823,35 @@ def test_the_last_owner_cannot_leave(world):
     resp = api_client(world, "owner").delete(f"/api/memberships/{mine.pk}/")
     assert resp.status_code == 409 and "last owner" in resp.json()["detail"]
     assert Membership.objects.filter(pk=mine.pk).exists()
+
+
+def test_an_invitation_dies_with_its_inviters_ownership(world):
+    """A hostile owner about to be removed invites a second account as owner; only the invitee sees
+    the invitation, so the team cannot revoke it. Once the inviter is no longer an owner of the team,
+    accepting it is refused (404, as for any invitation that is not there) and makes no membership."""
+    from core import services
+    from core.models import Membership
+
+    owner, staff = world.users["owner"], world.users["staff"]
+    Membership.objects.create(team=world.team_a, user=world.users["staff"], role=Membership.Role.OWNER)
+    services.invite_member(actor=owner, team=world.team_a, username="rel-other", role="owner")
+    services.remove_member(actor=staff, membership=Membership.objects.get(team=world.team_a, user=owner))
+    other = api_client(world, "other")
+    (inv,) = other.get("/api/invitations/").json()["results"]
+    assert inv["role"] == "owner"
+    assert other.post(f"/api/invitations/{inv['id']}/accept/").status_code == 404
+    assert not Membership.objects.filter(team=world.team_a, user=world.users["other"]).exists()
+
+
+def test_record_imports_count_as_uploads_for_the_throttle(world, settings):
+    """An import is a 250 MB upload that holds a web worker while TVM checks it: it had only the
+    catch-all user rate (100000/hour), so a member could hold every web worker with imports."""
+    from tuning import services as tuning_services
+
+    _small_rates(settings, uploads="1/hour")
+    run = tuning_services.start_run(actor=world.users["member"], model=world.model, max_trials=4, enqueue=False)
+    member = api_client(world, "member")
+    statuses = [member.post(f"/api/runs/{run.pk}/import-records/", {
+        "workloads": SimpleUploadedFile("w.json", b"x\n"), "records": SimpleUploadedFile("r.json", b"y\n")},
+        format="multipart").status_code for _ in range(2)]
+    assert statuses == [400, 429], statuses

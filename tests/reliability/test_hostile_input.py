@@ -759,3 +759,13 @@ def test_import_keeps_only_checked_traces_as_seeds_without_their_latencies(impor
     assert resp.json()["trials_done"] == 0 and resp.json().get("estimated_latency_s") is None
     # a second import into the same run is a conflict
     assert _post_import(client, run, wl, rec).status_code == 409
+
+
+def test_import_of_deeply_nested_json_is_a_clear_400_not_a_crash(import_run):
+    """json's C scanner recurses per nesting level: a 1 MB line of '[' raised RecursionError (a 500)."""
+    client, run, _ = import_run
+    deep = b"[" * 200_000 + b"]" * 200_000 + b"\n"
+    for wl, rec in ((b"[1]\n", deep), (deep, b"[0, [[[], []]]]\n")):
+        resp = _post_import(client, run, wl, rec)
+        assert resp.status_code == 400, resp.content[:300]
+        assert "nested too deeply" in resp.json()["detail"] and _nothing_written(run)

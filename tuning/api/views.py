@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from core.api.fast import RowListMixin, read_columns
 from core.api.filters import UtcIsoDateTimeFilter
 from core.api.permissions import IsTeamMemberWriteOrReadOnly, with_caller_role
+from core.api.throttles import UploadThrottle
 from core.api.uploads import body_over
 from core.models import DLModel
 from core.services import read_upload
@@ -57,6 +58,11 @@ class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModel
     ordering = ["-created_at"]
     list_model, list_values, list_related = TuningRun, RUN_LIST_VALUES, {"model": DLModel}
     parser_classes = [parsers.JSONParser, parsers.MultiPartParser, parsers.FormParser]
+
+    def get_throttles(self):
+        # an import is an upload (up to 250 MB) that holds a web worker while TVM checks it
+        extra = [UploadThrottle()] if self.action == "import_records" else []
+        return [*super().get_throttles(), *extra]
 
     def get_queryset(self):
         # The serializers read the run's own columns and its model's name: load nothing more (the model's

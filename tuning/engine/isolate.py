@@ -75,9 +75,9 @@ def _read_exact(stream, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _recv(stream):
+def _recv(stream, loads=pickle.loads):
     (n,) = struct.unpack(">Q", _read_exact(stream, 8))
-    return pickle.loads(_read_exact(stream, n))
+    return loads(_read_exact(stream, n))
 
 
 def _answer_sink(sink, name: str, args: tuple, on_sink_error) -> tuple:
@@ -101,6 +101,7 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
     With ``scrub``, the child gets only the sandbox's allow-listed environment plus ``env`` (no database
     URL, secret key or broker credentials: it compiles and loads code derived from the user's model).
     """
+    from .procpool import loads_from_sandbox
     from .sandbox import scrub_env
 
     child_env = scrub_env() if scrub else dict(os.environ)
@@ -112,8 +113,11 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
         methods = [m for m in SINK_METHODS if sink is not None and hasattr(sink, m)]
         _send(proc.stdin, (func, args, kwargs, init, methods if sink is not None else None))
         while True:
-            try:
-                msg = _recv(proc.stdout)
+            try:  # the child runs TVM on user input and spawns the candidates' sandboxes: data only
+                msg = _recv(proc.stdout, loads=loads_from_sandbox)
+            except pickle.UnpicklingError as exc:
+                proc.kill()
+                raise EngineCrashed(f"the engine's child sent a refused answer while {what}: {exc}") from None
             except EOFError:
                 code = proc.wait()
                 raise EngineCrashed(f"the TVM compiler crashed ({_describe_exit(code)}) while {what}",

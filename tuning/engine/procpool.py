@@ -34,9 +34,48 @@ from typing import Any
 from . import sandbox
 
 __all__ = ["WorkerSpec", "WorkerProcess", "ProcessPool", "run_isolated", "WorkerError", "WorkerTimeout",
-           "available_cpus", "unpin_current_thread"]
+           "available_cpus", "unpin_current_thread", "loads_from_sandbox"]
 
 _ROOT = str(Path(__file__).resolve().parents[2])
+
+# What a sandboxed child's answer may be made of. Candidate code runs in the child and can write
+# any bytes on its pipe, and a plain pickle.loads would run any callable it names in the parent
+# (next to the credentials the sandbox keeps from it): only data types and the engine's own
+# dataclasses and exceptions are built, nothing else is looked up.
+_SAFE_GLOBALS = {
+    "builtins": {"dict", "list", "tuple", "set", "frozenset", "bytearray", "complex", "slice", "range",
+                 "str", "int", "float", "bool", "bytes"},
+    "collections": {"OrderedDict", "deque"},
+    "datetime": {"datetime", "date", "time", "timedelta", "timezone"},
+    "numpy": {"dtype", "ndarray"},
+    "numpy.core.multiarray": {"scalar", "_reconstruct"},
+    "numpy._core.multiarray": {"scalar", "_reconstruct"},
+}
+
+
+class _SandboxUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        import builtins
+        import importlib
+
+        if "." not in name and name in _SAFE_GLOBALS.get(module, ()):
+            return getattr(importlib.import_module(module), name)
+        if module == "builtins" and "." not in name:
+            obj = getattr(builtins, name, None)
+            if isinstance(obj, type) and issubclass(obj, BaseException):
+                return obj
+        if module.startswith("tuning.engine.") and "." not in name:
+            obj = getattr(importlib.import_module(module), name, None)
+            if isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, BaseException)):
+                return obj
+        raise pickle.UnpicklingError(f"a sandboxed worker's answer may not contain {module}.{name}")
+
+
+def loads_from_sandbox(data: bytes):
+    """``pickle.loads`` for bytes written by a sandboxed child: data and engine dataclasses only."""
+    import io
+
+    return _SandboxUnpickler(io.BytesIO(data)).load()
 _WORKER_SCRIPT = str(Path(__file__).resolve().with_name("_procworker.py"))
 _LIVE: "weakref.WeakSet[WorkerProcess]" = weakref.WeakSet()
 
@@ -233,7 +272,10 @@ class WorkerProcess:
 
     def _recv(self, deadline: float | None):
         (n,) = struct.unpack(">Q", self._read_exact(8, deadline))
-        return pickle.loads(self._read_exact(n, deadline))
+        try:
+            return loads_from_sandbox(self._read_exact(n, deadline))
+        except (pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError, EOFError) as exc:
+            raise WorkerError(f"worker {self.spec.name} sent a refused answer: {exc}") from None
 
     def wait_ready(self) -> None:
         if self._ready:

@@ -76,6 +76,8 @@ def _lines(data: bytes, what: str, limit: int) -> list[Any]:
             out.append((n, json.loads(line)))
         except json.JSONDecodeError as exc:
             raise RecordError(f"{what} line {n}", f"not JSON ({exc})") from None
+        except RecursionError:  # json's C scanner recurses per nesting level: [[[[...]]]] overflows
+            raise RecordError(f"{what} line {n}", "JSON nested too deeply") from None
     return out
 
 

@@ -24,7 +24,8 @@ import shutil
 import tempfile
 
 __all__ = ["ENV_ALLOW", "ENV_ALLOW_PREFIXES", "scrub_env", "default_limits", "limits_env", "apply_limits",
-           "apply_limits_from_env", "private_dir", "scrubbed_environ", "stock_worker_init"]
+           "apply_limits_from_env", "private_dir", "scrubbed_environ", "stock_worker_init", "protect_secrets",
+           "is_dumpable"]
 
 # Variables a builder / measuring worker needs (compilers, libraries, locale, TVM and thread knobs).
 ENV_ALLOW = frozenset({
@@ -119,6 +120,35 @@ def stock_worker_init(gpu: bool = False) -> None:
     os.chdir(d)
     os.environ["TMPDIR"] = os.environ["HOME"] = d
     tempfile.tempdir = d
+
+
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
+
+
+def _prctl(*args: int) -> int:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl(*args, 0, 0, 0)
+
+
+def protect_secrets() -> bool:
+    """Make this process non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), for every process that holds
+    the platform's secrets (web, Celery workers: config/settings.py calls it). A sandbox runs as the
+    same user, and a scrubbed environment is worth nothing if the sandbox can read its ancestor's
+    ``/proc/<pid>/environ`` (or ``mem``, or ptrace it): for a non-dumpable process the kernel refuses
+    that to other processes of the same (non-root) user. ``execve`` resets the flag, so the
+    sandboxes themselves (fresh interpreters) are unaffected. Returns whether it was set."""
+    try:
+        return _prctl(PR_SET_DUMPABLE, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        return False
+
+
+def is_dumpable() -> bool:
+    try:
+        return _prctl(PR_GET_DUMPABLE, 0) == 1
+    except (OSError, AttributeError):
+        return True
 
 
 def describe_process() -> dict:
