@@ -873,7 +873,7 @@ def import_database(*, actor: AbstractBaseUser, run: TuningRun, workloads: bytes
     counts or seeds the search.
     """
     from tuning.engine.procpool import WorkerError, WorkerTimeout, run_isolated
-    from tuning.engine.record_check import RecordError, precheck
+    from tuning.engine.record_check import RecordError, precheck, recheck_output
 
     _require_writer(actor, run.team_id)
     _check_importable(run)
@@ -896,6 +896,11 @@ def import_database(*, actor: AbstractBaseUser, run: TuningRun, workloads: bytes
         more = f" (and {len(errs) - 5} more)" if len(errs) > 5 else ""
         raise ServiceError("Records refused, nothing was imported: " + "; ".join(errs[:5]) + more,
                            field="records")
+    try:
+        recheck_output(checked["records"])  # the checker parsed hostile bytes in C++: trust nothing it returns
+    except RecordError as exc:
+        log.error("run %s: the record checker returned a refused record: %s", run.pk, exc)
+        raise ServiceError(f"Records refused, nothing was imported: {exc}.", field="records") from None
     with transaction.atomic():
         run = _locked(run)
         _check_importable(run)

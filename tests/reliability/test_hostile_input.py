@@ -769,3 +769,29 @@ def test_import_of_deeply_nested_json_is_a_clear_400_not_a_crash(import_run):
         resp = _post_import(client, run, wl, rec)
         assert resp.status_code == 400, resp.content[:300]
         assert "nested too deeply" in resp.json()["detail"] and _nothing_written(run)
+
+
+def test_import_trusts_nothing_the_checker_returns(import_run, monkeypatch):
+    """The checker parses hostile bytes with TVM's C++ loaders; if it were subverted, what it returns
+    must still be refused by the parent's plain-Python check, and nothing written."""
+    import json
+
+    from tuning.engine import procpool
+    from tuning.engine.testing import tuning_database
+
+    client, run, data = import_run
+    wl, rec = tuning_database(_onnx(data), run.target)
+    good = json.loads(rec.decode().splitlines()[0])
+    good[1][1] = None
+    hostile = json.loads(json.dumps(good).replace("meta_schedule.unroll_explicit", "pragma_import_llvm"))
+    with_path = json.loads(json.dumps(good).replace("meta_schedule.unroll_explicit", "/tmp/x.ll"))
+    with_latency = json.loads(json.dumps(good))
+    with_latency[1][1] = [1e-9]
+    for bad, reason in ((hostile, "pragma_import_llvm"), (with_path, "not a plain name"),
+                        (with_latency, "latency")):
+        monkeypatch.setattr(procpool, "run_isolated",
+                            lambda *a, bad=bad, **k: {"workloads": [wl.decode().splitlines()[0]],
+                                                      "records": [json.dumps(bad)]})
+        resp = _post_import(client, run, wl, rec)
+        assert resp.status_code == 400 and reason in resp.json()["detail"], resp.content[:300]
+        assert _nothing_written(run)

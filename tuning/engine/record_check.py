@@ -26,7 +26,8 @@ import json
 import re
 from typing import Any
 
-__all__ = ["ALLOWED_KINDS", "ALLOWED_ANNOTATIONS", "RecordError", "precheck", "check_import", "annotation_allowed"]
+__all__ = ["ALLOWED_KINDS", "ALLOWED_ANNOTATIONS", "RecordError", "precheck", "check_import", "annotation_allowed",
+           "recheck_output"]
 
 ALLOWED_KINDS = frozenset({
     "GetSBlock", "GetLoops", "GetChildBlocks", "GetProducers", "GetConsumers", "GetOutputBlocks",
@@ -103,6 +104,38 @@ def precheck(workloads: bytes, records: bytes, *, max_records: int) -> tuple[lis
             if kind not in ALLOWED_KINDS:
                 raise RecordError(where, f"instruction {str(kind)[:60]!r} is not one of MetaSchedule's own")
     return wl, recs
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _strings(v)
+
+
+def recheck_output(record_lines: list[str]) -> None:
+    """Plain-Python check, in the parent, of the records the TVM checker returned: it parsed hostile
+    input in C++, so what it hands back is not trusted either. Every string of every trace must be a
+    plain name, no annotation key outside the allow-list, no latency kept. Raises RecordError."""
+    for n, line in enumerate(record_lines, 1):
+        where = f"Checked record {n}"
+        try:
+            index, body = json.loads(line)
+            trace = body[0]
+        except (ValueError, TypeError, IndexError, KeyError):
+            raise RecordError(where, "the checker returned a malformed record") from None
+        if len(body) > 1 and body[1] is not None:
+            raise RecordError(where, "the checker returned a record with a latency")
+        for text in _strings(trace):
+            if not IDENTIFIER.fullmatch(text):
+                raise RecordError(where, f"the checker returned a string that is not a plain name: {text[:60]!r}")
+            if text.startswith("pragma_") and not annotation_allowed(text):
+                raise RecordError(where, f"the checker returned the annotation {text!r}")
 
 
 # --------------------------------------------------------------------------- with TVM
