@@ -255,6 +255,9 @@ ONNX_MAX_ACTIVATION_BYTES = env.int("ONNX_MAX_ACTIVATION_BYTES", default=8 * 102
 # smaller ones inline (201 or 400).
 ONNX_ASYNC_VALIDATION_BYTES = env.int("ONNX_ASYNC_VALIDATION_BYTES", default=4 * 1024 * 1024)
 ONNX_COUNT_TUNING_TASKS = env.bool("ONNX_COUNT_TUNING_TASKS", default=True)
+# What names a model's tuning tasks (a dotted path, resolved when a model is validated): the tuning
+# engine's, chosen here so that core imports no tuning code. Empty: TVM only checks the import.
+ONNX_TASK_COUNTER = env.str("ONNX_TASK_COUNTER", default="tuning.engine.relax_pipeline.count_tuning_tasks")
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024  # larger uploads stream to a temp file
 DEFAULT_TUNING_TARGET = {"kind": "llvm", "num-cores": env.int("DLOPT_TUNING_CORES", default=2)}

@@ -9,6 +9,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from . import selectors, services
+from .exceptions import ServiceError
 from .models import ApiToken, DLModel, EnergySettings, Membership, Quota, Team, TeamInvitation
 from .onnx_models.errors import OnnxValidationError
 
@@ -204,7 +205,7 @@ class DLModelAdmin(admin.ModelAdmin):
     def add_view(self, request, form_url="", extra_context=None):
         try:
             return super().add_view(request, form_url, extra_context)
-        except (OnnxValidationError, services.ServiceError) as exc:
+        except (OnnxValidationError, ServiceError) as exc:
             self.message_user(request, f"Upload refused: {exc}", level=messages.ERROR)
             from django.http import HttpResponseRedirect
 

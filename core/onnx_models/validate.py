@@ -27,8 +27,9 @@ expensive work:
    ``max_activation_bytes``                          -> ``too_much_activation_memory``
    cost (FLOPs + bytes the data-movement ops copy)
    within ``max_gflops`` G-op equivalents            -> ``too_many_flops``
-10. TVM imports the model and extracts its tuning
-    tasks (only with ``count_tasks=True``)           -> ``tvm_import_failed``
+10. TVM imports the model and, with a
+    ``task_counter``, names its tuning tasks
+    (only with ``count_tasks=True``)                 -> ``tvm_import_failed``
 
 Nothing here imports Django. TVM is imported lazily: with ``count_tasks=False``
 only TVM's ONNX converter table is read (or, where TVM is not installed, a
@@ -42,6 +43,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Any, BinaryIO
 
 import onnx
@@ -52,6 +54,7 @@ from .features import GraphFeatures, _skeleton, compute_features
 
 __all__ = [
     "DEFAULT_TARGET",
+    "TaskCounter",
     "ValidatedModel",
     "check_upload_basics",
     "validate_onnx_bytes",
@@ -62,6 +65,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: Names the tuning tasks of a model for a target. The caller passes one (the platform's comes from the
+#: tuning engine, named in settings.ONNX_TASK_COUNTER), so this package imports no other engine.
+TaskCounter = Callable[[onnx.ModelProto, dict], Iterable[str]]
 
 #: Target used to count tuning tasks when none is given (TVM 0.27 dict form).
 DEFAULT_TARGET: dict[str, Any] = {"kind": "llvm", "num-cores": 2}
@@ -121,7 +128,7 @@ class ValidatedModel:
     model's producer name and version, joined by a space (e.g. "pytorch 2.3.0"). ``inputs``/``outputs``
     are ``{"name", "shape", "dtype"}`` dicts; an output dimension shape
     inference could not resolve is -1. ``num_tuning_tasks`` is None when tasks
-    were not counted (``count_tasks=False``, or the tuning engine is absent).
+    were not counted (``count_tasks=False``, or no ``task_counter`` was given).
     """
 
     model: onnx.ModelProto
@@ -164,6 +171,7 @@ def validate_onnx_bytes(
     max_activation_bytes: int = DEFAULT_MAX_ACTIVATION_BYTES,
     count_tasks: bool = True,
     target: dict | None = None,
+    task_counter: TaskCounter | None = None,
 ) -> ValidatedModel:
     """Validate the bytes of an uploaded ONNX file (see the module docstring for
     the checks, in order). Raises :class:`OnnxValidationError` on the first
@@ -173,7 +181,7 @@ def validate_onnx_bytes(
     model = _parse(data)
     return _validate_parsed(
         model, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target,
-        max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes,
+        task_counter=task_counter, max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes,
     )
 
 
@@ -188,6 +196,7 @@ def validate_onnx_file(
     max_activation_bytes: int = DEFAULT_MAX_ACTIVATION_BYTES,
     count_tasks: bool = True,
     target: dict | None = None,
+    task_counter: TaskCounter | None = None,
 ) -> ValidatedModel:
     """Validate an ONNX file on disk, or a binary file object (e.g. a Django
     ``UploadedFile``), reading at most ``max_bytes + 1`` bytes: the size is
@@ -219,6 +228,7 @@ def validate_onnx_file(
         max_activation_bytes=max_activation_bytes,
         count_tasks=count_tasks,
         target=target,
+        task_counter=task_counter,
     )
 
 
@@ -231,6 +241,7 @@ def validate_onnx_model(
     max_activation_bytes: int = DEFAULT_MAX_ACTIVATION_BYTES,
     count_tasks: bool = True,
     target: dict | None = None,
+    task_counter: TaskCounter | None = None,
 ) -> ValidatedModel:
     """Checks 4-10 on an in-memory model (e.g. one built by the zoo). The
     model is copied, never modified."""
@@ -238,7 +249,7 @@ def validate_onnx_model(
     copy.CopyFrom(model)
     return _validate_parsed(
         copy, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target,
-        max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes,
+        task_counter=task_counter, max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes,
     )
 
 
@@ -707,21 +718,16 @@ def _opset(model: onnx.ModelProto) -> int:
 # --------------------------------------------------------------------------- step 10
 
 
-def _tuning_tasks(model: onnx.ModelProto, target: dict) -> tuple[int | None, list[str]]:
-    try:
-        from tuning.engine.relax_pipeline import count_tuning_tasks, onnx_to_relax
-    except ImportError as exc:
-        # The engine is a sibling package; without it, still prove TVM imports the model.
-        log.warning("tuning.engine.relax_pipeline unavailable (%s): tasks not counted", exc)
+def _tuning_tasks(model: onnx.ModelProto, target: dict,
+                  task_counter: TaskCounter | None) -> tuple[int | None, list[str]]:
+    if task_counter is None:
+        # No counter given (the caller has no tuning engine): still prove TVM imports the model.
         _import_into_relax(model)
         return None, []
     try:
-        names = list(count_tuning_tasks(model, target))
+        names = list(task_counter(model, target))
     except Exception as exc:
-        try:  # tell an import failure from a later compilation-pass failure
-            onnx_to_relax(model)
-        except Exception as import_exc:
-            raise _tvm_error(import_exc) from import_exc
+        _import_into_relax(model)  # tell an import failure from a later compilation-pass failure
         raise OnnxValidationError(
             "tvm_import_failed",
             f"TVM imported the model but could not extract its tuning tasks for target "
@@ -759,12 +765,14 @@ def _validate_parsed(
     max_dim: int,
     count_tasks: bool,
     target: dict | None,
+    task_counter: TaskCounter | None = None,
     max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS,
     max_activation_bytes: int = DEFAULT_MAX_ACTIVATION_BYTES,
 ) -> ValidatedModel:
     try:
         return _run_checks(model, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target,
-                           max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes)
+                           task_counter=task_counter, max_tensor_elements=max_tensor_elements,
+                           max_activation_bytes=max_activation_bytes)
     except UnicodeDecodeError as exc:
         # upb decodes string fields lazily: a damaged name surfaces only when read.
         raise OnnxValidationError(
@@ -781,6 +789,7 @@ def _run_checks(
     max_dim: int,
     count_tasks: bool,
     target: dict | None,
+    task_counter: TaskCounter | None,
     max_tensor_elements: int,
     max_activation_bytes: int,
 ) -> ValidatedModel:
@@ -793,7 +802,7 @@ def _run_checks(
     _check_cost(features, max_gflops=max_gflops, max_activation_bytes=max_activation_bytes)
     num_tasks, names = (None, [])
     if count_tasks:
-        num_tasks, names = _tuning_tasks(model, dict(target or DEFAULT_TARGET))
+        num_tasks, names = _tuning_tasks(model, dict(target or DEFAULT_TARGET), task_counter)
     inputs = _io_dicts(_graph_inputs(model))
     return ValidatedModel(
         model=model,

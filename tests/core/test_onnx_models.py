@@ -291,8 +291,9 @@ def test_zoo_models_import_into_tvm_relax(zoo_models, relax_pipeline):
 
 
 def test_validate_good_model_counts_tasks(relax_pipeline):
+    """The tuning engine's counter, passed in (core.onnx_models imports no other engine)."""
     data = build_model("small_cnn").SerializeToString()
-    v = validate_onnx_bytes(data, filename="Small.ONNX", max_bytes=MB)
+    v = validate_onnx_bytes(data, filename="Small.ONNX", max_bytes=MB, task_counter=relax_pipeline.count_tuning_tasks)
     assert (v.opset, v.ir_version, v.batch_size) == (17, 8, 1)
     assert v.producer.startswith("dlopt-zoo")
     assert v.inputs == [{"name": "input", "shape": [1, 3, 32, 32], "dtype": "float32"}]
@@ -451,17 +452,28 @@ def test_too_many_flops():
 
 
 def test_tvm_import_failure_is_reported(monkeypatch, relax_pipeline):
+    """A task counter that fails: validation tells a model TVM cannot import from one whose task
+    extraction failed later, by importing it into Relax itself."""
+    import tvm.relax.frontend.onnx as tvm_onnx
+
     def boom(*a, **k):
         raise RuntimeError("converter exploded")
 
-    monkeypatch.setattr(relax_pipeline, "count_tuning_tasks", boom)
-    monkeypatch.setattr(relax_pipeline, "onnx_to_relax", boom)
+    data = _tiny_net().SerializeToString()
     with pytest.raises(OnnxValidationError) as ei:
-        validate_onnx_bytes(_tiny_net().SerializeToString(), filename="m.onnx", max_bytes=MB)
-    assert ei.value.code == "tvm_import_failed" and "converter exploded" in ei.value.message
+        validate_onnx_bytes(data, filename="m.onnx", max_bytes=MB, task_counter=boom)
+    assert ei.value.code == "tvm_import_failed" and "could not extract its tuning tasks" in ei.value.message
+    assert "converter exploded" in ei.value.message
+    monkeypatch.setattr(tvm_onnx, "from_onnx", boom)
+    with pytest.raises(OnnxValidationError) as ei:
+        validate_onnx_bytes(data, filename="m.onnx", max_bytes=MB, task_counter=boom)
+    assert ei.value.code == "tvm_import_failed" and "TVM could not import the model: converter exploded" in \
+        ei.value.message
 
 
-def test_without_tuning_engine_still_imports_into_tvm(monkeypatch, relax_pipeline):
+def test_without_a_task_counter_still_imports_into_tvm(monkeypatch, relax_pipeline):
+    """No ``task_counter``: tasks are not counted (None), TVM still checks the import, and the tuning engine
+    is never imported (it is made unimportable here)."""
     import sys
 
     monkeypatch.setitem(sys.modules, "tuning.engine.relax_pipeline", None)  # import fails
