@@ -1,11 +1,14 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test setup migrate worker web bench-quick check clean
+.PHONY: run test lint-imports setup migrate worker web bench-quick check clean
 
 run:            ## set up, migrate, demo user + zoo, start web server and a Celery worker
 	scripts/run.sh
 
-test:           ## the whole suite (PostgreSQL + Redis, started if absent; then SQLite)
+test:           ## the import contracts, then the whole suite (PostgreSQL + Redis, started if absent; then SQLite)
 	scripts/test.sh $(ARGS)
+
+lint-imports: setup  ## only the architecture contracts (pyproject.toml [tool.importlinter])
+	.venv/bin/lint-imports --no-cache
 
 setup:
 	scripts/setup_venv.sh

@@ -225,12 +225,6 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_TRACK_STARTED = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # reconnect after a broker restart, forever
-# Longer than the longest task (a tuning run), so Redis does not re-deliver a
-# message that a live worker is still executing.
-CELERY_BROKER_TRANSPORT_OPTIONS = (
-    {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=12 * 3600)}
-    if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else {}
-)
 # Routes match task *names* (tasks are named "<app>.<action>").
 CELERY_TASK_ROUTES = {
     "tuning.execute_run": {"queue": "tuning"},
@@ -283,6 +277,39 @@ SCHEDULING_TELEMETRY_RETENTION_DAYS = env.int("SCHEDULING_TELEMETRY_RETENTION_DA
 SCHEDULING_DEFAULT_JOB_ESTIMATE_S = env.float("SCHEDULING_DEFAULT_JOB_ESTIMATE_S", default=600.0)
 # The longest GPU time a job may declare (duration_estimate_s); a job is stopped when it reaches its own.
 SCHEDULING_MAX_JOB_DURATION_S = env.float("SCHEDULING_MAX_JOB_DURATION_S", default=24 * 3600.0)
+
+# --- Celery time limits (after the durations they must cover) ---------------------------
+# Time limits per queue, as (soft, hard) seconds: a message gets the limits of the queue it is published
+# to (config/celery.py), unless its sender set its own. The soft limit raises SoftTimeLimitExceeded in
+# the task, so its service settles the row (a run or a job fails with the reason); the hard one, a
+# grace period later, kills the worker child. Patterns are fnmatch patterns, the first match wins.
+_TIME_LIMIT_GRACE_S = env.float("CELERY_TIME_LIMIT_GRACE_S", default=300.0)
+
+
+def _limits(env_name: str, soft_default: float) -> tuple[float, float]:
+    soft = env.float(env_name, default=soft_default)
+    return soft, soft + _TIME_LIMIT_GRACE_S
+
+
+CELERY_QUEUE_TIME_LIMITS = {
+    "telemetry": _limits("CELERY_TELEMETRY_SOFT_TIME_LIMIT_S", 120.0),       # a heartbeat, a sweep
+    "tuning": _limits("CELERY_TUNING_SOFT_TIME_LIMIT_S", 12 * 3600.0),        # a whole tuning run
+    "simulations": _limits("CELERY_SIMULATIONS_SOFT_TIME_LIMIT_S", 2 * 3600.0),
+    # measure.<node>.cpu: candidate measurements (each TUNING_MEASURE_TIMEOUT_S at most); measure.<node>.gpu<i>:
+    # those and placed GPU jobs, which stop themselves at their declared duration (SCHEDULING_MAX_JOB_DURATION_S).
+    "measure.*.cpu": _limits("CELERY_MEASURE_SOFT_TIME_LIMIT_S", max(3600.0, TUNING_MEASURE_TIMEOUT_S + 600.0)),
+    "measure.*": _limits("CELERY_GPU_SOFT_TIME_LIMIT_S",
+                         max(SCHEDULING_MAX_JOB_DURATION_S, TUNING_MEASURE_TIMEOUT_S) + 600.0),
+    "*": _limits("CELERY_DEFAULT_SOFT_TIME_LIMIT_S", 3600.0),                # default: validation, placement
+}
+# Longer than the longest task (every queue's hard limit, and at least 12 h), so Redis does not re-deliver
+# a message that a live worker is still executing.
+CELERY_BROKER_TRANSPORT_OPTIONS = (
+    {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=int(max(
+        12 * 3600, max(hard for _, hard in CELERY_QUEUE_TIME_LIMITS.values()) + 600)))}
+    if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else {}
+)
+
 # Energy model used where no meter exists (labeled "modeled" everywhere it shows).
 ENERGY_CPU_WATTS_PER_CORE = env.float("ENERGY_CPU_WATTS_PER_CORE", default=10.0)
 ENERGY_GPU_BOARD_WATTS = env.float("ENERGY_GPU_BOARD_WATTS", default=300.0)

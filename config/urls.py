@@ -1,23 +1,16 @@
-from importlib import import_module
-
 from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from config.api_router import router
+from core.api import urls as core_api
+from core.api.router import router
+from scheduling.api import urls as scheduling_api
+from tuning.api import urls as tuning_api
 
-# Each app's api/urls.py registers its viewsets on the shared router and may
-# add extra paths; import them before reading router.urls.
-api_extra = []
-for app in ("core", "tuning", "scheduling"):
-    try:
-        module = import_module(f"{app}.api.urls")
-    except ModuleNotFoundError as exc:  # an app without an API yet
-        if exc.name != f"{app}.api.urls" and exc.name != f"{app}.api":
-            raise
-        continue
-    api_extra += getattr(module, "urlpatterns", [])
+# Each app's api/urls.py registers its viewsets on the shared router when imported (above) and may add
+# extra paths; router.urls is read after all of them.
+api_extra = [*core_api.urlpatterns, *tuning_api.urlpatterns, *scheduling_api.urlpatterns]
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -6,12 +6,18 @@ the same selectors. Objects of other teams are 404s, as everywhere.
 """
 from __future__ import annotations
 
+from dataclasses import asdict
+
+from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
+
+from core.selectors import energy_model
+from scheduling.selectors import COLOCATION_BASIS
 
 from . import charts, clusterdata, presenters, queries
 from .forms import parse_id_list
@@ -48,8 +54,8 @@ class RunLiveSerializer(serializers.Serializer):
 
 
 class FigureSetSerializer(serializers.Serializer):
-    available = serializers.BooleanField(help_text="False while the scheduling app has no such data yet.")
-    missing = serializers.ListField(child=serializers.CharField(), help_text="Scheduling models not there yet.")
+    available = serializers.BooleanField(help_text="False while there is no such data yet (e.g. a simulation "
+                                                   "without results).")
     figures = serializers.DictField(child=PlotlyFigureSerializer(), help_text="Figures by name.")
 
 
@@ -154,8 +160,6 @@ def _team_ids(request) -> list[int]:
     if raw in (None, ""):
         return all_ids
     if not raw.isdigit() or int(raw) not in all_ids:
-        from django.http import Http404
-
         raise Http404("No such team among yours.")
     return [int(raw)]
 
@@ -194,11 +198,6 @@ class EnergySummaryView(APIView):
     @extend_schema(tags=[TAG], parameters=[TEAM], responses={200: EnergySummarySerializer, 404: NOT_FOUND},
                    summary="Energy and carbon per team and month: tuning, saved by Trimmer and by co-location")
     def get(self, request):
-        from dataclasses import asdict
-
-        from core.selectors import energy_model
-        from scheduling.selectors import COLOCATION_BASIS
-
         model = energy_model()
         return Response({
             "months": [asdict(r) for r in queries.energy_by_team_month(_team_ids(request))],
@@ -211,7 +210,7 @@ class ClusterChartView(APIView):
     @extend_schema(tags=[TAG], parameters=[TEAM],
                    responses={200: FigureSetSerializer, 404: NOT_FOUND},
                    summary="Cluster figures (GPU utilization and memory, jobs per state)",
-                   description="`available` is false (and `figures` empty) while the scheduling app has no data.")
+                   description="The figures are drawn (empty) before any node reported.")
     def get(self, request):
         return Response(clusterdata.cluster_figures(_team_ids(request)))
 

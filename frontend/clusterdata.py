@@ -14,40 +14,26 @@ from django.db.models import Count
 from django.http import Http404
 from django.utils import timezone
 
-from . import charts, queries
+from common.series import thin
+from scheduling import selectors
+from scheduling.models import GpuJob, GpuTelemetry, Placement, SimulationRun
 
-CLUSTER_MODELS = ("Node", "GPU", "GpuTelemetry", "GpuJob", "Placement")
-SIMULATION_MODELS = ("SimulationRun",)
+from . import charts
+
 TELEMETRY_WINDOW = dt.timedelta(hours=1)
 TELEMETRY_MAX_ROWS = 20_000
 TELEMETRY_POINTS_PER_GPU = 300
 RECENT_JOBS = 30
 
 
-def _missing(names) -> list[str]:
-    return [n for n in names if queries.scheduling_model(n) is None]
-
-
-def _thin(xs: list, ys: list, n: int) -> tuple[list, list]:
-    if len(xs) <= n:
-        return xs, ys
-    step = len(xs) / n
-    idx = sorted({int(i * step) for i in range(n)} | {len(xs) - 1})
-    return [xs[i] for i in idx], [ys[i] for i in idx]
-
-
 # --- cluster ----------------------------------------------------------------------------------
 
 
 def _gpus():
-    from scheduling import selectors
-
     return list(selectors.gpus())
 
 
 def _nodes():
-    from scheduling import selectors
-
     now = timezone.now()
     nodes = list(selectors.nodes())
     for n in nodes:
@@ -56,8 +42,6 @@ def _nodes():
 
 
 def _telemetry_series(gpus) -> dict[str, tuple[list, list]]:
-    from scheduling.models import GpuTelemetry
-
     since = timezone.now() - TELEMETRY_WINDOW
     labels = {g.pk: f"{g.node.name}/gpu{g.index}" for g in gpus}
     rows = (GpuTelemetry.objects.filter(ts__gte=since, gpu_id__in=list(labels)).order_by("-ts")
@@ -67,12 +51,10 @@ def _telemetry_series(gpus) -> dict[str, tuple[list, list]]:
         xs, ys = series[gpu_id]
         xs.append(ts.isoformat())
         ys.append(util)
-    return {labels[g]: _thin(xs, ys, TELEMETRY_POINTS_PER_GPU) for g, (xs, ys) in series.items()}
+    return {labels[g]: thin(xs, ys, TELEMETRY_POINTS_PER_GPU) for g, (xs, ys) in series.items()}
 
 
 def _jobs(team_ids: list[int]):
-    from scheduling.models import GpuJob, Placement
-
     jobs_qs = GpuJob.objects.filter(team_id__in=team_ids)
     state_counts = dict(jobs_qs.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
     recent = list(jobs_qs.select_related("model", "team").order_by("-created_at")[:RECENT_JOBS])
@@ -84,8 +66,6 @@ def _jobs(team_ids: list[int]):
 
 
 def cluster_figures_for(gpus, state_counts) -> dict:
-    from scheduling.models import GpuJob
-
     labels = [f"{g.node.name}/gpu{g.index}" for g in gpus]
     util = [g.latest_util_pct for g in gpus]
     mem = [(g.latest_mem_used_mb / g.memory_total_mb * 100) if g.latest_mem_used_mb is not None
@@ -105,54 +85,38 @@ def cluster_figures_for(gpus, state_counts) -> dict:
 
 
 def cluster_context(scope) -> dict:
-    missing = _missing(CLUSTER_MODELS)
-    if missing:
-        return {"available": False, "missing": missing}
-    from scheduling import selectors
-
     nodes = _nodes()
     gpus = _gpus()
     state_counts, recent = _jobs(scope.team_ids)
     predictor = selectors.active_predictor_version()
     has_data = bool(nodes or gpus or state_counts)
     return {
-        "available": has_data, "missing": [], "nodes": nodes, "gpus": gpus, "recent_jobs": recent,
+        "available": has_data, "nodes": nodes, "gpus": gpus, "recent_jobs": recent,
         "state_counts": state_counts, "predictor": predictor,
         "figures": cluster_figures_for(gpus, state_counts) if has_data else {},
     }
 
 
 def cluster_figures(team_ids: list[int]) -> dict:
-    if _missing(CLUSTER_MODELS):
-        return {"available": False, "missing": _missing(CLUSTER_MODELS), "figures": {}}
     gpus = _gpus()
     state_counts, _ = _jobs(team_ids)
-    return {"available": True, "missing": [], "figures": cluster_figures_for(gpus, state_counts)}
+    return {"available": True, "figures": cluster_figures_for(gpus, state_counts)}
 
 
 # --- simulations ------------------------------------------------------------------------------
 
 
 def simulations_context(scope) -> dict:
-    missing = _missing(SIMULATION_MODELS)
-    if missing:
-        return {"available": False, "missing": missing}
-    from scheduling.models import SimulationRun
-
     sims = list(SimulationRun.objects.filter(team_id__in=scope.team_ids).select_related("team", "trace_upload")
                 .order_by("-created_at")[:100])
     for s in sims:
         s.method = (s.results or {}).get("method") or (s.parameters or {}).get("method") or ""
         s.n_jobs = ((s.results or {}).get("trace") or {}).get("jobs_used")
-    return {"available": bool(sims), "missing": [], "simulations": sims,
+    return {"available": bool(sims), "simulations": sims,
             "status_counts": Counter(s.status for s in sims)}
 
 
 def _simulation(scope, pk: int):
-    if _missing(SIMULATION_MODELS):
-        raise Http404("No simulation data yet.")
-    from scheduling.models import SimulationRun
-
     # Any of the user's teams (not only the switcher's): like every detail page.
     sim = SimulationRun.objects.filter(pk=pk, team_id__in=scope.all_team_ids).select_related("team").first()
     if sim is None:
@@ -211,4 +175,4 @@ def simulation_detail_context(scope, pk: int) -> dict:
 
 def simulation_figures(scope, pk: int) -> dict:
     sim = _simulation(scope, pk)
-    return {"available": bool(sim.results), "missing": [], "figures": simulation_figures_for(sim)}
+    return {"available": bool(sim.results), "figures": simulation_figures_for(sim)}

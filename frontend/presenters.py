@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from django.urls import reverse
 
+from common.units import JOULES_PER_KWH, joules_to_kwh
 from tuning import selectors as tuning_selectors
 from tuning.models import TuningRun
 
@@ -59,8 +60,8 @@ def fmt_flops(flops: float | None) -> str:
 def fmt_energy(joules: float | None) -> str:
     if joules is None:
         return DASH
-    if joules >= 360_000:  # 0.1 kWh
-        return f"{joules / 3.6e6:.3f} kWh"
+    if joules >= 0.1 * JOULES_PER_KWH:
+        return f"{joules_to_kwh(joules):.3f} kWh"
     if joules >= 1000:
         return f"{joules / 1000:.2f} kJ"
     return f"{joules:.1f} J"

@@ -1,23 +1,24 @@
-"""Dashboard reads that the apps' selectors do not offer (yet).
+"""Dashboard reads that the apps' selectors do not offer.
 
 Everything here is read-only and takes the caller's team ids or user, so a
-page can never show another team's object. Where a field another app is still
-adding does not exist yet (tuning energy, scheduling models), the functions
-say so instead of failing, and the pages show a placeholder.
+page can never show another team's object. Where nothing is recorded yet (no
+run measured its energy, no GPU job ran), the functions say so and the pages
+show a placeholder.
 """
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
 
-from django.apps import apps
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, Max, Q, QuerySet, Sum
-from django.db.models.functions import TruncMonth
+from django.db.models import Count, F, FloatField, Max, Q, QuerySet, Sum, Value
+from django.db.models.functions import Coalesce, TruncMonth
 from django.http import Http404
 
+from common.units import JOULES_PER_KWH, joules_to_kwh
 from core import selectors as core_selectors
-from core.models import DLModel
+from core.models import DLModel, Quota, Team
+from scheduling.selectors import colocation_savings_by_team_month
 from tuning import selectors as tuning_selectors
 from tuning.models import DopRound, TuningRun, TuningTask
 
@@ -132,21 +133,13 @@ class EnergyMonth:
     colocation_gpu_hours: float | None = None
 
 
-J_PER_KWH = 3.6e6
-
-
 def energy_by_team_month(team_ids: list[int]) -> list[EnergyMonth]:
     """Tuning activity, energy (with its sources) and carbon per team and calendar month.
 
     Carbon is summed per run from the run's grid intensity; runs without one
     use the team's intensity, else the platform's (admin energy settings, else ENERGY_GRID_INTENSITY_G_PER_KWH).
     """
-    from django.db.models import F, FloatField, Value
-    from django.db.models.functions import Coalesce
-
-    from core.selectors import energy_model
-
-    default_intensity = energy_model().grid_intensity_g_per_kwh
+    default_intensity = core_selectors.energy_model().grid_intensity_g_per_kwh
     intensity = Coalesce(F("grid_intensity_g_per_kwh"), F("team__grid_intensity_g_per_kwh"),
                          Value(default_intensity), output_field=FloatField())
     measured = Q(energy_joules__gt=0) | ~Q(energy_source="")
@@ -157,7 +150,7 @@ def energy_by_team_month(team_ids: list[int]) -> list[EnergyMonth]:
                       with_energy=Count("id", filter=measured),
                       energy_j=Sum("energy_joules", filter=measured),
                       saved_j=Sum("energy_saved_joules", filter=measured),
-                      carbon_g=Sum(F("energy_joules") / J_PER_KWH * intensity, filter=measured,
+                      carbon_g=Sum(F("energy_joules") / JOULES_PER_KWH * intensity, filter=measured,
                                    output_field=FloatField()))
             .order_by("-month", "team__name"))
     sources: dict[tuple, set] = {}
@@ -171,8 +164,8 @@ def energy_by_team_month(team_ids: list[int]) -> list[EnergyMonth]:
         out.append(EnergyMonth(
             team_id=r["team_id"], team_name=r["team__name"], month=month, runs=r["runs"],
             trials=r["trials"] or 0, wall_hours=(r["wall"] or 0.0) / 3600.0, runs_with_energy=r["with_energy"],
-            energy_kwh=(r["energy_j"] or 0.0) / J_PER_KWH if has else None,
-            saved_kwh=(r["saved_j"] / J_PER_KWH) if has and r["saved_j"] is not None else None,
+            energy_kwh=joules_to_kwh(r["energy_j"] or 0.0) if has else None,
+            saved_kwh=joules_to_kwh(r["saved_j"]) if has and r["saved_j"] is not None else None,
             carbon_g=(r["carbon_g"] or 0.0) if has else None,
             sources=sorted(sources.get((r["team_id"], r["month"]), ())),
         ))
@@ -182,9 +175,6 @@ def energy_by_team_month(team_ids: list[int]) -> list[EnergyMonth]:
 
 def _add_colocation_savings(rows: list[EnergyMonth], team_ids: list[int]) -> None:
     """Energy saved by co-locating GPU jobs, on each team-month row (rows added for months without tuning)."""
-    from core.models import Team
-    from scheduling.selectors import colocation_savings_by_team_month
-
     savings = colocation_savings_by_team_month(team_ids)
     if not savings:
         return
@@ -196,7 +186,7 @@ def _add_colocation_savings(rows: list[EnergyMonth], team_ids: list[int]) -> Non
             row = EnergyMonth(team_id=team_id, team_name=names.get(team_id, "?"), month=month, runs=0, trials=0,
                               wall_hours=0.0)
             rows.append(row)
-        row.colocation_saved_kwh = saving.joules / J_PER_KWH
+        row.colocation_saved_kwh = joules_to_kwh(saving.joules)
         row.colocation_gpu_hours = saving.gpu_seconds / 3600.0
     rows.sort(key=lambda r: (-r.month.toordinal(), r.team_name))
 
@@ -208,8 +198,6 @@ def energy_recorded(team_ids: list[int]) -> bool:
 
 def quota_usage_rows(teams) -> list[dict]:
     """This month's usage against each team's quota (core.selectors.quota_usage)."""
-    from core.models import Quota
-
     quotas = {q.team_id: q for q in Quota.objects.filter(team__in=teams)}
     rows = []
     for team in teams:
@@ -236,15 +224,7 @@ def overview_counts(team_ids: list[int]) -> dict:
     return counts
 
 
-# --- scheduling (written by another helper; may not exist yet) ------------------------------
-
-
-def scheduling_model(name: str):
-    """The scheduling app's model class, or None while it does not exist yet."""
-    try:
-        return apps.get_model("scheduling", name)
-    except LookupError:
-        return None
+# --- tuning details ---------------------------------------------------------------------------
 
 
 def dop_round_count(run: TuningRun) -> int:

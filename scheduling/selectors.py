@@ -15,12 +15,12 @@ from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Node, Placement, Pred
 
 
 def node_stale_after_s() -> float:
-    return float(getattr(settings, "SCHEDULING_NODE_STALE_S", 180.0))
+    return float(settings.SCHEDULING_NODE_STALE_S)
 
 
 def telemetry_fresh_s() -> float:
     """A GPU's latest sample counts as its current load for this long (Gandiva-like policies)."""
-    return float(getattr(settings, "SCHEDULING_TELEMETRY_FRESH_S", 120.0))
+    return float(settings.SCHEDULING_TELEMETRY_FRESH_S)
 
 
 # --- cluster (visible to every authenticated user) ----------------------------------------

@@ -34,7 +34,7 @@ def _consumed_queues(app=None) -> list[str]:
     return sorted(consuming) if consuming else []
 
 
-@shared_task(name="scheduling.heartbeat", queue="telemetry", ignore_result=True)
+@shared_task(name="scheduling.heartbeat", ignore_result=True)  # queue: CELERY_TASK_ROUTES
 def heartbeat(node: str | None = None, queues: list[str] | None = None, fanout: bool = True,
               worker_started: float | None = None) -> dict:
     local = settings.NODE_NAME

@@ -1,4 +1,4 @@
-"""NVIDIA GPU telemetry through NVML (nvidia-ml-py's ``pynvml``). No Django here.
+"""NVIDIA GPU telemetry through NVML (the one wrapper: ``common.nvml``). No Django here.
 
 Every function takes the NVML module as an argument (``nvml=None`` imports
 ``pynvml``), so tests pass a fake one. A host without an NVIDIA driver (or
@@ -12,6 +12,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from common.nvml import NvmlUnavailable, close_nvml, load_nvml, open_nvml, optional, text, total_energy_mj
 
 __all__ = ["GpuSample", "NvmlReading", "load_nvml", "read_gpus", "normalize_gpu_model", "GpuSampler",
            "NoGpuError", "require_gpu"]
@@ -59,27 +61,6 @@ class NvmlReading:
         return f"{len(self.gpus)} GPU(s): " + ", ".join(f"{g.index}:{g.name}" for g in self.gpus)
 
 
-def load_nvml() -> tuple[Any | None, str]:
-    """``(pynvml module, "")`` or ``(None, why)`` when nvidia-ml-py is not installed."""
-    try:
-        import pynvml
-    except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a pinned dependency
-        return None, f"nvidia-ml-py is not installed ({exc})"
-    return pynvml, ""
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _optional(fn, *args) -> Any:
-    """An NVML query a GPU may not support (power, energy on older boards): None instead of an error."""
-    try:
-        return fn(*args)
-    except Exception:  # NVMLError_NotSupported and friends
-        return None
-
-
 def normalize_gpu_model(name: str, memory_total_mb: float | None = None) -> str:
     """The GPU model name the predictor's datasheet table knows ('Tesla V100-SXM2-32GB' -> 'V100M32').
 
@@ -105,27 +86,27 @@ def read_gpus(nvml: Any = None) -> NvmlReading:
         if nvml is None:
             return NvmlReading(available=False, error=why)
     try:
-        nvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded on a GPU-less host
-        return NvmlReading(available=False, error=str(exc) or type(exc).__name__)
+        open_nvml(nvml)
+    except NvmlUnavailable as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded on a GPU-less host
+        return NvmlReading(available=False, error=str(exc))
     try:
-        driver = _optional(nvml.nvmlSystemGetDriverVersion)
+        driver = optional(nvml.nvmlSystemGetDriverVersion)
         count = int(nvml.nvmlDeviceGetCount())
         gpus: list[GpuSample] = []
         temp_sensor = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
         for i in range(count):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
             mem = nvml.nvmlDeviceGetMemoryInfo(h)
-            util = _optional(nvml.nvmlDeviceGetUtilizationRates, h)
-            power_mw = _optional(nvml.nvmlDeviceGetPowerUsage, h)
-            limit_mw = _optional(nvml.nvmlDeviceGetEnforcedPowerLimit, h) if hasattr(
+            util = optional(nvml.nvmlDeviceGetUtilizationRates, h)
+            power_mw = optional(nvml.nvmlDeviceGetPowerUsage, h)
+            limit_mw = optional(nvml.nvmlDeviceGetEnforcedPowerLimit, h) if hasattr(
                 nvml, "nvmlDeviceGetEnforcedPowerLimit") else None
-            temp = _optional(nvml.nvmlDeviceGetTemperature, h, temp_sensor)
-            energy = _optional(nvml.nvmlDeviceGetTotalEnergyConsumption, h)
+            temp = optional(nvml.nvmlDeviceGetTemperature, h, temp_sensor)
+            energy = total_energy_mj(nvml, h)
             gpus.append(GpuSample(
                 index=i,
-                uuid=_text(_optional(nvml.nvmlDeviceGetUUID, h) or ""),
-                name=_text(_optional(nvml.nvmlDeviceGetName, h) or f"GPU {i}"),
+                uuid=text(optional(nvml.nvmlDeviceGetUUID, h) or ""),
+                name=text(optional(nvml.nvmlDeviceGetName, h) or f"GPU {i}"),
                 memory_total_mb=float(mem.total) / MB,
                 util_pct=float(util.gpu) if util is not None else 0.0,
                 mem_used_mb=float(mem.used) / MB,
@@ -135,14 +116,11 @@ def read_gpus(nvml: Any = None) -> NvmlReading:
                 power_limit_w=float(limit_mw) / 1000.0 if limit_mw is not None else None,
             ))
         return NvmlReading(available=count > 0, error="" if count else "NVML found no devices",
-                           driver_version=_text(driver or ""), gpus=gpus)
+                           driver_version=text(driver or ""), gpus=gpus)
     except Exception as exc:
         return NvmlReading(available=False, error=f"NVML query failed: {exc}")
     finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:
-            pass
+        close_nvml(nvml)
 
 
 def require_gpu(nvml: Any = None) -> NvmlReading:
@@ -178,12 +156,12 @@ class GpuSampler:
 
     def __enter__(self) -> "GpuSampler":
         try:
-            self.nvml.nvmlInit()
-        except Exception as exc:
+            open_nvml(self.nvml)
+        except NvmlUnavailable as exc:
             raise NoGpuError(f"no NVIDIA GPU found (pynvml: {exc})") from None
         self.handle = self.nvml.nvmlDeviceGetHandleByIndex(self.index)
         self.baseline_mb = float(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used) / MB
-        self.energy0 = _optional(self.nvml.nvmlDeviceGetTotalEnergyConsumption, self.handle)
+        self.energy0 = total_energy_mj(self.nvml, self.handle)
         self.t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
         self._thread.start()
@@ -195,9 +173,9 @@ class GpuSampler:
             self._stop.wait(self.interval_s)
 
     def _sample(self) -> None:
-        util = _optional(self.nvml.nvmlDeviceGetUtilizationRates, self.handle)
-        mem = _optional(self.nvml.nvmlDeviceGetMemoryInfo, self.handle)
-        power = _optional(self.nvml.nvmlDeviceGetPowerUsage, self.handle)
+        util = optional(self.nvml.nvmlDeviceGetUtilizationRates, self.handle)
+        mem = optional(self.nvml.nvmlDeviceGetMemoryInfo, self.handle)
+        power = optional(self.nvml.nvmlDeviceGetPowerUsage, self.handle)
         if util is not None:
             self.utils.append(float(util.gpu))
         if mem is not None:
@@ -211,11 +189,8 @@ class GpuSampler:
             self._thread.join(timeout=5)
         self._sample()
         self.t1 = time.perf_counter()
-        self.energy1 = _optional(self.nvml.nvmlDeviceGetTotalEnergyConsumption, self.handle)
-        try:
-            self.nvml.nvmlShutdown()
-        except Exception:
-            pass
+        self.energy1 = total_energy_mj(self.nvml, self.handle)
+        close_nvml(self.nvml)
 
     def result(self) -> dict[str, float | None]:
         energy_j = None

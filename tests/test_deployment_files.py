@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import secrets
@@ -172,3 +173,77 @@ def test_secure_mode_refuses_a_short_key_and_the_dev_mode_keeps_working(tmp_path
     assert proc.returncode != 0 and "50+" in proc.stderr
     proc = _settings_with({"DJANGO_SECURE": "0"}, tmp_path)  # `make run`: no key set, the dev key
     assert proc.returncode == 0, proc.stderr
+
+
+# --- issue 16: time limits per queue -------------------------------------------------------------------
+
+def test_every_queue_stamps_its_soft_and_hard_time_limits_on_published_messages():
+    """A message published to a queue carries that queue's (hard, soft) limits in its `timelimit` header,
+    which the worker enforces (settings.CELERY_QUEUE_TIME_LIMITS, first matching pattern; per-node queues
+    too); a sender's own limits are kept. Published for real, to an in-memory broker."""
+    from celery import Celery
+    from django.conf import settings
+
+    import config.celery  # noqa: F401  (connects the publish hook)
+
+    limits = settings.CELERY_QUEUE_TIME_LIMITS
+    assert all(0 < soft < hard for soft, hard in limits.values())
+    assert limits["measure.*"][0] >= settings.SCHEDULING_MAX_JOB_DURATION_S  # a GPU job stops itself first
+    assert limits["measure.*.cpu"][0] >= settings.TUNING_MEASURE_TIMEOUT_S
+    expected = {"telemetry": "telemetry", "tuning": "tuning", "simulations": "simulations",
+                "measure.n1.cpu": "measure.*.cpu", "measure.n1.gpu0": "measure.*", "default": "*"}
+    app = Celery("time-limits-probe", broker="memory://")
+    with app.connection_for_write() as conn:
+        for queue, pattern in expected.items():
+            app.send_task("dlopt.probe", queue=queue, connection=conn)
+            message = conn.SimpleQueue(queue).get(timeout=5)
+            soft, hard = limits[pattern]
+            assert tuple(message.headers["timelimit"]) == (hard, soft), queue
+            message.ack()
+        app.send_task("dlopt.probe", queue="tuning", time_limit=7, soft_time_limit=5, connection=conn)
+        message = conn.SimpleQueue("tuning").get(timeout=5)
+        assert tuple(message.headers["timelimit"]) == (7, 5)
+        message.ack()
+
+
+def test_redis_visibility_timeout_outlasts_every_queue_time_limit(tmp_path):
+    """With Redis, an unacked message comes back after the visibility timeout: it must be longer than the
+    hard limit of every queue (and at least 12 h), or a live task would be delivered twice."""
+    code = ("import json, django; django.setup(); from django.conf import settings as s; "
+            "print(json.dumps({'vt': s.CELERY_BROKER_TRANSPORT_OPTIONS['visibility_timeout'], "
+            "'hard': max(h for _, h in s.CELERY_QUEUE_TIME_LIMITS.values())}))")
+    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_VISIBILITY_TIMEOUT", "CELERY_BROKER_URL")}
+    env.update(REDIS_URL="redis://127.0.0.1:6379/0", DATABASE_URL=f"sqlite:///{tmp_path}/db.sqlite3",
+               DLOPT_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="config.settings")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    conf = json.loads(out.stdout.strip().splitlines()[-1])
+    assert conf["vt"] >= 12 * 3600 and conf["vt"] > conf["hard"]
+
+
+def test_routes_are_declared_once_in_settings():
+    """A task's queue comes from CELERY_TASK_ROUTES only, never also from its decorator."""
+    import core.tasks  # noqa: F401  (registers the tasks: the worker's autodiscovery does it there)
+    import scheduling.tasks  # noqa: F401
+    import tuning.tasks  # noqa: F401
+    from django.conf import settings
+
+    from config.celery import app
+
+    for name in settings.CELERY_TASK_ROUTES:
+        assert getattr(app.tasks[name], "queue", None) is None, name
+
+
+def test_the_test_command_checks_the_import_contracts_before_pytest():
+    """`make test` runs lint-imports first (set -e: a broken contract fails it), against contracts that hold
+    the engines free of Django, Celery and the apps."""
+    import tomllib
+
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert "set -euo pipefail" in script
+    assert 0 < script.index(".venv/bin/lint-imports") < script.index("-m pytest")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    engines = next(c for c in config["contracts"] if c["id"] == "engines-django-free")
+    assert set(engines["source_modules"]) == {"tuning.engine", "scheduling.horus", "core.onnx_models", "common"}
+    assert {"django", "rest_framework", "celery", "kombu"} <= set(engines["forbidden_modules"])
+    assert {c["type"] for c in config["contracts"]} >= {"forbidden", "layers", "acyclic_siblings"}

@@ -52,5 +52,4 @@ class ApiDocsAccess(permissions.BasePermission):
     """/api/schema/ and /api/docs/: signed-in users, or anyone when settings.API_DOCS_PUBLIC (read per request)."""
 
     def has_permission(self, request, view):
-        return bool(getattr(settings, "API_DOCS_PUBLIC", False)
-                    or (request.user and request.user.is_authenticated))
+        return bool(settings.API_DOCS_PUBLIC or (request.user and request.user.is_authenticated))

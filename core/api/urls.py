@@ -1,6 +1,6 @@
 from django.urls import path
 
-from config.api_router import router
+from core.api.router import router
 
 from . import views
 from .energy import EnergySettingsView

@@ -1,4 +1,4 @@
-from config.api_router import router
+from core.api.router import router
 
 from . import views
 

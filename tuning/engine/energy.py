@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from common.nvml import open_nvml, total_energy_mj
+
 __all__ = [
     "EnergySample", "RaplMeter", "NvmlMeter", "ModeledMeter", "CompositeMeter", "EnergyAccount",
     "available_meters", "best_cpu_meter", "carbon_grams", "JOULES_PER_KWH",
@@ -80,11 +82,8 @@ class NvmlMeter:
     source = "nvml"
 
     def __init__(self, nvml=None, gpu_indices: Sequence[int] | None = None):
-        if nvml is None:
-            import pynvml as nvml  # nvidia-ml-py
-        self.nvml = nvml
         try:
-            nvml.nvmlInit()
+            self.nvml = nvml = open_nvml(nvml)  # common.nvml: the one NVML wrapper
             count = nvml.nvmlDeviceGetCount()
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded...
             raise OSError(f"NVML unavailable: {exc}") from exc
@@ -92,10 +91,16 @@ class NvmlMeter:
         if not indices:
             raise OSError("NVML reports no GPU")
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
-        self._start_mj = [nvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in self.handles]
+        self._start_mj = self._counters_mj()
+
+    def _counters_mj(self) -> list[float]:
+        counters = [total_energy_mj(self.nvml, h) for h in self.handles]
+        if None in counters:  # a board without the counter: the caller falls back to a modeled meter
+            raise OSError("NVML: a GPU has no total-energy counter")
+        return counters
 
     def read(self) -> EnergySample:
-        now = [self.nvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in self.handles]
+        now = self._counters_mj()
         return EnergySample(sum(n - s for n, s in zip(now, self._start_mj)) / 1e3, self.source, time.time())
 
 
