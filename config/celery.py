@@ -4,9 +4,11 @@ Broker: Redis when REDIS_URL is set (deployment), otherwise kombu's SQLAlchemy
 transport over a local SQLite file, so a fresh machine needs no server.
 Workers are always real processes; eager mode is used nowhere in the product.
 
-Routes live in settings.CELERY_TASK_ROUTES only (never on a task's decorator); time limits per queue
-in settings.CELERY_QUEUE_TIME_LIMITS, stamped on each message as it is published (below), so a task
-sent to a per-node queue (``measure.<node>.gpu0``) gets that queue's limits too.
+Routes live in settings.CELERY_TASK_ROUTES only (never on a task's decorator). Time limits: a task's
+own (``soft_time_limit``/``time_limit`` on its decorator, or given to ``apply_async``) win; a task
+without any gets those of the queue its message is published to, from settings.CELERY_QUEUE_TIME_LIMITS,
+stamped on the message (below), so a task sent to a per-node queue (``measure.<node>.gpu0``) gets that
+queue's limits too.
 """
 import os
 from fnmatch import fnmatchcase
@@ -31,15 +33,24 @@ def queue_time_limits(queue: str) -> tuple[float, float] | None:
     return None
 
 
+def _declares_own_limits(task_name: str) -> bool:
+    task = app.tasks.get(task_name)
+    if task is None:  # a publisher that sends by name: load every app's tasks once, then look again
+        app.loader.import_default_modules()
+        task = app.tasks.get(task_name)
+    return task is not None and (task.time_limit is not None or task.soft_time_limit is not None)
+
+
 @before_task_publish.connect(weak=False, dispatch_uid="dlopt-queue-time-limits")
 def stamp_queue_time_limits(sender=None, headers=None, routing_key=None, **_):
-    """Give a message without limits of its own those of its queue (the routing key is the queue name:
-    every queue here is a direct one). The worker enforces the header's (hard, soft) pair."""
+    """Give a message whose task has no limits of its own those of its queue (the routing key is the
+    queue name: every queue here is a direct one). The worker enforces the header's (hard, soft) pair
+    before the task's, so the header is left empty wherever the task or its sender chose."""
     if headers is None or not routing_key:
         return
     hard, soft = headers.get("timelimit") or (None, None)
-    if hard is not None or soft is not None:
-        return  # the sender chose (apply_async(time_limit=..., soft_time_limit=...))
+    if hard is not None or soft is not None or _declares_own_limits(sender):
+        return
     limits = queue_time_limits(routing_key)
     if limits is not None:
         headers["timelimit"] = (limits[1], limits[0])

@@ -180,11 +180,16 @@ def test_secure_mode_refuses_a_short_key_and_the_dev_mode_keeps_working(tmp_path
 def test_every_queue_stamps_its_soft_and_hard_time_limits_on_published_messages():
     """A message published to a queue carries that queue's (hard, soft) limits in its `timelimit` header,
     which the worker enforces (settings.CELERY_QUEUE_TIME_LIMITS, first matching pattern; per-node queues
-    too); a sender's own limits are kept. Published for real, to an in-memory broker."""
+    too); a sender's own limits, and a task's own (its decorator's), are kept. Published for real, to an
+    in-memory broker."""
     from celery import Celery
     from django.conf import settings
 
-    import config.celery  # noqa: F401  (connects the publish hook)
+    from config.celery import app as dlopt_app  # connects the publish hook
+
+    @dlopt_app.task(name="tests.limited_probe", soft_time_limit=5, time_limit=7)
+    def limited_probe():  # a task with limits of its own
+        return None
 
     limits = settings.CELERY_QUEUE_TIME_LIMITS
     assert all(0 < soft < hard for soft, hard in limits.values())
@@ -203,6 +208,10 @@ def test_every_queue_stamps_its_soft_and_hard_time_limits_on_published_messages(
         app.send_task("dlopt.probe", queue="tuning", time_limit=7, soft_time_limit=5, connection=conn)
         message = conn.SimpleQueue("tuning").get(timeout=5)
         assert tuple(message.headers["timelimit"]) == (7, 5)
+        message.ack()
+        app.send_task("tests.limited_probe", queue="tuning", connection=conn)
+        message = conn.SimpleQueue("tuning").get(timeout=5)
+        assert tuple(message.headers["timelimit"]) == (None, None)  # the worker applies the task's (7, 5)
         message.ack()
 
 
