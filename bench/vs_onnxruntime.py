@@ -48,6 +48,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import geomean, machine_info, run_child, tuning_config, write_result  # noqa: E402
+from tuning.engine.events import NullSink  # noqa: E402 - data classes only, no TVM
 
 SCRIPT = str(Path(__file__).resolve())
 
@@ -63,7 +64,7 @@ VARIANTS = ("mcpu", "no-mcpu")
 
 
 # --------------------------------------------------------------------------- child
-class ParitySink:
+class ParitySink(NullSink):
     """Follows the best-so-far end-to-end estimate; remembers when it first reached ``goal_s``."""
 
     def __init__(self, goal_s: float | None):
@@ -96,15 +97,6 @@ class ParitySink:
         self.trajectory.append((self.trials, round(wall, 2), estimate))
         if self.parity is None and self.goal_s is not None and estimate <= self.goal_s:
             self.parity = {"trials": self.trials, "wall_s": round(wall, 2), "estimate_ms": estimate * 1e3}
-
-    def on_round(self, info):
-        pass
-
-    def on_serial_remeasure(self, updates):
-        pass
-
-    def control(self):
-        return None
 
 
 def _target(variant: str, threads: int) -> dict:
