@@ -1,0 +1,292 @@
+#!/usr/bin/env python
+"""Tuned TVM vs onnxruntime: is the tuned model worth deploying?
+
+For each zoo model, two tuning jobs (each in a fresh interpreter, order
+alternating between models), with the platform's engine
+(``tuning.engine.session.run_tuning``, DOPpler mode, the bench's stated budget):
+
+  mcpu     the canonical target, ``tuning.engine.targets.resolve_cpu_target(threads)``
+           (``mcpu`` = this host's CPU as LLVM names it, ``mtriple``, ``num-cores``)
+  no-mcpu  ``{"kind": "llvm", "num-cores": threads}``, the target the platform uses today
+
+Both jobs tune the module after ``tuning.engine.graph_passes.optimize_for_inference``
+(``--passes``; default ``fold_batchnorm``), and compile the untuned baseline and the
+tuned model from that same module, so the records match what is compiled.
+
+Each job, in order: onnxruntime (CPU provider, intra-op threads = ``--threads``,
+``tuning.engine.yardstick`` timer: warm-up, median of ``--repeat`` repeats), the
+untuned TVM build, tuning (a sink follows the best-so-far end-to-end estimate,
+sum over tasks of weight x best measured latency, and records the trials and
+wall seconds at which it first reached onnxruntime's latency), then onnxruntime
+again and the tuned build, one after the other, so the final ratio compares
+timings taken in the same minutes. TVM is timed with ``time_evaluator``
+(median of ``--repeat`` repeats, each at least 50 ms of runs, after one output
+run and TVM's own warm-up call). Outputs of both TVM builds are checked against
+onnxruntime's (|tvm - ort| <= 1e-4 * max(1, max|ort|) + 1e-4 * |ort|).
+
+    .venv/bin/python bench/vs_onnxruntime.py [--quick] [--models small_cnn,...] [--threads 2]
+                                             [--trials N] [--json bench/results/vs_onnxruntime.json]
+
+``overall.tvm_vs_ort_latency_ratio`` is the geomean over models of tuned TVM
+(mcpu target) / onnxruntime; ``..._no_mcpu`` the same for today's target.
+On a shared machine every figure is noisy: the load average is in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import geomean, machine_info, run_child, tuning_config, write_result  # noqa: E402
+from tuning.engine.events import NullSink  # noqa: E402 - data classes only, no TVM
+
+SCRIPT = str(Path(__file__).resolve())
+
+# zoo model -> (full budget in trials, trials per round); quick uses QUICK
+BUDGETS = {
+    "small_cnn": (640, 32),
+    "mobilenet_v2": (2048, 32),
+    "resnet18": (1536, 32),
+    "bert_encoder": (768, 32),
+}
+QUICK = {"small_cnn": (160, 16)}
+VARIANTS = ("mcpu", "no-mcpu")
+
+
+# --------------------------------------------------------------------------- child
+class ParitySink(NullSink):
+    """Follows the best-so-far end-to-end estimate; remembers when it first reached ``goal_s``."""
+
+    def __init__(self, goal_s: float | None):
+        self.goal_s = goal_s
+        self.t0 = time.perf_counter()
+        self.weights: dict[int, float] = {}
+        self.best: dict[int, float] = {}
+        self.trials = 0
+        self.parity: dict | None = None
+        self.trajectory: list[tuple[int, float, float]] = []  # (trials, wall s, estimate s)
+        self._lock = threading.Lock()
+
+    def on_tasks(self, tasks):
+        self.weights = {t.index: float(t.weight) for t in tasks}
+
+    def on_measurements(self, records):
+        with self._lock:
+            for rec in records:
+                self.trials += 1
+                lat = rec.latency_s
+                if lat is not None and lat < 1e9 and lat < self.best.get(rec.task_index, float("inf")):
+                    self.best[rec.task_index] = lat
+            self._update()
+
+    def _update(self) -> None:
+        if not self.weights or set(self.best) < set(self.weights):
+            return  # a task without a valid measurement: no end-to-end estimate yet
+        estimate = sum(w * self.best[i] for i, w in self.weights.items())
+        wall = time.perf_counter() - self.t0
+        self.trajectory.append((self.trials, round(wall, 2), estimate))
+        if self.parity is None and self.goal_s is not None and estimate <= self.goal_s:
+            self.parity = {"trials": self.trials, "wall_s": round(wall, 2), "estimate_ms": estimate * 1e3}
+
+
+def _target(variant: str, threads: int) -> dict:
+    from tuning.engine.targets import resolve_cpu_target
+
+    if variant == "mcpu":
+        return resolve_cpu_target(num_cores=threads)
+    return {"kind": "llvm", "num-cores": threads}
+
+
+def _time_tvm(executable, inputs, target, spec) -> tuple[list, float]:
+    from tuning.engine.relax_pipeline import run_and_time
+
+    outs, secs = run_and_time(executable, inputs, target, number=1, repeat=spec["repeat"],
+                              threads=spec["threads"], min_repeat_ms=50)
+    return outs, secs * 1e3
+
+
+def _yardstick(model, inputs, spec, tvm_outputs=None):
+    from tuning.engine.yardstick import measure_onnxruntime
+
+    return measure_onnxruntime(model, inputs, threads=spec["threads"], repeat=spec["repeat"], tvm_outputs=tvm_outputs)
+
+
+def _job_variant(spec: dict) -> dict:
+    from core.onnx_models.zoo import build_model
+    from tuning.engine.graph_passes import optimize_for_inference, pipeline_key
+    from tuning.engine.relax_pipeline import compile_model, onnx_to_relax, random_inputs
+    from tuning.engine.session import open_database, run_tuning
+    from tuning.engine.targets import canonical_key
+
+    model = build_model(spec["model"])
+    inputs = random_inputs(model, seed=0)
+    target = _target(spec["variant"], spec["threads"])
+    mod = optimize_for_inference(onnx_to_relax(model), spec["passes"])
+    ort_before = _yardstick(model, inputs, spec)
+    t0 = time.perf_counter()
+    untuned_out, untuned_ms = _time_tvm(compile_model(mod, target), inputs, target, spec)
+    untuned_wall = time.perf_counter() - t0
+    sink = ParitySink(ort_before.latency_median_ms / 1e3)
+    summary = run_tuning(mod, tuning_config(dict(spec, target=target)), sink)
+    tuned = compile_model(mod, target, database=open_database(spec["work_dir"]))
+    tuned_out, tuned_ms = _time_tvm(tuned, inputs, target, spec)
+    ort_after = _yardstick(model, inputs, spec, tvm_outputs=tuned_out)
+    from tuning.engine.yardstick import compare_outputs
+
+    untuned_agree, untuned_err = compare_outputs(untuned_out, ort_after.outputs)
+    return {
+        "target": target, "target_key": canonical_key(target), "passes": pipeline_key(spec["passes"]),
+        "n_tasks": len(summary.tasks), "tasks_without_records": [t.name for t in summary.tasks if not t.n_records],
+        "ort_before": ort_before.to_dict(), "ort": ort_after.to_dict(),
+        "untuned_ms": untuned_ms, "untuned_compile_and_time_s": untuned_wall, "tuned_ms": tuned_ms,
+        "tuned_outputs_agree": ort_after.outputs_agree, "tuned_max_abs_err": ort_after.max_abs_err,
+        "untuned_outputs_agree": untuned_agree, "untuned_max_abs_err": untuned_err,
+        "tuning_wall_s": summary.wall_secs, "trials": sink.trials, "estimate_ms": (summary.best_latency_s or 0) * 1e3 or None,
+        "parity": sink.parity, "trajectory": sink.trajectory[:: max(1, len(sink.trajectory) // 40)],
+        "ratio": tuned_ms / ort_after.latency_median_ms,
+    }
+
+
+def child_main(spec: dict) -> None:
+    os.environ["TVM_NUM_THREADS"] = str(spec["threads"])
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    Path(spec["out"]).write_text(json.dumps(_job_variant(spec), indent=1, default=str))
+
+
+# --------------------------------------------------------------------------- driver
+def _parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--job", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="small_cnn only, small budget and search (< 10 min on 2 cores)")
+    ap.add_argument("--models", default=None, help=f"comma list (default: {','.join(BUDGETS)}; quick: {','.join(QUICK)})")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="mcpu,no-mcpu (default both)")
+    ap.add_argument("--threads", type=int, default=None, help="deployment/measurement threads (default: all cores)")
+    ap.add_argument("--trials", type=int, default=None, help="override every model's budget")
+    ap.add_argument("--passes", default=None, help="graph passes, comma list or 'none' (default: graph_passes.DEFAULT)")
+    ap.add_argument("--repeat", type=int, default=10, help="timing repeats, both engines")
+    ap.add_argument("--population", type=int, default=None, help="evolutionary population (quick: 128, else 512)")
+    ap.add_argument("--genetic-iters", type=int, default=None, help="genetic iterations (quick: 2, else 4)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", default=None, help="write the result JSON here")
+    ap.add_argument("--keep", action="store_true", help="keep the work directories")
+    return ap.parse_args(argv)
+
+
+def _specs(args, root: Path, threads: int) -> list[dict]:
+    from tuning.engine.graph_passes import normalize_passes
+
+    budgets = QUICK if args.quick else BUDGETS
+    names = args.models.split(",") if args.models else list(budgets)
+    variants = [v for v in args.variants.split(",") if v]
+    specs = []
+    for i, name in enumerate(names):
+        trials, per_round = budgets.get(name) or BUDGETS.get(name) or (640, 32)
+        for variant in (variants if i % 2 == 0 else list(reversed(variants))):
+            label = f"{name}__{variant}"
+            specs.append({
+                "label": label, "model": name, "variant": variant, "threads": threads,
+                "trials": args.trials or trials, "per_round": per_round, "seed": args.seed,
+                "passes": list(normalize_passes(args.passes)), "repeat": args.repeat,
+                "population": args.population or (128 if args.quick else None),
+                "genetic_iters": args.genetic_iters or (2 if args.quick else None),
+                "work_dir": str(root / label), "out": str(root / f"{label}.json"),
+            })
+    return specs
+
+
+def _fmt(v, digits=3) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def _rows(results: dict) -> list[dict]:
+    rows = []
+    for name, by_variant in results.items():
+        row = {"model": name}
+        for variant, r in by_variant.items():
+            row[variant] = r
+        ok = [r for r in by_variant.values() if "error" not in r]
+        row["ort_ms"] = min((r["ort"]["latency_median_ms"] for r in ok), default=None)
+        rows.append(row)
+    return rows
+
+
+def _print_table(rows: list[dict]) -> None:
+    print()
+    print(f"{'model':14s} {'variant':8s} {'tasks':>5s} {'trials':>6s} {'ORT ms':>9s} {'untuned':>10s} {'tuned':>9s} "
+          f"{'ratio':>6s} {'parity trials/wall':>19s} {'agree':>5s} {'tune s':>7s}")
+    for row in rows:
+        for variant in VARIANTS:
+            r = row.get(variant)
+            if r is None:
+                continue
+            if "error" in r:
+                print(f"{row['model']:14s} {variant:8s} failed: {r['error'][:120]}")
+                continue
+            par = r.get("parity")
+            par_s = f"{par['trials']} / {par['wall_s']:.0f} s" if par else "not reached"
+            print(f"{row['model']:14s} {variant:8s} {r['n_tasks']:5d} {r['trials']:6d} {_fmt(r['ort']['latency_median_ms']):>9s} "
+                  f"{_fmt(r['untuned_ms']):>10s} {_fmt(r['tuned_ms']):>9s} {_fmt(r['ratio'], 2):>6s} {par_s:>19s} "
+                  f"{str(bool(r['tuned_outputs_agree'] and r['untuned_outputs_agree'])):>5s} {r['tuning_wall_s']:7.0f}")
+
+
+def _overall(rows: list[dict]) -> dict:
+    def ratios(variant):
+        return [row[variant]["ratio"] for row in rows if variant in row and "error" not in row[variant]]
+
+    return {
+        "tvm_vs_ort_latency_ratio": geomean(ratios("mcpu")),
+        "tvm_vs_ort_latency_ratio_no_mcpu": geomean(ratios("no-mcpu")),
+        "models_at_or_below_parity": [row["model"] for row in rows
+                                      if "mcpu" in row and "error" not in row["mcpu"] and row["mcpu"]["ratio"] <= 1.0],
+    }
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    if args.job:
+        child_main(json.loads(args.job))
+        return 0
+    threads = args.threads or len(os.sched_getaffinity(0))
+    root = Path(tempfile.mkdtemp(prefix="bench_vs_ort_"))
+    started = time.perf_counter()
+    machine = machine_info(threads=threads)
+    specs = _specs(args, root, threads)
+    print(f"# vs_onnxruntime: {len(specs)} jobs, threads={threads}, quick={args.quick}, passes={specs[0]['passes'] if specs else []}")
+    print(f"# machine: {machine['cpu']}, load average at start {machine.get('loadavg')}")
+    results: dict[str, dict] = {}
+    for spec in specs:
+        t0 = time.perf_counter()
+        try:
+            res = run_child(SCRIPT, spec, timeout=4 * 3600)
+        except Exception as exc:  # noqa: BLE001 - one failed model must not lose the others
+            res = {"error": str(exc)[-2000:]}
+        results.setdefault(spec["model"], {})[spec["variant"]] = res
+        print(f"  {spec['label']:28s} job {time.perf_counter() - t0:7.1f} s", flush=True)
+    rows = _rows(results)
+    _print_table(rows)
+    overall = _overall(rows)
+    print(f"\noverall tuned TVM / onnxruntime (geomean): mcpu {_fmt(overall['tvm_vs_ort_latency_ratio'], 2)}, "
+          f"no-mcpu {_fmt(overall['tvm_vs_ort_latency_ratio_no_mcpu'], 2)}")
+    machine["loadavg_end"] = list(os.getloadavg())
+    result = {
+        "benchmark": "vs_onnxruntime", "overall": overall, "models": rows, "machine": machine,
+        "settings": {"quick": args.quick, "threads": threads, "repeat": args.repeat, "specs": specs},
+        "bench_wall_s": time.perf_counter() - started,
+    }
+    write_result(result, json_path=args.json, work_root=root, keep=args.keep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

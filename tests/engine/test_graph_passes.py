@@ -1,0 +1,93 @@
+"""Inference graph passes: BatchNorm folding on a tiny conv+bn net, pass selection by name."""
+
+import numpy as np
+import pytest
+
+from tuning.engine import graph_passes as gp
+from tuning.engine import relax_pipeline as rp
+
+
+def conv_bn_onnx(channels: int = 8, size: int = 16, seed: int = 0):
+    """conv(no bias)-bn-relu-conv(no bias)-bn-relu, PyTorch's conv-before-BN layout."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    c = channels
+    inits = [numpy_helper.from_array((rng.standard_normal((c, 3, 3, 3)) * 0.2).astype(np.float32), "w1"),
+             numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1])]
+
+    def bn(inp, out, k):
+        stats = {"g": 1 + 0.1 * rng.standard_normal(c), "b": 0.1 * rng.standard_normal(c),
+                 "m": 0.1 * rng.standard_normal(c), "v": 1 + 0.1 * np.abs(rng.standard_normal(c))}
+        inits.extend(numpy_helper.from_array(v.astype(np.float32), f"{n}{k}") for n, v in stats.items())
+        nodes.append(helper.make_node("BatchNormalization", [inp] + [f"{n}{k}" for n in stats], [out], epsilon=1e-5))
+
+    bn("c1", "n1", 1)
+    nodes.append(helper.make_node("Relu", ["n1"], ["r1"]))
+    nodes.append(helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]))
+    bn("c2", "n2", 2)
+    nodes.append(helper.make_node("Relu", ["n2"], ["y"]))
+    graph = helper.make_graph(nodes, "conv_bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, size, size])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return conv_bn_onnx()
+
+
+def _ops(mod) -> set[str]:
+    from tvm import relax
+
+    names = set()
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(
+                func, lambda e: names.add(e.op.name) if isinstance(e, relax.Call) and hasattr(e.op, "name") else None)
+    return names
+
+
+def test_fold_batchnorm_removes_bn_and_its_epilogue(model, cpu_target):
+    mod = rp.onnx_to_relax(model)
+    folded = gp.optimize_for_inference(mod, ["fold_batchnorm"])
+    assert "relax.nn.batch_norm" in _ops(mod)
+    assert "relax.nn.batch_norm" not in _ops(folded)
+    before = gp.task_summary(mod, cpu_target)
+    after = gp.task_summary(folded, cpu_target)
+    # prepare_for_tuning decomposes an unfolded BN into subtract/divide/multiply/add and fuses
+    # them into the conv task; folded, each conv task carries one bias add
+    assert any("divide" in n for n in before["names"])
+    assert not any("divide" in n or "subtract" in n for n in after["names"])
+    assert after["n_tasks"] <= before["n_tasks"]
+    assert all("conv2d" in n and n.endswith("add_relu") or "conv2d" not in n for n in after["names"])
+
+
+def test_folded_model_computes_the_same(model, cpu_target):
+    inputs = rp.random_inputs(model)
+    mod = rp.onnx_to_relax(model)
+    ref, _ = rp.run_and_time(rp.compile_model(mod, cpu_target), inputs, cpu_target, number=1, repeat=1, threads=1)
+    out, _ = rp.run_and_time(rp.compile_model(gp.optimize_for_inference(mod), cpu_target), inputs, cpu_target,
+                             number=1, repeat=1, threads=1)
+    np.testing.assert_allclose(out[0], ref[0], rtol=1e-4, atol=1e-5)
+
+
+def test_pass_selection_by_name():
+    assert gp.normalize_passes(None) == gp.DEFAULT
+    assert gp.normalize_passes("none") == () and gp.normalize_passes([]) == ()
+    # canonical order whatever the order asked
+    assert gp.normalize_passes("eliminate_common_subexpr,fold_batchnorm") == ("fold_batchnorm", "eliminate_common_subexpr")
+    assert gp.pipeline_key([]) == "none"
+    assert gp.pipeline_key(["eliminate_common_subexpr", "fold_batchnorm"]) == "fold_batchnorm+eliminate_common_subexpr"
+    with pytest.raises(ValueError, match="unknown graph pass"):
+        gp.normalize_passes(["fold_everything"])
+
+
+def test_no_pass_returns_the_module_unchanged(model):
+    mod = rp.onnx_to_relax(model)
+    assert gp.optimize_for_inference(mod, gp.NONE) is mod
