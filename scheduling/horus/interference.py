@@ -10,7 +10,7 @@ Data
     did not fit in memory (0.0) are dropped; where the file holds a pair in
     both orders the two measurements are averaged.
 
-Model (per GPU type, two parameters: capacity ``C`` <= 1, interference ``b`` >= 0)
+Model (per GPU type: interference ``b`` >= 0 fitted, capacity ``C`` = 1 GPU)
     A job with standalone utilization ``u`` spends a share ``u`` of each step
     on the GPU and ``1 - u`` elsewhere (input pipeline, host code). Sharing
     stretches its GPU phases by a factor ``g >= 1``, so its speed is
@@ -18,7 +18,9 @@ Model (per GPU type, two parameters: capacity ``C`` <= 1, interference ``b`` >= 
 
     * interference: ``g_i >= 1 + b * (sum of the partners' utilizations)``
       (kernels of co-located jobs contend for SMs, caches and memory
-      bandwidth even when the GPU has idle time);
+      bandwidth even when the GPU has idle time); alone this gives
+      ``s_i = 1 / (1 + b * u_i * sum_{j != i} u_j)``, the same for both jobs
+      of a pair;
     * capacity: together the jobs may deliver at most ``C`` GPUs of
       standalone-equivalent work, ``sum_i u_i * s_i <= C``. Where the
       interference stretch alone leaves more than that, a common stretch
@@ -26,35 +28,43 @@ Model (per GPU type, two parameters: capacity ``C`` <= 1, interference ``b`` >= 
 
     A job alone runs at speed 1. Work conservation is built in, not checked
     after the fact: ``k >= 2`` jobs deliver ``sum u_i s_i <= C <= 1`` GPU, so
-    ``k`` saturated jobs (``u = 1``) each run at ``<= C/k <= 1/k``. Speeds
-    never rise with load: a partner more, or more utilization anywhere,
-    raises every stretch.
+    ``k`` saturated jobs (``u = 1``) each run at ``<= C/k <= 1/k``, whatever
+    ``b`` is. Speeds never rise with load: a partner more, or more
+    utilization anywhere, raises every stretch. ``C`` is held at 1: the pairs
+    cannot tell any ``C`` in about [0.95, 1] apart (see :func:`fit_gpu`).
+    Fitted (``data/interference/fitted_params.json``): ``b`` = 1.115 (V100),
+    0.728 (P100), 0.75 (K80; flat in ``b`` there, as nearly every job
+    saturates a K80).
 
 Utilization proxy
     Gavel measured throughputs, not GPU utilization, so each job type's
     standalone utilization is a *latent* number per GPU type, fitted jointly
-    with ``C`` and ``b``: the utilization that best explains all of that
-    job's pairs under the model (it is high for a job that slows down a lot
-    against every partner, i.e. it is the job's mean slowdown against all
-    partners, read through the model). Pair data alone fix the utilizations
-    only up to a trade-off with ``b`` (a larger ``b`` with smaller
-    utilizations fits as well), so the scale is anchored by one stated
-    assumption: the job type whose two copies slow each other down the most
-    (lowest self-pair speed: ResNet-18 batch 256 on V100, 0.46 each)
-    saturates the GPU, ``u = 1``. Memory: the data give only whether a pair
-    fit (the 0.0 entries), not footprints, so the model has no memory term;
-    whether jobs fit is the simulator's out-of-memory rule.
+    with ``b``: the utilization that best explains all of that job's pairs
+    under the model (it is high for a job that slows down a lot against
+    every partner, i.e. it is the job's mean slowdown against all partners,
+    read through the model). Pair data alone fix the utilizations only up
+    to a trade-off with ``b`` (a larger ``b`` with smaller utilizations fits
+    as well), so the scale is anchored by one stated assumption: the job
+    type whose two copies slow each other down the most (lowest self-pair
+    speed: ResNet-18 batch 256 on V100, 0.46 each) saturates the GPU,
+    ``u = 1``. The simulator feeds its own (assumed) true utilizations into
+    the fitted ``b``; the latent ones are only the fit's by-product. Memory:
+    the data give only whether a pair fit (the 0.0 entries), not
+    footprints, so the model has no memory term; whether jobs fit is the
+    simulator's out-of-memory rule.
 
 Held-out error (``heldout_by_family``)
     Leave one model family out (ResNet-18, ResNet-50, Transformer, LM,
-    Recommendation, A3C, CycleGAN): fit ``C``, ``b`` and the utilizations of
-    the other families' types on the pairs among them; then estimate each
+    Recommendation, A3C, CycleGAN): fit ``b`` and the utilizations of the
+    other families' types on the pairs among them; then estimate each
     held-out type's utilization from its pairs with a probe half of the
     training types only (as one would profile a new job against a few
     reference jobs) and predict all its other pairs. The error is the MAE of
     predicted vs measured normalized throughput over those pairs, next to a
     constant, the flat +20 % penalty and a per-job mean-speed baseline.
-    ``bench/interference_fit.py`` prints it.
+    Result (``bench/interference_fit.py``): V100 0.123 (constant 0.149, flat
+    0.170, job mean 0.134), P100 0.122 (0.163, 0.153, 0.122), K80 0.083
+    (0.097, 0.307, 0.069: on K80 the job-mean baseline is better).
 
 Use in the simulator: :class:`FittedInterference` (``from_data()``) gives
 each co-located job's speed from the true utilizations of the jobs on one
@@ -506,7 +516,7 @@ def fit_all(path: str | Path | None = None) -> dict[str, Any]:
     fits = {g: fit_gpu(p) for g, p in load_pairs(path).items()}
     return {
         "source": SOURCE, "data_file": "data/interference/gavel_oracle_throughputs.json",
-        "model": "s_i = 1/(u_i*g_i + 1 - u_i), g_i = max(1 + b*sum_{j!=i} u_j, G), sum_i u_i*s_i <= C",
+        "model": "s_i = 1/(u_i*g_i + 1 - u_i), g_i = max(1 + b*sum_{j!=i} u_j, G), sum_i u_i*s_i <= C = 1",
         "utilization_proxy": "latent per job type and GPU type, fitted jointly; anchor (u=1): lowest self-pair speed",
         "gpu_types": {g: f.to_dict() for g, f in sorted(fits.items())},
     }
