@@ -9,6 +9,6 @@ class SchedulingConfig(AppConfig):
     def ready(self) -> None:
         from core.selectors import register_usage_provider
 
-        from . import services
+        from . import selectors
 
-        register_usage_provider("scheduling", services._usage_provider)
+        register_usage_provider("scheduling", selectors.quota_usage)

@@ -100,11 +100,11 @@ def use_nvml(monkeypatch):
 
 def register_gpu_node(name="gpunode", gpus=None, *, serve=True):
     """A live node with fake GPUs whose queues its worker serves."""
-    from scheduling import services
+    from scheduling import services, telemetry
     from scheduling.models import gpu_queue_name
 
     fake = FakeNvml(gpus if gpus is not None else [fake_gpu(), fake_gpu()])
-    reading = services.telemetry.read_gpus(fake)
+    reading = telemetry.read_gpus(fake)
     queues = [f"measure.{name}.cpu"] + ([gpu_queue_name(name, i) for i in range(len(fake.gpus))] if serve else [])
     return services.register_node(name=name, reading=reading, hostname=f"{name}.local", cpu_cores=16,
                                   memory_mb=64000, queues=queues)

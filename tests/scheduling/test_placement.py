@@ -9,6 +9,8 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from core.exceptions import ConflictError, ServiceError
+from core.permissions import PermissionDenied
 from scheduling import services, tasks
 from scheduling.models import GPU, GpuJob, GpuTelemetry, Node, Placement
 
@@ -80,7 +82,7 @@ def test_unserved_stale_or_drained_capacity_is_not_used(db, model_a, celery_send
 
 
 def test_unknown_policy_is_refused(gpu_node):
-    with pytest.raises(services.ServiceError, match="Unknown policy 'nope'"):
+    with pytest.raises(ServiceError, match="Unknown policy 'nope'"):
         services.place_pending_jobs(policy="nope")
 
 
@@ -171,13 +173,13 @@ def test_cancel_releases_the_placement(gpu_node, model_a, user_owner, celery_sen
     p.refresh_from_db()
     job.refresh_from_db()
     assert job.state == "cancelled" and p.released_at is not None
-    with pytest.raises(services.ConflictError):
+    with pytest.raises(ConflictError):
         services.cancel_job(actor=user_owner, job=job)
     assert services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w") is None
 
 
 def test_viewer_cannot_submit(model_a, user_viewer, predictor):
-    with pytest.raises(services.PermissionDenied):
+    with pytest.raises(PermissionDenied):
         services.submit_job(actor=user_viewer, model=model_a, batch_size=1)
     assert not GpuJob.objects.exists()
 
@@ -270,7 +272,7 @@ def test_a_running_job_is_stopped_at_its_declared_duration(gpu_node, model_a, us
             lat = gpu_runtime.timed_iterations(lambda: ran.append(sess.run(None, inputs)), iterations, check)
         return {"runtime": "onnxruntime", "latencies_s": lat, **sampler.result()}
 
-    monkeypatch.setattr(gpu_runtime, "_run_onnxruntime", cpu_inference)
+    monkeypatch.setitem(gpu_runtime.RUNTIMES, "onnxruntime", cpu_inference)
     out = tasks.run_job.run(job.pk, p.pk)
     job.refresh_from_db()
     p.refresh_from_db()
