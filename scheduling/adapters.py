@@ -38,11 +38,12 @@ from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PredictorV
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_SEED_PROFILES_PATH", "EXPERIMENT_PARAMETERS", "LiveCluster", "POLICY_NAMES", "SHIPPED_TRACES", "SIMULATION_INPUT_ERRORS",
-    "TraceRejected", "cluster_state", "experiment_params", "job_view", "load_trained_predictor",
-    "make_live_policy", "model_features", "parse_trace_upload", "policy_score", "profile_records_from_rows",
-    "profile_row_values", "run_simulation", "seed_profile_records", "simulation_results",
-    "simulation_size", "trace_jobs", "train_utilization_predictor",
+    "DEFAULT_SEED_PROFILES_PATH", "EXPERIMENT_PARAMETERS", "LiveCluster", "POLICY_NAMES", "ProfileRecord",
+    "SHIPPED_TRACES", "SIMULATION_INPUT_ERRORS", "TraceRejected", "TrainedPredictor", "cluster_state",
+    "experiment_params", "job_view", "load_trained_predictor", "make_live_policy", "model_features",
+    "parse_trace_upload", "policy_score", "profile_records_from_rows", "profile_row_values", "run_simulation",
+    "seed_profile_records", "simulation_results", "simulation_size", "trace_jobs",
+    "train_utilization_predictor",
 ]
 
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -14,9 +13,6 @@ from core.selectors import energy_model, month_start, teams_for_user
 
 from . import adapters
 from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Node, Placement, PredictorVersion, SimulationRun, TraceUpload
-
-if TYPE_CHECKING:
-    from .horus.profiles import ProfileRecord
 
 
 def node_stale_after_s() -> float:
@@ -133,7 +129,7 @@ def active_predictor_version() -> PredictorVersion | None:
     return PredictorVersion.objects.filter(active=True).first()
 
 
-def profile_records(qs: QuerySet[GpuProfile] | None = None) -> list["ProfileRecord"]:
+def profile_records(qs: QuerySet[GpuProfile] | None = None) -> list[adapters.ProfileRecord]:
     """Stored profiles (all, or ``qs``) as the predictor's records, in insertion order."""
     qs = qs if qs is not None else GpuProfile.objects.all()
     return adapters.profile_records_from_rows(qs.order_by("pk"))

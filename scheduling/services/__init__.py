@@ -5,11 +5,13 @@
 * ``jobs``        GPU-job bounds, the GPU-hour quota, submit and cancel;
 * ``placement``   placement passes and the one way to ask for one (``request_placement_pass``);
 * ``execution``   running a placed job on its GPU's worker; settling jobs of dead or silent workers;
-* ``simulations`` trace uploads, queued simulations and their results.
+* ``simulations`` trace uploads, queued simulations and their results;
+* ``messages``    the Celery messages these send after commit.
 
 Keyword-only, typed, atomic where they write. Reads are in ``scheduling.selectors``; every conversion
 between rows and the Django-free engine (``scheduling.horus``) is in ``scheduling.adapters``. Tasks,
-views, admin and commands import this package; it imports ``scheduling.tasks`` only when it sends.
+views, admin and commands import this package; it sends tasks by their registered names (``messages``)
+and never imports ``scheduling.tasks``.
 """
 from ..adapters import TraceRejected
 from .execution import (

@@ -149,23 +149,22 @@ def prune_telemetry(*, node: Node | None = None, older_than: dt.timedelta | None
     return deleted
 
 
-@transaction.atomic
-def set_node_drained(*, actor: AbstractBaseUser | None, node: Node, drained: bool) -> Node:
-    require_staff(actor, "drain or undrain nodes")
-    node = Node.objects.select_for_update().get(pk=node.pk)
-    node.drained = drained
-    node.save(update_fields=["drained"])
+def _set_drained(actor: AbstractBaseUser | None, row: Node | GPU, drained: bool, what: str) -> Node | GPU:
+    """Drained nodes and GPUs get no new placements; undraining one asks for a placement pass."""
+    require_staff(actor, f"drain or undrain {what}")
+    row = type(row).objects.select_for_update().get(pk=row.pk)
+    row.drained = drained
+    row.save(update_fields=["drained"])
     if not drained:
         request_placement_pass()
-    return node
+    return row
+
+
+@transaction.atomic
+def set_node_drained(*, actor: AbstractBaseUser | None, node: Node, drained: bool) -> Node:
+    return _set_drained(actor, node, drained, "nodes")
 
 
 @transaction.atomic
 def set_gpu_drained(*, actor: AbstractBaseUser | None, gpu: GPU, drained: bool) -> GPU:
-    require_staff(actor, "drain or undrain GPUs")
-    gpu = GPU.objects.select_for_update().get(pk=gpu.pk)
-    gpu.drained = drained
-    gpu.save(update_fields=["drained"])
-    if not drained:
-        request_placement_pass()
-    return gpu
+    return _set_drained(actor, gpu, drained, "GPUs")

@@ -13,21 +13,14 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from core.dispatch import send_on_commit
 from core.models import DLModel, Quota
 from core.selectors import month_start
 
 from .. import adapters, selectors
 from ..models import GPU, GpuJob, Placement
+from .messages import PLACE_PENDING, RUN_JOB, send_after_commit
 
 log = logging.getLogger(__name__)
-
-
-def _tasks():
-    """The task module, imported when a message is sent: tasks import services, never the reverse at load."""
-    from .. import tasks
-
-    return tasks
 
 
 def default_policy() -> str:
@@ -39,7 +32,7 @@ def request_placement_pass(*, only_if_pending: bool = False) -> None:
     asynchronously). On a broker outage pending jobs wait for the heartbeat's next request."""
     if only_if_pending and not selectors.has_pending_jobs():
         return
-    send_on_commit(lambda: _tasks().place_pending.delay(), what="a placement pass")
+    send_after_commit(PLACE_PENDING, what="a placement pass")
 
 
 def release_active_placement(job: GpuJob, now: dt.datetime) -> Placement | None:
@@ -64,8 +57,8 @@ def unplace(job_id: int) -> None:
 def dispatch_placement(*, job_id: int, placement_id: int, queue: str) -> None:
     """Send ``scheduling.run_job`` to the placement's GPU queue after commit; if the broker refuses it
     the job goes back to pending (the next placement pass retries)."""
-    send_on_commit(lambda: _tasks().run_job.apply_async(args=[job_id, placement_id], queue=queue),
-                   what=f"GPU job {job_id} to {queue}", on_error=lambda exc: unplace(job_id))
+    send_after_commit(RUN_JOB, args=[job_id, placement_id], queue=queue, what=f"GPU job {job_id} to {queue}",
+                      on_error=lambda exc: unplace(job_id))
 
 
 def build_cluster_state(gpus: list[GPU], *, now: dt.datetime) -> adapters.LiveCluster:

@@ -3,7 +3,7 @@ predictor versions, and predicting a job's GPU utilization and memory."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.files.base import ContentFile
@@ -18,10 +18,6 @@ from .. import adapters, selectors
 from ..models import GpuProfile, PredictorVersion
 from .staff import acting_user, require_staff
 
-if TYPE_CHECKING:
-    from ..horus.predictor import TrainedPredictor
-    from ..horus.profiles import ProfileRecord
-
 _PROFILE_FIELDS = ("features", "util_pct", "peak_mem_mb", "power_w", "meta", "dl_model")
 
 model_features = adapters.model_features  # cached graph features of a registered model at a batch size
@@ -32,7 +28,7 @@ def _profile_key(model_name: str, batch_size: int, gpu_model: str, source: str) 
             fit_to_field(GpuProfile, "gpu_model", gpu_model), fit_to_field(GpuProfile, "source", source))
 
 
-def _upsert_profiles(records: list["ProfileRecord"], dl_model: DLModel | None = None) -> list[GpuProfile]:
+def _upsert_profiles(records: list[adapters.ProfileRecord], dl_model: DLModel | None = None) -> list[GpuProfile]:
     """Insert or update profile rows keyed by (model, batch size, GPU model, source), in bulk."""
     wanted = {_profile_key(r.model, r.batch_size, r.gpu_model, r.source): r for r in records}
     existing = {_profile_key(p.model_name, p.batch_size, p.gpu_model, p.source): p
@@ -62,12 +58,12 @@ def load_seed_profiles(*, path: str | os.PathLike[str] | None = None) -> int:
 
 
 @transaction.atomic
-def record_profiles(*, records: list["ProfileRecord"], dl_model: DLModel | None = None) -> list[GpuProfile]:
+def record_profiles(*, records: list[adapters.ProfileRecord], dl_model: DLModel | None = None) -> list[GpuProfile]:
     """Store measured profile records (from `profile_gpu`)."""
     return _upsert_profiles(records, dl_model)
 
 
-def training_records() -> list["ProfileRecord"]:
+def training_records() -> list[adapters.ProfileRecord]:
     """Profiles in the database; the shipped seed set is loaded first when there are none."""
     if not selectors.has_profiles():
         load_seed_profiles()
@@ -112,11 +108,11 @@ def activate_predictor(*, actor: AbstractBaseUser | None, version: PredictorVers
     return version
 
 
-def load_predictor(pv: PredictorVersion) -> "TrainedPredictor":
+def load_predictor(pv: PredictorVersion) -> adapters.TrainedPredictor:
     return adapters.load_trained_predictor(pv)
 
 
-def ensure_active_predictor() -> tuple[PredictorVersion, "TrainedPredictor"]:
+def ensure_active_predictor() -> tuple[PredictorVersion, adapters.TrainedPredictor]:
     """The active predictor; one is trained from the stored (or seed) profiles when none exists."""
     pv = selectors.active_predictor_version()
     if pv is None:

@@ -7,7 +7,7 @@ import logging
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.files.base import ContentFile
@@ -15,7 +15,6 @@ from django.core.files.storage import default_storage
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from core.dispatch import send_on_commit
 from core.exceptions import ConflictError, QuotaExceeded, ServiceError
 from core.models import Team
 from core.permissions import require_team_writer
@@ -24,12 +23,9 @@ from core.services import lock_team_quota
 from .. import adapters, selectors
 from ..adapters import TraceRejected
 from ..models import ERROR_TEXT_MAX_CHARS, SimulationRun, TraceUpload
+from .messages import RUN_SIMULATION, send_after_commit
 from .predictors import ensure_active_predictor
 from .staff import acting_user
-
-if TYPE_CHECKING:
-    from ..horus.predictor import TrainedPredictor
-    from ..horus.profiles import ProfileRecord
 
 log = logging.getLogger(__name__)
 
@@ -160,15 +156,13 @@ def _check_simulation_quota(*, team_id: int, jobs: int, gpus: int) -> None:
 
 def _enqueue_simulation(run: SimulationRun) -> None:
     """``scheduling.run_simulation`` after commit; a broker outage fails the run, saying so."""
-    from .. import tasks  # tasks import services at load; services reach tasks only when sending
-
     def failed(exc):
         run.status, run.finished_at = SimulationRun.Status.FAILED, timezone.now()
         run.error = f"Could not be queued: the task broker is unreachable ({exc}). Start it again."
         SimulationRun.objects.filter(pk=run.pk, status=SimulationRun.Status.QUEUED).update(
             status=run.status, finished_at=run.finished_at, error=run.error)
 
-    send_on_commit(lambda: tasks.run_simulation.delay(run.pk), what=f"simulation {run.pk}", on_error=failed)
+    send_after_commit(RUN_SIMULATION, args=[run.pk], what=f"simulation {run.pk}", on_error=failed)
 
 
 def start_simulation(
@@ -198,7 +192,8 @@ def start_simulation(
     return run
 
 
-def simulation_inputs(params: dict[str, Any]) -> tuple[list["ProfileRecord"], "TrainedPredictor | None"]:
+def simulation_inputs(params: dict[str, Any]
+                      ) -> tuple[list[adapters.ProfileRecord], adapters.TrainedPredictor | None]:
     """Profiles (stored, else the shipped seed file) and the predictor a simulation uses."""
     records = selectors.profile_records() if selectors.has_profiles() else adapters.seed_profile_records()
     predictor = None
