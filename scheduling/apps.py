@@ -10,5 +10,6 @@ class SchedulingConfig(AppConfig):
         from core.selectors import register_usage_provider
 
         from . import selectors
+        from . import tasks  # noqa: F401 - registered in every process (web too): services send them by name
 
         register_usage_provider("scheduling", selectors.quota_usage)

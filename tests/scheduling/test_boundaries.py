@@ -4,6 +4,9 @@ engine, services never import the task module, and every task has its time limit
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,3 +71,16 @@ def test_long_tasks_are_redelivered_when_their_worker_is_lost(settings):
 
 def test_a_gpu_job_can_run_its_longest_declared_duration_before_the_hard_limit(settings):
     assert tasks.run_job.soft_time_limit > settings.SCHEDULING_MAX_JOB_DURATION_S
+
+
+def test_a_web_process_has_the_tasks_the_services_send_by_name():
+    """Services send tasks by their registered names, so a process that never imported scheduling.tasks
+    (a web worker) must still have them registered once Django is set up."""
+    probe = ("import django; django.setup(); from celery import current_app; "
+             "from scheduling.services import messages; "
+             "print(sorted(n for n in (messages.PLACE_PENDING, messages.RUN_JOB, messages.RUN_SIMULATION) "
+             "if n not in current_app.tasks))")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
