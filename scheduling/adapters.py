@@ -5,7 +5,8 @@ This is the only scheduling module that imports both Django models and the engin
 inputs here (the live cluster state for a placement pass, profile records for the predictor, graph
 features of a registered model, a simulation's trace and parameters) and engine outputs become row
 values here (trained predictors as files, trace summaries, simulation results). Engine errors are turned
-into the app's ServiceErrors here. Services call these functions and do the writes; nothing here queries.
+into the app's ServiceErrors here. Services call these and write the rows; an adapter reads only the rows
+it is given (and their stored files), and writes none.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from .horus.policies import POLICIES, PlacementPolicy, make_policy
 from .horus.predictor import TrainedPredictor, UtilizationPredictor
 from .horus.profiles import DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, ProfileRecord, load_profiles
 from .horus.traces import Job, TraceFormatError, parse_trace
-from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PredictorVersion, SimulationRun, TraceUpload
+from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PredictorVersion, TraceUpload
 
 log = logging.getLogger(__name__)
 
