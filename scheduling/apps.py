@@ -9,6 +9,7 @@ class SchedulingConfig(AppConfig):
     def ready(self) -> None:
         from core.selectors import register_usage_provider
 
-        from . import services
+        from . import selectors
+        from . import tasks  # noqa: F401 - registered in every process (web too): services send them by name
 
-        register_usage_provider("scheduling", services._usage_provider)
+        register_usage_provider("scheduling", selectors.quota_usage)

@@ -166,6 +166,11 @@ def _run_tvm(model, inputs, iterations: int, device_index: int, sampler_factory,
     return {"runtime": "tvm", "provider": "cuda", "latencies_s": lat, **sampler.result()}
 
 
+# The GPU runtimes a job may ask for, tried in this order for "auto". Each takes (model, inputs,
+# iterations, device_index, sampler_factory, check) and returns {"runtime", "latencies_s", sampler figures}.
+RUNTIMES: dict[str, Callable[..., dict[str, Any]]] = {"onnxruntime": _run_onnxruntime, "tvm": _run_tvm}
+
+
 def run_model_on_gpu(
     model_bytes: bytes,
     *,
@@ -198,14 +203,14 @@ def run_model_on_gpu(
     def sampler():
         return GpuSampler(device_index, nvml=nvml)
 
-    order = {"auto": [_run_onnxruntime, _run_tvm], "onnxruntime": [_run_onnxruntime], "tvm": [_run_tvm]}.get(runtime)
-    if order is None:
-        raise GpuRuntimeError(f"unknown runtime {runtime!r}; use auto, onnxruntime or tvm")
+    order = list(RUNTIMES) if runtime == "auto" else [runtime]
+    if runtime != "auto" and runtime not in RUNTIMES:
+        raise GpuRuntimeError(f"unknown runtime {runtime!r}; use auto, {' or '.join(RUNTIMES)}")
     errors = []
-    for fn in order:
+    for name in order:
         try:
-            out = fn(model, inputs, iterations, device_index, sampler,
-                     StopCheck(should_stop, limit_s=max_seconds, started=started))
+            out = RUNTIMES[name](model, inputs, iterations, device_index, sampler,
+                                 StopCheck(should_stop, limit_s=max_seconds, started=started))
             break
         except GpuRuntimeError as exc:
             errors.append(str(exc))

@@ -156,8 +156,11 @@ class GpuProfile(models.Model):
         return self.source.startswith(self.SYNTHETIC_PREFIX)
 
 
+# A job's or a simulation's error text (a TextField) keeps at most this much: an exception's message can be huge.
+ERROR_TEXT_MAX_CHARS = 5000
+
 # (min, max) of what a GPU job may ask for: the API and the service check these. The declared duration's
-# maximum is lowered by the SCHEDULING_MAX_JOB_DURATION_S setting (scheduling.services.gpu_job_limits).
+# maximum is lowered by the SCHEDULING_MAX_JOB_DURATION_S setting (scheduling.services.jobs.gpu_job_limits).
 GPU_JOB_LIMITS = {
     "batch_size": (1, 4096),
     "iterations": (1, 10_000_000),

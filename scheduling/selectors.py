@@ -9,8 +9,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
-from core.selectors import teams_for_user
+from core.selectors import energy_model, month_start, teams_for_user
 
+from . import adapters
 from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Node, Placement, PredictorVersion, SimulationRun, TraceUpload
 
 
@@ -66,6 +67,47 @@ def latest_samples(gpu_ids: list[int], *, since: dt.datetime) -> dict[int, GpuTe
     return out
 
 
+def heartbeat_fanout_targets(*, exclude: str) -> list[tuple[str, str]]:
+    """``(node, queue)`` for every other live node: a queue only that node's workers consume."""
+    out = []
+    for node in Node.objects.exclude(name=exclude).order_by("name"):
+        if not is_node_fresh(node):
+            continue
+        own = [q for q in (node.queues or []) if f".{node.name}." in q or q.endswith(f".{node.name}")]
+        preferred = [q for q in own if q.startswith("telemetry.")] + [q for q in own if q.endswith(".cpu")] + own
+        if preferred:
+            out.append((node.name, preferred[0]))
+    return out
+
+
+def active_placements_on(gpu_ids: list[int]) -> QuerySet[Placement]:
+    """Unreleased placements on these GPUs with their jobs, oldest first (the order they were placed)."""
+    return (Placement.objects.filter(released_at__isnull=True, gpu_id__in=gpu_ids)
+            .select_related("job", "job__model").order_by("placed_at", "pk"))
+
+
+def placements_on_silent_nodes(cutoff: dt.datetime) -> list[tuple[int, str]]:
+    """``(job id, node name)`` of placed or running jobs whose node has sent no heartbeat since ``cutoff``."""
+    return list(Placement.objects.filter(released_at__isnull=True,
+                                         job__state__in=[GpuJob.State.PLACED, GpuJob.State.RUNNING])
+                .filter(Q(gpu__node__last_seen__lt=cutoff) | Q(gpu__node__last_seen__isnull=True))
+                .values_list("job_id", "gpu__node__name"))
+
+
+def active_placements_on_queues(queues: list[str]) -> list[tuple]:
+    """``(placement id, job id, job state, started_at, placed_at, queue)`` of unreleased placements there."""
+    return list(Placement.objects.filter(released_at__isnull=True, queue__in=list(queues))
+                .values_list("pk", "job_id", "job__state", "job__started_at", "job__placed_at", "queue"))
+
+
+def has_pending_jobs() -> bool:
+    return GpuJob.objects.filter(state=GpuJob.State.PENDING).exists()
+
+
+def is_job_cancelled(job_id: int) -> bool:
+    return GpuJob.objects.filter(pk=job_id, state=GpuJob.State.CANCELLED).exists()
+
+
 def fleet_gpu_model() -> str | None:
     """The most common GPU model of the registered, present GPUs (predictions are made for it)."""
     row = (GPU.objects.filter(present=True).values("gpu_model").annotate(n=Count("pk")).order_by("-n", "gpu_model")
@@ -85,6 +127,16 @@ def predictor_versions() -> QuerySet[PredictorVersion]:
 
 def active_predictor_version() -> PredictorVersion | None:
     return PredictorVersion.objects.filter(active=True).first()
+
+
+def profile_records(qs: QuerySet[GpuProfile] | None = None) -> list[adapters.ProfileRecord]:
+    """Stored profiles (all, or ``qs``) as the predictor's records, in insertion order."""
+    qs = qs if qs is not None else GpuProfile.objects.all()
+    return adapters.profile_records_from_rows(qs.order_by("pk"))
+
+
+def has_profiles() -> bool:
+    return GpuProfile.objects.exists()
 
 
 # --- team-scoped ------------------------------------------------------------------------------
@@ -127,6 +179,33 @@ def gpu_hours_used(team_id: int, since: dt.datetime, now: dt.datetime | None = N
     return total / 3600.0
 
 
+def gpu_hours_reserved(team_id: int, now: dt.datetime, states=GpuJob.ACTIVE) -> float:
+    """GPU-hours the team's jobs in ``states`` have declared and not used yet: a running job is stopped
+    at its declared duration counted from its start, so it reserves what is left of it; others all of it."""
+    reserved = 0.0
+    for estimate, started_at in GpuJob.objects.filter(team_id=team_id, state__in=states).values_list(
+            "duration_estimate_s", "started_at"):
+        elapsed = (now - started_at).total_seconds() if started_at else 0.0
+        reserved += max(0.0, estimate - elapsed)
+    return reserved / 3600.0
+
+
+def gpu_hours_committed(team_id: int, now: dt.datetime | None = None) -> float:
+    """GPU-hours used this month (running placements so far, finished ones in full) plus what the team's
+    active jobs have reserved and not yet used."""
+    now = now or timezone.now()
+    return gpu_hours_used(team_id, month_start(now), now) + gpu_hours_reserved(team_id, now)
+
+
+def active_simulations(team_id: int) -> int:
+    return SimulationRun.objects.filter(team_id=team_id, status__in=SimulationRun.ACTIVE).count()
+
+
+def quota_usage(team_id: int, since: dt.datetime) -> dict:
+    """The scheduling app's part of core.selectors.quota_usage (registered in apps.py)."""
+    return {"gpu_hours_this_month": gpu_hours_used(team_id, since),
+            "concurrent_simulations": active_simulations(team_id)}
+
 
 # --- energy saved by co-location ---------------------------------------------------------------
 
@@ -144,8 +223,6 @@ COLOCATION_BASIS = ("modeled: while k jobs share a GPU, exclusive placement woul
 def colocation_savings_by_team_month(team_ids: list[int], *, now: dt.datetime | None = None
                                      ) -> dict[tuple[int, dt.date], ColocationSaving]:
     """Energy co-location saved on the real cluster, per team and calendar month of the job's placement."""
-    from core.selectors import energy_model
-
     now = now or timezone.now()
     gpu_ids = set(Placement.objects.filter(job__team_id__in=team_ids).values_list("gpu_id", flat=True))
     if not gpu_ids:

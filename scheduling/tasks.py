@@ -9,6 +9,10 @@
 * ``scheduling.train_predictor``: train and activate a predictor version.
 
 A worker registers its node (and the queues it consumes) as soon as it is ready.
+
+Queues come from ``CELERY_TASK_ROUTES`` (config/settings.py) or, for ``run_job``, from the placement;
+time limits (soft, then hard) from :data:`TIME_LIMITS_S`. A soft limit raises inside the service, which
+records the job or simulation as failed, saying so; the hard limit kills a task that ignores it.
 """
 from __future__ import annotations
 
@@ -22,9 +26,25 @@ from celery import current_app, shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
-from . import services
+from . import selectors, services
 
 log = logging.getLogger(__name__)
+
+# (soft, hard) seconds per kind of work. A GPU job stops itself at its declared duration (at most
+# SCHEDULING_MAX_JOB_DURATION_S, counted from its start, model loading included): the limit leaves room
+# for loading and for reporting. Simulations are bounded by the team's simulation-size quota.
+TIME_LIMITS_S: dict[str, tuple[float, float]] = {
+    "telemetry": (60.0, 120.0),
+    "placement": (300.0, 360.0),
+    "gpu_job": (settings.SCHEDULING_MAX_JOB_DURATION_S + 600.0, settings.SCHEDULING_MAX_JOB_DURATION_S + 900.0),
+    "simulations": (2 * 3600.0, 2 * 3600.0 + 300.0),
+    "predictor": (1800.0, 1900.0),
+}
+
+
+def _limits(kind: str) -> dict[str, float]:
+    soft, hard = TIME_LIMITS_S[kind]
+    return {"soft_time_limit": soft, "time_limit": hard}
 
 
 def _consumed_queues(app=None) -> list[str]:
@@ -34,7 +54,7 @@ def _consumed_queues(app=None) -> list[str]:
     return sorted(consuming) if consuming else []
 
 
-@shared_task(name="scheduling.heartbeat", ignore_result=True)  # queue: CELERY_TASK_ROUTES
+@shared_task(name="scheduling.heartbeat", ignore_result=True, **_limits("telemetry"))
 def heartbeat(node: str | None = None, queues: list[str] | None = None, fanout: bool = True,
               worker_started: float | None = None) -> dict:
     local = settings.NODE_NAME
@@ -47,33 +67,32 @@ def heartbeat(node: str | None = None, queues: list[str] | None = None, fanout: 
         services.reconcile_restarted_gpu_worker(
             queues=queues, started_before=datetime.datetime.fromtimestamp(worker_started, datetime.timezone.utc))
     if fanout and not node:
-        for other, queue in services.heartbeat_fanout_targets(exclude=local):
+        for other, queue in selectors.heartbeat_fanout_targets(exclude=local):
             heartbeat.apply_async(kwargs={"node": other, "fanout": False}, queue=queue)
         services.recover_lost_jobs()
-        if services.GpuJob.objects.filter(state=services.GpuJob.State.PENDING).exists():
-            place_pending.delay()
+        services.request_placement_pass(only_if_pending=True)
     return result.as_dict()
 
 
-@shared_task(name="scheduling.place_pending", ignore_result=True)
+@shared_task(name="scheduling.place_pending", ignore_result=True, **_limits("placement"))
 def place_pending(policy: str | None = None) -> list[int]:
     return [p.pk for p in services.place_pending_jobs(policy=policy)]
 
 
-@shared_task(name="scheduling.run_job", bind=True, acks_late=True, reject_on_worker_lost=True)
+@shared_task(name="scheduling.run_job", bind=True, acks_late=True, reject_on_worker_lost=True, **_limits("gpu_job"))
 def run_job(self, job_id: int, placement_id: int) -> dict | None:
     job = services.execute_job(job_id=job_id, placement_id=placement_id,
                                worker=self.request.hostname or socket.gethostname())
     return None if job is None else {"job": job.pk, "state": job.state, "error": job.error}
 
 
-@shared_task(name="scheduling.run_simulation", acks_late=True)
+@shared_task(name="scheduling.run_simulation", acks_late=True, reject_on_worker_lost=True, **_limits("simulations"))
 def run_simulation(run_id: int) -> str | None:
     run = services.execute_simulation(run_id=run_id)
     return None if run is None else run.status
 
 
-@shared_task(name="scheduling.train_predictor")
+@shared_task(name="scheduling.train_predictor", **_limits("predictor"))
 def train_predictor(k_folds: int = 5, seed: int = 0) -> int:
     return services.train_predictor(actor=None, k_folds=k_folds, seed=seed).version
 

@@ -7,8 +7,7 @@ from rest_framework import serializers
 from core import selectors as core_selectors
 from core.api.serializers import TeamScopedPrimaryKeyField
 from core.models import DLModel
-from scheduling.experiments import ExperimentParams
-from scheduling.horus.policies import POLICIES
+from scheduling.adapters import EXPERIMENT_PARAMETERS, POLICY_NAMES
 from scheduling.models import (
     GPU,
     GPU_JOB_LIMITS,
@@ -162,7 +161,7 @@ class GpuJobCreateSerializer(serializers.Serializer):
 
 
 class PlaceSerializer(serializers.Serializer):
-    policy = serializers.ChoiceField(choices=sorted(POLICIES), required=False,
+    policy = serializers.ChoiceField(choices=sorted(POLICY_NAMES), required=False,
                                      help_text="Default: SCHEDULING_POLICY (horus).")
 
 
@@ -227,12 +226,12 @@ class SimulationCreateSerializer(serializers.Serializer):
     team = TeamScopedPrimaryKeyField(help_text="A team you are an owner or member of.")
     trace = serializers.CharField(help_text="'philly', 'alibaba' or the id of a trace your team uploaded.")
     policies = serializers.ListField(child=serializers.CharField(), required=False, default=["all"],
-                                     help_text=f"Policy names or ['all']: {', '.join(POLICIES)}.")
+                                     help_text=f"Policy names or ['all']: {', '.join(POLICY_NAMES)}.")
     seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, default=0)
     parameters = SimulationParametersSerializer(required=False, default=dict)
 
     def validate_parameters(self, value):
-        known = {f for f in ExperimentParams.__dataclass_fields__}
+        known = set(EXPERIMENT_PARAMETERS)
         extra = set(self.initial_data.get("parameters") or {}) - known if isinstance(
             self.initial_data.get("parameters"), dict) else set()
         if extra:

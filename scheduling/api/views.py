@@ -14,6 +14,7 @@ from core.api.filters import UtcIsoDateTimeFilter
 from core.api.permissions import IsTeamMemberWriteOrReadOnly
 from core.api.throttles import UploadThrottle
 from core.api.uploads import body_over
+from core.exceptions import ServiceError
 from scheduling import selectors, services
 from scheduling.models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, SimulationRun
 
@@ -282,6 +283,11 @@ class PlacementViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
 
 # --- traces and simulations (team-scoped) -----------------------------------------------------------------
 
+def _trace_too_large() -> ServiceError:
+    return ServiceError(f"The file is over the {services.MAX_TRACE_BYTES // 2**20} MB limit.", code="too_large",
+                        field="file")
+
+
 TRACE_ERROR_EXAMPLE = OpenApiExample(
     "Malformed row", response_only=True, status_codes=["400"],
     value={"detail": "philly.csv, line 3, column 'duration': expected a number, got 'abc'",
@@ -321,14 +327,12 @@ class TraceUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixin
     )
     def create(self, request, *args, **kwargs):
         if body_over(request, services.MAX_TRACE_BYTES):  # refused before the body is read
-            raise services.ServiceError(f"The file is over the {services.MAX_TRACE_BYTES // 2**20} MB limit.",
-                                        code="too_large", field="file")
+            raise _trace_too_large()
         body = TraceUploadCreateSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         upload = body.validated_data["file"]
         if upload.size > services.MAX_TRACE_BYTES:
-            raise services.ServiceError(f"The file is over the {services.MAX_TRACE_BYTES // 2**20} MB limit.",
-                                        code="too_large", field="file")
+            raise _trace_too_large()
         try:
             trace = services.upload_trace(actor=request.user, team=body.validated_data["team"],
                                           name=body.validated_data["name"], data=upload.read(),

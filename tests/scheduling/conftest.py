@@ -1,79 +1,11 @@
-"""Fixtures for the scheduling app: a fake pynvml, registered GPU nodes, a small predictor."""
+"""Fixtures for the scheduling app: a fake pynvml, registered GPU nodes, a small predictor. The test doubles
+and builders themselves are in fakes.py (tests import them from there); the names stay importable here for
+the reliability tests that import them from this module."""
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 
-MB = 1024 * 1024
-
-
-class FakeNVMLError(Exception):
-    pass
-
-
-class FakeNvml:
-    """Just enough of pynvml: per-GPU dicts {name, total_mb, used_mb, util, power_w, temp, energy_mj}."""
-
-    NVML_TEMPERATURE_GPU = 0
-    NVMLError = FakeNVMLError
-
-    def __init__(self, gpus=None, *, init_error: str | None = None):
-        self.gpus = list(gpus or [])
-        self.init_error = init_error
-        self.calls = 0
-
-    def nvmlInit(self):
-        self.calls += 1
-        if self.init_error:
-            raise FakeNVMLError(self.init_error)
-
-    def nvmlShutdown(self):
-        pass
-
-    def nvmlSystemGetDriverVersion(self):
-        return "550.54.15"
-
-    def nvmlDeviceGetCount(self):
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetName(self, h):
-        return self.gpus[h]["name"]
-
-    def nvmlDeviceGetUUID(self, h):
-        return f"GPU-fake-{h}"
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        g = self.gpus[h]
-        return SimpleNamespace(total=g["total_mb"] * MB, used=g["used_mb"] * MB,
-                               free=(g["total_mb"] - g["used_mb"]) * MB)
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        return SimpleNamespace(gpu=self.gpus[h]["util"], memory=10)
-
-    def nvmlDeviceGetPowerUsage(self, h):
-        return int(self.gpus[h]["power_w"] * 1000)
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, h):
-        return 300_000
-
-    def nvmlDeviceGetTemperature(self, h, sensor):
-        return self.gpus[h]["temp"]
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, h):
-        e = self.gpus[h].get("energy_mj")
-        if e is None:
-            raise FakeNVMLError("Not Supported")
-        return e
-
-
-def fake_gpu(name="Tesla V100-SXM2-16GB", total_mb=16384, used_mb=512, util=7, power_w=55.5, temp=41,
-             energy_mj=123_456_789):
-    return {"name": name, "total_mb": total_mb, "used_mb": used_mb, "util": util, "power_w": power_w, "temp": temp,
-            "energy_mj": energy_mj}
+from .fakes import FakeNvml, FakeNVMLError, fake_gpu, make_job, register_gpu_node  # noqa: F401 - re-exported
 
 
 @pytest.fixture
@@ -98,18 +30,6 @@ def use_nvml(monkeypatch):
     return install
 
 
-def register_gpu_node(name="gpunode", gpus=None, *, serve=True):
-    """A live node with fake GPUs whose queues its worker serves."""
-    from scheduling import services
-    from scheduling.models import gpu_queue_name
-
-    fake = FakeNvml(gpus if gpus is not None else [fake_gpu(), fake_gpu()])
-    reading = services.telemetry.read_gpus(fake)
-    queues = [f"measure.{name}.cpu"] + ([gpu_queue_name(name, i) for i in range(len(fake.gpus))] if serve else [])
-    return services.register_node(name=name, reading=reading, hostname=f"{name}.local", cpu_cores=16,
-                                  memory_mb=64000, queues=queues)
-
-
 @pytest.fixture
 def gpu_node(db):
     return register_gpu_node()
@@ -121,11 +41,3 @@ def predictor(db, settings):
     from scheduling import services
 
     return services.train_predictor(actor=None, k_folds=2, xgb_params={"n_estimators": 20})
-
-
-def make_job(model, *, util=30.0, mem=2000.0, state="pending", estimate=60.0, **extra):
-    from scheduling.models import GpuJob
-
-    return GpuJob.objects.create(team_id=model.team_id, model=model, batch_size=extra.pop("batch_size", 8),
-                                 duration_estimate_s=estimate, predicted_util_pct=util, predicted_mem_mb=mem,
-                                 state=state, **extra)

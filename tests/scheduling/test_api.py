@@ -14,7 +14,7 @@ from scheduling import services, tasks
 from scheduling.models import GpuJob, GpuTelemetry, Placement, SimulationRun, TraceUpload
 
 from ..conftest import client_for
-from .conftest import make_job
+from .fakes import make_job
 
 GOOD_PHILLY = (
     "timestamp,duration,num_gpus,gpu_time,cluster\n"

@@ -11,7 +11,7 @@ from core import services as core_services
 from scheduling.models import GPU, Placement
 from scheduling.selectors import colocation_savings_by_team_month
 
-from .conftest import make_job
+from .fakes import make_job
 
 pytestmark = pytest.mark.django_db
 

@@ -9,10 +9,12 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from core.exceptions import ConflictError, ServiceError
+from core.permissions import PermissionDenied
 from scheduling import services, tasks
 from scheduling.models import GPU, GpuJob, GpuTelemetry, Node, Placement
 
-from .conftest import FakeNvml, fake_gpu, make_job, register_gpu_node
+from .fakes import FakeNvml, fake_gpu, make_job, register_gpu_node
 
 
 @pytest.fixture
@@ -80,7 +82,7 @@ def test_unserved_stale_or_drained_capacity_is_not_used(db, model_a, celery_send
 
 
 def test_unknown_policy_is_refused(gpu_node):
-    with pytest.raises(services.ServiceError, match="Unknown policy 'nope'"):
+    with pytest.raises(ServiceError, match="Unknown policy 'nope'"):
         services.place_pending_jobs(policy="nope")
 
 
@@ -171,13 +173,13 @@ def test_cancel_releases_the_placement(gpu_node, model_a, user_owner, celery_sen
     p.refresh_from_db()
     job.refresh_from_db()
     assert job.state == "cancelled" and p.released_at is not None
-    with pytest.raises(services.ConflictError):
+    with pytest.raises(ConflictError):
         services.cancel_job(actor=user_owner, job=job)
     assert services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w") is None
 
 
 def test_viewer_cannot_submit(model_a, user_viewer, predictor):
-    with pytest.raises(services.PermissionDenied):
+    with pytest.raises(PermissionDenied):
         services.submit_job(actor=user_viewer, model=model_a, batch_size=1)
     assert not GpuJob.objects.exists()
 
@@ -270,7 +272,7 @@ def test_a_running_job_is_stopped_at_its_declared_duration(gpu_node, model_a, us
             lat = gpu_runtime.timed_iterations(lambda: ran.append(sess.run(None, inputs)), iterations, check)
         return {"runtime": "onnxruntime", "latencies_s": lat, **sampler.result()}
 
-    monkeypatch.setattr(gpu_runtime, "_run_onnxruntime", cpu_inference)
+    monkeypatch.setitem(gpu_runtime.RUNTIMES, "onnxruntime", cpu_inference)
     out = tasks.run_job.run(job.pk, p.pk)
     job.refresh_from_db()
     p.refresh_from_db()
@@ -289,3 +291,42 @@ def test_stop_check_enforces_a_deadline_without_asking_the_database():
         check()
     assert isinstance(exc.value, JobStopped) and exc.value.limit_s == 5.0 and not asked
     StopCheck(None, limit_s=3600.0)()  # not reached: returns
+
+
+def _left_by_a_dead_worker(model_a):
+    """A placed job and a running one on GPU queues, both from before the worker (re)started."""
+    placed, running = make_job(model_a), make_job(model_a)
+    by_job = {p.job_id: p for p in services.place_pending_jobs(policy="horus")}
+    GpuJob.objects.filter(pk=running.pk).update(state="running", started_at=timezone.now())
+    return placed, running, by_job
+
+
+def test_restarted_gpu_worker_fails_its_running_job_and_redispatches_its_placed_one(
+        gpu_node, model_a, celery_sends, django_capture_on_commit_callbacks):
+    placed, running, by_job = _left_by_a_dead_worker(model_a)
+    queues = sorted({p.queue for p in by_job.values()})
+    with django_capture_on_commit_callbacks(execute=True):
+        out = services.reconcile_restarted_gpu_worker(queues=queues,
+                                                      started_before=timezone.now() + dt.timedelta(seconds=1))
+    assert out == {"failed": [running.pk], "redispatched": [placed.pk]}
+    again = by_job[placed.pk]
+    celery_sends.run_job.assert_called_once_with(args=[placed.pk, again.pk], queue=again.queue)
+    running.refresh_from_db()
+    assert running.state == "failed" and "restarted" in running.error
+    assert Placement.objects.get(job=running).released_at is not None
+
+
+def test_redispatch_after_a_restart_goes_through_the_dispatch_path_on_a_broker_outage(
+        gpu_node, model_a, celery_sends, django_capture_on_commit_callbacks):
+    """The redispatch is sent after commit like any placement; if the broker refuses it the job goes back
+    to pending and its GPU is freed (the next placement pass retries), instead of the error escaping."""
+    from kombu.exceptions import OperationalError
+
+    placed, _, by_job = _left_by_a_dead_worker(model_a)
+    celery_sends.run_job.side_effect = OperationalError("broker down")
+    with django_capture_on_commit_callbacks(execute=True):
+        out = services.reconcile_restarted_gpu_worker(queues=[by_job[placed.pk].queue],
+                                                      started_before=timezone.now() + dt.timedelta(seconds=1))
+    assert out["redispatched"] == [placed.pk]
+    placed.refresh_from_db()
+    assert placed.state == "pending" and not Placement.objects.filter(job=placed, released_at__isnull=True).exists()

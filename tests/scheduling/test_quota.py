@@ -13,7 +13,7 @@ from core.selectors import month_start, quota_usage
 from scheduling import services, tasks
 from scheduling.models import GpuJob, Placement
 
-from .conftest import make_job
+from .fakes import make_job
 
 
 @pytest.fixture(autouse=True)

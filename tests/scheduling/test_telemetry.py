@@ -8,7 +8,7 @@ import pytest
 from scheduling import services, tasks, telemetry
 from scheduling.models import GPU, GpuTelemetry, Node
 
-from .conftest import FakeNvml, fake_gpu, register_gpu_node
+from .fakes import FakeNvml, fake_gpu, register_gpu_node
 
 
 @pytest.mark.parametrize("name,mem,expected", [

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from scheduling import services
-from scheduling.horus.profiles import DEFAULT_SEED_PROFILES_PATH, ProfileFormatError
+from core.exceptions import ServiceError
+from scheduling import adapters, services
 
 
 class Command(BaseCommand):
@@ -12,11 +12,11 @@ class Command(BaseCommand):
             "SYNTHETIC (source 'synthetic-roofline-v1'); `profile_gpu` adds measured records on a GPU worker.")
 
     def add_arguments(self, parser):
-        parser.add_argument("--path", default=str(DEFAULT_SEED_PROFILES_PATH))
+        parser.add_argument("--path", default=str(adapters.DEFAULT_SEED_PROFILES_PATH))
 
     def handle(self, *args, **opts):
         try:
             n = services.load_seed_profiles(path=opts["path"])
-        except (ProfileFormatError, OSError) as exc:
+        except ServiceError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(f"loaded {n} profile records from {opts['path']}")

@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from core.models import DLModel, Team
 from core.onnx_models import zoo
-from scheduling import services, telemetry
+from scheduling import adapters, services, telemetry
 from scheduling.gpu_runtime import GpuRuntimeError, NoGpuError, run_model_on_gpu
 
 
@@ -54,11 +54,6 @@ class Command(BaseCommand):
             raise CommandError(f"no NVIDIA GPU #{opts['gpu_index']} ({reading.summary})")
         gpu = reading.gpus[opts["gpu_index"]]
         name, registered, model_bytes = self._model(opts["model"], opts["team"])
-        import onnx
-
-        from core.onnx_models.features import compute_features
-        from scheduling.horus.profiles import ProfileRecord
-
         records, rows, failures = [], [], []
         for bs in opts["batch_sizes"]:
             data = model_bytes(bs)
@@ -71,10 +66,10 @@ class Command(BaseCommand):
                 failures.append({"batch_size": bs, "error": str(exc)})
                 self.stderr.write(f"  bs {bs}: failed: {exc}")
                 continue
-            feats = compute_features(onnx.load_from_string(data), batch_size=bs).to_dict()
+            feats = adapters.onnx_features(data, bs)
             util = min(100.0, max(0.0, res["util_mean_pct"] or 0.0))
-            records.append(ProfileRecord(
-                model=name, batch_size=bs, gpu_model=gpu.gpu_model, features=feats, gpu_util_pct=util,
+            records.append(adapters.measured_profile_record(
+                model=name, batch_size=bs, gpu_model=gpu.gpu_model, features=feats, util_pct=util,
                 peak_mem_mb=max(1.0, res["mem_used_by_job_mb"] or 1.0), power_w=res["power_mean_w"],
                 source=f"profile_gpu:{gpu.gpu_model}",
                 meta={"workload": "inference", "runtime": res["runtime"], "gpu_name": gpu.name,

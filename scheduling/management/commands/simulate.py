@@ -6,19 +6,8 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from core.exceptions import ServiceError
 from core.models import Team
-from scheduling import services
-from scheduling.experiments import (
-    POLICY_NAMES,
-    SHIPPED_TRACES,
-    ExperimentError,
-    ExperimentParams,
-    format_table,
-    load_jobs,
-    run_experiment,
-)
-from scheduling.horus.traces import TraceFormatError
+from scheduling import adapters, services
 from scheduling.models import TraceUpload
 
 
@@ -30,7 +19,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--trace", required=True, help="philly, alibaba, or the id of an uploaded trace")
         parser.add_argument("--policy", default="all",
-                            help=f"'all' or comma-separated names: {', '.join(POLICY_NAMES)}")
+                            help=f"'all' or comma-separated names: {', '.join(adapters.POLICY_NAMES)}")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--json", action="store_true", help="Print one JSON object instead of the table")
         parser.add_argument("--output", help="Also write the JSON result to this file")
@@ -73,7 +62,7 @@ class Command(BaseCommand):
                 result = self._run_saved(team, opts["trace"], policies, opts["seed"], params)
             else:
                 result = self._run_here(team, opts["trace"], policies, opts["seed"], params)
-        except (ServiceError, ExperimentError, TraceFormatError) as exc:
+        except adapters.SIMULATION_INPUT_ERRORS as exc:
             raise CommandError(str(exc)) from None
         if opts["output"]:
             Path(opts["output"]).write_text(json.dumps(result, indent=1))
@@ -89,13 +78,12 @@ class Command(BaseCommand):
             f"predicted: {result['assumptions']['predicted_utilization']}"
             + (f" (util RMSLE {result['predictor']['util_rmsle']:.3f}, mem RMSLE "
                f"{result['predictor']['mem_rmsle']:.3f})" if result.get("predictor") else "") + "\n")
-        self.stdout.write(format_table(result["table"]))
+        self.stdout.write(adapters.format_results_table(result))
         if result.get("saved_run"):
             self.stdout.write(f"\nstored as simulation run {result['saved_run']}")
 
     def _run_here(self, team, trace, policies, seed, params) -> dict:
-        kind = jobs = None
-        label = trace
+        upload = None
         if trace.isdigit():
             qs = TraceUpload.objects.filter(pk=int(trace))
             if team is not None:
@@ -103,19 +91,13 @@ class Command(BaseCommand):
             upload = qs.first()
             if upload is None:
                 raise CommandError(f"No uploaded trace {trace}" + (f" in team {team}" if team else "") + ".")
-            with upload.file.open("rb") as f:
-                kind, jobs = load_jobs(upload.name, f)
-            label = upload.name
-        elif trace in SHIPPED_TRACES:
-            kind, jobs = load_jobs(trace)
-        else:
-            raise CommandError(f"Unknown trace '{trace}': use {', '.join(SHIPPED_TRACES)} or an uploaded trace's id.")
-        names = services._resolve_policies(policies)
-        ExperimentParams.from_dict(params).validate(kind)  # before a predictor is trained for nothing
-        records, predictor = services.simulation_inputs(params)
+        elif trace not in adapters.SHIPPED_TRACES:
+            raise CommandError(f"Unknown trace '{trace}': use {', '.join(adapters.SHIPPED_TRACES)} or an uploaded "
+                               "trace's id.")
         progress = None if self.verbosity < 2 else (lambda n: self.stderr.write(f"  {n}..."))
-        return run_experiment(trace=label, policies=names, seed=seed, params=params, profiles=records,
-                              predictor=predictor, kind=kind, jobs=jobs, progress=progress)
+        result, _ = services.simulate_trace(label=trace, upload=upload, policies=policies, seed=seed, params=params,
+                                            progress=progress)
+        return result
 
     def _run_saved(self, team, trace, policies, seed, params) -> dict:
         if team is None:

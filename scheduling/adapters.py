@@ -1,0 +1,362 @@
+"""The boundary between the scheduling app's rows and the Django-free engine (``scheduling.horus``,
+``scheduling.experiments``, ``core.onnx_models``).
+
+This is the only scheduling module that imports both Django models and the engine. Rows become engine
+inputs here (the live cluster state for a placement pass, profile records for the predictor, graph
+features of a registered model, a simulation's trace and parameters) and engine outputs become row
+values here (trained predictors as files, trace summaries, simulation results). Engine errors are turned
+into the app's ServiceErrors here. Services call these and write the rows; an adapter reads only the rows
+it is given (and their stored files), and writes none.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import io
+import logging
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from common.jsonsafe import json_safe
+from core.exceptions import ServiceError
+from core.models import DLModel
+from core.onnx_models.features import compute_features
+
+from . import experiments
+from .horus.cluster import ClusterSpec, ClusterState, JobView, NodeSpec, workload_types
+from .horus.policies import POLICIES, PlacementPolicy, make_policy
+from .horus.predictor import TrainedPredictor, UtilizationPredictor
+from .horus.profiles import DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, ProfileRecord, load_profiles
+from .horus.traces import Job, TraceFormatError, parse_trace
+from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PredictorVersion, TraceUpload
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_SEED_PROFILES_PATH", "EXPERIMENT_PARAMETERS", "LiveCluster", "POLICY_NAMES", "ProfileRecord",
+    "SHIPPED_TRACES", "SIMULATION_INPUT_ERRORS", "TraceRejected", "TrainedPredictor", "cluster_state",
+    "experiment_params", "job_view", "load_trained_predictor", "make_live_policy", "model_features",
+    "parse_trace_upload", "policy_score", "profile_records_from_rows", "profile_row_values", "run_simulation",
+    "seed_profile_records", "simulation_results", "simulation_size", "trace_jobs",
+    "train_utilization_predictor",
+]
+
+POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
+SHIPPED_TRACES = experiments.SHIPPED_TRACES
+EXPERIMENT_PARAMETERS: tuple[str, ...] = tuple(f.name for f in fields(experiments.ExperimentParams))
+
+# A job with no prediction (none could be made) is taken as the JobView defaults.
+FALLBACK_UTIL_PCT = 50.0
+FALLBACK_MEM_MB = 2048.0
+
+
+class TraceRejected(ServiceError):
+    """An uploaded trace is malformed; ``line`` (1-based, header = 1) and ``column`` say where."""
+
+    code = "trace_malformed"
+
+    def __init__(self, message: str, *, line: int | None = None, column: str | None = None):
+        super().__init__(message, code="trace_malformed", field="file")
+        self.line, self.column = line, column
+
+
+# ==================================================================================================
+# Placement: the live cluster as the policies see it
+# ==================================================================================================
+
+def make_live_policy(name: str, now: dt.datetime) -> PlacementPolicy:
+    if name not in POLICIES:
+        raise ServiceError(f"Unknown policy '{name}'; use one of {', '.join(POLICIES)}.", field="policy")
+    policy = make_policy(name)
+    policy.reset(int(now.timestamp()))
+    return policy
+
+
+def policy_score(policy: PlacementPolicy, job: JobView, cluster_view: Any, gpu_index: int) -> float | None:
+    """The score the policy gave the GPU it chose (lower is better); None for a policy that has none."""
+    # issue 16: becomes policy.score() after merge
+    if not hasattr(policy, "cost"):
+        return None
+    cost, _ = policy.cost(job, cluster_view)
+    return float(cost[gpu_index])
+
+
+def job_view(job: GpuJob) -> JobView:
+    return JobView(
+        job_id=str(job.pk), submit_time=job.created_at.timestamp(), num_gpus=1,
+        pred_util_pct=job.predicted_util_pct if job.predicted_util_pct is not None else FALLBACK_UTIL_PCT,
+        pred_mem_mb=job.predicted_mem_mb if job.predicted_mem_mb is not None else FALLBACK_MEM_MB,
+        model=job.model.name if job.model_id else None, batch_size=job.batch_size,
+    )
+
+
+@dataclass
+class LiveCluster:
+    """A ``horus.cluster.ClusterState`` over real GPUs: flat GPU index ``i`` is ``gpus[i]``."""
+
+    state: ClusterState
+    gpus: list[GPU]
+
+    def expect_workload(self, views: Sequence[JobView]) -> None:
+        self.state.workload = workload_types(views)
+
+    def choose(self, policy: PlacementPolicy, view: JobView, now: dt.datetime) -> tuple[GPU, float | None] | None:
+        """``(GPU, score)`` the policy places the job on, counted in the state; None when it waits."""
+        cv, t = self.state.view(), now.timestamp()
+        chosen = policy.place(view, cv, t)
+        if not chosen:
+            return None
+        i = int(chosen[0])
+        score = policy_score(policy, view, cv, i)
+        # Until a heartbeat reports, the job's measured load is taken as its prediction.
+        self.state.add(view, [i], true_util=view.pred_util_pct, true_mem=view.pred_mem_mb, now=t)
+        return self.gpus[i], score
+
+
+def _node_specs(gpus: list[GPU]) -> list[NodeSpec]:
+    """One NodeSpec per run of same-model GPUs of a node, so flat GPU indices follow ``gpus``."""
+    specs: list[NodeSpec] = []
+    run: list[GPU] = []
+    for g in [*gpus, None]:
+        if run and (g is None or g.node_id != run[0].node_id or g.gpu_model != run[0].gpu_model
+                    or g.memory_total_mb != run[0].memory_total_mb):
+            specs.append(NodeSpec(run[0].node.name, len(run), run[0].gpu_model, float(run[0].memory_total_mb)))
+            run = []
+        if g is not None:
+            run.append(g)
+    return specs
+
+
+def cluster_state(gpus: list[GPU], *, active: Iterable[Placement], samples: dict[int, GpuTelemetry]) -> LiveCluster:
+    """The live cluster from its rows: ``active`` placements (with their jobs) and each GPU's fresh sample.
+
+    * predicted load of a GPU = sum of the predictions of the jobs placed on it (what Horus sees);
+    * measured load = its latest NVML sample when fresh (what Gandiva-like policies see), plus the
+      predictions of jobs placed after that sample; with no fresh sample, the placed jobs' predictions.
+    """
+    state = ClusterState(ClusterSpec(tuple(_node_specs(gpus)), "live"))
+    flat = {g.pk: i for i, g in enumerate(gpus)}
+    newer_util = [0.0] * len(gpus)  # predictions of jobs placed after the GPU's latest sample
+    newer_mem = [0.0] * len(gpus)
+    for p in active:
+        view = job_view(p.job)
+        i = flat[p.gpu_id]
+        state.add(view, [i], true_util=view.pred_util_pct, true_mem=view.pred_mem_mb, now=p.placed_at.timestamp())
+        sample = samples.get(p.gpu_id)
+        if sample is not None and p.placed_at > sample.ts:
+            newer_util[i] += view.pred_util_pct
+            newer_mem[i] += view.pred_mem_mb
+    for gpu_id, sample in samples.items():
+        i = flat[gpu_id]
+        state.true_util[i] = float(sample.util_pct) + newer_util[i]
+        state.true_mem[i] = float(sample.mem_used_mb) + newer_mem[i]
+    return LiveCluster(state=state, gpus=gpus)
+
+
+# ==================================================================================================
+# Profiles, predictors, model features
+# ==================================================================================================
+
+def profile_records_from_rows(rows: Iterable[GpuProfile]) -> list[ProfileRecord]:
+    return [
+        ProfileRecord(model=p.model_name, batch_size=p.batch_size, gpu_model=p.gpu_model, features=dict(p.features),
+                      gpu_util_pct=p.util_pct, peak_mem_mb=p.peak_mem_mb, power_w=p.power_w, source=p.source,
+                      meta=dict(p.meta or {}))
+        for p in rows
+    ]
+
+
+def profile_row_values(record: ProfileRecord) -> dict[str, Any]:
+    """The GpuProfile fields of a record other than its key (model, batch size, GPU model, source)."""
+    return {"features": dict(record.features), "util_pct": record.gpu_util_pct, "peak_mem_mb": record.peak_mem_mb,
+            "power_w": record.power_w, "meta": dict(record.meta)}
+
+
+def seed_profile_records(path: str | Path | None = None) -> list[ProfileRecord]:
+    """The shipped (or a given) profile file; a malformed one is a ServiceError naming the problem."""
+    try:
+        return load_profiles(path or DEFAULT_SEED_PROFILES_PATH)
+    except (ProfileFormatError, OSError) as exc:
+        raise ServiceError(str(exc), field="path") from None
+
+
+def measured_profile_record(*, model: str, batch_size: int, gpu_model: str, features: dict[str, Any],
+                            util_pct: float, peak_mem_mb: float, power_w: float | None, source: str,
+                            meta: dict[str, Any]) -> ProfileRecord:
+    return ProfileRecord(model=model, batch_size=batch_size, gpu_model=gpu_model, features=features,
+                         gpu_util_pct=util_pct, peak_mem_mb=peak_mem_mb, power_w=power_w, source=source, meta=meta)
+
+
+def train_utilization_predictor(records: list[ProfileRecord], *, k_folds: int, seed: int,
+                                xgb_params: dict[str, Any] | None) -> tuple[TrainedPredictor, bytes]:
+    """The trained predictor and its file's bytes (what PredictorVersion.file stores)."""
+    try:
+        trained = UtilizationPredictor(**(xgb_params or {})).train(records, k_folds=k_folds, seed=seed)
+    except ValueError as exc:
+        raise ServiceError(f"Cannot train a predictor: {exc}", code="not_enough_profiles") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "predictor.json"
+        trained.save(path)
+        return trained, path.read_bytes()
+
+
+_predictor_cache: dict[tuple[int, str], TrainedPredictor] = {}
+_predictor_lock = threading.Lock()
+
+
+def remember_predictor(pv: PredictorVersion, trained: TrainedPredictor) -> None:
+    with _predictor_lock:
+        _predictor_cache[(pv.pk, pv.file.name)] = trained
+
+
+def load_trained_predictor(pv: PredictorVersion) -> TrainedPredictor:
+    """The predictor stored in ``pv.file`` (cached per process, keyed by version and file)."""
+    with _predictor_lock:
+        cached = _predictor_cache.get((pv.pk, pv.file.name))
+    if cached is not None:
+        return cached
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "p.json"
+        with pv.file.open("rb") as f:
+            path.write_bytes(f.read())
+        trained = TrainedPredictor.load(path)
+    remember_predictor(pv, trained)
+    return trained
+
+
+_features_cache: dict[tuple[int, str, int], dict[str, Any]] = {}
+
+
+def model_features(model: DLModel, batch_size: int) -> dict[str, Any]:
+    """Cached :func:`_model_features` (recomputing reads the ONNX file: seconds for a large model)."""
+    key = (model.pk, model.sha256, int(batch_size))
+    if key not in _features_cache:
+        if len(_features_cache) > 512:
+            _features_cache.clear()
+        _features_cache[key] = _model_features(model, batch_size)
+    return dict(_features_cache[key])
+
+
+def _model_features(model: DLModel, batch_size: int) -> dict[str, Any]:
+    """Graph features of a registered model at ``batch_size``.
+
+    Recomputed from the stored ONNX file when the batch differs; if the graph hard-codes its
+    batch, FLOPs and activation bytes are scaled linearly from the stored features (and the
+    result says ``"batch_scaled": True``).
+    """
+    feats = dict(model.features or {})
+    if batch_size == model.batch_size and feats:
+        return feats
+    try:
+        with model.file.open("rb") as f:
+            proto = onnx.load_from_string(f.read())
+        return compute_features(proto, batch_size=batch_size).to_dict()
+    except Exception as exc:
+        log.info("features of %s at batch %s scaled linearly (%s)", model, batch_size, exc)
+        base = max(1, int(feats.get("batch_size") or model.batch_size or 1))
+        ratio = batch_size / base
+        return {**feats, "total_flops": int(model.total_flops * ratio),
+                "activation_bytes": int(model.activation_bytes * ratio), "param_count": model.param_count,
+                "conv_count": model.conv_count, "linear_count": model.linear_count,
+                "activation_count": model.activation_count, "other_count": model.other_count,
+                "batch_size": batch_size, "batch_scaled": True}
+
+
+def onnx_features(data: bytes, batch_size: int) -> dict[str, Any]:
+    """Graph features of ONNX bytes at ``batch_size`` (a model profiled by ``profile_gpu``)."""
+    return compute_features(onnx.load_from_string(data), batch_size=batch_size).to_dict()
+
+
+# ==================================================================================================
+# Traces and simulations
+# ==================================================================================================
+
+# What an unrunnable simulation raises (its message is the run's error); anything else is a bug.
+SIMULATION_INPUT_ERRORS: tuple[type[Exception], ...] = (
+    ServiceError, experiments.ExperimentError, TraceFormatError, ValueError)
+
+
+def parse_trace_upload(text: bytes, filename: str) -> tuple[str, list[Job]]:
+    """``(kind, jobs)`` of an uploaded trace, validated row by row; TraceRejected names the bad cell."""
+    try:
+        parsed = parse_trace(io.BytesIO(text), name=filename)
+    except TraceFormatError as exc:
+        raise TraceRejected(str(exc), line=exc.line, column=exc.column) from None
+    except (ValueError, OverflowError, OSError, EOFError) as exc:  # hostile input the parser did not foresee
+        raise TraceRejected(f"{filename}: cannot be read as a trace ({exc}).") from None
+    if parsed.kind not in TraceUpload.Kind.values:
+        raise TraceRejected(f"{filename}: a {parsed.kind.replace('_', ' ')} describes a cluster, not jobs; "
+                            "upload Philly jobs or an Alibaba pod list.")
+    return parsed.kind, parsed.jobs
+
+
+def trace_summary(jobs: Sequence[Job]) -> dict[str, Any]:
+    """What TraceUpload.summary stores: job count, submit span, median duration, GPU counts, sharing jobs."""
+    if not jobs:
+        return {}
+    dur = np.array([j.duration_s for j in jobs])
+    sub = np.array([j.submit_time for j in jobs])
+    gpus: dict[str, int] = {}
+    for j in jobs:
+        gpus[str(j.num_gpus)] = gpus.get(str(j.num_gpus), 0) + 1
+    return {"jobs": len(jobs), "span_s": float(sub.max() - sub.min()), "median_duration_s": float(np.median(dur)),
+            "num_gpus": dict(sorted(gpus.items(), key=lambda kv: int(kv[0]))),
+            "sharing_jobs": sum(1 for j in jobs if 0 < j.gpu_milli < 1000)}
+
+
+def experiment_params(parameters: dict[str, Any] | None, kind: str) -> experiments.ExperimentParams:
+    """Validated parameters; a bad one is a ServiceError on ``parameters.<name>``."""
+    try:
+        return experiments.ExperimentParams.from_dict(parameters).validate(kind)
+    except experiments.ExperimentError as exc:
+        raise ServiceError(str(exc), field=f"parameters.{exc.field}" if exc.field else "parameters") from None
+
+
+def simulation_size(label: str, upload: TraceUpload | None, kind: str, params: experiments.ExperimentParams,
+                    seed: int) -> tuple[int, int]:
+    """``(jobs, GPUs)`` the simulation would cover, without running it."""
+    if upload is not None:
+        n_jobs = upload.n_jobs
+    elif params.method == "fill":  # every GPU pod of the shipped trace (parsed once per process)
+        n_jobs = len(experiments.load_jobs(label)[1])
+    else:
+        n_jobs = None
+    return experiments.simulation_size(kind, params, trace_jobs=n_jobs, seed=seed)
+
+
+def trace_jobs(label: str, upload: TraceUpload | None) -> tuple[str, str, list[Job]]:
+    """``(name, kind, jobs)`` of a shipped trace (by label) or of an upload's stored file."""
+    if upload is None:
+        kind, jobs = experiments.load_jobs(label)
+        return label, kind, jobs
+    with upload.file.open("rb") as f:
+        kind, jobs = experiments.load_jobs(upload.name, io.BytesIO(f.read()))
+    return upload.name, kind, jobs
+
+
+def run_simulation(*, trace: str, kind: str, jobs: list[Job], policies: list[str], seed: int,
+                   params: dict[str, Any], profiles: list[ProfileRecord], predictor: TrainedPredictor | None,
+                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every policy on the same jobs and cluster (the engine's one experiment call)."""
+    return experiments.run_experiment(trace=trace, policies=policies, seed=seed, params=params, profiles=profiles,
+                                      predictor=predictor, kind=kind, jobs=jobs, progress=progress)
+
+
+def simulation_results(results: dict[str, Any], *, predictor_used: bool,
+                       predictor_version: PredictorVersion | None) -> dict[str, Any]:
+    """What SimulationRun.results stores: the engine's results, with the predictor version that made them."""
+    if predictor_used:
+        version = predictor_version.version if predictor_version is not None else None
+        results = {**results, "predictor": {**(results.get("predictor") or {}), "version": version}}
+    return json_safe(results)
+
+
+def format_results_table(results: dict[str, Any]) -> str:
+    return experiments.format_table(results["table"])
+

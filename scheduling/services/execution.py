@@ -1,0 +1,151 @@
+"""Running a placed job on its GPU's worker, and settling the jobs of workers that died or went silent."""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from core.fieldtext import fit_to_field
+
+from .. import gpu_runtime, selectors
+from ..gpu_runtime import DurationReached, GpuRuntimeError, JobStopped, NoGpuError
+from ..models import ERROR_TEXT_MAX_CHARS, GpuJob, Placement
+from .jobs import gpu_job_limits
+from .placement import dispatch_placement, release_active_placement, request_placement_pass
+
+log = logging.getLogger(__name__)
+
+
+def claim_job(*, job_id: int, placement_id: int, worker: str) -> GpuJob | None:
+    """Mark a placed job running on this worker; None when it was cancelled, re-placed or already taken."""
+    with transaction.atomic():
+        job = GpuJob.objects.select_for_update().filter(pk=job_id).first()
+        if job is None or job.state != GpuJob.State.PLACED:
+            return None
+        if not Placement.objects.filter(pk=placement_id, job=job, released_at__isnull=True).exists():
+            return None
+        job.state, job.started_at = GpuJob.State.RUNNING, timezone.now()
+        job.worker = fit_to_field(GpuJob, "worker", worker)
+        job.save(update_fields=["state", "started_at", "worker"])
+    return job
+
+
+@transaction.atomic
+def finish_job(*, job_id: int, result: dict[str, Any] | None = None, error: str = "") -> GpuJob | None:
+    """Record a job's outcome (finished, or failed with ``error``) and free its GPU."""
+    job = GpuJob.objects.select_for_update().filter(pk=job_id).first()
+    if job is None:
+        return None
+    now = timezone.now()
+    release_active_placement(job, now)
+    if job.state in GpuJob.TERMINAL:  # cancelled while it ran: keep the cancellation
+        return job
+    job.finished_at = now
+    job.result = result or {}
+    if error:
+        job.state, job.error = GpuJob.State.FAILED, error[:ERROR_TEXT_MAX_CHARS]
+    else:
+        job.state = GpuJob.State.FINISHED
+        job.measured_util_pct = (result or {}).get("util_mean_pct")
+        job.measured_mem_mb = (result or {}).get("mem_used_by_job_mb")
+    job.save()
+    request_placement_pass()
+    return job
+
+
+def recover_lost_jobs(*, now: dt.datetime | None = None) -> dict[str, list[int]]:
+    """Jobs whose GPU's node stopped sending heartbeats: a placed job goes back to pending (it is placed
+    again elsewhere), a running one fails naming the node. Their placements are released."""
+    now = now or timezone.now()
+    cutoff = now - dt.timedelta(seconds=selectors.node_stale_after_s())
+    out: dict[str, list[int]] = {"requeued": [], "failed": []}
+    for job_id, node_name in selectors.placements_on_silent_nodes(cutoff):
+        with transaction.atomic():
+            job = GpuJob.objects.select_for_update().filter(pk=job_id).first()
+            if job is None or job.state not in (GpuJob.State.PLACED, GpuJob.State.RUNNING):
+                continue
+            release_active_placement(job, now)
+            if job.state == GpuJob.State.PLACED:
+                job.state, job.placed_at, job.policy = GpuJob.State.PENDING, None, ""
+                job.save(update_fields=["state", "placed_at", "policy"])
+                out["requeued"].append(job_id)
+            else:
+                job.state, job.finished_at = GpuJob.State.FAILED, now
+                job.error = f"node {node_name} stopped sending heartbeats while the job ran (worker lost)"
+                job.save(update_fields=["state", "finished_at", "error"])
+                out["failed"].append(job_id)
+    if out["requeued"] or out["failed"]:
+        log.warning("lost GPU jobs: %s", out)
+    return out
+
+
+RESTARTED_WORKER_ERROR = ("The GPU worker running this job restarted (it was killed or crashed mid-job); the job "
+                          "did not finish. Resubmit it.")
+
+
+def reconcile_restarted_gpu_worker(*, queues: list[str], started_before: dt.datetime) -> dict[str, list[int]]:
+    """Settle the jobs a GPU worker's previous incarnation left behind when it died (SIGKILL, OOM, crash)
+    and the worker came back on the same node, whose heartbeats never stopped (recover_lost_jobs only
+    acts on silent nodes). Each GPU queue has one consumer, so a job still ``running`` on one of this
+    worker's queues since before it started was being run by the dead incarnation: it fails, saying so,
+    and frees its GPU. A job still ``placed`` there may have had its run_job message taken by the dead
+    worker (it comes back only after the visibility timeout): it is dispatched again (after commit; a
+    broker outage sends it back to pending); the claim makes a duplicate a no-op."""
+    out: dict[str, list[int]] = {"failed": [], "redispatched": []}
+    for placement_id, job_id, state, started_at, placed_at, queue in selectors.active_placements_on_queues(queues):
+        if state == GpuJob.State.RUNNING and started_at is not None and started_at < started_before:
+            with transaction.atomic():
+                job = GpuJob.objects.select_for_update().filter(pk=job_id, state=GpuJob.State.RUNNING).first()
+                if job is not None:
+                    finish_job(job_id=job_id, error=RESTARTED_WORKER_ERROR)
+                    out["failed"].append(job_id)
+        elif state == GpuJob.State.PLACED and placed_at is not None and placed_at < started_before:
+            dispatch_placement(job_id=job_id, placement_id=placement_id, queue=queue)
+            out["redispatched"].append(job_id)
+    if out["failed"] or out["redispatched"]:
+        log.warning("GPU worker on %s restarted: %s", ", ".join(queues), out)
+    return out
+
+
+def _overran_message(job: GpuJob) -> str:
+    high = gpu_job_limits()["duration_estimate_s"][1]
+    return (f"Stopped: the job reached its declared duration (duration_estimate_s = {job.duration_estimate_s:g} s, "
+            f"counted from its start, model loading included) before finishing its {job.iterations} iterations. "
+            f"Submit it again with a longer duration_estimate_s (at most {high:g} s) or fewer iterations.")
+
+
+def execute_job(*, job_id: int, placement_id: int, worker: str, nvml: Any = None) -> GpuJob | None:
+    """Run a placed job's model on its GPU (the Celery task `scheduling.run_job` calls this).
+
+    With no GPU the job fails with "no NVIDIA GPU found (pynvml: ...)"; with no CUDA-capable
+    runtime it fails naming what is missing.
+    """
+    job = claim_job(job_id=job_id, placement_id=placement_id, worker=worker)
+    if job is None:
+        log.info("GPU job %s: not placed (cancelled or already run); nothing to do", job_id)
+        return None
+    placement = Placement.objects.select_related("gpu", "gpu__node").get(pk=placement_id)
+    try:
+        with job.model.file.open("rb") as f:
+            data = f.read()
+        result = gpu_runtime.run_model_on_gpu(data, batch_size=job.batch_size, iterations=job.iterations,
+                                              device_index=placement.gpu.index, runtime=job.runtime, nvml=nvml,
+                                              should_stop=lambda: selectors.is_job_cancelled(job_id),
+                                              max_seconds=job.duration_estimate_s)
+    except DurationReached as exc:
+        log.info("GPU job %s stopped on %s at its declared duration (%g s)", job_id, worker, exc.limit_s)
+        return finish_job(job_id=job_id, error=_overran_message(job))
+    except JobStopped:
+        # cancel_job already recorded the cancellation and freed the GPU; finish_job keeps both
+        log.info("GPU job %s cancelled while running on %s: stopped", job_id, worker)
+        return finish_job(job_id=job_id, error="cancelled while running")
+    except (NoGpuError, GpuRuntimeError) as exc:
+        log.warning("GPU job %s failed on %s: %s", job_id, worker, exc)
+        return finish_job(job_id=job_id, error=str(exc))
+    except Exception as exc:  # the model itself failed: record it, do not retry forever
+        log.exception("GPU job %s failed", job_id)
+        return finish_job(job_id=job_id, error=f"{type(exc).__name__}: {exc}")
+    return finish_job(job_id=job_id, result=result)

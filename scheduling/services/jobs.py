@@ -1,0 +1,102 @@
+"""GPU jobs: the request's bounds, the monthly GPU-hour quota, submitting and cancelling."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from core.exceptions import ConflictError, QuotaExceeded, ServiceError
+from core.models import DLModel
+from core.permissions import require_team_writer
+from core.services import lock_team_quota, require_ready
+
+from .. import selectors
+from ..models import GPU_JOB_LIMITS, GpuJob
+from .placement import release_active_placement, request_placement_pass
+from .predictors import predict_job
+
+
+def default_job_estimate_s() -> float:
+    return float(settings.SCHEDULING_DEFAULT_JOB_ESTIMATE_S)
+
+
+def gpu_job_limits() -> dict[str, tuple[float, float]]:
+    """GPU_JOB_LIMITS with the declared duration capped by SCHEDULING_MAX_JOB_DURATION_S."""
+    low, high = GPU_JOB_LIMITS["duration_estimate_s"]
+    cap = float(settings.SCHEDULING_MAX_JOB_DURATION_S)
+    return {**GPU_JOB_LIMITS, "duration_estimate_s": (low, max(low, min(high, cap)))}
+
+
+def _check_job_request(*, batch_size, iterations, duration_estimate_s: float, runtime: str) -> None:
+    limits = gpu_job_limits()
+    for name, value in (("batch_size", batch_size), ("iterations", iterations),
+                        ("duration_estimate_s", duration_estimate_s)):
+        low, high = limits[name]
+        integral = name != "duration_estimate_s"
+        if isinstance(value, bool) or not isinstance(value, int if integral else (int, float)) \
+                or not low <= value <= high:
+            unit = "" if integral else " s"
+            raise ServiceError(f"{name} must be {'an integer' if integral else 'a number'} from {low:g}{unit} "
+                               f"to {high:g}{unit}.", field=name)
+    if runtime not in GpuJob.Runtime.values:
+        raise ServiceError(f"runtime must be one of {', '.join(GpuJob.Runtime.values)}.", field="runtime")
+
+
+def _check_gpu_quota(*, team_id: int, hours: float) -> None:
+    quota = lock_team_quota(team_id)
+    committed = selectors.gpu_hours_committed(team_id)
+    if committed + hours > quota.gpu_hours_per_month + 1e-9:
+        left = max(0.0, quota.gpu_hours_per_month - committed)
+        raise QuotaExceeded(
+            f"Quota 'GPU hours per month' would be exceeded: {hours:.3f} h requested, {left:.3f} h left of "
+            f"{quota.gpu_hours_per_month:g} h this month.", quota="gpu_hours_per_month")
+
+
+def submit_job(
+    *,
+    actor: AbstractBaseUser,
+    model: DLModel,
+    batch_size: int,
+    iterations: int = 100,
+    duration_estimate_s: float | None = None,
+    runtime: str = GpuJob.Runtime.AUTO,
+    place: bool = True,
+) -> GpuJob:
+    """Queue a GPU job with its predicted utilization and memory. Refused (QuotaExceeded) when its
+    declared GPU time would exceed the team's monthly GPU-hour quota. The job is stopped (failed) when it
+    reaches that duration, and the quota is checked again when it is placed."""
+    require_team_writer(actor, model.team_id, "submit GPU jobs")
+    require_ready(model)
+    estimate = duration_estimate_s if duration_estimate_s is not None else default_job_estimate_s()
+    _check_job_request(batch_size=batch_size, iterations=iterations, duration_estimate_s=estimate,
+                       runtime=runtime)
+    estimate = float(estimate)
+    # Outside the quota lock: the first prediction may train a predictor (seconds).
+    prediction = predict_job(model=model, batch_size=batch_size)
+    with transaction.atomic():
+        _check_gpu_quota(team_id=model.team_id, hours=estimate / 3600.0)
+        job = GpuJob.objects.create(
+            team_id=model.team_id, model=model, created_by=actor, batch_size=batch_size, runtime=runtime,
+            iterations=iterations, duration_estimate_s=estimate, predicted_util_pct=prediction["util_pct"],
+            predicted_mem_mb=prediction["mem_mb"], predicted_for_gpu_model=prediction["gpu_model"],
+            predictor_version=prediction["predictor_version"],
+        )
+        if place:
+            request_placement_pass()
+    return job
+
+
+@transaction.atomic
+def cancel_job(*, actor: AbstractBaseUser, job: GpuJob) -> GpuJob:
+    job = GpuJob.objects.select_for_update().get(pk=job.pk)
+    require_team_writer(actor, job.team_id, "cancel GPU jobs")
+    if job.state in GpuJob.TERMINAL:
+        raise ConflictError(f"GPU job {job.pk} is already {job.state}.")
+    now = timezone.now()
+    freed = release_active_placement(job, now)
+    job.state, job.finished_at = GpuJob.State.CANCELLED, now
+    job.save(update_fields=["state", "finished_at"])
+    if freed is not None:
+        request_placement_pass()
+    return job

@@ -1,0 +1,170 @@
+"""Nodes, their GPUs and telemetry: registration from an NVML reading, heartbeats, draining."""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from core.exceptions import ServiceError
+from core.fieldtext import fit_to_field
+
+from .. import telemetry
+from ..models import GPU, GpuTelemetry, Node, gpu_queue_name
+from .placement import request_placement_pass
+from .staff import require_staff
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HostFacts:
+    hostname: str
+    cpu_cores: int
+    memory_mb: int
+
+
+def local_host_facts() -> HostFacts:
+    mem = int(psutil.virtual_memory().total // (1024 * 1024))
+    return HostFacts(hostname=socket.gethostname(), cpu_cores=os.cpu_count() or 0, memory_mb=mem)
+
+
+def _gpu_values(node: Node, sample: telemetry.GpuSample) -> dict[str, Any]:
+    return {"uuid": fit_to_field(GPU, "uuid", sample.uuid), "name": fit_to_field(GPU, "name", sample.name),
+            "gpu_model": fit_to_field(GPU, "gpu_model", sample.gpu_model),
+            "memory_total_mb": sample.memory_total_mb, "power_limit_w": sample.power_limit_w,
+            "queue": gpu_queue_name(node.name, sample.index), "present": True}
+
+
+@transaction.atomic
+def register_node(
+    *,
+    name: str,
+    reading: telemetry.NvmlReading,
+    hostname: str = "",
+    cpu_cores: int = 0,
+    memory_mb: int = 0,
+    queues: list[str] | None = None,
+    now: dt.datetime | None = None,
+) -> Node:
+    """Create or refresh a node and its GPUs from an NVML reading (a host with no GPU registers none).
+
+    ``queues`` are the Celery queues the calling worker consumes; they are merged with the ones
+    other workers of the same node reported. GPUs the reading no longer shows are marked absent.
+    """
+    name = (name or "").strip()
+    if not name:
+        raise ServiceError("A node needs a name.", field="name")
+    now = now or timezone.now()
+    node, _ = Node.objects.select_for_update().get_or_create(name=name)
+    node.hostname = hostname or node.hostname
+    node.cpu_cores = cpu_cores or node.cpu_cores
+    node.memory_mb = memory_mb or node.memory_mb
+    node.queues = sorted(set(node.queues or []) | set(queues or []))
+    node.nvml_available = reading.available
+    node.nvml_error = "" if reading.available else reading.error
+    node.driver_version = reading.driver_version
+    node.last_seen = now
+    node.save()
+    seen = set()
+    for s in reading.gpus:
+        seen.add(s.index)
+        values = _gpu_values(node, s)
+        gpu = GPU.objects.filter(node=node, index=s.index).first()
+        if gpu is None:
+            GPU.objects.create(node=node, index=s.index, **values)
+        elif any(getattr(gpu, k) != v for k, v in values.items()):
+            for k, v in values.items():
+                setattr(gpu, k, v)
+            gpu.save(update_fields=list(values))
+    GPU.objects.filter(node=node, present=True).exclude(index__in=seen).update(present=False)
+    return node
+
+
+@dataclass
+class HeartbeatResult:
+    node: str
+    nvml_available: bool
+    message: str
+    samples: int = 0
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "nvml_available": self.nvml_available, "message": self.message,
+                "samples": self.samples, "gpus": self.gpus}
+
+
+def record_heartbeat(
+    *,
+    node_name: str | None = None,
+    queues: list[str] | None = None,
+    nvml: Any = None,
+    now: dt.datetime | None = None,
+) -> HeartbeatResult:
+    """Read this host's GPUs through NVML, register the node and store one telemetry sample per GPU.
+
+    With no NVIDIA driver (or no GPU) the node is registered with no GPUs and the result says so.
+    """
+    name = node_name or settings.NODE_NAME
+    now = now or timezone.now()
+    reading = telemetry.read_gpus(nvml)
+    facts = local_host_facts()
+    with transaction.atomic():
+        node = register_node(name=name, reading=reading, hostname=facts.hostname, cpu_cores=facts.cpu_cores,
+                             memory_mb=facts.memory_mb, queues=queues, now=now)
+        by_index = {g.index: g for g in GPU.objects.filter(node=node, present=True)}
+        rows = [
+            GpuTelemetry(gpu=by_index[s.index], ts=now, util_pct=s.util_pct, mem_used_mb=s.mem_used_mb,
+                         mem_total_mb=s.memory_total_mb, power_w=s.power_w, temperature_c=s.temperature_c,
+                         energy_mj=s.energy_mj)
+            for s in reading.gpus if s.index in by_index
+        ]
+        GpuTelemetry.objects.bulk_create(rows)
+    prune_telemetry(node=node)
+    if reading.available:
+        message = f"node {name}: {reading.summary}; stored {len(rows)} sample(s)"
+    else:
+        message = f"node {name} registered with no GPUs: {reading.summary}"
+    log.info(message)
+    return HeartbeatResult(node=name, nvml_available=reading.available, message=message, samples=len(rows),
+                           gpus=[s.to_dict() for s in reading.gpus])
+
+
+def prune_telemetry(*, node: Node | None = None, older_than: dt.timedelta | None = None) -> int:
+    """Delete samples older than SCHEDULING_TELEMETRY_RETENTION_DAYS - of one node's GPUs, or all."""
+    days = float(settings.SCHEDULING_TELEMETRY_RETENTION_DAYS)
+    cutoff = timezone.now() - (older_than or dt.timedelta(days=days))
+    qs = GpuTelemetry.objects.filter(ts__lt=cutoff)
+    if node is not None:
+        qs = qs.filter(gpu__node=node)
+    deleted, _ = qs.delete()
+    return deleted
+
+
+def _set_drained(actor: AbstractBaseUser | None, row: Node | GPU, drained: bool, what: str) -> Node | GPU:
+    """Drained nodes and GPUs get no new placements; undraining one asks for a placement pass."""
+    require_staff(actor, f"drain or undrain {what}")
+    row = type(row).objects.select_for_update().get(pk=row.pk)
+    row.drained = drained
+    row.save(update_fields=["drained"])
+    if not drained:
+        request_placement_pass()
+    return row
+
+
+@transaction.atomic
+def set_node_drained(*, actor: AbstractBaseUser | None, node: Node, drained: bool) -> Node:
+    return _set_drained(actor, node, drained, "nodes")
+
+
+@transaction.atomic
+def set_gpu_drained(*, actor: AbstractBaseUser | None, gpu: GPU, drained: bool) -> GPU:
+    return _set_drained(actor, gpu, drained, "GPUs")
