@@ -634,7 +634,7 @@ def test_dashboard_large_upload_redirects_to_a_validating_model(uploader, small_
 def test_large_uploads_are_validated_by_a_real_worker(small_cnn_bytes, settings, tmp_path, django_user_model):
     """Through the API and a real Celery worker on Redis (default queue): 202, then ready / invalid."""
     from config.celery import app
-    from tests.conftest import require_env
+    from tests.helpers import require_env
     from tests.workers import running_worker, wait_for
 
     redis_url = require_env("TEST_REDIS_URL")

@@ -30,9 +30,9 @@ def postgres_only():
 
 
 @pytest.fixture
-def no_sends(monkeypatch):
-    monkeypatch.setattr("tuning.services._enqueue", lambda run: None)
-    monkeypatch.setattr("scheduling.services._enqueue_placement", lambda: None)
+def no_sends(celery_outbox):
+    """The committed runs and jobs send their Celery messages to the outbox, not to a broker."""
+    return celery_outbox
 
 
 def race(user, post) -> list[tuple[int, dict]]:
