@@ -38,7 +38,6 @@ class UserFactory(DjangoModelFactory):
 
     class Meta:
         model = settings.AUTH_USER_MODEL
-        skip_postgeneration_save = True
 
     username = factory.Sequence(lambda n: f"user{n}")
     password = factory.LazyAttribute(lambda u: make_password("pw-" + u.username))
