@@ -1,13 +1,19 @@
-"""Shared fixtures: users, teams with roles, API clients, small ONNX models."""
+"""Shared fixtures: users, teams with roles, API clients, small ONNX models, a Celery outbox.
+
+Rows come from tests/factories.py; helpers the tests import live in tests/helpers.py.
+"""
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 from rest_framework.test import APIClient
 
-from core import services
 from core.models import Membership
+
+from .factories import DLModelFactory, MembershipFactory, TeamFactory, UserFactory, zoo_model
+from .helpers import client_for
 
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback"}
 
@@ -28,6 +34,8 @@ def _media_in_tmp(settings, tmp_path):
     # Counting tuning tasks imports the model into TVM (~10 s the first time per
     # process); tests that check it switch it back on.
     settings.ONNX_COUNT_TUNING_TASKS = False
+    # Django's default hasher spends ~0.3 s of CPU per password on purpose; tests make many users.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)
@@ -38,55 +46,39 @@ def _fresh_throttle_counts():
     cache.clear()
 
 
-def make_user(django_user_model, username, **extra):
-    return django_user_model.objects.create_user(username=username, password="pw-" + username, **extra)
-
-
 @pytest.fixture
-def user_owner(django_user_model):
-    return make_user(django_user_model, "alice")
+def user_owner(db):
+    return UserFactory(username="alice")
 
 
 @pytest.fixture
 def team_a(user_owner):
-    return services.create_team(name="Team A", owner=user_owner)
+    return TeamFactory(name="Team A", owner=user_owner)
 
 
 @pytest.fixture
-def user_member(django_user_model, team_a):
-    user = make_user(django_user_model, "bob")
-    Membership.objects.create(team=team_a, user=user, role=Membership.Role.MEMBER)
-    return user
+def user_member(team_a):
+    return MembershipFactory(team=team_a, user__username="bob", role=Membership.Role.MEMBER).user
 
 
 @pytest.fixture
-def user_viewer(django_user_model, team_a):
-    user = make_user(django_user_model, "victor")
-    Membership.objects.create(team=team_a, user=user, role=Membership.Role.VIEWER)
-    return user
+def user_viewer(team_a):
+    return MembershipFactory(team=team_a, user__username="victor", role=Membership.Role.VIEWER).user
 
 
 @pytest.fixture
-def user_other(django_user_model):
-    return make_user(django_user_model, "mallory")
+def user_other(db):
+    return UserFactory(username="mallory")
 
 
 @pytest.fixture
 def team_b(user_other):
-    return services.create_team(name="Team B", owner=user_other)
+    return TeamFactory(name="Team B", owner=user_other)
 
 
 @pytest.fixture
-def user_staff(django_user_model):
-    return make_user(django_user_model, "stan", is_staff=True)
-
-
-def client_for(user) -> APIClient:
-    client = APIClient()
-    if user is not None:
-        issued = services.create_api_token(user=user, name="test")
-        client.credentials(HTTP_AUTHORIZATION=f"Token {issued.key}")
-    return client
+def user_staff(db):
+    return UserFactory(username="stan", is_staff=True)
 
 
 @pytest.fixture
@@ -104,30 +96,50 @@ def api_anon():
     return APIClient()
 
 
+@dataclass(frozen=True)
+class SentMessage:
+    task: str
+    args: tuple
+    kwargs: dict
+    options: dict
+
+
+class CeleryOutbox(list):
+    """The Celery messages a test published, in order (SentMessage rows)."""
+
+    def args_of(self, task: str) -> list[tuple]:
+        return [m.args for m in self if m.task == task]
+
+
+@pytest.fixture
+def celery_outbox(monkeypatch) -> CeleryOutbox:
+    """Every Celery message the code under test publishes (``delay``/``apply_async`` of any task) is
+    recorded here instead of reaching a broker; no worker runs it. Messages sent "on commit" arrive
+    when the transaction commits: in a plain ``db`` test wrap the call in
+    ``django_capture_on_commit_callbacks(execute=True)``."""
+    from celery.app.task import Task
+
+    outbox = CeleryOutbox()
+
+    def apply_async(task, args=None, kwargs=None, **options):
+        outbox.append(SentMessage(task.name, tuple(args or ()), dict(kwargs or {}), options))
+        return SimpleNamespace(id=f"outbox-{len(outbox)}")
+
+    monkeypatch.setattr(Task, "apply_async", apply_async)
+    return outbox
+
+
 @pytest.fixture(scope="session")
 def small_cnn_bytes() -> bytes:
-    from core.onnx_models import zoo
-
-    return zoo.build_model("small_cnn").SerializeToString()
-
-
-@pytest.fixture
-def model_a(team_a, user_owner, small_cnn_bytes):
-    return services.register_model(team=team_a, name="cnn-a", data=small_cnn_bytes, filename="cnn.onnx",
-                                   actor=user_owner)
+    """The zoo's small_cnn as an ONNX file (for the tests that upload it)."""
+    return zoo_model("small_cnn").data
 
 
 @pytest.fixture
-def model_b(team_b, user_other, small_cnn_bytes):
-    return services.register_model(team=team_b, name="cnn-b", data=small_cnn_bytes, filename="cnn.onnx",
-                                   actor=user_other)
+def model_a(team_a, user_owner):
+    return DLModelFactory(team=team_a, name="cnn-a", created_by=user_owner)
 
 
-def require_env(name: str) -> str:
-    """Integration tests need real servers; scripts/test.sh provides them. Fail in CI, skip elsewhere."""
-    value = os.environ.get(name)
-    if not value:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not set: run the suite with `make test`")
-        pytest.skip(f"{name} not set (run `make test`, which starts the servers)")
-    return value
+@pytest.fixture
+def model_b(team_b, user_other):
+    return DLModelFactory(team=team_b, name="cnn-b", created_by=user_other)

@@ -21,7 +21,7 @@ from core.api.fast import light_instances
 from core.api.renderers import OrjsonRenderer
 from core.api.serializers import DLModelSerializer
 from core.models import ApiToken, DLModel, Team
-from tests.conftest import client_for
+from tests.helpers import client_for
 from tuning.api.serializers import MeasurementSerializer, TuningRunSerializer
 from tuning.api.views import RUN_LIST_VALUES
 from tuning.models import Measurement, TuningRun, TuningTask

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tests.conftest import require_env
+from tests.helpers import require_env
 from tests.workers import running_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

@@ -7,7 +7,7 @@ from django.test import Client
 from core import selectors, services
 from core.exceptions import PermissionDenied, ServiceError
 from core.models import EnergySettings
-from tests.conftest import client_for
+from tests.helpers import client_for
 
 pytestmark = pytest.mark.django_db
 

@@ -112,7 +112,7 @@ def test_upload_into_other_team_is_refused(api_other, team_a, small_cnn_bytes):
 
 
 def test_viewer_reads_but_cannot_write(user_viewer, model_a, team_a, small_cnn_bytes):
-    from tests.conftest import client_for
+    from tests.helpers import client_for
 
     client = client_for(user_viewer)
     assert client.get(f"/api/models/{model_a.pk}/").status_code == 200
@@ -122,7 +122,7 @@ def test_viewer_reads_but_cannot_write(user_viewer, model_a, team_a, small_cnn_b
 
 
 def test_member_deletes_model_and_file(user_member, model_a, django_capture_on_commit_callbacks):
-    from tests.conftest import client_for
+    from tests.helpers import client_for
 
     path = model_a.file.path
     assert os.path.exists(path)

@@ -6,7 +6,7 @@ import pytest
 from core import services
 from core.exceptions import PermissionDenied
 from core.models import ApiToken, Membership, Quota, Team
-from tests.conftest import client_for
+from tests.helpers import client_for
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""Dashboard test fixtures: no broker (enqueued runs are recorded), a logged-in client, fake runs."""
+"""Dashboard test fixtures: no broker (sent tasks are recorded), a logged-in client, fake runs."""
 from __future__ import annotations
 
 import pytest
@@ -15,11 +15,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 @pytest.fixture(autouse=True)
-def enqueued(monkeypatch):
-    """Runs started from the dashboard are recorded instead of sent to Celery (no worker in these tests)."""
-    calls: list[int] = []
-    monkeypatch.setattr("tuning.services._enqueue", lambda run: calls.append(run.pk))
-    return calls
+def no_broker(celery_outbox):
+    """Runs started from the dashboard land in the Celery outbox instead of a broker (no worker here)."""
+    return celery_outbox
 
 
 @pytest.fixture

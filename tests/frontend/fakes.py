@@ -74,9 +74,13 @@ class FakeWorker:
 
 
 def make_running_run(*, actor, model, max_trials: int = 64, n_tasks: int = 4, rounds: int = 0,
-                     per_round: int = 16, seed: int = 0, **start_kwargs) -> tuple[TuningRun, FakeWorker]:
-    run = tuning_services.start_run(actor=actor, model=model, max_trials=max_trials, enqueue=False,
-                                    trials_per_round=per_round, **start_kwargs)
+                     per_round: int = 16, seed: int = 0, **run_fields) -> tuple[TuningRun, FakeWorker]:
+    """A queued run (a factory row: these tests are not about start_run's rules) claimed by a FakeWorker
+    that has reported `rounds` rounds of `per_round` measurements."""
+    from tests.factories import TuningRunFactory
+
+    run = TuningRunFactory(model=model, created_by=actor, max_trials=max_trials, trials_per_round=per_round,
+                           **run_fields)
     worker = FakeWorker(run, n_tasks=n_tasks, seed=seed)
     for _ in range(rounds):
         worker.step(per_round)

@@ -96,12 +96,24 @@ def wait_for_chart(page, figure_id: str) -> int:
     return page.evaluate(f"document.querySelector('{sel}').data.length")
 
 
-def test_dashboard_end_to_end(page, live_server, shots, user_owner, team_a, small_cnn_bytes, enqueued):
+def test_dashboard_end_to_end(page, live_server, shots, user_owner, team_a, small_cnn_bytes, celery_outbox):
+    """The whole dashboard flow in one browser session, step by step (each step below asserts what it
+    shows): log in, upload, start a run, watch it live, pause/resume a second run, compare, then the
+    energy, cluster and simulation pages; no page error and no request outside the server."""
     Quota.objects.filter(team=team_a).update(max_concurrent_runs=10)
     login(page, live_server)
     page.screenshot(path=str(shots / "01-overview.png"), full_page=True)
+    model = upload_models(page, live_server, shots, small_cnn_bytes)
+    run = start_run_through_form(page, live_server, shots, model, celery_outbox)
+    watch_run_progress_live(page, shots, run)
+    second = pause_resume_second_run(page, live_server, model, run)
+    compare_runs(page, live_server, shots, run, second)
+    energy_cluster_simulation_pages(page, live_server, shots, team_a, model, run)
+    assert page.problems == []
 
-    # --- upload: a refused file first (readable message, nothing stored), then a real model
+
+def upload_models(page, live_server, shots, small_cnn_bytes) -> DLModel:
+    """A refused file first (readable message, nothing stored), then a real model."""
     page.goto(live_server.url + "/models/upload/")
     page.fill("#id_name", "junk")
     page.set_input_files("#id_file", files=[{"name": "junk.onnx", "mimeType": "application/octet-stream",
@@ -125,8 +137,10 @@ def test_dashboard_end_to_end(page, live_server, shots, user_owner, team_a, smal
     page.goto(live_server.url + "/models/")
     page.wait_for_selector("#models-table >> text=cnn-browser")
     page.screenshot(path=str(shots / "04-models.png"), full_page=True)
+    return model
 
-    # --- start a run through the form
+
+def start_run_through_form(page, live_server, shots, model, celery_outbox) -> TuningRun:
     page.goto(f"{live_server.url}/runs/new/?model={model.pk}")
     page.wait_for_selector("#trimmer-options")
     page.fill("#id_max_trials", "48")
@@ -135,11 +149,15 @@ def test_dashboard_end_to_end(page, live_server, shots, user_owner, team_a, smal
     page.click("#start-run-form button[type=submit]")
     page.wait_for_selector("text=queued")
     run = TuningRun.objects.get(model=model)
-    assert enqueued == [run.pk] and page.url == f"{live_server.url}/runs/{run.pk}/"
+    assert celery_outbox.args_of("tuning.execute_run") == [(run.pk,)]
+    assert page.url == f"{live_server.url}/runs/{run.pk}/"
     assert page.inner_text("#run-status") == "Queued"
     wait_for_chart(page, "fig-curve")
+    return run
 
-    # --- a pretend worker makes progress; the page follows WITHOUT reloading
+
+def watch_run_progress_live(page, shots, run) -> None:
+    """A pretend worker makes progress; the page follows WITHOUT reloading."""
     page.evaluate("window.__sameDocument = 'yes'")
     worker = FakeWorker(run, n_tasks=3, seed=1)
     for _ in range(3):
@@ -166,7 +184,9 @@ def test_dashboard_end_to_end(page, live_server, shots, user_owner, team_a, smal
     page.wait_for_timeout(800)  # the progress bar's CSS transition
     page.screenshot(path=str(shots / "06-run-detail.png"), full_page=True)
 
-    # --- a second run: pause it with its CSRF-protected button, then give it progress
+
+def pause_resume_second_run(page, live_server, model, run) -> TuningRun:
+    """A second run: pause it with its CSRF-protected button, resume it, then give it progress."""
     page.goto(f"{live_server.url}/runs/new/?model={model.pk}")
     page.fill("#id_max_trials", "64")
     page.check("#id_dop_mode_1")  # fixed DOP
@@ -184,8 +204,11 @@ def test_dashboard_end_to_end(page, live_server, shots, user_owner, team_a, smal
     w2 = FakeWorker(second, n_tasks=3, seed=5)
     for _ in range(5):
         w2.step(8, dop=2)
+    return second
 
-    # --- compare the two runs from the runs list
+
+def compare_runs(page, live_server, shots, run, second) -> None:
+    """Compare the two runs from the runs list."""
     page.goto(live_server.url + "/runs/")
     page.wait_for_selector("#runs-table")
     page.screenshot(path=str(shots / "07-runs.png"), full_page=True)
@@ -196,7 +219,8 @@ def test_dashboard_end_to_end(page, live_server, shots, user_owner, team_a, smal
     assert wait_for_chart(page, "fig-compare") == 2
     page.screenshot(path=str(shots / "08-compare.png"), full_page=True)
 
-    # --- energy, cluster, simulations
+
+def energy_cluster_simulation_pages(page, live_server, shots, team, model, run) -> None:
     TuningRun.objects.filter(pk=run.pk).update(energy_joules=5400.0, energy_source="modeled",
                                                energy_build_joules=1500.0, energy_measure_joules=3900.0)
     page.goto(live_server.url + "/energy/")
@@ -204,21 +228,19 @@ def test_dashboard_end_to_end(page, live_server, shots, user_owner, team_a, smal
     assert "0.0015 kWh" in page.inner_text("#energy-table")
     page.screenshot(path=str(shots / "09-energy.png"), full_page=True)
 
-    make_cluster_data(team_a, model)
+    make_cluster_data(team, model)
     page.goto(live_server.url + "/cluster/")
     assert wait_for_chart(page, "fig-telemetry") == 2
     wait_for_chart(page, "fig-utilization")
     page.screenshot(path=str(shots / "10-cluster.png"), full_page=True)
 
-    sim = make_simulation(team_a)
+    sim = make_simulation(team)
     page.goto(live_server.url + "/simulations/")
     page.wait_for_selector("#simulations-table")
     page.screenshot(path=str(shots / "11-simulations.png"), full_page=True)
     page.click(f"a[href='/simulations/{sim.pk}/']")
     assert wait_for_chart(page, "fig-curve") == 2
     page.screenshot(path=str(shots / "12-simulation-detail.png"), full_page=True)
-
-    assert page.problems == []
 
 
 def test_team_switcher_and_other_teams(page, live_server, user_owner, team_a, team_b, model_b):

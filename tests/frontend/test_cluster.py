@@ -6,7 +6,8 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from scheduling.models import GPU, GpuJob, GpuTelemetry, Node, Placement, SimulationRun
+from scheduling.models import GpuJob, SimulationRun
+from tests.factories import GpuJobFactory, GpuTelemetryFactory, NodeFactory, PlacementFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -27,24 +28,22 @@ def experiment_results():
 
 @pytest.fixture
 def cluster(team_a, team_b, model_a, model_b):
+    """A live node with two H200s (30 samples each, one running job of team A), a stale CPU-only node,
+    and a pending job of team B."""
     now = timezone.now()
-    node = Node.objects.create(name="node-1", hostname="node-1.local", cpu_cores=16, memory_mb=128_000,
-                               nvml_available=True, driver_version="550.1", last_seen=now,
-                               queues=["measure.node-1.gpu0", "measure.node-1.gpu1"])
-    Node.objects.create(name="cpu-only", cpu_cores=2, memory_mb=4000, nvml_error="NVML Shared Library Not Found",
-                        last_seen=now - dt.timedelta(hours=2))
-    gpus = [GPU.objects.create(node=node, index=i, name="NVIDIA H200", gpu_model="H200", memory_total_mb=143_000,
-                               queue=f"measure.node-1.gpu{i}") for i in range(2)]
+    node = NodeFactory(name="node-1", memory_mb=128_000, driver_version="550.1", gpus=2,
+                       gpus__name="NVIDIA H200", gpus__gpu_model="H200", gpus__memory_total_mb=143_000)
+    NodeFactory(name="cpu-only", cpu_cores=2, memory_mb=4000, nvml_available=False, driver_version="",
+                nvml_error="NVML Shared Library Not Found", last_seen=now - dt.timedelta(hours=2))
+    gpus = list(node.gpus.order_by("index"))
     for k in range(30):
         for g in gpus:
-            GpuTelemetry.objects.create(gpu=g, ts=now - dt.timedelta(minutes=30 - k), util_pct=20 + k + 10 * g.index,
-                                        mem_used_mb=1000 * (k + 1))
-    job_a = GpuJob.objects.create(team=team_a, model=model_a, batch_size=8, duration_estimate_s=60,
-                                  predicted_util_pct=40, predicted_mem_mb=900, state=GpuJob.State.RUNNING,
-                                  policy="horus")
-    Placement.objects.create(job=job_a, gpu=gpus[1], policy="horus", queue=gpus[1].queue, placed_at=now)
-    GpuJob.objects.create(team=team_b, model=model_b, batch_size=4, duration_estimate_s=60,
-                          state=GpuJob.State.PENDING)
+            GpuTelemetryFactory(gpu=g, ts=now - dt.timedelta(minutes=30 - k), util_pct=20 + k + 10 * g.index,
+                                mem_used_mb=1000 * (k + 1))
+    job_a = GpuJobFactory(model=model_a, predicted_util_pct=40, predicted_mem_mb=900, state=GpuJob.State.RUNNING,
+                          policy="horus")
+    PlacementFactory(job=job_a, gpu=gpus[1])
+    GpuJobFactory(model=model_b, batch_size=4, predicted_util_pct=None, predicted_mem_mb=None)
     return {"node": node, "gpus": gpus, "job_a": job_a}
 
 

@@ -197,13 +197,15 @@ def start_form(model, **overrides):
     return data
 
 
-def test_start_run_form_queues_a_run(owner_client, model_a, enqueued):
+def test_start_run_form_queues_a_run(owner_client, model_a, celery_outbox, django_capture_on_commit_callbacks):
+    """The form starts a run and, once the request's transaction commits, sends it to Celery."""
     page = owner_client.get(f"/runs/new/?model={model_a.pk}").content.decode()
     assert 'id="trimmer-options"' in page and 'name="plateau_rounds"' in page
-    resp = owner_client.post("/runs/new/", start_form(model_a, search_population=16, seed=3))
+    with django_capture_on_commit_callbacks(execute=True):
+        resp = owner_client.post("/runs/new/", start_form(model_a, search_population=16, seed=3))
     run = TuningRun.objects.get()
     assert resp.status_code == 302 and resp["Location"] == f"/runs/{run.pk}/"
-    assert enqueued == [run.pk]
+    assert celery_outbox.args_of("tuning.execute_run") == [(run.pk,)]
     assert run.target == {"kind": "llvm", "num-cores": 2} and run.max_trials == 16
     assert run.dop_fixed is None and run.options == {"search_population": 16, "seed": 3}
 
@@ -425,7 +427,7 @@ def test_run_list_paginates(owner_client, many_runs, monkeypatch):
 def test_compare_two_runs(owner_client, user_owner, model_a, roomy_quota):
     a, _ = make_running_run(actor=user_owner, model=model_a, max_trials=64, n_tasks=2, rounds=4, per_round=8)
     b, _ = make_running_run(actor=user_owner, model=model_a, max_trials=64, n_tasks=2, rounds=6, per_round=8,
-                            seed=1, measurement_mode="stock", dop=1)
+                            seed=1, measurement_mode="stock", dop_fixed=1)
     html = owner_client.get(f"/runs/compare/?runs={a.pk}&runs={b.pk}").content.decode()
     fig = figure_from(html, "fig-compare")
     assert len(fig["data"]) == 2 and "stock" in fig["data"][1]["name"]

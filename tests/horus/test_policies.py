@@ -21,7 +21,7 @@ from scheduling.horus.policies import (
     make_policy,
 )
 
-from .conftest import put, view
+from .helpers import put, view
 
 
 def test_registry_has_every_policy():

@@ -12,7 +12,7 @@ from scheduling.horus.cluster import ClusterSpec, PlacementError
 from scheduling.horus.policies import POLICIES, FifoExclusive, Horus, PlacementPolicy, make_policy
 from scheduling.horus.simulator import Interference, simulate, simulate_fill
 
-from .conftest import job
+from .helpers import job
 
 
 def random_jobs(n: int, seed: int, *, multi: bool = True) -> list:

@@ -25,7 +25,9 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, resolve, reverse
 from rest_framework.test import APIClient
 
-from .conftest import PHILLY_CSV, ROLES
+from tests.helpers import PHILLY_CSV
+
+from .world import ROLES
 
 pytestmark = pytest.mark.django_db
 
@@ -545,8 +547,7 @@ def test_every_dashboard_url_is_classified():
     assert not classified - set(routes), f"classified URLs that no longer exist: {sorted(classified - set(routes))}"
 
 
-def test_dashboard_access_matrix(world, monkeypatch):
-    monkeypatch.setattr("tuning.services._enqueue", lambda run: None)
+def test_dashboard_access_matrix(world, celery_outbox):
     failures = []
     for (name, method), per_role in sorted(DASHBOARD_EXPECTED.items()):
         url = dashboard_url(name, world)
@@ -596,13 +597,12 @@ def _post_forms(html: str, page_url: str) -> set[str]:
     return out
 
 
-def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, monkeypatch):
+def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_outbox):
     """Find every POST form on every dashboard page (rendered for the owner, who sees all controls),
     then POST to each without the token: 403, and nothing changes."""
     from core.services import create_team
     from tuning.models import TuningRun
 
-    monkeypatch.setattr("tuning.services._enqueue", lambda run: None)
     create_team(name="Rel Team C", owner=world.users["owner"])  # two teams: the team switcher shows
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(world.users["owner"])

@@ -20,7 +20,9 @@ from scheduling.models import GpuJob, Placement, TraceUpload
 from tuning import services as tuning_services
 from tuning.models import DopRound, Measurement, TuningRun, TuningTask
 
-from .conftest import PHILLY_CSV, count_statements, fail_nth
+from tests.helpers import PHILLY_CSV
+
+from .faults import count_statements, fail_nth
 
 pytestmark = pytest.mark.django_db
 
@@ -204,10 +206,10 @@ def test_upload_trace_leaves_no_row_and_no_file(user_owner, team_a, settings):
 
 def test_placement_pass_is_all_or_nothing(model_a, user_owner, settings):
     from scheduling import services
-    from tests.scheduling.conftest import make_job, register_gpu_node
+    from tests.factories import GpuJobFactory, NodeFactory
 
-    register_gpu_node(name="faultnode")
-    jobs = [make_job(model_a, util=20.0, mem=1000.0) for _ in range(3)]
+    NodeFactory(name="faultnode", gpus=2)
+    jobs = [GpuJobFactory(model=model_a, predicted_util_pct=20.0, predicted_mem_mb=1000.0) for _ in range(3)]
 
     def snapshot():
         return (sorted(GpuJob.objects.values_list("pk", "state", "policy")),
@@ -222,9 +224,9 @@ def test_placement_pass_is_all_or_nothing(model_a, user_owner, settings):
 
 def test_submit_job_is_all_or_nothing(model_a, user_owner, team_a, settings):
     from scheduling import services
-    from tests.scheduling.conftest import register_gpu_node
+    from tests.factories import NodeFactory
 
-    register_gpu_node(name="faultnode2")
+    NodeFactory(name="faultnode2", gpus=2)
     services.train_predictor(actor=None, k_folds=2, xgb_params={"n_estimators": 10})
 
     def snapshot():

@@ -4,6 +4,7 @@ never read, and a gigantic body streams through with bounded memory."""
 from __future__ import annotations
 
 import gzip
+import importlib
 import sys
 import tracemalloc
 import zlib
@@ -19,6 +20,7 @@ from rest_framework.test import APIClient
 
 from core import services as core_services
 from core.models import DLModel
+from scheduling import services as sched_services
 from scheduling.models import TraceUpload
 
 pytestmark = pytest.mark.django_db
@@ -350,7 +352,9 @@ def test_gigantic_upload_is_refused_with_bounded_memory(endpoint, uploader, sett
     client, team, user = uploader
     settings.ONNX_MAX_UPLOAD_BYTES = 1 * MB
     if endpoint == "/api/traces/":
-        monkeypatch.setattr("scheduling.services.MAX_TRACE_BYTES", 1 * MB)
+        # The cap is read where upload_trace is defined (scheduling.services, or a module of the package).
+        defining_module = importlib.import_module(sched_services.upload_trace.__module__)
+        monkeypatch.setattr(defining_module, "MAX_TRACE_BYTES", 1 * MB)
     body = StreamingMultipart({"team": str(team.pk), "name": "huge"}, "huge.onnx" if "models" in endpoint
                               else "huge.csv", 50 * MB)
     if endpoint.startswith("/api/"):
@@ -634,7 +638,7 @@ def test_dashboard_large_upload_redirects_to_a_validating_model(uploader, small_
 def test_large_uploads_are_validated_by_a_real_worker(small_cnn_bytes, settings, tmp_path, django_user_model):
     """Through the API and a real Celery worker on Redis (default queue): 202, then ready / invalid."""
     from config.celery import app
-    from tests.conftest import require_env
+    from tests.helpers import require_env
     from tests.workers import running_worker, wait_for
 
     redis_url = require_env("TEST_REDIS_URL")

@@ -30,9 +30,9 @@ def postgres_only():
 
 
 @pytest.fixture
-def no_sends(monkeypatch):
-    monkeypatch.setattr("tuning.services._enqueue", lambda run: None)
-    monkeypatch.setattr("scheduling.tasks.place_pending.delay", lambda *a, **k: None)
+def no_sends(celery_outbox):
+    """The committed runs and jobs send their Celery messages to the outbox, not to a broker."""
+    return celery_outbox
 
 
 def race(user, post) -> list[tuple[int, dict]]:
@@ -93,7 +93,7 @@ def test_monthly_trials_race_many_winners(model_a, user_owner, team_a, no_sends)
 
 
 def test_gpu_hours_race_for_the_last_slot(model_a, user_owner, team_a, no_sends):
-    from scheduling import selectors, services
+    from scheduling import services
 
     services.train_predictor(actor=None, k_folds=2, xgb_params={"n_estimators": 10})
     Quota.objects.filter(team=team_a).update(gpu_hours_per_month=1.0)
@@ -103,12 +103,12 @@ def test_gpu_hours_race_for_the_last_slot(model_a, user_owner, team_a, no_sends)
                                                                    "duration_estimate_s": 600}, format="json"))
     ok, refused = _outcomes(results, "gpu_hours_per_month")
     assert len(ok) == 1 and len(refused) == THREADS - 1
-    assert selectors.gpu_hours_committed(team_a.pk) <= 1.0 + 1e-9
+    assert services.gpu_hours_committed(team_a.pk) <= 1.0 + 1e-9
     assert GpuJob.objects.filter(team=team_a).count() == 2
 
 
 def test_gpu_hours_race_many_winners(model_a, user_owner, team_a, no_sends):
-    from scheduling import selectors, services
+    from scheduling import services
 
     services.train_predictor(actor=None, k_folds=2, xgb_params={"n_estimators": 10})
     Quota.objects.filter(team=team_a).update(gpu_hours_per_month=1.0)
@@ -116,4 +116,4 @@ def test_gpu_hours_race_many_winners(model_a, user_owner, team_a, no_sends):
                                                                    "duration_estimate_s": 900}, format="json"))
     ok, _ = _outcomes(results, "gpu_hours_per_month")
     assert len(ok) == 4  # 4 x 15 min fill the hour
-    assert selectors.gpu_hours_committed(team_a.pk) <= 1.0 + 1e-9
+    assert services.gpu_hours_committed(team_a.pk) <= 1.0 + 1e-9

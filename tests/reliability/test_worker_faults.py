@@ -25,7 +25,7 @@ import pytest
 from django.db import connection
 
 from scheduling.models import GpuJob, Placement
-from tests.scheduling.conftest import make_job, register_gpu_node
+from tests.factories import GpuJobFactory, NodeFactory
 from tests.workers import ROOT, database_url_for_workers, start_worker, wait_for
 
 
@@ -82,8 +82,8 @@ def test_redelivered_tasks_for_live_work_are_no_ops(model_a, user_owner):
     assert TuningRun.objects.get(pk=run.pk).worker == "first"
     assert tuning.execute_run(run_id=run.pk, worker="second") is None  # the task body: returns at once
 
-    register_gpu_node(name="livenode")
-    job = make_job(model_a)
+    NodeFactory(name="livenode", gpus=2)
+    job = GpuJobFactory(model=model_a)
     [placement] = sched.place_pending_jobs(policy="horus")
     assert sched.place_pending_jobs(policy="horus") == []  # a second pass places nothing
     assert sched.claim_job(job_id=job.pk, placement_id=placement.pk, worker="first")
@@ -176,8 +176,8 @@ def pg(pg_only):
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_worker_killed_mid_placement_then_restarted_places_each_job_once(pg, private_redis, model_a, tmp_path):
-    register_gpu_node(name="killnode")  # 2 GPUs whose queues measure.killnode.gpu0/1 are served
-    jobs = [make_job(model_a, util=20.0, mem=1000.0) for _ in range(3)]
+    NodeFactory(name="killnode", gpus=2)  # 2 GPUs whose queues measure.killnode.gpu0/1 are served
+    jobs = [GpuJobFactory(model=model_a, predicted_util_pct=20.0, predicted_mem_mb=1000.0) for _ in range(3)]
     env = {"CELERY_VISIBILITY_TIMEOUT": VISIBILITY_S}
     keep = {pg.info.backend_pid, _my_backend()}
     # Park the 2nd job's placement INSERT: by then the pass has inserted the 1st job's placement and
@@ -230,8 +230,8 @@ def test_worker_killed_mid_placement_then_restarted_places_each_job_once(pg, pri
 def test_worker_killed_mid_gpu_job_is_not_run_twice(pg, private_redis, model_a, tmp_path):
     from scheduling import services as sched
 
-    register_gpu_node(name="killnode")
-    jobs = [make_job(model_a, util=20.0, mem=1000.0) for _ in range(2)]
+    NodeFactory(name="killnode", gpus=2)
+    jobs = [GpuJobFactory(model=model_a, predicted_util_pct=20.0, predicted_mem_mb=1000.0) for _ in range(2)]
     placements = sched.place_pending_jobs(policy="horus")
     assert len(placements) == 2
     victim_job = placements[0].job_id

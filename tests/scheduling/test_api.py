@@ -13,7 +13,7 @@ from django.utils import timezone
 from scheduling import services, tasks
 from scheduling.models import GpuJob, GpuTelemetry, Placement, SimulationRun, TraceUpload
 
-from ..conftest import client_for
+from ..helpers import client_for
 from .fakes import make_job
 
 GOOD_PHILLY = (

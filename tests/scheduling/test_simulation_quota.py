@@ -12,7 +12,7 @@ from core.models import Quota
 from scheduling import services, tasks
 from scheduling.models import SimulationRun
 
-from ..conftest import client_for, require_env
+from ..helpers import client_for, require_env
 
 SMALL = {"jobs": 20, "gpus": 4, "predictions": "oracle"}
 
@@ -47,7 +47,7 @@ def test_an_oversized_simulation_is_refused_naming_the_limit(api_owner, team_a, 
 def test_simulation_size_counts_the_jobs_the_trace_has(api_owner, user_owner, team_a, no_sends):
     """An uploaded 4-job trace simulates 4 jobs, whatever `jobs` asks; the Alibaba fill method simulates
     the trace's pods on its scaled cluster."""
-    from ..reliability.conftest import PHILLY_CSV
+    from ..helpers import PHILLY_CSV
 
     trace = services.upload_trace(actor=user_owner, team=team_a, name="tiny", data=PHILLY_CSV.encode(),
                                   filename="tiny.csv")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from core import services as core_services
-from tests.conftest import require_env
-from tests.scheduling.conftest import register_gpu_node
+from tests.factories import NodeFactory
+from tests.helpers import require_env
 from tests.tuning.onnx_builders import tiny_dense
 from tests.workers import running_worker, wait_for
 from tuning import services
@@ -44,7 +44,7 @@ def _ended(run):
 def test_candidates_are_measured_on_two_remote_workers(redis_url, team_a, user_owner, tmp_path,
                                                        django_capture_on_commit_callbacks):
     for node in ("hosta", "hostb"):
-        register_gpu_node(name=node, gpus=[])
+        NodeFactory(name=node)
     with running_worker(broker_url=redis_url, queues=QUEUES[0], log_dir=tmp_path, name="ma") as ma, \
             running_worker(broker_url=redis_url, queues=QUEUES[1], log_dir=tmp_path, name="mb") as mb, \
             running_worker(broker_url=redis_url, queues="tuning", log_dir=tmp_path, name="tuner") as tuner:
@@ -65,7 +65,7 @@ def test_run_whose_measurements_are_all_lost_fails_clearly(redis_url, team_a, us
                                                          django_capture_on_commit_callbacks):
     # Both nodes are registered and live, but no worker serves their queues (their workers are gone).
     for node in ("hosta", "hostb"):
-        register_gpu_node(name=node, gpus=[])
+        NodeFactory(name=node)
     env = {"TUNING_MEASURE_QUEUE_TIMEOUT_S": 3}
     with running_worker(broker_url=redis_url, queues="tuning", log_dir=tmp_path, name="tuner",
                         env_extra=env) as tuner:

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from core import services as core_services
-from tests.conftest import require_env
+from tests.helpers import require_env
 from tests.tuning.onnx_builders import hostile_gather, tiny_dense
 from tests.workers import running_worker, wait_for
 from tuning import services

@@ -11,7 +11,7 @@ from django.conf import settings as dj_settings
 from django.utils import timezone
 
 from scheduling.models import Node
-from tests.scheduling.conftest import register_gpu_node
+from tests.factories import NodeFactory
 from tuning import services
 from tuning.models import TuningRun
 
@@ -31,7 +31,7 @@ def _start(client, model, queues):
 
 
 def test_live_node_cpu_queue_is_accepted(api_owner, model_a):
-    register_gpu_node(name="hosta", gpus=[])
+    NodeFactory(name="hosta")
     resp = _start(api_owner, model_a, ["measure.hosta.cpu"])
     assert resp.status_code == 201, resp.content
     assert TuningRun.objects.get(pk=resp.json()["id"]).options["measure_queues"] == ["measure.hosta.cpu"]
@@ -44,10 +44,10 @@ def test_live_node_cpu_queue_is_accepted(api_owner, model_a):
     ("measure.gpuhost.gpu0", "is a GPU queue"),                               # outside placement and quota
 ])
 def test_unusable_queues_are_refused_naming_the_queue(api_owner, model_a, queue, why):
-    register_gpu_node(name="gpuhost")
-    register_gpu_node(name="stale", gpus=[])
+    NodeFactory(name="gpuhost", gpus=2)
+    NodeFactory(name="stale")
     Node.objects.filter(name="stale").update(last_seen=timezone.now() - timedelta(days=1))
-    register_gpu_node(name="drained", gpus=[])
+    NodeFactory(name="drained")
     Node.objects.filter(name="drained").update(drained=True)
     before = TuningRun.objects.count()
     resp = _start(api_owner, model_a, ["measure.gpuhost.cpu", queue])

@@ -9,7 +9,7 @@ from django.db import connection
 from django.utils import timezone
 
 from core.models import Quota
-from tests.conftest import client_for
+from tests.helpers import client_for
 from tuning import services
 from tuning.models import Measurement, TuningRun, TuningTask
 

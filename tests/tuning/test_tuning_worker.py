@@ -6,7 +6,7 @@ import time
 import pytest
 
 from core import services as core_services
-from tests.conftest import require_env
+from tests.helpers import require_env
 from tests.workers import running_worker, start_worker, wait_for
 from tuning import services
 from tuning.models import Measurement, TuningRun
