@@ -21,7 +21,7 @@ from scheduling.horus.traces import (
     time_slice,
 )
 
-from .conftest import job
+from .helpers import job
 
 PHILLY_HEAD = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 PODS_HEAD = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"
