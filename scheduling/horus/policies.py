@@ -128,10 +128,6 @@ def _choose(job: JobView, cv: ClusterView, cost: np.ndarray, mask: np.ndarray) -
     return best_gpus
 
 
-def _cost_of(cost: np.ndarray, gpus: Sequence[int]) -> float:
-    return float(np.sum(cost[[int(g) for g in gpus]]))
-
-
 class PlacementPolicy:
     """Base class. Subclasses set ``name`` and implement :meth:`place`."""
 
@@ -196,7 +192,23 @@ class _SharingPolicy(PlacementPolicy):
         return {**super().describe(), "max_jobs_per_gpu": self.max_jobs, "headroom_mb": self.headroom_mb}
 
 
-class Horus(_SharingPolicy):
+class _CostRanked(_SharingPolicy):
+    """A sharing policy that ranks GPUs by ``cost(job, cluster) -> (cost, feasible mask)``: it places on
+    the cheapest feasible GPUs and scores a placement by their cost."""
+
+    def cost(self, job: JobView, cv: ClusterView) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def place(self, job, cluster, now):
+        cost, mask = self.cost(job, cluster)
+        return _choose(job, cluster, cost, mask)
+
+    def score(self, job, cluster, gpus):
+        cost, _ = self.cost(job, cluster)
+        return float(np.sum(cost[[int(g) for g in gpus]]))
+
+
+class Horus(_CostRanked):
     """Horus: lowest :func:`horus_score` on predicted utilization and memory."""
 
     name = "horus"
@@ -228,14 +240,6 @@ class Horus(_SharingPolicy):
         if self.max_util_pct is not None:
             mask &= (cv.n_jobs == 0) | (util + job.pred_util_pct <= self.max_util_pct)
         return horus_score(util, mem, cv.n_jobs, cv.mem_cap_mb, job.pred_util_pct, jmem), mask
-
-    def place(self, job, cluster, now):
-        cost, mask = self.cost(job, cluster)
-        return _choose(job, cluster, cost, mask)
-
-    def score(self, job, cluster, gpus):
-        cost, _ = self.cost(job, cluster)
-        return _cost_of(cost, gpus)
 
     def describe(self):
         return {**super().describe(), "state": self.state, "max_util_pct": self.max_util_pct}
@@ -353,7 +357,7 @@ class Gandiva(Horus):
         return score, mask
 
 
-class BestFit(_SharingPolicy):
+class BestFit(_CostRanked):
     """Bin packing: least room left after placement (milli shares when the
     cluster enforces them, else predicted memory); ties to the lowest index."""
 
@@ -369,14 +373,6 @@ class BestFit(_SharingPolicy):
         else:
             cost = (cluster.mem_cap_mb - mem - jmem) / cluster.mem_cap_mb
         return np.asarray(cost, float), mask
-
-    def place(self, job, cluster, now):
-        cost, mask = self.cost(job, cluster)
-        return _choose(job, cluster, cost, mask)
-
-    def score(self, job, cluster, gpus):
-        cost, _ = self.cost(job, cluster)
-        return _cost_of(cost, gpus)
 
 
 class RandomFit(_SharingPolicy):

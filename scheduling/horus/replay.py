@@ -53,7 +53,9 @@ class GpuLoad:
 @runtime_checkable
 class InterferenceModel(Protocol):
     """Slowdown (>= 1) of each job sharing a GPU; a job's rate is 1 / its largest slowdown over its GPUs.
-    Called only for GPUs whose set of jobs changed. ``describe()`` is recorded with the results."""
+    Called for a GPU with two or more jobs when its set of jobs changes, so the answer must depend on
+    the ``GpuLoad`` alone (the replay keeps it until the next change). ``describe()`` is recorded with
+    the results."""
 
     name: str
 
@@ -316,6 +318,8 @@ class Replay:
         self.window = max(1, int(backfill))
         self.monotone = bool(getattr(policy, "monotone_feasibility", False)) and self.window > 1
         self.acct = Accounting(state.n_gpus, max(1, (2 * len(jl)) // max(1, frag_samples)))
+        #: per GPU, its jobs' slowdowns as of its last change (None: one job or none)
+        self._slow: list[dict[str, float] | None] = [None] * state.n_gpus
         self.oom_events = self.migrations = self.n_events = 0
         self.unschedulable: list[str] = []
 
@@ -393,20 +397,23 @@ class Replay:
                        tuple(rj.meas_util_pct for rj in running), tuple(rj.meas_mem_mb for rj in running))
 
     def _update_rates(self, gpus: Sequence[int], now: float) -> None:
-        """New rates for the jobs on ``gpus`` (and their finish events where a rate changed)."""
-        J, jobs_on = self.jobs, self.state.jobs_on
-        affected = {J.index[jid] for g in gpus for jid in jobs_on[g]}
-        factors: dict[int, dict[str, float]] = {}  # per GPU, per job: this pass's slowdowns
-        for i in sorted(affected):
-            rj = self.state.running[J.jobs[i].job_id]
+        """``gpus`` changed their set of jobs: ask the interference model about them (a GPU with one job
+        or none needs no model: alone, a job runs at rate 1), then give every job on them its new rate
+        (and a new finish event where the rate changed). A job's rate is 1 / its largest slowdown."""
+        J, jobs_on, slow = self.jobs, self.state.jobs_on, self._slow
+        for g in gpus:
+            if len(jobs_on[g]) >= 2:
+                load = self._gpu_load(g)
+                slow[g] = dict(zip(load.job_ids, self.interference.slowdowns(load)))
+            else:
+                slow[g] = None
+        for i in sorted({J.index[jid] for g in gpus for jid in jobs_on[g]}):
+            job_id = J.jobs[i].job_id
             s = 1.0
-            for g in rj.gpus:
-                if g not in factors:
-                    load = self._gpu_load(g)
-                    factors[g] = dict(zip(load.job_ids, self.interference.slowdowns(load)))
-                f = factors[g][rj.view.job_id]
-                if f > s:
-                    s = f
+            for g in self.state.running[job_id].gpus:
+                factors = slow[g]
+                if factors is not None and factors[job_id] > s:
+                    s = factors[job_id]
             r = 1.0 / s
             if r != J.rate[i]:
                 J.progress(i, now)
