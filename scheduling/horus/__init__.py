@@ -11,10 +11,14 @@ Modules:
 * :mod:`.profiles` - GPU profile records, load/save, the synthetic seed set.
 * :mod:`.predictor` - ``UtilizationPredictor().train(records) -> TrainedPredictor``.
 * :mod:`.cluster` - cluster spec/state and the read-only ``ClusterView``.
-* :mod:`.policies` - ``PlacementPolicy`` and ``POLICIES`` (Horus and baselines).
+* :mod:`.policies` - ``PlacementPolicy`` (``place``, ``score``, ``rebalance``) and
+  ``POLICIES`` (Horus and baselines).
 * :mod:`.traces` - Alibaba-2023 / Philly parsers, workload assignment.
-* :mod:`.simulator` - ``simulate`` (replay) and ``simulate_fill`` (ATC'23 fill).
-* :mod:`.experiments` - the stated setups ``bench/scheduling.py`` uses.
+* :mod:`.simulator` - ``simulate`` (replay) and ``simulate_fill`` (ATC'23 fill), the
+  entry points over :mod:`.replay` (event queue, state machine, accounting,
+  summary; the pluggable ``InterferenceModel``) and :mod:`.fill`.
+* :mod:`.experiments` - ``run_experiment``: the one path from a trace to a result
+  (bench, ``manage.py simulate``, dashboard).
 """
 
 from .cluster import ClusterSpec, ClusterState, ClusterView, JobView, NodeSpec, PlacementError
@@ -22,7 +26,15 @@ from .features import FEATURE_COLUMNS, feature_vector, zoo_feature_table
 from .policies import POLICIES, PlacementPolicy, horus_score, make_policy
 from .predictor import TrainedPredictor, UtilizationPredictor
 from .profiles import ProfileRecord, ProfileTable, load_profiles, save_profiles
-from .simulator import FillResult, Interference, SimulationResult, simulate, simulate_fill
+from .simulator import (
+    FillResult,
+    Interference,
+    InterferenceModel,
+    SharingPenalty,
+    SimulationResult,
+    simulate,
+    simulate_fill,
+)
 from .traces import Job, TraceFormatError, assign_workloads, load_alibaba_nodes, load_alibaba_pods, load_philly, parse_trace
 
 __all__ = [
@@ -31,6 +43,7 @@ __all__ = [
     "POLICIES", "PlacementPolicy", "horus_score", "make_policy",
     "TrainedPredictor", "UtilizationPredictor",
     "ProfileRecord", "ProfileTable", "load_profiles", "save_profiles",
-    "FillResult", "Interference", "SimulationResult", "simulate", "simulate_fill",
+    "FillResult", "Interference", "InterferenceModel", "SharingPenalty", "SimulationResult", "simulate",
+    "simulate_fill",
     "Job", "TraceFormatError", "assign_workloads", "load_alibaba_nodes", "load_alibaba_pods", "load_philly", "parse_trace",
 ]

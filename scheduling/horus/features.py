@@ -138,12 +138,18 @@ def feature_matrix(features_list: Iterable[Mapping[str, Any]]) -> np.ndarray:
     return np.vstack(rows)
 
 
+def _onnx_engine():
+    """``core.onnx_models``, the graph-feature extractor and model zoo: the one engine horus uses
+    (Django-free, like horus), imported here only and lazily because onnx is heavy."""
+    import core.onnx_models as onnx_engine
+
+    return onnx_engine
+
+
 def features_of_model(model: Any, batch_size: int | None = None) -> dict[str, Any]:
     """Features dict of an ``onnx.ModelProto`` (delegates to
     :func:`core.onnx_models.features.compute_features`)."""
-    from core.onnx_models.features import compute_features  # lazy: onnx is heavy
-
-    return compute_features(model, batch_size=batch_size).to_dict()
+    return _onnx_engine().compute_features(model, batch_size=batch_size).to_dict()
 
 
 class ZooFeatureTable:
@@ -207,10 +213,9 @@ def build_zoo_feature_table(
 ) -> ZooFeatureTable:
     """Build every zoo model once (batch 1) and compute its features at each
     batch size (``compute_features`` rebatches a copy). Needs onnx."""
-    from core.onnx_models.features import compute_features
-    from core.onnx_models.zoo import build_model, list_models
-
-    names = list(models) if models is not None else list(list_models())
+    onnx_engine = _onnx_engine()
+    compute_features, build_model = onnx_engine.compute_features, onnx_engine.build_model
+    names = list(models) if models is not None else list(onnx_engine.list_models())
     entries: dict[str, dict[int, dict[str, Any]]] = {}
     t0 = time.perf_counter()
     for name in names:

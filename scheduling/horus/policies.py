@@ -9,7 +9,10 @@ or ``None`` to leave it waiting::
         name: str
         def place(self, job: JobView, cluster: ClusterView, now: float) -> list[int] | None
         def rebalance(self, cluster: ClusterView, now: float) -> list[tuple[str, list[int]]]
+        def score(self, job: JobView, cluster: ClusterView, gpus: Sequence[int]) -> float | None
 
+``score`` is the policy's own cost of a placement (lower is better; what the
+placement service records), ``None`` for a policy that ranks by no cost.
 ``rebalance`` (optional) returns migrations ``(job_id, new_gpus)``; the
 simulator calls it after jobs finish. Hard constraints every policy honours:
 the job's GPU count, one node for ``single_node`` jobs, node CPU/RAM where
@@ -43,7 +46,7 @@ Policies (registry :data:`POLICIES`):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -146,6 +149,11 @@ class PlacementPolicy:
     def rebalance(self, cluster: ClusterView, now: float) -> list[tuple[str, list[int]]]:
         return []
 
+    def score(self, job: JobView, cluster: ClusterView, gpus: Sequence[int]) -> float | None:
+        """The policy's cost (lower is better) of putting ``job`` on ``gpus`` at this cluster state, summed
+        over the GPUs; ``None`` (the default) when the policy ranks by no cost (first fit, random)."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "shares_gpus": self.shares_gpus}
 
@@ -184,7 +192,23 @@ class _SharingPolicy(PlacementPolicy):
         return {**super().describe(), "max_jobs_per_gpu": self.max_jobs, "headroom_mb": self.headroom_mb}
 
 
-class Horus(_SharingPolicy):
+class _CostRanked(_SharingPolicy):
+    """A sharing policy that ranks GPUs by ``cost(job, cluster) -> (cost, feasible mask)``: it places on
+    the cheapest feasible GPUs and scores a placement by their cost."""
+
+    def cost(self, job: JobView, cv: ClusterView) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def place(self, job, cluster, now):
+        cost, mask = self.cost(job, cluster)
+        return _choose(job, cluster, cost, mask)
+
+    def score(self, job, cluster, gpus):
+        cost, _ = self.cost(job, cluster)
+        return float(np.sum(cost[[int(g) for g in gpus]]))
+
+
+class Horus(_CostRanked):
     """Horus: lowest :func:`horus_score` on predicted utilization and memory."""
 
     name = "horus"
@@ -216,10 +240,6 @@ class Horus(_SharingPolicy):
         if self.max_util_pct is not None:
             mask &= (cv.n_jobs == 0) | (util + job.pred_util_pct <= self.max_util_pct)
         return horus_score(util, mem, cv.n_jobs, cv.mem_cap_mb, job.pred_util_pct, jmem), mask
-
-    def place(self, job, cluster, now):
-        cost, mask = self.cost(job, cluster)
-        return _choose(job, cluster, cost, mask)
 
     def describe(self):
         return {**super().describe(), "state": self.state, "max_util_pct": self.max_util_pct}
@@ -337,13 +357,14 @@ class Gandiva(Horus):
         return score, mask
 
 
-class BestFit(_SharingPolicy):
+class BestFit(_CostRanked):
     """Bin packing: least room left after placement (milli shares when the
     cluster enforces them, else predicted memory); ties to the lowest index."""
 
     name = "best_fit"
 
-    def place(self, job, cluster, now):
+    def cost(self, job: JobView, cluster: ClusterView) -> tuple[np.ndarray, np.ndarray]:
+        """``(room left after placement, feasible mask)`` over all GPUs."""
         jmem = max(job.pred_mem_mb, job.mem_floor_mb)
         mem = np.maximum(cluster.pred_mem_mb, cluster.meas_mem_mb)
         mask = self._mask(job, cluster, mem, jmem)
@@ -351,7 +372,7 @@ class BestFit(_SharingPolicy):
             cost = (MILLI - cluster.milli_used - job.gpu_milli) / MILLI + 1e-3 * (cluster.mem_cap_mb - mem - jmem) / cluster.mem_cap_mb
         else:
             cost = (cluster.mem_cap_mb - mem - jmem) / cluster.mem_cap_mb
-        return _choose(job, cluster, np.asarray(cost, float), mask)
+        return np.asarray(cost, float), mask
 
 
 class RandomFit(_SharingPolicy):
@@ -413,6 +434,16 @@ class FGD(PlacementPolicy):
             m[g] = False
             nf[cluster.gpu_node[g], cluster.gpu_slot[g]] -= need
         return sorted(chosen)
+
+    def score(self, job, cluster, gpus):
+        """The growth of expected fragmentation (milli-GPUs) on the nodes the placement touches."""
+        types = cluster.workload or [WorkloadType(job.num_gpus, min(job.gpu_milli, MILLI), 1.0)]
+        before = cluster.node_free_milli()
+        after = before.copy()
+        for g in gpus:
+            after[cluster.gpu_node[g], cluster.gpu_slot[g]] -= min(job.gpu_milli, MILLI)
+        nodes = np.unique(cluster.gpu_node[list(gpus)])
+        return float(np.sum(fgd_fragmentation(after[nodes], types) - fgd_fragmentation(before[nodes], types)))
 
     @staticmethod
     def _delta_single(nf, cv, idx, need, types) -> np.ndarray:

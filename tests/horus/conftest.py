@@ -1,4 +1,4 @@
-"""Fixtures of the Horus tests (plain pytest, no Django); helpers they import are in helpers.py."""
+"""Fixtures for the Horus tests (plain pytest, no Django); builders are in ``helpers``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Helpers of the Horus tests (plain Python, no Django): job views, placed jobs, trace jobs."""
+"""Builders for the Horus tests (plain functions, imported by the test modules; fixtures live in conftest)."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from scheduling.horus.cluster import ClusterState, JobView
 from scheduling.horus.traces import Job
@@ -24,3 +26,16 @@ def job(job_id: str, submit: float, duration: float, *, util: float = 50.0, mem:
     return Job(job_id, submit, duration, num_gpus, milli, single_node=single_node, model="m", batch_size=1,
                true_util_pct=util, true_mem_mb=mem, pred_util_pct=util if pred_util is None else pred_util,
                pred_mem_mb=mem if pred_mem is None else pred_mem)
+
+
+def random_jobs(n: int, seed: int, *, multi: bool = True) -> list:
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(30.0, n))
+    out = []
+    for i in range(n):
+        util = float(rng.choice([2.0, 15.0, 40.0, 70.0, 95.0]))
+        mem = float(rng.choice([700.0, 2000.0, 5000.0, 9000.0]))
+        ng = int(rng.choice([1, 1, 1, 2, 4])) if multi else 1
+        out.append(job(f"j{i}", float(t[i]), float(rng.uniform(50, 2000)), util=util, mem=mem, num_gpus=ng,
+                       pred_util=float(np.clip(util * rng.lognormal(0, 0.4), 1, 100)), pred_mem=mem * float(rng.lognormal(0, 0.3))))
+    return out

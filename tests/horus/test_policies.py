@@ -221,3 +221,56 @@ def test_horus_migrate_admission_uses_measured_demand():
     put(s, "b", [1], pred_util=20, pred_mem=1000, true_util=95)
     assert Horus().place(view("x", util=30, mem=1000), s.view(), 0.0) is not None
     assert HorusMigrate().place(view("x", util=30, mem=1000), s.view(), 0.0) is None  # both measured full
+
+
+# ---------------------------------------------------------------- score (what the placement service records)
+
+
+def _busy_state(spec) -> ClusterState:
+    s = ClusterState(spec)
+    put(s, "a", [0], pred_util=60, pred_mem=3000, milli=500)
+    put(s, "b", [1], pred_util=20, pred_mem=6000, milli=250)
+    return s
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_scores_its_own_placement(name, milli_spec):
+    """``score`` is public on every policy: a float for those that rank by a cost, None for the others."""
+    s = _busy_state(milli_spec)
+    pol = make_policy(name)
+    j = view("x", util=30, mem=2000, milli=250)
+    gpus = pol.place(j, s.view(), 0.0)
+    assert gpus
+    score = pol.score(j, s.view(), gpus)
+    if name in ("fifo_exclusive", "random_fit"):
+        assert score is None
+    else:
+        assert isinstance(score, float) and np.isfinite(score)
+
+
+@pytest.mark.parametrize("cls", [Horus, HorusMigrate, Gandiva, BestFit])
+def test_score_is_the_cost_the_policy_ranked_by(cls, small_spec):
+    s = _busy_state(small_spec)
+    pol = cls()
+    j = view("x", util=30, mem=2000)
+    cost, mask = pol.cost(j, s.view())
+    g = pol.place(j, s.view(), 0.0)[0]
+    assert pol.score(j, s.view(), [g]) == float(cost[g]) == float(cost[mask].min())
+
+
+def test_fgd_score_is_the_fragmentation_growth_it_minimised(milli_spec):
+    s = _busy_state(milli_spec)
+    s.workload = [WorkloadType(1, 250, 0.5), WorkloadType(1, 1000, 0.5)]
+    pol, j = FGD(), view("x", milli=250)
+    g = pol.place(j, s.view(), 0.0)
+    scores = [pol.score(j, s.view(), [k]) for k in range(s.n_gpus)]
+    assert pol.score(j, s.view(), g) == pytest.approx(min(scores))
+
+
+def test_random_fit_score_does_not_draw_from_its_stream(small_spec):
+    s = ClusterState(small_spec)
+    a, b = RandomFit(seed=1), RandomFit(seed=1)
+    for k in range(3):
+        j = view(f"j{k}", mem=500)
+        assert a.score(j, s.view(), [0]) is None
+        assert a.place(j, s.view(), 0.0) == b.place(j, s.view(), 0.0)

@@ -10,22 +10,17 @@ import pytest
 
 from scheduling.horus.cluster import ClusterSpec, PlacementError
 from scheduling.horus.policies import POLICIES, FifoExclusive, Horus, PlacementPolicy, make_policy
-from scheduling.horus.simulator import Interference, simulate, simulate_fill
+from scheduling.horus.simulator import (
+    INTERFERENCE_MODELS,
+    Interference,
+    InterferenceModel,
+    SharingPenalty,
+    make_interference,
+    simulate,
+    simulate_fill,
+)
 
-from .helpers import job
-
-
-def random_jobs(n: int, seed: int, *, multi: bool = True) -> list:
-    rng = np.random.default_rng(seed)
-    t = np.cumsum(rng.exponential(30.0, n))
-    out = []
-    for i in range(n):
-        util = float(rng.choice([2.0, 15.0, 40.0, 70.0, 95.0]))
-        mem = float(rng.choice([700.0, 2000.0, 5000.0, 9000.0]))
-        ng = int(rng.choice([1, 1, 1, 2, 4])) if multi else 1
-        out.append(job(f"j{i}", float(t[i]), float(rng.uniform(50, 2000)), util=util, mem=mem, num_gpus=ng,
-                       pred_util=float(np.clip(util * rng.lognormal(0, 0.4), 1, 100)), pred_mem=mem * float(rng.lognormal(0, 0.3))))
-    return out
+from .helpers import job, random_jobs
 
 
 SPEC = ClusterSpec.uniform(2, 4, gpu_mem_mb=16384.0)
@@ -182,3 +177,42 @@ def test_fill_method(milli_spec):
     fifo = simulate_fill(pods, milli_spec, make_policy("fifo_exclusive"), seed=1)
     fgd = simulate_fill(pods, milli_spec, make_policy("fgd"), seed=1)
     assert fgd.allocated_share > fifo.allocated_share  # sharing beats one pod per GPU
+
+
+class TimeSharing:
+    """A work-conserving toy model: a GPU's jobs share it in proportion to their demand, so a GPU never
+    delivers more than one GPU of standalone work (what a fitted model plugs in like)."""
+
+    name = "time_sharing"
+
+    def __init__(self):
+        self.loads = []
+
+    def slowdowns(self, load):
+        self.loads.append(load)
+        return [max(1.0, load.demand_pct / 100.0)] * len(load.job_ids)
+
+    def describe(self):
+        return {"model": self.name}
+
+
+def test_interference_model_is_pluggable():
+    spec = ClusterSpec.uniform(1, 1)
+    jobs = [job("a", 0, 100, util=80), job("b", 0, 100, util=80)]
+    model = TimeSharing()
+    r = simulate(jobs, spec, Horus(), interference=model, record_jobs=True)
+    assert r.jobs["finish"] == pytest.approx([160, 160])  # 2 x 80 % of work at 100 %: 1.6x, no sharing tax
+    assert r.params["interference"] == {"model": "time_sharing"}
+    shared = [ld for ld in model.loads if len(ld.job_ids) == 2]
+    assert shared and shared[0].utils_pct == (80.0, 80.0) and shared[0].demand_pct == 160.0
+    assert shared[0].gpu_model == "V100" and shared[0].mem_cap_mb == 16384.0
+
+
+def test_named_interference_models():
+    assert set(INTERFERENCE_MODELS) >= {"share_penalty", "capped"}
+    assert make_interference("share_penalty") == Interference() == SharingPenalty()
+    assert make_interference("capped").describe() == {"model": "share_penalty", "share_penalty": 0.2,
+                                                       "util_slope": 0.0, "oversub_exponent": 1.0}
+    assert isinstance(SharingPenalty(), InterferenceModel)
+    with pytest.raises(KeyError, match="unknown interference"):
+        make_interference("nope")

@@ -1,0 +1,595 @@
+"""The replay method as a small event-driven class (the model is described in :mod:`.simulator`).
+
+* :class:`InterferenceModel` - the plug point for the physics: given one GPU's jobs
+  (:class:`GpuLoad`), their slowdowns. :class:`SharingPenalty` is today's model (Horus's
+  simulator: +20 % while sharing; ``oversub_exponent=1`` the "capped" sensitivity).
+* :class:`EventQueue` - arrivals, finishes and out-of-memory retries in time order.
+* :class:`ReplayJobs` - the jobs in submit order and their progress (remaining work, rate).
+* :class:`Accounting` - piecewise-constant integrals over time (GPU time, occupancy, sharing,
+  idle-while-queued), the time series and fragmentation samples.
+* :class:`Replay` - the state machine: queue, placement, rates, migrations.
+* :func:`summarize` - a finished replay as a :class:`SimulationResult`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from common.jsonsafe import json_safe
+
+from .cluster import MILLI, ClusterSpec, ClusterState, JobView, PlacementError, workload_types
+from .policies import PlacementPolicy
+from .sim_inputs import checked_placement, job_views, noisy_predictions, validate_jobs
+from .traces import Job
+
+__all__ = [
+    "GpuLoad", "InterferenceModel", "SharingPenalty", "INTERFERENCE_MODELS", "make_interference",
+    "SimulationResult", "EventQueue", "ReplayJobs", "Accounting", "Replay", "summarize",
+]
+
+
+# ------------------------------------------------------------------------------------------ interference
+@dataclass(frozen=True, slots=True)
+class GpuLoad:
+    """What an interference model sees of one GPU: its type and memory, the sum of the TRUE standalone
+    utilizations on it (``demand_pct``, as the cluster state keeps it) and each job's own."""
+
+    gpu: int
+    gpu_model: str
+    mem_cap_mb: float
+    demand_pct: float
+    job_ids: tuple[str, ...]
+    utils_pct: tuple[float, ...]
+    mems_mb: tuple[float, ...]
+
+
+@runtime_checkable
+class InterferenceModel(Protocol):
+    """Slowdown (>= 1) of each job sharing a GPU; a job's rate is 1 / its largest slowdown over its GPUs.
+    Called for a GPU with two or more jobs when its set of jobs changes, so the answer must depend on
+    the ``GpuLoad`` alone (the replay keeps it until the next change). ``describe()`` is recorded with
+    the results."""
+
+    name: str
+
+    def slowdowns(self, load: GpuLoad) -> Sequence[float]:
+        """One slowdown per job of ``load``, in ``load.job_ids`` order."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        ...
+
+
+@dataclass(frozen=True)
+class SharingPenalty:
+    """Today's model: ``(1 + share_penalty + util_slope * others_util/100) * max(1, D/100) ** oversub_exponent``
+    for a job sharing its GPU (``D`` the GPU's demand), 1 alone. The default is Horus's own simulator
+    (+20 % while sharing, load-blind); ``oversub_exponent=1`` time-shares over-subscribed GPUs. Not
+    work-conserving: three saturating jobs on one GPU deliver 2.5 GPUs of work."""
+
+    share_penalty: float = 0.2
+    util_slope: float = 0.0
+    oversub_exponent: float = 0.0
+    name = "share_penalty"
+
+    def slowdown(self, n_jobs: int, demand: float, job_util: float) -> float:
+        if n_jobs <= 1:
+            return 1.0
+        s = 1.0 + self.share_penalty + self.util_slope * max(0.0, demand - job_util) / 100.0
+        if demand > 100.0:
+            s *= (demand / 100.0) ** self.oversub_exponent
+        return s
+
+    def slowdowns(self, load: GpuLoad) -> Sequence[float]:
+        n = len(load.job_ids)
+        return [self.slowdown(n, load.demand_pct, u) for u in load.utils_pct]
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.name, **asdict(self)}
+
+
+#: named interference models (``ExperimentParams.interference``); a fitted model registers here
+INTERFERENCE_MODELS: dict[str, InterferenceModel] = {
+    "share_penalty": SharingPenalty(),
+    "capped": SharingPenalty(share_penalty=0.2, oversub_exponent=1.0),
+}
+
+
+def make_interference(name: str) -> InterferenceModel:
+    try:
+        return INTERFERENCE_MODELS[name]
+    except KeyError:
+        raise KeyError(f"unknown interference model {name!r}; known: {', '.join(INTERFERENCE_MODELS)}") from None
+
+
+# ------------------------------------------------------------------------------------------ result
+@dataclass
+class SimulationResult:
+    """Outcome of a replay. ``to_dict()`` is JSON-serialisable."""
+
+    policy: str
+    cluster: dict[str, Any]
+    seed: int
+    n_jobs: int
+    dropped_jobs: int
+    unschedulable_jobs: int
+    makespan_s: float
+    mean_wait_s: float
+    median_wait_s: float
+    p95_wait_s: float
+    mean_jct_s: float
+    p95_jct_s: float
+    mean_slowdown: float
+    util_mean_pct: float
+    util_busy_pct: float
+    gpus_busy_mean: float
+    frag_rate_mean: float
+    idle_while_queued_frac: float
+    shared_gpu_time_frac: float
+    oversub_gpu_time_frac: float
+    peak_mem_frac: float
+    oom_events: int
+    migrations: int
+    events: int
+    wall_s: float
+    timeseries: dict[str, list[float]]
+    params: dict[str, Any]
+    jobs: dict[str, list[float]] | None = None
+
+    def to_dict(self, *, with_jobs: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        if not with_jobs:
+            d.pop("jobs", None)
+        return json_safe(d)
+
+
+# ------------------------------------------------------------------------------------------ parts
+FINISH, ARRIVAL = 0, 1
+RETRY = -1  # the version of an arrival event that is an out-of-memory retry
+
+
+class EventQueue:
+    """``(time, kind, seq, job, version)`` in time order; finishes before arrivals at the same time, then
+    in push order. A finish whose version is not the job's current one is stale (its rate changed)."""
+
+    def __init__(self, submit: Sequence[float]):
+        self._heap = [(t, ARRIVAL, i, i, 0) for i, t in enumerate(submit)]
+        heapq.heapify(self._heap)
+        self._seq = len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def next_time(self) -> float:
+        return self._heap[0][0]
+
+    def push(self, t: float, kind: int, job: int, version: int) -> None:
+        heapq.heappush(self._heap, (t, kind, self._seq, job, version))
+        self._seq += 1
+
+    def pop_at(self, now: float):
+        """Events at ``now``, including those pushed while they are handled."""
+        while self._heap and self._heap[0][0] == now:
+            t, kind, _, job, version = heapq.heappop(self._heap)
+            yield t, kind, job, version
+
+
+class ReplayJobs:
+    """The kept jobs in submit order, their views and truth, and their progress: ``remaining`` work
+    (standalone seconds) as of ``last``, at ``rate``; ``version`` counts rate changes."""
+
+    def __init__(self, jobs: Sequence[Job], views: list[JobView]):
+        self.jobs = list(jobs)
+        self.views = views
+        n = len(self.jobs)
+        self.true_util = [float(j.true_util_pct) for j in self.jobs]
+        self.true_mem = [float(j.true_mem_mb) for j in self.jobs]
+        self.duration = [float(j.duration_s) for j in self.jobs]
+        self.submit = [float(j.submit_time) for j in self.jobs]
+        self.index = {j.job_id: i for i, j in enumerate(self.jobs)}
+        if len(self.index) != n:
+            raise ValueError("job ids must be unique")
+        self.start = [math.nan] * n
+        self.finish = [math.nan] * n
+        self.remaining = [0.0] * n
+        self.rate = [0.0] * n
+        self.last = [0.0] * n
+        self.version = [0] * n
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def progress(self, i: int, now: float) -> None:
+        """Book the work done since ``last`` at the current rate."""
+        self.remaining[i] -= self.rate[i] * (now - self.last[i])
+        self.last[i] = now
+
+    def learn_memory(self, i: int) -> None:
+        """After an out-of-memory crash the job is known to need its true memory."""
+        v = self.views[i]
+        self.views[i] = JobView(v.job_id, v.submit_time, v.num_gpus, v.gpu_milli, v.pred_util_pct, v.pred_mem_mb,
+                                v.cpu_milli, v.ram_mib, v.single_node, v.model, v.batch_size,
+                                mem_floor_mb=self.true_mem[i])
+
+
+class Accounting:
+    """Time integrals of the cluster's piecewise-constant state between events, kept incrementally:
+    ``refresh_gpu`` after a GPU's jobs change, ``advance`` before an event batch, ``sample`` after it."""
+
+    def __init__(self, n_gpus: int, frag_every: int):
+        self.n_gpus = n_gpus
+        self.frag_every = frag_every
+        self.util_sum = 0.0  # sum over GPUs of min(100, demand)
+        self.shared_gpus = 0  # GPUs with >= 2 jobs
+        self.oversub_gpus = 0  # GPUs with demand > 100
+        self._capped = [0.0] * n_gpus
+        self._njob = [0] * n_gpus
+        self._over = [False] * n_gpus
+        self.t_prev = 0.0
+        self.util_area = self.busy_area = self.idle_q_area = self.shared_area = self.oversub_area = 0.0
+        self.ts_t: list[float] = []
+        self.ts_util: list[float] = []
+        self.ts_busy: list[float] = []
+        self.ts_queue: list[float] = []
+        self.frag_t: list[float] = []
+        self.frag_v: list[float] = []
+        self.peak_mem_frac = 0.0
+        self.batches = 0
+
+    def refresh_gpu(self, g: int, demand: float, n_jobs: int) -> None:
+        d = float(demand)
+        c = d if d < 100.0 else 100.0
+        self.util_sum += c - self._capped[g]
+        self._capped[g] = c
+        if (self._njob[g] >= 2) != (n_jobs >= 2):
+            self.shared_gpus += 1 if n_jobs >= 2 else -1
+        self._njob[g] = n_jobs
+        now_over = d > 100.0 + 1e-9
+        if self._over[g] != now_over:
+            self.oversub_gpus += 1 if now_over else -1
+            self._over[g] = now_over
+
+    def note_memory(self, frac: float) -> None:
+        if frac > self.peak_mem_frac:
+            self.peak_mem_frac = frac
+
+    def advance(self, now: float, free_gpus: int, queued: bool) -> None:
+        """Integrate ``[t_prev, now)``."""
+        dt = now - self.t_prev
+        if dt > 0:
+            self.util_area += self.util_sum * dt
+            self.busy_area += (self.n_gpus - free_gpus) * dt
+            self.shared_area += self.shared_gpus * dt
+            self.oversub_area += self.oversub_gpus * dt
+            if queued:
+                self.idle_q_area += free_gpus * dt
+        self.t_prev = now
+
+    def sample(self, now: float, state: ClusterState, queue_len: int) -> None:
+        self.batches += 1
+        self.ts_t.append(now)
+        self.ts_util.append(self.util_sum / self.n_gpus)
+        self.ts_busy.append(float(self.n_gpus - state.free_gpus))
+        self.ts_queue.append(float(queue_len))
+        if self.batches % self.frag_every == 0:
+            fr, free = state.fragmentation()
+            self.frag_t.append(now)
+            self.frag_v.append(fr / free if free > 0 else 0.0)
+
+
+# ------------------------------------------------------------------------------------------ replay
+class Replay:
+    """One replay of ``jobs`` on ``spec`` under ``policy``; :meth:`run` then :func:`summarize`."""
+
+    def __init__(self, jobs: Sequence[Job], spec: ClusterSpec, policy: PlacementPolicy, *, seed: int = 0,
+                 interference: InterferenceModel = SharingPenalty(), predictor_error: float = 0.0,
+                 backfill: int = 1, migration_cost_s: float = 60.0, oom_penalty_s: float = 60.0,
+                 frag_samples: int = 256, check_invariants: bool = False):
+        validate_jobs(jobs)
+        self.spec, self.policy, self.seed = spec, policy, seed
+        self.interference = interference
+        self.predictor_error = predictor_error
+        self.migration_cost_s, self.oom_penalty_s = migration_cost_s, oom_penalty_s
+        self.check_invariants = check_invariants
+        self.state = state = ClusterState(spec)
+        biggest = float(state.mem_cap.max())
+        kept = [j for j in jobs if 0 < j.num_gpus <= state.n_gpus and float(j.true_mem_mb) <= biggest]
+        self.dropped = len(jobs) - len(kept)
+        order = sorted(range(len(kept)), key=lambda i: (kept[i].submit_time, i))
+        jl = [kept[i] for i in order]
+        pu, pm = noisy_predictions(jl, predictor_error, seed)
+        views = job_views(jl, pu, pm)
+        state.workload = workload_types(jl)
+        self.cv = state.view()
+        policy.reset(seed)
+        self.has_rebalance = type(policy).rebalance is not PlacementPolicy.rebalance
+        self.jobs = ReplayJobs(jl, views)
+        self.events = EventQueue(self.jobs.submit)
+        self.queue: deque[int] = deque()
+        self.dirty = True  # capacity freed (or the queue's head changed) since the last pass
+        self.tried = 0  # queue positions the last pass already refused
+        self.window = max(1, int(backfill))
+        self.monotone = bool(getattr(policy, "monotone_feasibility", False)) and self.window > 1
+        self.acct = Accounting(state.n_gpus, max(1, (2 * len(jl)) // max(1, frag_samples)))
+        #: per GPU, its jobs' slowdowns as of its last change (None: one job or none)
+        self._slow: list[dict[str, float] | None] = [None] * state.n_gpus
+        self.oom_events = self.migrations = self.n_events = 0
+        self.unschedulable: list[str] = []
+
+    # ---------------------------------------------------------------- main loop
+    def run(self) -> "Replay":
+        while self.events:
+            now = self.events.next_time()
+            self.acct.advance(now, self.state.free_gpus, bool(self.queue))
+            self._step(now)
+            self.acct.sample(now, self.state, len(self.queue))
+            if self.check_invariants:
+                self._assert_invariants()
+        if self.queue or self.state.running:
+            raise RuntimeError(f"simulation ended with {len(self.queue)} queued and "
+                               f"{len(self.state.running)} running jobs")
+        return self
+
+    def _step(self, now: float) -> None:
+        """Handle every event at ``now``, then offer the queue to the policy."""
+        departed = arrived = False
+        for t, kind, i, version in self.events.pop_at(now):
+            self.n_events += 1
+            if kind == FINISH:
+                if version == self.jobs.version[i]:
+                    self._finish(i, t)
+                    departed = True
+            elif version == RETRY:  # after an out-of-memory crash: back to the head of the queue
+                self.queue.appendleft(i)
+                self.dirty = True
+            else:
+                self.queue.append(i)
+                arrived = True
+        if departed:
+            self.dirty = True
+            if self.has_rebalance and self._migrate(now):
+                self.dirty = True
+        if self.dirty or arrived:
+            self._schedule(now)
+        while self.queue and not self.state.running and not self.events:
+            # nothing runs and nothing will arrive: the head can never be placed (the cluster is as
+            # free as it gets) - drop it as unschedulable
+            self.unschedulable.append(self.jobs.jobs[self.queue.popleft()].job_id)
+            self.dirty = True
+            self._schedule(now)
+
+    # ---------------------------------------------------------------- cluster changes
+    def _refresh(self, gpus: Sequence[int]) -> None:
+        for g in gpus:
+            self.acct.refresh_gpu(g, self.state.true_util[g], len(self.state.jobs_on[g]))
+
+    def _finish(self, i: int, t: float) -> None:
+        rj = self.state.remove(self.jobs.jobs[i].job_id)
+        self.jobs.finish[i] = t
+        self._refresh(rj.gpus)
+        self._update_rates(rj.gpus, t)
+
+    def _start(self, i: int, gpus: Sequence[int], now: float) -> None:
+        J, state = self.jobs, self.state
+        state.add(J.views[i], gpus, true_util=J.true_util[i], true_mem=J.true_mem[i], now=now)
+        if math.isnan(J.start[i]):
+            J.start[i] = now
+            J.remaining[i] = J.duration[i]
+        J.last[i] = now
+        J.rate[i] = 0.0
+        for g in gpus:
+            self.acct.refresh_gpu(g, state.true_util[g], len(state.jobs_on[g]))
+            self.acct.note_memory(state.true_mem[g] / state.mem_cap[g])
+        self._update_rates(gpus, now)
+
+    def _gpu_load(self, g: int) -> GpuLoad:
+        s = self.state
+        ids = tuple(s.jobs_on[g])
+        running = [s.running[j] for j in ids]
+        return GpuLoad(g, s.gpu_model[g], float(s.mem_cap[g]), float(s.true_util[g]), ids,
+                       tuple(rj.meas_util_pct for rj in running), tuple(rj.meas_mem_mb for rj in running))
+
+    def _update_rates(self, gpus: Sequence[int], now: float) -> None:
+        """``gpus`` changed their set of jobs: ask the interference model about them (a GPU with one job
+        or none needs no model: alone, a job runs at rate 1), then give every job on them its new rate
+        (and a new finish event where the rate changed). A job's rate is 1 / its largest slowdown."""
+        J, jobs_on, slow = self.jobs, self.state.jobs_on, self._slow
+        for g in gpus:
+            if len(jobs_on[g]) >= 2:
+                load = self._gpu_load(g)
+                slow[g] = dict(zip(load.job_ids, self.interference.slowdowns(load)))
+            else:
+                slow[g] = None
+        for i in sorted({J.index[jid] for g in gpus for jid in jobs_on[g]}):
+            job_id = J.jobs[i].job_id
+            s = 1.0
+            for g in self.state.running[job_id].gpus:
+                factors = slow[g]
+                if factors is not None and factors[job_id] > s:
+                    s = factors[job_id]
+            r = 1.0 / s
+            if r != J.rate[i]:
+                J.progress(i, now)
+                J.rate[i] = r
+                J.version[i] += 1
+                self.events.push(now + max(J.remaining[i], 0.0) / r, FINISH, i, J.version[i])
+
+    # ---------------------------------------------------------------- queue
+    def _schedule(self, now: float) -> None:
+        """Offer the first ``window`` waiting jobs (from the first not yet refused) to the policy."""
+        if not self.queue:
+            self.dirty, self.tried = False, 0
+            return
+        i = 0 if self.dirty else self.tried
+        if i >= self.window or i >= len(self.queue):
+            return
+        failed: list[tuple[float, ...]] = []  # request vectors refused in this pass
+        while i < len(self.queue) and i < self.window:
+            j = self.queue[i]
+            req = self._request(self.jobs.views[j])
+            if self.monotone and any(all(a >= b for a, b in zip(req, f)) for f in failed):
+                i += 1  # asks for at least as much as a job just refused: refused too
+                continue
+            gpus = checked_placement(self.policy, self.jobs.views[j], self.state, self.cv, now,
+                                     where=f" at t={now:.0f}s")
+            if gpus is None:
+                if self.monotone and len(failed) < 8:
+                    failed.append(req)
+                i += 1
+                continue
+            del self.queue[i]
+            if self.state.fits_memory(gpus, self.jobs.true_mem[j]):
+                self._start(j, gpus, now)
+            else:  # crashes out of memory; retried at the queue's head, its memory known
+                self.oom_events += 1
+                self.jobs.learn_memory(j)
+                self.events.push(now + self.oom_penalty_s, ARRIVAL, j, RETRY)
+        self.tried = i
+        self.dirty = False
+
+    @staticmethod
+    def _request(v: JobView) -> tuple[float, ...]:
+        return (v.num_gpus, v.gpu_milli, v.cpu_milli, v.ram_mib, max(v.pred_mem_mb, v.mem_floor_mb),
+                v.pred_util_pct, 1 if v.single_node else 0)
+
+    # ---------------------------------------------------------------- migration
+    def _migrate(self, now: float) -> bool:
+        moved = False
+        for job_id, new_gpus in self.policy.rebalance(self.cv, now):
+            i = self.jobs.index.get(job_id)
+            rj = self.state.running.get(job_id)
+            if i is None or rj is None:
+                raise PlacementError(f"policy {self.policy.name!r} migrates unknown or finished job {job_id}")
+            new_gpus = [int(g) for g in new_gpus]
+            if sorted(new_gpus) == sorted(rj.gpus):
+                continue
+            self.state.check_placement(self.jobs.views[i], new_gpus, ignore=job_id)
+            if not self.state.fits_memory(new_gpus, self.jobs.true_mem[i], ignore=job_id):
+                continue  # the move would OOM on arrival: the runtime refuses it
+            self._move(i, rj.gpus, new_gpus, now, rj.migrations + 1)
+            moved = True
+        return moved
+
+    def _move(self, i: int, old: Sequence[int], new: list[int], now: float, migrations: int) -> None:
+        J, state = self.jobs, self.state
+        J.progress(i, now)
+        state.remove(J.jobs[i].job_id)
+        self._refresh(old)
+        state.add(J.views[i], new, true_util=J.true_util[i], true_mem=J.true_mem[i], now=now, migrations=migrations)
+        J.remaining[i] += self.migration_cost_s  # checkpoint + restore, as extra work
+        J.rate[i] = 0.0
+        self._refresh(new)
+        self._update_rates(list(old) + new, now)
+        self.migrations += 1
+
+    def _assert_invariants(self) -> None:
+        s = self.state
+        assert np.all(s.true_mem <= s.mem_cap + 1e-6), "GPU memory over capacity"
+        assert all(len(s.jobs_on[g]) == s.n_jobs[g] for g in range(s.n_gpus))
+        if s.enforce_milli:
+            assert np.all(s.milli_used <= MILLI)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.describe(),
+            "interference": self.interference.describe(),
+            "predictor_error": self.predictor_error,
+            "backfill": self.window,
+            "migration_cost_s": self.migration_cost_s,
+            "oom_penalty_s": self.oom_penalty_s,
+        }
+
+
+# ------------------------------------------------------------------------------------------ summary
+def _downsample(t: np.ndarray, v: np.ndarray, t_end: float, n: int) -> tuple[list[float], list[float]]:
+    """Time-weighted bucket means of a piecewise-constant series (value v[k] on [t[k], t[k+1]))."""
+    if len(t) == 0 or t_end <= t[0]:
+        return [], []
+    tt = np.append(t, t_end)
+    area = np.concatenate([[0.0], np.cumsum(v * np.diff(tt))])
+    edges = np.linspace(t[0], t_end, n + 1)
+    a = np.interp(edges, tt, area)
+    width = np.diff(edges)
+    return [float(x) for x in edges[:-1]], [float(x) for x in np.diff(a) / width]
+
+
+def _timeseries(acct: Accounting, t_end: float, points: int) -> dict[str, list[float]]:
+    if not acct.ts_t:
+        return {}
+    tt = np.array(acct.ts_t)
+    e, u = _downsample(tt, np.array(acct.ts_util), t_end, points)
+    _, b = _downsample(tt, np.array(acct.ts_busy), t_end, points)
+    _, q = _downsample(tt, np.array(acct.ts_queue), t_end, points)
+    return {"t_s": e, "util_pct": u, "busy_gpus": b, "queue_len": q}
+
+
+def _frag_mean(acct: Accounting, t_end: float) -> float:
+    """Time-weighted mean of the fragmentation samples (each holds until the next)."""
+    if len(acct.frag_t) >= 2:
+        ft = np.array(acct.frag_t)
+        w = np.diff(np.append(ft, t_end))
+        return float(np.sum(np.array(acct.frag_v) * w) / max(w.sum(), 1e-9))
+    return float(acct.frag_v[0]) if acct.frag_v else 0.0
+
+
+def _job_stats(J: ReplayJobs) -> tuple[float, float, dict[str, float]]:
+    """``(first submit, last finish, wait/JCT/slowdown statistics)`` of the jobs that finished."""
+    n = len(J)
+    done = [i for i in range(n) if not math.isnan(J.finish[i])]
+    t0 = min(J.submit) if n else 0.0
+    t_end = max((J.finish[i] for i in done), default=t0)
+    sub, start, fin = np.array(J.submit)[done], np.array(J.start)[done], np.array(J.finish)[done]
+    waits, jct = start - sub, fin - sub
+    if not done:
+        return t0, t_end, {"mean_wait_s": 0.0, "median_wait_s": 0.0, "p95_wait_s": 0.0, "mean_jct_s": 0.0,
+                           "p95_jct_s": 0.0, "mean_slowdown": 1.0}
+    return t0, t_end, {
+        "mean_wait_s": float(waits.mean()),
+        "median_wait_s": float(np.median(waits)),
+        "p95_wait_s": float(np.percentile(waits, 95)),
+        "mean_jct_s": float(jct.mean()),
+        "p95_jct_s": float(np.percentile(jct, 95)),
+        "mean_slowdown": float(np.mean((fin - start) / np.array(J.duration)[done])),
+    }
+
+
+def summarize(replay: Replay, *, wall_s: float, timeseries_points: int = 200,
+              record_jobs: bool = False) -> SimulationResult:
+    """The result of a finished :class:`Replay`: job statistics, time-averaged cluster figures, series."""
+    J, acct, n_gpus = replay.jobs, replay.acct, replay.state.n_gpus
+    t0, t_end, stats = _job_stats(J)
+    span = max(t_end - t0, 1e-9)
+    busy = acct.busy_area
+    return SimulationResult(
+        policy=replay.policy.name,
+        cluster=replay.spec.summary(),
+        seed=replay.seed,
+        n_jobs=len(J),
+        dropped_jobs=replay.dropped,
+        unschedulable_jobs=len(replay.unschedulable),
+        makespan_s=float(t_end - t0),
+        **stats,
+        util_mean_pct=acct.util_area / (n_gpus * span),
+        util_busy_pct=acct.util_area / busy if busy > 0 else 0.0,
+        gpus_busy_mean=busy / span,
+        frag_rate_mean=_frag_mean(acct, t_end),
+        idle_while_queued_frac=acct.idle_q_area / (n_gpus * span),
+        shared_gpu_time_frac=acct.shared_area / busy if busy > 0 else 0.0,
+        oversub_gpu_time_frac=acct.oversub_area / busy if busy > 0 else 0.0,
+        peak_mem_frac=acct.peak_mem_frac,
+        oom_events=replay.oom_events,
+        migrations=replay.migrations,
+        events=replay.n_events,
+        wall_s=wall_s,
+        timeseries=_timeseries(acct, t_end, timeseries_points),
+        params=replay.params(),
+        jobs={"id": [j.job_id for j in J.jobs], "submit": J.submit, "start": J.start, "finish": J.finish,
+              "duration": J.duration} if record_jobs else None,
+    )
