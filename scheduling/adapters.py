@@ -1,5 +1,5 @@
 """The boundary between the scheduling app's rows and the Django-free engine (``scheduling.horus``,
-``scheduling.experiments``, ``core.onnx_models``).
+``scheduling.horus.experiments``, ``core.onnx_models``).
 
 This is the only scheduling module that imports both Django models and the engine. Rows become engine
 inputs here (the live cluster state for a placement pass, profile records for the predictor, graph
@@ -28,7 +28,7 @@ from core.exceptions import ServiceError
 from core.models import DLModel
 from core.onnx_models.features import compute_features
 
-from . import experiments
+from .horus import experiments
 from .horus.cluster import ClusterSpec, ClusterState, JobView, NodeSpec, workload_types
 from .horus.policies import POLICIES, PlacementPolicy, make_policy
 from .horus.predictor import TrainedPredictor, UtilizationPredictor
@@ -42,7 +42,7 @@ __all__ = [
     "DEFAULT_SEED_PROFILES_PATH", "EXPERIMENT_PARAMETERS", "LiveCluster", "POLICY_NAMES", "ProfileRecord",
     "SHIPPED_TRACES", "SIMULATION_INPUT_ERRORS", "TraceRejected", "TrainedPredictor", "cluster_state",
     "experiment_params", "job_view", "load_trained_predictor", "make_live_policy", "model_features",
-    "parse_trace_upload", "policy_score", "profile_records_from_rows", "profile_row_values", "run_simulation",
+    "parse_trace_upload", "profile_records_from_rows", "profile_row_values", "run_simulation",
     "seed_profile_records", "simulation_results", "simulation_size", "trace_jobs",
     "train_utilization_predictor",
 ]
@@ -78,15 +78,6 @@ def make_live_policy(name: str, now: dt.datetime) -> PlacementPolicy:
     return policy
 
 
-def policy_score(policy: PlacementPolicy, job: JobView, cluster_view: Any, gpu_index: int) -> float | None:
-    """The score the policy gave the GPU it chose (lower is better); None for a policy that has none."""
-    # issue 16: becomes policy.score() after merge
-    if not hasattr(policy, "cost"):
-        return None
-    cost, _ = policy.cost(job, cluster_view)
-    return float(cost[gpu_index])
-
-
 def job_view(job: GpuJob) -> JobView:
     return JobView(
         job_id=str(job.pk), submit_time=job.created_at.timestamp(), num_gpus=1,
@@ -113,7 +104,7 @@ class LiveCluster:
         if not chosen:
             return None
         i = int(chosen[0])
-        score = policy_score(policy, view, cv, i)
+        score = policy.score(view, cv, [i])
         # Until a heartbeat reports, the job's measured load is taken as its prediction.
         self.state.add(view, [i], true_util=view.pred_util_pct, true_mem=view.pred_mem_mb, now=t)
         return self.gpus[i], score

@@ -292,7 +292,7 @@ def make_cluster_data(team, model):
 
 
 def make_simulation(team):
-    from scheduling.experiments import run_experiment
+    from scheduling.horus.experiments import run_experiment
     from scheduling.horus.profiles import load_profiles
     from scheduling.models import SimulationRun
 

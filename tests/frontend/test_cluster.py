@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(scope="session")
 def experiment_results():
     """Real results of the scheduling experiments (small, oracle predictions: ~1 s)."""
-    from scheduling.experiments import run_experiment
+    from scheduling.horus.experiments import run_experiment
     from scheduling.horus.profiles import load_profiles
 
     profiles = load_profiles()

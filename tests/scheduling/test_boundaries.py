@@ -15,7 +15,7 @@ import scheduling
 from scheduling import tasks
 
 ROOT = Path(scheduling.__file__).parent
-ENGINE = ("scheduling.horus", "scheduling.experiments")
+ENGINE = ("scheduling.horus",)
 ENGINE_SIDE = {"adapters.py", "experiments.py"}  # the boundary itself, and the engine's experiment runner
 
 
