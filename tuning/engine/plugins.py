@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tvm.s_tir import meta_schedule as ms
 
@@ -32,9 +32,6 @@ from .measure import MeasureOutcome
 from .procpool import available_cpus
 from .runner import DistributedRunner, MeasureJob, MeasureLedger, PooledAsyncRunner
 
-if TYPE_CHECKING:  # the session imports this module, not the other way round
-    from .session import TuningConfig
-
 __all__ = ["PlugContext", "make_builder", "make_runner", "register_builder", "register_runner",
            "builder_kinds", "runner_kinds", "is_parallel_runner", "build_all", "measure_serially"]
 
@@ -43,7 +40,7 @@ __all__ = ["PlugContext", "make_builder", "make_runner", "register_builder", "re
 class PlugContext:
     """What a builder or runner factory may use."""
 
-    config: TuningConfig
+    config: Any  # the run's session.TuningConfig (not imported: the session imports this module)
     work_dir: str
     device_type: str  # "cpu", "cuda", ...
     threads: int  # deployment (= measurement) thread count

@@ -81,7 +81,7 @@ class TrimmerRuntime:
         self.pending: set[int] = set()  # pre-empted by the callback, to terminate in the scheduler
         self.reallocations: list[dict] = []
         self.stop_reason: str | None = None
-        self.cost_model = None  # the tuner's Python cost model (set by the session) for the filter
+        self.cost_model = None  # the tuner's Python cost model (set by the search step) for the filter
         for i, n in (preempted or {}).items():  # a resumed run keeps its pre-emptions
             i = int(i)
             if i in self.weights:
