@@ -7,8 +7,9 @@ import os
 
 import pytest
 
+from tuning.engine.database import open_json_db
 from tuning.engine.events import ListSink
-from tuning.engine.session import (DB_RECORDS, IMPORTED_DONE_DIR, TuningConfig, _open_json_db, has_imported,
+from tuning.engine.session import (DB_RECORDS, IMPORTED_DONE_DIR, TuningConfig, has_imported,
                                    run_tuning, write_imported)
 from tuning.engine.testing import matmul_primfunc, tuning_database
 from tuning.engine.timer import EvaluatorConfig
@@ -33,7 +34,7 @@ def test_imported_one_nanosecond_is_measured_by_the_platform_not_believed(tmp_pa
     assert all(min(r.run_secs) > 1e-7 for r in sink.records)
     assert s.best_latency_s > 1e-7 and s.tasks[0].best_latency_s > 1e-7
     assert len(sink.records) == 4  # imports spend the budget: 2 imported + 2 searched
-    db = _open_json_db(str(tmp_path))
+    db = open_json_db(str(tmp_path))
     assert all(min(float(x) for x in r.run_secs) > 1e-7 for r in db.get_all_tuning_records())
     assert not has_imported(str(tmp_path)) and os.path.isdir(tmp_path / IMPORTED_DONE_DIR)
     # final re-measures (DOPpler) are reported to the sink, one per candidate built again

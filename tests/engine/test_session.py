@@ -41,6 +41,10 @@ def test_tiny_tune_streams_unique_records(tmp_path, cpu_target):
     # DOPpler's final stage: top 10 % re-measured serially into work_dir/final
     assert s.final_remeasure and s.tasks[0].final_latency_s is not None
     assert "final_tuning_record" in s.database_paths
+    # ... and handed to the sink as (task index, candidate key, serial seconds), keys it was given
+    assert sink.serial_remeasures == [(r["task_index"], r["candidate_key"], r["serial_latency_s"])
+                                      for r in s.final_remeasure]
+    assert {k for _, k, _ in sink.serial_remeasures} <= set(keys)
 
 
 def test_resume_continues_budget_without_rereporting(tmp_path, cpu_target):

@@ -16,6 +16,7 @@ def _main() -> None:
     sys.stdout = sys.stderr
     proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
 
+    # imported only now: whatever an import prints goes to stderr, never into the protocol pipe
     import importlib
     import threading
     import traceback

@@ -23,8 +23,11 @@ import threading
 import time
 from collections.abc import Callable
 
+import tvm
+from tvm.driver import build as tvm_build
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
+from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
 from .procpool import ProcessPool, WorkerError, WorkerSpec, WorkerTimeout, available_cpus
 
@@ -50,10 +53,6 @@ def build_in_worker(mod_json: str, target_json: str, out_dir: str) -> tuple[str,
     ``tvm.s_tir.tensor_intrin``: a candidate that was tensorized already
     carries the intrinsic's body."""
     t0 = time.perf_counter()
-    import tvm
-    from tvm.driver import build as tvm_build
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-
     mod = tvm.ir.load_json(mod_json)
     target = tvm.target.Target(json.loads(target_json))
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
@@ -65,10 +64,7 @@ def build_in_worker(mod_json: str, target_json: str, out_dir: str) -> tuple[str,
 
 
 def warmup() -> None:
-    """Builder worker initializer: import the compiler (not tensor_intrin)."""
-    import tvm  # noqa: F401
-    import tvm.driver  # noqa: F401
-    import tvm.s_tir.transform  # noqa: F401
+    """Builder worker initializer: importing this module imported the compiler (not tensor_intrin)."""
 
 
 def _target_json(target) -> str:
@@ -159,18 +155,6 @@ class PersistentBuilder(PyBuilder):
                 results.append(BuilderResult(None, "PersistentBuilder: An exception occurred\n" + str(exc)[-4000:]))
         return results
 
-    def build_one(self, mod, target) -> str:
-        """Build one module now (used for the final serial re-measure)."""
-        path, secs = self.pool.submit(
-            "tuning.engine.builder:build_in_worker",
-            tvm_save_json(mod),
-            _target_json(target),
-            self.artifact_dir,
-            timeout=self.timeout_sec,
-        ).result()
-        self.build_secs[path] = secs
-        return path
-
     def build_many(self, mods: list, target) -> list[str | None]:
         """Build several modules at once on the pool; None where a build failed."""
         futs = [
@@ -203,6 +187,4 @@ class PersistentBuilder(PyBuilder):
 
 
 def tvm_save_json(mod) -> str:
-    import tvm
-
     return tvm.ir.save_json(mod)

@@ -31,6 +31,8 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from .procpool import available_cpus
+
 __all__ = ["DOPController", "RoundDecision", "RoundStat", "robust_z_scores", "default_max_dop"]
 
 FAILED = 1e9  # latencies >= this (or None / inf / nan) count as failures
@@ -39,8 +41,6 @@ FAILED = 1e9  # latencies >= this (or None / inf / nan) count as failures
 def default_max_dop(threads: int | None = None) -> int:
     """Cores this process may use (its affinity set): each parallel worker
     needs at least one core of its own."""
-    from .procpool import available_cpus
-
     return max(1, len(available_cpus()))
 
 

@@ -20,13 +20,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from common.nvml import open_nvml, total_energy_mj
+from common.units import JOULES_PER_KWH
 
 __all__ = [
     "EnergySample", "RaplMeter", "NvmlMeter", "ModeledMeter", "CompositeMeter", "EnergyAccount",
     "available_meters", "best_cpu_meter", "carbon_grams", "JOULES_PER_KWH",
 ]
-
-JOULES_PER_KWH = 3.6e6
 
 
 @dataclasses.dataclass(frozen=True)

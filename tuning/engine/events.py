@@ -17,6 +17,7 @@ __all__ = [
     "ListSink",
     "candidate_key",
     "trace_json",
+    "ffi_to_py",
 ]
 
 
@@ -73,13 +74,23 @@ class RoundInfo:
 
 @runtime_checkable
 class TuningSink(Protocol):
-    """Receives tuning progress; called from the tuning thread, between rounds."""
+    """Receives tuning progress; called from the tuning thread, between rounds.
+
+    ``on_serial_remeasure(updates)``: after the search, DOPpler's final stage re-measures the top
+    share of each task's candidates serially and calls it once (when anything was re-measured)
+    with one ``(task_index, candidate_key, serial_secs)`` tuple per candidate built and measured
+    again: ``serial_secs`` is the serial latency in seconds, or ``None`` when the build or the
+    measurement failed (still a trial spent on the owner's behalf). The keys are those of records
+    already passed to ``on_measurements``. A sink without the method is not called (it was added
+    after the others)."""
 
     def on_tasks(self, tasks: list[TaskInfo]) -> None: ...
 
     def on_measurements(self, records: list[MeasurementRecord]) -> None: ...
 
     def on_round(self, info: RoundInfo) -> None: ...
+
+    def on_serial_remeasure(self, updates: list[tuple[int, str, float | None]]) -> None: ...
 
     def control(self) -> str | None:
         """``"cancel"`` or ``"pause"`` to stop between rounds, else ``None``."""
@@ -140,30 +151,30 @@ class ListSink:
         return None
 
 
-def _to_py(obj: Any) -> Any:
+def ffi_to_py(obj: Any) -> Any:
     """TVM FFI containers / scalars -> plain JSON-able Python values."""
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     if isinstance(obj, (list, tuple)):
-        return [_to_py(x) for x in obj]
+        return [ffi_to_py(x) for x in obj]
     if isinstance(obj, dict):
-        return {str(k): _to_py(v) for k, v in obj.items()}
+        return {str(k): ffi_to_py(v) for k, v in obj.items()}
     typename = type(obj).__name__
     if typename in ("Array", "List", "Tuple") or hasattr(obj, "__len__") and hasattr(obj, "__getitem__") and not hasattr(obj, "keys"):
         try:
-            return [_to_py(x) for x in obj]
+            return [ffi_to_py(x) for x in obj]
         except TypeError:
             pass
     if hasattr(obj, "items"):
-        return {str(k): _to_py(v) for k, v in obj.items()}
+        return {str(k): ffi_to_py(v) for k, v in obj.items()}
     if hasattr(obj, "value"):
-        return _to_py(obj.value)
+        return ffi_to_py(obj.value)
     return str(obj)
 
 
 def trace_json(trace) -> str:
     """Canonical JSON text of a ``tvm.s_tir.schedule.Trace`` (with decisions)."""
-    return json.dumps(_to_py(trace.as_json()), sort_keys=True, separators=(",", ":"))
+    return json.dumps(ffi_to_py(trace.as_json()), sort_keys=True, separators=(",", ":"))
 
 
 def candidate_key(task_name: str, trace_or_json) -> str:

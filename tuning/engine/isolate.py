@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .procpool import loads_from_sandbox
+from .sandbox import scrub_env
+
 __all__ = ["EngineCrashed", "EngineError", "call_isolated"]
 
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -101,9 +104,6 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
     With ``scrub``, the child gets only the sandbox's allow-listed environment plus ``env`` (no database
     URL, secret key or broker credentials: it compiles and loads code derived from the user's model).
     """
-    from .procpool import loads_from_sandbox
-    from .sandbox import scrub_env
-
     child_env = scrub_env() if scrub else dict(os.environ)
     child_env.update(env or {})
     child_env["PYTHONPATH"] = _ROOT + (os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else "")

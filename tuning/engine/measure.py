@@ -11,6 +11,9 @@ but not grown past the size it was created with, so measuring processes should
 start with ``TVM_NUM_THREADS`` = the cores they own and ``TVM_BIND_THREADS=0``;
 :func:`configure_process` sets the env vars if the pool is not up yet, the
 affinity, and the pool size.
+
+TVM is imported inside the functions that measure: the session (and so the web processes)
+import this module, and a measuring worker pays for TVM once, when it first measures.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from . import sandbox
+from .procpool import WorkerError, WorkerProcess, WorkerSpec, WorkerTimeout
 from .timer import DeviceUnavailable, EvaluatorConfig, check_device, time_module
 
 __all__ = [
@@ -113,7 +120,6 @@ def configure_process(threads: int | None, cpu_ids: Sequence[int] | None) -> Non
 
 
 def _alloc_args(device, args_info_json: Sequence[Any]) -> list[Any]:
-    import numpy as np
     import tvm
     import tvm_ffi
 
@@ -270,9 +276,6 @@ def measure_payload_isolated(payload: Mapping[str, Any], *, timeout: float = 300
     calling process: a Celery worker that measures shipped candidates must not load them next to
     its own credentials. The worker stays alive between calls; a crash or timeout is an error
     outcome, and the next call starts a fresh worker."""
-    from . import sandbox
-    from .procpool import WorkerError, WorkerProcess, WorkerSpec, WorkerTimeout
-
     gpu = str(payload.get("device_type") or "cpu") not in ("cpu", "llvm")
     with _ISOLATED_LOCK:
         worker = _ISOLATED.get(gpu)
@@ -291,5 +294,4 @@ def measure_payload_isolated(payload: Mapping[str, Any], *, timeout: float = 300
 
 def warmup() -> None:
     """Worker initializer: import the TVM runtime before the first job."""
-    import numpy  # noqa: F401
     import tvm  # noqa: F401

@@ -14,8 +14,11 @@ environment (no secrets), its own temporary working directory, and resource limi
 from __future__ import annotations
 
 import atexit
+import builtins
 import concurrent.futures
 import dataclasses
+import importlib
+import io
 import os
 import pickle
 import queue
@@ -55,9 +58,6 @@ _SAFE_GLOBALS = {
 
 class _SandboxUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
-        import builtins
-        import importlib
-
         if "." not in name and name in _SAFE_GLOBALS.get(module, ()):
             return getattr(importlib.import_module(module), name)
         if module == "builtins" and "." not in name:
@@ -73,8 +73,6 @@ class _SandboxUnpickler(pickle.Unpickler):
 
 def loads_from_sandbox(data: bytes):
     """``pickle.loads`` for bytes written by a sandboxed child: data and engine dataclasses only."""
-    import io
-
     return _SandboxUnpickler(io.BytesIO(data)).load()
 _WORKER_SCRIPT = str(Path(__file__).resolve().with_name("_procworker.py"))
 _LIVE: "weakref.WeakSet[WorkerProcess]" = weakref.WeakSet()

@@ -17,7 +17,8 @@ What is kept is the trace only: the workload written is the platform's own task 
 target and argument info the run's, and the imported ``run_secs`` are dropped (the platform
 measures imported candidates itself before they count). :func:`precheck` is pure Python (no TVM)
 and bounds the input; :func:`check_import` parses with TVM and must run in a sandboxed worker
-(``procpool``), since TVM's JSON loaders are C++ fed with hostile input.
+(``procpool``), since TVM's JSON loaders are C++ fed with hostile input. TVM is imported inside the
+functions that parse: the web process runs :func:`precheck` on an upload without importing it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+
+import onnx
+
+from .events import ffi_to_py as _plain
+from .relax_pipeline import make_target
+from .workloads import collect_tasks
 
 __all__ = ["ALLOWED_KINDS", "ALLOWED_ANNOTATIONS", "RecordError", "precheck", "check_import", "annotation_allowed",
            "recheck_output"]
@@ -204,11 +211,6 @@ def check_trace(trace) -> None:
 
 
 def _task_modules(model_bytes: bytes, target) -> list:
-    import onnx
-
-    from .relax_pipeline import make_target
-    from .session import collect_tasks
-
     return [t.mod for t in collect_tasks(onnx.load_model_from_string(model_bytes), make_target(target))]
 
 
@@ -237,8 +239,6 @@ def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, m
     {"workloads": [line, ...], "records": [line, ...]} (platform workloads, checked traces only)."""
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.schedule import Schedule
-
-    from .relax_pipeline import make_target
 
     try:
         wl_lines, rec_lines = precheck(workloads, records, max_records=max_records)
@@ -274,8 +274,3 @@ def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, m
                      for ti, _ in sorted(used_tasks.items(), key=lambda kv: kv[1])]
     return {"workloads": workloads_out, "records": out_records}
 
-
-def _plain(x):
-    from .events import _to_py
-
-    return _to_py(x)

@@ -8,16 +8,24 @@ inference decompositions of the ``static_shape_tuning`` pipeline. The same
 function prepares the module for task extraction *and* for compilation, so
 the workload keys stored in the tuning database always match the ones the
 compiler looks up.
+
+TVM is imported inside the functions that use it: this module is imported by the
+session, which web processes import for ``TuningConfig``, and importing TVM costs
+seconds there.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from .database import open_database
 
 logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
 
@@ -79,8 +87,6 @@ def make_target(target: Any):
         return tvm.target.Target(spec)
     if isinstance(target, str):
         if target.strip().startswith("{"):
-            import json
-
             return make_target(json.loads(target))
         if " " not in target.strip():
             return make_target({"kind": target.strip()})
@@ -154,7 +160,7 @@ def _to_ir_module(model_or_mod):
 
     if isinstance(model_or_mod, tvm.IRModule):
         return model_or_mod
-    try:
+    try:  # onnx is optional for callers that pass TVM modules
         import onnx
 
         if isinstance(model_or_mod, onnx.ModelProto):
@@ -236,8 +242,6 @@ def compile_model(model, target, database=None):
     is_gpu = relax_pipeline_mod.BackendDispatcher.is_gpu_target(target_obj)
 
     if isinstance(database, str):
-        from .session import open_database
-
         database = open_database(database)
 
     try:
@@ -304,8 +308,6 @@ def set_runtime_threads(threads: int | None) -> None:
     for children). ``runtime.config_threadpool(0, n)`` can shrink the pool
     below the size it was created with, not grow it: set TVM_NUM_THREADS
     before the first parallel kernel runs in a process."""
-    import os
-
     import tvm_ffi
 
     if not threads:
@@ -346,11 +348,6 @@ def run_and_time(
     ``time_evaluator`` (``repeat`` x mean over ``number`` runs; on GPUs the
     evaluator synchronises and times on the device). Returns
     (list of output arrays, median seconds)."""
-    import os
-
-    import tvm
-    from tvm import relax
-
     try:
         mask = os.sched_getaffinity(0)
     except AttributeError:  # pragma: no cover

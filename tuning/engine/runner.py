@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import math
 import os
 import queue
 import re
@@ -37,9 +36,10 @@ from typing import Any
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerInput, RunnerResult
 
-from .doppler import DOPController, robust_z_scores
+from .doppler import DOPController
 from .measure import MeasureOutcome, _jsonable, make_payload
 from .procpool import ProcessPool, WorkerError, WorkerSpec, WorkerTimeout, available_cpus
+from .rounds import latency_of, measure_round
 from .timer import EvaluatorConfig
 
 __all__ = [
@@ -48,13 +48,13 @@ __all__ = [
     "CandidateMeta",
     "RoundReport",
     "MeasureLedger",
+    "MeasureJob",
     "partition_cores",
     "device_index_from_queue",
 ]
 
-_FAILED = 1e10
 # Prefix of a runner error that says nothing about the candidate (a lost message, a dead measuring worker,
-# no answer in time): such results never reach the cost model (see session._skip_infrastructure_failures).
+# no answer in time): such results never reach the cost model (see search.skip_infrastructure_failures).
 INFRASTRUCTURE_ERROR = "infrastructure: "
 
 
@@ -137,13 +137,6 @@ class MeasureLedger:
             self.rounds[report.round_index] = report
 
 
-def _latency(run_secs: Sequence[float] | None) -> float | None:
-    if not run_secs:
-        return None
-    v = sum(run_secs) / len(run_secs)
-    return v if (v < _FAILED / 10 and not math.isnan(v)) else None
-
-
 @derived_object
 class _EngineFuture(PyRunnerFuture):
     """RunnerFuture over a ``concurrent.futures.Future`` resolving to
@@ -172,11 +165,14 @@ class _EngineFuture(PyRunnerFuture):
 
 
 @dataclasses.dataclass
-class _Job:
+class MeasureJob:
+    """One built candidate to measure: its ``.so``, device type and args-info JSON (``future``: where
+    the pooled runner answers the search; None for measurements outside the search)."""
+
     path: str
     device_type: str
     args_info: list
-    future: concurrent.futures.Future
+    future: concurrent.futures.Future | None = None
 
 
 @derived_object
@@ -263,7 +259,7 @@ class PooledAsyncRunner(PyRunner):
         for inp in runner_inputs:
             fut: concurrent.futures.Future = concurrent.futures.Future()
             jobs.append(
-                _Job(
+                MeasureJob(
                     path=str(inp.artifact_path),
                     device_type=str(inp.device_type),
                     args_info=[_jsonable(a.as_json()) for a in inp.args_info],
@@ -306,7 +302,7 @@ class PooledAsyncRunner(PyRunner):
                     self._pending -= 1
                     self._pending_lock.notify_all()
 
-    def _submit(self, pool: ProcessPool, job: _Job) -> concurrent.futures.Future:
+    def _submit(self, pool: ProcessPool, job: MeasureJob) -> concurrent.futures.Future:
         return pool.submit(
             "tuning.engine.measure:measure_path",
             job.path,
@@ -329,147 +325,49 @@ class PooledAsyncRunner(PyRunner):
             out = MeasureOutcome([], f"Runner: worker error: {str(exc)[-2000:]}", getattr(fut, "worker_name", "?"))
         return out, getattr(fut, "wall_secs", None)
 
-    def measure_serial(self, paths_and_jobs: Sequence[_Job]) -> list[MeasureOutcome]:
-        pool = self._pool(1)
-        futs = [self._submit(pool, j) for j in paths_and_jobs]
-        return [self._collect(f)[0] for f in futs]
+    def _measure(self, jobs: Sequence[MeasureJob], dop: int) -> list[tuple[MeasureOutcome, float | None]]:
+        """``rounds.Measure``: the jobs on the DOP-``dop`` pool (1: the serial worker), all at once."""
+        pool = self._pool(dop)
+        futs = [self._submit(pool, j) for j in jobs]
+        return [self._collect(f) for f in futs]
 
-    def _measure_round(self, jobs: list[_Job]) -> None:
+    def measure_serial(self, jobs: Sequence[MeasureJob]) -> list[MeasureOutcome]:
+        return [out for out, _ in self._measure(jobs, 1)]
+
+    def _measure_round(self, jobs: list[MeasureJob]) -> None:
         t0 = time.perf_counter()
-        ctrl = self.controller
         rnd = self.round_index
         self.round_index += 1
-        n = len(jobs)
-        dop = max(1, min(ctrl.dop, ctrl.max_dop, n))
-        outcomes: list[MeasureOutcome | None] = [None] * n
-        walls: list[float | None] = [None] * n
-        remeasured = [False] * n
-        serial_lat: list[float | None] = [None] * n
-        final_secs: list[list[float] | None] = [None] * n
-        final_err: list[str | None] = [None] * n
-        correction_applied = False
-        meas_dop = [1] * n
-
-        def parallel(idx: list[int], d: int) -> None:
-            pool = self._pool(d)
-            futs = [(i, self._submit(pool, jobs[i])) for i in idx]
-            for i, f in futs:
-                meas_dop[i] = d
-                outcomes[i], walls[i] = self._collect(f)
-                o = outcomes[i]
-                final_secs[i] = o.run_secs if not o.error else None
-                final_err[i] = o.error
-
-        def serial(idx: list[int], *, count_as_remeasure: bool) -> None:
-            for i, so in zip(idx, self.measure_serial([jobs[i] for i in idx])):
-                if outcomes[i] is None:  # first and only measurement of this candidate
-                    outcomes[i] = so
-                else:
-                    remeasured[i] = count_as_remeasure
-                    serial_lat[i] = None if so.error else _latency(so.run_secs)
-                final_secs[i] = so.run_secs if not so.error else None
-                final_err[i] = so.error
-
-        def lat_of(i: int) -> float | None:
-            o = outcomes[i]
-            return None if (o is None or o.error) else _latency(o.run_secs)
-
-        if self.is_serial_config(dop):
-            parallel(list(range(n)), dop)
-            decision = ctrl.update_serial_round(n)
-        else:
-            probe: list[int] = []
-            n_probe = max(2 * dop, math.ceil(ctrl.sample_share * n))
-            if self.probe_first and dop not in self._validated and n > n_probe:
-                # A DOP not validated yet: measure an evenly spread probe in parallel,
-                # re-measure it serially, and decide before spending the whole round.
-                step = n / n_probe
-                probe = sorted({int(k * step) for k in range(n_probe)})
-                parallel(probe, dop)
-                plat = [lat_of(i) for i in probe]
-                failed = [i for i in probe if outcomes[i].error]
-                serial(probe, count_as_remeasure=True)
-                failures_due = sum(1 for i in failed if final_err[i] is None)
-                decision = ctrl.update(plat, [serial_lat[i] for i in probe], failures_due)
-                rest = [i for i in range(n) if i not in set(probe)]
-                if decision.backed_off or not ctrl.can_correct(decision.mean_signed_error):
-                    d2 = max(1, min(decision.dop_after, n))
-                    if self.is_serial_config(d2):
-                        serial(rest, count_as_remeasure=False)
-                    else:  # backed off to a smaller, still parallel DOP: re-validate next round
-                        parallel(rest, d2)
-                else:
-                    self._validated.add(dop)
-                    parallel(rest, dop)
-                    valid = [i for i in rest if lat_of(i) is not None]
-                    z = robust_z_scores([lat_of(i) for i in valid])
-                    outl = [i for i, zi in zip(valid, z) if abs(zi) > ctrl.z_threshold]
-                    rfail = [i for i in rest if outcomes[i].error]
-                    serial(sorted(set(outl) | set(rfail)), count_as_remeasure=True)
-                    err = decision.mean_signed_error
-                    for i in rest:
-                        if not remeasured[i] and final_secs[i]:
-                            final_secs[i] = ctrl.correct(final_secs[i], err)
-                            correction_applied = True
-            else:
-                parallel(list(range(n)), dop)
-                lat = [lat_of(i) for i in range(n)]
-                sample = ctrl.select_for_serial_remeasure(lat)
-                failed = [i for i in range(n) if outcomes[i].error]
-                serial(sorted(set(sample) | set(failed)), count_as_remeasure=True)
-                failures_due = sum(1 for i in failed if final_err[i] is None)
-                decision = ctrl.update([lat[i] for i in sample], [serial_lat[i] for i in sample], failures_due)
-                if not decision.backed_off:
-                    self._validated.add(dop)
-                rest = [i for i in range(n) if not remeasured[i] and final_secs[i]]
-                err = decision.mean_signed_error
-                if rest and ctrl.can_correct(err):
-                    correction_applied = True
-                    for i in rest:
-                        final_secs[i] = ctrl.correct(final_secs[i], err)
-                elif rest and err is not None and self.remeasure_on_large_error:
-                    serial(rest, count_as_remeasure=True)
-            if decision.backed_off:
-                self._validated.discard(dop)
-            if decision.dop_after != dop:
-                self._pool(decision.dop_after)  # warm the next configuration now
-
-        for i, job in enumerate(jobs):
-            o = outcomes[i]
-            self.ledger.put(
-                job.path,
-                CandidateMeta(
-                    round_index=rnd,
-                    dop=meas_dop[i],
-                    worker=o.worker if o is not None else None,
-                    run_wall_secs=walls[i],
-                    parallel_secs=lat_of(i) if meas_dop[i] > 1 else None,
-                    remeasured_serially=remeasured[i],
-                    serial_secs=serial_lat[i],
-                ),
-            )
+        result = measure_round(jobs, self._measure, self.controller, is_serial_config=self.is_serial_config,
+                               validated=self._validated, probe_first=self.probe_first,
+                               remeasure_on_large_error=self.remeasure_on_large_error)
+        self._validated = result.validated
+        if result.warm_dop is not None:
+            self._pool(result.warm_dop)  # start the next configuration's workers now
+        for job, c in zip(jobs, result.candidates):
+            self.ledger.put(job.path, CandidateMeta(
+                round_index=rnd, dop=c.dop, worker=c.outcome.worker if c.outcome is not None else None,
+                run_wall_secs=c.wall_secs, parallel_secs=c.latency_s if c.dop > 1 else None,
+                remeasured_serially=c.remeasured, serial_secs=c.serial_latency_s))
         report = RoundReport(
             round_index=rnd,
-            dop=dop,
-            dop_after=decision.dop_after,
-            mean_error=decision.mean_error,
-            n_candidates=n,
-            n_remeasured=sum(remeasured),
-            n_failures=sum(1 for i in range(n) if not final_secs[i]),
+            dop=result.dop,
+            dop_after=result.decision.dop_after,
+            mean_error=result.decision.mean_error,
+            n_candidates=len(jobs),
+            n_remeasured=result.n_remeasured,
+            n_failures=result.n_failures,
             wall_secs=time.perf_counter() - t0,
-            correction_applied=correction_applied,
+            correction_applied=result.correction_applied,
         )
         self.ledger.add_round(report)
-        for i, job in enumerate(jobs):
-            job.future.set_result((final_secs[i], final_err[i] if not final_secs[i] else None))
+        for job, c in zip(jobs, result.candidates):
+            job.future.set_result((c.final_secs, c.final_error if not c.final_secs else None))
         if self.on_round is not None:
             try:
                 self.on_round(report)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a report hook never fails the round
                 pass
-
-    def pool_pids(self) -> dict[int, list[int | None]]:
-        return {d: p.pids() for d, p in self._pools.items()}
 
 
 @derived_object
@@ -511,6 +409,23 @@ class DistributedRunner(PyRunner):
         self.round_index = 0
         self.n_sent = 0
         self.bytes_sent = 0
+
+    def measure_serial(self, jobs: Sequence[MeasureJob]) -> list[MeasureOutcome]:
+        """Measure ``jobs`` one at a time through the first queue (the final serial re-measure)."""
+        out = []
+        q = self.queues[0]
+        for job in jobs:
+            with open(job.path, "rb") as fh:
+                data = fh.read()
+            payload = make_payload(data, device_type=job.device_type, args_info_json=job.args_info,
+                                   evaluator=self.evaluator, threads=self.threads,
+                                   device_index=device_index_from_queue(q), queue=q)
+            try:
+                # no timeout here: the submit future has one, from when a worker starts measuring
+                out.append(MeasureOutcome.from_any(self.submit(payload).result()))
+            except Exception as exc:  # noqa: BLE001
+                out.append(MeasureOutcome([], f"final re-measure failed: {exc!r}", q))
+        return out
 
     def build_payload(self, inp: RunnerInput, queue_name: str) -> dict[str, Any]:
         with open(str(inp.artifact_path), "rb") as fh:  # read now: the default callbacks delete it later
@@ -559,7 +474,7 @@ class DistributedRunner(PyRunner):
                         dop=dop,
                         worker=o.worker,
                         run_wall_secs=time.perf_counter() - t_sent,
-                        parallel_secs=None if o.error else _latency(o.run_secs),
+                        parallel_secs=None if o.error else latency_of(o.run_secs),
                     ),
                 )
                 out.set_result((o.run_secs or None, o.error))

@@ -19,7 +19,9 @@ no namespaces). Limits can be tuned with ``DLOPT_SANDBOX_AS_MB``, ``DLOPT_SANDBO
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import resource
 import shutil
 import tempfile
 
@@ -66,8 +68,6 @@ def limits_env(limits: dict[str, int | None]) -> str:
 
 def apply_limits(limits: dict[str, int | None]) -> None:
     """Set soft = hard limits on this process (children inherit them)."""
-    import resource
-
     names = {"as_bytes": resource.RLIMIT_AS, "cpu_s": resource.RLIMIT_CPU, "nofile": resource.RLIMIT_NOFILE}
     for key, value in limits.items():
         if value is None or key not in names:
@@ -126,8 +126,6 @@ PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
 
 
 def _prctl(*args: int) -> int:
-    import ctypes
-
     return ctypes.CDLL(None, use_errno=True).prctl(*args, 0, 0, 0)
 
 
@@ -153,8 +151,6 @@ def is_dumpable() -> bool:
 
 def describe_process() -> dict:
     """What this process runs with (environment names, cwd, limits): a probe the tests run in workers."""
-    import resource
-
     return {"env": sorted(os.environ), "cwd": os.getcwd(), "pid": os.getpid(),
             "limits": {"as_bytes": resource.getrlimit(resource.RLIMIT_AS),
                        "cpu_s": resource.getrlimit(resource.RLIMIT_CPU),

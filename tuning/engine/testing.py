@@ -1,15 +1,25 @@
-"""Small workloads for tests and benchmarks (Django-free, no files needed)."""
+"""Small workloads for tests and benchmarks (Django-free, no files needed).
+
+TVM is imported inside the builders that need it: a test that only wants an ONNX model does not
+pay for importing TVM.
+"""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .events import ffi_to_py
+from .relax_pipeline import make_target
+from .workloads import collect_tasks
 
 
 def tiny_cnn_onnx(seed: int = 0, channels: int = 8, size: int = 16, classes: int = 10):
     """conv-relu-conv-relu-maxpool-flatten-gemm, 1x3xSxS float32 input.
     Five MetaSchedule tasks on llvm."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
     c = channels
@@ -108,14 +118,8 @@ def tuning_database(model, target, *, annotations=(("meta_schedule.parallel", 16
     """A TVM JSON database (workload file, record file) for one task of ``model``, made with TVM's
     own API: a trace that annotates the task's root block (or, ``on_loop``, its first loop) with
     ``annotations`` (key, value), e.g. ("pragma_import_llvm", "<IR>") for a hostile record."""
-    import json
-
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.schedule import Schedule
-
-    from .events import _to_py
-    from .relax_pipeline import make_target
-    from .session import collect_tasks
 
     tgt = make_target(target)
     mod = collect_tasks(model, tgt)[task_index].mod
@@ -129,6 +133,6 @@ def tuning_database(model, target, *, annotations=(("meta_schedule.parallel", 16
         sch.annotate(root, "meta_schedule.unroll_explicit", n)  # distinct candidates
         rec = ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), list(run_secs), tgt,
                                        ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
-        lines.append(json.dumps([0, _to_py(rec.as_json())]))
-    workload = json.dumps(_to_py(ms.database.Workload(mod).as_json()))
+        lines.append(json.dumps([0, ffi_to_py(rec.as_json())]))
+    workload = json.dumps(ffi_to_py(ms.database.Workload(mod).as_json()))
     return (workload + "\n").encode(), ("\n".join(lines) + "\n").encode()

@@ -20,6 +20,7 @@ touches the compiler library.
 from __future__ import annotations
 
 import dataclasses
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -67,6 +68,7 @@ class EvaluatorConfig:
 
     def to_tvm(self):
         """The equivalent ``ms.runner.EvaluatorConfig`` (for TVM's own runners)."""
+        # MetaSchedule is the compiler side: never imported by a runtime-only measuring worker
         from tvm.s_tir.meta_schedule.runner import EvaluatorConfig as TVMEvaluatorConfig
 
         return TVMEvaluatorConfig(
@@ -88,9 +90,7 @@ def default_evaluator(device_type: str) -> EvaluatorConfig:
 def check_device(device_type: str, index: int = 0):
     """Return ``tvm.runtime.device(device_type, index)`` or raise a clear
     :class:`DeviceUnavailable` when it is not present on this host."""
-    import socket
-
-    import tvm
+    import tvm  # runtime only (module doc); lazy: the session and web processes import this module
 
     dev = tvm.runtime.device(device_type, index)
     if device_type not in ("cpu", "llvm") and not dev.exist:

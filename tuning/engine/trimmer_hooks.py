@@ -23,11 +23,14 @@ and TVM MetaSchedule.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
 
 from .events import TaskInfo
 from .trimmer import ModelStopper, TaskPlateauTracker, TrimmerConfig, TrimmerState, allocate_trials
@@ -78,7 +81,7 @@ class TrimmerRuntime:
         self.pending: set[int] = set()  # pre-empted by the callback, to terminate in the scheduler
         self.reallocations: list[dict] = []
         self.stop_reason: str | None = None
-        self.cost_model = None  # the tuner's Python cost model (set by the session) for the filter
+        self.cost_model = None  # the tuner's Python cost model (set by the search step) for the filter
         for i, n in (preempted or {}).items():  # a resumed run keeps its pre-emptions
             i = int(i)
             if i in self.weights:
@@ -276,12 +279,44 @@ class TrimmerRuntime:
 
 
 # --------------------------------------------------------------------------- candidate filter
+def _model_scores(cost_model, context, candidates) -> list[float] | None:
+    """The cost model's scores of ``candidates`` (higher is better); None without a model, while
+    it warms up, or when it fails."""
+    if cost_model is None:
+        return None
+    # an XGBModel answers random numbers until it has seen its warm-up samples:
+    # keep the inner search's own order (its cost-model ranking) until then
+    inner_model = getattr(cost_model, "_inst", cost_model)
+    n_data = getattr(inner_model, "data_size", None)
+    n_warm = getattr(inner_model, "num_warmup_samples", None)
+    if n_data is not None and n_warm is not None and n_data < n_warm:
+        return None
+    try:
+        return [float(x) for x in np.asarray(cost_model.predict(context, candidates)).ravel()]
+    except Exception:  # noqa: BLE001 - never lose a round to the filter
+        return None
+
+
+def _keep(n: int, want: int, keep_explore: float, scores: list[float] | None,
+          rng: random.Random) -> tuple[list[int], bool]:
+    """Indices (sorted) of the ``want`` candidates kept out of ``n``: the best by ``scores`` plus a
+    ``keep_explore`` share drawn at random from the rest; ``ranked`` is False when there were no
+    usable scores (the search's own order then)."""
+    n_explore = min(want, int(round(want * keep_explore)))
+    n_best = want - n_explore
+    order = list(range(n))
+    ranked = scores is not None and len(scores) == n
+    if ranked:
+        order.sort(key=lambda i: -scores[i])
+    keep = order[:n_best]
+    rest = order[n_best:]
+    keep += rng.sample(rest, min(n_explore, len(rest)))
+    return sorted(keep), ranked
+
+
+@functools.cache
 def _filtered_search_class():
     """Defined lazily so importing this module does not import TVM."""
-    global _FILTERED_SEARCH
-    if _FILTERED_SEARCH is not None:
-        return _FILTERED_SEARCH
-    import numpy as np
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.search_strategy import PySearchStrategy
@@ -307,13 +342,8 @@ def _filtered_search_class():
             self.seed = seed
             self.inner = ms.search_strategy.EvolutionarySearch(**self.inner_kwargs)
             self.rng = random.Random(None if seed is None else seed * 1_000_003 + self.task_index)
-            self.context = None
-            self.cost_model = None
-            self.max_trials = 0
-            self.per_iter = 0
-            self.sent = 0
-            self.generated = 0
-            self.filtered = 0
+            self.context = self.cost_model = None
+            self.max_trials = self.per_iter = self.sent = self.generated = self.filtered = 0
 
         def _initialize_with_tune_context(self, context) -> None:
             self.context = context
@@ -334,22 +364,6 @@ def _filtered_search_class():
             self.inner.post_tuning()
             self.cost_model = None
 
-        def _scores(self, candidates) -> list[float] | None:
-            cm = getattr(self.runtime, "cost_model", None) or self.cost_model
-            if cm is None:
-                return None
-            # an XGBModel answers random numbers until it has seen its warm-up samples:
-            # keep the inner search's own order (its cost-model ranking) until then
-            inner_model = getattr(cm, "_inst", cm)
-            n_data = getattr(inner_model, "data_size", None)
-            n_warm = getattr(inner_model, "num_warmup_samples", None)
-            if n_data is not None and n_warm is not None and n_data < n_warm:
-                return None
-            try:
-                return [float(x) for x in np.asarray(cm.predict(self.context, candidates)).ravel()]
-            except Exception:  # noqa: BLE001 - never lose a round to the filter
-                return None
-
         def generate_measure_candidates(self):
             want = min(self.per_iter, self.max_trials - self.sent)
             if want <= 0:
@@ -359,20 +373,12 @@ def _filtered_search_class():
                 return None
             cands = list(cands)
             ranked = None
+            kept = cands
             if len(cands) > want:
-                n_explore = min(want, int(round(want * self.keep_explore)))
-                n_best = want - n_explore
-                scores = self._scores(cands)
-                order = list(range(len(cands)))
-                ranked = scores is not None and len(scores) == len(cands)
-                if ranked:
-                    order.sort(key=lambda i: -scores[i])
-                keep = order[:n_best]
-                rest = order[n_best:]
-                keep += self.rng.sample(rest, min(n_explore, len(rest)))
-                kept = [cands[i] for i in sorted(keep)]
-            else:
-                kept = cands
+                cm = getattr(self.runtime, "cost_model", None) or self.cost_model
+                keep, ranked = _keep(len(cands), want, self.keep_explore, _model_scores(cm, self.context, cands),
+                                     self.rng)
+                kept = [cands[i] for i in keep]
             self.sent += len(kept)
             self.generated += len(cands)
             self.filtered += len(cands) - len(kept)
@@ -384,20 +390,10 @@ def _filtered_search_class():
             self.inner.notify_runner_results(measure_candidates, results)
 
         def clone(self):
-            return FilteredSearch(
-                task_index=self.task_index,
-                runtime=self.runtime,
-                oversample=self.oversample,
-                keep_explore=self.keep_explore,
-                inner_kwargs=self.inner_kwargs,
-                seed=self.seed,
-            )
+            return FilteredSearch(task_index=self.task_index, runtime=self.runtime, oversample=self.oversample,
+                                  keep_explore=self.keep_explore, inner_kwargs=self.inner_kwargs, seed=self.seed)
 
-    _FILTERED_SEARCH = FilteredSearch
     return FilteredSearch
-
-
-_FILTERED_SEARCH = None
 
 
 def make_filtered_search(*, task_index: int, runtime: TrimmerRuntime | None, config: TrimmerConfig,

@@ -64,7 +64,7 @@ def ensure_tensor_intrin(target) -> str:
         mod.__package__ = _PKG
         mod._engine_light = True  # type: ignore[attr-defined]
         sys.modules[_PKG] = mod
-        import tvm.s_tir
+        import tvm.s_tir  # after the stub is registered: any tensor_intrin import from here on finds the stub
 
         tvm.s_tir.tensor_intrin = mod  # type: ignore[attr-defined]
     for name in subs:

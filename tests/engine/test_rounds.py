@@ -1,0 +1,98 @@
+"""``rounds.measure_round`` driven by a fake ``measure`` and a real DOP controller: no processes, no TVM."""
+
+from tuning.engine.doppler import DOPController
+from tuning.engine.measure import MeasureOutcome
+from tuning.engine.rounds import measure_round
+
+
+class FakeMeasure:
+    """Job ``i`` takes ``base[i]`` seconds serially and ``base[i] * slowdown`` at DOP > 1; jobs in
+    ``fail_parallel`` fail at DOP > 1 only, jobs in ``fail_always`` everywhere. Records every call."""
+
+    def __init__(self, base, *, slowdown=1.0, fail_parallel=(), fail_always=()):
+        self.base, self.slowdown = list(base), slowdown
+        self.fail_parallel, self.fail_always = set(fail_parallel), set(fail_always)
+        self.calls: list[tuple[list[int], int]] = []
+
+    def __call__(self, jobs, dop):
+        self.calls.append((list(jobs), dop))
+        out = []
+        for j in jobs:
+            if j in self.fail_always or (dop > 1 and j in self.fail_parallel):
+                out.append((MeasureOutcome([], "run failed", f"w-d{dop}"), 0.01))
+            else:
+                secs = self.base[j] * (self.slowdown if dop > 1 else 1.0)
+                out.append((MeasureOutcome([secs, secs], None, f"w-d{dop}"), 0.02))
+        return out
+
+    def measured_at(self, dop):
+        return sorted(j for jobs, d in self.calls if d == dop for j in jobs)
+
+
+def parallel_layout(dop):
+    return dop == 1  # only DOP 1 is the serial configuration
+
+
+def test_serial_configuration_measures_each_job_once():
+    ctrl = DOPController(max_dop=4)
+    fake = FakeMeasure([1e-3, 2e-3, 3e-3])
+    res = measure_round([0, 1, 2], fake, ctrl, is_serial_config=lambda d: True)
+    assert fake.calls == [([0, 1, 2], 1)]
+    assert [c.final_secs for c in res.candidates] == [[1e-3] * 2, [2e-3] * 2, [3e-3] * 2]
+    assert res.n_remeasured == 0 and res.n_failures == 0 and not res.correction_applied
+    assert res.decision.mean_error == 0.0 and res.warm_dop is None
+    assert len(ctrl.history) == 1 and ctrl.dop > 1  # the serial round lets DOP grow
+
+
+def test_small_error_is_corrected_and_the_dop_validated():
+    ctrl = DOPController(max_dop=4, initial_dop=2)
+    base = [1e-3 * (1 + 0.01 * i) for i in range(10)]
+    fake = FakeMeasure(base, slowdown=1.02)
+    res = measure_round(list(range(10)), fake, ctrl, is_serial_config=parallel_layout, probe_first=False)
+    assert res.dop == 2 and fake.measured_at(2) == list(range(10))
+    sampled = [i for i, c in enumerate(res.candidates) if c.remeasured]
+    assert sampled and fake.measured_at(1) == sampled
+    assert abs(res.decision.mean_error - 0.02 / 1.02) < 1e-9 and not res.decision.backed_off
+    assert res.correction_applied and 2 in res.validated
+    for i, c in enumerate(res.candidates):
+        assert c.dop == 2 and c.wall_secs == 0.02
+        if c.remeasured:  # the serial number stands
+            assert c.final_secs == [base[i]] * 2 and c.serial_latency_s == base[i]
+        else:  # the parallel number corrected by (1 - mean error): back to the serial one
+            assert abs(c.final_secs[0] - base[i]) < 1e-12
+    assert res.warm_dop == ctrl.dop != 2
+
+
+def test_a_probe_with_a_large_error_backs_off_and_measures_the_rest_serially_once():
+    ctrl = DOPController(max_dop=2, initial_dop=2)
+    fake = FakeMeasure([1e-3] * 12, slowdown=2.0)
+    res = measure_round(list(range(12)), fake, ctrl, is_serial_config=parallel_layout)
+    probe = fake.measured_at(2)
+    assert len(probe) == 4 == res.decision.n_sampled  # max(2 x DOP, ceil(0.2 x 12))
+    assert res.decision.backed_off and res.decision.dop_after == 1 and 2 not in res.validated
+    assert fake.measured_at(1) == list(range(12))  # the probe re-measured, the rest measured once
+    assert res.n_remeasured == 4 and not res.correction_applied
+    rest = [c for i, c in enumerate(res.candidates) if i not in probe]
+    assert all(c.dop == 1 and not c.remeasured and c.final_secs == [1e-3] * 2 for c in rest)
+    assert all(c.wall_secs is None for c in rest)  # serial-only measurements carry no wall time
+
+
+def test_failures_caused_by_parallelism_are_remeasured_and_counted():
+    ctrl = DOPController(max_dop=4, initial_dop=2)
+    fake = FakeMeasure([1e-3] * 8, fail_parallel={3}, fail_always={5})
+    res = measure_round(list(range(8)), fake, ctrl, is_serial_config=parallel_layout, probe_first=False)
+    assert {3, 5} <= set(fake.measured_at(1))
+    assert res.decision.failures == 1  # job 3 failed only in parallel; job 5 fails everywhere
+    c3, c5 = res.candidates[3], res.candidates[5]
+    assert c3.remeasured and c3.final_secs == [1e-3] * 2 and c3.final_error is None
+    assert c5.final_secs is None and c5.final_error == "run failed"
+    assert res.n_failures == 1
+
+
+def test_validated_dop_skips_the_probe_and_the_input_set_is_left_alone():
+    ctrl = DOPController(max_dop=4, initial_dop=2)
+    fake = FakeMeasure([1e-3] * 12)
+    before = {2}
+    res = measure_round(list(range(12)), fake, ctrl, is_serial_config=parallel_layout, validated=before)
+    assert fake.calls[0] == (list(range(12)), 2)  # no probe: the whole round at DOP 2
+    assert before == {2} and res.validated == {2}

@@ -1,0 +1,156 @@
+"""A run's files in its ``work_dir``: TVM's JSONDatabase (the resumable state), the serially
+re-measured ``final/`` database, checked imported records waiting to be measured, and the small
+state files a resumed run reads back (round offset, Trimmer's pre-emptions).
+
+TVM is imported inside the functions that open a database: the web processes import this module
+(through ``session``, for ``TuningConfig``, ``write_imported``, ``has_imported``), and importing
+MetaSchedule costs seconds there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from common.jsonsafe import json_safe
+
+__all__ = [
+    "DB_WORKLOAD", "DB_RECORDS", "FINAL_DIR", "IMPORTED_DIR", "IMPORTED_DONE_DIR", "COST_MODEL_FILE",
+    "open_json_db", "open_database", "imported_db", "write_imported", "has_imported", "database_paths",
+    "records_by_task", "record_latency", "load_trimmer_preempted", "save_trimmer_state",
+    "next_round_offset", "save_round_offset",
+]
+
+DB_WORKLOAD = "database_workload.json"
+DB_RECORDS = "database_tuning_record.json"
+FINAL_DIR = "final"
+IMPORTED_DIR = "imported"  # checked, imported records: seeds the platform builds and measures first
+IMPORTED_DONE_DIR = "imported_measured"
+COST_MODEL_FILE = "cost_model.xgb"
+TRIMMER_STATE = "trimmer_state.json"
+ROUNDS_FILE = "rounds.txt"
+
+
+def _db_paths(work_dir: str, final: bool = False) -> tuple[str, str]:
+    d = os.path.join(work_dir, FINAL_DIR) if final else work_dir
+    return os.path.join(d, DB_WORKLOAD), os.path.join(d, DB_RECORDS)
+
+
+def _json_database(path_workload: str, path_tuning_record: str):
+    from tvm.s_tir import meta_schedule as ms  # TVM: see the module doc
+
+    return ms.database.JSONDatabase(path_workload=path_workload, path_tuning_record=path_tuning_record,
+                                    allow_missing=True)
+
+
+def open_json_db(work_dir: str, final: bool = False):
+    """The run's record database (``final``: the serially re-measured one), created if missing."""
+    pw, pr = _db_paths(work_dir, final)
+    os.makedirs(os.path.dirname(pw), exist_ok=True)
+    return _json_database(pw, pr)
+
+
+def open_database(work_dir: str, prefer_final: bool = True):
+    """The database to compile with: ``work_dir/final`` (the serially
+    re-measured top candidates) when present, else the full record database."""
+    _, pr = _db_paths(work_dir, final=True)
+    if prefer_final and os.path.exists(pr) and os.path.getsize(pr) > 0:
+        return open_json_db(work_dir, final=True)
+    return open_json_db(work_dir)
+
+
+def database_paths(work_dir: str) -> dict[str, str]:
+    """Paths of the record database files (and the final ones, when written)."""
+    pw, pr = _db_paths(work_dir)
+    fpw, fpr = _db_paths(work_dir, final=True)
+    paths = {"workload": pw, "tuning_record": pr}
+    if os.path.exists(fpr):
+        paths.update({"final_workload": fpw, "final_tuning_record": fpr})
+    return paths
+
+
+# --------------------------------------------------------------------------- imported records
+def write_imported(work_dir: str, workload_lines: list[str], record_lines: list[str]) -> None:
+    """Store checked imported records (see record_check) apart from the run's database: they
+    count and seed the search only once the platform has built and measured them itself."""
+    d = os.path.join(work_dir, IMPORTED_DIR)
+    os.makedirs(d, exist_ok=True)
+    for name, lines in ((DB_WORKLOAD, workload_lines), (DB_RECORDS, record_lines)):
+        tmp = os.path.join(d, name + ".tmp")
+        Path(tmp).write_text("".join(line + "\n" for line in lines))
+        os.replace(tmp, os.path.join(d, name))
+
+
+def has_imported(work_dir: str) -> bool:
+    p = os.path.join(work_dir, IMPORTED_DIR, DB_RECORDS)
+    return os.path.exists(p) and os.path.getsize(p) > 0
+
+
+def imported_db(work_dir: str):
+    d = os.path.join(work_dir, IMPORTED_DIR)
+    return _json_database(os.path.join(d, DB_WORKLOAD), os.path.join(d, DB_RECORDS))
+
+
+def retire_imported(work_dir: str) -> None:
+    """The imported records were measured: keep them aside, never measured again."""
+    done = os.path.join(work_dir, IMPORTED_DONE_DIR)
+    shutil.rmtree(done, ignore_errors=True)
+    os.replace(os.path.join(work_dir, IMPORTED_DIR), done)
+
+
+# --------------------------------------------------------------------------- records
+def _structural_hash(mod) -> int:
+    import tvm_ffi  # TVM: see the module doc
+
+    return int(tvm_ffi.structural_hash(mod))
+
+
+def records_by_task(db, tasks) -> dict[int, list]:
+    """Every tuning record of ``db`` grouped by the index of its task (by workload identity)."""
+    hashes = {_structural_hash(t.mod): i for i, t in enumerate(tasks)}
+    out: dict[int, list] = {i: [] for i in range(len(tasks))}
+    for rec in db.get_all_tuning_records():
+        i = hashes.get(_structural_hash(rec.workload.mod))
+        if i is not None:
+            out[i].append(rec)
+    return out
+
+
+def record_latency(rec) -> float | None:
+    """Mean of a record's run times; None when it has none or failed (TVM stores 1e10 s)."""
+    if rec.run_secs is None or len(rec.run_secs) == 0:
+        return None
+    vals = [float(x) for x in rec.run_secs]
+    v = sum(vals) / len(vals)
+    return v if v < 1e9 else None
+
+
+# --------------------------------------------------------------------------- resume state
+def load_trimmer_preempted(work_dir: str) -> dict[int, int]:
+    """Trimmer's pre-empted tasks (index -> trials at pre-emption) of an earlier call."""
+    try:
+        data = json.loads(Path(os.path.join(work_dir, TRIMMER_STATE)).read_text())
+        return {int(k): int(v) for k, v in (data.get("preempted_tasks") or {}).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def save_trimmer_state(work_dir: str, report: dict) -> None:
+    with contextlib.suppress(OSError, TypeError, ValueError):
+        Path(os.path.join(work_dir, TRIMMER_STATE)).write_text(json.dumps(json_safe(report)))
+
+
+def next_round_offset(work_dir: str) -> int:
+    """Round numbers continue across calls on the same ``work_dir``."""
+    try:
+        return int(Path(os.path.join(work_dir, ROUNDS_FILE)).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def save_round_offset(work_dir: str, value: int) -> None:
+    with contextlib.suppress(OSError):
+        Path(os.path.join(work_dir, ROUNDS_FILE)).write_text(str(int(value)))

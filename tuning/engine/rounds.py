@@ -1,0 +1,212 @@
+"""One DOPpler measuring round as a pure function over (jobs, measure, controller).
+
+:func:`measure_round` decides what to measure at which DOP and what to re-measure serially, from
+the :class:`~.doppler.DOPController`'s rule; ``measure(jobs, dop)`` does the measuring (the pooled
+runner passes its worker pools; a test passes a fake). Nothing here starts a process or touches TVM.
+
+A round (see ``runner`` for the whole picture):
+
+* the configuration *is* the serial one (DOP 1 at the deployment thread count): measure once;
+* a DOP not validated yet (``probe_first``): measure an evenly spread probe in parallel, re-measure
+  it serially, and decide before spending the whole round at that DOP;
+* else: measure everything in parallel, re-measure the controller's sample and the failures
+  serially, then correct the rest by the mean error (or re-measure it when too large to correct).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .doppler import DOPController, RoundDecision, robust_z_scores
+from .measure import MeasureOutcome
+
+__all__ = ["CandidateResult", "RoundResult", "Measure", "measure_round", "latency_of"]
+
+_FAILED = 1e10
+
+# measure(jobs, dop) -> one (outcome, wall seconds or None) per job, measured DOP at a time
+# (dop 1: the serial worker at the deployment thread count)
+Measure = Callable[[Sequence[Any], int], Sequence[tuple[MeasureOutcome, float | None]]]
+
+
+def latency_of(run_secs: Sequence[float] | None) -> float | None:
+    """Mean of a measurement's samples; None for no samples or a failure marker."""
+    if not run_secs:
+        return None
+    v = sum(run_secs) / len(run_secs)
+    return v if (v < _FAILED / 10 and not math.isnan(v)) else None
+
+
+@dataclasses.dataclass
+class CandidateResult:
+    """What the round learned about one job."""
+
+    outcome: MeasureOutcome | None = None  # its first measurement
+    wall_secs: float | None = None  # wall time of the first measurement (parallel or probe measurements)
+    dop: int = 1  # DOP the first measurement ran at
+    remeasured: bool = False  # re-measured serially after a parallel measurement
+    serial_latency_s: float | None = None  # that serial re-measurement's latency
+    final_secs: list[float] | None = None  # what the runner answers (corrected or serial); None = failed
+    final_error: str | None = None
+
+    @property
+    def latency_s(self) -> float | None:
+        """Latency of the first measurement (None when it failed or did not happen)."""
+        o = self.outcome
+        return None if (o is None or o.error) else latency_of(o.run_secs)
+
+    @property
+    def first_failed(self) -> bool:
+        return self.outcome is not None and bool(self.outcome.error)
+
+
+@dataclasses.dataclass
+class RoundResult:
+    dop: int  # DOP the round started at
+    decision: RoundDecision
+    candidates: list[CandidateResult]
+    correction_applied: bool
+    validated: set[int]  # DOPs validated (by a probe or a good round) after this round
+    warm_dop: int | None = None  # the next round's parallel configuration, to start now
+
+    @property
+    def n_remeasured(self) -> int:
+        return sum(1 for c in self.candidates if c.remeasured)
+
+    @property
+    def n_failures(self) -> int:
+        return sum(1 for c in self.candidates if not c.final_secs)
+
+
+class _Round:
+    """The candidates of one round and the two ways to measure them."""
+
+    def __init__(self, jobs: Sequence[Any], measure: Measure) -> None:
+        self.jobs = list(jobs)
+        self.measure = measure
+        self.results = [CandidateResult() for _ in self.jobs]
+        self.correction_applied = False
+
+    def parallel(self, idx: Sequence[int], dop: int) -> None:
+        for i, (out, wall) in zip(idx, self.measure([self.jobs[i] for i in idx], dop)):
+            c = self.results[i]
+            c.dop, c.outcome, c.wall_secs = dop, out, wall
+            c.final_secs = out.run_secs if not out.error else None
+            c.final_error = out.error
+
+    def serial(self, idx: Sequence[int], *, count_as_remeasure: bool) -> None:
+        for i, (out, _) in zip(idx, self.measure([self.jobs[i] for i in idx], 1)):
+            c = self.results[i]
+            if c.outcome is None:  # first and only measurement of this candidate
+                c.outcome = out
+            else:
+                c.remeasured = count_as_remeasure
+                c.serial_latency_s = None if out.error else latency_of(out.run_secs)
+            c.final_secs = out.run_secs if not out.error else None
+            c.final_error = out.error
+
+    def latencies(self, idx: Sequence[int]) -> list[float | None]:
+        return [self.results[i].latency_s for i in idx]
+
+    def failures_due_to_parallelism(self, failed: Sequence[int]) -> int:
+        """Failed in parallel, fine serially."""
+        return sum(1 for i in failed if self.results[i].final_error is None)
+
+    def correct(self, idx: Sequence[int], ctrl: DOPController, err: float | None) -> None:
+        for i in idx:
+            self.results[i].final_secs = ctrl.correct(self.results[i].final_secs, err)
+            self.correction_applied = True
+
+
+def _probe_then_rest(rnd: _Round, ctrl: DOPController, dop: int, n_probe: int, validated: set[int],
+                     is_serial_config: Callable[[int], bool]) -> RoundDecision:
+    """A DOP not validated yet: decide on a probe, then measure the rest accordingly."""
+    n = len(rnd.jobs)
+    step = n / n_probe
+    probe = sorted({int(k * step) for k in range(n_probe)})
+    rnd.parallel(probe, dop)
+    plat = rnd.latencies(probe)
+    failed = [i for i in probe if rnd.results[i].first_failed]
+    rnd.serial(probe, count_as_remeasure=True)
+    decision = ctrl.update(plat, [rnd.results[i].serial_latency_s for i in probe],
+                           rnd.failures_due_to_parallelism(failed))
+    in_probe = set(probe)
+    rest = [i for i in range(n) if i not in in_probe]
+    if decision.backed_off or not ctrl.can_correct(decision.mean_signed_error):
+        smaller = max(1, min(decision.dop_after, n))
+        if is_serial_config(smaller):
+            rnd.serial(rest, count_as_remeasure=False)
+        else:  # backed off to a smaller, still parallel DOP: re-validate next round
+            rnd.parallel(rest, smaller)
+        return decision
+    validated.add(dop)
+    rnd.parallel(rest, dop)
+    valid = [i for i in rest if rnd.results[i].latency_s is not None]
+    z = robust_z_scores(rnd.latencies(valid))
+    outliers = [i for i, zi in zip(valid, z) if abs(zi) > ctrl.z_threshold]
+    rest_failed = [i for i in rest if rnd.results[i].first_failed]
+    rnd.serial(sorted(set(outliers) | set(rest_failed)), count_as_remeasure=True)
+    rnd.correct([i for i in rest if not rnd.results[i].remeasured and rnd.results[i].final_secs],
+                ctrl, decision.mean_signed_error)
+    return decision
+
+
+def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[int],
+                   remeasure_on_large_error: bool) -> RoundDecision:
+    """Everything in parallel; the controller's sample and the failures serially; the rest corrected."""
+    n = len(rnd.jobs)
+    rnd.parallel(list(range(n)), dop)
+    lat = rnd.latencies(range(n))
+    sample = ctrl.select_for_serial_remeasure(lat)
+    failed = [i for i in range(n) if rnd.results[i].first_failed]
+    rnd.serial(sorted(set(sample) | set(failed)), count_as_remeasure=True)
+    decision = ctrl.update([lat[i] for i in sample], [rnd.results[i].serial_latency_s for i in sample],
+                           rnd.failures_due_to_parallelism(failed))
+    if not decision.backed_off:
+        validated.add(dop)
+    rest = [i for i in range(n) if not rnd.results[i].remeasured and rnd.results[i].final_secs]
+    err = decision.mean_signed_error
+    if rest and ctrl.can_correct(err):
+        rnd.correct(rest, ctrl, err)
+    elif rest and err is not None and remeasure_on_large_error:
+        rnd.serial(rest, count_as_remeasure=True)
+    return decision
+
+
+def measure_round(
+    jobs: Sequence[Any],
+    measure: Measure,
+    controller: DOPController,
+    *,
+    is_serial_config: Callable[[int], bool],
+    validated: set[int] | frozenset[int] = frozenset(),
+    probe_first: bool = True,
+    remeasure_on_large_error: bool = True,
+) -> RoundResult:
+    """Measure ``jobs`` as one DOPpler round (module doc). ``is_serial_config(dop)``: whether that
+    DOP's worker layout is the serial one; ``validated``: DOPs already validated (not changed: the
+    result carries the new set). The controller's state (DOP, cap, history) advances by one round."""
+    ctrl = controller
+    n = len(jobs)
+    dop = max(1, min(ctrl.dop, ctrl.max_dop, n))
+    rnd = _Round(jobs, measure)
+    validated = set(validated)
+    warm_dop = None
+    if is_serial_config(dop):
+        rnd.parallel(list(range(n)), dop)
+        decision = ctrl.update_serial_round(n)
+    else:
+        n_probe = max(2 * dop, math.ceil(ctrl.sample_share * n))
+        if probe_first and dop not in validated and n > n_probe:
+            decision = _probe_then_rest(rnd, ctrl, dop, n_probe, validated, is_serial_config)
+        else:
+            decision = _sampled_round(rnd, ctrl, dop, validated, remeasure_on_large_error)
+        if decision.backed_off:
+            validated.discard(dop)
+        if decision.dop_after != dop:
+            warm_dop = decision.dop_after
+    return RoundResult(dop=dop, decision=decision, candidates=rnd.results,
+                       correction_applied=rnd.correction_applied, validated=validated, warm_dop=warm_dop)

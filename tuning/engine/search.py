@@ -1,0 +1,144 @@
+"""The search step of a run: MetaSchedule's evolutionary search over the tasks, with our task
+scheduler (stop switch, Trimmer), streaming callback and XGBoost cost model (saved next to the
+database, so a resumed run keeps what it learned)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import warnings
+from typing import Any
+
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.utils import fork_seed
+
+from .callbacks import EngineState, StreamingMeasureCallback
+from .database import COST_MODEL_FILE, save_trimmer_state
+from .runner import is_infrastructure_failure
+from .scheduler import ControlledScheduler
+from .trimmer_hooks import TrimmerRuntime, make_filtered_search
+from .tvm_compat import ensure_tensor_intrin
+from .workloads import Task
+
+# a session.TuningConfig (not imported: the session imports this module)
+TuningConfig = Any
+
+__all__ = ["search", "skip_infrastructure_failures"]
+
+_STATUS = {"cancel": "cancelled", "pause": "paused"}
+
+
+def _search_kwargs(cfg: TuningConfig) -> dict:
+    kwargs = {}
+    if cfg.search_population:
+        kwargs["population_size"] = int(cfg.search_population)
+        kwargs["init_min_unmeasured"] = min(50, int(cfg.search_population))
+    if cfg.genetic_num_iters:
+        kwargs["genetic_num_iters"] = int(cfg.genetic_num_iters)
+    return kwargs
+
+
+def _search_strategy(cfg: TuningConfig, task_index: int, trimmer: TrimmerRuntime | None):
+    """TVM's evolutionary search; with Trimmer's filter on, wrapped in FilteredSearch."""
+    kwargs = _search_kwargs(cfg)
+    if trimmer is not None and trimmer.config.filter_enabled and trimmer.config.filter_oversample > 1:
+        return make_filtered_search(task_index=task_index, runtime=trimmer, config=trimmer.config,
+                                    inner_kwargs=kwargs, seed=cfg.seed)
+    return ms.search_strategy.EvolutionarySearch(**kwargs) if kwargs else "evolutionary"
+
+
+def _task_logger(index: int) -> logging.Logger:
+    lg = logging.getLogger(f"tuning.engine.task.{index}")
+    if lg.level == logging.NOTSET:
+        lg.setLevel(logging.WARNING)
+    return lg
+
+
+def _tune_contexts(tasks: list[Task], target, cfg: TuningConfig, trimmer: TrimmerRuntime | None) -> list:
+    seeds = fork_seed(cfg.seed, n=len(tasks))
+    # not TVM's get_loggers_from_work_dir: it calls logging.config.dictConfig,
+    # which rewires the host's (Django's) logging and breaks on unnamed handlers
+    contexts = [
+        ms.TuneContext(
+            mod=t.mod,
+            target=target,
+            space_generator="post-order-apply",
+            search_strategy=_search_strategy(cfg, ti, trimmer),
+            task_name=t.name,
+            logger=_task_logger(ti),
+            rand_state=rs,
+            num_threads=cfg.search_threads,
+        ).clone()
+        for ti, (t, rs) in enumerate(zip(tasks, seeds))
+    ]
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    return contexts
+
+
+def skip_infrastructure_failures(cost_model):
+    """Keep results that say nothing about their candidate (a lost measurement message, a dead measuring
+    worker: `runner.is_infrastructure_failure`) out of the cost model, which would learn them as 1e10 s
+    latencies (XGBModel.update prices every result without run_secs at 1e10)."""
+    update = cost_model._inst.update
+
+    def filtered(context, candidates, results):
+        keep = [i for i, r in enumerate(results) if not is_infrastructure_failure(r.error_msg)]
+        if len(keep) == len(results):
+            return update(context, candidates, results)
+        if keep:
+            update(context, [candidates[i] for i in keep], [results[i] for i in keep])
+        return None
+
+    cost_model.update = filtered  # the derived object forwards to its Python instance, which C++ calls
+    return cost_model
+
+
+def _cost_model(num_cores: int, path: str, resumed: bool):
+    cost_model = skip_infrastructure_failures(ms.cost_model.XGBModel(num_tuning_cores=num_cores, tree_method="auto"))
+    if resumed and os.path.exists(path):
+        with contextlib.suppress(Exception), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cost_model.load(path)
+    return cost_model
+
+
+def search(tasks: list[Task], target, cfg: TuningConfig, *, state: EngineState, builder, runner, database,
+           work_dir: str, budget: int, resumed: bool, phases: dict[str, float]) -> str:
+    """Spend up to ``budget`` trials on ``tasks``; returns the run's status ("succeeded", or
+    "cancelled" / "paused" when the sink asked). ``resumed``: the database held records already
+    (the saved cost model is loaded). Times "setup" and "tune" into ``phases``."""
+    t0 = time.perf_counter()
+    trimmer = state.trimmer
+    if cfg.light_intrinsics:
+        ensure_tensor_intrin(target)
+    contexts = _tune_contexts(tasks, target, cfg, trimmer)
+    cm_path = os.path.join(work_dir, COST_MODEL_FILE)
+    cost_model = _cost_model(contexts[0].num_threads, cm_path, resumed)
+    if trimmer is not None:
+        trimmer.cost_model = cost_model  # the filter scores with the tuner's own model
+    callbacks = list(ms.MeasureCallback.create("default")) + [StreamingMeasureCallback(state)]
+    scheduler = ControlledScheduler(state, seed=cfg.seed, max_trials=budget)
+    phases["setup"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    scheduler.tune(
+        tasks=contexts,
+        task_weights=[t.weight for t in tasks],
+        max_trials_global=budget,
+        max_trials_per_task=min(int(cfg.max_trials_per_task or budget), budget),
+        num_trials_per_iter=max(1, min(int(cfg.trials_per_round), budget)),
+        builder=builder,
+        runner=runner,
+        measure_callbacks=callbacks,
+        database=database,
+        cost_model=cost_model,
+    )
+    phases["tune"] = time.perf_counter() - t0
+    with contextlib.suppress(Exception), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cost_model.save(cm_path)
+    if trimmer is not None:
+        trimmer.cost_model = None
+        save_trimmer_state(work_dir, trimmer.to_dict())
+    return _STATUS.get(state.stop_reason, "succeeded")
