@@ -3,8 +3,7 @@ read only. Every service that writes a team's object calls ``require_team_writer
 from __future__ import annotations
 
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.core.exceptions import PermissionDenied
-
+from .exceptions import PermissionDenied  # the services' 403 (a ServiceError the API and dashboard answer)
 from .models import Membership
 
 
