@@ -103,3 +103,13 @@ def test_a_rolled_back_delete_keeps_the_files(model_a, user_owner, django_captur
                 TuningRun.objects.get(pk=run.pk).delete()
                 raise RuntimeError("roll back")
     assert TuningRun.objects.filter(pk=run.pk).exists() and (work / "database_tuning_record.json").exists()
+
+
+def test_every_tuning_task_has_a_time_limit_under_the_visibility_timeout():
+    """A soft limit the task sees, a hard one after it; a run's stays under Redis' 12 h visibility
+    timeout (test_visibility_timeout_is_longer_than_the_longest_task), so a live run is never re-delivered."""
+    from tuning import tasks
+
+    for task in (tasks.execute_run, tasks.recover_stale_runs, tasks.measure_candidate):
+        assert task.soft_time_limit and task.time_limit > task.soft_time_limit, task.name
+    assert tasks.execute_run.time_limit < 12 * 3600

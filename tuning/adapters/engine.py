@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tuning.distributed import celery_submit
 from tuning.engine.isolate import EngineCrashed, EngineError, call_isolated
-from tuning.engine.procpool import WorkerError, WorkerTimeout, run_isolated
+from tuning.engine import procpool
+from tuning.engine.procpool import WorkerError, WorkerTimeout
 from tuning.engine.record_check import RecordError, precheck, recheck_output
 from tuning.engine.session import TuningConfig, has_imported, write_imported
 from tuning.engine.timer import EvaluatorConfig
@@ -104,5 +105,6 @@ def database_records(model_proto, work_dir: Path, run: TuningRun) -> list:
 def check_import(model_bytes: bytes, run: TuningRun, workloads: bytes, records: bytes, budget: int) -> dict:
     """TVM parses the uploaded database in a sandbox and says which records it accepts
     (`tuning.engine.record_check.check_import`); raises WorkerError/WorkerTimeout when the checker fails."""
-    return run_isolated("tuning.engine.record_check:check_import", model_bytes, run.target, workloads,
-                        records, budget, timeout=IMPORT_CHECK_TIMEOUT_S)
+    # looked up on the module when called, so a test can stand in for a subverted checker
+    return procpool.run_isolated("tuning.engine.record_check:check_import", model_bytes, run.target, workloads,
+                                 records, budget, timeout=IMPORT_CHECK_TIMEOUT_S)
