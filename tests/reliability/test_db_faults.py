@@ -12,7 +12,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from django.db import transaction
 
 from core import services as core_services
 from core.models import DLModel, Membership, Quota, Team
