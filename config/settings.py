@@ -265,6 +265,8 @@ TUNING_MAX_EXECUTOR_LOSSES = env.int("TUNING_MAX_EXECUTOR_LOSSES", default=3)
 # how long it may wait in its queue for a worker; past either it is an infrastructure failure.
 TUNING_MEASURE_TIMEOUT_S = env.float("TUNING_MEASURE_TIMEOUT_S", default=600.0)
 TUNING_MEASURE_QUEUE_TIMEOUT_S = env.float("TUNING_MEASURE_QUEUE_TIMEOUT_S", default=3600.0)
+# Soft time limit of one execution of a tuning run (tuning.execute_run); past it the run fails, saying so.
+TUNING_RUN_TIME_LIMIT_S = env.float("TUNING_RUN_TIME_LIMIT_S", default=11 * 3600.0)
 CELERY_BEAT_SCHEDULE = {
     "recover-stale-tuning-runs": {"task": "tuning.recover_stale_runs", "schedule": 60.0},
     "gpu-heartbeat": {"task": "scheduling.heartbeat", "schedule": env.float("SCHEDULING_HEARTBEAT_S", default=15.0)},

@@ -5,7 +5,13 @@ from django import forms
 from django.conf import settings
 
 from core.models import DLModel, Team
-from tuning.models import TuningRun
+from tuning.models import RUN_LIMITS, TuningRun, parse_dop
+
+
+def bounded_integer(name: str, **kwargs) -> forms.IntegerField:
+    """An integer field within RUN_LIMITS[name] (the service checks the same table)."""
+    low, high = RUN_LIMITS[name]
+    return forms.IntegerField(min_value=low, max_value=high, **kwargs)
 
 
 class ModelUploadForm(forms.Form):
@@ -28,20 +34,20 @@ class StartRunForm(forms.Form):
 
     model = forms.ModelChoiceField(queryset=DLModel.objects.none(), empty_label=None)
     target_kind = forms.ChoiceField(label="Target", choices=TARGET_CHOICES, initial="llvm")
-    num_cores = forms.IntegerField(label="CPU cores", min_value=1, max_value=1024, required=False,
-                                   help_text="For llvm targets: the cores TVM schedules for.")
-    max_trials = forms.IntegerField(label="Trials (measurements)", min_value=1, max_value=100_000, initial=64)
-    trials_per_round = forms.IntegerField(label="Trials per round", min_value=1, max_value=1024, initial=32)
+    num_cores = bounded_integer("num_cores", label="CPU cores", required=False,
+                                help_text="For llvm targets: the cores TVM schedules for.")
+    max_trials = bounded_integer("max_trials", label="Trials (measurements)", initial=64)
+    trials_per_round = bounded_integer("trials_per_round", label="Trials per round", initial=32)
     measurement_mode = forms.ChoiceField(label="Measurement mode", choices=TuningRun.Mode.choices,
                                          initial=TuningRun.Mode.DOPPLER)
     dop_mode = forms.ChoiceField(label="Degree of parallelism", choices=DOP_CHOICES, initial="auto",
                                  widget=forms.RadioSelect)
-    dop_fixed = forms.IntegerField(label="Fixed DOP", min_value=1, max_value=256, required=False)
-    threads = forms.IntegerField(label="Threads per measurement", min_value=1, max_value=1024, required=False,
-                                 help_text="Empty = the target's cores.")
-    search_population = forms.IntegerField(min_value=8, max_value=4096, required=False,
-                                           help_text="Evolutionary search population (smaller = faster).")
-    seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, required=False)
+    dop_fixed = bounded_integer("dop", label="Fixed DOP", required=False)
+    threads = bounded_integer("threads", label="Threads per measurement", required=False,
+                              help_text="Empty = the target's cores.")
+    search_population = bounded_integer("search_population", required=False,
+                                        help_text="Evolutionary search population (smaller = faster).")
+    seed = bounded_integer("seed", required=False)
 
     # ---- Trimmer (tuning.engine.trimmer.TrimmerConfig) -------------------------------------
     trimmer_enabled = forms.BooleanField(label="Enable Trimmer", required=False, help_text=(
@@ -99,7 +105,10 @@ class StartRunForm(forms.Form):
         return target
 
     def dop(self) -> str | int:
-        return self.cleaned_data["dop_fixed"] if self.cleaned_data["dop_mode"] == "fixed" else "auto"
+        """'auto' or the fixed DOP, read by `parse_dop` like every other entry point (the field's bounds
+        are the same RUN_LIMITS entry)."""
+        fixed = self.cleaned_data["dop_fixed"] if self.cleaned_data["dop_mode"] == "fixed" else None
+        return parse_dop(fixed) or "auto"
 
     def options(self) -> dict:
         return {k: self.cleaned_data[k] for k in ("search_population", "seed") if self.cleaned_data.get(k) is not None}

@@ -7,8 +7,12 @@ class TuningConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.models.signals import post_delete
+
         from core.selectors import register_usage_provider
 
-        from . import services
+        from . import selectors, services
+        from .models import TuningRun
 
-        register_usage_provider("tuning", services._usage_provider)
+        register_usage_provider("tuning", selectors.usage_since)
+        post_delete.connect(services.run_deleted, sender=TuningRun, dispatch_uid="tuning.run_files")

@@ -9,7 +9,53 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from common.units import joules_to_kwh
 from core.models import DLModel, Team
+
+# (min, max) of each bound of a run: the model, the service, the API serializer, the dashboard form and
+# `manage.py tune` all read these, so no entry point accepts what another refuses.
+RUN_LIMITS = {
+    "max_trials": (1, 100_000),
+    "trials_per_round": (1, 1024),
+    "threads": (1, 1024),
+    "num_cores": (1, 1024),
+    "dop": (1, 256),
+    "search_population": (8, 4096),
+    "seed": (0, 2**31 - 1),
+}
+
+
+def run_bound_validators(name: str) -> list:
+    low, high = RUN_LIMITS[name]
+    return [MinValueValidator(low), MaxValueValidator(high)]
+
+
+def run_bound_error(name: str, value) -> str | None:
+    """Why `value` is not a valid `name` of a run (an integer within RUN_LIMITS), or None when it is."""
+    low, high = RUN_LIMITS[name]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return f"{name} must be an integer between {low} and {high}."
+    return None
+
+
+def parse_dop(value) -> int | None:
+    """The one reading of a requested degree of parallelism: 'auto' (or empty) -> None (DOPpler picks it),
+    else an integer within RUN_LIMITS["dop"] (an int or its decimal text). ValueError otherwise."""
+    if value in ("auto", None, ""):
+        return None
+    low, high = RUN_LIMITS["dop"]
+    text = str(value).strip()
+    if isinstance(value, bool) or not (isinstance(value, int) or text.isdigit()) or not low <= int(text) <= high:
+        raise ValueError(f"dop must be 'auto' or an integer between {low} and {high}.")
+    return int(text)
+
+
+class TuningRunQuerySet(models.QuerySet):
+    def of_team_since(self, team_id: int, since) -> "TuningRunQuerySet":
+        return self.filter(team_id=team_id, created_at__gte=since)
+
+    def energy_joules(self) -> float:
+        return self.aggregate(j=models.Sum("energy_joules"))["j"] or 0.0
 
 
 class TuningRun(models.Model):
@@ -20,6 +66,8 @@ class TuningRun(models.Model):
         SUCCEEDED = "succeeded", "Succeeded"
         FAILED = "failed", "Failed"
         CANCELLED = "cancelled", "Cancelled"
+
+    objects = TuningRunQuerySet.as_manager()
 
     ACTIVE = (Status.QUEUED, Status.RUNNING)
     TERMINAL = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
@@ -39,13 +87,12 @@ class TuningRun(models.Model):
                                    related_name="+")
     target = models.JSONField(help_text='TVM target dict, e.g. {"kind": "llvm", "num-cores": 2}')
     target_kind = models.CharField(max_length=20, db_index=True, editable=False)
-    max_trials = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(100_000)])
-    trials_per_round = models.PositiveIntegerField(default=32, validators=[MinValueValidator(1),
-                                                                           MaxValueValidator(1024)])
+    max_trials = models.PositiveIntegerField(validators=run_bound_validators("max_trials"))
+    trials_per_round = models.PositiveIntegerField(default=32, validators=run_bound_validators("trials_per_round"))
     measurement_mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.DOPPLER)
-    dop_fixed = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)],
+    dop_fixed = models.PositiveIntegerField(null=True, blank=True, validators=run_bound_validators("dop"),
                                             help_text="Fixed degree of parallelism; empty = automatic (DOPpler).")
-    threads = models.PositiveIntegerField(null=True, blank=True,
+    threads = models.PositiveIntegerField(null=True, blank=True, validators=run_bound_validators("threads"),
                                           help_text="Threads per measurement; empty = the target's cores.")
     options = models.JSONField(default=dict, blank=True, help_text="Engine options (search population, seed...).")
 
@@ -128,7 +175,7 @@ class TuningRun(models.Model):
 
     @property
     def energy_kwh(self) -> float:
-        return self.energy_joules / 3.6e6
+        return joules_to_kwh(self.energy_joules)
 
     @property
     def carbon_g(self) -> float | None:

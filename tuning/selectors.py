@@ -1,10 +1,14 @@
 """Reads for tuning runs, scoped to the caller's teams."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.db.models import Min, QuerySet, Sum
+from django.utils import timezone
 
-from core.selectors import teams_for_user
+from common.series import thin
+from common.units import joules_to_kwh
+from core.selectors import energy_model, month_start, teams_for_user
 
 from .models import DopRound, Measurement, TuningRun, TuningTask
 
@@ -46,16 +50,70 @@ def best_so_far_curve(run: TuningRun, *, max_points: int = 500) -> dict:
             e2e_trials.append(n)
             e2e_values.append(sum(tasks[i].weight * best[i] for i in tasks))
 
-    def thin(xs, ys):
-        if len(xs) <= max_points:
-            return xs, ys
-        step = len(xs) / max_points
-        idx = sorted({int(i * step) for i in range(max_points)} | {len(xs) - 1})
-        return [xs[i] for i in idx], [ys[i] for i in idx]
-
     out_tasks = {}
     for index, (xs, ys) in per_task.items():
-        xs, ys = thin(xs, ys)
+        xs, ys = thin(xs, ys, max_points)
         out_tasks[index] = {"name": tasks[index].name if index in tasks else str(index), "trials": xs, "best_s": ys}
-    xs, ys = thin(e2e_trials, e2e_values)
+    xs, ys = thin(e2e_trials, e2e_values, max_points)
     return {"tasks": out_tasks, "end_to_end": {"trials": xs, "estimate_s": ys}}
+
+
+# --- quota reads ---------------------------------------------------------------------
+
+def trials_used_since(team_id: int, since) -> int:
+    """Every build+measure done for the team since `since`: trials (Measurement rows, imported records
+    included: the platform measures them) plus the final serial re-measures of its runs."""
+    measured = Measurement.objects.filter(run__team_id=team_id, created_at__gte=since).count()
+    remeasured = TuningRun.objects.of_team_since(team_id, since).aggregate(n=Sum("serial_remeasures"))["n"] or 0
+    return measured + remeasured
+
+
+def trials_used_this_month(team_id: int) -> int:
+    return trials_used_since(team_id, month_start())
+
+
+def trials_reserved(team_id: int) -> int:
+    """Trials still to come from runs that are queued, running or paused."""
+    active = TuningRun.objects.filter(team_id=team_id, status__in=[*TuningRun.ACTIVE, TuningRun.Status.PAUSED])
+    total = active.aggregate(budget=Sum("max_trials"), done=Sum("trials_done"))
+    return max(0, (total["budget"] or 0) - (total["done"] or 0))
+
+
+def active_run_count(team_id: int) -> int:
+    return TuningRun.objects.filter(team_id=team_id, status__in=TuningRun.ACTIVE).count()
+
+
+def energy_joules_this_month(team_id: int, *, exclude_run: int | None = None) -> float:
+    qs = TuningRun.objects.of_team_since(team_id, month_start())
+    if exclude_run is not None:
+        qs = qs.exclude(pk=exclude_run)
+    return qs.energy_joules()
+
+
+def joules_per_trial_estimate(team_id: int) -> tuple[float, str]:
+    """Energy one trial costs, from the team's finished runs, else the platform default."""
+    done = TuningRun.objects.filter(team_id=team_id, status=TuningRun.Status.SUCCEEDED, trials_done__gt=0,
+                                    energy_joules__gt=0).aggregate(j=Sum("energy_joules"), n=Sum("trials_done"))
+    if done["n"]:
+        return done["j"] / done["n"], f"the team's past runs ({done['n']} trials)"
+    return energy_model().joules_per_trial_estimate, "the platform default per-trial estimate"
+
+
+def usage_since(team_id: int, since) -> dict:
+    """The tuning app's part of a team's usage (core.selectors' usage provider)."""
+    return {
+        "concurrent_runs": active_run_count(team_id),
+        "tuning_trials_this_month": trials_used_since(team_id, since),
+        "energy_kwh_this_month": joules_to_kwh(TuningRun.objects.of_team_since(team_id, since).energy_joules()),
+    }
+
+
+def seconds_until_next_stale() -> float | None:
+    """When the first running run still holding a live lease goes stale if its executor sends no more
+    heartbeats (None when there is none): a worker that starts while a dead worker's lease is still
+    live checks again then."""
+    beats = TuningRun.objects.filter(status=TuningRun.Status.RUNNING, heartbeat_at__isnull=False)
+    first = beats.aggregate(m=Min("heartbeat_at"))["m"]
+    if first is None:
+        return None
+    return max(0.0, (first - timezone.now()).total_seconds() + settings.TUNING_STALE_AFTER_S)

@@ -2,6 +2,10 @@
 
 TVM is imported inside the tasks, never at worker start: forking after TVM's
 thread pool has run hangs the child (see TVM_NOTES).
+
+Time limits, per queue: a soft limit raises inside the task (a tuning run then fails, saying so); the
+hard limit, a minute or more later, kills a task that ignored it. A run's limit stays under the Redis
+visibility timeout (CELERY_VISIBILITY_TIMEOUT), so a live run is never re-delivered.
 """
 from __future__ import annotations
 
@@ -9,33 +13,42 @@ import socket
 
 from celery import shared_task
 from celery.signals import worker_ready
+from django.conf import settings
 
-from . import services
+from tuning.engine.measure import measure_payload_isolated
+
+from . import selectors, services
+
+RUN_SOFT_LIMIT_S = settings.TUNING_RUN_TIME_LIMIT_S  # `tuning` queue
+RECOVERY_SOFT_LIMIT_S = 120  # `tuning` queue, a few queries per stale run
+MEASURE_SOFT_LIMIT_S = settings.TUNING_MEASURE_TIMEOUT_S  # `measure.<node>.*` queues: the runner's own deadline
+HARD_AFTER_SOFT_S = 60
 
 
-@shared_task(name="tuning.execute_run", bind=True, acks_late=True, reject_on_worker_lost=True)
+@shared_task(name="tuning.execute_run", bind=True, acks_late=True, reject_on_worker_lost=True,
+             soft_time_limit=RUN_SOFT_LIMIT_S, time_limit=RUN_SOFT_LIMIT_S + 5 * HARD_AFTER_SOFT_S)
 def execute_run(self, run_id: int) -> str | None:
     return services.execute_run(run_id=run_id, worker=self.request.hostname or socket.gethostname())
 
 
-@shared_task(name="tuning.recover_stale_runs")
+@shared_task(name="tuning.recover_stale_runs", soft_time_limit=RECOVERY_SOFT_LIMIT_S,
+             time_limit=RECOVERY_SOFT_LIMIT_S + HARD_AFTER_SOFT_S)
 def recover_stale_runs(recheck: bool = False) -> list[int]:
     """Beat runs it periodically; a starting worker runs it with `recheck`: a run whose dead executor's
     lease has not expired yet is checked again the moment it expires (once), not only at the next beat."""
     recovered = services.recover_stale_runs()
     if recheck:
-        delay = services.seconds_until_next_stale()
+        delay = selectors.seconds_until_next_stale()
         if delay is not None:
             recover_stale_runs.apply_async(queue="tuning", countdown=delay + 1.0)
     return recovered
 
 
-@shared_task(name="tuning.measure_candidate", acks_late=True)
+@shared_task(name="tuning.measure_candidate", acks_late=True, soft_time_limit=MEASURE_SOFT_LIMIT_S,
+             time_limit=MEASURE_SOFT_LIMIT_S + HARD_AFTER_SOFT_S)
 def measure_candidate(payload: dict) -> dict:
     """Measure one built candidate shipped by a DistributedRunner (needs only TVM's runtime), in a
     sandboxed subprocess: the candidate never loads into this worker, next to its credentials."""
-    from tuning.engine.measure import measure_payload_isolated
-
     return measure_payload_isolated(payload)
 
 

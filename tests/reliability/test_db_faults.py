@@ -12,7 +12,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from django.db import transaction
 
 from core import services as core_services
 from core.models import DLModel, Membership, Quota, Team
@@ -174,21 +173,34 @@ def test_sink_tasks_and_rounds_are_all_or_nothing(sink):
     all_or_nothing(lambda: sink.on_round(info), lambda: _run_state(sink.run_id))
 
 
-def test_finish_is_all_or_nothing(sink, settings):
-    """The last write of a run (results + artifacts + status) either all lands or none of it."""
-    from django.core.files.base import ContentFile
+def test_finish_is_all_or_nothing(sink, settings, monkeypatch):
+    """The real last write of a successful run (`tuning.services.finish_succeeded`: results, records zip,
+    task states, status) fails at each of its writes in turn: the run, its tasks and the media directory
+    stay as they were. Only the TVM compile-and-compare (a sandboxed child) is replaced, at its adapter."""
+    from tuning import adapters
+
+    work = adapters.run_work_dir(sink.run_id)
+    (work / "database_tuning_record.json").write_text("[]")
+    (work / "database_workload.json").write_text("[]")
+    comparison = {"tuned_latency_s": 1e-3, "untuned_latency_s": 2e-3, "outputs_match": True, "max_abs_diff": 0.0}
+    monkeypatch.setattr("tuning.adapters.compile_and_compare", lambda model_proto, work_dir, run: comparison)
+    summary = SimpleNamespace(status="succeeded", tasks=[{"index": 0}, {"index": 1}], final_dop=2,
+                              mean_parallel_error=0.01, trimmer=None)
 
     def finish():
-        with transaction.atomic():
-            run = TuningRun.objects.select_for_update().get(pk=sink.run_id)
-            run.records_file.save("r.zip", ContentFile(b"zip"), save=False)
-            run.status, run.lease = TuningRun.Status.SUCCEEDED, ""
-            run.save()
+        tuning_services.finish_succeeded(sink.run_id, sink.lease, None, summary, work)
 
     def snapshot():
-        return TuningRun.objects.filter(pk=sink.run_id).values_list("status", "records_file", "lease").get()
+        run = TuningRun.objects.filter(pk=sink.run_id).values_list(
+            "status", "records_file", "lease", "tuned_latency_s", "final_dop", "summary").get()
+        return run, sorted(TuningTask.objects.filter(run_id=sink.run_id).values_list("index", "status"))
 
-    all_or_nothing(finish, snapshot)
+    n = all_or_nothing(finish, snapshot, settings=settings, min_writes=2)
+    assert n >= 2  # task states and the run row
+    finish()  # a clean attempt afterwards lands completely
+    run = TuningRun.objects.get(pk=sink.run_id)
+    assert run.status == "succeeded" and run.lease == "" and run.records_file and run.tuned_latency_s == 1e-3
+    assert set(TuningTask.objects.filter(run_id=sink.run_id).values_list("status", flat=True)) == {"done"}
 
 
 # --- scheduling --------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from core import services as core_services
 from tests.helpers import require_env
 from tests.tuning.onnx_builders import hostile_gather, tiny_dense
 from tests.workers import running_worker, wait_for
-from tuning import services
+from tuning import adapters, services
 from tuning.models import TuningRun
 
 TINY = {"search_population": 16, "genetic_num_iters": 1, "seed": 1,
@@ -59,13 +59,6 @@ def test_model_that_segfaults_tvm_fails_its_run_and_the_worker_serves_the_next(
 def _running(run, *, age_s: float, **fields):
     TuningRun.objects.filter(pk=run.pk).update(status=TuningRun.Status.RUNNING, lease="dead", worker="w@dead",
                                                heartbeat_at=timezone.now() - timedelta(seconds=age_s), **fields)
-
-
-@pytest.fixture
-def no_broker(monkeypatch):
-    sent = []
-    monkeypatch.setattr(services, "_enqueue", lambda run: sent.append(run.pk))
-    return sent
 
 
 @pytest.mark.django_db
@@ -127,11 +120,11 @@ def test_engine_child_gets_no_secrets_unless_it_needs_django(monkeypatch):
     monkeypatch.setenv("DJANGO_SECRET_KEY", "s3cret")
     monkeypatch.setenv("CELERY_BROKER_URL", "redis://secret@broker/0")
     probe = "tuning.engine.sandbox:describe_process"
-    seen = services._isolated(probe, what="probing the child's environment")["env"]
+    seen = adapters.call_engine(probe, what="probing the child's environment")["env"]
     assert not {"DATABASE_URL", "DJANGO_SECRET_KEY", "CELERY_BROKER_URL"} & set(seen), seen
     assert "PATH" in seen
     # a distributed run's child sets up Django and talks to the broker: it keeps the worker's environment
-    seen = services._isolated(probe, what="probing", needs_django=True)["env"]
+    seen = adapters.call_engine(probe, what="probing", needs_django=True)["env"]
     assert {"DATABASE_URL", "DJANGO_SECRET_KEY"} <= set(seen)
 
 

@@ -15,14 +15,7 @@ from tests.factories import NodeFactory
 from tuning import services
 from tuning.models import TuningRun
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def no_broker(monkeypatch):
-    sent = []
-    monkeypatch.setattr(services, "_enqueue", lambda run: sent.append(run.pk))
-    return sent
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 
 
 def _start(client, model, queues):
@@ -68,7 +61,7 @@ def test_user_visible_errors_and_summaries_have_no_absolute_paths(model_a, user_
     def failing_engine(sink, model_proto, config):
         raise ValueError(traceback)
 
-    monkeypatch.setattr(services, "_run_engine", failing_engine)
+    monkeypatch.setattr("tuning.adapters.run_engine", failing_engine)
     assert services.execute_run(run_id=run.pk, worker="t") == TuningRun.Status.FAILED
     run.refresh_from_db()
     for prefix in (str(work), site, str(dj_settings.BASE_DIR), sys.prefix, "/opt/secret", str(dj_settings.MEDIA_ROOT)):

@@ -8,20 +8,13 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from core.exceptions import QuotaExceeded
 from core.models import Quota
 from tests.helpers import client_for
 from tuning import services
 from tuning.models import Measurement, TuningRun, TuningTask
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def no_broker(monkeypatch):
-    """These tests are about the service rules; enqueueing is recorded instead of sent."""
-    sent = []
-    monkeypatch.setattr(services, "_enqueue", lambda run: sent.append(run.pk))
-    return sent
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 
 
 def start(client, model, **extra):
@@ -185,7 +178,7 @@ def test_concurrent_starts_never_over_allocate_the_last_run(model_a, user_owner,
             barrier.wait()
             services.start_run(actor=user_owner, model=model_a, max_trials=4, enqueue=False)
             outcomes.append("ok")
-        except services.QuotaExceeded:
+        except QuotaExceeded:
             outcomes.append("refused")
         finally:
             connections.close_all()
@@ -231,7 +224,7 @@ def test_running_run_stops_cleanly_at_energy_quota(model_a, user_owner, team_a):
     cpu["s"] = 400.0  # 4000 J modeled
     assert sink.control() == "cancel" and "energy quota" in sink.stop_reason
     sink.flush()
-    assert services._finish_interrupted(run.pk, lease, "cancelled", reason=sink.stop_reason) == "cancelled"
+    assert services.finish_interrupted(run.pk, lease, "cancelled", reason=sink.stop_reason) == "cancelled"
     run.refresh_from_db()
     assert run.status == "cancelled" and "energy quota" in run.stop_reason
     assert run.energy_joules == pytest.approx(4000.0) and run.energy_source == "modeled"

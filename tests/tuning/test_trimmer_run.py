@@ -7,17 +7,10 @@ import pytest
 from tuning import services
 from tuning.models import DopRound, TuningRun, TuningTask
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
 
 FAST = {"search_population": 48, "genetic_num_iters": 1, "seed": 1,
         "evaluator": {"number": 2, "repeat": 1, "min_repeat_ms": 5}}
-
-
-@pytest.fixture(autouse=True)
-def no_broker(monkeypatch):
-    sent = []
-    monkeypatch.setattr(services, "_enqueue", lambda run: sent.append(run.pk))
-    return sent
 
 
 def test_execute_run_with_trimmer_stores_preemptions_and_savings(model_a, user_owner, no_broker):

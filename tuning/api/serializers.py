@@ -7,7 +7,13 @@ from rest_framework import serializers
 from core import selectors as core_selectors
 from core.api.fast import FastRepresentationMixin
 from core.models import DLModel
-from tuning.models import DopRound, Measurement, TuningRun, TuningTask
+from tuning.models import RUN_LIMITS, DopRound, Measurement, TuningRun, TuningTask, parse_dop
+
+
+def bounded_integer(name: str, **kwargs) -> serializers.IntegerField:
+    """An integer field within RUN_LIMITS[name] (the service checks the same table)."""
+    low, high = RUN_LIMITS[name]
+    return serializers.IntegerField(min_value=low, max_value=high, **kwargs)
 
 
 @extend_schema_field(OpenApiTypes.INT)
@@ -45,16 +51,16 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
 
 class TuningRunCreateSerializer(serializers.Serializer):
     model = TeamModelField(help_text="A model of one of your teams.")
-    max_trials = serializers.IntegerField(min_value=1, max_value=100_000)
+    max_trials = bounded_integer("max_trials")
     target = serializers.JSONField(required=False, help_text='TVM target dict; default {"kind": "llvm", '
                                    '"num-cores": <cores>}.')
-    trials_per_round = serializers.IntegerField(min_value=1, max_value=1024, default=32)
+    trials_per_round = bounded_integer("trials_per_round", default=32)
     measurement_mode = serializers.ChoiceField(choices=TuningRun.Mode.choices, default=TuningRun.Mode.DOPPLER)
     dop = serializers.CharField(default="auto", help_text="'auto' or a fixed degree of parallelism.")
-    threads = serializers.IntegerField(min_value=1, max_value=1024, required=False, allow_null=True)
-    search_population = serializers.IntegerField(min_value=8, max_value=4096, required=False,
-                                                 help_text="Evolutionary search population (smaller = faster).")
-    seed = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
+    threads = bounded_integer("threads", required=False, allow_null=True)
+    search_population = bounded_integer("search_population", required=False,
+                                        help_text="Evolutionary search population (smaller = faster).")
+    seed = bounded_integer("seed", required=False)
     measure_queues = serializers.ListField(
         child=serializers.RegexField(r"^measure\.[A-Za-z0-9_-]+\.(cpu|gpu\d+)$", max_length=200),
         required=False, max_length=64,
@@ -68,10 +74,12 @@ class TuningRunCreateSerializer(serializers.Serializer):
         "filter_keep_explore, judge_after_trials (plateaus count after this many trials; null = once the "
         "cost model is warm)."))
 
-    def validate_dop(self, value):
-        if value != "auto" and not (value.isdigit() and int(value) >= 1):
-            raise serializers.ValidationError("Use 'auto' or a positive integer.")
-        return value
+    def validate_dop(self, value) -> int | None:
+        """None for 'auto', else the fixed degree of parallelism (`tuning.models.parse_dop`)."""
+        try:
+            return parse_dop(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
 
 class TuningTaskSerializer(FastRepresentationMixin, serializers.ModelSerializer):

@@ -6,6 +6,7 @@ from django.http import FileResponse, Http404
 from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
 from rest_framework import mixins, parsers, permissions, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from core.api.fast import RowListMixin, read_columns
@@ -13,6 +14,7 @@ from core.api.filters import UtcIsoDateTimeFilter
 from core.api.permissions import IsTeamMemberWriteOrReadOnly, with_caller_role
 from core.api.throttles import UploadThrottle
 from core.api.uploads import body_over
+from core.exceptions import ServiceError
 from core.models import DLModel
 from core.services import read_upload
 from tuning import selectors, services
@@ -88,11 +90,10 @@ class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModel
         data = body.validated_data
         options = {k: data[k] for k in ("search_population", "seed", "measure_queues")
                    if data.get(k) not in (None, [])}
-        dop = data["dop"]
         run = services.start_run(
             actor=request.user, model=data["model"], max_trials=data["max_trials"], target=data.get("target"),
             trials_per_round=data["trials_per_round"], measurement_mode=data["measurement_mode"],
-            dop=dop if dop == "auto" else int(dop), threads=data.get("threads"), options=options,
+            dop=data["dop"] or "auto", threads=data.get("threads"), options=options,
             trimmer=data["trimmer"], trimmer_options=data.get("trimmer_options") or None,
         )
         return Response(TuningRunSerializer(run).data, status=status.HTTP_201_CREATED)
@@ -131,8 +132,6 @@ class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModel
         task = request.query_params.get("task_index")
         if task is not None:
             if not task.isdigit():
-                from rest_framework.exceptions import ValidationError
-
                 raise ValidationError({"task_index": ["Must be a non-negative integer."]})
             qs = qs.filter(task__index=int(task))
         page = self.paginate_queryset(qs)
@@ -168,8 +167,6 @@ class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModel
     def import_records(self, request, pk=None):
         run = self.get_object()
         if body_over(request, IMPORT_WORKLOADS_MAX_BYTES + IMPORT_RECORDS_MAX_BYTES):  # before reading the body
-            from core.exceptions import ServiceError
-
             raise ServiceError("The upload is over the 250 MB limit of a TVM database import.", code="too_large")
         body = ImportRecordsSerializer(data=request.data)
         body.is_valid(raise_exception=True)

@@ -8,13 +8,15 @@ import time
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+from tqdm import tqdm
 
 from core.exceptions import ServiceError
 from core.models import DLModel, Membership, Team
 from core.onnx_models.errors import OnnxValidationError
 from core.services import register_model
 from tuning import services
-from tuning.models import TuningRun
+from tuning.models import RUN_LIMITS, TuningRun, parse_dop
 
 
 class Command(BaseCommand):
@@ -24,7 +26,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("model", help="Registered model: id or name (with --team), or a path to an .onnx file")
         parser.add_argument("--team", help="Team slug or name (required for a name or a file)")
-        parser.add_argument("--trials", type=int, default=64, help="Total trial budget (default 64)")
+        parser.add_argument("--trials", type=int, default=64,
+                            help=f"Total trial budget (default 64, at most {RUN_LIMITS['max_trials'][1]})")
         parser.add_argument("--trials-per-round", type=int, default=32)
         parser.add_argument("--target", default=None,
                             help='TVM target as JSON, e.g. \'{"kind": "llvm", "num-cores": 2}\' (default: this CPU)')
@@ -73,9 +76,10 @@ class Command(BaseCommand):
         except json.JSONDecodeError as exc:
             raise CommandError(f"--target is not valid JSON: {exc}") from exc
         options = {k: v for k, v in (("search_population", opt["population"]), ("seed", opt["seed"])) if v}
-        dop = opt["dop"] if opt["dop"] == "auto" else int(opt["dop"]) if opt["dop"].isdigit() else None
-        if dop is None:
-            raise CommandError("--dop must be 'auto' or a positive integer.")
+        try:
+            dop = parse_dop(opt["dop"]) or "auto"
+        except ValueError as exc:
+            raise CommandError(f"--{exc}") from None
         try:
             run = services.start_run(
                 actor=owner.user, model=model, max_trials=opt["trials"], target=target,
@@ -114,9 +118,6 @@ class Command(BaseCommand):
             raise CommandError(f"Run {run.pk} ended {run.status}: {run.error}")
 
     def _progress(self, run_id: int, stop: threading.Event) -> None:
-        from django.db import connection
-        from tqdm import tqdm
-
         run = TuningRun.objects.get(pk=run_id)
         with tqdm(total=run.max_trials, unit="trial", file=sys.stderr, dynamic_ncols=True) as bar:
             while not stop.wait(0.5):

@@ -1,0 +1,36 @@
+"""The boundary between the tuning app's rows and its engine: the only tuning modules that import both
+Django models and `tuning.engine`.
+
+- a row becomes an engine input in `engine.build_engine_config` (and `energy.make_energy_meter`);
+- an engine event becomes a row in `sink.DatabaseSink`;
+- `engine.call_engine` runs every engine call on a team's model in a sandboxed child.
+"""
+from .energy import energy_model_snapshot, make_energy_meter, run_energy_model
+from .engine import (
+    IMPORT_CHECK_TIMEOUT_S,
+    RecordError,
+    WorkerError,
+    WorkerTimeout,
+    build_engine_config,
+    call_engine,
+    check_import,
+    compile_and_compare,
+    database_records,
+    engine_error_text,
+    has_imported,
+    precheck,
+    recheck_output,
+    run_engine,
+    trimmer_options,
+    write_imported,
+)
+from .sink import DatabaseSink, LeaseLost
+from .workdir import delete_run_files, public_json, public_text, run_files_dir, run_work_dir, zip_database
+
+__all__ = [
+    "IMPORT_CHECK_TIMEOUT_S", "DatabaseSink", "LeaseLost", "RecordError", "WorkerError", "WorkerTimeout",
+    "build_engine_config", "call_engine", "check_import", "compile_and_compare", "database_records",
+    "delete_run_files", "energy_model_snapshot", "engine_error_text", "has_imported", "make_energy_meter",
+    "precheck", "public_json", "public_text", "recheck_output", "run_energy_model", "run_engine",
+    "run_files_dir", "run_work_dir", "trimmer_options", "write_imported", "zip_database",
+]

@@ -1,0 +1,110 @@
+"""Where a run row becomes an engine input, and where the platform calls the engine.
+
+`build_engine_config(run)` turns a `TuningRun` into the engine's `TuningConfig`; `trimmer_options`
+reads Trimmer's options the way the engine will; every call that runs TVM on a team's model
+(`run_engine`, `compile_and_compare`, `database_records`, `check_import`) goes through `call_engine`,
+a sandboxed child process (`tuning.engine.isolate`), so a model that crashes TVM fails its run and
+not the worker."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tuning.distributed import celery_submit
+from tuning.engine.isolate import EngineCrashed, EngineError, call_isolated
+from tuning.engine import procpool
+from tuning.engine.procpool import WorkerError, WorkerTimeout
+from tuning.engine.record_check import RecordError, precheck, recheck_output
+from tuning.engine.session import TuningConfig, has_imported, write_imported
+from tuning.engine.timer import EvaluatorConfig
+from tuning.engine.trimmer import TrimmerConfig
+from tuning.models import TuningRun
+
+from .sink import LeaseLost
+
+IMPORT_CHECK_TIMEOUT_S = 600
+
+__all__ = ["IMPORT_CHECK_TIMEOUT_S", "RecordError", "WorkerError", "WorkerTimeout", "build_engine_config",
+           "call_engine", "check_import", "compile_and_compare", "database_records", "engine_error_text",
+           "has_imported", "precheck", "recheck_output", "run_engine", "trimmer_options", "write_imported"]
+
+
+def trimmer_options(options: dict | None) -> dict:
+    """Trimmer's options as the engine reads them (defaults filled in); ValueError/TypeError when invalid."""
+    return TrimmerConfig.from_dict(options).to_dict()
+
+
+def build_engine_config(run: TuningRun, work_dir: Path) -> TuningConfig:
+    """The engine's input for `run`: its bounds, mode, target and options, measuring on the run's remote
+    CPU queues (through Celery) when it has any and measures DOPpler-style."""
+    opts = dict(run.options or {})
+    queues = opts.get("measure_queues") or []
+    distributed = {}
+    if queues and run.measurement_mode == TuningRun.Mode.DOPPLER:
+        distributed = {"distributed_submit": celery_submit, "device_queue": list(queues)}
+    return TuningConfig(
+        target=run.target, max_trials=run.max_trials, trials_per_round=run.trials_per_round,
+        mode=run.measurement_mode, dop=run.dop_fixed or "auto", threads=run.threads, work_dir=str(work_dir),
+        seed=opts.get("seed"), evaluator=EvaluatorConfig.from_any(opts.get("evaluator")),
+        search_population=opts.get("search_population"), genetic_num_iters=opts.get("genetic_num_iters"),
+        trimmer=TrimmerConfig.from_dict(run.trimmer_options) if run.trimmer_enabled else None, **distributed,
+    )
+
+
+def engine_error_text(exc: BaseException) -> str:
+    if isinstance(exc, (EngineCrashed, EngineError)):
+        return str(exc)  # already "the TVM compiler crashed ..." or "<remote type>: <message>"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def call_engine(func: str, *args, what: str, sink=None, needs_django: bool = False, **kwargs):
+    """`call_isolated` for the platform: the child sets up Django only when the call needs it
+    (distributed measurement sends Celery tasks and reads their results). A sink that lost its lease
+    stops the child's engine, and the call raises LeaseLost."""
+    lease_lost: list[Exception] = []
+
+    def on_sink_error(name, exc):
+        if isinstance(exc, LeaseLost):
+            lease_lost.append(exc)
+            return TuningRun.Action.CANCEL if name == "control" else None  # stop the child's engine
+        return None
+
+    # Without Django the child needs no secrets, so it gets the sandbox's scrubbed environment; a
+    # distributed run's child sends Celery tasks and reads results, so it keeps the worker's.
+    value = call_isolated(func, *args, what=what, sink=sink, on_sink_error=on_sink_error,
+                          init="django:setup" if needs_django else None, scrub=not needs_django,
+                          env={"DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "config.settings")},
+                          **kwargs)
+    if lease_lost:
+        raise LeaseLost(str(lease_lost[0]))
+    return value
+
+
+def run_engine(sink, model_proto, config: TuningConfig):
+    """Tune: the engine's `run_tuning` in a child, its events answered by `sink` (a DatabaseSink)."""
+    return call_engine("tuning.engine.session:run_tuning", model_proto, config, sink=sink,
+                       what="tuning the model (task extraction, search and measurement)",
+                       needs_django=config.distributed_submit is not None)
+
+
+def compile_and_compare(model_proto, work_dir: Path, run: TuningRun) -> dict:
+    """Compile the tuned and untuned model, export the tuned one to `work_dir/tuned_module.so`, and
+    compare latencies and outputs."""
+    threads = run.threads or run.target.get("num-cores")
+    return call_engine("tuning.engine.session:compile_and_compare", model_proto, str(work_dir), run.target,
+                       threads, export_path=str(work_dir / "tuned_module.so"),
+                       what="compiling the tuned and untuned model and comparing their outputs")
+
+
+def database_records(model_proto, work_dir: Path, run: TuningRun) -> list:
+    """Every record of the run's TVM database, as the engine's MeasurementRecords."""
+    return call_engine("tuning.engine.session:database_records", str(work_dir), model_proto, run.target,
+                       what="reading the run's tuning database back")
+
+
+def check_import(model_bytes: bytes, run: TuningRun, workloads: bytes, records: bytes, budget: int) -> dict:
+    """TVM parses the uploaded database in a sandbox and says which records it accepts
+    (`tuning.engine.record_check.check_import`); raises WorkerError/WorkerTimeout when the checker fails."""
+    # looked up on the module when called, so a test can stand in for a subverted checker
+    return procpool.run_isolated("tuning.engine.record_check:check_import", model_bytes, run.target, workloads,
+                                 records, budget, timeout=IMPORT_CHECK_TIMEOUT_S)

@@ -1,0 +1,60 @@
+"""Tuning runs: writes, split along their seams.
+
+- `runs`: start (bounds, target, queues, quota), cancel, pause, resume; the on-commit send to Celery.
+- `quota`: the team quotas checked when a run starts or resumes.
+- `executor`: claim, execute (idempotent, resumable), interrupted ends, recovery of dead executors.
+- `finish`: the all-or-nothing last write of a successful run.
+- `records`: import of an existing TVM database; a deleted run's files removed on commit.
+
+Reads are in `tuning.selectors`; the engine is reached only through `tuning.adapters`. The names below
+are re-exported so callers import `tuning.services.<name>`.
+"""
+from tuning.adapters import (
+    DatabaseSink,
+    LeaseLost,
+    make_energy_meter,
+    public_json,
+    public_text,
+    run_energy_model,
+    run_work_dir,
+)
+from tuning.selectors import (
+    energy_joules_this_month,
+    joules_per_trial_estimate,
+    seconds_until_next_stale,
+    trials_reserved,
+    trials_used_this_month,
+)
+
+from . import runs
+from .executor import claim_run, execute_run, finish_interrupted, reconcile_with_database, recover_stale_runs
+from .finish import NoMeasurement, finish_succeeded
+from .quota import check_run_quota
+from .records import delete_run_files_on_commit, import_database, run_deleted
+from .runs import (
+    SUPPORTED_TARGET_KINDS,
+    cancel_run,
+    enqueue_run,
+    pause_run,
+    resume_run,
+    start_run,
+    validate_measure_queues,
+    validate_run_bounds,
+    validate_target,
+)
+
+
+def _enqueue(run) -> None:
+    """The patch point older fixtures replace to record sent runs (see `runs.dispatch_run`)."""
+    runs.enqueue_run(run)
+
+
+__all__ = [
+    "SUPPORTED_TARGET_KINDS", "DatabaseSink", "LeaseLost", "NoMeasurement", "cancel_run", "check_run_quota",
+    "claim_run", "delete_run_files_on_commit", "energy_joules_this_month", "enqueue_run", "execute_run",
+    "finish_interrupted", "finish_succeeded", "import_database", "joules_per_trial_estimate",
+    "make_energy_meter", "pause_run", "public_json", "public_text", "reconcile_with_database",
+    "recover_stale_runs", "resume_run", "run_deleted", "run_energy_model", "run_work_dir",
+    "seconds_until_next_stale", "start_run", "trials_reserved", "trials_used_this_month",
+    "validate_measure_queues", "validate_run_bounds", "validate_target",
+]

@@ -1,0 +1,176 @@
+"""The executor side of a run: claim it under a lease, run the engine (idempotent, resumable), record
+how the attempt ended, and recover runs whose executor died.
+
+The Celery task is a thin wrapper over `execute_run`. Everything the run needs to continue after a
+crash is in the database (run, tasks, measurements) and in TVM's JSON tuning database under the run's
+work dir.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from core.fieldtext import fit_to_field
+from tuning import adapters
+from tuning.adapters import DatabaseSink, LeaseLost
+from tuning.models import Measurement, TuningRun
+
+from .finish import finish_succeeded
+from .runs import dispatch_run
+
+log = logging.getLogger(__name__)
+
+MAX_RUN_ERROR_CHARS = 10_000  # of a failed run's error (a TextField: a cap, not a column width)
+
+
+def claim_run(run_id: int, *, worker: str) -> str | None:
+    """Take the run for this executor; None when it is not runnable or another live executor has it.
+
+    A `running` run with a stale heartbeat (a re-delivered task of a dead worker) counts as an executor
+    loss first, like in `recover_stale_runs`."""
+    lease = secrets.token_hex(16)
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=settings.TUNING_STALE_AFTER_S)
+    with transaction.atomic():
+        run = TuningRun.objects.select_for_update().filter(pk=run_id).first()
+        if run is None:
+            log.warning("run %s does not exist (deleted?); nothing to do", run_id)
+            return None
+        if run.status == TuningRun.Status.RUNNING and not (run.heartbeat_at and run.heartbeat_at >= cutoff):
+            _executor_lost(run)
+        if run.status != TuningRun.Status.QUEUED:
+            log.info("run %s is %s; not executing it again", run_id, run.status)
+            return None
+        run.status, run.lease, run.heartbeat_at = TuningRun.Status.RUNNING, lease, now
+        run.worker = fit_to_field(TuningRun, "worker", worker)
+        run.attempts += 1
+        run.started_at = run.started_at or now
+        run.save(update_fields=["status", "lease", "heartbeat_at", "worker", "attempts", "started_at"])
+    return lease
+
+
+def _stale(cutoff) -> Q:
+    return Q(status=TuningRun.Status.RUNNING) & (Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True))
+
+
+def _executor_lost(run: TuningRun) -> None:
+    """The run's executor died (no heartbeat): honour a requested cancel or pause, fail a run that has
+    now killed its executor TUNING_MAX_EXECUTOR_LOSSES times (it would crash the next one too), else
+    queue it again. `run` is locked by the caller; saved here."""
+    run.executor_losses += 1
+    run.lease, run.worker_lost_at = "", timezone.now()
+    limit = settings.TUNING_MAX_EXECUTOR_LOSSES
+    if run.requested_action == TuningRun.Action.CANCEL:
+        run.status, run.finished_at = TuningRun.Status.CANCELLED, timezone.now()
+    elif run.requested_action == TuningRun.Action.PAUSE:
+        run.status = TuningRun.Status.PAUSED
+    elif run.executor_losses >= limit:
+        run.status, run.finished_at = TuningRun.Status.FAILED, timezone.now()
+        run.error = (f"The run's executor died {run.executor_losses} times (worker killed or crashed while "
+                     f"running it, last on {run.worker or 'an unknown worker'}); it is not retried again.")
+    else:
+        run.status = TuningRun.Status.QUEUED
+    if run.status != TuningRun.Status.QUEUED:
+        run.requested_action = TuningRun.Action.NONE
+    run.save(update_fields=["status", "lease", "executor_losses", "worker_lost_at", "finished_at",
+                            "requested_action", "error"])
+
+
+def recover_stale_runs(*, stale_after_s: float | None = None) -> list[int]:
+    """Deal with runs whose executor stopped sending heartbeats (its worker died): re-enqueue them, or
+    cancel/pause/fail them (see `_executor_lost`). Returns the re-enqueued runs."""
+    stale_after_s = stale_after_s if stale_after_s is not None else settings.TUNING_STALE_AFTER_S
+    cutoff = timezone.now() - timedelta(seconds=stale_after_s)
+    recovered = []
+    for run_id in TuningRun.objects.filter(_stale(cutoff)).values_list("pk", flat=True):
+        with transaction.atomic():
+            run = TuningRun.objects.select_for_update().filter(_stale(cutoff), pk=run_id).first()
+            if run is None:
+                continue
+            _executor_lost(run)
+            log.warning("run %s: executor presumed dead (no heartbeat for %ss), now %s", run_id, stale_after_s,
+                        run.status)
+            if run.status == TuningRun.Status.QUEUED:
+                dispatch_run(run)
+                recovered.append(run_id)
+    return recovered
+
+
+def execute_run(*, run_id: int, worker: str = "") -> str | None:
+    """Run (or resume) a tuning run to completion. Idempotent: a finished or live run is left alone.
+
+    Every TVM call on the user's model runs in a child process (`adapters.call_engine`): a model that
+    crashes TVM fails its run with a clear error, and this worker goes on serving other runs."""
+    import onnx  # loaded when a run executes, not when a worker imports its tasks
+
+    lease = claim_run(run_id, worker=worker or f"pid{os.getpid()}")
+    if lease is None:
+        return None
+    run = TuningRun.objects.select_related("model").get(pk=run_id)
+    work_dir = adapters.run_work_dir(run.pk)
+    sink = DatabaseSink(run.pk, lease, meter=adapters.make_energy_meter(run))
+    started = time.perf_counter()
+    try:
+        with run.model.file.open("rb") as f:
+            model_proto = onnx.load_model_from_string(f.read())
+        config = adapters.build_engine_config(run, work_dir)
+        if run.attempts > 1:
+            reconcile_with_database(sink, model_proto, run, work_dir)
+        summary = adapters.run_engine(sink, model_proto, config)
+        status = getattr(summary, "status", "succeeded")
+        _add_wall(run.pk, lease, time.perf_counter() - started)
+        sink.flush()
+        if status in ("cancelled", "paused"):
+            return finish_interrupted(run.pk, lease, status, reason=sink.stop_reason)
+        finish_succeeded(run.pk, lease, model_proto, summary, work_dir)
+        return TuningRun.Status.SUCCEEDED
+    except LeaseLost:
+        log.warning("run %s: lease lost, another executor continues it", run_id)
+        return None
+    except Exception as exc:  # the run fails; the worker lives on
+        log.exception("run %s failed", run_id)
+        _add_wall(run.pk, lease, time.perf_counter() - started)
+        sink.flush()
+        error = adapters.public_text(adapters.engine_error_text(exc), work_dir)[:MAX_RUN_ERROR_CHARS]
+        TuningRun.objects.filter(pk=run.pk, lease=lease).update(
+            status=TuningRun.Status.FAILED, error=error, finished_at=timezone.now())
+        return TuningRun.Status.FAILED
+
+
+def reconcile_with_database(sink: DatabaseSink, model_proto, run: TuningRun, work_dir: Path) -> int:
+    """Store the candidates TVM's database holds but the store lacks (the previous
+    executor died between TVM's commit and ours). Returns how many were added."""
+    if not (work_dir / "database_tuning_record.json").exists():
+        return 0
+    known = set(Measurement.objects.filter(run_id=run.pk).values_list("candidate_key", flat=True))
+    records = adapters.database_records(model_proto, work_dir, run)
+    missing = [r for r in records if r.candidate_key not in known]
+    for r in missing:
+        r.round_index = 0
+    if missing:
+        log.warning("run %s: %d candidate(s) in TVM's database were missing from the store; added", run.pk,
+                    len(missing))
+        sink.on_measurements(missing)
+    return len(missing)
+
+
+def _add_wall(run_id: int, lease: str, seconds: float) -> None:
+    TuningRun.objects.filter(pk=run_id, lease=lease).update(wall_seconds=F("wall_seconds") + seconds)
+
+
+def finish_interrupted(run_id: int, lease: str, status: str, reason: str = "") -> str:
+    """The engine stopped at a cancel or pause (requested, or the energy quota): record it, release the lease."""
+    new = TuningRun.Status.CANCELLED if status == "cancelled" else TuningRun.Status.PAUSED
+    TuningRun.objects.filter(pk=run_id, lease=lease).update(
+        status=new, requested_action="", lease="", stop_reason=fit_to_field(TuningRun, "stop_reason", reason),
+        finished_at=timezone.now() if new == TuningRun.Status.CANCELLED else None)
+    return new

@@ -1,0 +1,117 @@
+"""The last write of a successful run: results, artifacts, task states and status, all or nothing."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.files.base import ContentFile
+from django.db import transaction
+from django.db.models import Count, Sum
+from django.utils import timezone
+
+from common.jsonsafe import json_safe
+from core.exceptions import ServiceError
+from core.fieldtext import fit_to_field
+from tuning import adapters
+from tuning.adapters import LeaseLost
+from tuning.models import DopRound, Measurement, TuningRun, TuningTask
+
+
+class NoMeasurement(ServiceError):
+    pass
+
+
+def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Path) -> None:
+    """Compile and compare the tuned model, then store everything in one transaction: a failure at any
+    write (or a lost lease) leaves the run, its tasks and the media directory as they were."""
+    run = TuningRun.objects.get(pk=run_id)
+    comparison = adapters.compile_and_compare(model_proto, work_dir, run)
+    require_a_measurement(run)
+    records_zip = adapters.zip_database(work_dir)
+    trim = (summary.get("trimmer") if isinstance(summary, dict) else getattr(summary, "trimmer", None)) or {}
+    summary_dict = summary.to_dict() if hasattr(summary, "to_dict") else dict(getattr(summary, "__dict__", {}))
+    saved_files: list = []
+    try:
+        with transaction.atomic():
+            run = TuningRun.objects.select_for_update().get(pk=run_id)
+            if run.lease != lease:
+                raise LeaseLost(f"run {run_id} was taken over")
+            _store_task_states(run_id, summary, trim)
+            saved_files += _store_artifacts(run, records_zip, work_dir)
+            run.tuned_latency_s = comparison.get("tuned_latency_s")
+            run.untuned_latency_s = comparison.get("untuned_latency_s")
+            run.outputs_match = comparison.get("outputs_match")
+            run.max_abs_diff = comparison.get("max_abs_diff")
+            run.final_dop = getattr(summary, "final_dop", None)
+            run.mean_parallel_error = getattr(summary, "mean_parallel_error", None)
+            run.summary = adapters.public_json(json_safe(summary_dict), work_dir)
+            run.trials_done = Measurement.objects.filter(run_id=run_id).count()
+            if run.trimmer_enabled:
+                _store_trimmer_results(run, trim, getattr(summary, "stop_reason", None))
+            run.status, run.finished_at, run.lease = TuningRun.Status.SUCCEEDED, timezone.now(), ""
+            run.requested_action = ""
+            run.save()
+    except BaseException:
+        for f in saved_files:  # written to storage before the row that would name them rolled back
+            f.storage.delete(f.name)
+        raise
+
+
+def _store_artifacts(run: TuningRun, records_zip: bytes, work_dir: Path) -> list:
+    """Save the records zip and the tuned module on `run` (not yet saved); returns the files written."""
+    run.records_file.save(f"run{run.pk}-records.zip", ContentFile(records_zip), save=False)
+    files = [run.records_file]
+    module_path = work_dir / "tuned_module.so"
+    if module_path.exists():
+        run.module_file.save(f"run{run.pk}-tuned.so", ContentFile(module_path.read_bytes()), save=False)
+        files.append(run.module_file)
+    return files
+
+
+def _store_task_states(run_id: int, summary, trim: dict) -> None:
+    """Tasks the engine finished are done, those Trimmer pre-empted say at which trial."""
+    known = set(TuningTask.objects.filter(run_id=run_id).values_list("index", flat=True))
+    preempted = {int(k): int(v) for k, v in (trim.get("preempted_tasks") or {}).items()}
+    done = set()
+    for t in getattr(summary, "tasks", []) or []:
+        idx = t.get("index") if isinstance(t, dict) else getattr(t, "index", None)
+        if idx in known and idx not in preempted:
+            done.add(idx)
+    if done:
+        TuningTask.objects.filter(run_id=run_id, index__in=done).update(status=TuningTask.Status.DONE)
+    for idx, at_trial in preempted.items():
+        TuningTask.objects.filter(run_id=run_id, index=idx).update(status=TuningTask.Status.PREEMPTED,
+                                                                  preempted_at_trial=at_trial)
+    TuningTask.objects.filter(run_id=run_id, status=TuningTask.Status.PENDING).update(status=TuningTask.Status.DONE)
+
+
+def require_a_measurement(run: TuningRun) -> None:
+    """A run whose every measurement failed has tuned nothing: it fails, saying why."""
+    stored = Measurement.objects.filter(run_id=run.pk)
+    if not stored.exists() or stored.filter(error="", latency_s__isnull=False).exists():
+        return  # nothing to tune (all candidates were already in the database), or tuned
+    common = (stored.values("error").annotate(n=Count("id")).order_by("-n").first() or {}).get("error", "")
+    raise NoMeasurement(f"No measurement succeeded ({stored.count()} tried); the most common error: {common}")
+
+
+def _store_trimmer_results(run: TuningRun, trim: dict, stop_reason: str | None) -> None:
+    """Trimmer's counts and savings on the run (saved by the caller). Savings are counted only when
+    Trimmer ended the run before its budget: the trials it did not measure, priced at this run's own
+    mean energy per measured trial."""
+    rounds = DopRound.objects.filter(run_id=run.pk).aggregate(g=Sum("n_generated"), f=Sum("n_filtered"))
+    run.candidates_generated = rounds["g"] or int(trim.get("generated") or 0)
+    run.candidates_filtered = rounds["f"] or int(trim.get("filtered") or 0)
+    if stop_reason:
+        run.stop_reason = fit_to_field(TuningRun, "stop_reason", stop_reason)
+    measured = run.trials_done
+    run.trials_saved = max(0, run.max_trials - measured) if stop_reason else 0
+    if measured and run.energy_joules:
+        per_trial = run.energy_joules / measured
+        source = run.energy_source or "modeled"
+        run.energy_saved_joules = run.trials_saved * per_trial
+        run.savings_basis = fit_to_field(TuningRun, "savings_basis", (
+            f"Untrimmed policy would have measured the full budget ({run.max_trials} trials) at this run's mean "
+            f"energy per measured trial ({per_trial:.1f} J = {run.energy_joules:.0f} J / {measured} trials, "
+            f"{source})"))
+    else:
+        run.energy_saved_joules = None
+        run.savings_basis = "No energy reading for this run: savings not estimated"

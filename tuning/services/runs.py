@@ -1,0 +1,212 @@
+"""The run state machine as users drive it: start (bounds, target, queues, quota), cancel, pause, resume,
+and the one on-commit send of a run to the `tuning` queue."""
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+import tuning.services as _package  # for its `_enqueue` patch point (see `dispatch_run`)
+from core.dispatch import send_on_commit
+from core.exceptions import ConflictError, ServiceError
+from core.models import DLModel
+from core.permissions import require_team_writer
+from core.selectors import energy_model
+from core.services import require_ready
+from scheduling import selectors as scheduling_selectors
+from tuning import adapters
+from tuning.models import RUN_LIMITS, TuningRun, parse_dop, run_bound_error
+
+from .quota import check_run_quota
+
+SUPPORTED_TARGET_KINDS = ("llvm", "cuda")
+CONTROL_RUNS = "start or control tuning runs"  # what viewers may not do (PermissionDenied's message)
+GPU_QUEUE = re.compile(r"measure\.[A-Za-z0-9_-]+\.gpu\d+")
+
+
+def validate_target(target) -> dict:
+    if isinstance(target, str):
+        target = {"kind": target}
+    if not isinstance(target, dict) or "kind" not in target:
+        raise ServiceError('The target must be a TVM target dict such as {"kind": "llvm", "num-cores": 2}.',
+                           field="target")
+    if target["kind"] not in SUPPORTED_TARGET_KINDS:
+        raise ServiceError(f"Unsupported target kind '{target['kind']}'; use one of "
+                           f"{', '.join(SUPPORTED_TARGET_KINDS)}.", field="target")
+    for key in ("num-cores", "max-threads-per-block"):
+        if key in target and (not isinstance(target[key], int) or target[key] < 1):
+            raise ServiceError(f"target['{key}'] must be a positive integer.", field="target")
+    if "num-cores" in target and target["num-cores"] > RUN_LIMITS["num_cores"][1]:
+        raise ServiceError(f"target['num-cores'] must be at most {RUN_LIMITS['num_cores'][1]}.", field="target")
+    if target["kind"] == "llvm":
+        target = {"num-cores": os.cpu_count() or 1, **target}
+    return target
+
+
+def validate_measure_queues(queues, *, target: dict) -> list[str]:
+    """The remote measurement queues a run may use: each must be the CPU queue (`measure.<node>.cpu`) of a
+    registered, live, undrained node that serves it. Nodes are shared by every team (there is no per-team
+    node list), so any team may use any live node's CPU queue. GPU queues are refused: GPU work goes
+    through placement and the GPU-hour quota (GPU jobs), which a tuning run's measurements would bypass."""
+    if queues in (None, ""):
+        return []
+    if not isinstance(queues, list) or not all(isinstance(q, str) for q in queues):
+        raise ServiceError("measure_queues must be a list of queue names.", field="measure_queues")
+    if target.get("kind") != "llvm":
+        raise ServiceError("Remote measurement (measure_queues) is available for CPU (llvm) targets only.",
+                           field="measure_queues")
+    cutoff = timezone.now() - timedelta(seconds=scheduling_selectors.node_stale_after_s())
+    served = {q for node in scheduling_selectors.nodes().filter(drained=False, last_seen__gte=cutoff)
+              for q in (node.queues or []) if q == node.cpu_queue}
+    for q in queues:
+        if GPU_QUEUE.fullmatch(q):
+            raise ServiceError(f"measure_queues: '{q}' is a GPU queue; GPU work is placed as GPU jobs (under the "
+                               "GPU-hour quota), never sent by a tuning run.", field="measure_queues")
+        if q not in served:
+            raise ServiceError(f"measure_queues: '{q}' is not the CPU queue of a registered, live node "
+                               "(see /api/nodes/).", field="measure_queues")
+    return list(dict.fromkeys(queues))
+
+
+def validate_run_bounds(*, max_trials, trials_per_round, threads, options: dict) -> None:
+    """RUN_LIMITS, checked here for every entry point (API, dashboard, `manage.py tune`)."""
+    bounded = {"max_trials": max_trials, "trials_per_round": trials_per_round}
+    if threads is not None:
+        bounded["threads"] = threads
+    bounded.update({k: options[k] for k in ("search_population", "seed") if options.get(k) is not None})
+    for name, value in bounded.items():
+        error = run_bound_error(name, value)
+        if error:
+            raise ServiceError(error, field=name)
+
+
+def start_run(
+    *,
+    actor: AbstractBaseUser,
+    model: DLModel,
+    max_trials: int,
+    target: dict | str | None = None,
+    trials_per_round: int = 32,
+    measurement_mode: str = TuningRun.Mode.DOPPLER,
+    dop: str | int = "auto",
+    threads: int | None = None,
+    options: dict | None = None,
+    trimmer: bool = False,
+    trimmer_options: dict | None = None,
+    enqueue: bool = True,
+) -> TuningRun:
+    require_team_writer(actor, model.team_id, CONTROL_RUNS)
+    require_ready(model)
+    target = validate_target(target or settings.DEFAULT_TUNING_TARGET)
+    options = dict(options or {})
+    validate_run_bounds(max_trials=max_trials, trials_per_round=trials_per_round, threads=threads, options=options)
+    if measurement_mode not in TuningRun.Mode.values:
+        raise ServiceError(f"measurement_mode must be one of {', '.join(TuningRun.Mode.values)}.",
+                           field="measurement_mode")
+    try:
+        dop_fixed = parse_dop(dop)
+    except ValueError as exc:
+        raise ServiceError(str(exc), field="dop") from None
+    try:
+        trimmer_cfg = adapters.trimmer_options(trimmer_options)
+    except (TypeError, ValueError) as exc:
+        raise ServiceError(f"Invalid Trimmer options: {exc}", field="trimmer_options") from None
+    if "measure_queues" in options:
+        options["measure_queues"] = validate_measure_queues(options["measure_queues"], target=target)
+    grid = model.team.grid_intensity_g_per_kwh
+    platform_energy = energy_model()
+    with transaction.atomic():
+        check_run_quota(team_id=model.team_id, max_trials=max_trials)
+        run = TuningRun.objects.create(
+            team_id=model.team_id, model=model, created_by=actor, target=target, target_kind=target["kind"],
+            max_trials=max_trials, trials_per_round=trials_per_round, measurement_mode=measurement_mode,
+            dop_fixed=dop_fixed, threads=threads, options=options,
+            trimmer_enabled=bool(trimmer), trimmer_options=trimmer_cfg if trimmer else {},
+            grid_intensity_g_per_kwh=grid if grid is not None else platform_energy.grid_intensity_g_per_kwh,
+            energy_model=adapters.energy_model_snapshot(platform_energy),
+        )
+        if enqueue:
+            dispatch_run(run)
+    return run
+
+
+def enqueue_run(run: TuningRun) -> None:
+    """Send the run to the `tuning` queue once the transaction commits.
+
+    The run is committed by then, so a broker outage must not turn the request into a 500: the run is
+    paused instead (nothing it did is lost; resume it once the broker is back), with the reason in
+    `error`, in the database and on `run`, which the caller answers with."""
+
+    def pause_for_broker(exc: BaseException) -> None:
+        run.status = TuningRun.Status.PAUSED
+        run.error = (f"Could not be queued: the task broker is unreachable ({exc}). The run is paused; "
+                     "resume it when the broker is back.")
+        TuningRun.objects.filter(pk=run.pk, status=TuningRun.Status.QUEUED).update(
+            status=run.status, error=run.error, lease="")
+
+    send_on_commit(lambda: _tasks().execute_run.delay(run.pk), what=f"tuning run {run.pk}",
+                   on_error=pause_for_broker)
+
+
+def _tasks():
+    from tuning import tasks  # services import tasks only when they send one (tasks import services)
+
+    return tasks
+
+
+def dispatch_run(run: TuningRun) -> None:
+    """How every service sends a run: `enqueue_run`, reached through the package's `_enqueue`, because
+    test fixtures outside tuning's tests record sent runs by replacing `tuning.services._enqueue`
+    (tuning's own tests replace the public `tuning.services.runs.enqueue_run`)."""
+    _package._enqueue(run)
+
+
+def locked(run: TuningRun) -> TuningRun:
+    return TuningRun.objects.select_for_update().get(pk=run.pk)
+
+
+@transaction.atomic
+def cancel_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
+    run = locked(run)
+    require_team_writer(actor, run.team_id, CONTROL_RUNS)
+    if run.status in TuningRun.TERMINAL:
+        raise ConflictError(f"Run {run.pk} is already {run.status}.")
+    if run.status in (TuningRun.Status.QUEUED, TuningRun.Status.PAUSED):
+        run.status, run.finished_at = TuningRun.Status.CANCELLED, timezone.now()
+        run.requested_action = TuningRun.Action.NONE
+    else:  # running: the engine stops between rounds and the executor records it
+        run.requested_action = TuningRun.Action.CANCEL
+    run.save(update_fields=["status", "finished_at", "requested_action"])
+    return run
+
+
+@transaction.atomic
+def pause_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
+    run = locked(run)
+    require_team_writer(actor, run.team_id, CONTROL_RUNS)
+    if run.status == TuningRun.Status.QUEUED:
+        run.status = TuningRun.Status.PAUSED
+    elif run.status == TuningRun.Status.RUNNING:
+        run.requested_action = TuningRun.Action.PAUSE
+    else:
+        raise ConflictError(f"Only queued or running runs can be paused; run {run.pk} is {run.status}.")
+    run.save(update_fields=["status", "requested_action"])
+    return run
+
+
+@transaction.atomic
+def resume_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
+    run = locked(run)
+    require_team_writer(actor, run.team_id, CONTROL_RUNS)
+    if run.status != TuningRun.Status.PAUSED:
+        raise ConflictError(f"Only paused runs can be resumed; run {run.pk} is {run.status}.")
+    check_run_quota(team_id=run.team_id, max_trials=0)
+    run.status, run.requested_action, run.error = TuningRun.Status.QUEUED, TuningRun.Action.NONE, ""
+    run.save(update_fields=["status", "requested_action", "error"])
+    dispatch_run(run)
+    return run
