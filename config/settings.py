@@ -240,6 +240,8 @@ CELERY_TASK_ALWAYS_EAGER = False
 # --- Platform ------------------------------------------------------------------
 NODE_NAME = env.str("DLOPT_NODE_NAME", default=socket.gethostname().split(".")[0])
 ONNX_MAX_UPLOAD_BYTES = env.int("ONNX_MAX_UPLOAD_BYTES", default=200 * 1024 * 1024)
+# Uploaded cluster traces (CSV/JSON, gzipped or not): the cap on the file and on what it unpacks to.
+SCHEDULING_MAX_TRACE_BYTES = env.int("SCHEDULING_MAX_TRACE_BYTES", default=50 * 1024 * 1024)
 ONNX_MAX_GFLOPS = env.float("ONNX_MAX_GFLOPS", default=500.0)
 # Memory caps checked from shape inference, before anything is compiled: elements in any one
 # tensor (2**28 = 1 GiB of float32) and bytes of all intermediate tensors together.

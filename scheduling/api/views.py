@@ -284,7 +284,7 @@ class PlacementViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
 # --- traces and simulations (team-scoped) -----------------------------------------------------------------
 
 def _trace_too_large() -> ServiceError:
-    return ServiceError(f"The file is over the {services.MAX_TRACE_BYTES // 2**20} MB limit.", code="too_large",
+    return ServiceError(f"The file is over the {services.max_trace_bytes() // 2**20} MB limit.", code="too_large",
                         field="file")
 
 
@@ -326,12 +326,12 @@ class TraceUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixin
         examples=[TRACE_ERROR_EXAMPLE],
     )
     def create(self, request, *args, **kwargs):
-        if body_over(request, services.MAX_TRACE_BYTES):  # refused before the body is read
+        if body_over(request, services.max_trace_bytes()):  # refused before the body is read
             raise _trace_too_large()
         body = TraceUploadCreateSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
         upload = body.validated_data["file"]
-        if upload.size > services.MAX_TRACE_BYTES:
+        if upload.size > services.max_trace_bytes():
             raise _trace_too_large()
         try:
             trace = services.upload_trace(actor=request.user, team=body.validated_data["team"],

@@ -51,7 +51,7 @@ from .predictors import (
     training_records,
 )
 from .simulations import (
-    MAX_TRACE_BYTES,
+    max_trace_bytes,
     delete_trace,
     execute_simulation,
     resolve_policies,
@@ -62,7 +62,7 @@ from .simulations import (
 )
 
 __all__ = [
-    "HeartbeatResult", "HostFacts", "MAX_TRACE_BYTES", "TraceRejected", "activate_predictor", "build_cluster_state",
+    "HeartbeatResult", "HostFacts", "max_trace_bytes", "TraceRejected", "activate_predictor", "build_cluster_state",
     "cancel_job", "claim_job", "default_job_estimate_s", "default_policy", "delete_trace", "dispatch_placement",
     "ensure_active_predictor", "execute_job", "execute_simulation", "finish_job", "gpu_job_limits",
     "load_predictor", "load_seed_profiles", "local_host_facts", "model_features", "place_pending_jobs",

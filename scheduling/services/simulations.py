@@ -12,6 +12,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -29,9 +30,12 @@ from .staff import acting_user
 
 log = logging.getLogger(__name__)
 
-MAX_TRACE_BYTES = 50 * 1024 * 1024
 
-__all__ = ["MAX_TRACE_BYTES", "TraceRejected", "delete_trace", "execute_simulation", "resolve_policies",
+def max_trace_bytes() -> int:
+    return settings.SCHEDULING_MAX_TRACE_BYTES
+
+
+__all__ = ["max_trace_bytes", "TraceRejected", "delete_trace", "execute_simulation", "resolve_policies",
            "simulate_trace", "simulation_inputs", "start_simulation", "upload_trace"]
 
 
@@ -71,13 +75,13 @@ def upload_trace(*, actor: AbstractBaseUser, team: Team, name: str, data: bytes,
     TraceRejected naming the line and column, and nothing is stored."""
     require_team_writer(actor, team.pk, "upload traces")
     name = _trace_name(name, filename)
-    if len(data) > MAX_TRACE_BYTES:
-        raise ServiceError(f"The file is over the {MAX_TRACE_BYTES // 2**20} MB limit.", code="too_large",
+    if len(data) > max_trace_bytes():
+        raise ServiceError(f"The file is over the {max_trace_bytes() // 2**20} MB limit.", code="too_large",
                            field="file")
     if TraceUpload.objects.filter(team=team, name=name).exists():
         raise ConflictError(f"Team {team} already has a trace named '{name}'.", field="name")
     # A .gz upload is inflated here, bounded: a gzip bomb (or a corrupt stream) never reaches the parser.
-    text = _gunzip_bounded(data, limit=MAX_TRACE_BYTES, filename=filename) if data[:2] == b"\x1f\x8b" else data
+    text = _gunzip_bounded(data, limit=max_trace_bytes(), filename=filename) if data[:2] == b"\x1f\x8b" else data
     kind, jobs = adapters.parse_trace_upload(text, filename)
     trace = TraceUpload(team=team, name=name, kind=kind, file_size=len(data), sha256=hashlib.sha256(data).hexdigest(),
                         n_jobs=len(jobs), summary=adapters.trace_summary(jobs), created_by=acting_user(actor))

@@ -4,7 +4,6 @@ never read, and a gigantic body streams through with bounded memory."""
 from __future__ import annotations
 
 import gzip
-import importlib
 import sys
 import tracemalloc
 import zlib
@@ -20,7 +19,6 @@ from rest_framework.test import APIClient
 
 from core import services as core_services
 from core.models import DLModel
-from scheduling import services as sched_services
 from scheduling.models import TraceUpload
 
 pytestmark = pytest.mark.django_db
@@ -352,9 +350,7 @@ def test_gigantic_upload_is_refused_with_bounded_memory(endpoint, uploader, sett
     client, team, user = uploader
     settings.ONNX_MAX_UPLOAD_BYTES = 1 * MB
     if endpoint == "/api/traces/":
-        # The cap is read where upload_trace is defined (scheduling.services, or a module of the package).
-        defining_module = importlib.import_module(sched_services.upload_trace.__module__)
-        monkeypatch.setattr(defining_module, "MAX_TRACE_BYTES", 1 * MB)
+        settings.SCHEDULING_MAX_TRACE_BYTES = 1 * MB
     body = StreamingMultipart({"team": str(team.pk), "name": "huge"}, "huge.onnx" if "models" in endpoint
                               else "huge.csv", 50 * MB)
     if endpoint.startswith("/api/"):

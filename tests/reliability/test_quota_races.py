@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 
 from core import services as core_services
 from core.models import Quota
+from scheduling import selectors
 from scheduling.models import GpuJob
 from tuning.models import TuningRun
 
@@ -103,7 +104,7 @@ def test_gpu_hours_race_for_the_last_slot(model_a, user_owner, team_a, no_sends)
                                                                    "duration_estimate_s": 600}, format="json"))
     ok, refused = _outcomes(results, "gpu_hours_per_month")
     assert len(ok) == 1 and len(refused) == THREADS - 1
-    assert services.gpu_hours_committed(team_a.pk) <= 1.0 + 1e-9
+    assert selectors.gpu_hours_committed(team_a.pk) <= 1.0 + 1e-9
     assert GpuJob.objects.filter(team=team_a).count() == 2
 
 
@@ -116,4 +117,4 @@ def test_gpu_hours_race_many_winners(model_a, user_owner, team_a, no_sends):
                                                                    "duration_estimate_s": 900}, format="json"))
     ok, _ = _outcomes(results, "gpu_hours_per_month")
     assert len(ok) == 4  # 4 x 15 min fill the hour
-    assert services.gpu_hours_committed(team_a.pk) <= 1.0 + 1e-9
+    assert selectors.gpu_hours_committed(team_a.pk) <= 1.0 + 1e-9

@@ -44,11 +44,6 @@ from .runs import (
 )
 
 
-def _enqueue(run) -> None:
-    """The patch point older fixtures replace to record sent runs (see `runs.dispatch_run`)."""
-    runs.enqueue_run(run)
-
-
 __all__ = [
     "SUPPORTED_TARGET_KINDS", "DatabaseSink", "LeaseLost", "NoMeasurement", "cancel_run", "check_run_quota",
     "claim_run", "delete_run_files_on_commit", "energy_joules_this_month", "enqueue_run", "execute_run",

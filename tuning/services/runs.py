@@ -11,7 +11,6 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-import tuning.services as _package  # for its `_enqueue` patch point (see `dispatch_run`)
 from core.dispatch import send_on_commit
 from core.exceptions import ConflictError, ServiceError
 from core.models import DLModel
@@ -160,10 +159,8 @@ def _tasks():
 
 
 def dispatch_run(run: TuningRun) -> None:
-    """How every service sends a run: `enqueue_run`, reached through the package's `_enqueue`, because
-    test fixtures outside tuning's tests record sent runs by replacing `tuning.services._enqueue`
-    (tuning's own tests replace the public `tuning.services.runs.enqueue_run`)."""
-    _package._enqueue(run)
+    """How every service sends a run (tests replace `enqueue_run`, looked up here at call time)."""
+    enqueue_run(run)
 
 
 def locked(run: TuningRun) -> TuningRun:
