@@ -8,13 +8,12 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.files.base import ContentFile
-from django.core.files.storage import default_storage
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils.module_loading import import_string
 
 from core.dispatch import send_on_commit
 from core.exceptions import ConflictError, ServiceError
+from core.filestore import delete_stored_on_commit, save_with_file
 from core.fieldtext import fit_to_field
 from core.models import DLModel, Team
 from core.onnx_models.errors import OnnxValidationError
@@ -104,21 +103,15 @@ _PENDING_FEATURES = dict(opset=0, ir_version=0, inputs=[], outputs=[], batch_siz
                          activation_bytes=0, conv_count=0, linear_count=0, activation_count=0, other_count=0)
 
 
+def _file_in_use(name: str) -> bool:
+    # Another model of the team may share the same content (same sha256 path).
+    return DLModel.objects.filter(file=name).exists()
+
+
 def _store(model: DLModel, data: bytes, digest: str) -> DLModel:
     """Save the file and the row together: on any failure neither is left behind."""
-    stored_name = None
-    try:
-        with transaction.atomic():
-            model.file.save(f"{digest[:16]}.onnx", ContentFile(data), save=False)
-            stored_name = model.file.name
-            model.save()
-    except IntegrityError:
-        _delete_file(stored_name)
-        raise ConflictError(f"Team {model.team} already has a model named '{model.name}'.", field="name") from None
-    except BaseException:
-        _delete_file(stored_name)
-        raise
-    return model
+    return save_with_file(model, "file", f"{digest[:16]}.onnx", data, still_used=_file_in_use,
+                          conflict=f"Team {model.team} already has a model named '{model.name}'.")
 
 
 def register_model(
@@ -230,7 +223,7 @@ def _mark_invalid(model_id: int, code: str, message: str) -> DLModel | None:
     name = model.file.name
     model.state, model.error_code, model.error_message, model.file = DLModel.State.INVALID, code, message, ""
     model.save(update_fields=["state", "error_code", "error_message", "file"])
-    transaction.on_commit(lambda: _delete_file(name))
+    delete_stored_on_commit(name, still_used=_file_in_use)
     return model
 
 
@@ -244,21 +237,9 @@ def require_ready(model: DLModel) -> None:
                            field="model")
 
 
-def _delete_file(name: str | None) -> None:
-    if not name:
-        return
-    # Another model of the team may share the same content (same sha256 path).
-    if DLModel.objects.filter(file=name).exists():
-        return
-    try:
-        default_storage.delete(name)
-    except OSError:  # pragma: no cover - best effort cleanup
-        log.warning("could not delete stored file %s", name)
-
-
 @transaction.atomic
 def delete_model(*, actor: AbstractBaseUser, model: DLModel) -> None:
     require_team_writer(actor, model.team_id, "change this team's models")
     name = model.file.name
     model.delete()
-    transaction.on_commit(lambda: _delete_file(name))
+    delete_stored_on_commit(name, still_used=_file_in_use)

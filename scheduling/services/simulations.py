@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.files.base import ContentFile
-from django.core.files.storage import default_storage
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from core.exceptions import ConflictError, QuotaExceeded, ServiceError
+from core.filestore import delete_stored_on_commit, save_with_file
 from core.models import Team
 from core.permissions import require_team_writer
 from core.services import lock_team_quota
@@ -85,28 +84,8 @@ def upload_trace(*, actor: AbstractBaseUser, team: Team, name: str, data: bytes,
     kind, jobs = adapters.parse_trace_upload(text, filename)
     trace = TraceUpload(team=team, name=name, kind=kind, file_size=len(data), sha256=hashlib.sha256(data).hexdigest(),
                         n_jobs=len(jobs), summary=adapters.trace_summary(jobs), created_by=acting_user(actor))
-    stored = None
-    try:
-        with transaction.atomic():
-            trace.file.save(Path(filename).name or "trace.csv", ContentFile(data), save=False)
-            stored = trace.file.name
-            trace.save()
-    except IntegrityError:
-        _delete_stored(stored)
-        raise ConflictError(f"Team {team} already has a trace named '{name}'.", field="name") from None
-    except BaseException:
-        _delete_stored(stored)
-        raise
-    return trace
-
-
-def _delete_stored(name: str | None) -> None:
-    if not name:
-        return
-    try:
-        default_storage.delete(name)
-    except OSError:  # pragma: no cover
-        log.warning("could not delete stored file %s", name)
+    return save_with_file(trace, "file", Path(filename).name or "trace.csv", data,
+                          conflict=f"Team {team} already has a trace named '{name}'.")
 
 
 @transaction.atomic
@@ -114,7 +93,7 @@ def delete_trace(*, actor: AbstractBaseUser, trace: TraceUpload) -> None:
     require_team_writer(actor, trace.team_id, "delete traces")
     name = trace.file.name
     trace.delete()
-    transaction.on_commit(lambda: _delete_stored(name))
+    delete_stored_on_commit(name)
 
 
 def _resolve_trace(team: Team, trace: str | int) -> tuple[str, TraceUpload | None, str]:
