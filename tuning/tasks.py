@@ -1,7 +1,7 @@
 """Celery tasks: thin, idempotent wrappers over tuning.services.
 
 TVM is imported inside the tasks, never at worker start: forking after TVM's
-thread pool has run hangs the child (see TVM_NOTES).
+thread pool has run hangs the child (TVM 0.27's thread pool does not survive fork).
 
 Time limits, per queue: a soft limit raises inside the task (a tuning run then fails, saying so); the
 hard limit, a minute or more later, kills a task that ignored it. A run's limit stays under the Redis

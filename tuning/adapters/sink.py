@@ -119,9 +119,7 @@ class DatabaseSink:
     def _measurement_row(self, r, task_id: int) -> Measurement:
         """The Measurement of one engine record; counts its CPU-seconds for the energy split."""
         secs = [float(s) for s in (r.run_secs or [])]
-        latency = getattr(r, "latency_s", None)
-        if latency is None and secs and not r.error:
-            latency = sorted(secs)[len(secs) // 2]
+        latency = r.latency_s  # None exactly when the record has an error or no samples
         self._build_cpu_s += r.build_secs or 0.0
         # DOP workers share the cores: each measures with cores // DOP threads.
         self._measure_cpu_s += (r.run_wall_secs or 0.0) * max(1, self.threads // max(1, r.dop or 1))
