@@ -125,7 +125,8 @@ def _simulation(scope, pk: int):
 
 
 REPLAY_BARS = (("makespan_h", "makespan (h)"), ("mean_wait_s", "mean wait (s)"),
-               ("util_mean_pct", "mean GPU utilization (%)"), ("mean_jct_s", "mean JCT (s)"))
+               ("util_mean_pct", "delivered GPU utilization (%)"), ("occupancy_pct", "GPU occupancy (%)"),
+               ("mean_jct_s", "mean JCT (s)"))
 FILL_BARS = (("allocated_share", "GPU capacity allocated (share)"), ("frag_rate", "fragmentation rate"),
              ("unallocated_gpus", "unallocated GPUs"), ("failed", "pods that could not be placed"))
 
@@ -156,8 +157,8 @@ def simulation_figures_for(sim) -> dict:
         for name, r in ordered:
             ts = r.get("timeseries") or {}
             series[name] = ([t / 3600 for t in ts.get("t_s") or []], ts.get("util_pct") or [])
-        figures["curve"] = charts.lines_figure(series, title="Cluster GPU utilization over time",
-                                               x_title="simulated time (h)", y_title="utilization (%)",
+        figures["curve"] = charts.lines_figure(series, title="Delivered cluster GPU utilization over time",
+                                               x_title="simulated time (h)", y_title="delivered utilization (%)",
                                                y_range=[0, 105])
     return figures
 

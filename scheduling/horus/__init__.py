@@ -17,6 +17,9 @@ Modules:
 * :mod:`.simulator` - ``simulate`` (replay) and ``simulate_fill`` (ATC'23 fill), the
   entry points over :mod:`.replay` (event queue, state machine, accounting,
   summary; the pluggable ``InterferenceModel``) and :mod:`.fill`.
+* :mod:`.interference` - the default interference model, ``FittedInterference``:
+  work-conserving, fitted per GPU type to Gavel's measured co-location pairs
+  (``data/interference/``); the fit and its held-out evaluation.
 * :mod:`.experiments` - ``run_experiment``: the one path from a trace to a result
   (bench, ``manage.py simulate``, dashboard).
 """
@@ -28,6 +31,7 @@ from .predictor import TrainedPredictor, UtilizationPredictor
 from .profiles import ProfileRecord, ProfileTable, load_profiles, save_profiles
 from .simulator import (
     FillResult,
+    FittedInterference,
     Interference,
     InterferenceModel,
     SharingPenalty,
@@ -43,7 +47,7 @@ __all__ = [
     "POLICIES", "PlacementPolicy", "horus_score", "make_policy",
     "TrainedPredictor", "UtilizationPredictor",
     "ProfileRecord", "ProfileTable", "load_profiles", "save_profiles",
-    "FillResult", "Interference", "InterferenceModel", "SharingPenalty", "SimulationResult", "simulate",
+    "FillResult", "FittedInterference", "Interference", "InterferenceModel", "SharingPenalty", "SimulationResult", "simulate",
     "simulate_fill",
     "Job", "TraceFormatError", "assign_workloads", "load_alibaba_nodes", "load_alibaba_pods", "load_philly", "parse_trace",
 ]

@@ -76,7 +76,7 @@ class ExperimentParams:
     from_day: float = 0.0  # replay: only jobs submitted from this day of the trace on
     target_load: float = 0.0  # replay: compress arrivals to this whole-GPU demand / GPUs (0 = use compress)
     min_batch: int = 1  # only profile configurations with at least this batch size
-    interference: str = "share_penalty"  # a name in simulator.INTERFERENCE_MODELS
+    interference: str = "fitted"  # a name in simulator.INTERFERENCE_MODELS (share_penalty/capped: sensitivities)
     timeseries_points: int = 200  # replay: points of the downsampled time series
 
     @classmethod
@@ -398,6 +398,7 @@ REPLAY_COLUMNS = (
     ("p95_wait_s", lambda r: r["p95_wait_s"]),
     ("mean_jct_s", lambda r: r["mean_jct_s"]),
     ("util_mean_pct", lambda r: r["util_mean_pct"]),
+    ("occupancy_pct", lambda r: r.get("occupancy_pct")),
     ("shared_frac", lambda r: r["shared_gpu_time_frac"]),
     ("slowdown", lambda r: r["mean_slowdown"]),
     ("oom", lambda r: r["oom_events"]),

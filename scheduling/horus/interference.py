@@ -68,8 +68,13 @@ Held-out error (``heldout_by_family``)
 
 Use in the simulator: :class:`FittedInterference` (``from_data()``) gives
 each co-located job's speed from the true utilizations of the jobs on one
-GPU; :class:`FlatSharingPenalty` is the previous model (+20 % whenever a GPU
-is shared, regardless of load), kept as a labelled sensitivity, not physics.
+GPU (``speeds``; ``slowdowns(GpuLoad)`` is the replay's interface, the GPU
+type from the cluster spec via :func:`fitted_gpu_type`). It is the replay's
+default, registered as ``fitted`` in ``replay.INTERFERENCE_MODELS``.
+:class:`FlatSharingPenalty` is the previous model (+20 % whenever a GPU is
+shared, regardless of load) in this module's ``speeds`` form; the replay's
+own copy of it is ``replay.SharingPenalty`` (``share_penalty``/``capped``),
+kept as a labelled sensitivity, not physics.
 Plain numpy/scipy, no Django.
 """
 
@@ -209,7 +214,7 @@ class FittedInterference:
     """The physical model with per-GPU-type parameters fitted to Gavel's pairs."""
 
     params: Mapping[str, GpuParams]
-    name: str = "gavel-fitted"
+    name: str = "fitted"  # its name in ``replay.INTERFERENCE_MODELS``
 
     @classmethod
     def from_data(cls, path: str | Path | None = None) -> "FittedInterference":
@@ -230,8 +235,17 @@ class FittedInterference:
         p = self.params_for(gpu_type)
         return list(_stretched(_check_utils(utils, mem_fracs), p.capacity, p.interference))
 
+    def slowdowns(self, load: Any) -> list[float]:
+        """The replay's interface (``replay.InterferenceModel``): one slowdown (1 / speed) per job of a
+        ``replay.GpuLoad``, from the jobs' true utilizations in percent on that GPU's type."""
+        utils = [min(max(u, 0.0), 100.0) / 100.0 for u in load.utils_pct]
+        mems = [m / load.mem_cap_mb if load.mem_cap_mb > 0 else 0.0 for m in load.mems_mb]
+        return [1.0 / s for s in self.speeds(utils, mems, load.gpu_model)]
+
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": "physical (work-conserving, fitted)", "source": SOURCE,
+        return {"model": self.name, "name": self.name, "kind": "physical (work-conserving, fitted)",
+                "fitted_to": "Gavel's measured co-location throughputs (26 job types, pairs on K80/P100/V100)",
+                "source": SOURCE, "gpu_type_stand_in": dict(GPU_TYPE_STAND_IN),
                 "params": {g: asdict(p) for g, p in sorted(self.params.items())}}
 
 

@@ -1,8 +1,10 @@
 """The replay method as a small event-driven class (the model is described in :mod:`.simulator`).
 
 * :class:`InterferenceModel` - the plug point for the physics: given one GPU's jobs
-  (:class:`GpuLoad`), their slowdowns. :class:`SharingPenalty` is today's model (Horus's
-  simulator: +20 % while sharing; ``oversub_exponent=1`` the "capped" sensitivity).
+  (:class:`GpuLoad`), their slowdowns. The default, ``fitted``
+  (:class:`~.interference.FittedInterference`), is work-conserving and fitted to Gavel's measured
+  co-location pairs; :class:`SharingPenalty` is the old model, kept as labelled sensitivities
+  (``share_penalty``: Horus's simulator, +20 % while sharing; ``capped``: also time-shared over 100 %).
 * :class:`EventQueue` - arrivals, finishes and out-of-memory retries in time order.
 * :class:`ReplayJobs` - the jobs in submit order and their progress (remaining work, rate).
 * :class:`Accounting` - piecewise-constant integrals over time (GPU time, occupancy, sharing,
@@ -25,12 +27,14 @@ import numpy as np
 from common.jsonsafe import json_safe
 
 from .cluster import MILLI, ClusterSpec, ClusterState, JobView, PlacementError, workload_types
+from .interference import FittedInterference
 from .policies import PlacementPolicy
 from .sim_inputs import checked_placement, job_views, noisy_predictions, validate_jobs
 from .traces import Job
 
 __all__ = [
-    "GpuLoad", "InterferenceModel", "SharingPenalty", "INTERFERENCE_MODELS", "make_interference",
+    "GpuLoad", "InterferenceModel", "SharingPenalty", "INTERFERENCE_MODELS", "DEFAULT_INTERFERENCE",
+    "make_interference",
     "SimulationResult", "EventQueue", "ReplayJobs", "Accounting", "Replay", "summarize",
 ]
 
@@ -69,15 +73,17 @@ class InterferenceModel(Protocol):
 
 @dataclass(frozen=True)
 class SharingPenalty:
-    """Today's model: ``(1 + share_penalty + util_slope * others_util/100) * max(1, D/100) ** oversub_exponent``
-    for a job sharing its GPU (``D`` the GPU's demand), 1 alone. The default is Horus's own simulator
+    """The old model, a SENSITIVITY (not physics):
+    ``(1 + share_penalty + util_slope * others_util/100) * max(1, D/100) ** oversub_exponent``
+    for a job sharing its GPU (``D`` the GPU's demand), 1 alone. The defaults are Horus's own simulator
     (+20 % while sharing, load-blind); ``oversub_exponent=1`` time-shares over-subscribed GPUs. Not
-    work-conserving: three saturating jobs on one GPU deliver 2.5 GPUs of work."""
+    work-conserving: three saturating jobs on one GPU deliver 2.5 GPUs of work (the replay counts
+    delivered utilization at most 100 % per GPU and reports the excess, ``over_capacity_work_pct``)."""
 
     share_penalty: float = 0.2
     util_slope: float = 0.0
     oversub_exponent: float = 0.0
-    name = "share_penalty"
+    name: str = "share_penalty"
 
     def slowdown(self, n_jobs: int, demand: float, job_util: float) -> float:
         if n_jobs <= 1:
@@ -92,13 +98,18 @@ class SharingPenalty:
         return [self.slowdown(n, load.demand_pct, u) for u in load.utils_pct]
 
     def describe(self) -> dict[str, Any]:
-        return {"model": self.name, **asdict(self)}
+        fields = {k: v for k, v in asdict(self).items() if k != "name"}
+        return {"model": self.name, "kind": "sensitivity (not physical, not work-conserving)", **fields}
 
 
-#: named interference models (``ExperimentParams.interference``); a fitted model registers here
+#: the default: work-conserving, fitted to Gavel's measured pairs (``data/interference/``)
+DEFAULT_INTERFERENCE: InterferenceModel = FittedInterference.from_data()
+
+#: named interference models (``ExperimentParams.interference``; ``fitted`` is the default)
 INTERFERENCE_MODELS: dict[str, InterferenceModel] = {
+    "fitted": DEFAULT_INTERFERENCE,
     "share_penalty": SharingPenalty(),
-    "capped": SharingPenalty(share_penalty=0.2, oversub_exponent=1.0),
+    "capped": SharingPenalty(share_penalty=0.2, oversub_exponent=1.0, name="capped"),
 }
 
 
@@ -127,8 +138,8 @@ class SimulationResult:
     mean_jct_s: float
     p95_jct_s: float
     mean_slowdown: float
-    util_mean_pct: float
-    util_busy_pct: float
+    util_mean_pct: float  # delivered standalone-equivalent GPU time per GPU time (<= 100)
+    util_busy_pct: float  # the same per busy GPU time
     gpus_busy_mean: float
     frag_rate_mean: float
     idle_while_queued_frac: float
@@ -142,6 +153,9 @@ class SimulationResult:
     timeseries: dict[str, list[float]]
     params: dict[str, Any]
     jobs: dict[str, list[float]] | None = None
+    occupancy_pct: float = 0.0  # the GPUs' sum of their jobs' standalone utilizations, capped at 100 each
+    over_capacity_work_pct: float = 0.0  # work a non-work-conserving model claims beyond one GPU per GPU
+    peak_gpu_delivered_pct: float = 0.0  # the most one GPU delivered at any time (before the cap)
 
     def to_dict(self, *, with_jobs: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -221,12 +235,23 @@ class ReplayJobs:
 
 class Accounting:
     """Time integrals of the cluster's piecewise-constant state between events, kept incrementally:
-    ``refresh_gpu`` after a GPU's jobs change, ``advance`` before an event batch, ``sample`` after it."""
+    ``refresh_gpu`` after a GPU's jobs change, ``refresh_delivered`` after its jobs' rates change,
+    ``advance`` before an event batch, ``sample`` after it.
+
+    Two utilizations: *occupancy* (``util_sum``), each GPU's sum of its jobs' standalone utilizations
+    capped at 100 (what a device counter shows: the GPU is busy, however slowly the jobs go), and
+    *delivered* work (``delivered_sum``), each GPU's sum of ``util x rate`` over its jobs - the
+    standalone-equivalent GPU time it does, counted at most 100 % per GPU; the excess a
+    non-work-conserving model claims is kept apart (``over_sum``)."""
 
     def __init__(self, n_gpus: int, frag_every: int):
         self.n_gpus = n_gpus
         self.frag_every = frag_every
-        self.util_sum = 0.0  # sum over GPUs of min(100, demand)
+        self.util_sum = 0.0  # occupancy: sum over GPUs of min(100, demand)
+        self.delivered_sum = 0.0  # sum over GPUs of min(100, sum of util x rate)
+        self.over_sum = 0.0  # sum over GPUs of max(0, sum of util x rate - 100)
+        self.delivered = [0.0] * n_gpus  # per GPU, uncapped
+        self.peak_delivered = 0.0
         self.shared_gpus = 0  # GPUs with >= 2 jobs
         self.oversub_gpus = 0  # GPUs with demand > 100
         self._capped = [0.0] * n_gpus
@@ -234,8 +259,10 @@ class Accounting:
         self._over = [False] * n_gpus
         self.t_prev = 0.0
         self.util_area = self.busy_area = self.idle_q_area = self.shared_area = self.oversub_area = 0.0
+        self.delivered_area = self.over_area = 0.0
         self.ts_t: list[float] = []
         self.ts_util: list[float] = []
+        self.ts_delivered: list[float] = []
         self.ts_busy: list[float] = []
         self.ts_queue: list[float] = []
         self.frag_t: list[float] = []
@@ -256,6 +283,15 @@ class Accounting:
             self.oversub_gpus += 1 if now_over else -1
             self._over[g] = now_over
 
+    def refresh_delivered(self, g: int, work_pct: float) -> None:
+        """GPU ``g`` now delivers ``work_pct`` (sum over its jobs of true util % x rate)."""
+        old = self.delivered[g]
+        self.delivered_sum += min(work_pct, 100.0) - min(old, 100.0)
+        self.over_sum += max(work_pct - 100.0, 0.0) - max(old - 100.0, 0.0)
+        self.delivered[g] = work_pct
+        if work_pct > self.peak_delivered:
+            self.peak_delivered = work_pct
+
     def note_memory(self, frac: float) -> None:
         if frac > self.peak_mem_frac:
             self.peak_mem_frac = frac
@@ -265,6 +301,8 @@ class Accounting:
         dt = now - self.t_prev
         if dt > 0:
             self.util_area += self.util_sum * dt
+            self.delivered_area += self.delivered_sum * dt
+            self.over_area += self.over_sum * dt
             self.busy_area += (self.n_gpus - free_gpus) * dt
             self.shared_area += self.shared_gpus * dt
             self.oversub_area += self.oversub_gpus * dt
@@ -276,6 +314,7 @@ class Accounting:
         self.batches += 1
         self.ts_t.append(now)
         self.ts_util.append(self.util_sum / self.n_gpus)
+        self.ts_delivered.append(self.delivered_sum / self.n_gpus)
         self.ts_busy.append(float(self.n_gpus - state.free_gpus))
         self.ts_queue.append(float(queue_len))
         if self.batches % self.frag_every == 0:
@@ -289,7 +328,7 @@ class Replay:
     """One replay of ``jobs`` on ``spec`` under ``policy``; :meth:`run` then :func:`summarize`."""
 
     def __init__(self, jobs: Sequence[Job], spec: ClusterSpec, policy: PlacementPolicy, *, seed: int = 0,
-                 interference: InterferenceModel = SharingPenalty(), predictor_error: float = 0.0,
+                 interference: InterferenceModel = DEFAULT_INTERFERENCE, predictor_error: float = 0.0,
                  backfill: int = 1, migration_cost_s: float = 60.0, oom_penalty_s: float = 60.0,
                  frag_samples: int = 256, check_invariants: bool = False):
         validate_jobs(jobs)
@@ -399,8 +438,10 @@ class Replay:
     def _update_rates(self, gpus: Sequence[int], now: float) -> None:
         """``gpus`` changed their set of jobs: ask the interference model about them (a GPU with one job
         or none needs no model: alone, a job runs at rate 1), then give every job on them its new rate
-        (and a new finish event where the rate changed). A job's rate is 1 / its largest slowdown."""
+        (and a new finish event where the rate changed). A job's rate is 1 / its largest slowdown.
+        Then the delivered work of these GPUs and of every GPU of a job whose rate changed is rebooked."""
         J, jobs_on, slow = self.jobs, self.state.jobs_on, self._slow
+        touched = set(gpus)
         for g in gpus:
             if len(jobs_on[g]) >= 2:
                 load = self._gpu_load(g)
@@ -420,6 +461,14 @@ class Replay:
                 J.rate[i] = r
                 J.version[i] += 1
                 self.events.push(now + max(J.remaining[i], 0.0) / r, FINISH, i, J.version[i])
+                touched.update(self.state.running[job_id].gpus)
+        for g in touched:
+            self.acct.refresh_delivered(g, self._delivered_on(g))
+
+    def _delivered_on(self, g: int) -> float:
+        """Standalone-equivalent work GPU ``g`` does now, in % of one GPU: its jobs' true util x rate."""
+        J = self.jobs
+        return sum(J.true_util[i] * J.rate[i] for i in (J.index[jid] for jid in self.state.jobs_on[g]))
 
     # ---------------------------------------------------------------- queue
     def _schedule(self, now: float) -> None:
@@ -493,6 +542,8 @@ class Replay:
         s = self.state
         assert np.all(s.true_mem <= s.mem_cap + 1e-6), "GPU memory over capacity"
         assert all(len(s.jobs_on[g]) == s.n_jobs[g] for g in range(s.n_gpus))
+        assert all(abs(self.acct.delivered[g] - self._delivered_on(g)) < 1e-6 for g in range(s.n_gpus)), \
+            "delivered-work bookkeeping out of date"
         if s.enforce_milli:
             assert np.all(s.milli_used <= MILLI)
 
@@ -524,10 +575,11 @@ def _timeseries(acct: Accounting, t_end: float, points: int) -> dict[str, list[f
     if not acct.ts_t:
         return {}
     tt = np.array(acct.ts_t)
-    e, u = _downsample(tt, np.array(acct.ts_util), t_end, points)
+    e, u = _downsample(tt, np.array(acct.ts_delivered), t_end, points)
+    _, o = _downsample(tt, np.array(acct.ts_util), t_end, points)
     _, b = _downsample(tt, np.array(acct.ts_busy), t_end, points)
     _, q = _downsample(tt, np.array(acct.ts_queue), t_end, points)
-    return {"t_s": e, "util_pct": u, "busy_gpus": b, "queue_len": q}
+    return {"t_s": e, "util_pct": u, "occupancy_pct": o, "busy_gpus": b, "queue_len": q}
 
 
 def _frag_mean(acct: Accounting, t_end: float) -> float:
@@ -576,8 +628,11 @@ def summarize(replay: Replay, *, wall_s: float, timeseries_points: int = 200,
         unschedulable_jobs=len(replay.unschedulable),
         makespan_s=float(t_end - t0),
         **stats,
-        util_mean_pct=acct.util_area / (n_gpus * span),
-        util_busy_pct=acct.util_area / busy if busy > 0 else 0.0,
+        util_mean_pct=acct.delivered_area / (n_gpus * span),
+        util_busy_pct=acct.delivered_area / busy if busy > 0 else 0.0,
+        occupancy_pct=acct.util_area / (n_gpus * span),
+        over_capacity_work_pct=acct.over_area / (n_gpus * span),
+        peak_gpu_delivered_pct=acct.peak_delivered,
         gpus_busy_mean=busy / span,
         frag_rate_mean=_frag_mean(acct, t_end),
         idle_while_queued_frac=acct.idle_q_area / (n_gpus * span),

@@ -17,19 +17,27 @@ Model of a running job
     progresses at rate ``1 / slowdown``. Alone on its GPU(s) the rate is 1.
     Sharing a GPU with others, the interference model gives the slowdown; it is
     a pluggable object (:class:`~.replay.InterferenceModel`: one GPU's jobs in,
-    their slowdowns out). Today's, :class:`~.replay.SharingPenalty` (alias
-    ``Interference``), is
-    ``(1 + share_penalty + util_slope * others_util/100) * max(1, D/100) ** oversub_exponent``
-    where ``D`` is the sum of the true utilizations on the GPU. The default is
-    Horus's own simulator: +20 % while sharing, nothing more
-    (``oversub_exponent=0``). ``oversub_exponent=1`` adds time-sharing of
-    over-subscribed GPUs (demand 150 % stretches everyone 1.5x more), the
-    "capped" model that benchmarks report as a sensitivity. A multi-GPU job runs at the
-    rate of its slowest GPU. Rates change only at events, so finish times are
-    recomputed only for jobs on GPUs whose set of jobs changed.
+    their slowdowns out), chosen by name (``INTERFERENCE_MODELS``). The default,
+    ``fitted`` (:class:`~.interference.FittedInterference`), is physical: fitted
+    per GPU type to Gavel's measured co-location throughputs and
+    work-conserving (the jobs on one GPU never deliver more than one GPU of
+    standalone-equivalent work; three saturated jobs each run at <= 1/3).
+    The cluster's GPU model picks the fitted type (T4 -> P100, others -> V100).
+    Sensitivities, not physics: ``share_penalty``
+    (:class:`~.replay.SharingPenalty`, alias ``Interference``; Horus's own
+    simulator, +20 % while sharing whatever the load, so one GPU can do 2.5
+    GPUs of work) and ``capped`` (the same, also time-shared over 100 %
+    demand). A multi-GPU job runs at the rate of its slowest GPU. Rates change
+    only at events, so finish times are recomputed only for jobs on GPUs whose
+    set of jobs changed.
 
-    A GPU's measured utilization is ``min(100, D)``; cluster utilization is
-    the mean over all GPUs. A placement whose TRUE memory does not fit crashes
+    Utilization: ``util_mean_pct`` is DELIVERED work, each GPU's sum of its
+    jobs' ``true util x rate`` (standalone-equivalent GPU time per GPU time,
+    counted at most 100 % per GPU; a non-work-conserving model's excess is
+    ``over_capacity_work_pct``), the mean over all GPUs and the span.
+    ``occupancy_pct`` is what a device counter would show, each GPU's
+    ``min(100, D)`` with ``D`` the sum of its jobs' true utilizations.
+    A placement whose TRUE memory does not fit crashes
     the job out-of-memory: it goes back to the head of the queue after
     ``oom_penalty_s`` and is known to need its true memory from then on
     (``JobView.mem_floor_mb``). So no GPU ever holds more memory than it has.
@@ -61,8 +69,10 @@ from collections.abc import Sequence
 
 from .cluster import ClusterSpec
 from .fill import Fill, FillResult
+from .interference import FittedInterference
 from .policies import PlacementPolicy
 from .replay import (
+    DEFAULT_INTERFERENCE,
     INTERFERENCE_MODELS,
     GpuLoad,
     InterferenceModel,
@@ -76,9 +86,10 @@ from .sim_inputs import validate_jobs
 from .traces import Job
 
 __all__ = ["Interference", "InterferenceModel", "SharingPenalty", "GpuLoad", "INTERFERENCE_MODELS",
+           "DEFAULT_INTERFERENCE", "FittedInterference",
            "make_interference", "SimulationResult", "FillResult", "simulate", "simulate_fill", "validate_jobs"]
 
-#: the historical name of today's interference model
+#: the historical name of the old (flat +20 %) interference model, now a sensitivity
 Interference = SharingPenalty
 
 
@@ -88,7 +99,7 @@ def simulate(
     policy: PlacementPolicy,
     *,
     seed: int = 0,
-    interference: InterferenceModel = SharingPenalty(),
+    interference: InterferenceModel = DEFAULT_INTERFERENCE,
     predictor_error: float = 0.0,
     backfill: int = 1,
     migration_cost_s: float = 60.0,

@@ -64,17 +64,24 @@ def test_exclusive_queue_exact_times():
 
 
 def test_sharing_costs_20_percent():
+    """The old flat model, named (it is no longer the default): +20 % while sharing."""
     spec = ClusterSpec.uniform(1, 1)
     jobs = [job("a", 0, 100, util=40), job("b", 0, 100, util=40)]
-    r = simulate(jobs, spec, Horus(), record_jobs=True)
+    r = simulate(jobs, spec, Horus(), record_jobs=True, interference=make_interference("share_penalty"))
     assert r.jobs["finish"] == pytest.approx([120, 120])
     assert r.shared_gpu_time_frac == pytest.approx(1.0)
 
 
-def test_default_is_horus_plus_20_percent_and_capped_model_time_shares():
+def test_default_is_fitted_and_old_models_are_named_sensitivities():
+    """The default is the fitted, work-conserving model; Horus's +20 % (``share_penalty``) and its
+    time-shared variant (``capped``) give their old figures when named."""
     spec = ClusterSpec.uniform(1, 1)
     jobs = [job("a", 0, 100, util=80), job("b", 0, 100, util=80)]
-    paper = simulate(jobs, spec, Horus(), record_jobs=True)  # default: Horus's simulator
+    default = simulate(jobs, spec, Horus(), record_jobs=True)
+    assert default.params["interference"]["model"] == "fitted"
+    assert min(default.jobs["finish"]) >= 160 - 1e-9  # 2 x 80 % of work cannot finish before 1.6x
+    assert default.util_mean_pct <= 100.0 + 1e-9
+    paper = simulate(jobs, spec, Horus(), record_jobs=True, interference=make_interference("share_penalty"))
     assert paper.jobs["finish"] == pytest.approx([120, 120])
     capped = simulate(jobs, spec, Horus(), interference=Interference(oversub_exponent=1.0), record_jobs=True)
     assert capped.jobs["finish"] == pytest.approx([192, 192])  # 1.2 x 160/100
@@ -84,7 +91,7 @@ def test_default_is_horus_plus_20_percent_and_capped_model_time_shares():
 def test_rates_change_when_a_neighbour_leaves():
     spec = ClusterSpec.uniform(1, 1)
     jobs = [job("a", 0, 60, util=40), job("b", 0, 120, util=40)]
-    r = simulate(jobs, spec, Horus(), record_jobs=True)
+    r = simulate(jobs, spec, Horus(), record_jobs=True, interference=make_interference("share_penalty"))
     # together at 1/1.2 until a finishes at 72 (60 units done by both), b then alone: 60 left
     assert r.jobs["finish"] == pytest.approx([72, 132])
 
@@ -209,10 +216,14 @@ def test_interference_model_is_pluggable():
 
 
 def test_named_interference_models():
-    assert set(INTERFERENCE_MODELS) >= {"share_penalty", "capped"}
+    assert set(INTERFERENCE_MODELS) >= {"fitted", "share_penalty", "capped"}
     assert make_interference("share_penalty") == Interference() == SharingPenalty()
-    assert make_interference("capped").describe() == {"model": "share_penalty", "share_penalty": 0.2,
-                                                       "util_slope": 0.0, "oversub_exponent": 1.0}
+    assert make_interference("capped").describe() == {
+        "model": "capped", "kind": "sensitivity (not physical, not work-conserving)", "share_penalty": 0.2,
+        "util_slope": 0.0, "oversub_exponent": 1.0}
+    fitted = make_interference("fitted").describe()
+    assert fitted["model"] == "fitted" and fitted["kind"].startswith("physical") and "Gavel" in fitted["fitted_to"]
     assert isinstance(SharingPenalty(), InterferenceModel)
+    assert isinstance(make_interference("fitted"), InterferenceModel)
     with pytest.raises(KeyError, match="unknown interference"):
         make_interference("nope")
