@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import threading
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -105,6 +107,39 @@ def recover_stale_runs(*, stale_after_s: float | None = None) -> list[int]:
     return recovered
 
 
+def heartbeat_interval_s() -> float:
+    """How often a live executor proves it is alive: a quarter of the staleness threshold (so a busy
+    machine can miss three beats before the run is presumed dead), at least every 2 s."""
+    return max(DatabaseSink.HEARTBEAT_EVERY_S, settings.TUNING_STALE_AFTER_S / 4)
+
+
+@contextmanager
+def heartbeat_while_executing(run_id: int, lease: str):
+    """Beat the run's heartbeat from a thread for as long as this executor works on it. The engine's own
+    beats come with its events; between them (a long TVM compile, the final compile and compare) only this
+    one says the executor is alive, so recovery never re-queues a run whose executor is just busy."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        try:
+            while not stop.wait(heartbeat_interval_s()):
+                try:
+                    TuningRun.objects.filter(pk=run_id, lease=lease, status=TuningRun.Status.RUNNING).update(
+                        heartbeat_at=timezone.now())
+                except Exception as exc:  # a lost database is the executor's own problem to report
+                    log.warning("run %s: heartbeat failed: %s", run_id, exc)
+        finally:
+            connection.close()  # this thread's own connection
+
+    thread = threading.Thread(target=beat, name=f"run-{run_id}-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5.0)
+
+
 def execute_run(*, run_id: int, worker: str = "") -> str | None:
     """Run (or resume) a tuning run to completion. Idempotent: a finished or live run is left alone.
 
@@ -123,16 +158,17 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
         with run.model.file.open("rb") as f:
             model_proto = onnx.load_model_from_string(f.read())
         config = adapters.build_engine_config(run, work_dir)
-        if run.attempts > 1:
-            reconcile_with_database(sink, model_proto, run, work_dir)
-        summary = adapters.run_engine(sink, model_proto, config)
-        status = getattr(summary, "status", "succeeded")
-        _add_wall(run.pk, lease, time.perf_counter() - started)
-        sink.flush()
-        if status in ("cancelled", "paused"):
-            return finish_interrupted(run.pk, lease, status, reason=sink.stop_reason)
-        finish_succeeded(run.pk, lease, model_proto, summary, work_dir)
-        return TuningRun.Status.SUCCEEDED
+        with heartbeat_while_executing(run.pk, lease):
+            if run.attempts > 1:
+                reconcile_with_database(sink, model_proto, run, work_dir)
+            summary = adapters.run_engine(sink, model_proto, config)
+            status = getattr(summary, "status", "succeeded")
+            _add_wall(run.pk, lease, time.perf_counter() - started)
+            sink.flush()
+            if status in ("cancelled", "paused"):
+                return finish_interrupted(run.pk, lease, status, reason=sink.stop_reason)
+            finish_succeeded(run.pk, lease, model_proto, summary, work_dir)
+            return TuningRun.Status.SUCCEEDED
     except LeaseLost:
         log.warning("run %s: lease lost, another executor continues it", run_id)
         return None
