@@ -107,7 +107,7 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "dop_rounds": dop_rounds, "energy": energy, "actions": run_actions(run),
         "trimmer_enabled": run.trimmer_enabled, "trimmer_options": run.trimmer_options,
         "candidates_generated": run.candidates_generated, "candidates_filtered": run.candidates_filtered,
-        "stop_reason": run.stop_reason,
+        "stop_reason": run.stop_reason, **onnxruntime_numbers(run),
     }
     pending = {"cancel": " (cancel requested)", "pause": " (pause requested)"}.get(run.requested_action or "", "")
     display = {
@@ -138,9 +138,39 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         else DASH,
         "stop_reason": run.stop_reason or DASH,
         "dop_rounds": DASH if dop_rounds is None else f"{dop_rounds:,}",
+        **onnxruntime_display(run),
     }
     raw["display"] = display
     return raw
+
+
+def onnxruntime_numbers(run: TuningRun) -> dict:
+    """The resolved target and the onnxruntime yardstick, raw."""
+    return {"resolved_target": run.resolved_target, "target_key": run.target_key,
+            "ort_latency_s": run.ort_latency_s, "ratio_to_ort": run.ratio_to_ort,
+            "faster_engine": run.faster_engine or None, "ort_outputs_agree": run.ort_outputs_agree,
+            "ort_error": (run.summary or {}).get("onnxruntime_error") or ""}
+
+
+def engine_verdict(run: TuningRun) -> str:
+    """Which engine to deploy, in words; a tuned module slower than onnxruntime says so plainly."""
+    if run.faster_engine == "onnxruntime":
+        return (f"Tuned TVM module is SLOWER than onnxruntime ({run.ratio_to_ort:.2f}× its latency): "
+                "deploy onnxruntime on this target")
+    if run.faster_engine == "tvm":
+        return f"Tuned TVM module is faster than onnxruntime ({run.ratio_to_ort:.2f}× its latency): deploy it"
+    return (run.summary or {}).get("onnxruntime_error") or DASH
+
+
+def onnxruntime_display(run: TuningRun) -> dict:
+    return {
+        "resolved_target": fmt_target(run.resolved_target) if run.resolved_target
+        else "resolved when a worker starts the run",
+        "ort": fmt_latency(run.ort_latency_s),
+        "ratio_to_ort": fmt_number(run.ratio_to_ort, 2, "×"),
+        "ort_outputs_agree": DASH if run.ort_outputs_agree is None else ("yes" if run.ort_outputs_agree else "NO"),
+        "verdict": engine_verdict(run),
+    }
 
 
 def task_table(run: TuningRun, tasks=None) -> list[dict]:

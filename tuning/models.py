@@ -87,6 +87,13 @@ class TuningRun(models.Model):
                                    related_name="+")
     target = models.JSONField(help_text='TVM target dict, e.g. {"kind": "llvm", "num-cores": 2}')
     target_kind = models.CharField(max_length=20, db_index=True, editable=False)
+    # What the executing worker resolved `target` to (its CPU as LLVM names it, triple, thread count):
+    # the target every build, measurement and record of the run uses (tuning.engine.targets).
+    resolved_target = models.JSONField(null=True, blank=True, editable=False,
+                                       help_text="The target as resolved on the executing host (mcpu, mtriple, "
+                                                 "num-cores); empty until a worker starts the run.")
+    target_key = models.CharField(max_length=500, blank=True, editable=False,
+                                  help_text="Canonical key of the resolved target (part of result keys).")
     max_trials = models.PositiveIntegerField(validators=run_bound_validators("max_trials"))
     trials_per_round = models.PositiveIntegerField(default=32, validators=run_bound_validators("trials_per_round"))
     measurement_mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.DOPPLER)
@@ -126,6 +133,14 @@ class TuningRun(models.Model):
     untuned_latency_s = models.FloatField(null=True, blank=True)
     outputs_match = models.BooleanField(null=True, blank=True)
     max_abs_diff = models.FloatField(null=True, blank=True)
+    # onnxruntime on the same model, inputs, thread count and device kind, measured at the end of the run
+    ort_latency_s = models.FloatField(null=True, blank=True,
+                                      help_text="onnxruntime latency (median of repeats) on the same inputs.")
+    ratio_to_ort = models.FloatField(null=True, blank=True,
+                                     help_text="Tuned TVM latency / onnxruntime latency (< 1: TVM is faster).")
+    faster_engine = models.CharField(max_length=20, blank=True,
+                                     help_text='"tvm" or "onnxruntime": the one to deploy on this target.')
+    ort_outputs_agree = models.BooleanField(null=True, blank=True)
     summary = models.JSONField(default=dict, blank=True)
     stop_reason = models.CharField(max_length=300, blank=True,
                                    help_text="Why the run ended before its budget (Trimmer model stop, quota...).")
@@ -182,6 +197,15 @@ class TuningRun(models.Model):
         if self.grid_intensity_g_per_kwh is None:
             return None
         return self.energy_kwh * self.grid_intensity_g_per_kwh
+
+    @property
+    def engine_target(self) -> dict:
+        """The target the engine builds and measures for: the resolved one once a worker resolved it."""
+        return self.resolved_target or self.target
+
+    @property
+    def slower_than_ort(self) -> bool:
+        return self.faster_engine == "onnxruntime"
 
     @property
     def speedup(self) -> float | None:
