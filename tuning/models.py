@@ -24,6 +24,17 @@ RUN_LIMITS = {
     "seed": (0, 2**31 - 1),
 }
 
+# Fewest trials a budget must give each of the model's tuning tasks: MetaSchedule's first generation of a
+# task is a handful of candidates, some of which fail to build or run, so below this many a task may end
+# with no valid measurement (its untuned kernel then stays in the "tuned" module). A budget below
+# tasks x this is refused when the run starts (tuning.services.runs.validate_budget).
+MIN_TRIALS_PER_TASK = 8
+
+
+def min_trials_for(n_tasks: int | None) -> int:
+    """The smallest budget that can measure each of `n_tasks` tasks (1 when the count is unknown)."""
+    return max(1, int(n_tasks or 0) * MIN_TRIALS_PER_TASK)
+
 
 def run_bound_validators(name: str) -> list:
     low, high = RUN_LIMITS[name]
@@ -220,6 +231,7 @@ class TuningTask(models.Model):
         TUNING = "tuning", "Tuning"
         DONE = "done", "Done"
         PREEMPTED = "preempted", "Pre-empted (plateau)"
+        UNTUNED = "untuned", "Not tuned (no valid measurement)"
 
     run = models.ForeignKey(TuningRun, on_delete=models.CASCADE, related_name="tasks")
     index = models.PositiveIntegerField()

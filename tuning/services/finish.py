@@ -99,6 +99,9 @@ def _store_task_states(run_id: int, summary, trim: dict) -> None:
         TuningTask.objects.filter(run_id=run_id, index=idx).update(status=TuningTask.Status.PREEMPTED,
                                                                   preempted_at_trial=at_trial)
     TuningTask.objects.filter(run_id=run_id, status=TuningTask.Status.PENDING).update(status=TuningTask.Status.DONE)
+    # a task no candidate of which was measured successfully is not done, whatever the engine said
+    TuningTask.objects.filter(run_id=run_id, best_latency_s__isnull=True).exclude(
+        status=TuningTask.Status.PREEMPTED).update(status=TuningTask.Status.UNTUNED)
 
 
 def require_a_measurement(run: TuningRun) -> None:
