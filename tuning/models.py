@@ -36,6 +36,15 @@ def min_trials_for(n_tasks: int | None) -> int:
     return max(1, int(n_tasks or 0) * MIN_TRIALS_PER_TASK)
 
 
+# What the start form suggests: enough for a few search generations of every task
+SUGGESTED_TRIALS_PER_TASK = 64
+
+
+def suggested_trials_for(n_tasks: int | None) -> int | None:
+    """A budget that lets every task converge somewhat (None when the task count is unknown)."""
+    return min(RUN_LIMITS["max_trials"][1], int(n_tasks) * SUGGESTED_TRIALS_PER_TASK) if n_tasks else None
+
+
 def run_bound_validators(name: str) -> list:
     low, high = RUN_LIMITS[name]
     return [MinValueValidator(low), MaxValueValidator(high)]

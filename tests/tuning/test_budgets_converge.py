@@ -89,3 +89,12 @@ def test_a_task_without_a_valid_measurement_is_never_done(model_a, user_owner, m
     services.finish_succeeded(run.pk, lease, None, summary, work)
     states = dict(TuningTask.objects.filter(run=run).values_list("index", "status"))
     assert states == {0: "done", 1: "untuned", 2: "untuned"}
+
+
+def test_start_form_suggests_a_budget_from_the_task_count(client, user_owner, counted_model):
+    from tuning.models import suggested_trials_for
+
+    client.force_login(user_owner)
+    html = client.get(f"/runs/new/?model={counted_model.pk}").content.decode()
+    assert f"has {N_TASKS} tuning tasks: at least {MINIMUM} trials" in html
+    assert f'value="{suggested_trials_for(N_TASKS)}"' in html
