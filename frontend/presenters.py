@@ -288,5 +288,5 @@ def compare_rows(runs) -> list[dict]:
     rows = []
     for run in runs:
         numbers = run_numbers(run)
-        rows.append({"run": run, "numbers": numbers, "target": fmt_target(run.target)})
+        rows.append({"run": run, "numbers": numbers, "target": fmt_target(run.engine_target)})
     return rows

@@ -26,7 +26,8 @@ IMPORT_CHECK_TIMEOUT_S = 600
 
 __all__ = ["IMPORT_CHECK_TIMEOUT_S", "RecordError", "WorkerError", "WorkerTimeout", "build_engine_config",
            "call_engine", "check_import", "compile_and_compare", "database_records", "engine_error_text",
-           "has_imported", "precheck", "recheck_output", "resolve_target", "run_engine", "trimmer_options", "write_imported"]
+           "has_imported", "precheck", "recheck_output", "resolve_target", "run_engine", "trimmer_options",
+           "write_imported"]
 
 
 def trimmer_options(options: dict | None) -> dict:
@@ -118,5 +119,5 @@ def check_import(model_bytes: bytes, run: TuningRun, workloads: bytes, records: 
     """TVM parses the uploaded database in a sandbox and says which records it accepts
     (`tuning.engine.record_check.check_import`); raises WorkerError/WorkerTimeout when the checker fails."""
     # looked up on the module when called, so a test can stand in for a subverted checker
-    return procpool.run_isolated("tuning.engine.record_check:check_import", model_bytes, run.target, workloads,
+    return procpool.run_isolated("tuning.engine.record_check:check_import", model_bytes, run.engine_target, workloads,
                                  records, budget, timeout=IMPORT_CHECK_TIMEOUT_S)

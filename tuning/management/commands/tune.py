@@ -160,6 +160,7 @@ class Command(BaseCommand):
         if s["onnxruntime_latency_ms"]:
             slower = " (tuned TVM is SLOWER: deploy onnxruntime)" if s["faster_engine"] == "onnxruntime" else ""
             self.stdout.write(f"onnxruntime: {s['onnxruntime_latency_ms']:.4f} ms, tuned/onnxruntime "
-                              f"{s['ratio_to_onnxruntime']:.2f}{slower}, outputs agree: {s['onnxruntime_outputs_agree']}")
+                              f"{s['ratio_to_onnxruntime']:.2f}{slower}, "
+                              f"outputs agree: {s['onnxruntime_outputs_agree']}")
         elif s["onnxruntime_error"]:
             self.stdout.write(f"onnxruntime: not compared ({s['onnxruntime_error']})")
