@@ -4,7 +4,11 @@ local runner measures; the end of a run measures onnxruntime on the same model a
 serves the comparison (a tuned module slower than onnxruntime is labelled so)."""
 from __future__ import annotations
 
+import io
+import json
+
 import pytest
+from django.core.management import call_command
 
 from tuning import services
 from tuning.models import TuningRun
@@ -79,17 +83,23 @@ def test_a_tuned_module_slower_than_onnxruntime_is_labelled_so(model_a, user_own
 
 
 @pytest.mark.slow
-def test_a_tiny_run_stores_the_onnxruntime_comparison(model_a, user_owner, client):
-    """End to end, in-process (the Celery task's body): a tiny budget on the tiny CNN, then the finish
-    measures onnxruntime at the run's thread count and stores it next to the tuned latency."""
-    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, trials_per_round=8, threads=1,
-                             target={"kind": "llvm", "num-cores": 1}, options=FAST, enqueue=False)
-    assert services.execute_run(run_id=run.pk, worker="in-process") == TuningRun.Status.SUCCEEDED
-    run.refresh_from_db()
-    assert run.resolved_target["mcpu"] == _host_cpu()
+def test_a_tiny_run_stores_serves_and_shows_the_onnxruntime_comparison(model_a, user_owner, client):
+    """End to end through `manage.py tune --json` (in-process, the Celery task's body): a tiny budget on
+    the tiny CNN, then the finish measures onnxruntime at the run's thread count and stores it next to
+    the tuned latency; the JSON summary and the run page carry it."""
+    out = io.StringIO()
+    call_command("tune", str(model_a.pk), "--trials", "8", "--trials-per-round", "8", "--threads", "1",
+                 "--target", '{"kind": "llvm", "num-cores": 1}', "--population", "16", "--seed", "1", "--json",
+                 "--no-progress", stdout=out, stderr=io.StringIO())
+    summary = json.loads(out.getvalue())
+    run = TuningRun.objects.get(pk=summary["run"])
+    assert run.status == "succeeded", run.error
+    assert run.resolved_target["mcpu"] == _host_cpu() and summary["resolved_target"] == run.resolved_target
     assert run.ort_latency_s > 0 and run.ort_outputs_agree is True
     assert run.ratio_to_ort == pytest.approx(run.tuned_latency_s / run.ort_latency_s)
-    assert run.faster_engine in ("tvm", "onnxruntime")
+    assert run.faster_engine in ("tvm", "onnxruntime") and summary["faster_engine"] == run.faster_engine
+    assert summary["onnxruntime_latency_ms"] == pytest.approx(run.ort_latency_s * 1e3)
+    assert summary["ratio_to_onnxruntime"] == run.ratio_to_ort and summary["onnxruntime_outputs_agree"] is True
     ort = run.summary["onnxruntime"]
     assert ort["threads"] == 1 and ort["provider"] == "CPUExecutionProvider" and ort["repeats"] > 1
     client.force_login(user_owner)
