@@ -115,7 +115,7 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "trials": f"{run.trials_done:,} / {run.max_trials:,}",
         "progress_pct": f"{run.progress * 100:.0f}%",
         "wall": fmt_duration(run.wall_seconds),
-        "estimate": fmt_latency(run.estimated_latency_s),
+        "estimate": fmt_estimate(run, raw["tasks_missing_from_estimate"]),
         "final_dop": str(run.final_dop) if run.final_dop else DASH,
         "mean_error": fmt_number(run.mean_parallel_error * 100 if run.mean_parallel_error is not None else None,
                                  2, " %"),
@@ -145,11 +145,19 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
 
 
 def onnxruntime_numbers(run: TuningRun) -> dict:
-    """The resolved target and the onnxruntime yardstick, raw."""
-    return {"resolved_target": run.resolved_target, "target_key": run.target_key,
+    """The resolved target, the onnxruntime yardstick and the tasks the estimate lacks, raw."""
+    return {"tasks_missing_from_estimate": tuning_selectors.tasks_without_measurement(run),
+            "resolved_target": run.resolved_target, "target_key": run.target_key,
             "ort_latency_s": run.ort_latency_s, "ratio_to_ort": run.ratio_to_ort,
             "faster_engine": run.faster_engine or None, "ort_outputs_agree": run.ort_outputs_agree,
             "ort_error": (run.summary or {}).get("onnxruntime_error") or ""}
+
+
+def fmt_estimate(run: TuningRun, missing: list[str]) -> str:
+    if not missing or run.estimated_latency_s is None:
+        return fmt_latency(run.estimated_latency_s)
+    names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return f"{fmt_latency(run.estimated_latency_s)} (without {len(missing)} unmeasured task(s): {names})"
 
 
 def engine_verdict(run: TuningRun) -> str:

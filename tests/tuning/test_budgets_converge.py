@@ -98,3 +98,15 @@ def test_start_form_suggests_a_budget_from_the_task_count(client, user_owner, co
     html = client.get(f"/runs/new/?model={counted_model.pk}").content.decode()
     assert f"has {N_TASKS} tuning tasks: at least {MINIMUM} trials" in html
     assert f'value="{suggested_trials_for(N_TASKS)}"' in html
+
+
+def test_the_estimate_names_the_tasks_it_lacks(model_a, user_owner, client):
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=64, enqueue=False)
+    sink = services.DatabaseSink(run.pk, services.claim_run(run.pk, worker="t"))
+    sink.on_tasks([SimpleNamespace(index=i, name=f"task{i}", flops=1e6, weight=1.0) for i in range(2)])
+    sink.on_measurements([_record(0, "a0", 2e-3), _record(1, "b0", None, error="build failed")])
+    sink.flush()
+    TuningRun.objects.filter(pk=run.pk).update(estimated_latency_s=2e-3)
+    client.force_login(user_owner)
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "2.000 ms (without 1 unmeasured task(s): task1)" in html
