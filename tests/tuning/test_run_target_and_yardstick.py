@@ -105,3 +105,12 @@ def test_a_tiny_run_stores_serves_and_shows_the_onnxruntime_comparison(model_a, 
     client.force_login(user_owner)
     html = client.get(f"/runs/{run.pk}/").content.decode()
     assert "onnxruntime latency" in html and ("SLOWER than onnxruntime" in html) == (run.faster_engine == "onnxruntime")
+
+
+def test_the_compare_page_shows_the_onnxruntime_ratio(model_a, user_owner, client):
+    slow, fast = (services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False) for _ in "ab")
+    _finished_run(slow, ort_latency_s=1e-3, ratio_to_ort=3.0, faster_engine="onnxruntime")
+    _finished_run(fast, ort_latency_s=1e-3, ratio_to_ort=0.5, faster_engine="tvm")
+    client.force_login(user_owner)
+    html = client.get(f"/runs/compare/?runs={slow.pk}&runs={fast.pk}").content.decode()
+    assert "3.00× (slower than onnxruntime)" in html and "0.50×</td>" in html and "mcpu znver3" in html
