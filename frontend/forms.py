@@ -5,7 +5,7 @@ from django import forms
 from django.conf import settings
 
 from core.models import DLModel, Team
-from tuning.models import RUN_LIMITS, TuningRun, parse_dop
+from tuning.models import RUN_LIMITS, TuningRun, min_trials_for, parse_dop, suggested_trials_for
 
 
 def bounded_integer(name: str, **kwargs) -> forms.IntegerField:
@@ -90,6 +90,18 @@ class StartRunForm(forms.Form):
         self.fields["model"].queryset = models if models is not None else DLModel.objects.none()
         self.fields["model"].label_from_instance = lambda m: f"{m.name} ({m.team.name})"
         self.fields["num_cores"].initial = settings.DEFAULT_TUNING_TARGET.get("num-cores")
+        self._suggest_budget()
+
+    def _suggest_budget(self) -> None:
+        """The chosen model's task count sets the suggested budget and states the minimum."""
+        model = self.fields["model"].queryset.filter(pk=self.initial.get("model")).first() \
+            if self.initial.get("model") else None
+        if model is None or not model.num_tuning_tasks:
+            return
+        n = model.num_tuning_tasks
+        self.initial["max_trials"] = suggested_trials_for(n)
+        self.fields["max_trials"].help_text = (f"{model.name} has {n} tuning tasks: at least {min_trials_for(n)} "
+                                               f"trials; {suggested_trials_for(n)} suggested.")
 
     def clean(self):
         data = super().clean()

@@ -107,7 +107,7 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "dop_rounds": dop_rounds, "energy": energy, "actions": run_actions(run),
         "trimmer_enabled": run.trimmer_enabled, "trimmer_options": run.trimmer_options,
         "candidates_generated": run.candidates_generated, "candidates_filtered": run.candidates_filtered,
-        "stop_reason": run.stop_reason,
+        "stop_reason": run.stop_reason, **onnxruntime_numbers(run),
     }
     pending = {"cancel": " (cancel requested)", "pause": " (pause requested)"}.get(run.requested_action or "", "")
     display = {
@@ -115,7 +115,7 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "trials": f"{run.trials_done:,} / {run.max_trials:,}",
         "progress_pct": f"{run.progress * 100:.0f}%",
         "wall": fmt_duration(run.wall_seconds),
-        "estimate": fmt_latency(run.estimated_latency_s),
+        "estimate": fmt_estimate(run, raw["tasks_missing_from_estimate"]),
         "final_dop": str(run.final_dop) if run.final_dop else DASH,
         "mean_error": fmt_number(run.mean_parallel_error * 100 if run.mean_parallel_error is not None else None,
                                  2, " %"),
@@ -138,9 +138,47 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         else DASH,
         "stop_reason": run.stop_reason or DASH,
         "dop_rounds": DASH if dop_rounds is None else f"{dop_rounds:,}",
+        **onnxruntime_display(run),
     }
     raw["display"] = display
     return raw
+
+
+def onnxruntime_numbers(run: TuningRun) -> dict:
+    """The resolved target, the onnxruntime yardstick and the tasks the estimate lacks, raw."""
+    return {"tasks_missing_from_estimate": tuning_selectors.tasks_without_measurement(run),
+            "resolved_target": run.resolved_target, "target_key": run.target_key,
+            "ort_latency_s": run.ort_latency_s, "ratio_to_ort": run.ratio_to_ort,
+            "faster_engine": run.faster_engine or None, "ort_outputs_agree": run.ort_outputs_agree,
+            "ort_error": (run.summary or {}).get("onnxruntime_error") or ""}
+
+
+def fmt_estimate(run: TuningRun, missing: list[str]) -> str:
+    if not missing or run.estimated_latency_s is None:
+        return fmt_latency(run.estimated_latency_s)
+    names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    return f"{fmt_latency(run.estimated_latency_s)} (without {len(missing)} unmeasured task(s): {names})"
+
+
+def engine_verdict(run: TuningRun) -> str:
+    """Which engine to deploy, in words; a tuned module slower than onnxruntime says so plainly."""
+    if run.faster_engine == "onnxruntime":
+        return (f"Tuned TVM module is SLOWER than onnxruntime ({run.ratio_to_ort:.2f}× its latency): "
+                "deploy onnxruntime on this target")
+    if run.faster_engine == "tvm":
+        return f"Tuned TVM module is faster than onnxruntime ({run.ratio_to_ort:.2f}× its latency): deploy it"
+    return (run.summary or {}).get("onnxruntime_error") or DASH
+
+
+def onnxruntime_display(run: TuningRun) -> dict:
+    return {
+        "resolved_target": fmt_target(run.resolved_target) if run.resolved_target
+        else "resolved when a worker starts the run",
+        "ort": fmt_latency(run.ort_latency_s),
+        "ratio_to_ort": fmt_number(run.ratio_to_ort, 2, "×"),
+        "ort_outputs_agree": DASH if run.ort_outputs_agree is None else ("yes" if run.ort_outputs_agree else "NO"),
+        "verdict": engine_verdict(run),
+    }
 
 
 def task_table(run: TuningRun, tasks=None) -> list[dict]:
@@ -258,5 +296,5 @@ def compare_rows(runs) -> list[dict]:
     rows = []
     for run in runs:
         numbers = run_numbers(run)
-        rows.append({"run": run, "numbers": numbers, "target": fmt_target(run.target)})
+        rows.append({"run": run, "numbers": numbers, "target": fmt_target(run.engine_target)})
     return rows

@@ -24,6 +24,26 @@ RUN_LIMITS = {
     "seed": (0, 2**31 - 1),
 }
 
+# Fewest trials a budget must give each of the model's tuning tasks: MetaSchedule's first generation of a
+# task is a handful of candidates, some of which fail to build or run, so below this many a task may end
+# with no valid measurement (its untuned kernel then stays in the "tuned" module). A budget below
+# tasks x this is refused when the run starts (tuning.services.runs.validate_budget).
+MIN_TRIALS_PER_TASK = 8
+
+
+def min_trials_for(n_tasks: int | None) -> int:
+    """The smallest budget that can measure each of `n_tasks` tasks (1 when the count is unknown)."""
+    return max(1, int(n_tasks or 0) * MIN_TRIALS_PER_TASK)
+
+
+# What the start form suggests: enough for a few search generations of every task
+SUGGESTED_TRIALS_PER_TASK = 64
+
+
+def suggested_trials_for(n_tasks: int | None) -> int | None:
+    """A budget that lets every task converge somewhat (None when the task count is unknown)."""
+    return min(RUN_LIMITS["max_trials"][1], int(n_tasks) * SUGGESTED_TRIALS_PER_TASK) if n_tasks else None
+
 
 def run_bound_validators(name: str) -> list:
     low, high = RUN_LIMITS[name]
@@ -87,6 +107,13 @@ class TuningRun(models.Model):
                                    related_name="+")
     target = models.JSONField(help_text='TVM target dict, e.g. {"kind": "llvm", "num-cores": 2}')
     target_kind = models.CharField(max_length=20, db_index=True, editable=False)
+    # What the executing worker resolved `target` to (its CPU as LLVM names it, triple, thread count):
+    # the target every build, measurement and record of the run uses (tuning.engine.targets).
+    resolved_target = models.JSONField(null=True, blank=True, editable=False,
+                                       help_text="The target as resolved on the executing host (mcpu, mtriple, "
+                                                 "num-cores); empty until a worker starts the run.")
+    target_key = models.CharField(max_length=500, blank=True, editable=False,
+                                  help_text="Canonical key of the resolved target (part of result keys).")
     max_trials = models.PositiveIntegerField(validators=run_bound_validators("max_trials"))
     trials_per_round = models.PositiveIntegerField(default=32, validators=run_bound_validators("trials_per_round"))
     measurement_mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.DOPPLER)
@@ -126,6 +153,14 @@ class TuningRun(models.Model):
     untuned_latency_s = models.FloatField(null=True, blank=True)
     outputs_match = models.BooleanField(null=True, blank=True)
     max_abs_diff = models.FloatField(null=True, blank=True)
+    # onnxruntime on the same model, inputs, thread count and device kind, measured at the end of the run
+    ort_latency_s = models.FloatField(null=True, blank=True,
+                                      help_text="onnxruntime latency (median of repeats) on the same inputs.")
+    ratio_to_ort = models.FloatField(null=True, blank=True,
+                                     help_text="Tuned TVM latency / onnxruntime latency (< 1: TVM is faster).")
+    faster_engine = models.CharField(max_length=20, blank=True,
+                                     help_text='"tvm" or "onnxruntime": the one to deploy on this target.')
+    ort_outputs_agree = models.BooleanField(null=True, blank=True)
     summary = models.JSONField(default=dict, blank=True)
     stop_reason = models.CharField(max_length=300, blank=True,
                                    help_text="Why the run ended before its budget (Trimmer model stop, quota...).")
@@ -184,6 +219,15 @@ class TuningRun(models.Model):
         return self.energy_kwh * self.grid_intensity_g_per_kwh
 
     @property
+    def engine_target(self) -> dict:
+        """The target the engine builds and measures for: the resolved one once a worker resolved it."""
+        return self.resolved_target or self.target
+
+    @property
+    def slower_than_ort(self) -> bool:
+        return self.faster_engine == "onnxruntime"
+
+    @property
     def speedup(self) -> float | None:
         if self.tuned_latency_s and self.untuned_latency_s:
             return self.untuned_latency_s / self.tuned_latency_s
@@ -196,6 +240,7 @@ class TuningTask(models.Model):
         TUNING = "tuning", "Tuning"
         DONE = "done", "Done"
         PREEMPTED = "preempted", "Pre-empted (plateau)"
+        UNTUNED = "untuned", "Not tuned (no valid measurement)"
 
     run = models.ForeignKey(TuningRun, on_delete=models.CASCADE, related_name="tasks")
     index = models.PositiveIntegerField()

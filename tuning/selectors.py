@@ -21,6 +21,13 @@ def tasks_of_run(run: TuningRun) -> QuerySet[TuningTask]:
     return TuningTask.objects.filter(run=run).order_by("index")
 
 
+def tasks_without_measurement(run: TuningRun) -> list[str]:
+    """Names of the run's tasks no candidate of which measured successfully: the end-to-end estimate
+    (a sum over task bests) leaves them out."""
+    return list(TuningTask.objects.filter(run=run, best_latency_s__isnull=True).order_by("index")
+                .values_list("name", flat=True))
+
+
 def measurements_of_run(run: TuningRun) -> QuerySet[Measurement]:
     return Measurement.objects.filter(run=run).select_related("task").order_by("id")
 

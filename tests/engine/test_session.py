@@ -116,6 +116,21 @@ def test_onnx_model_tune_and_compare(tmp_path, cpu_target):
     res = compile_and_compare(model, str(tmp_path), cpu_target, threads=1, number=5, repeat=3)
     assert res["outputs_match"], res
     assert res["tuned_latency_s"] > 0 and res["untuned_latency_s"] > 0
+    # the yardstick: onnxruntime on the same inputs and thread count, outputs compared with the tuned module
+    assert res["onnxruntime"]["threads"] == 1 and res["onnxruntime_latency_s"] > 0, res
+    assert res["onnxruntime_outputs_agree"] is True and res["faster_engine"] in ("tvm", "onnxruntime")
+    assert res["ratio_to_onnxruntime"] == pytest.approx(res["tuned_latency_s"] / res["onnxruntime_latency_s"])
+
+
+def test_local_runner_refuses_a_target_built_for_another_cpu(tmp_path, cpu_target):
+    from tvm.target import codegen
+
+    from tuning.engine.targets import TargetMismatch
+
+    here = str(codegen.llvm_get_system_cpu())
+    other = "skylake" if here != "skylake" else "znver3"
+    with pytest.raises(TargetMismatch, match=f"built for the CPU '{other}', this host is '{here}'"):
+        run_tuning(tiny_cnn_onnx(), _cfg({**cpu_target, "mcpu": other}, tmp_path, 4), ListSink())
 
 
 def test_cuda_candidates_build_here_and_ship_to_a_gpu_queue(tmp_path):

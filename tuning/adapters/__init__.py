@@ -20,6 +20,7 @@ from .engine import (
     has_imported,
     precheck,
     recheck_output,
+    resolve_target,
     run_engine,
     trimmer_options,
     write_imported,
@@ -31,6 +32,6 @@ __all__ = [
     "IMPORT_CHECK_TIMEOUT_S", "DatabaseSink", "LeaseLost", "RecordError", "WorkerError", "WorkerTimeout",
     "build_engine_config", "call_engine", "check_import", "compile_and_compare", "database_records",
     "delete_run_files", "energy_model_snapshot", "engine_error_text", "has_imported", "make_energy_meter",
-    "precheck", "public_json", "public_text", "recheck_output", "run_energy_model", "run_engine",
+    "precheck", "public_json", "public_text", "recheck_output", "resolve_target", "run_energy_model", "run_engine",
     "run_files_dir", "run_work_dir", "trimmer_options", "write_imported", "zip_database",
 ]

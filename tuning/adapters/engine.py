@@ -26,7 +26,8 @@ IMPORT_CHECK_TIMEOUT_S = 600
 
 __all__ = ["IMPORT_CHECK_TIMEOUT_S", "RecordError", "WorkerError", "WorkerTimeout", "build_engine_config",
            "call_engine", "check_import", "compile_and_compare", "database_records", "engine_error_text",
-           "has_imported", "precheck", "recheck_output", "run_engine", "trimmer_options", "write_imported"]
+           "has_imported", "precheck", "recheck_output", "resolve_target", "run_engine", "trimmer_options",
+           "write_imported"]
 
 
 def trimmer_options(options: dict | None) -> dict:
@@ -43,7 +44,7 @@ def build_engine_config(run: TuningRun, work_dir: Path) -> TuningConfig:
     if queues and run.measurement_mode == TuningRun.Mode.DOPPLER:
         distributed = {"distributed_submit": celery_submit, "device_queue": list(queues)}
     return TuningConfig(
-        target=run.target, max_trials=run.max_trials, trials_per_round=run.trials_per_round,
+        target=run.engine_target, max_trials=run.max_trials, trials_per_round=run.trials_per_round,
         mode=run.measurement_mode, dop=run.dop_fixed or "auto", threads=run.threads, work_dir=str(work_dir),
         seed=opts.get("seed"), evaluator=EvaluatorConfig.from_any(opts.get("evaluator")),
         search_population=opts.get("search_population"), genetic_num_iters=opts.get("genetic_num_iters"),
@@ -90,15 +91,27 @@ def run_engine(sink, model_proto, config: TuningConfig):
 def compile_and_compare(model_proto, work_dir: Path, run: TuningRun) -> dict:
     """Compile the tuned and untuned model, export the tuned one to `work_dir/tuned_module.so`, and
     compare latencies and outputs."""
-    threads = run.threads or run.target.get("num-cores")
-    return call_engine("tuning.engine.session:compile_and_compare", model_proto, str(work_dir), run.target,
+    target = run.engine_target
+    threads = run.threads or target.get("num-cores")
+    return call_engine("tuning.engine.session:compile_and_compare", model_proto, str(work_dir), target,
                        threads, export_path=str(work_dir / "tuned_module.so"),
                        what="compiling the tuned and untuned model and comparing their outputs")
 
 
+def resolve_target(run: TuningRun) -> dict:
+    """`run.target` resolved on this (the executing) host: `{"target": ..., "key": ...}`. In a child:
+    resolving loads TVM, which a worker process must not do (it forks)."""
+    target = dict(run.target)
+    if (run.options or {}).get("measure_queues") and target.get("kind") == "llvm":
+        # remote CPU workers measure: until nodes register their CPU, build portable code for them
+        target.setdefault("mcpu", "generic")
+    return call_engine("tuning.engine.targets:resolve_run_target", target, run.threads,
+                       what="resolving the run's target on this host")
+
+
 def database_records(model_proto, work_dir: Path, run: TuningRun) -> list:
     """Every record of the run's TVM database, as the engine's MeasurementRecords."""
-    return call_engine("tuning.engine.session:database_records", str(work_dir), model_proto, run.target,
+    return call_engine("tuning.engine.session:database_records", str(work_dir), model_proto, run.engine_target,
                        what="reading the run's tuning database back")
 
 
@@ -106,5 +119,5 @@ def check_import(model_bytes: bytes, run: TuningRun, workloads: bytes, records: 
     """TVM parses the uploaded database in a sandbox and says which records it accepts
     (`tuning.engine.record_check.check_import`); raises WorkerError/WorkerTimeout when the checker fails."""
     # looked up on the module when called, so a test can stand in for a subverted checker
-    return procpool.run_isolated("tuning.engine.record_check:check_import", model_bytes, run.target, workloads,
+    return procpool.run_isolated("tuning.engine.record_check:check_import", model_bytes, run.engine_target, workloads,
                                  records, budget, timeout=IMPORT_CHECK_TIMEOUT_S)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import sandbox
+from . import sandbox, yardstick
 from .database import (
     DB_RECORDS,
     DB_WORKLOAD,
@@ -46,6 +46,7 @@ from .database import (
 from .doppler import DOPController
 from .events import MeasurementRecord, NullSink, TaskInfo, TuningSink, candidate_key
 from .procpool import available_cpus, unpin_current_thread
+from .targets import check_measurable_here
 from .relax_pipeline import compile_model, make_target, random_inputs, run_and_time, target_device_type
 from .timer import EvaluatorConfig
 from .trimmer import TrimmerConfig
@@ -70,6 +71,8 @@ __all__ = [
     # the run's file layout, from .database
     "DB_WORKLOAD", "DB_RECORDS", "FINAL_DIR", "IMPORTED_DIR", "IMPORTED_DONE_DIR",
 ]
+
+LOCAL_RUNNERS = ("pooled", "local")  # runners that time candidates on this host
 
 
 @dataclasses.dataclass
@@ -212,6 +215,9 @@ def _prepare(model, cfg: TuningConfig, sink: TuningSink) -> _Run:
     """Tasks, and what the database already holds (resume)."""
     work_dir = os.path.abspath(cfg.work_dir)
     os.makedirs(work_dir, exist_ok=True)
+    if cfg.runner in LOCAL_RUNNERS:
+        # timings of code built for another CPU/GPU describe neither machine; remote workers check their own
+        check_measurable_here(cfg.target, check_cores=False)
     target = make_target(cfg.target)
     # TVM's thread pool may have pinned this thread to one core (e.g. after a
     # FoldConstant or a 1-thread run): the search threads it spawns would inherit that
@@ -439,6 +445,7 @@ def compile_and_compare(
     """Compile ``model`` tuned (database in ``database_dir``) and untuned, run
     both on the same random inputs: latencies, max |diff|, outputs match.
     ``export_path``: also export the tuned executable there (a ``.so``)."""
+    check_measurable_here(target, check_cores=False)
     inputs = random_inputs(model, seed=seed)
     tuned = compile_model(model, target, database=open_database(database_dir))
     untuned = compile_model(model, target, database=None)
@@ -458,4 +465,30 @@ def compile_and_compare(
         "max_abs_diff": max(diffs) if diffs else 0.0,
         "outputs_match": bool(match),
         "threads": threads,
+        **onnxruntime_comparison(model, inputs, out_t, lat_t, lat_u, target, threads, seed=seed),
+    }
+
+
+def onnxruntime_comparison(model, inputs, tvm_outputs, tuned_s, untuned_s, target, threads, *, seed=0) -> dict:
+    """The same ONNX model under onnxruntime (same inputs, thread count and device kind): its latency,
+    the tuned and untuned TVM latency over it, the faster engine, and whether the outputs agree.
+    A model that is not ONNX, or an onnxruntime that cannot run it here, gives the reason instead: the
+    yardstick must not fail a run whose tuned module is fine."""
+    if not hasattr(model, "graph"):
+        return {"onnxruntime": None, "onnxruntime_error": "not an ONNX model: no onnxruntime comparison"}
+    device = "cuda" if target_device_type(target) == "cuda" else "cpu"
+    try:
+        ort = yardstick.measure_onnxruntime(model, inputs, threads=int(threads or 1), device=device,
+                                            tvm_outputs=tvm_outputs, seed=seed)
+    except Exception as exc:  # noqa: BLE001 - ProviderUnavailable, or an op onnxruntime lacks
+        return {"onnxruntime": None, "onnxruntime_error": f"{type(exc).__name__}: {exc}"}
+    ort_s = ort.latency_median_ms / 1e3
+    return {
+        "onnxruntime": ort.to_dict(),
+        "onnxruntime_latency_s": ort_s,
+        "ratio_to_onnxruntime": (tuned_s / ort_s) if ort_s else None,
+        "untuned_ratio_to_onnxruntime": (untuned_s / ort_s) if ort_s else None,
+        "faster_engine": yardstick.faster_engine(tuned_s * 1e3 if tuned_s else None, ort.latency_median_ms),
+        "onnxruntime_outputs_agree": ort.outputs_agree,
+        "onnxruntime_error": "",
     }

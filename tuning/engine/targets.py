@@ -32,6 +32,7 @@ __all__ = [
     "canonical_target",
     "canonical_key",
     "check_measurable_here",
+    "resolve_run_target",
 ]
 
 GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
@@ -236,3 +237,23 @@ def check_measurable_here(target: Any, *, device_index: int = 0, check_cores: bo
         host = spec.get("host")
         if isinstance(host, Mapping) and host.get("kind") == "llvm":
             _check_cpu(dict(host), check_cores=False)
+
+
+# --------------------------------------------------------------------------- a run's target
+def resolve_run_target(target: Mapping, threads: int | None = None) -> dict:
+    """The target a run tunes for, resolved on the host that executes it: ``{"target": ..., "key": ...}``.
+
+    llvm: this host's ``mcpu`` and triple (or the ones the user named), ``num-cores`` = the run's
+    thread count (else the target's); other attributes the user gave are kept. cuda: ``arch`` from
+    the local device when the target names none and one is present (else left as given: a GPU
+    node's registered arch is not known here). Other kinds are returned as given."""
+    spec = dict(target)
+    kind = spec.get("kind")
+    if kind == "llvm":
+        cores = threads or spec.get("num-cores")
+        spec.update(resolve_cpu_target(num_cores=cores, mcpu=spec.get("mcpu"), triple=spec.get("mtriple")))
+    elif kind == "cuda" and not spec.get("arch"):
+        arch = cuda_arch_of(0)
+        if arch:
+            spec["arch"] = arch
+    return {"target": spec, "key": canonical_key(spec)}

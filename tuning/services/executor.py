@@ -157,6 +157,7 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
     try:
         with run.model.file.open("rb") as f:
             model_proto = onnx.load_model_from_string(f.read())
+        resolve_run_target(run, lease)
         config = adapters.build_engine_config(run, work_dir)
         with heartbeat_while_executing(run.pk, lease):
             if run.attempts > 1:
@@ -180,6 +181,18 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
         TuningRun.objects.filter(pk=run.pk, lease=lease).update(
             status=TuningRun.Status.FAILED, error=error, finished_at=timezone.now())
         return TuningRun.Status.FAILED
+
+
+def resolve_run_target(run: TuningRun, lease: str) -> None:
+    """Name the CPU (or GPU) the run tunes for, on the host that executes it, once: a resumed run keeps
+    its first resolution, and the engine refuses to measure it on a host with another CPU."""
+    if run.resolved_target:
+        return
+    resolved = adapters.resolve_target(run)
+    run.resolved_target, run.target_key = resolved["target"], fit_to_field(TuningRun, "target_key", resolved["key"])
+    if not TuningRun.objects.filter(pk=run.pk, lease=lease).update(resolved_target=run.resolved_target,
+                                                                   target_key=run.target_key):
+        raise LeaseLost(f"run {run.pk} was taken over")
 
 
 def reconcile_with_database(sink: DatabaseSink, model_proto, run: TuningRun, work_dir: Path) -> int:

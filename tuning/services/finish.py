@@ -41,9 +41,11 @@ def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Pa
             run.untuned_latency_s = comparison.get("untuned_latency_s")
             run.outputs_match = comparison.get("outputs_match")
             run.max_abs_diff = comparison.get("max_abs_diff")
+            _store_onnxruntime(run, comparison)
             run.final_dop = getattr(summary, "final_dop", None)
             run.mean_parallel_error = getattr(summary, "mean_parallel_error", None)
-            run.summary = adapters.public_json(json_safe(summary_dict), work_dir)
+            run.summary = adapters.public_json(json_safe({**summary_dict, **_comparison_summary(comparison)}),
+                                               work_dir)
             run.trials_done = Measurement.objects.filter(run_id=run_id).count()
             if run.trimmer_enabled:
                 _store_trimmer_results(run, trim, getattr(summary, "stop_reason", None))
@@ -54,6 +56,21 @@ def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Pa
         for f in saved_files:  # written to storage before the row that would name them rolled back
             f.storage.delete(f.name)
         raise
+
+
+def _store_onnxruntime(run: TuningRun, comparison: dict) -> None:
+    """The yardstick's headline numbers on `run` (saved by the caller); absent when it could not run."""
+    run.ort_latency_s = comparison.get("onnxruntime_latency_s")
+    run.ratio_to_ort = comparison.get("ratio_to_onnxruntime")
+    run.faster_engine = comparison.get("faster_engine") or ""
+    run.ort_outputs_agree = comparison.get("onnxruntime_outputs_agree")
+
+
+def _comparison_summary(comparison: dict) -> dict:
+    """What the summary keeps of the comparison: onnxruntime's measurement (timer, repeats, provider,
+    version) and why it is missing, if it is."""
+    keys = ("onnxruntime", "onnxruntime_error", "untuned_ratio_to_onnxruntime")
+    return {k: comparison[k] for k in keys if k in comparison}
 
 
 def _store_artifacts(run: TuningRun, records_zip: bytes, work_dir: Path) -> list:
@@ -82,6 +99,9 @@ def _store_task_states(run_id: int, summary, trim: dict) -> None:
         TuningTask.objects.filter(run_id=run_id, index=idx).update(status=TuningTask.Status.PREEMPTED,
                                                                   preempted_at_trial=at_trial)
     TuningTask.objects.filter(run_id=run_id, status=TuningTask.Status.PENDING).update(status=TuningTask.Status.DONE)
+    # a task no candidate of which was measured successfully is not done, whatever the engine said
+    TuningTask.objects.filter(run_id=run_id, best_latency_s__isnull=True).exclude(
+        status=TuningTask.Status.PREEMPTED).update(status=TuningTask.Status.UNTUNED)
 
 
 def require_a_measurement(run: TuningRun) -> None:

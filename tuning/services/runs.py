@@ -19,7 +19,7 @@ from core.selectors import energy_model
 from core.services import require_ready
 from scheduling import selectors as scheduling_selectors
 from tuning import adapters
-from tuning.models import RUN_LIMITS, TuningRun, parse_dop, run_bound_error
+from tuning.models import MIN_TRIALS_PER_TASK, RUN_LIMITS, TuningRun, min_trials_for, parse_dop, run_bound_error
 
 from .quota import check_run_quota
 
@@ -84,6 +84,17 @@ def validate_run_bounds(*, max_trials, trials_per_round, threads, options: dict)
             raise ServiceError(error, field=name)
 
 
+def validate_budget(*, max_trials: int, model: DLModel) -> None:
+    """Refuse a budget that cannot give each of the model's tuning tasks MIN_TRIALS_PER_TASK trials (the
+    count the upload found; a model without one is not checked)."""
+    n_tasks = model.num_tuning_tasks
+    if n_tasks and max_trials < min_trials_for(n_tasks):
+        raise ServiceError(
+            f"max_trials {max_trials} is below the minimum for this model: it has {n_tasks} tuning tasks and "
+            f"each needs at least {MIN_TRIALS_PER_TASK} trials, so use at least {min_trials_for(n_tasks)} "
+            f"trials (fewer would leave tasks with no valid measurement).", field="max_trials")
+
+
 def start_run(
     *,
     actor: AbstractBaseUser,
@@ -104,6 +115,7 @@ def start_run(
     target = validate_target(target or settings.DEFAULT_TUNING_TARGET)
     options = dict(options or {})
     validate_run_bounds(max_trials=max_trials, trials_per_round=trials_per_round, threads=threads, options=options)
+    validate_budget(max_trials=max_trials, model=model)
     if measurement_mode not in TuningRun.Mode.values:
         raise ServiceError(f"measurement_mode must be one of {', '.join(TuningRun.Mode.values)}.",
                            field="measurement_mode")

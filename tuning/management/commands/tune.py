@@ -137,6 +137,11 @@ class Command(BaseCommand):
             "tuned_latency_ms": run.tuned_latency_s * 1e3 if run.tuned_latency_s else None,
             "untuned_latency_ms": run.untuned_latency_s * 1e3 if run.untuned_latency_s else None,
             "speedup": run.speedup, "outputs_match": run.outputs_match,
+            "resolved_target": run.resolved_target, "target_key": run.target_key,
+            "onnxruntime_latency_ms": run.ort_latency_s * 1e3 if run.ort_latency_s else None,
+            "ratio_to_onnxruntime": run.ratio_to_ort, "faster_engine": run.faster_engine or None,
+            "onnxruntime_outputs_agree": run.ort_outputs_agree,
+            "onnxruntime_error": (run.summary or {}).get("onnxruntime_error") or "",
             "tasks": [{"index": t.index, "name": t.name, "trials": t.trials,
                        "best_latency_ms": t.best_latency_s * 1e3 if t.best_latency_s else None}
                       for t in run.tasks.order_by("index")],
@@ -152,3 +157,10 @@ class Command(BaseCommand):
             self.stdout.write(f"End to end: tuned {s['tuned_latency_ms']:.4f} ms vs untuned "
                               f"{s['untuned_latency_ms']:.4f} ms ({s['speedup']:.2f}x), outputs match: "
                               f"{s['outputs_match']}")
+        if s["onnxruntime_latency_ms"]:
+            slower = " (tuned TVM is SLOWER: deploy onnxruntime)" if s["faster_engine"] == "onnxruntime" else ""
+            self.stdout.write(f"onnxruntime: {s['onnxruntime_latency_ms']:.4f} ms, tuned/onnxruntime "
+                              f"{s['ratio_to_onnxruntime']:.2f}{slower}, "
+                              f"outputs agree: {s['onnxruntime_outputs_agree']}")
+        elif s["onnxruntime_error"]:
+            self.stdout.write(f"onnxruntime: not compared ({s['onnxruntime_error']})")

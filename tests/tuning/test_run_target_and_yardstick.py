@@ -1,0 +1,116 @@
+"""Issue 12 on runs: the executing worker resolves the run's target (this host's CPU as LLVM names it,
+its triple, the run's thread count) and stores it; a target built for another CPU is refused where the
+local runner measures; the end of a run measures onnxruntime on the same model and stores, shows and
+serves the comparison (a tuned module slower than onnxruntime is labelled so)."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+
+from tuning import services
+from tuning.models import TuningRun
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
+
+FAST = {"search_population": 16, "genetic_num_iters": 1, "seed": 1,
+        "evaluator": {"number": 2, "repeat": 1, "min_repeat_ms": 5}}
+
+
+def _host_cpu() -> str:
+    from tvm.target import codegen
+
+    return str(codegen.llvm_get_system_cpu())
+
+
+def _another_cpu() -> str:
+    return "skylake" if _host_cpu() != "skylake" else "znver3"
+
+
+def test_a_run_executed_here_records_this_hosts_mcpu(model_a, user_owner, monkeypatch):
+    """Resolution runs for real (in the engine's child); only the tuning itself is replaced."""
+    seen = {}
+
+    def engine_stops_at_once(sink, model_proto, config):
+        seen["target"] = dict(config.target)
+        raise RuntimeError("stop here")
+
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, threads=1,
+                             target={"kind": "llvm", "num-cores": 2}, enqueue=False)
+    monkeypatch.setattr("tuning.adapters.run_engine", engine_stops_at_once)
+    services.execute_run(run_id=run.pk, worker="t")
+    run.refresh_from_db()
+    assert run.target == {"kind": "llvm", "num-cores": 2}  # what the user asked for is kept
+    assert run.resolved_target["mcpu"] == _host_cpu()
+    assert run.resolved_target["num-cores"] == 1 and run.resolved_target["mtriple"]
+    assert seen["target"] == run.resolved_target  # the engine tunes for the resolved target
+    assert run.target_key and _host_cpu() in run.target_key
+
+
+def test_a_target_built_for_another_cpu_is_refused_with_the_reason(model_a, user_owner):
+    """The real engine child refuses before extracting tasks: the run fails saying which CPUs differ."""
+    other = _another_cpu()
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, threads=1,
+                             target={"kind": "llvm", "mcpu": other}, enqueue=False)
+    assert services.execute_run(run_id=run.pk, worker="t") == TuningRun.Status.FAILED
+    run.refresh_from_db()
+    assert run.resolved_target["mcpu"] == other
+    assert f"the target was built for the CPU {other!r}, this host is {_host_cpu()!r}" in run.error, run.error
+
+
+def _finished_run(run: TuningRun, **fields) -> TuningRun:
+    values = {"status": TuningRun.Status.SUCCEEDED, "tuned_latency_s": 3e-3, "untuned_latency_s": 6e-3,
+              "outputs_match": True, "resolved_target": {"kind": "llvm", "mcpu": "znver3", "num-cores": 1},
+              "target_key": '{"kind":"llvm","mcpu":"znver3","num-cores":1}', **fields}
+    TuningRun.objects.filter(pk=run.pk).update(**values)
+    run.refresh_from_db()
+    return run
+
+
+def test_a_tuned_module_slower_than_onnxruntime_is_labelled_so(model_a, user_owner, client, api_owner):
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False)
+    run = _finished_run(run, ort_latency_s=1e-3, ratio_to_ort=3.0, faster_engine="onnxruntime",
+                        ort_outputs_agree=True)
+    client.force_login(user_owner)
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "SLOWER than onnxruntime (3.00× its latency): deploy onnxruntime" in html
+    assert "mcpu znver3" in html and "1.000 ms" in html
+    body = api_owner.get(f"/api/runs/{run.pk}/").json()
+    assert body["faster_engine"] == "onnxruntime" and body["ratio_to_ort"] == 3.0
+    assert body["ort_latency_s"] == 1e-3 and body["resolved_target"]["mcpu"] == "znver3"
+
+
+@pytest.mark.slow
+def test_a_tiny_run_stores_serves_and_shows_the_onnxruntime_comparison(model_a, user_owner, client):
+    """End to end through `manage.py tune --json` (in-process, the Celery task's body): a tiny budget on
+    the tiny CNN, then the finish measures onnxruntime at the run's thread count and stores it next to
+    the tuned latency; the JSON summary and the run page carry it."""
+    out = io.StringIO()
+    call_command("tune", str(model_a.pk), "--trials", "8", "--trials-per-round", "8", "--threads", "1",
+                 "--target", '{"kind": "llvm", "num-cores": 1}', "--population", "16", "--seed", "1", "--json",
+                 "--no-progress", stdout=out, stderr=io.StringIO())
+    summary = json.loads(out.getvalue())
+    run = TuningRun.objects.get(pk=summary["run"])
+    assert run.status == "succeeded", run.error
+    assert run.resolved_target["mcpu"] == _host_cpu() and summary["resolved_target"] == run.resolved_target
+    assert run.ort_latency_s > 0 and run.ort_outputs_agree is True
+    assert run.ratio_to_ort == pytest.approx(run.tuned_latency_s / run.ort_latency_s)
+    assert run.faster_engine in ("tvm", "onnxruntime") and summary["faster_engine"] == run.faster_engine
+    assert summary["onnxruntime_latency_ms"] == pytest.approx(run.ort_latency_s * 1e3)
+    assert summary["ratio_to_onnxruntime"] == run.ratio_to_ort and summary["onnxruntime_outputs_agree"] is True
+    ort = run.summary["onnxruntime"]
+    assert ort["threads"] == 1 and ort["provider"] == "CPUExecutionProvider" and ort["repeats"] > 1
+    client.force_login(user_owner)
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "onnxruntime latency" in html and ("SLOWER than onnxruntime" in html) == (run.faster_engine == "onnxruntime")
+
+
+def test_the_compare_page_shows_the_onnxruntime_ratio(model_a, user_owner, client):
+    slow, fast = (services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False) for _ in "ab")
+    _finished_run(slow, ort_latency_s=1e-3, ratio_to_ort=3.0, faster_engine="onnxruntime")
+    _finished_run(fast, ort_latency_s=1e-3, ratio_to_ort=0.5, faster_engine="tvm")
+    client.force_login(user_owner)
+    html = client.get(f"/runs/compare/?runs={slow.pk}&runs={fast.pk}").content.decode()
+    assert "3.00× (slower than onnxruntime)" in html and "0.50×</td>" in html and "mcpu znver3" in html
