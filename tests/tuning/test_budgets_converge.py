@@ -40,6 +40,17 @@ def test_service_refuses_a_budget_below_the_minimum(counted_model, user_owner):
     assert TuningRun.objects.count() == 1
 
 
+def test_a_round_too_large_for_every_task_to_get_one_is_lowered(counted_model, user_owner):
+    """The run's trials per round (what the engine gets) leaves every task its first round in the budget;
+    a model with no task count, or a round that already fits, keeps what was asked."""
+    run = services.start_run(actor=user_owner, model=counted_model, max_trials=MINIMUM, trials_per_round=32,
+                             enqueue=False)
+    assert run.trials_per_round == MIN_TRIALS_PER_TASK and run.trials_per_round * N_TASKS <= run.max_trials
+    roomy = services.start_run(actor=user_owner, model=counted_model, max_trials=N_TASKS * 64, trials_per_round=32,
+                               enqueue=False)
+    assert roomy.trials_per_round == 32
+
+
 def test_api_answers_400_with_the_minimum(api_owner, counted_model):
     resp = api_owner.post("/api/runs/", {"model": counted_model.pk, "max_trials": TOO_FEW}, format="json")
     assert resp.status_code == 400 and _says_the_minimum(resp.content.decode()), resp.content

@@ -95,6 +95,17 @@ def validate_budget(*, max_trials: int, model: DLModel) -> None:
             f"trials (fewer would leave tasks with no valid measurement).", field="max_trials")
 
 
+def rounds_that_reach_every_task(*, trials_per_round: int, max_trials: int, model: DLModel) -> int:
+    """MetaSchedule gives every task one round before any task gets a second: a round larger than
+    max_trials / tasks would spend the budget before the last tasks' turn (64 trials at 32 a round left
+    3 of 6 tasks untuned). Such a round is lowered to max_trials // tasks (>= MIN_TRIALS_PER_TASK, which
+    validate_budget guarantees); a model without a task count keeps the requested round."""
+    n_tasks = model.num_tuning_tasks
+    if n_tasks and trials_per_round * n_tasks > max_trials:
+        return max(MIN_TRIALS_PER_TASK, max_trials // n_tasks)
+    return trials_per_round
+
+
 def start_run(
     *,
     actor: AbstractBaseUser,
@@ -116,6 +127,8 @@ def start_run(
     options = dict(options or {})
     validate_run_bounds(max_trials=max_trials, trials_per_round=trials_per_round, threads=threads, options=options)
     validate_budget(max_trials=max_trials, model=model)
+    trials_per_round = rounds_that_reach_every_task(trials_per_round=trials_per_round, max_trials=max_trials,
+                                                    model=model)
     if measurement_mode not in TuningRun.Mode.values:
         raise ServiceError(f"measurement_mode must be one of {', '.join(TuningRun.Mode.values)}.",
                            field="measurement_mode")
