@@ -249,6 +249,19 @@ class FittedInterference:
                 "params": {g: asdict(p) for g, p in sorted(self.params.items())}}
 
 
+def flat_sharing_slowdown(n_jobs: int, demand_pct: float, job_util_pct: float, *, share_penalty: float,
+                          util_slope: float = 0.0, oversub_exponent: float = 0.0) -> float:
+    """The old, load-blind rule (one place for the replay's ``SharingPenalty`` and ``FlatSharingPenalty``):
+    ``(1 + share_penalty + util_slope * others_util/100) * max(1, D/100) ** oversub_exponent`` for a job
+    sharing its GPU (``D`` the GPU's demand in %), 1 alone."""
+    if n_jobs <= 1:
+        return 1.0
+    s = 1.0 + share_penalty + util_slope * max(0.0, demand_pct - job_util_pct) / 100.0
+    if demand_pct > 100.0:
+        s *= (demand_pct / 100.0) ** oversub_exponent
+    return s
+
+
 @dataclass(frozen=True)
 class FlatSharingPenalty:
     """SENSITIVITY, not physics: the Horus paper simulator's +``penalty`` slowdown
@@ -263,10 +276,9 @@ class FlatSharingPenalty:
     def speeds(self, utils: Sequence[float], mem_fracs: Sequence[float] | None = None,
                gpu_type: str = "V100") -> list[float]:
         us = _check_utils(utils, mem_fracs)
-        if len(us) <= 1:
-            return [1.0] * len(us)
-        slowdown = (1.0 + self.penalty) * max(1.0, sum(us)) ** self.oversub_exponent
-        return [1.0 / slowdown] * len(us)
+        demand_pct = 100.0 * sum(us)
+        return [1.0 / flat_sharing_slowdown(len(us), demand_pct, 100.0 * u, share_penalty=self.penalty,
+                                            oversub_exponent=self.oversub_exponent) for u in us]
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "kind": "sensitivity (not physical)", "penalty": self.penalty,

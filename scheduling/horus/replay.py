@@ -27,7 +27,7 @@ import numpy as np
 from common.jsonsafe import json_safe
 
 from .cluster import MILLI, ClusterSpec, ClusterState, JobView, PlacementError, workload_types
-from .interference import FittedInterference
+from .interference import FittedInterference, flat_sharing_slowdown
 from .policies import PlacementPolicy
 from .sim_inputs import checked_placement, job_views, noisy_predictions, validate_jobs
 from .traces import Job
@@ -86,12 +86,8 @@ class SharingPenalty:
     name: str = "share_penalty"
 
     def slowdown(self, n_jobs: int, demand: float, job_util: float) -> float:
-        if n_jobs <= 1:
-            return 1.0
-        s = 1.0 + self.share_penalty + self.util_slope * max(0.0, demand - job_util) / 100.0
-        if demand > 100.0:
-            s *= (demand / 100.0) ** self.oversub_exponent
-        return s
+        return flat_sharing_slowdown(n_jobs, demand, job_util, share_penalty=self.share_penalty,
+                                     util_slope=self.util_slope, oversub_exponent=self.oversub_exponent)
 
     def slowdowns(self, load: GpuLoad) -> Sequence[float]:
         n = len(load.job_ids)
