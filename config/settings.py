@@ -105,8 +105,12 @@ DATABASES["default"]["ATOMIC_REQUESTS"] = False
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # Web server, Celery workers and tuning processes share one file: wait on
     # locks instead of failing, and use WAL so readers never block the writer.
+    # IMMEDIATE transactions take the write lock at BEGIN, where the busy timeout
+    # applies; a deferred one that reads and then writes fails at once with
+    # "database is locked" when another writer holds the lock (seen under load).
     DATABASES["default"].setdefault("OPTIONS", {}).update(
-        {"timeout": 30, "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
+        {"timeout": 30, "transaction_mode": "IMMEDIATE",
+         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
     )
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
