@@ -339,3 +339,11 @@ LOGGING = {
         "django.db.backends": {"level": "WARNING"},
     },
 }
+
+# Team webhooks (core.services.webhooks): https only, to public addresses; plain http only to these hosts.
+WEBHOOK_HTTP_HOSTS = env.list("WEBHOOK_HTTP_HOSTS", default=[])
+# True lets webhooks reach private and loopback addresses (tests, a receiver inside a private network).
+WEBHOOK_ALLOW_PRIVATE_ADDRESSES = env.bool("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", default=False)
+WEBHOOK_MAX_ATTEMPTS = env.int("WEBHOOK_MAX_ATTEMPTS", default=6)
+WEBHOOK_RETRY_BASE_S = env.float("WEBHOOK_RETRY_BASE_S", default=30.0)  # then 60, 120, 240, 480 s
+WEBHOOK_TIMEOUT_S = env.float("WEBHOOK_TIMEOUT_S", default=10.0)
