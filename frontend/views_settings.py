@@ -32,7 +32,6 @@ def tokens(request):
                     user=request.user, name=form.cleaned_data["name"], password=form.cleaned_data["password"])
             except ServiceError as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-                status = 400
             else:
                 form = TokenCreateForm()
     return render(request, "frontend/settings_tokens.html", {

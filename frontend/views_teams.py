@@ -30,12 +30,15 @@ def team_list(request):
 
 @never_cache
 @login_required
-def team_detail(request, pk: int, *, webhook_form=None, secret=None, status=200):
+def team_detail(request, pk: int, *, webhook_form=None, secret=None):
     team, role = accountdata.team_of_user(request.user, pk)
+    context = accountdata.team_page(team)
+    if webhook_form is None:
+        webhook_form = WebhookForm(initial={"url": context["webhook"].url if context["webhook"] else ""})
     return render(request, "frontend/team_detail.html", {
         "scope": get_scope(request), "team": team, "role": role, "is_owner": role == Membership.Role.OWNER,
         "invite_form": InviteForm(), "role_choices": Membership.Role.choices, "secret": secret,
-        "webhook_form": webhook_form, **accountdata.team_page(team), "nav": "teams"}, status=status)
+        "webhook_form": webhook_form, **context, "nav": "teams"})
 
 
 def _attempt(request, write, success: str) -> bool:
@@ -129,7 +132,7 @@ def team_webhook(request, pk: int, action: str):
         if action == "set":
             form = WebhookForm(request.POST)
             if not form.is_valid():
-                return team_detail(request, pk, webhook_form=form, status=400)
+                return team_detail(request, pk, webhook_form=form)
             change = core_services.set_team_webhook(actor=request.user, team=team, url=form.cleaned_data["url"])
         elif action == "rotate":
             change = core_services.rotate_webhook_secret(actor=request.user, team=team)
@@ -143,7 +146,7 @@ def team_webhook(request, pk: int, action: str):
         form = WebhookForm(request.POST if action == "set" else None)
         if action == "set" and exc.field == "url":
             form.add_error("url", exc.message)
-            return team_detail(request, pk, webhook_form=form, status=400)
+            return team_detail(request, pk, webhook_form=form)
         messages.error(request, exc.message)
         return redirect("team-page", pk=team.pk)
     if change.secret is None:

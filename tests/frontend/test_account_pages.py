@@ -30,7 +30,7 @@ def page_messages(resp) -> list[str]:
 def test_a_token_is_created_with_the_password_and_shown_once(user_owner):
     c = logged_in(user_owner)
     wrong = c.post("/settings/tokens/", {"name": "ci", "password": "not-it"})
-    assert wrong.status_code == 400 and b"Wrong password" in wrong.content
+    assert wrong.status_code == 200 and b"Wrong password" in wrong.content  # the form again, with the error
     assert not ApiToken.objects.filter(user=user_owner).exists()
 
     resp = c.post("/settings/tokens/", {"name": "ci", "password": "pw-alice"})
@@ -76,7 +76,7 @@ def test_token_forms_need_csrf_and_creation_is_throttled(user_owner, settings):
         **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "tokens": "2/hour"}}
     c = logged_in(user_owner)
     statuses = [c.post("/settings/tokens/", {"name": "g", "password": "guess"}).status_code for _ in range(3)]
-    assert statuses == [400, 400, 429]  # password guessing is bounded too
+    assert statuses == [200, 200, 429]  # password guessing is bounded too
     assert c.post("/settings/tokens/", {"name": "g", "password": "pw-alice"}).status_code == 429
 
 
@@ -196,7 +196,7 @@ def test_owner_sets_the_webhook_and_sees_the_secret_once(user_owner, team_a, use
 def test_the_webhook_form_refuses_ssrf_urls(user_owner, team_a, url, settings):
     settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES, settings.WEBHOOK_HTTP_HOSTS = False, []
     resp = logged_in(user_owner).post(reverse("team-webhook", args=[team_a.pk, "set"]), {"url": url})
-    assert resp.status_code == 400 and resp.context["webhook_form"].errors["url"]
+    assert resp.status_code == 200 and resp.context["webhook_form"].errors["url"]
     assert not TeamWebhook.objects.exists()
 
 
