@@ -14,7 +14,7 @@ from core.services import webhooks
 from tests.core.test_webhooks import Receiver
 from tests.factories import TuningRunFactory, UserFactory
 
-from .test_browser import CHROMIUM, LAUNCH_ARGS, WAIT_MS, browser, login, shots  # noqa: F401 (fixtures)
+from .test_browser import WAIT_MS, browser, login, shots  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
