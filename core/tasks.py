@@ -31,3 +31,11 @@ def deliver_webhook(self, delivery_id: int) -> None:
     retry_in = webhooks.deliver(delivery_id=delivery_id)
     if retry_in is not None:
         raise self.retry(countdown=retry_in)
+
+
+@shared_task(name="core.resend_lost_webhooks")
+def resend_lost_webhooks() -> list[int]:
+    """Beat: pending webhook deliveries whose message was lost are sent again."""
+    from core.services import webhooks
+
+    return webhooks.resend_lost_deliveries()

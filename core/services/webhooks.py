@@ -15,6 +15,7 @@ secret, with ``X-Dlopt-Timestamp`` (Unix seconds) so a receiver can refuse repla
 """
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import ipaddress
@@ -226,6 +227,22 @@ def deliver(*, delivery_id: int) -> float | None:
         return retry_delay_s(delivery.attempts)
     _settle(delivery, WebhookDelivery.State.FAILED, answer)
     return None
+
+
+def resend_lost_deliveries(*, now=None) -> list[int]:
+    """Send again the pending deliveries whose message was lost (a broker outage when it was sent, a
+    worker killed before it retried): those whose next attempt is overdue by WEBHOOK_LOST_AFTER_S.
+    Beat runs this; a receiver may see a delivery twice, and dedupes by its ``delivery`` id."""
+    now = now or timezone.now()
+    grace = dt.timedelta(seconds=settings.WEBHOOK_LOST_AFTER_S)
+    lost = []
+    for pk, attempts, created, last in WebhookDelivery.objects.filter(state=WebhookDelivery.State.PENDING) \
+            .values_list("pk", "attempts", "created_at", "last_attempt_at"):
+        due = (last + dt.timedelta(seconds=retry_delay_s(attempts))) if attempts and last else created
+        if due + grace < now:
+            lost.append(pk)
+            send_delivery(pk)
+    return lost
 
 
 def _settle(delivery: WebhookDelivery, state: str, answer: Answer) -> None:

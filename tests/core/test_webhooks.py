@@ -289,3 +289,28 @@ def test_a_transition_that_rolls_back_announces_nothing(hooked_team, user_owner,
             tuning_services.cancel_run(actor=user_owner, run=run)
             transaction.set_rollback(True)
     assert not WebhookDelivery.objects.exists() and celery_outbox.args_of("core.deliver_webhook") == []
+
+
+def test_deliveries_whose_message_was_lost_are_sent_again(team_a, user_owner, local_receivers, celery_outbox,
+                                                          django_capture_on_commit_callbacks, settings):
+    """A broker outage when the transition committed (or a worker killed before its retry) leaves a
+    delivery pending with no message: beat's sweep sends it again once its attempt is overdue."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    settings.WEBHOOK_LOST_AFTER_S = 600.0
+    services.set_team_webhook(actor=user_owner, team=team_a, url="http://127.0.0.1:9/")
+    fresh = _announce(team_a, capture=django_capture_on_commit_callbacks, execute=False)  # message never sent
+    retried = _announce(team_a, object_id=2, capture=django_capture_on_commit_callbacks, execute=False)
+    now = timezone.now()
+    WebhookDelivery.objects.filter(pk=retried.pk).update(attempts=2, last_attempt_at=now)  # next try in 60 s
+    with django_capture_on_commit_callbacks(execute=True):
+        assert webhooks.resend_lost_deliveries(now=now) == []  # nothing overdue yet
+        later = now + dt.timedelta(seconds=601)
+        assert sorted(webhooks.resend_lost_deliveries(now=later)) == [fresh.pk]
+        assert sorted(webhooks.resend_lost_deliveries(now=later + dt.timedelta(seconds=60))) == [fresh.pk, retried.pk]
+    WebhookDelivery.objects.filter(pk=fresh.pk).update(state="delivered")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert webhooks.resend_lost_deliveries(now=later + dt.timedelta(days=1)) == [retried.pk]
+    assert celery_outbox.args_of("core.deliver_webhook").count((fresh.pk,)) == 2
