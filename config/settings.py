@@ -275,6 +275,7 @@ TUNING_MEASURE_QUEUE_TIMEOUT_S = env.float("TUNING_MEASURE_QUEUE_TIMEOUT_S", def
 TUNING_RUN_TIME_LIMIT_S = env.float("TUNING_RUN_TIME_LIMIT_S", default=11 * 3600.0)
 CELERY_BEAT_SCHEDULE = {
     "recover-stale-tuning-runs": {"task": "tuning.recover_stale_runs", "schedule": 60.0},
+    "resend-lost-webhooks": {"task": "core.resend_lost_webhooks", "schedule": 300.0},
     "gpu-heartbeat": {"task": "scheduling.heartbeat", "schedule": env.float("SCHEDULING_HEARTBEAT_S", default=15.0)},
 }
 # GPU scheduling (Horus): placement policy and liveness windows.
@@ -343,3 +344,13 @@ LOGGING = {
         "django.db.backends": {"level": "WARNING"},
     },
 }
+
+# Team webhooks (core.services.webhooks): https only, to public addresses; plain http only to these hosts.
+WEBHOOK_HTTP_HOSTS = env.list("WEBHOOK_HTTP_HOSTS", default=[])
+# True lets webhooks reach private and loopback addresses (tests, a receiver inside a private network).
+WEBHOOK_ALLOW_PRIVATE_ADDRESSES = env.bool("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", default=False)
+WEBHOOK_MAX_ATTEMPTS = env.int("WEBHOOK_MAX_ATTEMPTS", default=6)
+WEBHOOK_RETRY_BASE_S = env.float("WEBHOOK_RETRY_BASE_S", default=30.0)  # then 60, 120, 240, 480 s
+WEBHOOK_TIMEOUT_S = env.float("WEBHOOK_TIMEOUT_S", default=10.0)
+# A pending delivery whose next attempt is this overdue lost its message; beat sends it again.
+WEBHOOK_LOST_AFTER_S = env.float("WEBHOOK_LOST_AFTER_S", default=600.0)

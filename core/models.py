@@ -234,3 +234,54 @@ class DLModel(models.Model):
     @property
     def gflops(self) -> float:
         return self.total_flops / 1e9
+
+
+class TeamWebhook(models.Model):
+    """Where a team is told that one of its tuning runs or GPU jobs ended (set by its owners).
+
+    The body is signed with HMAC-SHA256 under ``secret`` (core.services.webhooks): the key is shown to
+    the owner once, when it is made or rotated, and kept here because every delivery must sign with it.
+    """
+
+    team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="webhook")
+    url = models.URLField(max_length=500)
+    secret = models.CharField(max_length=64, editable=False)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    updated_at = models.DateTimeField(auto_now=True)
+    secret_rotated_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"Webhook of {self.team}"
+
+    @staticmethod
+    def generate_secret() -> str:
+        return secrets.token_hex(32)
+
+
+class WebhookDelivery(models.Model):
+    """One event for a team's webhook and what became of sending it (attempts, last answer)."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "Pending"        # queued, or waiting for its next retry
+        DELIVERED = "delivered", "Delivered"  # the receiver answered 2xx
+        FAILED = "failed", "Failed"           # given up: refused (4xx) or out of attempts
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="webhook_deliveries")
+    event = models.CharField(max_length=40, help_text="e.g. tuning_run.succeeded, gpu_job.failed")
+    # one delivery per object reaching a terminal state: a transition announced twice is sent once
+    event_key = models.CharField(max_length=80, unique=True)
+    payload = models.JSONField()
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        indexes = [models.Index(fields=["team", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.event} for {self.team} ({self.state})"

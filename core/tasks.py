@@ -20,3 +20,22 @@ def validate_model(model_id: int) -> str | None:
 
     model = services.finish_model_validation(model_id=model_id)
     return model.state if model is not None else None
+
+
+@shared_task(name="core.deliver_webhook", bind=True, acks_late=True, max_retries=None)
+def deliver_webhook(self, delivery_id: int) -> None:
+    """One attempt at a webhook delivery (default queue); a failed attempt that may be retried comes back
+    after the service's exponential backoff, up to WEBHOOK_MAX_ATTEMPTS attempts in all."""
+    from core.services import webhooks
+
+    retry_in = webhooks.deliver(delivery_id=delivery_id)
+    if retry_in is not None:
+        raise self.retry(countdown=retry_in)
+
+
+@shared_task(name="core.resend_lost_webhooks")
+def resend_lost_webhooks() -> list[int]:
+    """Beat: pending webhook deliveries whose message was lost are sent again."""
+    from core.services import webhooks
+
+    return webhooks.resend_lost_deliveries()

@@ -7,7 +7,7 @@ on frontend.api (tests/frontend/test_api.py checks that it still does).
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import api, views
+from . import api, views, views_records, views_settings, views_teams
 
 chart_patterns = [
     path("api/charts/models/<int:pk>/ops/", api.ModelOpsChartView.as_view(), name="charts-model-ops"),
@@ -34,9 +34,19 @@ urlpatterns = [
     path("runs/compare/", views.run_compare, name="run-compare"),
     path("runs/<int:pk>/", views.run_detail, name="run-detail"),
     path("runs/<int:pk>/<str:action>/", views.run_control, name="run-control"),
+    path("runs/<int:pk>/records/import/", views_records.run_import_records, name="run-import-records"),
     path("cluster/", views.cluster, name="cluster"),
     path("simulations/", views.simulations, name="simulations"),
     path("simulations/<int:pk>/", views.simulation_detail, name="simulation-detail"),
     path("energy/", views.energy, name="energy"),
+    path("settings/tokens/", views_settings.tokens, name="settings-tokens"),
+    path("settings/tokens/<int:pk>/revoke/", views_settings.token_revoke, name="token-revoke"),
+    path("teams/", views_teams.team_list, name="team-list-page"),
+    path("teams/<int:pk>/", views_teams.team_detail, name="team-page"),
+    path("teams/<int:pk>/invite/", views_teams.team_invite, name="team-invite"),
+    path("teams/<int:pk>/leave/", views_teams.team_leave, name="team-leave"),
+    path("teams/<int:pk>/members/<int:member_pk>/<str:action>/", views_teams.team_member, name="team-member"),
+    path("teams/<int:pk>/webhook/<str:action>/", views_teams.team_webhook, name="team-webhook"),
+    path("invitations/<int:pk>/<str:action>/", views_teams.invitation_answer, name="invitation-answer"),
     *chart_patterns,
 ]

@@ -1,5 +1,5 @@
 """Writes of the core app, one module per seam: ``teams`` (teams, members), ``invitations``, ``quotas``,
-``energy`` (the energy model), ``tokens`` (API tokens), ``registry`` (the DL model registry). Keyword-only,
+``energy`` (the energy model), ``tokens`` (API tokens), ``webhooks`` (team notifications), ``registry`` (the DL model registry). Keyword-only,
 typed, atomic: views, admin, commands and tasks call them; reads live in ``core.selectors``.
 
 Everything public is re-exported here, so callers write ``from core import services``."""
@@ -26,10 +26,18 @@ from .teams import (
     require_team_creator,
     update_team,
 )
-from .tokens import IssuedToken, create_api_token, revoke_api_token
+from .tokens import IssuedToken, create_api_token, create_api_token_confirmed, revoke_api_token
+from .webhooks import (
+    WebhookChange,
+    notify_terminal,
+    remove_team_webhook,
+    rotate_webhook_secret,
+    set_team_webhook,
+)
 
 __all__ = [
-    "QUOTA_FIELDS", "TEAM_FIELDS", "IssuedToken",
+    "QUOTA_FIELDS", "TEAM_FIELDS", "IssuedToken", "WebhookChange", "create_api_token_confirmed",
+    "notify_terminal", "remove_team_webhook", "rotate_webhook_secret", "set_team_webhook",
     "accept_invitation", "add_member", "change_member_role", "check_energy_value", "check_role", "create_api_token",
     "create_team", "decline_invitation", "delete_model", "ensure_energy_settings", "finish_model_validation",
     "invite_member", "lock_team_quota", "read_upload", "register_model", "remove_member", "require_ready",

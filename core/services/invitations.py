@@ -14,18 +14,29 @@ from .teams import check_role
 
 @transaction.atomic
 def invite_member(*, actor: AbstractBaseUser, team: Team, username: str, role: str) -> TeamInvitation | None:
-    """An owner invites a user by name. The outcome is not told to the caller: an unknown or inactive
+    """An owner invites a user by user name or e-mail address (a unique, active account). The outcome is not told to the caller: an unknown or inactive
     name, or a user already in the team, makes no invitation but looks the same (None here, the same
     202 at the API), so invitations cannot be used to find out who has an account."""
     require_team_owner(actor, team.pk)
     check_role(role)
-    User = get_user_model()
-    user = User.objects.filter(**{User.USERNAME_FIELD: (username or "").strip()}, is_active=True).first()
+    user = _find_user(username)
     if user is None or Membership.objects.filter(team=team, user=user).exists():
         return None
     invitation, _ = TeamInvitation.objects.update_or_create(
         team=team, user=user, defaults={"role": role, "invited_by": actor})
     return invitation
+
+
+def _find_user(name_or_email: str) -> AbstractBaseUser | None:
+    User = get_user_model()
+    value = (name_or_email or "").strip()
+    if not value:
+        return None
+    by_name = User.objects.filter(**{User.USERNAME_FIELD: value}, is_active=True).first()
+    if by_name is not None or "@" not in value:
+        return by_name
+    matches = list(User.objects.filter(email__iexact=value, is_active=True)[:2])
+    return matches[0] if len(matches) == 1 else None  # an address two accounts share names nobody
 
 
 @transaction.atomic

@@ -93,7 +93,9 @@ def change_member_role(*, actor: AbstractBaseUser, membership: Membership, role:
     require_team_owner(actor, membership.team_id)
     check_role(role)
     if membership.role == Membership.Role.OWNER and role != Membership.Role.OWNER:
-        _ensure_an_owner_remains(membership.team, membership)
+        _ensure_an_owner_remains(membership.team, membership, **({"message": (
+            "You are the team's last owner: make another member an owner before changing your own role.")}
+            if membership.user_id == actor.pk else {}))
     membership.role = role
     membership.save(update_fields=["role"])
     return membership

@@ -27,6 +27,14 @@ def create_api_token(*, user: AbstractBaseUser, name: str) -> IssuedToken:
     return IssuedToken(token=token, key=key)
 
 
+def create_api_token_confirmed(*, user: AbstractBaseUser, name: str, password: str) -> IssuedToken:
+    """The dashboard's creation: the account password is typed again, so a session left open (or
+    stolen) cannot mint a long-lived key without it."""
+    if not password or not user.check_password(password):
+        raise PermissionDenied("Wrong password: type your account password to create a token.", field="password")
+    return create_api_token(user=user, name=name)
+
+
 def revoke_api_token(*, user: AbstractBaseUser, token: ApiToken) -> ApiToken:
     if token.user_id != user.pk and not user.is_staff:
         raise PermissionDenied("You can only revoke your own tokens.")

@@ -14,6 +14,7 @@ from .. import gpu_runtime, selectors
 from ..gpu_runtime import DurationReached, GpuRuntimeError, JobStopped, NoGpuError
 from ..models import ERROR_TEXT_MAX_CHARS, GpuJob, Placement
 from .jobs import gpu_job_limits
+from .messages import announce_job_end
 from .placement import dispatch_placement, release_active_placement, request_placement_pass
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ def finish_job(*, job_id: int, result: dict[str, Any] | None = None, error: str 
         job.measured_util_pct = (result or {}).get("util_mean_pct")
         job.measured_mem_mb = (result or {}).get("mem_used_by_job_mb")
     job.save()
+    announce_job_end(job)
     request_placement_pass()
     return job
 
@@ -76,6 +78,7 @@ def recover_lost_jobs(*, now: dt.datetime | None = None) -> dict[str, list[int]]
                 job.state, job.finished_at = GpuJob.State.FAILED, now
                 job.error = f"node {node_name} stopped sending heartbeats while the job ran (worker lost)"
                 job.save(update_fields=["state", "finished_at", "error"])
+                announce_job_end(job)
                 out["failed"].append(job_id)
     if out["requeued"] or out["failed"]:
         log.warning("lost GPU jobs: %s", out)

@@ -13,6 +13,7 @@ from core.services import lock_team_quota, require_ready
 
 from .. import selectors
 from ..models import GPU_JOB_LIMITS, GpuJob
+from .messages import announce_job_end
 from .placement import release_active_placement, request_placement_pass
 from .predictors import predict_job
 
@@ -97,6 +98,7 @@ def cancel_job(*, actor: AbstractBaseUser, job: GpuJob) -> GpuJob:
     freed = release_active_placement(job, now)
     job.state, job.finished_at = GpuJob.State.CANCELLED, now
     job.save(update_fields=["state", "finished_at"])
+    announce_job_end(job)
     if freed is not None:
         request_placement_pass()
     return job

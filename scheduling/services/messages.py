@@ -11,6 +11,7 @@ from collections.abc import Callable
 from celery import current_app
 
 from core.dispatch import send_on_commit
+from core.services import notify_terminal
 
 PLACE_PENDING = "scheduling.place_pending"
 RUN_JOB = "scheduling.run_job"
@@ -28,3 +29,10 @@ def send_after_commit(task_name: str, *, args: list | None = None, queue: str | 
             task.apply_async(args=list(args or []), queue=queue)
 
     send_on_commit(send, what=what, on_error=on_error)
+
+
+def announce_job_end(job) -> None:
+    """Tell the team's webhook (if it has one) that the GPU job ended; call it where a job becomes
+    terminal, inside that transaction (core.services.webhooks sends after commit, once per job)."""
+    notify_terminal(team_id=job.team_id, kind="gpu_job", object_id=job.pk, state=job.state, data={
+        "model_id": job.model_id, "batch_size": job.batch_size, "error": (job.error or "")[:500]})

@@ -18,7 +18,7 @@ from core.selectors import month_start
 
 from .. import adapters, selectors
 from ..models import GPU, GpuJob, Placement
-from .messages import PLACE_PENDING, RUN_JOB, send_after_commit
+from .messages import PLACE_PENDING, RUN_JOB, announce_job_end, send_after_commit
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,7 @@ class GpuHourBudget:
 def _refuse_at_placement(job: GpuJob, budget: GpuHourBudget, now: dt.datetime) -> None:
     job.state, job.finished_at, job.error = GpuJob.State.FAILED, now, budget.refusal(job)
     job.save(update_fields=["state", "finished_at", "error"])
+    announce_job_end(job)
     log.warning("GPU job %s refused at placement: %s", job.pk, job.error)
 
 

@@ -482,6 +482,61 @@ NO_MODEL = effect(PAGE, "no model was added", lambda w: _model_count(w) == 1)
 RUN_ADDED = effect(REDIRECT, "a run was added", lambda w: _run_count(w) == 4)
 NO_RUN = effect(PAGE, "no run was added", lambda w: _run_count(w) == 3)
 
+def _count(model_path: str, **filters):
+    def count(w):
+        from django.apps import apps
+
+        return apps.get_model(model_path).objects.filter(**{k: v(w) if callable(v) else v
+                                                              for k, v in filters.items()}).count()
+    return count
+
+
+_invitations = _count("core.TeamInvitation", team=lambda w: w.team_a)
+_member_role = lambda w: _member_of_a(w, "member")  # noqa: E731
+
+
+def _member_of_a(w, role):
+    from core.models import Membership
+
+    return Membership.objects.filter(team=w.team_a, user=w.users[role]).values_list("role", flat=True).first()
+
+
+def _token_active(w):
+    from core.models import ApiToken
+
+    return ApiToken.objects.get(pk=w.token.pk).is_active
+
+
+def _has_webhook(w):
+    from core.models import TeamWebhook
+
+    return TeamWebhook.objects.filter(team=w.team_a).exists()
+
+
+def _imported(w):
+    from tuning.models import TuningRun
+
+    return "imported_records" in TuningRun.objects.get(pk=w.run.pk).options
+
+
+TOKEN_ADDED = effect(PAGE, "a token was added", lambda w: _count("core.ApiToken", name="dash-token")(w) == 1)
+INVITED = effect(REDIRECT, "an invitation was made", lambda w: _invitations(w) == 2)
+NOT_INVITED = effect(REDIRECT, "no invitation was made", lambda w: _invitations(w) == 1)
+DEMOTED = effect(REDIRECT, "the member is now a viewer", lambda w: _member_role(w) == "viewer")
+NOT_DEMOTED = effect(REDIRECT, "the member's role is unchanged", lambda w: _member_role(w) == "member")
+REVOKED = effect(REDIRECT, "the token is revoked", lambda w: not _token_active(w))
+WEBHOOK_SET = effect(PAGE, "the webhook is set", _has_webhook)
+NO_WEBHOOK = effect(REDIRECT, "no webhook was set", lambda w: not _has_webhook(w))
+NOT_IMPORTED = effect(REDIRECT, "nothing was imported", lambda w: not _imported(w))
+
+
+def _left(role):
+    return effect(REDIRECT, f"the {role} left", lambda w: _member_of_a(w, role) is None)
+
+
+STAYED = effect(REDIRECT, "the last owner is still in the team", lambda w: _member_of_a(w, "owner") == "owner")
+JOINED = effect(REDIRECT, "the invitee joined", lambda w: _member_of_a(w, "other") == "viewer")
+
 SIGNED_IN_PAGE = _profile(anon=LOGIN, viewer=PAGE, member=PAGE, owner=PAGE, other=PAGE, staff=PAGE)
 TEAM_PAGE = _profile(anon=LOGIN, viewer=PAGE, member=PAGE, owner=PAGE, other=HIDDEN, staff=HIDDEN)
 POST_ONLY = _profile(anon=LOGIN, viewer=NOT_ALLOWED, member=NOT_ALLOWED, owner=NOT_ALLOWED, other=NOT_ALLOWED,
@@ -515,20 +570,70 @@ DASHBOARD_EXPECTED = {
     ("simulations", "GET"): SIGNED_IN_PAGE,
     ("simulation-detail", "GET"): TEAM_PAGE,
     ("energy", "GET"): SIGNED_IN_PAGE,
+    # issue 17: tokens, teams and members, webhooks, record import
+    ("settings-tokens", "GET"): SIGNED_IN_PAGE,
+    ("settings-tokens", "POST"): _profile(anon=LOGIN, viewer=TOKEN_ADDED, member=TOKEN_ADDED, owner=TOKEN_ADDED,
+                                          other=TOKEN_ADDED, staff=TOKEN_ADDED),
+    ("token-revoke", "GET"): POST_ONLY,
+    ("token-revoke", "POST"): _profile(anon=LOGIN, viewer=HIDDEN, member=REVOKED, owner=HIDDEN, other=HIDDEN,
+                                       staff=HIDDEN),  # world.token is the member's
+    ("team-list-page", "GET"): SIGNED_IN_PAGE,
+    ("team-page", "GET"): TEAM_PAGE,
+    ("team-invite", "GET"): POST_ONLY,
+    ("team-invite", "POST"): _profile(anon=LOGIN, viewer=NOT_INVITED, member=NOT_INVITED, owner=INVITED,
+                                      other=HIDDEN, staff=HIDDEN),
+    ("team-leave", "GET"): POST_ONLY,
+    ("team-leave", "POST"): _profile(anon=LOGIN, viewer=_left("viewer"), member=_left("member"), owner=STAYED,
+                                     other=HIDDEN, staff=HIDDEN),
+    ("team-member", "GET"): POST_ONLY,
+    ("team-member", "POST"): _profile(anon=LOGIN, viewer=NOT_DEMOTED, member=NOT_DEMOTED, owner=DEMOTED,
+                                      other=HIDDEN, staff=HIDDEN),
+    ("team-webhook", "GET"): POST_ONLY,
+    ("team-webhook", "POST"): _profile(anon=LOGIN, viewer=NO_WEBHOOK, member=NO_WEBHOOK, owner=WEBHOOK_SET,
+                                       other=HIDDEN, staff=HIDDEN),
+    ("invitation-answer", "GET"): POST_ONLY,
+    # world.invitation invites "other" (team B's owner) into team A: only they see and answer it
+    ("invitation-answer", "POST"): _profile(anon=LOGIN, viewer=HIDDEN, member=HIDDEN, owner=HIDDEN, other=JOINED,
+                                            staff=HIDDEN),
+    ("run-import-records", "GET"): POST_ONLY,
+    ("run-import-records", "POST"): _profile(anon=LOGIN, viewer=NOT_IMPORTED, member=NOT_IMPORTED,
+                                             owner=NOT_IMPORTED, other=HIDDEN, staff=HIDDEN),
 }
 
-DASHBOARD_OBJECTS = {"model-detail": "model", "run-detail": "run", "simulation-detail": "simulation"}
+DASHBOARD_OBJECTS = {"model-detail": "model", "run-detail": "run", "simulation-detail": "simulation",
+                     "team-page": "team_a", "team-invite": "team_a", "team-leave": "team_a",
+                     "token-revoke": "token", "run-import-records": "run"}
+DASHBOARD_ACTIONS = {  # name -> (object, extra kwargs)
+    "team-member": ("team_a", lambda w: {"member_pk": w.membership.pk, "action": "role"}),
+    "team-webhook": ("team_a", lambda w: {"action": "set"}),
+    "invitation-answer": ("invitation", lambda w: {"action": "accept"}),
+}
 
 
 def dashboard_url(name: str, w) -> str:
     if name == "run-control":
         return reverse(name, kwargs={"pk": w.run.pk, "action": "cancel"})
+    if name in DASHBOARD_ACTIONS:
+        key, extra = DASHBOARD_ACTIONS[name]
+        return reverse(name, kwargs={"pk": getattr(w, key).pk, **extra(w)})
     if name in DASHBOARD_OBJECTS:
         return reverse(name, kwargs={"pk": getattr(w, DASHBOARD_OBJECTS[name]).pk})
     return reverse(name)
 
 
-def dashboard_body(name: str, w):
+def dashboard_body(name: str, w, role: str | None = None):
+    if name == "settings-tokens":
+        user = w.users.get(role)
+        return {"name": "dash-token", "password": f"pw-{user.username}" if user else "?"}
+    if name == "team-invite":
+        return {"username": "rel-staff", "role": "viewer"}
+    if name == "team-member":
+        return {"role": "viewer"}
+    if name == "team-webhook":
+        return {"url": "http://127.0.0.1:9/hook"}  # the matrix test allow-lists it (no DNS here)
+    if name == "run-import-records":
+        return {"workloads": SimpleUploadedFile("database_workload.json", b"[1]\n"),
+                "records": SimpleUploadedFile("database_tuning_record.json", b"[1]\n")}
     if name == "switch-team":
         return {"team": w.team_a.pk}
     if name == "model-upload":
@@ -547,7 +652,8 @@ def test_every_dashboard_url_is_classified():
     assert not classified - set(routes), f"classified URLs that no longer exist: {sorted(classified - set(routes))}"
 
 
-def test_dashboard_access_matrix(world, celery_outbox):
+def test_dashboard_access_matrix(world, celery_outbox, settings):
+    settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES, settings.WEBHOOK_HTTP_HOSTS = True, ["127.0.0.1"]
     failures = []
     for (name, method), per_role in sorted(DASHBOARD_EXPECTED.items()):
         url = dashboard_url(name, world)
@@ -555,7 +661,7 @@ def test_dashboard_access_matrix(world, celery_outbox):
             client = Client()
             if role != "anon":
                 client.force_login(world.users[role])
-            body = (dashboard_body(name, world), None) if method == "POST" else None
+            body = (dashboard_body(name, world, role), None) if method == "POST" else None
             expected = per_role[role]
             resp, ok = call(client, method, url, body, after=lambda r: expected.check(r, world))
             if resp.status_code >= 500 or not ok:
@@ -608,7 +714,8 @@ def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_ou
     strict.force_login(world.users["owner"])
     actions: dict[str, str] = {}
     for name, method in DASHBOARD_EXPECTED:
-        if method != "GET" or name in ("logout", "switch-team", "run-control"):
+        if method != "GET" or name in ("logout", "switch-team", "run-control") or \
+                DASHBOARD_EXPECTED[(name, method)] is POST_ONLY:
             continue
         url = dashboard_url(name, world)
         resp = strict.get(url)
@@ -617,14 +724,22 @@ def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_ou
             actions.setdefault(action, url)
     # every dashboard view that accepts POST has a form somewhere, and we found it
     posted_names = {resolve(a.split("?")[0]).url_name for a in actions}
-    assert {"login", "logout", "switch-team", "model-upload", "run-start", "run-control"} <= posted_names, \
-        posted_names
-    before = (TuningRun.objects.filter(team=world.team_a).count(), _model_count(world), _run_status(world))
+    assert {"login", "logout", "switch-team", "model-upload", "run-start", "run-control", "settings-tokens",
+            "token-revoke", "team-invite", "team-leave", "team-member", "team-webhook",
+            "run-import-records"} <= posted_names, posted_names
+
+    def state():
+        from core.models import ApiToken, Membership
+
+        return (TuningRun.objects.filter(team=world.team_a).count(), _model_count(world), _run_status(world),
+                _invitations(world), _has_webhook(world), _imported(world), ApiToken.objects.filter(
+                    revoked_at__isnull=True).count(), sorted(Membership.objects.values_list("pk", "role")))
+    before = state()
     for action in sorted(actions):
         name = resolve(action.split("?")[0]).url_name
-        resp = strict.post(action, dashboard_body(name, world))
+        resp = strict.post(action, dashboard_body(name, world, "owner"))
         assert resp.status_code == 403, f"POST {action} without a CSRF token got {resp.status_code}"
-    assert (TuningRun.objects.filter(team=world.team_a).count(), _model_count(world), _run_status(world)) == before
+    assert state() == before
     anon = Client(enforce_csrf_checks=True)
     assert anon.post("/login/", {"username": "rel-owner", "password": "pw-rel-owner"}).status_code == 403
 

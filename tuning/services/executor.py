@@ -26,7 +26,7 @@ from tuning import adapters
 from tuning.adapters import DatabaseSink, LeaseLost
 from tuning.models import Measurement, TuningRun
 
-from .finish import finish_succeeded
+from .finish import announce_run_end, finish_succeeded
 from .runs import dispatch_run
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,7 @@ def _executor_lost(run: TuningRun) -> None:
         run.requested_action = TuningRun.Action.NONE
     run.save(update_fields=["status", "lease", "executor_losses", "worker_lost_at", "finished_at",
                             "requested_action", "error"])
+    announce_run_end(run.pk)  # cancelled or failed (a no-op otherwise)
 
 
 def recover_stale_runs(*, stale_after_s: float | None = None) -> list[int]:
@@ -178,8 +179,9 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
         _add_wall(run.pk, lease, time.perf_counter() - started)
         sink.flush()
         error = adapters.public_text(adapters.engine_error_text(exc), work_dir)[:MAX_RUN_ERROR_CHARS]
-        TuningRun.objects.filter(pk=run.pk, lease=lease).update(
-            status=TuningRun.Status.FAILED, error=error, finished_at=timezone.now())
+        if TuningRun.objects.filter(pk=run.pk, lease=lease).update(
+                status=TuningRun.Status.FAILED, error=error, finished_at=timezone.now()):
+            announce_run_end(run.pk)
         return TuningRun.Status.FAILED
 
 
@@ -219,7 +221,8 @@ def _add_wall(run_id: int, lease: str, seconds: float) -> None:
 def finish_interrupted(run_id: int, lease: str, status: str, reason: str = "") -> str:
     """The engine stopped at a cancel or pause (requested, or the energy quota): record it, release the lease."""
     new = TuningRun.Status.CANCELLED if status == "cancelled" else TuningRun.Status.PAUSED
-    TuningRun.objects.filter(pk=run_id, lease=lease).update(
-        status=new, requested_action="", lease="", stop_reason=fit_to_field(TuningRun, "stop_reason", reason),
-        finished_at=timezone.now() if new == TuningRun.Status.CANCELLED else None)
+    if TuningRun.objects.filter(pk=run_id, lease=lease).update(
+            status=new, requested_action="", lease="", stop_reason=fit_to_field(TuningRun, "stop_reason", reason),
+            finished_at=timezone.now() if new == TuningRun.Status.CANCELLED else None):
+        announce_run_end(run_id)  # a no-op for a pause
     return new

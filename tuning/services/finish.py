@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from common.jsonsafe import json_safe
 from core.exceptions import ServiceError
+from core.services import notify_terminal
 from core.fieldtext import fit_to_field
 from tuning import adapters
 from tuning.adapters import LeaseLost
@@ -52,10 +53,22 @@ def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Pa
             run.status, run.finished_at, run.lease = TuningRun.Status.SUCCEEDED, timezone.now(), ""
             run.requested_action = ""
             run.save()
+            announce_run_end(run.pk)
     except BaseException:
         for f in saved_files:  # written to storage before the row that would name them rolled back
             f.storage.delete(f.name)
         raise
+
+
+def announce_run_end(run_id: int) -> None:
+    """Tell the team's webhook (if it has one) that the run ended; call it where a run becomes terminal,
+    inside that transaction (core.services.webhooks sends after commit, once per run)."""
+    run = TuningRun.objects.select_related("model").filter(pk=run_id).first()
+    if run is None or run.status not in TuningRun.TERMINAL:
+        return
+    notify_terminal(team_id=run.team_id, kind="tuning_run", object_id=run.pk, state=run.status, data={
+        "model": run.model.name, "trials_done": run.trials_done, "max_trials": run.max_trials,
+        "tuned_latency_s": run.tuned_latency_s, "error": run.error[:500]})
 
 
 def _store_onnxruntime(run: TuningRun, comparison: dict) -> None:

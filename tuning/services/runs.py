@@ -21,6 +21,7 @@ from scheduling import selectors as scheduling_selectors
 from tuning import adapters
 from tuning.models import MIN_TRIALS_PER_TASK, RUN_LIMITS, TuningRun, min_trials_for, parse_dop, run_bound_error
 
+from .finish import announce_run_end
 from .quota import check_run_quota
 
 SUPPORTED_TARGET_KINDS = ("llvm", "cuda")
@@ -204,6 +205,7 @@ def cancel_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
     else:  # running: the engine stops between rounds and the executor records it
         run.requested_action = TuningRun.Action.CANCEL
     run.save(update_fields=["status", "finished_at", "requested_action"])
+    announce_run_end(run.pk)  # cancelled now (a no-op for a requested cancel)
     return run
 
 

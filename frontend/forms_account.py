@@ -1,0 +1,34 @@
+"""Forms of the token and team pages. They only validate input; views hand it to core.services."""
+from __future__ import annotations
+
+from django import forms
+
+from core.models import ApiToken, Membership
+
+
+class TokenCreateForm(forms.Form):
+    name = forms.CharField(max_length=ApiToken._meta.get_field("name").max_length,
+                           help_text="What the token is for, e.g. 'CI' or 'laptop'.")
+    password = forms.CharField(label="Your password", strip=False,
+                               widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}),
+                               help_text="Typed again: a token acts as you until it is revoked.")
+
+
+class InviteForm(forms.Form):
+    username = forms.CharField(label="User name or e-mail", max_length=254)
+    role = forms.ChoiceField(choices=Membership.Role.choices, initial=Membership.Role.MEMBER)
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Membership.Role.choices)
+
+
+class WebhookForm(forms.Form):
+    url = forms.CharField(label="Webhook URL", max_length=500, widget=forms.URLInput(attrs={"size": 60}),
+                          help_text="https:// to a public host. Called when a tuning run or GPU job of the "
+                                    "team ends, with a JSON body signed with HMAC-SHA256.")
+
+
+class RecordImportForm(forms.Form):
+    workloads = forms.FileField(label="database_workload.json")
+    records = forms.FileField(label="database_tuning_record.json")
