@@ -145,7 +145,7 @@ def cluster_state(gpus: list[GPU], *, active: Iterable[Placement], samples: dict
             newer_mem[i] += view.pred_mem_mb
     for gpu_id, sample in samples.items():
         i = flat[gpu_id]
-        state.true_util[i] = float(sample.util_pct) + newer_util[i]
+        state.true_util[i] = state.meas_util[i] = float(sample.util_pct) + newer_util[i]
         state.true_mem[i] = float(sample.mem_used_mb) + newer_mem[i]
     return LiveCluster(state=state, gpus=gpus)
 
