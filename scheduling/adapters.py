@@ -43,7 +43,8 @@ __all__ = [
     "SHIPPED_TRACES", "SIMULATION_INPUT_ERRORS", "TraceRejected", "TrainedPredictor", "cluster_state",
     "experiment_params", "job_view", "load_trained_predictor", "make_live_policy", "model_features",
     "parse_trace_upload", "profile_records_from_rows", "profile_row_values", "run_simulation",
-    "seed_profile_records", "simulation_results", "simulation_size", "trace_jobs",
+    "seed_profile_records", "simulation_results", "simulation_size", "trace_input", "file_trace_input",
+    "TraceInput",
     "train_utilization_predictor",
 ]
 
@@ -321,22 +322,40 @@ def simulation_size(label: str, upload: TraceUpload | None, kind: str, params: e
     return experiments.simulation_size(kind, params, trace_jobs=n_jobs, seed=seed)
 
 
-def trace_jobs(label: str, upload: TraceUpload | None) -> tuple[str, str, list[Job]]:
-    """``(name, kind, jobs)`` of a shipped trace (by label) or of an upload's stored file."""
+TraceInput = experiments.TraceInput
+
+
+def trace_input(label: str, upload: TraceUpload | None) -> TraceInput:
+    """A shipped trace (by label) or an upload's stored file, as the engine's trace input."""
     if upload is None:
-        kind, jobs = experiments.load_jobs(label)
-        return label, kind, jobs
+        return experiments.load_trace(label)
     with upload.file.open("rb") as f:
-        kind, jobs = experiments.load_jobs(upload.name, io.BytesIO(f.read()))
-    return upload.name, kind, jobs
+        return experiments.load_trace(upload.name, io.BytesIO(f.read()))
 
 
-def run_simulation(*, trace: str, kind: str, jobs: list[Job], policies: list[str], seed: int,
-                   params: dict[str, Any], profiles: list[ProfileRecord], predictor: TrainedPredictor | None,
+def file_trace_input(name: str, data: bytes, *, nodes_name: str | None = None,
+                     nodes_data: bytes | None = None) -> TraceInput:
+    """A trace file's bytes (and an Alibaba node list's) as the engine's trace input; malformed input is
+    a TraceRejected naming the file, line and column."""
+    nodes = None if nodes_data is None else io.BytesIO(nodes_data)
+    if nodes is not None:
+        nodes.name = nodes_name or "nodes.csv"
+    try:
+        return experiments.load_trace(name, io.BytesIO(data), nodes_source=nodes)
+    except TraceFormatError as exc:
+        raise TraceRejected(str(exc), line=exc.line, column=exc.column) from None
+    except experiments.ExperimentError:
+        raise
+    except (ValueError, OverflowError, OSError, EOFError, IndexError) as exc:  # hostile input the parser did not foresee
+        raise TraceRejected(f"{name}: cannot be read as a trace ({exc}).") from None
+
+
+def run_simulation(*, trace: TraceInput, policies: list[str], seed: int, params: dict[str, Any],
+                   profiles: list[ProfileRecord], predictor: TrainedPredictor | None,
                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every policy on the same jobs and cluster (the engine's one experiment call)."""
     return experiments.run_experiment(trace=trace, policies=policies, seed=seed, params=params, profiles=profiles,
-                                      predictor=predictor, kind=kind, jobs=jobs, progress=progress)
+                                      predictor=predictor, progress=progress)
 
 
 def simulation_results(results: dict[str, Any], *, predictor_used: bool,

@@ -55,6 +55,8 @@ SHIPPED_TRACES = ("philly", "alibaba")
 METHODS = ("replay", "fill")
 POLICY_NAMES: tuple[str, ...] = tuple(hpolicies.POLICIES)
 REFERENCE_GPU = "V100"
+KIND_WORDS = {"philly": "a Philly job trace", "alibaba_pods": "an Alibaba pod list",
+              "alibaba_nodes": "an Alibaba node list (a cluster)"}
 
 
 class ExperimentError(ValueError):
@@ -184,7 +186,7 @@ def load_trace(name: str, source: str | IO[Any] | None = None, *,
             raise ExperimentError("a node list goes with an Alibaba pod list, not with a Philly trace", field="nodes")
         data = htraces.parse_trace(nodes_source)
         if data.kind != "alibaba_nodes":
-            raise ExperimentError(f"the node list is a {data.kind} file, not an Alibaba node list "
+            raise ExperimentError(f"the node list is {KIND_WORDS.get(data.kind, data.kind)}, not an Alibaba node list "
                                   "(sn,cpu_milli,memory_mib,gpu,model)", field="nodes")
         nodes = data.nodes
     return TraceInput(name, kind, jobs, nodes)
@@ -200,7 +202,8 @@ def load_jobs(trace: str, source: str | IO[Any] | None = None) -> tuple[str, lis
                               field="trace")
     data = htraces.parse_trace(source, name=trace)
     if data.kind not in ("philly", "alibaba_pods"):
-        raise ExperimentError(f"trace {trace!r} is a {data.kind} file, not a list of jobs", field="trace")
+        raise ExperimentError(f"trace {trace!r} is {KIND_WORDS.get(data.kind, data.kind)}, not a list of jobs",
+                              field="trace")
     return data.kind, data.jobs
 
 
