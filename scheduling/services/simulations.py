@@ -120,6 +120,10 @@ def resolve_trace(team: Team | None, trace: str | int) -> tuple[str, TraceUpload
                        "team uploaded.", field="trace")
 
 
+def _size_words(n: int) -> str:
+    return f"{n / 2**20:.0f} MB" if n >= 2**20 else f"{n:,} bytes"
+
+
 def _read_bounded(path: Path, what: str) -> bytes:
     """A local file's bytes, at most the trace size limit (also once inflated, for gzip); a missing,
     unreadable or oversized file is a ServiceError saying so."""
@@ -132,7 +136,7 @@ def _read_bounded(path: Path, what: str) -> bytes:
     except OSError as exc:
         raise ServiceError(f"Cannot read {what} {path}: {exc.strerror or exc}.", field="trace") from None
     if len(data) > limit:
-        raise ServiceError(f"{what} {path} is over the {limit / 2**20:.0f} MB trace size limit "
+        raise ServiceError(f"{what} {path} is over the {_size_words(limit)} trace size limit "
                            "(SCHEDULING_MAX_TRACE_BYTES).", code="too_large", field="trace")
     if data[:2] == b"\x1f\x8b":
         data = _gunzip_bounded(data, limit=limit, filename=path.name)
