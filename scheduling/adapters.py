@@ -32,6 +32,8 @@ from .horus import experiments
 from .horus.cluster import ClusterSpec, ClusterState, JobView, NodeSpec, workload_types
 from .horus.policies import POLICIES, PlacementPolicy, make_policy
 from .horus.predictor import TrainedPredictor, UtilizationPredictor
+from .horus.predictor_eval import evaluate_predictor as evaluate_utilization_predictor
+from .horus.predictor_eval import format_evaluation as format_predictor_evaluation
 from .horus.profiles import DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, ProfileRecord, load_profiles
 from .horus.traces import Job, TraceFormatError, parse_trace
 from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PredictorVersion, TraceUpload
@@ -41,7 +43,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_SEED_PROFILES_PATH", "EXPERIMENT_PARAMETERS", "LiveCluster", "POLICY_NAMES", "ProfileRecord",
     "SHIPPED_TRACES", "SIMULATION_INPUT_ERRORS", "TraceRejected", "TrainedPredictor", "cluster_state",
-    "experiment_params", "job_view", "load_trained_predictor", "make_live_policy", "model_features",
+    "evaluate_utilization_predictor", "experiment_params", "format_predictor_evaluation", "job_view", "load_trained_predictor", "make_live_policy", "model_features",
     "parse_trace_upload", "profile_records_from_rows", "profile_row_values", "run_simulation",
     "seed_profile_records", "simulation_results", "simulation_size", "trace_input", "file_trace_input",
     "TraceInput",

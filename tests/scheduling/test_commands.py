@@ -194,3 +194,14 @@ def test_command_and_api_take_one_path_to_the_same_result(api_owner, team_a, dja
                          "--jobs", "80", "--start", "5000", "--gpus", "8", "--predictions", "oracle", "--json"))
     assert _without_walls(cli) == _without_walls(stored.results)
     assert cli["params"] == stored.results["params"] and cli["scale"] == stored.results["scale"]
+
+
+@pytest.mark.django_db
+def test_train_predictor_eval_prints_the_family_held_out_figures_and_stores_nothing():
+    with mock.patch("scheduling.horus.predictor.DEFAULT_XGB_PARAMS", {"n_estimators": 10, "max_depth": 3}), \
+            mock.patch("scheduling.horus.predictor_eval.DEFAULT_XGB_PARAMS", {"n_estimators": 10, "max_depth": 3}):
+        out = run("train_predictor", "--eval")
+        body = json.loads(run("train_predictor", "--eval", "--json"))
+    assert "leave one model family out" in out and "SYNTHETIC" in out and "analytic_flops" in out
+    assert set(body["methods"]) == {"predictor", "constant", "analytic_flops"} and body["synthetic"]
+    assert not PredictorVersion.objects.exists()
