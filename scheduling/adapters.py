@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_SEED_PROFILES_PATH", "EXPERIMENT_PARAMETERS", "LiveCluster", "POLICY_NAMES", "ProfileRecord",
     "SHIPPED_TRACES", "SIMULATION_INPUT_ERRORS", "TraceRejected", "TrainedPredictor", "cluster_state",
-    "evaluate_utilization_predictor", "experiment_params", "format_predictor_evaluation", "job_view", "load_trained_predictor", "make_live_policy", "model_features",
+    "evaluate_utilization_predictor", "experiment_parameter_choices", "experiment_params", "format_predictor_evaluation", "job_view", "load_trained_predictor", "make_live_policy", "model_features",
     "parse_trace_upload", "profile_records_from_rows", "profile_row_values", "run_simulation",
     "seed_profile_records", "simulation_results", "simulation_size", "trace_input", "file_trace_input",
     "TraceInput",
@@ -325,6 +325,7 @@ def simulation_size(label: str, upload: TraceUpload | None, kind: str, params: e
 
 
 TraceInput = experiments.TraceInput
+experiment_parameter_choices = experiments.parameter_choices
 
 
 def trace_input(label: str, upload: TraceUpload | None) -> TraceInput:

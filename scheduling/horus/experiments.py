@@ -46,7 +46,7 @@ from .sim_inputs import noisy_predictions
 
 __all__ = [
     "ExperimentParams", "ExperimentError", "Prepared", "SHIPPED_TRACES", "METHODS", "POLICY_NAMES",
-    "REFERENCE_GPU", "TraceInput", "load_trace", "default_inputs",
+    "REFERENCE_GPU", "TraceInput", "load_trace", "default_inputs", "parameter_choices",
     "reference_predictor", "util_distribution", "load_jobs", "build_cluster",
     "simulation_size", "prepare_experiment", "run_experiment", "summary_table", "format_table",
 ]
@@ -143,6 +143,19 @@ class ExperimentParams:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def parameter_choices() -> dict[str, dict[str, Any]]:
+    """Every experiment parameter with its default and, where the set is closed, its allowed values: what a
+    form offers (bounds are enforced, with a message naming the parameter, by ``ExperimentParams.validate``)."""
+    closed = {"method": list(METHODS), "predictions": ["predictor", "oracle"],
+              "interference": list(hsim.INTERFERENCE_MODELS)}  # gpu_model: any with profile records
+    out = {}
+    for f in fields(ExperimentParams):
+        default = getattr(ExperimentParams(), f.name)
+        out[f.name] = {"default": default, "type": type(default).__name__,
+                       **({"choices": closed[f.name]} if f.name in closed else {})}
+    return out
 
 
 # ------------------------------------------------------------------------------------------ inputs

@@ -60,6 +60,7 @@ from .simulations import (
     read_trace_file,
     resolve_trace,
     simulate,
+    simulation_choices,
     simulation_inputs,
     start_simulation,
     upload_trace,
@@ -72,6 +73,6 @@ __all__ = [
     "load_predictor", "load_seed_profiles", "local_host_facts", "model_features", "place_pending_jobs",
     "predict_job", "prune_telemetry", "reconcile_restarted_gpu_worker", "record_heartbeat", "record_profiles",
     "recover_lost_jobs", "register_node", "request_placement_pass", "resolve_policies", "set_gpu_drained",
-    "set_node_drained", "read_trace_file", "resolve_trace", "simulate", "simulation_inputs", "start_simulation", "submit_job", "train_predictor",
+    "set_node_drained", "read_trace_file", "resolve_trace", "simulate", "simulation_choices", "simulation_inputs", "start_simulation", "submit_job", "train_predictor",
     "training_records", "upload_trace",
 ]

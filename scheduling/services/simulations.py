@@ -42,7 +42,7 @@ def max_trace_bytes() -> int:
 
 
 __all__ = ["max_trace_bytes", "TraceRejected", "delete_trace", "execute_simulation", "read_trace_file",
-           "resolve_policies", "resolve_trace", "simulate", "simulation_inputs", "start_simulation", "upload_trace"]
+           "resolve_policies", "resolve_trace", "simulate", "simulation_choices", "simulation_inputs", "start_simulation", "upload_trace"]
 
 
 def _gunzip_bounded(data: bytes, *, limit: int, filename: str) -> bytes:
@@ -153,6 +153,13 @@ def read_trace_file(path: str | Path, *, nodes: str | Path | None = None) -> ada
     nodes_data = None if nodes_path is None else _read_bounded(nodes_path, "node list")
     return adapters.file_trace_input(trace_path.name, data, nodes_name=None if nodes_path is None else nodes_path.name,
                                      nodes_data=nodes_data)
+
+
+def simulation_choices() -> dict[str, Any]:
+    """What a simulation form offers: shipped traces, policies, and every parameter with its default and,
+    where closed, its allowed values (``horus.experiments.parameter_choices``)."""
+    return {"shipped_traces": list(adapters.SHIPPED_TRACES), "policies": list(adapters.POLICY_NAMES),
+            "parameters": adapters.experiment_parameter_choices()}
 
 
 def resolve_policies(policies: list[str] | str) -> list[str]:

@@ -205,3 +205,14 @@ def test_train_predictor_eval_prints_the_family_held_out_figures_and_stores_noth
     assert "leave one model family out" in out and "SYNTHETIC" in out and "analytic_flops" in out
     assert set(body["methods"]) == {"predictor", "constant", "analytic_flops"} and body["synthetic"]
     assert not PredictorVersion.objects.exists()
+
+
+def test_simulation_choices_offer_what_start_simulation_accepts():
+    from scheduling import services
+
+    c = services.simulation_choices()
+    assert c["shipped_traces"] == ["philly", "alibaba"] and "horus" in c["policies"]
+    p = c["parameters"]
+    assert p["horus_lookahead"] == {"default": 5, "type": "int"}
+    assert p["interference"]["choices"][0] == "fitted" and p["method"]["choices"] == ["replay", "fill"]
+    assert p["predictor_error"]["default"] == 0.0
