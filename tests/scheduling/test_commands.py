@@ -216,3 +216,21 @@ def test_simulation_choices_offer_what_start_simulation_accepts():
     assert p["horus_lookahead"] == {"default": 5, "type": "int"}
     assert p["interference"]["choices"][0] == "fitted" and p["method"]["choices"] == ["replay", "fill"]
     assert p["predictor_error"]["default"] == 0.0
+
+
+@pytest.mark.django_db
+def test_the_bench_inputs_are_what_the_service_uses_on_a_fresh_database(monkeypatch):
+    """bench/scheduling.py calls run_experiment with experiments.default_inputs(); services.simulate on a
+    database without profiles of its own loads the same seed profiles and trains the same predictor."""
+    from scheduling import adapters, services
+    from scheduling.horus import experiments
+
+    monkeypatch.setattr(experiments, "_PREDICTORS", {})
+    params = {"jobs": 60, "start": 4000, "gpus": 8}
+    with mock.patch("scheduling.horus.predictor.DEFAULT_XGB_PARAMS", {"n_estimators": 10, "max_depth": 3}):
+        service, used_predictor = services.simulate(trace=adapters.trace_input("philly", None), policies=["horus"],
+                                                    seed=0, parameters=params)
+        bench = experiments.run_experiment(trace="philly", policies=["horus"], seed=0, params=params,
+                                           **experiments.default_inputs())
+    assert used_predictor and _without_walls(service) == _without_walls(bench)
+    assert service["assumptions"] == bench["assumptions"]
