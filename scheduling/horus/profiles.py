@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from .features import DATA_DIR, FEATURE_KEYS, ZOO_BATCH_SIZES, ZooFeatureTable
+from .interference import fitted_gpu_type
 
 __all__ = [
     "GpuSpec",
@@ -142,8 +143,6 @@ def util_on_gpu(util_pct: float, *, measured_on: str, run_on: str, model: str | 
     (Gavel's standalone throughputs for the job's family on the GPU types that stand in for both, see
     ``interference.fitted_gpu_type``), so ``u' = 1 - (1 - u) * r``: the same job keeps a K80 busier than
     a V100. Clipped to [1, 100]. Same stand-in type: unchanged."""
-    from .interference import fitted_gpu_type
-
     a, b = fitted_gpu_type(measured_on), fitted_gpu_type(run_on)
     if a == b:
         return float(util_pct)
