@@ -32,6 +32,8 @@ from .horus import experiments
 from .horus.cluster import ClusterSpec, ClusterState, JobView, NodeSpec, workload_types
 from .horus.policies import POLICIES, PlacementPolicy, make_policy
 from .horus.predictor import TrainedPredictor, UtilizationPredictor
+from .horus.predictor_eval import evaluate_predictor as evaluate_utilization_predictor
+from .horus.predictor_eval import format_evaluation as format_predictor_evaluation
 from .horus.profiles import DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, ProfileRecord, load_profiles
 from .horus.traces import Job, TraceFormatError, parse_trace
 from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PredictorVersion, TraceUpload
@@ -41,9 +43,10 @@ log = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_SEED_PROFILES_PATH", "EXPERIMENT_PARAMETERS", "LiveCluster", "POLICY_NAMES", "ProfileRecord",
     "SHIPPED_TRACES", "SIMULATION_INPUT_ERRORS", "TraceRejected", "TrainedPredictor", "cluster_state",
-    "experiment_params", "job_view", "load_trained_predictor", "make_live_policy", "model_features",
+    "evaluate_utilization_predictor", "experiment_parameter_choices", "experiment_params", "format_predictor_evaluation", "job_view", "load_trained_predictor", "make_live_policy", "model_features",
     "parse_trace_upload", "profile_records_from_rows", "profile_row_values", "run_simulation",
-    "seed_profile_records", "simulation_results", "simulation_size", "trace_jobs",
+    "seed_profile_records", "simulation_results", "simulation_size", "trace_input", "file_trace_input",
+    "TraceInput",
     "train_utilization_predictor",
 ]
 
@@ -145,7 +148,7 @@ def cluster_state(gpus: list[GPU], *, active: Iterable[Placement], samples: dict
             newer_mem[i] += view.pred_mem_mb
     for gpu_id, sample in samples.items():
         i = flat[gpu_id]
-        state.true_util[i] = float(sample.util_pct) + newer_util[i]
+        state.true_util[i] = state.meas_util[i] = float(sample.util_pct) + newer_util[i]
         state.true_mem[i] = float(sample.mem_used_mb) + newer_mem[i]
     return LiveCluster(state=state, gpus=gpus)
 
@@ -321,22 +324,41 @@ def simulation_size(label: str, upload: TraceUpload | None, kind: str, params: e
     return experiments.simulation_size(kind, params, trace_jobs=n_jobs, seed=seed)
 
 
-def trace_jobs(label: str, upload: TraceUpload | None) -> tuple[str, str, list[Job]]:
-    """``(name, kind, jobs)`` of a shipped trace (by label) or of an upload's stored file."""
+TraceInput = experiments.TraceInput
+experiment_parameter_choices = experiments.parameter_choices
+
+
+def trace_input(label: str, upload: TraceUpload | None) -> TraceInput:
+    """A shipped trace (by label) or an upload's stored file, as the engine's trace input."""
     if upload is None:
-        kind, jobs = experiments.load_jobs(label)
-        return label, kind, jobs
+        return experiments.load_trace(label)
     with upload.file.open("rb") as f:
-        kind, jobs = experiments.load_jobs(upload.name, io.BytesIO(f.read()))
-    return upload.name, kind, jobs
+        return experiments.load_trace(upload.name, io.BytesIO(f.read()))
 
 
-def run_simulation(*, trace: str, kind: str, jobs: list[Job], policies: list[str], seed: int,
-                   params: dict[str, Any], profiles: list[ProfileRecord], predictor: TrainedPredictor | None,
+def file_trace_input(name: str, data: bytes, *, nodes_name: str | None = None,
+                     nodes_data: bytes | None = None) -> TraceInput:
+    """A trace file's bytes (and an Alibaba node list's) as the engine's trace input; malformed input is
+    a TraceRejected naming the file, line and column."""
+    nodes = None if nodes_data is None else io.BytesIO(nodes_data)
+    if nodes is not None:
+        nodes.name = nodes_name or "nodes.csv"
+    try:
+        return experiments.load_trace(name, io.BytesIO(data), nodes_source=nodes)
+    except TraceFormatError as exc:
+        raise TraceRejected(str(exc), line=exc.line, column=exc.column) from None
+    except experiments.ExperimentError:
+        raise
+    except (ValueError, OverflowError, OSError, EOFError, IndexError) as exc:  # hostile input the parser did not foresee
+        raise TraceRejected(f"{name}: cannot be read as a trace ({exc}).") from None
+
+
+def run_simulation(*, trace: TraceInput, policies: list[str], seed: int, params: dict[str, Any],
+                   profiles: list[ProfileRecord], predictor: TrainedPredictor | None,
                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every policy on the same jobs and cluster (the engine's one experiment call)."""
     return experiments.run_experiment(trace=trace, policies=policies, seed=seed, params=params, profiles=profiles,
-                                      predictor=predictor, kind=kind, jobs=jobs, progress=progress)
+                                      predictor=predictor, progress=progress)
 
 
 def simulation_results(results: dict[str, Any], *, predictor_used: bool,

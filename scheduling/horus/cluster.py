@@ -129,8 +129,10 @@ class JobView:
 
 @dataclass(slots=True)
 class RunningJob:
-    """A placed job. ``meas_*`` are measured (standalone) values, visible to
-    policies once the job runs; the simulator also keeps the job's truth here."""
+    """A placed job. ``meas_*`` are what telemetry reports once the job runs: its per-process
+    utilization as NVML samples it (while sharing, stretched by its partners: not its standalone
+    value) and its memory. ``true_util_pct`` (the job's standalone utilization on this GPU type) is
+    the simulator's alone: :meth:`ClusterView.jobs_on` hands policies copies without it."""
 
     view: JobView
     gpus: tuple[int, ...]
@@ -138,6 +140,7 @@ class RunningJob:
     meas_util_pct: float
     meas_mem_mb: float
     migrations: int = 0
+    true_util_pct: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,7 @@ class ClusterState:
         self.pred_util = np.zeros(self.n_gpus)
         self.pred_mem = np.zeros(self.n_gpus)
         self.true_util = np.zeros(self.n_gpus)  # sum of true (standalone) util of jobs on the GPU
+        self.meas_util = np.zeros(self.n_gpus)  # sum of the jobs' measured (telemetry) per-process util
         self.true_mem = np.zeros(self.n_gpus)
         self.jobs_on: list[list[str]] = [[] for _ in range(self.n_gpus)]
         self.running: dict[str, RunningJob] = {}
@@ -264,9 +268,11 @@ class ClusterState:
     # ------------------------------------------------------------------ mutation
     def add(
         self, job: JobView, gpus: Sequence[int], *, true_util: float, true_mem: float, now: float,
-        migrations: int = 0,
+        migrations: int = 0, meas_util: float | None = None,
     ) -> RunningJob:
-        """Place ``job`` (no constraint checks: call :meth:`check_placement` first)."""
+        """Place ``job`` (no constraint checks: call :meth:`check_placement` first). ``meas_util`` is
+        what telemetry reports for it until :meth:`set_measured_util` (default: ``true_util``)."""
+        meas = float(true_util if meas_util is None else meas_util)
         if job.job_id in self.running:
             raise PlacementError(f"job {job.job_id} is already running")
         gpus = tuple(int(g) for g in gpus)
@@ -279,12 +285,13 @@ class ClusterState:
             self.pred_util[g] += job.pred_util_pct
             self.pred_mem[g] += max(job.pred_mem_mb, job.mem_floor_mb)
             self.true_util[g] += true_util
+            self.meas_util[g] += meas
             self.true_mem[g] += true_mem
         if self.cpu_modelled:
             for n in {int(self.gpu_node[g]) for g in gpus}:
                 self.node_cpu_used[n] += job.cpu_milli
                 self.node_ram_used[n] += job.ram_mib
-        rj = RunningJob(job, gpus, now, true_util, true_mem, migrations)
+        rj = RunningJob(job, gpus, now, meas, true_mem, migrations, float(true_util))
         self.running[job.job_id] = rj
         return rj
 
@@ -297,17 +304,26 @@ class ClusterState:
             self.milli_used[g] -= job.gpu_milli
             self.pred_util[g] -= job.pred_util_pct
             self.pred_mem[g] -= max(job.pred_mem_mb, job.mem_floor_mb)
-            self.true_util[g] -= rj.meas_util_pct
+            self.true_util[g] -= rj.true_util_pct
+            self.meas_util[g] -= rj.meas_util_pct
             self.true_mem[g] -= rj.meas_mem_mb
             if not self.jobs_on[g]:
                 self.free_gpus += 1
                 # clear float drift on an empty GPU
                 self.pred_util[g] = self.pred_mem[g] = self.true_util[g] = self.true_mem[g] = 0.0
+                self.meas_util[g] = 0.0
         if self.cpu_modelled:
             for n in {int(self.gpu_node[g]) for g in rj.gpus}:
                 self.node_cpu_used[n] -= job.cpu_milli
                 self.node_ram_used[n] -= job.ram_mib
         return rj
+
+    def set_measured_util(self, job_id: str, pct: float) -> None:
+        """Telemetry now reports ``pct`` per-process utilization for a running job (on each of its GPUs)."""
+        rj = self.running[job_id]
+        for g in rj.gpus:
+            self.meas_util[g] += pct - rj.meas_util_pct
+        rj.meas_util_pct = float(pct)
 
     def node_free_milli(self) -> np.ndarray:
         """``(nodes, max_gpus)`` free milli per GPU, padded with -1."""
@@ -345,9 +361,11 @@ class ClusterView:
     * ``n_jobs``, ``milli_used``
     * ``pred_util_pct``, ``pred_mem_mb``: sums of the *predictions* of the jobs
       the scheduler placed there (what Horus reasons with)
-    * ``meas_util_pct``: device utilization as NVML reports it, ``min(100, sum)``
-    * ``demand_util_pct``: the sum of the running jobs' measured per-process
-      utilization (may exceed 100: over-subscription)
+    * ``meas_util_pct``: device utilization as NVML samples it, ``min(100, sum)``
+      of the running jobs' measured per-process utilization
+    * ``demand_util_pct``: that sum uncapped (may exceed 100). Measured, not the
+      jobs' standalone utilizations: a job slowed by its partners shows its
+      stretched busy share (the simulator's ``Replay`` keeps it up to date)
     * ``meas_mem_mb``: measured memory in use
 
     Per node: ``node_cpu_free``, ``node_ram_free`` (inf when not modelled).
@@ -367,13 +385,13 @@ class ClusterView:
         self.milli_used = _ro(state.milli_used)
         self.pred_util_pct = _ro(state.pred_util)
         self.pred_mem_mb = _ro(state.pred_mem)
-        self.demand_util_pct = _ro(state.true_util)
+        self.demand_util_pct = _ro(state.meas_util)
         self.meas_mem_mb = _ro(state.true_mem)
         self.gpu_model = tuple(state.gpu_model)
 
     @property
     def meas_util_pct(self) -> np.ndarray:
-        return np.minimum(self._s.true_util, 100.0)
+        return np.minimum(self._s.meas_util, 100.0)
 
     @property
     def free_gpus(self) -> int:
@@ -403,9 +421,15 @@ class ClusterView:
         return self._s.node_free_milli()
 
     def jobs_on(self, gpu: int) -> tuple[RunningJob, ...]:
-        """Running jobs on a GPU (their views, GPUs, start time and measured util/memory)."""
+        """Running jobs on a GPU (their views, GPUs, start time and measured util/memory), as copies
+        without the true utilization: what telemetry can tell a policy."""
         s = self._s
-        return tuple(s.running[j] for j in s.jobs_on[gpu])
+        return tuple(_telemetry_copy(s.running[j]) for j in s.jobs_on[gpu])
 
     def running(self, job_id: str) -> RunningJob | None:
-        return self._s.running.get(job_id)
+        rj = self._s.running.get(job_id)
+        return None if rj is None else _telemetry_copy(rj)
+
+
+def _telemetry_copy(rj: RunningJob) -> RunningJob:
+    return RunningJob(rj.view, rj.gpus, rj.start_time, rj.meas_util_pct, rj.meas_mem_mb, rj.migrations)

@@ -10,8 +10,16 @@ model it was not trained on) or the truth (``predictions="oracle"``), then runs
 :func:`~.simulator.simulate` (replay) or :func:`~.simulator.simulate_fill` (the ATC'23 fill
 method) per policy on the same jobs and cluster.
 
+A trace is a :class:`TraceInput` (:func:`load_trace`: a shipped name, or a file with an optional
+Alibaba node list); ``run_experiment(trace=TraceInput | name, policies, seed, params, profiles,
+predictor)`` is the call every caller makes. Django callers go through
+``scheduling.services.simulations.simulate`` (stored profiles and the active predictor); the bench
+calls it with :func:`default_inputs` (the shipped profiles and the reference predictor), which is what
+that service uses on a database with no profiles of its own.
+
 Shapes: Philly-style traces run on a uniform cluster of ``gpus`` GPUs; Alibaba pods on a
-stratified ``scale`` fraction of the trace's own 1,213 GPU nodes. A replay takes the slice
+stratified ``scale`` fraction of the trace's own 1,213 GPU nodes (or of the node list given with
+the pods). A replay takes the slice
 ``[start, start + jobs)`` of the jobs in submit order (from trace day ``from_day`` on), durations
 capped at ``max_duration_s``, arrivals compressed by ``compress`` or to a ``target_load``.
 """
@@ -38,7 +46,8 @@ from .sim_inputs import noisy_predictions
 
 __all__ = [
     "ExperimentParams", "ExperimentError", "Prepared", "SHIPPED_TRACES", "METHODS", "POLICY_NAMES",
-    "REFERENCE_GPU", "reference_predictor", "util_distribution", "load_jobs", "build_cluster",
+    "REFERENCE_GPU", "TraceInput", "load_trace", "default_inputs", "parameter_choices",
+    "reference_predictor", "util_distribution", "load_jobs", "build_cluster",
     "simulation_size", "prepare_experiment", "run_experiment", "summary_table", "format_table",
 ]
 
@@ -46,6 +55,8 @@ SHIPPED_TRACES = ("philly", "alibaba")
 METHODS = ("replay", "fill")
 POLICY_NAMES: tuple[str, ...] = tuple(hpolicies.POLICIES)
 REFERENCE_GPU = "V100"
+KIND_WORDS = {"philly": "a Philly job trace", "alibaba_pods": "an Alibaba pod list",
+              "alibaba_nodes": "an Alibaba node list (a cluster)"}
 
 
 class ExperimentError(ValueError):
@@ -78,6 +89,7 @@ class ExperimentParams:
     min_batch: int = 1  # only profile configurations with at least this batch size
     interference: str = "fitted"  # a name in simulator.INTERFERENCE_MODELS (share_penalty/capped: sensitivities)
     timeseries_points: int = 200  # replay: points of the downsampled time series
+    horus_lookahead: int = 5  # waiting jobs horus/horus_migrate consider per pass (authors: 5; 1 = strict FIFO)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "ExperimentParams":
@@ -126,10 +138,24 @@ class ExperimentParams:
             (self.interference in hsim.INTERFERENCE_MODELS, "interference",
              f"interference must be one of {', '.join(hsim.INTERFERENCE_MODELS)}"),
             (2 <= self.timeseries_points <= 2000, "timeseries_points", "timeseries_points must be between 2 and 2000"),
+            (1 <= self.horus_lookahead <= 1000, "horus_lookahead", "horus_lookahead must be between 1 and 1000"),
         ]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def parameter_choices() -> dict[str, dict[str, Any]]:
+    """Every experiment parameter with its default and, where the set is closed, its allowed values: what a
+    form offers (bounds are enforced, with a message naming the parameter, by ``ExperimentParams.validate``)."""
+    closed = {"method": list(METHODS), "predictions": ["predictor", "oracle"],
+              "interference": list(hsim.INTERFERENCE_MODELS)}  # gpu_model: any with profile records
+    out = {}
+    for f in fields(ExperimentParams):
+        default = getattr(ExperimentParams(), f.name)
+        out[f.name] = {"default": default, "type": type(default).__name__,
+                       **({"choices": closed[f.name]} if f.name in closed else {})}
+    return out
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -144,6 +170,41 @@ def reference_predictor(*, seed: int = 0, k_folds: int = 5) -> TrainedPredictor:
     return _PREDICTORS[key]
 
 
+def default_inputs(*, seed: int = 0) -> dict[str, Any]:
+    """``profiles`` and ``predictor`` for :func:`run_experiment` without a database: the shipped
+    (synthetic) seed profiles and the predictor trained on them."""
+    return {"profiles": load_profiles(), "predictor": reference_predictor(seed=seed)}
+
+
+@dataclass
+class TraceInput:
+    """A trace ready to simulate: its name, kind (``philly`` or ``alibaba_pods``), jobs, and for pods
+    optionally the node list of their cluster (None: the shipped Alibaba-2023 nodes)."""
+
+    name: str
+    kind: str
+    jobs: list[htraces.Job]
+    nodes: list[hcluster.NodeSpec] | None = None
+
+
+def load_trace(name: str, source: str | IO[Any] | None = None, *,
+               nodes_source: str | IO[Any] | None = None) -> TraceInput:
+    """A shipped trace by name (``source`` None) or a trace file (path or file object) of any supported
+    kind, with ``nodes_source`` an Alibaba node list for a pod list. Malformed input raises
+    :class:`~.traces.TraceFormatError` (file, line, column) or :class:`ExperimentError`."""
+    kind, jobs = load_jobs(name, source)
+    nodes = None
+    if nodes_source is not None:
+        if kind != "alibaba_pods":
+            raise ExperimentError("a node list goes with an Alibaba pod list, not with a Philly trace", field="nodes")
+        data = htraces.parse_trace(nodes_source)
+        if data.kind != "alibaba_nodes":
+            raise ExperimentError(f"the node list is {KIND_WORDS.get(data.kind, data.kind)}, not an Alibaba node list "
+                                  "(sn,cpu_milli,memory_mib,gpu,model)", field="nodes")
+        nodes = data.nodes
+    return TraceInput(name, kind, jobs, nodes)
+
+
 def load_jobs(trace: str, source: str | IO[Any] | None = None) -> tuple[str, list[htraces.Job]]:
     """``(kind, jobs)`` of a shipped trace ('philly', 'alibaba') or of an uploaded file (``source``)."""
     if source is None:
@@ -154,7 +215,8 @@ def load_jobs(trace: str, source: str | IO[Any] | None = None) -> tuple[str, lis
                               field="trace")
     data = htraces.parse_trace(source, name=trace)
     if data.kind not in ("philly", "alibaba_pods"):
-        raise ExperimentError(f"trace {trace!r} is a {data.kind} file, not a list of jobs", field="trace")
+        raise ExperimentError(f"trace {trace!r} is {KIND_WORDS.get(data.kind, data.kind)}, not a list of jobs",
+                              field="trace")
     return data.kind, data.jobs
 
 
@@ -171,10 +233,14 @@ def _alibaba_full() -> hcluster.ClusterSpec:
     return htraces.alibaba_cluster()
 
 
-def build_cluster(kind: str, params: ExperimentParams, *, seed: int = 0) -> hcluster.ClusterSpec:
-    """Alibaba pods run on a stratified ``scale`` fraction of the trace's own nodes; Philly-style jobs
-    on a uniform cluster of ``gpus`` GPUs (``gpus_per_node`` per node)."""
+def build_cluster(kind: str, params: ExperimentParams, *, seed: int = 0,
+                  nodes: Sequence[hcluster.NodeSpec] | None = None) -> hcluster.ClusterSpec:
+    """Alibaba pods run on a stratified ``scale`` fraction of the trace's own nodes (or of ``nodes``);
+    Philly-style jobs on a uniform cluster of ``gpus`` GPUs (``gpus_per_node`` per node)."""
     if kind == "alibaba_pods":
+        if nodes is not None:
+            own = htraces.alibaba_cluster(nodes, name="uploaded nodes")
+            return own.scaled(params.scale, seed=seed, name=f"uploaded nodes x{params.scale:g}")
         return _alibaba_full().scaled(params.scale, seed=seed, name=f"alibaba-2023 x{params.scale:g}")
     per = params.gpus_per_node
     n_nodes, rest = divmod(params.gpus, per)
@@ -186,10 +252,10 @@ def build_cluster(kind: str, params: ExperimentParams, *, seed: int = 0) -> hclu
 
 
 def simulation_size(kind: str, params: ExperimentParams, *, trace_jobs: int | None,
-                    seed: int = 0) -> tuple[int, int]:
+                    seed: int = 0, nodes: Sequence[hcluster.NodeSpec] | None = None) -> tuple[int, int]:
     """``(jobs simulated, cluster GPUs)`` of a validated experiment, without running it: what the per-team
     size limit is checked against. ``trace_jobs`` is the trace's job count (None: unknown, the slice's size)."""
-    gpus = build_cluster(kind, params, seed=seed).n_gpus
+    gpus = build_cluster(kind, params, seed=seed, nodes=nodes).n_gpus
     if params.method == "fill":
         jobs = trace_jobs or 0
     else:
@@ -245,7 +311,8 @@ class Prepared:
 
 
 def prepare_experiment(kind: str, jobs: Sequence[htraces.Job], params: ExperimentParams, *, seed: int,
-                       profiles: Sequence[ProfileRecord], predictor: Any = None) -> Prepared:
+                       profiles: Sequence[ProfileRecord], predictor: Any = None,
+                       nodes: Sequence[hcluster.NodeSpec] | None = None) -> Prepared:
     """The validated experiment's jobs and cluster: the slice (replay) or the GPU pods (fill), each job
     given a model/batch size with TRUE util/memory from the profile table and its PREDICTED ones."""
     recs = [r for r in profiles if r.batch_size >= params.min_batch]
@@ -258,7 +325,7 @@ def prepare_experiment(kind: str, jobs: Sequence[htraces.Job], params: Experimen
     predictions = None
     if params.predictions == "predictor":
         predictions = htraces.predictions_from(predictor, table, out_of_fold=True)
-    spec = build_cluster(kind, params, seed=seed)
+    spec = build_cluster(kind, params, seed=seed, nodes=nodes)
     factor = None
     if params.method == "fill":
         used = [j for j in jobs if j.num_gpus > 0]
@@ -305,8 +372,15 @@ def _check_request(kind: str, policies: Sequence[str], params: ExperimentParams 
     return p, names
 
 
+def policy_options(name: str, p: ExperimentParams) -> dict[str, Any]:
+    """The options an experiment's parameters give a policy (Horus's queue look-ahead)."""
+    if name in ("horus", "horus_migrate"):
+        return {"queue_lookahead": p.horus_lookahead}
+    return {}
+
+
 def _run_policy(name: str, prep: Prepared, p: ExperimentParams, seed: int) -> dict[str, Any]:
-    policy = hpolicies.make_policy(name)
+    policy = hpolicies.make_policy(name, **policy_options(name, p))
     if p.method == "fill":
         res = hsim.simulate_fill(prep.jobs, prep.cluster, policy, seed=seed, until=p.until,
                                  predictor_error=p.predictor_error)
@@ -330,9 +404,18 @@ def _assumptions(prep: Prepared, p: ExperimentParams, seed: int) -> dict[str, An
     # the RMSLE of what the policies see: the predictions with the extra noise simulate adds
     seen, _ = noisy_predictions(prep.jobs, p.predictor_error, seed)
     true = np.array([j.true_util_pct for j in prep.jobs], float)
+    from_trace = sum(1 for j in prep.jobs if j.util_from_trace)
     return {
         "true_utilization": f"profile table of {p.gpu_model} ({', '.join(prep.table.sources)}); each job gets a "
-                            "zoo model and batch size by a seeded draw (horus.traces.assign_workloads)",
+                            "zoo model and batch size by a seeded draw (horus.traces.assign_workloads)"
+                            + (f"; {from_trace} job(s) run at the trace's own gpu_util (taken as on {p.gpu_model})"
+                               if from_trace else ""),
+        "true_utilization_per_gpu_type": f"utilizations hold on {p.gpu_model}; on another GPU type a job's is "
+                                         "rescaled by Gavel's measured standalone speed ratio of its model family "
+                                         "(u' = 1 - (1 - u) x thr_new / thr_ref: host time fixed)",
+        "jobs_with_trace_utilization": from_trace,
+        "policy_telemetry": "policies see predictions and sampled telemetry (per-process utilization, stretched "
+                            "while sharing; device utilization capped at 100 %), never true utilizations",
         "predicted_utilization": "oracle (= truth)" if p.predictions == "oracle" else
         "the predictor's out-of-fold predictions (the model was held out of training)",
         "predictor_error_sigma": p.predictor_error,
@@ -344,7 +427,7 @@ def _assumptions(prep: Prepared, p: ExperimentParams, seed: int) -> dict[str, An
 
 def run_experiment(
     *,
-    trace: str,
+    trace: str | TraceInput,
     policies: Sequence[str],
     seed: int = 0,
     params: ExperimentParams | dict[str, Any] | None = None,
@@ -354,19 +437,24 @@ def run_experiment(
     jobs: Sequence[htraces.Job] | None = None,
     progress: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
-    """Run every policy on the same jobs and cluster. ``jobs``/``kind`` may be given pre-parsed
-    (uploaded traces); otherwise the shipped trace named ``trace`` is loaded.
+    """Run every policy on the same jobs and cluster. ``trace`` is a :class:`TraceInput` or the name of a
+    shipped trace (``jobs``/``kind`` may instead be given pre-parsed, as older callers do).
 
     ``predictor`` is a :class:`horus.predictor.TrainedPredictor` (required unless
     ``params.predictions == "oracle"``). ``progress(policy_name)`` is called before each policy.
     """
     t0 = time.perf_counter()
-    if jobs is None:
-        kind, jobs = load_jobs(trace)
-    if kind is None:
+    if isinstance(trace, TraceInput):
+        ti = trace
+    elif jobs is None:
+        ti = load_trace(trace)
+    elif kind is None:
         raise ExperimentError("pre-parsed jobs need their kind ('philly' or 'alibaba_pods')", field="trace")
+    else:
+        ti = TraceInput(trace, kind, list(jobs))
+    trace, kind, jobs = ti.name, ti.kind, ti.jobs
     p, names = _check_request(kind, policies, params, predictor)
-    prep = prepare_experiment(kind, jobs, p, seed=seed, profiles=profiles, predictor=predictor)
+    prep = prepare_experiment(kind, jobs, p, seed=seed, profiles=profiles, predictor=predictor, nodes=ti.nodes)
     results: dict[str, Any] = {}
     for name in names:
         if progress is not None:

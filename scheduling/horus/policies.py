@@ -31,13 +31,20 @@ Policies (registry :data:`POLICIES`):
 * ``best_fit`` - bin packing: the feasible GPU with the least room left
   (milli shares when enforced, else predicted memory), at most 3 jobs/GPU.
 * ``random_fit`` - a seeded uniformly random feasible GPU, at most 3 jobs/GPU.
-* ``horus`` - Horus (TPDS'22): cost = 1.3 x (mem in use + job mem) / GPU mem
-  + |util + job util - 100| / 100 (x 1.6 when over 100) + jobs on the GPU,
-  on PREDICTED utilization and memory; lowest wins; at most 3 jobs per GPU and
-  at least 500 MB left free when co-locating (an empty GPU is always eligible
-  unless the job is known from an OOM crash not to fit).
-* ``horus_migrate`` - Horus plus re-packing: a GPU whose measured demand is
-  over 100 % moves one job to a GPU where it fits without over-subscription.
+* ``horus`` - Horus (TPDS'22) as its authors run it: cost = 1.3 x (mem in use
+  + job mem) / GPU mem + |util + job util - 100| / 100 (x 1.6 when over 100)
+  + jobs on the GPU, where ``util`` is the GPU's SAMPLED utilization (what
+  telemetry reports, capped at 100 %) and ``job util``/``job mem`` the
+  incoming job's PREDICTED ones; lowest wins; at most 3 jobs per GPU and at
+  least 500 MB left free when co-locating (an empty GPU is always eligible
+  unless the job is known from an OOM crash not to fit); it looks ahead over
+  the first 5 waiting jobs (``queue_lookahead``) instead of strict FIFO.
+  ``state="predicted"`` (sum of the placed jobs' predictions) is kept as a variant.
+* ``horus_migrate`` - Horus plus re-packing on telemetry: a GPU whose measured
+  demand (sum of its jobs' sampled per-process utilization) is over 100 %
+  moves one job to a GPU where it fits. It sees only what NVML can: sampled
+  utilization of running jobs (stretched while they share), never their true
+  standalone utilization.
 * ``fgd`` - Fragmentation Gradient Descent (ATC'23): the placement that
   least increases the node's expected fragmentation for the target workload;
   request-based (honours ``gpu_milli`` even when the cluster does not enforce
@@ -67,10 +74,13 @@ __all__ = [
     "horus_score",
     "HORUS_MAX_JOBS_PER_GPU",
     "HORUS_HEADROOM_MB",
+    "HORUS_QUEUE_LOOKAHEAD",
 ]
 
 HORUS_MAX_JOBS_PER_GPU = 3
 HORUS_HEADROOM_MB = 500.0
+#: waiting jobs Horus's scheduler considers per pass (the authors' simulator: the first 5 in the queue)
+HORUS_QUEUE_LOOKAHEAD = 5
 
 
 def horus_score(
@@ -139,6 +149,9 @@ class PlacementPolicy:
     #: util, single-node) at the same cluster state; lets the simulator skip
     #: hopeless backfill attempts. Set False in a policy where that fails.
     monotone_feasibility = True
+    #: waiting jobs (from the queue's head) offered per scheduling pass; 1 = strict FIFO. The simulator
+    #: uses the larger of this and its ``backfill`` window.
+    queue_lookahead = 1
 
     def reset(self, seed: int = 0) -> None:
         """Called by the simulator before a run (clear state, reseed)."""
@@ -209,28 +222,33 @@ class _CostRanked(_SharingPolicy):
 
 
 class Horus(_CostRanked):
-    """Horus: lowest :func:`horus_score` on predicted utilization and memory."""
+    """Horus: lowest :func:`horus_score` on the GPUs' sampled utilization and the job's prediction."""
 
     name = "horus"
+    STATES = ("sampled", "predicted", "measured")
 
     def __init__(self, *, max_jobs_per_gpu: int = HORUS_MAX_JOBS_PER_GPU, headroom_mb: float = HORUS_HEADROOM_MB,
-                 state: str = "predicted", max_util_pct: float | None = None):
+                 state: str = "sampled", max_util_pct: float | None = None,
+                 queue_lookahead: int = HORUS_QUEUE_LOOKAHEAD):
         super().__init__(max_jobs_per_gpu=max_jobs_per_gpu, headroom_mb=headroom_mb)
-        if state not in ("predicted", "measured"):
-            raise ValueError("state must be 'predicted' or 'measured'")
-        #: what the GPU's current load is taken from: the predictions of the
-        #: jobs placed there (the paper's simulator) or measurements
+        if state not in self.STATES:
+            raise ValueError(f"state must be one of {', '.join(self.STATES)}")
+        #: what the GPU's current load is taken from: its sampled device utilization, capped at 100 %
+        #: (the authors' code, default); the sum of the placed jobs' predictions; or the sum of the
+        #: running jobs' sampled per-process utilizations, uncapped
         self.state = state
+        self.queue_lookahead = max(1, int(queue_lookahead))
         #: optional hard cap (not in the paper): never co-locate where the
         #: predicted utilization sum would exceed this; an empty GPU is always allowed
         self.max_util_pct = max_util_pct
 
     def _load(self, cv: ClusterView) -> tuple[np.ndarray, np.ndarray]:
-        if self.state == "predicted":
-            # memory in use: the larger of the placed jobs' predictions and what
-            # NVML measures (an under-predicted neighbour must not cause an OOM)
-            return cv.pred_util_pct, np.maximum(cv.pred_mem_mb, cv.meas_mem_mb)
-        return cv.demand_util_pct, cv.meas_mem_mb
+        if self.state == "measured":
+            return cv.demand_util_pct, cv.meas_mem_mb
+        # memory in use: the larger of the placed jobs' predictions and what NVML measures (an
+        # under-predicted neighbour must not cause an OOM)
+        mem = np.maximum(cv.pred_mem_mb, cv.meas_mem_mb)
+        return (cv.pred_util_pct if self.state == "predicted" else cv.meas_util_pct), mem
 
     def cost(self, job: JobView, cv: ClusterView) -> tuple[np.ndarray, np.ndarray]:
         """``(cost, feasible mask)`` over all GPUs."""
@@ -242,7 +260,8 @@ class Horus(_CostRanked):
         return horus_score(util, mem, cv.n_jobs, cv.mem_cap_mb, job.pred_util_pct, jmem), mask
 
     def describe(self):
-        return {**super().describe(), "state": self.state, "max_util_pct": self.max_util_pct}
+        return {**super().describe(), "state": self.state, "max_util_pct": self.max_util_pct,
+                "queue_lookahead": self.queue_lookahead}
 
 
 class HorusMigrate(Horus):
@@ -347,6 +366,7 @@ class Gandiva(Horus):
     name = "gandiva"
 
     def __init__(self, **kw):
+        kw.setdefault("queue_lookahead", 1)  # strict FIFO, as the baselines run
         super().__init__(state="measured", **kw)
 
     def cost(self, job, cv):

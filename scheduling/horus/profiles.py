@@ -40,12 +40,14 @@ import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .features import DATA_DIR, FEATURE_KEYS, ZOO_BATCH_SIZES, ZooFeatureTable
+from .interference import fitted_gpu_type
 
 __all__ = [
     "GpuSpec",
@@ -61,6 +63,9 @@ __all__ = [
     "ProfileTable",
     "SYNTHETIC_SOURCE",
     "DEFAULT_SEED_PROFILES_PATH",
+    "ZOO_GAVEL_FAMILY",
+    "gavel_speed_ratios",
+    "util_on_gpu",
 ]
 
 SYNTHETIC_SOURCE = "synthetic-roofline-v1"
@@ -105,6 +110,46 @@ def gpu_spec(name: str) -> GpuSpec:
         return GPU_SPECS[name]
     v = GPU_SPECS["V100"]
     return GpuSpec(name, v.mem_mb, v.peak_tflops, v.mem_bw_gbs, v.tdp_w, v.idle_w, assumed=True)
+
+
+# ------------------------------------------------------------------------ utilization per GPU type
+GAVEL_THROUGHPUTS_PATH = DATA_DIR / "interference" / "gavel_oracle_throughputs.json"
+#: zoo model -> the Gavel job family whose measured speed ratios between GPU types stand in for it
+#: (closest architecture; a model not listed uses the median over all 26 Gavel job types)
+ZOO_GAVEL_FAMILY = {"resnet18": "ResNet-18", "small_cnn": "ResNet-18", "mobilenet_v2": "ResNet-18",
+                    "vgg11": "ResNet-50", "bert_encoder": "Transformer", "lstm_lm": "LM"}
+
+
+@lru_cache(maxsize=1)
+def gavel_speed_ratios() -> dict[str, dict[str, float]]:
+    """``{family or "*": {gpu type: median standalone throughput / its V100 throughput}}`` from Gavel's
+    measured standalone throughputs (``data/interference/``, the ``"null"`` entries)."""
+    doc = json.loads(GAVEL_THROUGHPUTS_PATH.read_text())
+    per_family: dict[str, dict[str, list[float]]] = {}
+    for gpu, table in doc.items():
+        for job, row in table.items():
+            ref = float(doc["v100"][job]["null"])
+            if ref > 0 and float(row["null"]) > 0:
+                for key in (job.split(" (")[0], "*"):
+                    per_family.setdefault(key, {}).setdefault(gpu, []).append(float(row["null"]) / ref)
+    return {f: {g: float(np.median(v)) for g, v in by_gpu.items()} for f, by_gpu in per_family.items()}
+
+
+def util_on_gpu(util_pct: float, *, measured_on: str, run_on: str, model: str | None = None) -> float:
+    """A job's standalone utilization on ``run_on`` given ``util_pct`` on ``measured_on``.
+
+    Its host-side time per step (input pipeline, dispatch: the ``1 - u`` share) does not depend on the
+    GPU; the step time scales with the measured throughput ratio ``r = thr(run_on) / thr(measured_on)``
+    (Gavel's standalone throughputs for the job's family on the GPU types that stand in for both, see
+    ``interference.fitted_gpu_type``), so ``u' = 1 - (1 - u) * r``: the same job keeps a K80 busier than
+    a V100. Clipped to [1, 100]. Same stand-in type: unchanged."""
+    a, b = fitted_gpu_type(measured_on), fitted_gpu_type(run_on)
+    if a == b:
+        return float(util_pct)
+    ratios = gavel_speed_ratios()
+    fam = ratios.get(ZOO_GAVEL_FAMILY.get(model or "", ""), ratios["*"])
+    r = fam[b] / fam[a]
+    return float(min(100.0, max(1.0, 100.0 * (1.0 - (1.0 - util_pct / 100.0) * r))))
 
 
 class ProfileFormatError(ValueError):

@@ -29,12 +29,13 @@ from common.jsonsafe import json_safe
 from .cluster import MILLI, ClusterSpec, ClusterState, JobView, PlacementError, workload_types
 from .interference import FittedInterference, flat_sharing_slowdown
 from .policies import PlacementPolicy
+from .profiles import util_on_gpu
 from .sim_inputs import checked_placement, job_views, noisy_predictions, validate_jobs
 from .traces import Job
 
 __all__ = [
     "GpuLoad", "InterferenceModel", "SharingPenalty", "INTERFERENCE_MODELS", "DEFAULT_INTERFERENCE",
-    "make_interference",
+    "make_interference", "measured_util",
     "SimulationResult", "EventQueue", "ReplayJobs", "Accounting", "Replay", "summarize",
 ]
 
@@ -114,6 +115,16 @@ def make_interference(name: str) -> InterferenceModel:
         return INTERFERENCE_MODELS[name]
     except KeyError:
         raise KeyError(f"unknown interference model {name!r}; known: {', '.join(INTERFERENCE_MODELS)}") from None
+
+
+def measured_util(true_util_pct: float, slowdown: float) -> float:
+    """The per-process utilization telemetry samples for a job of standalone utilization ``u`` slowed
+    ``slowdown``-fold by sharing: the models stretch its GPU phases only (a step takes
+    ``slowdown x`` as long, its host part ``1 - u`` unchanged), so its kernels are resident
+    ``1 - (1 - u) / slowdown`` of the time - more than ``u`` while it is slowed. This, not ``u``, is
+    what NVML can tell a policy about a co-located job."""
+    u = min(max(true_util_pct, 0.0), 100.0) / 100.0
+    return 100.0 * (1.0 - (1.0 - u) / max(slowdown, 1.0))
 
 
 # ------------------------------------------------------------------------------------------ result
@@ -199,7 +210,8 @@ class ReplayJobs:
         self.jobs = list(jobs)
         self.views = views
         n = len(self.jobs)
-        self.true_util = [float(j.true_util_pct) for j in self.jobs]
+        self.true_util = [float(j.true_util_pct) for j in self.jobs]  # on the GPU model ``util_gpu_model[i]``
+        self.util_gpu_model = [j.util_gpu_model for j in self.jobs]
         self.true_mem = [float(j.true_mem_mb) for j in self.jobs]
         self.duration = [float(j.duration_s) for j in self.jobs]
         self.submit = [float(j.submit_time) for j in self.jobs]
@@ -220,6 +232,14 @@ class ReplayJobs:
         """Book the work done since ``last`` at the current rate."""
         self.remaining[i] -= self.rate[i] * (now - self.last[i])
         self.last[i] = now
+
+    def true_util_on(self, i: int, gpu_models: Sequence[str]) -> float:
+        """Job ``i``'s TRUE standalone utilization on GPUs of these models (:func:`.profiles.util_on_gpu`:
+        a slower GPU is busier for the same job); a job spanning types runs at its busiest one's."""
+        ref, u = self.util_gpu_model[i], self.true_util[i]
+        if ref is None:
+            return u
+        return max(util_on_gpu(u, measured_on=ref, run_on=m, model=self.jobs[i].model) for m in set(gpu_models))
 
     def learn_memory(self, i: int) -> None:
         """After an out-of-memory crash the job is known to need its true memory."""
@@ -350,7 +370,9 @@ class Replay:
         self.queue: deque[int] = deque()
         self.dirty = True  # capacity freed (or the queue's head changed) since the last pass
         self.tried = 0  # queue positions the last pass already refused
-        self.window = max(1, int(backfill))
+        #: queue positions offered per pass: the backfill window, or the policy's own look-ahead
+        #: (Horus's authors look at the first 5 waiting jobs), whichever is larger
+        self.window = max(1, int(backfill), int(getattr(policy, "queue_lookahead", 1)))
         self.monotone = bool(getattr(policy, "monotone_feasibility", False)) and self.window > 1
         self.acct = Accounting(state.n_gpus, max(1, (2 * len(jl)) // max(1, frag_samples)))
         #: per GPU, its jobs' slowdowns as of its last change (None: one job or none)
@@ -411,9 +433,12 @@ class Replay:
         self._refresh(rj.gpus)
         self._update_rates(rj.gpus, t)
 
+    def _true_util(self, i: int, gpus: Sequence[int]) -> float:
+        return self.jobs.true_util_on(i, [self.state.gpu_model[g] for g in gpus])
+
     def _start(self, i: int, gpus: Sequence[int], now: float) -> None:
         J, state = self.jobs, self.state
-        state.add(J.views[i], gpus, true_util=J.true_util[i], true_mem=J.true_mem[i], now=now)
+        state.add(J.views[i], gpus, true_util=self._true_util(i, gpus), true_mem=J.true_mem[i], now=now)
         if math.isnan(J.start[i]):
             J.start[i] = now
             J.remaining[i] = J.duration[i]
@@ -429,7 +454,7 @@ class Replay:
         ids = tuple(s.jobs_on[g])
         running = [s.running[j] for j in ids]
         return GpuLoad(g, s.gpu_model[g], float(s.mem_cap[g]), float(s.true_util[g]), ids,
-                       tuple(rj.meas_util_pct for rj in running), tuple(rj.meas_mem_mb for rj in running))
+                       tuple(rj.true_util_pct for rj in running), tuple(rj.meas_mem_mb for rj in running))
 
     def _update_rates(self, gpus: Sequence[int], now: float) -> None:
         """``gpus`` changed their set of jobs: ask the interference model about them (a GPU with one job
@@ -458,13 +483,14 @@ class Replay:
                 J.version[i] += 1
                 self.events.push(now + max(J.remaining[i], 0.0) / r, FINISH, i, J.version[i])
                 touched.update(self.state.running[job_id].gpus)
+                self.state.set_measured_util(job_id, measured_util(self.state.running[job_id].true_util_pct, s))
         for g in touched:
             self.acct.refresh_delivered(g, self._delivered_on(g))
 
     def _delivered_on(self, g: int) -> float:
         """Standalone-equivalent work GPU ``g`` does now, in % of one GPU: its jobs' true util x rate."""
-        J = self.jobs
-        return sum(J.true_util[i] * J.rate[i] for i in (J.index[jid] for jid in self.state.jobs_on[g]))
+        J, running = self.jobs, self.state.running
+        return sum(running[jid].true_util_pct * J.rate[J.index[jid]] for jid in self.state.jobs_on[g])
 
     # ---------------------------------------------------------------- queue
     def _schedule(self, now: float) -> None:
@@ -527,7 +553,8 @@ class Replay:
         J.progress(i, now)
         state.remove(J.jobs[i].job_id)
         self._refresh(old)
-        state.add(J.views[i], new, true_util=J.true_util[i], true_mem=J.true_mem[i], now=now, migrations=migrations)
+        state.add(J.views[i], new, true_util=self._true_util(i, new), true_mem=J.true_mem[i], now=now,
+                  migrations=migrations)
         J.remaining[i] += self.migration_cost_s  # checkpoint + restore, as extra work
         J.rate[i] = 0.0
         self._refresh(new)

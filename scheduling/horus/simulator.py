@@ -31,6 +31,11 @@ Model of a running job
     only at events, so finish times are recomputed only for jobs on GPUs whose
     set of jobs changed.
 
+    Truth and telemetry: a job runs at its TRUE standalone utilization on the type of the GPU it got
+    (:func:`~.profiles.util_on_gpu` rescales the profile's value by Gavel's measured speed ratios);
+    policies see its prediction and what telemetry samples - per-process utilization
+    ``1 - (1 - u)/slowdown`` (:func:`~.replay.measured_util`) and per GPU their sum, capped at 100 %.
+
     Utilization: ``util_mean_pct`` is DELIVERED work, each GPU's sum of its
     jobs' ``true util x rate`` (standalone-equivalent GPU time per GPU time,
     counted at most 100 % per GPU; a non-work-conserving model's excess is
@@ -46,7 +51,9 @@ Queue
     One FIFO queue. ``backfill=1`` is strict FIFO (the head blocks the rest,
     as YARN-CS does); ``backfill=W`` lets the first W waiting jobs be placed
     out of order (W large ~ the Kubernetes scheduler, which skips pods that do
-    not fit). Waiting jobs are re-offered after a job leaves or migrates
+    not fit). A policy may ask for a look-ahead of its own (``queue_lookahead``: Horus, as its
+    authors run it, considers the first 5 waiting jobs); the window is the larger of the two.
+    Waiting jobs are re-offered after a job leaves or migrates
     (placements only remove capacity, so nothing else can unblock them). For a
     policy with ``monotone_feasibility`` (all built-in ones: a request that is
     no smaller in any dimension is never easier to place), a job asking for at

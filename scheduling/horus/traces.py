@@ -103,6 +103,11 @@ class Job:
     pred_mem_mb: float | None = None
     source: str = ""
     line: int = 0
+    #: the GPU model ``true_util_pct`` holds for (None: every model); on another the simulator
+    #: rescales it (:func:`.profiles.util_on_gpu`)
+    util_gpu_model: str | None = None
+    #: True when the trace itself gave ``true_util_pct`` (Philly ``gpu_util``): kept by assign_workloads
+    util_from_trace: bool = False
 
     @property
     def gpu_request(self) -> float:
@@ -308,20 +313,33 @@ def _philly_time(s: str, file: str, line: int) -> float:
 def load_philly(source: str | os.PathLike[str] | IO[Any] = PHILLY_PATH, *, name: str | None = None) -> list[Job]:
     """Jobs of the Philly trace (Pollux's ``philly.csv``), submit times relative
     to the earliest job, in submit order (ties: file order). Multi-GPU jobs may
-    span nodes (the trace has no placement)."""
+    span nodes (the trace has no placement). An optional ``gpu_util`` column is
+    the job's TRUE standalone utilization in % (0 < u <= 100; an empty cell: not
+    known, the assumed distribution applies), used instead of the profiles'."""
     rows, file, _ = _open_rows(source, name)
     cols = _header(rows, file, ("timestamp", "duration", "num_gpus"))
-    raw: list[tuple[float, float, int, int]] = []
+    raw: list[tuple[float, float, int, int, float | None]] = []
     for line, row in _iter_records(rows, file, len(cols)):
         ts = _philly_time(row[cols["timestamp"]], file, line)
         dur = _float(row, cols, "duration", file, line)
         ng = _int(row, cols, "num_gpus", file, line, lo=1, hi=4096)
-        raw.append((ts, dur, ng, line))
+        raw.append((ts, dur, ng, line, _philly_util(row, cols, file, line)))
     if not raw:
         raise TraceFormatError(file, None, None, "no jobs")
     t0 = min(r[0] for r in raw)
     raw.sort(key=lambda r: (r[0], r[3]))
-    return [Job(f"philly-{line - 1}", ts - t0, max(1.0, dur), ng, MILLI, source=file, line=line) for ts, dur, ng, line in raw]
+    return [Job(f"philly-{line - 1}", ts - t0, max(1.0, dur), ng, MILLI, source=file, line=line, true_util_pct=util,
+                util_from_trace=util is not None) for ts, dur, ng, line, util in raw]
+
+
+def _philly_util(row: list[str], cols: Mapping[str, int], file: str, line: int) -> float | None:
+    """The optional ``gpu_util`` cell: a percentage in (0, 100], or None when the column or value is absent."""
+    if "gpu_util" not in cols or not row[cols["gpu_util"]].strip():
+        return None
+    u = _float(row, cols, "gpu_util", file, line)
+    if not 0.0 < u <= 100.0:
+        raise TraceFormatError(file, line, "gpu_util", f"must be a percentage in (0, 100], got {u:g}")
+    return u
 
 
 @dataclass
@@ -406,7 +424,10 @@ def assign_workloads(
       as ``"uniform"``.
     * ``"auto"``: ``"request"`` if any job shares a GPU, else ``"uniform"``.
 
-    A job that already names a model and batch size in the table keeps them.
+    A job that already names a model and batch size in the table keeps them. A job whose trace gave
+    its utilization (``util_from_trace``) keeps that as its TRUE utilization and gets the configuration
+    whose profiled utilization is nearest to it (its memory and prediction come from that one).
+    ``util_gpu_model`` is set to the table's GPU model: the model the utilizations hold for.
     """
     if mapping not in ("auto", "uniform", "request"):
         raise ValueError("mapping must be 'auto', 'uniform' or 'request'")
@@ -424,6 +445,8 @@ def assign_workloads(
     for j, r in zip(jobs, draws):
         if j.model is not None and j.batch_size is not None and (j.model, j.batch_size) in table.util:
             key = (j.model, j.batch_size)
+        elif j.util_from_trace and j.true_util_pct is not None:
+            key = keys[int(np.argmin(np.abs(utils - float(j.true_util_pct))))]
         else:
             if mapping == "request" and 0 < j.gpu_milli < MILLI:
                 cand = by_milli.get(j.gpu_milli)
@@ -436,12 +459,14 @@ def assign_workloads(
             else:
                 key = keys[min(int(r * len(keys)), len(keys) - 1)]
         tu, tm = table.util[key], table.mem[key]
+        if j.util_from_trace and j.true_util_pct is not None:
+            tu = float(j.true_util_pct)
         if predictions is None:
             pu, pm = tu, tm
         else:
             pu, pm = predictions[key]
         out.append(replace(j, model=key[0], batch_size=key[1], true_util_pct=tu, true_mem_mb=tm,
-                           pred_util_pct=float(pu), pred_mem_mb=float(pm)))
+                           pred_util_pct=float(pu), pred_mem_mb=float(pm), util_gpu_model=table.gpu_model))
     return out
 
 

@@ -42,6 +42,8 @@ from .placement import (
 from .predictors import (
     activate_predictor,
     ensure_active_predictor,
+    evaluate_predictor,
+    format_predictor_evaluation,
     load_predictor,
     load_seed_profiles,
     model_features,
@@ -55,7 +57,10 @@ from .simulations import (
     delete_trace,
     execute_simulation,
     resolve_policies,
-    simulate_trace,
+    read_trace_file,
+    resolve_trace,
+    simulate,
+    simulation_choices,
     simulation_inputs,
     start_simulation,
     upload_trace,
@@ -64,10 +69,10 @@ from .simulations import (
 __all__ = [
     "HeartbeatResult", "HostFacts", "max_trace_bytes", "TraceRejected", "activate_predictor", "build_cluster_state",
     "cancel_job", "claim_job", "default_job_estimate_s", "default_policy", "delete_trace", "dispatch_placement",
-    "ensure_active_predictor", "execute_job", "execute_simulation", "finish_job", "gpu_job_limits",
+    "ensure_active_predictor", "evaluate_predictor", "format_predictor_evaluation", "execute_job", "execute_simulation", "finish_job", "gpu_job_limits",
     "load_predictor", "load_seed_profiles", "local_host_facts", "model_features", "place_pending_jobs",
     "predict_job", "prune_telemetry", "reconcile_restarted_gpu_worker", "record_heartbeat", "record_profiles",
     "recover_lost_jobs", "register_node", "request_placement_pass", "resolve_policies", "set_gpu_drained",
-    "set_node_drained", "simulate_trace", "simulation_inputs", "start_simulation", "submit_job", "train_predictor",
+    "set_node_drained", "read_trace_file", "resolve_trace", "simulate", "simulation_choices", "simulation_inputs", "start_simulation", "submit_job", "train_predictor",
     "training_records", "upload_trace",
 ]

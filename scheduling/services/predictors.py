@@ -70,6 +70,18 @@ def training_records() -> list[adapters.ProfileRecord]:
     return selectors.profile_records()
 
 
+def evaluate_predictor(*, seed: int = 0) -> dict[str, Any]:
+    """Leave-one-model-family-out evaluation of the predictor and two baselines on the stored (or seed)
+    profiles; stores nothing (``horus.predictor_eval``)."""
+    try:
+        return adapters.evaluate_utilization_predictor(training_records(), seed=seed)
+    except ValueError as exc:
+        raise ServiceError(f"Cannot evaluate the predictor: {exc}", code="not_enough_profiles") from None
+
+
+format_predictor_evaluation = adapters.format_predictor_evaluation
+
+
 def train_predictor(
     *,
     actor: AbstractBaseUser | None = None,

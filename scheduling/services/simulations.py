@@ -1,5 +1,12 @@
 """Trace uploads and trace-driven simulations: validate and store a trace, queue a simulation within
-the team's limits, run it (the ``scheduling.run_simulation`` task) and store its results."""
+the team's limits, run it (the ``scheduling.run_simulation`` task) and store its results.
+
+ONE path from a trace to a result: :func:`simulate` (a trace input, policies, seed, parameters ->
+the engine's result). The ``simulate`` command calls it directly (shipped, uploaded or local trace
+files, :func:`read_trace_file`), the API and the dashboard through :func:`start_simulation` (validate,
+check the team's limits, queue) and the task's :func:`execute_simulation` (run, store); the bench calls
+the same engine function (``horus.experiments.run_experiment``) with the inputs :func:`simulate` uses on
+a database without profiles of its own (``experiments.default_inputs``)."""
 from __future__ import annotations
 
 import hashlib
@@ -34,8 +41,8 @@ def max_trace_bytes() -> int:
     return settings.SCHEDULING_MAX_TRACE_BYTES
 
 
-__all__ = ["max_trace_bytes", "TraceRejected", "delete_trace", "execute_simulation", "resolve_policies",
-           "simulate_trace", "simulation_inputs", "start_simulation", "upload_trace"]
+__all__ = ["max_trace_bytes", "TraceRejected", "delete_trace", "execute_simulation", "read_trace_file",
+           "resolve_policies", "resolve_trace", "simulate", "simulation_choices", "simulation_inputs", "start_simulation", "upload_trace"]
 
 
 def _gunzip_bounded(data: bytes, *, limit: int, filename: str) -> bytes:
@@ -96,17 +103,63 @@ def delete_trace(*, actor: AbstractBaseUser, trace: TraceUpload) -> None:
     delete_stored_on_commit(name)
 
 
-def _resolve_trace(team: Team, trace: str | int) -> tuple[str, TraceUpload | None, str]:
-    """``(trace label, upload or None, kind)``."""
+def resolve_trace(team: Team | None, trace: str | int) -> tuple[str, TraceUpload | None, str]:
+    """``(trace label, upload or None, kind)`` of a shipped trace name or an uploaded trace's id (of
+    ``team``; ``team=None``, for the operator's command line: any team's)."""
     ref = str(trace).strip()
     if ref in adapters.SHIPPED_TRACES:
         return ref, None, "alibaba_pods" if ref == "alibaba" else "philly"
     if ref.isdigit():
-        upload = TraceUpload.objects.filter(pk=int(ref), team=team).first()
+        uploads = TraceUpload.objects.filter(pk=int(ref))
+        upload = (uploads if team is None else uploads.filter(team=team)).first()
         if upload is not None:
             return "upload", upload, upload.kind
+        raise ServiceError(f"No uploaded trace {ref}" + (f" in team {team}." if team is not None else "."),
+                           field="trace")
     raise ServiceError(f"Unknown trace '{ref}': use {', '.join(adapters.SHIPPED_TRACES)} or the id of a trace your "
                        "team uploaded.", field="trace")
+
+
+def _size_words(n: int) -> str:
+    return f"{n / 2**20:.0f} MB" if n >= 2**20 else f"{n:,} bytes"
+
+
+def _read_bounded(path: Path, what: str) -> bytes:
+    """A local file's bytes, at most the trace size limit (also once inflated, for gzip); a missing,
+    unreadable or oversized file is a ServiceError saying so."""
+    limit = max_trace_bytes()
+    try:
+        with open(path, "rb") as f:  # read at most limit + 1 bytes: a device or FIFO never ends
+            data = f.read(limit + 1)
+    except IsADirectoryError:
+        raise ServiceError(f"{what} {path} is a directory, not a trace file.", field="trace") from None
+    except OSError as exc:
+        raise ServiceError(f"Cannot read {what} {path}: {exc.strerror or exc}.", field="trace") from None
+    if len(data) > limit:
+        raise ServiceError(f"{what} {path} is over the {_size_words(limit)} trace size limit "
+                           "(SCHEDULING_MAX_TRACE_BYTES).", code="too_large", field="trace")
+    if data[:2] == b"\x1f\x8b":
+        data = _gunzip_bounded(data, limit=limit, filename=path.name)
+    return data
+
+
+def read_trace_file(path: str | Path, *, nodes: str | Path | None = None) -> adapters.TraceInput:
+    """A local trace file - a Philly CSV (``timestamp,duration,num_gpus[,gpu_time,cluster,gpu_util]``) or
+    an Alibaba pod list, with ``nodes`` an Alibaba node list for its cluster - as a trace input for
+    :func:`simulate`. Size-capped (SCHEDULING_MAX_TRACE_BYTES, gzip included) and parsed row by row: a
+    malformed file is a TraceRejected naming the file, line and column."""
+    trace_path, nodes_path = Path(path), None if nodes is None else Path(nodes)
+    data = _read_bounded(trace_path, "trace")
+    nodes_data = None if nodes_path is None else _read_bounded(nodes_path, "node list")
+    return adapters.file_trace_input(trace_path.name, data, nodes_name=None if nodes_path is None else nodes_path.name,
+                                     nodes_data=nodes_data)
+
+
+def simulation_choices() -> dict[str, Any]:
+    """What a simulation form offers: shipped traces, policies, and every parameter with its default and,
+    where closed, its allowed values (``horus.experiments.parameter_choices``)."""
+    return {"shipped_traces": list(adapters.SHIPPED_TRACES), "policies": list(adapters.POLICY_NAMES),
+            "parameters": adapters.experiment_parameter_choices()}
 
 
 def resolve_policies(policies: list[str] | str) -> list[str]:
@@ -161,7 +214,7 @@ def start_simulation(
     """Validate and queue a simulation (the `scheduling.run_simulation` task runs it, on the `simulations`
     queue). Refused (QuotaExceeded) past the team's concurrency or size limits."""
     require_team_writer(actor, team.pk, "start simulations")
-    label, upload, kind = _resolve_trace(team, trace)
+    label, upload, kind = resolve_trace(team, trace)
     names = resolve_policies(policies)
     params = adapters.experiment_params(parameters, kind)
     jobs, gpus = adapters.simulation_size(label, upload, kind, params, int(seed))
@@ -185,17 +238,18 @@ def simulation_inputs(params: dict[str, Any]
     return records, predictor
 
 
-def simulate_trace(*, label: str, upload: TraceUpload | None, policies: list[str] | str, seed: int,
-                   params: dict[str, Any], progress: Callable[[str], None] | None = None
-                   ) -> tuple[dict[str, Any], bool]:
-    """Run a simulation now, storing nothing: ``(results, whether the predictor made the predictions)``.
-    ``label`` names a shipped trace; with ``upload`` its stored file is replayed."""
-    name, kind, jobs = adapters.trace_jobs(label, upload)
+def simulate(*, trace: adapters.TraceInput, policies: list[str] | str = "all", seed: int = 0,
+             parameters: dict[str, Any] | None = None, progress: Callable[[str], None] | None = None
+             ) -> tuple[dict[str, Any], bool]:
+    """THE path from a trace to a result; runs now and stores nothing: ``(results, whether the predictor
+    made the predictions)``. ``trace`` comes from :func:`read_trace_file` or ``adapters.trace_input``;
+    ``parameters`` are ``horus.experiments.ExperimentParams`` fields (``adapters.EXPERIMENT_PARAMETERS``)."""
+    params = dict(parameters or {})
     names = resolve_policies(policies)
-    adapters.experiment_params(params, kind)  # before a predictor is trained for nothing
+    adapters.experiment_params(params, trace.kind)  # before a predictor is trained for nothing
     records, predictor = simulation_inputs(params)
-    results = adapters.run_simulation(trace=name, kind=kind, jobs=jobs, policies=names, seed=seed, params=params,
-                                      profiles=records, predictor=predictor, progress=progress)
+    results = adapters.run_simulation(trace=trace, policies=names, seed=int(seed), params=params, profiles=records,
+                                      predictor=predictor, progress=progress)
     return results, predictor is not None
 
 
@@ -210,8 +264,8 @@ def execute_simulation(*, run_id: int) -> SimulationRun | None:
     try:
         if run.trace_upload is None and run.trace == "upload":
             raise ServiceError("The uploaded trace of this simulation was deleted.")
-        results, used_predictor = simulate_trace(label=run.trace, upload=run.trace_upload, policies=run.policies,
-                                                 seed=run.seed, params=run.parameters)
+        results, used_predictor = simulate(trace=adapters.trace_input(run.trace, run.trace_upload),
+                                           policies=run.policies, seed=run.seed, parameters=run.parameters)
     except adapters.SIMULATION_INPUT_ERRORS as exc:
         run.status, run.error = SimulationRun.Status.FAILED, str(exc)[:ERROR_TEXT_MAX_CHARS]
     except Exception as exc:  # keep the run's state truthful; the task logs the traceback

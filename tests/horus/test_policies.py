@@ -92,7 +92,9 @@ def test_horus_uses_predictions_not_truth():
     # GPU 0 truly saturated but predicted light; GPU 1 truly light, predicted heavy
     put(s, "a", [0], pred_util=20, pred_mem=1000, true_util=95)
     put(s, "b", [1], pred_util=90, pred_mem=1000, true_util=10)
-    assert Horus().place(view("x", util=60, mem=1000), s.view(), 0.0) == [0]
+    assert Horus(state="predicted").place(view("x", util=60, mem=1000), s.view(), 0.0) == [0]
+    # the default (the authors'): the GPUs' sampled utilization, capped at 100 %, plus the job's prediction
+    assert Horus().place(view("x", util=60, mem=1000), s.view(), 0.0) == [1]
     # gandiva looks at measured utilization only (lower is better)
     assert Gandiva().place(view("x", util=60, mem=1000), s.view(), 0.0) == [1]
 

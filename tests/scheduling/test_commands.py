@@ -95,3 +95,142 @@ def test_load_seed_profiles_and_train_predictor_commands():
     assert summary["util_rmsle"] > 0 and summary["grouped_by"] == "model"
     assert "predictor v2:" in text and "SYNTHETIC" in text and "RMSLE" in text
     assert list(PredictorVersion.objects.values_list("version", "active")) == [(2, False), (1, True)]
+
+
+# --------------------------------------------------------------------- simulate --trace PATH (issue 15)
+THREE_SATURATED = ("timestamp,duration,num_gpus,gpu_time,cluster,gpu_util\n"
+                   + "2017-10-01 00:00:00,3600,1,3600,c1,100\n" * 3)
+NODES = "sn,cpu_milli,memory_mib,gpu,model\nn1,96000,786432,8,V100M16\nn2,64000,262144,2,T4\n"
+PODS = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,8000,16000,1,500\np2,8000,16000,1,1000\n"
+        "p3,4000,8000,2,1000\np4,1000,1000,1,250\n")
+
+
+def _write(tmp_path, name, text: str | bytes):
+    p = tmp_path / name
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(p)
+
+
+def _without_walls(results: dict) -> dict:
+    return {name: {k: v for k, v in r.items() if k != "wall_s"} for name, r in results["policies"].items()}
+
+
+@pytest.mark.django_db
+def test_simulate_a_local_philly_csv_with_true_utilizations(tmp_path):
+    path = _write(tmp_path, "three.csv", THREE_SATURATED)
+    result = json.loads(run("simulate", "--trace", path, "--gpus", "1", "--gpus-per-node", "1", "--predictions",
+                            "oracle", "--json"))
+    assert result["trace"]["name"] == "three.csv" and result["trace"]["jobs_used"] == 3
+    assert result["assumptions"]["jobs_with_trace_utilization"] == 3
+    for name, r in result["policies"].items():
+        assert r["makespan_s"] >= 3 * 3600 - 1e-6, name  # three saturated 1-hour jobs on one GPU: >= 3 h
+        assert {"mean_wait_s", "util_mean_pct", "occupancy_pct"} <= set(r) and r["util_mean_pct"] <= 100.0 + 1e-9
+
+
+@pytest.mark.django_db
+def test_simulate_a_local_alibaba_pod_list_on_its_node_list(tmp_path):
+    pods, nodes = _write(tmp_path, "pods.csv", PODS), _write(tmp_path, "nodes.csv", NODES)
+    result = json.loads(run("simulate", "--trace", pods, "--nodes", nodes, "--scale", "1", "--policy", "fgd,best_fit",
+                            "--predictions", "oracle", "--json"))
+    assert result["method"] == "fill" and result["cluster"]["gpus"] == 10
+    assert result["cluster"]["gpu_mix"] == {"T4": 2, "V100M16": 8}
+    for r in result["policies"].values():
+        assert 0 < r["allocated_share"] <= 1 and r["unallocated_gpus"] >= 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("files,message", [
+    ({"trace": "nope.csv"}, "Cannot read trace .*No such file"),
+    ({"trace": b"\x00\xff\xfe garbage \x89PNG"}, "not UTF-8 text|unknown trace format|bad CSV"),
+    ({"trace": "a,b\n1,2\n"}, "unknown trace format"),
+    ({"trace": "timestamp,duration,num_gpus\n2017-10-01 00:00:00,-5,1\n"}, "line 2, column 'duration'"),
+    ({"trace": "timestamp,duration,num_gpus,gpu_util\n2017-10-01 00:00:00,5,1,250\n"}, "column 'gpu_util'"),
+    ({"trace": "timestamp,duration,num_gpus\nyesterday,5,1\n"}, "column 'timestamp'"),
+    ({"trace": "timestamp,duration,num_gpus\n"}, "no jobs"),
+    ({"trace": NODES}, "is an Alibaba node list"),
+    ({"trace": THREE_SATURATED, "nodes": NODES}, "node list goes with an Alibaba pod list"),
+    ({"trace": PODS, "nodes": PODS}, "not an Alibaba node list"),
+    ({"trace": PODS, "nodes": "sn,cpu_milli,memory_mib,gpu,model\nn1,1,1,99,V100\n"}, "column 'gpu'"),
+])
+def test_simulate_refuses_malformed_local_files_with_a_readable_error(tmp_path, files, message):
+    args = []
+    for opt, content in files.items():
+        path = str(tmp_path / content) if content == "nope.csv" else _write(tmp_path, f"{opt}.csv", content)
+        args += [f"--{opt}", path]
+    with pytest.raises(CommandError, match=message):
+        run("simulate", *args, "--predictions", "oracle")
+
+
+@pytest.mark.django_db
+def test_simulate_refuses_files_over_the_trace_size_limit(tmp_path, settings):
+    import gzip
+
+    settings.SCHEDULING_MAX_TRACE_BYTES = 2000
+    big = _write(tmp_path, "big.csv", THREE_SATURATED * 200)
+    with pytest.raises(CommandError, match="over the 2,000 bytes trace size limit"):
+        run("simulate", "--trace", big, "--predictions", "oracle")
+    bomb = _write(tmp_path, "bomb.csv.gz", gzip.compress(THREE_SATURATED.encode() * 500))
+    with pytest.raises(CommandError, match="inflates to more than"):
+        run("simulate", "--trace", bomb, "--predictions", "oracle")
+    with pytest.raises(CommandError, match="is a directory"):
+        run("simulate", "--trace", str(tmp_path), "--predictions", "oracle")
+    with pytest.raises(CommandError, match="--nodes goes with a local Alibaba pod list"):
+        run("simulate", "--trace", "philly", "--nodes", big)
+
+
+@pytest.mark.django_db
+def test_command_and_api_take_one_path_to_the_same_result(api_owner, team_a, django_capture_on_commit_callbacks):
+    from scheduling import services, tasks
+
+    params = {"jobs": 80, "start": 5000, "gpus": 8, "predictions": "oracle"}
+    with mock.patch.object(tasks.run_simulation, "delay"), django_capture_on_commit_callbacks(execute=True):
+        resp = api_owner.post("/api/simulations/", {"team": team_a.pk, "trace": "philly", "seed": 2,
+                                                    "policies": ["horus", "horus_migrate", "gandiva"],
+                                                    "parameters": params}, format="json")
+    assert resp.status_code == 201, resp.json()
+    stored = services.execute_simulation(run_id=resp.json()["id"])  # what the task runs
+    assert stored.status == "succeeded", stored.error
+    cli = json.loads(run("simulate", "--trace", "philly", "--seed", "2", "--policy", "horus,horus_migrate,gandiva",
+                         "--jobs", "80", "--start", "5000", "--gpus", "8", "--predictions", "oracle", "--json"))
+    assert _without_walls(cli) == _without_walls(stored.results)
+    assert cli["params"] == stored.results["params"] and cli["scale"] == stored.results["scale"]
+
+
+@pytest.mark.django_db
+def test_train_predictor_eval_prints_the_family_held_out_figures_and_stores_nothing():
+    with mock.patch("scheduling.horus.predictor.DEFAULT_XGB_PARAMS", {"n_estimators": 10, "max_depth": 3}), \
+            mock.patch("scheduling.horus.predictor_eval.DEFAULT_XGB_PARAMS", {"n_estimators": 10, "max_depth": 3}):
+        out = run("train_predictor", "--eval")
+        body = json.loads(run("train_predictor", "--eval", "--json"))
+    assert "leave one model family out" in out and "SYNTHETIC" in out and "analytic_flops" in out
+    assert set(body["methods"]) == {"predictor", "constant", "analytic_flops"} and body["synthetic"]
+    assert not PredictorVersion.objects.exists()
+
+
+def test_simulation_choices_offer_what_start_simulation_accepts():
+    from scheduling import services
+
+    c = services.simulation_choices()
+    assert c["shipped_traces"] == ["philly", "alibaba"] and "horus" in c["policies"]
+    p = c["parameters"]
+    assert p["horus_lookahead"] == {"default": 5, "type": "int"}
+    assert p["interference"]["choices"][0] == "fitted" and p["method"]["choices"] == ["replay", "fill"]
+    assert p["predictor_error"]["default"] == 0.0
+
+
+@pytest.mark.django_db
+def test_the_bench_inputs_are_what_the_service_uses_on_a_fresh_database(monkeypatch):
+    """bench/scheduling.py calls run_experiment with experiments.default_inputs(); services.simulate on a
+    database without profiles of its own loads the same seed profiles and trains the same predictor."""
+    from scheduling import adapters, services
+    from scheduling.horus import experiments
+
+    monkeypatch.setattr(experiments, "_PREDICTORS", {})
+    params = {"jobs": 60, "start": 4000, "gpus": 8}
+    with mock.patch("scheduling.horus.predictor.DEFAULT_XGB_PARAMS", {"n_estimators": 10, "max_depth": 3}):
+        service, used_predictor = services.simulate(trace=adapters.trace_input("philly", None), policies=["horus"],
+                                                    seed=0, parameters=params)
+        bench = experiments.run_experiment(trace="philly", policies=["horus"], seed=0, params=params,
+                                           **experiments.default_inputs())
+    assert used_predictor and _without_walls(service) == _without_walls(bench)
+    assert service["assumptions"] == bench["assumptions"]

@@ -1,4 +1,7 @@
-"""Replay a cluster trace under one or every placement policy and print a comparison table."""
+"""Replay a cluster trace under one or every placement policy and print a comparison table.
+
+Every run goes through ``services.simulate`` (``--save``: ``start_simulation`` + ``execute_simulation``,
+which call it too): the same path the API and the dashboard use."""
 from __future__ import annotations
 
 import json
@@ -8,16 +11,19 @@ from django.core.management.base import BaseCommand, CommandError
 
 from core.models import Team
 from scheduling import adapters, services
-from scheduling.models import TraceUpload
 
 
 class Command(BaseCommand):
     help = ("Trace-driven simulation of GPU placement policies (Horus and baselines). Philly: replay of a job "
             "slice on a uniform cluster of --gpus GPUs; Alibaba: the ATC'23 fill method on a --scale fraction of "
-            "the trace's own cluster. The scale is printed with the results.")
+            "the trace's own cluster (or of --nodes). The scale is printed with the results.")
 
     def add_arguments(self, parser):
-        parser.add_argument("--trace", required=True, help="philly, alibaba, or the id of an uploaded trace")
+        parser.add_argument("--trace", required=True,
+                            help="philly, alibaba, the id of an uploaded trace, or a local file: a Philly CSV "
+                                 "(timestamp,duration,num_gpus[,gpu_time,cluster,gpu_util]; gpu_util = the job's "
+                                 "true standalone utilization in %%) or an Alibaba openb pod list (.csv or .csv.gz)")
+        parser.add_argument("--nodes", help="With a local Alibaba pod list: its openb node list (the cluster)")
         parser.add_argument("--policy", default="all",
                             help=f"'all' or comma-separated names: {', '.join(adapters.POLICY_NAMES)}")
         parser.add_argument("--seed", type=int, default=0)
@@ -34,6 +40,10 @@ class Command(BaseCommand):
         parser.add_argument("--compress", type=float, default=None, help="Divide inter-arrival times by this")
         parser.add_argument("--max-duration", type=float, default=None, help="Cap job durations (seconds)")
         parser.add_argument("--backfill", type=int, default=None, help="Queue window (1 = strict FIFO)")
+        parser.add_argument("--horus-lookahead", type=int, default=None,
+                            help="Waiting jobs horus/horus_migrate consider per pass (default 5, as its authors)")
+        parser.add_argument("--interference", default=None,
+                            help="Interference model: fitted (default), share_penalty or capped (sensitivities)")
         parser.add_argument("--predictor-error", type=float, default=None,
                             help="Extra log-normal sigma on predictions")
         parser.add_argument("--predictions", choices=["predictor", "oracle"], default=None)
@@ -41,27 +51,25 @@ class Command(BaseCommand):
         parser.add_argument("--save", action="store_true", help="Store the run (needs --team)")
         parser.add_argument("--team", help="Team slug or name, for --save and uploaded traces")
 
+    OPTION_PARAMETERS = {"method": "method", "scale": "scale", "gpus": "gpus", "gpus_per_node": "gpus_per_node",
+                         "gpu_model": "gpu_model", "jobs": "jobs", "start": "start", "compress": "compress",
+                         "max_duration": "max_duration_s", "backfill": "backfill",
+                         "horus_lookahead": "horus_lookahead", "interference": "interference",
+                         "predictor_error": "predictor_error", "predictions": "predictions", "until": "until"}
+
     def _params(self, opts) -> dict:
-        keys = {"method": "method", "scale": "scale", "gpus": "gpus", "gpus_per_node": "gpus_per_node",
-                "gpu_model": "gpu_model", "jobs": "jobs", "start": "start", "compress": "compress",
-                "max_duration": "max_duration_s", "backfill": "backfill", "predictor_error": "predictor_error",
-                "predictions": "predictions", "until": "until"}
-        return {dst: opts[src] for src, dst in keys.items() if opts.get(src) is not None}
+        return {dst: opts[src] for src, dst in self.OPTION_PARAMETERS.items() if opts.get(src) is not None}
 
     def handle(self, *args, **opts):
         self.verbosity = opts["verbosity"]
         policies = ["all"] if opts["policy"] == "all" else [p.strip() for p in opts["policy"].split(",") if p.strip()]
         params = self._params(opts)
-        team = None
-        if opts["team"]:
-            team = Team.objects.filter(slug=opts["team"]).first() or Team.objects.filter(name=opts["team"]).first()
-            if team is None:
-                raise CommandError(f"No team '{opts['team']}'.")
+        team = self._team(opts["team"])
         try:
             if opts["save"]:
-                result = self._run_saved(team, opts["trace"], policies, opts["seed"], params)
+                result = self._run_saved(team, opts, policies, params)
             else:
-                result = self._run_here(team, opts["trace"], policies, opts["seed"], params)
+                result = self._run_here(team, opts, policies, params)
         except adapters.SIMULATION_INPUT_ERRORS as exc:
             raise CommandError(str(exc)) from None
         if opts["output"]:
@@ -69,6 +77,51 @@ class Command(BaseCommand):
         if opts["json"]:
             self.stdout.write(json.dumps(result))
             return
+        self._print_table(result)
+
+    @staticmethod
+    def _team(ref: str | None) -> Team | None:
+        if not ref:
+            return None
+        team = Team.objects.filter(slug=ref).first() or Team.objects.filter(name=ref).first()
+        if team is None:
+            raise CommandError(f"No team '{ref}'.")
+        return team
+
+    @staticmethod
+    def _is_file(trace: str) -> bool:
+        return trace not in adapters.SHIPPED_TRACES and not trace.strip().isdigit()
+
+    def _trace_input(self, team, opts) -> adapters.TraceInput:
+        trace = opts["trace"]
+        if self._is_file(trace):
+            return services.read_trace_file(trace, nodes=opts["nodes"])
+        if opts["nodes"]:
+            raise CommandError("--nodes goes with a local Alibaba pod list file.")
+        label, upload, _ = services.resolve_trace(team, trace)
+        return adapters.trace_input(label, upload)
+
+    def _run_here(self, team, opts, policies, params) -> dict:
+        trace = self._trace_input(team, opts)
+        progress = None if self.verbosity < 2 else (lambda n: self.stderr.write(f"  {n}..."))
+        result, _ = services.simulate(trace=trace, policies=policies, seed=opts["seed"], parameters=params,
+                                      progress=progress)
+        return result
+
+    def _run_saved(self, team, opts, policies, params) -> dict:
+        if team is None:
+            raise CommandError("--save needs --team.")
+        if self._is_file(opts["trace"]):
+            raise CommandError("--save stores runs of shipped or uploaded traces: upload the file first "
+                               "(POST /api/traces/), then pass its id.")
+        run = services.start_simulation(actor=None, team=team, trace=opts["trace"], policies=policies,
+                                        seed=opts["seed"], parameters=params, enqueue=False)
+        run = services.execute_simulation(run_id=run.pk)
+        if run.status != run.Status.SUCCEEDED:
+            raise CommandError(f"simulation {run.pk} failed: {run.error}")
+        return {**run.results, "saved_run": run.pk}
+
+    def _print_table(self, result: dict) -> None:
         c = result["cluster"]
         self.stdout.write(
             f"trace {result['trace']['name']} ({result['trace']['kind']}): {result['trace']['jobs_used']} of "
@@ -81,30 +134,3 @@ class Command(BaseCommand):
         self.stdout.write(adapters.format_results_table(result))
         if result.get("saved_run"):
             self.stdout.write(f"\nstored as simulation run {result['saved_run']}")
-
-    def _run_here(self, team, trace, policies, seed, params) -> dict:
-        upload = None
-        if trace.isdigit():
-            qs = TraceUpload.objects.filter(pk=int(trace))
-            if team is not None:
-                qs = qs.filter(team=team)
-            upload = qs.first()
-            if upload is None:
-                raise CommandError(f"No uploaded trace {trace}" + (f" in team {team}" if team else "") + ".")
-        elif trace not in adapters.SHIPPED_TRACES:
-            raise CommandError(f"Unknown trace '{trace}': use {', '.join(adapters.SHIPPED_TRACES)} or an uploaded "
-                               "trace's id.")
-        progress = None if self.verbosity < 2 else (lambda n: self.stderr.write(f"  {n}..."))
-        result, _ = services.simulate_trace(label=trace, upload=upload, policies=policies, seed=seed, params=params,
-                                            progress=progress)
-        return result
-
-    def _run_saved(self, team, trace, policies, seed, params) -> dict:
-        if team is None:
-            raise CommandError("--save needs --team.")
-        run = services.start_simulation(actor=None, team=team, trace=trace, policies=policies, seed=seed,
-                                        parameters=params, enqueue=False)
-        run = services.execute_simulation(run_id=run.pk)
-        if run.status != run.Status.SUCCEEDED:
-            raise CommandError(f"simulation {run.pk} failed: {run.error}")
-        return {**run.results, "saved_run": run.pk}

@@ -1,4 +1,5 @@
-"""Train the Horus utilization/memory predictor on the stored profiles and activate it."""
+"""Train the Horus utilization/memory predictor on the stored profiles and activate it; ``--eval``
+evaluates it instead (leave one model family out, beside a constant and an analytic FLOPs baseline)."""
 from __future__ import annotations
 
 import json
@@ -19,8 +20,13 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument("--no-activate", action="store_true", help="Store it without making it active")
         parser.add_argument("--json", action="store_true")
+        parser.add_argument("--eval", action="store_true",
+                            help="Evaluate only (stores nothing): leave-one-model-family-out MAE, Spearman and the "
+                                 "share of co-locations called safe that truly exceed 100 %%, beside baselines")
 
     def handle(self, *args, **opts):
+        if opts["eval"]:
+            return self._evaluate(opts)
         try:
             pv = services.train_predictor(actor=None, k_folds=opts["k_folds"], seed=opts["seed"],
                                           activate=not opts["no_activate"])
@@ -41,3 +47,10 @@ class Command(BaseCommand):
             f"  {m['k_folds']}-fold by {m['grouped_by']}: utilization RMSLE {m['util']['rmsle']:.3f} "
             f"(MAE {m['util']['mae_pct']:.1f} pts), memory RMSLE {m['mem']['rmsle']:.3f} "
             f"(MAE {m['mem']['mae_mb']:.0f} MB)")
+
+    def _evaluate(self, opts):
+        try:
+            ev = services.evaluate_predictor(seed=opts["seed"])
+        except ServiceError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(json.dumps(ev) if opts["json"] else services.format_predictor_evaluation(ev))
