@@ -130,37 +130,58 @@
 
     function schedule(ms) { timer = window.setTimeout(poll, ms); }
 
+    var etag = null;
+
+    function settled(body) {
+      if (body.run.is_terminal) {
+        root.setAttribute("data-terminal", "1");
+        say("finished · final state shown");
+        return;
+      }
+      say("live · updated " + new Date().toLocaleTimeString());
+      schedule(POLL_MS);
+    }
+
+    function apply(body) {
+      applyRun(root, body.run);
+      if (body.unchanged) return;
+      stamp = body.stamp;
+      root.setAttribute("data-stamp", stamp);
+      renderTasks(document.getElementById("tasks-body"), body.tasks);
+      renderRounds(document.getElementById("rounds-body"), body.dop_rounds);
+      var figs = body.figures || {};
+      var curve = document.querySelector("[data-figure=fig-curve]");
+      var dop = document.querySelector("[data-figure=fig-dop]");
+      if (curve && figs.curve) plot(curve, figs.curve, true);
+      if (dop && figs.dop) plot(dop, figs.dop, true);
+      root.setAttribute("data-updates", String(Number(root.getAttribute("data-updates")) + 1));
+    }
+
+    // An unchanged run answers 304 (If-None-Match = the last ETag): nothing to parse or re-plot.
+    // cache "no-store" hands the 304 to this code instead of replaying the browser's cached copy.
     function poll() {
       if (document.hidden) { schedule(POLL_MS); return; }
       var q = url + (url.indexOf("?") < 0 ? "?" : "&") + "stamp=" + encodeURIComponent(stamp);
-      fetch(q, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      var headers = { Accept: "application/json" };
+      if (etag) headers["If-None-Match"] = etag;
+      fetch(q, { credentials: "same-origin", cache: "no-store", headers: headers })
         .then(function (resp) {
+          if (resp.status === 304) return null;
           if (!resp.ok) throw new Error("HTTP " + resp.status);
+          etag = resp.headers.get("ETag");
           return resp.json();
         })
         .then(function (body) {
           failures = 0;
-          applyRun(root, body.run);
-          if (!body.unchanged) {
-            stamp = body.stamp;
-            root.setAttribute("data-stamp", stamp);
-            renderTasks(document.getElementById("tasks-body"), body.tasks);
-            renderRounds(document.getElementById("rounds-body"), body.dop_rounds);
-            var figs = body.figures || {};
-            var curve = document.querySelector("[data-figure=fig-curve]");
-            var dop = document.querySelector("[data-figure=fig-dop]");
-            if (curve && figs.curve) plot(curve, figs.curve, true);
-            if (dop && figs.dop) plot(dop, figs.dop, true);
-            root.setAttribute("data-updates", String(Number(root.getAttribute("data-updates")) + 1));
-          }
-          var now = new Date();
-          if (body.run.is_terminal) {
-            root.setAttribute("data-terminal", "1");
-            say("finished · final state shown");
+          root.setAttribute("data-polls", String(Number(root.getAttribute("data-polls") || "0") + 1));
+          if (body === null) {
+            root.setAttribute("data-not-modified", String(Number(root.getAttribute("data-not-modified") || "0") + 1));
+            say("live · unchanged " + new Date().toLocaleTimeString());
+            schedule(POLL_MS);
             return;
           }
-          say("live · updated " + now.toLocaleTimeString());
-          schedule(POLL_MS);
+          apply(body);
+          settled(body);
         })
         .catch(function (e) {
           failures += 1;
