@@ -244,7 +244,8 @@ def full_resolution_curve(run: TuningRun) -> dict:
 def run_curve_figure(run: TuningRun, *, n_tasks: int | None = None, max_points: int | None = None,
                      full_resolution: bool = False) -> dict:
     curve = full_resolution_curve(run) if full_resolution else curve_for(run, n_tasks=n_tasks, max_points=max_points)
-    return charts.best_so_far_figure(curve, run_id=run.pk)
+    missing = tuning_selectors.tasks_without_measurement(run) if not curve["end_to_end"]["trials"] else None
+    return charts.best_so_far_figure(curve, run_id=run.pk, missing=missing)
 
 
 def run_dop_figure(run: TuningRun, rounds: list[dict] | None = None) -> dict:

@@ -7,7 +7,7 @@ on frontend.api (tests/frontend/test_api.py checks that it still does).
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import api, views
+from . import api, views, views_cluster, views_simulations
 
 chart_patterns = [
     path("api/charts/models/<int:pk>/ops/", api.ModelOpsChartView.as_view(), name="charts-model-ops"),
@@ -35,8 +35,14 @@ urlpatterns = [
     path("runs/<int:pk>/", views.run_detail, name="run-detail"),
     path("runs/<int:pk>/<str:action>/", views.run_control, name="run-control"),
     path("cluster/", views.cluster, name="cluster"),
+    path("cluster/jobs/new/", views_cluster.job_new, name="job-new"),
+    path("cluster/jobs/preview/", views_cluster.job_preview, name="job-preview"),
+    path("cluster/jobs/<int:pk>/", views_cluster.job_detail, name="job-detail"),
+    path("cluster/jobs/<int:pk>/cancel/", views_cluster.job_cancel, name="job-cancel"),
     path("simulations/", views.simulations, name="simulations"),
+    path("simulations/new/", views_simulations.simulation_new, name="simulation-new"),
     path("simulations/<int:pk>/", views.simulation_detail, name="simulation-detail"),
+    path("simulations/<int:pk>/progress/", views_simulations.simulation_progress, name="simulation-progress"),
     path("energy/", views.energy, name="energy"),
     *chart_patterns,
 ]

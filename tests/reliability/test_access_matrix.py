@@ -482,6 +482,31 @@ NO_MODEL = effect(PAGE, "no model was added", lambda w: _model_count(w) == 1)
 RUN_ADDED = effect(REDIRECT, "a run was added", lambda w: _run_count(w) == 4)
 NO_RUN = effect(PAGE, "no run was added", lambda w: _run_count(w) == 3)
 
+def _job_count(w):
+    from scheduling.models import GpuJob
+
+    return GpuJob.objects.filter(team=w.team_a).count()
+
+
+def _job_state(w):
+    from scheduling.models import GpuJob
+
+    return GpuJob.objects.get(pk=w.job.pk).state
+
+
+def _sim_count(w):
+    from scheduling.models import SimulationRun
+
+    return SimulationRun.objects.filter(team=w.team_a).count()
+
+
+JOB_ADDED = effect(REDIRECT, "a GPU job was added", lambda w: _job_count(w) == 3)
+NO_JOB = effect(PAGE, "no GPU job was added", lambda w: _job_count(w) == 2)
+JOB_CANCELLED = effect(REDIRECT, "the job is cancelled", lambda w: _job_state(w) == "cancelled")
+JOB_UNCHANGED = effect(REDIRECT, "the job is unchanged", lambda w: _job_state(w) == "pending")
+SIM_ADDED = effect(REDIRECT, "a simulation was added", lambda w: _sim_count(w) == 2)
+NO_SIM = effect(PAGE, "no simulation was added", lambda w: _sim_count(w) == 1)
+
 SIGNED_IN_PAGE = _profile(anon=LOGIN, viewer=PAGE, member=PAGE, owner=PAGE, other=PAGE, staff=PAGE)
 TEAM_PAGE = _profile(anon=LOGIN, viewer=PAGE, member=PAGE, owner=PAGE, other=HIDDEN, staff=HIDDEN)
 POST_ONLY = _profile(anon=LOGIN, viewer=NOT_ALLOWED, member=NOT_ALLOWED, owner=NOT_ALLOWED, other=NOT_ALLOWED,
@@ -512,12 +537,28 @@ DASHBOARD_EXPECTED = {
     ("run-control", "POST"): _profile(anon=LOGIN, viewer=UNCHANGED_RUN, member=CANCELLED, owner=CANCELLED,
                                       other=HIDDEN, staff=HIDDEN),
     ("cluster", "GET"): SIGNED_IN_PAGE,
+    ("job-new", "GET"): SIGNED_IN_PAGE,
+    ("job-new", "POST"): _profile(anon=LOGIN, viewer=NO_JOB, member=JOB_ADDED, owner=JOB_ADDED, other=NO_JOB,
+                                  staff=NO_JOB),
+    # the preview predicts only for models the caller may submit: a viewer's or another team's is a 404
+    ("job-preview", "GET"): _profile(anon=LOGIN, viewer=HIDDEN, member=PAGE, owner=PAGE, other=HIDDEN,
+                                     staff=HIDDEN),
+    ("job-detail", "GET"): TEAM_PAGE,
+    ("job-cancel", "GET"): POST_ONLY,
+    ("job-cancel", "POST"): _profile(anon=LOGIN, viewer=JOB_UNCHANGED, member=JOB_CANCELLED, owner=JOB_CANCELLED,
+                                     other=HIDDEN, staff=HIDDEN),
     ("simulations", "GET"): SIGNED_IN_PAGE,
+    ("simulation-new", "GET"): SIGNED_IN_PAGE,
+    ("simulation-new", "POST"): _profile(anon=LOGIN, viewer=NO_SIM, member=SIM_ADDED, owner=SIM_ADDED,
+                                         other=NO_SIM, staff=NO_SIM),
     ("simulation-detail", "GET"): TEAM_PAGE,
+    ("simulation-progress", "GET"): TEAM_PAGE,
     ("energy", "GET"): SIGNED_IN_PAGE,
 }
 
-DASHBOARD_OBJECTS = {"model-detail": "model", "run-detail": "run", "simulation-detail": "simulation"}
+DASHBOARD_OBJECTS = {"model-detail": "model", "run-detail": "run", "simulation-detail": "simulation",
+                     "simulation-progress": "simulation", "job-detail": "job", "job-cancel": "job"}
+DASHBOARD_QUERY = {"job-preview": lambda w: f"?model={w.model.pk}&batch_size=8"}
 
 
 def dashboard_url(name: str, w) -> str:
@@ -525,7 +566,7 @@ def dashboard_url(name: str, w) -> str:
         return reverse(name, kwargs={"pk": w.run.pk, "action": "cancel"})
     if name in DASHBOARD_OBJECTS:
         return reverse(name, kwargs={"pk": getattr(w, DASHBOARD_OBJECTS[name]).pk})
-    return reverse(name)
+    return reverse(name) + (DASHBOARD_QUERY[name](w) if name in DASHBOARD_QUERY else "")
 
 
 def dashboard_body(name: str, w):
@@ -537,6 +578,11 @@ def dashboard_body(name: str, w):
         return {"model": w.model.pk, "target_kind": "llvm", "num_cores": 2, "max_trials": 16,
                 "trials_per_round": 8, "measurement_mode": "doppler", "dop_mode": "auto", "dop_fixed": "",
                 "threads": "", "search_population": "", "seed": ""}
+    if name == "job-new":
+        return {"model": w.model.pk, "batch_size": 8, "iterations": 10, "duration_estimate_s": 60,
+                "runtime": "auto"}
+    if name == "simulation-new":
+        return {"team": w.team_a.pk, "trace": "philly", "policies": ["horus"], "seeds": "0", "jobs": 20, "gpus": 4}
     return {}
 
 
@@ -608,7 +654,7 @@ def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_ou
     strict.force_login(world.users["owner"])
     actions: dict[str, str] = {}
     for name, method in DASHBOARD_EXPECTED:
-        if method != "GET" or name in ("logout", "switch-team", "run-control"):
+        if method != "GET" or name in ("logout", "switch-team", "run-control", "job-cancel"):
             continue
         url = dashboard_url(name, world)
         resp = strict.get(url)
@@ -617,7 +663,8 @@ def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_ou
             actions.setdefault(action, url)
     # every dashboard view that accepts POST has a form somewhere, and we found it
     posted_names = {resolve(a.split("?")[0]).url_name for a in actions}
-    assert {"login", "logout", "switch-team", "model-upload", "run-start", "run-control"} <= posted_names, \
+    assert {"login", "logout", "switch-team", "model-upload", "run-start", "run-control", "job-new", "job-cancel",
+            "simulation-new"} <= posted_names, \
         posted_names
     before = (TuningRun.objects.filter(team=world.team_a).count(), _model_count(world), _run_status(world))
     for action in sorted(actions):

@@ -195,11 +195,77 @@
     schedule(POLL_MS);
   }
 
+  // --- GPU job form: predicted utilization / memory and the placing policy, before submitting ------
+  function jobPreview(form) {
+    var url = form.getAttribute("data-preview-url"), pending = null;
+    function show(body) {
+      var fmt = { util_pct: function (v) { return v.toFixed(1) + " %"; }, mem_mb: function (v) { return v.toFixed(0) + " MB"; },
+                  predictor_version: function (v) { return v == null ? "none" : "v" + v; } };
+      form.querySelectorAll("[data-preview]").forEach(function (el) {
+        var k = el.getAttribute("data-preview");
+        if (k in body) el.textContent = fmt[k] ? fmt[k](body[k]) : String(body[k]);
+      });
+    }
+    function preview() {
+      var model = form.querySelector("#id_model"), batch = form.querySelector("#id_batch_size");
+      var err = document.getElementById("preview-error");
+      var q = url + "?model=" + encodeURIComponent(model.value) + "&batch_size=" + encodeURIComponent(batch.value);
+      pending = q;
+      fetch(q, { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (r) { return r.json().then(function (b) { return { ok: r.ok, body: b }; }); })
+        .then(function (res) {
+          if (q !== pending) return;
+          err.hidden = res.ok;
+          err.textContent = res.ok ? "" : (res.body.detail || "No prediction");
+          if (res.ok) { show(res.body); form.setAttribute("data-previewed", "1"); }
+        })
+        .catch(function () { err.hidden = false; err.textContent = "Prediction unavailable right now."; });
+    }
+    form.querySelector("#id_model").addEventListener("change", preview);
+    form.querySelector("#id_batch_size").addEventListener("input", preview);
+    preview();
+  }
+
+  // --- a queued or running simulation: poll its status (304 while unchanged), reload when done ------
+  function simulationProgress(el) {
+    var url = el.getAttribute("data-progress-url"), etag = null;
+    var badgeEl = el.querySelector("[data-progress=status]"), text = el.querySelector("[data-progress=text]");
+    function tick() {
+      var headers = { Accept: "application/json" };
+      if (etag) headers["If-None-Match"] = etag;
+      fetch(url, { credentials: "same-origin", cache: "no-store", headers: headers })
+        .then(function (r) {
+          if (r.status === 304) return null;
+          if (!r.ok) throw new Error("HTTP " + r.status);
+          etag = r.headers.get("ETag");
+          return r.json();
+        })
+        .then(function (b) {
+          if (b) {
+            el.setAttribute("data-status", b.status);
+            badgeEl.textContent = b.status;
+            badgeEl.className = "badge status-" + b.status;
+            text.textContent = b.status === "queued" ? "waiting for a worker…" :
+              (b.elapsed_s != null ? "running for " + Math.round(b.elapsed_s) + " s…" : b.status);
+            if (b.terminal) { window.location.reload(); return; }
+          }
+          window.setTimeout(tick, POLL_MS);
+        })
+        .catch(function (e) { text.textContent = "connection problem (" + e.message + "), retrying…";
+                              window.setTimeout(tick, POLL_MS * 4); });
+    }
+    window.setTimeout(tick, POLL_MS / 2);
+  }
+
   function start() {
     teamSwitcher();
     drawAll();
     var live = document.getElementById("run-live");
     if (live) liveRun(live);
+    var jobForm = document.getElementById("job-form");
+    if (jobForm) jobPreview(jobForm);
+    var simProgress = document.getElementById("sim-progress");
+    if (simProgress) simulationProgress(simProgress);
   }
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
