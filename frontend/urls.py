@@ -7,7 +7,7 @@ on frontend.api (tests/frontend/test_api.py checks that it still does).
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import api, views, views_cluster, views_simulations
+from . import api, views, views_cluster, views_simulations, views_static
 
 chart_patterns = [
     path("api/charts/models/<int:pk>/ops/", api.ModelOpsChartView.as_view(), name="charts-model-ops"),
@@ -44,5 +44,6 @@ urlpatterns = [
     path("simulations/<int:pk>/", views.simulation_detail, name="simulation-detail"),
     path("simulations/<int:pk>/progress/", views_simulations.simulation_progress, name="simulation-progress"),
     path("energy/", views.energy, name="energy"),
+    path("favicon.ico", views_static.favicon, name="favicon"),
     *chart_patterns,
 ]

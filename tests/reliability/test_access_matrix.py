@@ -554,6 +554,8 @@ DASHBOARD_EXPECTED = {
     ("simulation-detail", "GET"): TEAM_PAGE,
     ("simulation-progress", "GET"): TEAM_PAGE,
     ("energy", "GET"): SIGNED_IN_PAGE,
+    ("favicon", "GET"): {role: Outcome("301", _status(301)) for role in ("anon", "viewer", "member", "owner",
+                                                                          "other", "staff")},
 }
 
 DASHBOARD_OBJECTS = {"model-detail": "model", "run-detail": "run", "simulation-detail": "simulation",
@@ -654,7 +656,7 @@ def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_ou
     strict.force_login(world.users["owner"])
     actions: dict[str, str] = {}
     for name, method in DASHBOARD_EXPECTED:
-        if method != "GET" or name in ("logout", "switch-team", "run-control", "job-cancel"):
+        if method != "GET" or name in ("logout", "switch-team", "run-control", "job-cancel", "favicon"):
             continue
         url = dashboard_url(name, world)
         resp = strict.get(url)

@@ -209,6 +209,11 @@
     function preview() {
       var model = form.querySelector("#id_model"), batch = form.querySelector("#id_batch_size");
       var err = document.getElementById("preview-error");
+      if (!batch.checkValidity()) {  // the input's own bounds (the form's): said now, no request made
+        err.hidden = false;
+        err.textContent = "Batch size: " + batch.validationMessage;
+        return;
+      }
       var q = url + "?model=" + encodeURIComponent(model.value) + "&batch_size=" + encodeURIComponent(batch.value);
       pending = q;
       fetch(q, { credentials: "same-origin", headers: { Accept: "application/json" } })
