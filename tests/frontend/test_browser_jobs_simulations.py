@@ -103,3 +103,22 @@ def test_admin_page_loads_without_a_console_error(page, live_server, user_staff)
     page.goto(live_server.url + "/admin/")
     page.wait_for_load_state("networkidle")
     assert failed == [] and page.problems == [], failed + page.problems
+
+
+def test_live_page_polls_conditionally_and_still_follows_progress(page, live_server, user_owner, team_a, model_a):
+    """An unchanged run answers the page's poll with 304 (If-None-Match); a write makes it fetch again."""
+    from .fakes import make_running_run
+
+    Quota.objects.filter(team=team_a).update(max_concurrent_runs=5)
+    run, worker = make_running_run(actor=user_owner, model=model_a, max_trials=64, n_tasks=2, rounds=1, per_round=8)
+    statuses = []
+    page.on("response", lambda r: statuses.append(r.status) if "/live/" in r.url else None)
+    login(page, live_server)
+    page.goto(f"{live_server.url}/runs/{run.pk}/")
+    page.wait_for_function("Number(document.getElementById('run-live').getAttribute('data-not-modified')) >= 1",
+                           timeout=20_000)
+    assert 304 in statuses and page.inner_text("[data-field=trials]").startswith("8 /")
+    worker.step(8)
+    page.wait_for_function("document.querySelector('[data-field=trials]').textContent.startsWith('16 /')",
+                           timeout=20_000)
+    assert page.problems == []
