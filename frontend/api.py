@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 from core.api.fast import not_modified, version_etag, with_validators
 from core.selectors import energy_model
 from tuning import selectors as tuning_selectors
+from scheduling.models import SimulationRun
 from scheduling.selectors import COLOCATION_BASIS
 
 from . import charts, clusterdata, presenters, queries
@@ -274,7 +275,17 @@ class ClusterChartView(APIView):
 
 class SimulationChartView(APIView):
     @extend_schema(tags=[TAG],
-                   responses={200: FigureSetSerializer, 404: NOT_FOUND},
-                   summary="Figures of one simulation run (policies compared)")
+                   responses={200: FigureSetSerializer, 304: None, 404: NOT_FOUND},
+                   summary="Figures of one simulation run (policies compared)",
+                   description="ETag / Last-Modified follow the simulation's status: 304 when unchanged.")
     def get(self, request, pk: int):
-        return Response(clusterdata.simulation_figures(get_scope(request), pk))
+        # A simulation's figures change only when its status does (results are written once, at the end).
+        state = SimulationRun.objects.filter(pk=pk, team_id__in=get_scope(request).all_team_ids).values_list(
+            "status", "finished_at").first()
+        if state is None:
+            raise Http404("No such simulation in your teams.")
+        etag = version_etag("simulation", pk, f"{state[0]}|{state[1]}", request.META.get("QUERY_STRING", ""))
+        hit = not_modified(request, etag, state[1])
+        if hit is not None:
+            return hit
+        return with_validators(Response(clusterdata.simulation_figures(get_scope(request), pk)), etag, state[1])

@@ -217,3 +217,17 @@ def test_figures_are_cached_per_run_version(api_owner, run_a, monkeypatch):
     body = api_owner.get(url).json()
     monkeypatch.setattr(presenters, "run_dop_figure", lambda *a, **k: pytest.fail("figure rebuilt"))
     assert api_owner.get(url).json() == body  # same version: from the cache, no ETag sent
+
+
+def test_dop_axis_is_whole_rounds(api_owner, run_a):
+    xaxis = api_owner.get(f"/api/charts/runs/{run_a.pk}/dop/").json()["layout"]["xaxis"]
+    assert xaxis["tickformat"] == "d" and xaxis["tick0"] == 0 and int(xaxis["dtick"]) == xaxis["dtick"] >= 1
+
+
+def test_unstarted_estimate_names_the_unmeasured_tasks(api_owner, user_owner, model_a, roomy_quota):
+    run, worker = make_running_run(actor=user_owner, model=model_a, max_trials=64, n_tasks=3)
+    worker.step(8, task_index=0)  # tasks 1 and 2 have no measurement yet
+    fig = api_owner.get(f"/api/charts/runs/{run.pk}/curve/").json()
+    note = fig["layout"]["annotations"][0]["text"]
+    names = [t.name for t in worker.tasks[1:]]
+    assert "2 task(s) have no valid measurement" in note and all(n in note for n in names)
