@@ -523,6 +523,22 @@ def start_gunicorn(args, env: dict, workdir: Path, token: str) -> tuple[subproce
     raise RuntimeError("gunicorn did not answer in 60 s")
 
 
+def drain(port: int, token: str, *, limit_s: float = 90.0) -> float:
+    """Wait until the server answers a light request within 0.5 s again: requests the load generator gave up
+    on (timeouts) stay queued in gunicorn's backlog, and would otherwise count against the next phase."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        t = time.monotonic()
+        try:
+            status, _ = asyncio.run(asyncio.wait_for(Conn("127.0.0.1", port).get("/api/me/", token), timeout=5))
+            if status == 200 and time.monotonic() - t < 0.5:
+                break
+        except (OSError, asyncio.TimeoutError):
+            pass
+        time.sleep(0.5)
+    return time.monotonic() - t0
+
+
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -627,12 +643,13 @@ def _run(args, env: dict, workdir: Path) -> dict:
                  (float(x) for x in args.also_rates.split(",") if x.strip()) if r != args.rate]
         runs += [("saturation", None, args.saturation)] if args.saturation > 0 else []
         for seed, (pname, rate, duration) in enumerate(runs, 1):
+            drained_s = drain(port, plan["tokens"][0])
             with CpuMeter(proc) as cpu:
                 res = asyncio.run(phase(port, plan, users=args.users, duration=duration, rate=rate, seed=seed,
                                         database_url=args.database_url))
             phases[pname] = summarize(res, duration) | {
                 "users": args.users, "offered_rps": rate, "duration_s": duration, "cpu_cores": cpu.cores,
-                "loadavg_after": list(os.getloadavg())}
+                "loadavg_after": list(os.getloadavg()), "drained_before_s": drained_s}
     finally:
         stop(proc)
 
