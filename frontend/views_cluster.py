@@ -70,6 +70,11 @@ def job_preview(request):
     if model is None:
         return JsonResponse({"detail": "No such ready model you can submit jobs for.", "code": "not_found"},
                             status=404)
+    if selectors.active_predictor_version() is None:  # a GET never trains one (seconds of XGBoost)
+        return JsonResponse({"model": model.pk, "batch_size": int(raw_batch), "util_pct": None, "mem_mb": None,
+                             "gpu_model": selectors.fleet_gpu_model() or "V100", "predictor_version": None,
+                             "policy": services.default_policy(),
+                             "note": "No predictor is active yet: submitting this job trains one first."})
     try:
         prediction = services.predict_job(model=model, batch_size=int(raw_batch))
     except ServiceError as exc:

@@ -23,7 +23,7 @@ def api_json(page, live_server, path: str) -> dict:
 def test_submit_a_gpu_job_with_its_prediction_previewed(page, live_server, shots, user_owner, team_a, model_a):
     from scheduling import services
 
-    services.load_seed_profiles()
+    services.ensure_active_predictor()  # trained from the seed profiles (the preview never trains one)
     login(page, live_server)
     page.goto(live_server.url + "/cluster/")
     page.click("#submit-job-link")

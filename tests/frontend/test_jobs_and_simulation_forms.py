@@ -214,3 +214,11 @@ def test_progress_of_another_teams_simulation_is_404(client, user_other, team_b,
     sim = SimulationRun.objects.create(team=team_a, trace="philly", policies=["horus"])
     client.force_login(user_other)
     assert client.get(f"/simulations/{sim.pk}/progress/").status_code == 404
+
+
+def test_preview_never_trains_a_predictor(owner_client, model_a):
+    from scheduling.models import PredictorVersion
+
+    body = owner_client.get(f"/cluster/jobs/preview/?model={model_a.pk}&batch_size=8").json()
+    assert body["util_pct"] is None and "No predictor is active" in body["note"] and body["policy"]
+    assert not PredictorVersion.objects.exists()

@@ -199,8 +199,11 @@
   function jobPreview(form) {
     var url = form.getAttribute("data-preview-url"), pending = null;
     function show(body) {
-      var fmt = { util_pct: function (v) { return v.toFixed(1) + " %"; }, mem_mb: function (v) { return v.toFixed(0) + " MB"; },
+      var fmt = { util_pct: function (v) { return v == null ? "—" : v.toFixed(1) + " %"; },
+                  mem_mb: function (v) { return v == null ? "—" : v.toFixed(0) + " MB"; },
                   predictor_version: function (v) { return v == null ? "none" : "v" + v; } };
+      var note = document.getElementById("preview-note");
+      if (note) { note.hidden = !body.note; note.textContent = body.note || ""; }
       form.querySelectorAll("[data-preview]").forEach(function (el) {
         var k = el.getAttribute("data-preview");
         if (k in body) el.textContent = fmt[k] ? fmt[k](body[k]) : String(body[k]);
