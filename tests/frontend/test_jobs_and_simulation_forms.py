@@ -222,3 +222,21 @@ def test_preview_never_trains_a_predictor(owner_client, model_a):
     body = owner_client.get(f"/cluster/jobs/preview/?model={model_a.pk}&batch_size=8").json()
     assert body["util_pct"] is None and "No predictor is active" in body["note"] and body["policy"]
     assert not PredictorVersion.objects.exists()
+
+
+BIG = "9" * 30  # past every integer column
+
+
+def test_hostile_ids_and_numbers_never_5xx(owner_client, team_a, model_a, predictor, no_broker):
+    for url in (f"/cluster/jobs/preview/?model={BIG}&batch_size=8", f"/cluster/jobs/{BIG}/",
+                f"/simulations/{BIG}/progress/", f"/cluster/jobs/preview/?model={model_a.pk}&batch_size={BIG}"):
+        assert owner_client.get(url).status_code in (400, 404), url
+    assert owner_client.post(f"/cluster/jobs/{BIG}/cancel/").status_code == 404
+    resp = owner_client.post("/cluster/jobs/new/", {"model": BIG, "batch_size": BIG, "iterations": BIG,
+                                                    "duration_estimate_s": "1e400", "runtime": "auto"})
+    assert resp.status_code == 200 and not GpuJob.objects.exists()
+    resp = owner_client.post("/simulations/new/", {**_sim_form(team_a, gpus=BIG, jobs=BIG, scale="1e400"),
+                                                   "team": BIG})
+    assert resp.status_code == 200 and not SimulationRun.objects.exists()
+    resp = owner_client.post("/simulations/new/", _sim_form(team_a, gpus=10**6, jobs=10**7))
+    assert resp.status_code == 200 and resp.context["form"].errors and not SimulationRun.objects.exists()
