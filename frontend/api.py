@@ -176,9 +176,9 @@ class RunLiveView(RunVersionedView):
         if stamp:
             n_rounds = queries.dop_round_count(run)
             current = presenters.live_stamp(run, n_rounds)
-            if current == stamp:
-                return {"stamp": current, "unchanged": True,
-                        "run": presenters.run_numbers(run, dop_rounds=n_rounds)}
+            if current == stamp:  # e.g. only a heartbeat since: the numbers alone, cached per version too
+                return self.cached("numbers", run, lambda: {
+                    "stamp": current, "unchanged": True, "run": presenters.run_numbers(run, dop_rounds=n_rounds)})
         return self.cached("live", run, lambda: presenters.run_live_payload(run))
 
 
