@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from django.core.cache import cache
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -91,9 +90,6 @@ def _max_points(request) -> int | None:
     return int(raw)
 
 
-FIGURE_CACHE_S = 600  # figures of one run version; a new version is a new key, so this only bounds memory
-
-
 class RunVersionedView(APIView):
     """A run's JSON, validated by the run's version: an unchanged poll (If-None-Match, else
     If-Modified-Since) is a 304 after one indexed read, and bodies are cached per run version."""
@@ -116,14 +112,7 @@ class RunVersionedView(APIView):
     def body(self, request, run) -> dict:
         raise NotImplementedError
 
-    @staticmethod
-    def cached(key: str, run, build):
-        key = f"run:{run.pk}:v{run.version}:{key}"
-        body = cache.get(key)
-        if body is None:
-            body = build()
-            cache.set(key, body, FIGURE_CACHE_S)
-        return body
+    cached = staticmethod(presenters.cached_for_version)
 
 
 class RunCurveChartView(RunVersionedView):

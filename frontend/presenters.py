@@ -5,6 +5,7 @@ the values the browser swaps in every 2 s can never disagree.
 """
 from __future__ import annotations
 
+from django.core.cache import cache
 from django.urls import reverse
 
 from common.units import JOULES_PER_KWH, joules_to_kwh
@@ -299,3 +300,16 @@ def compare_rows(runs) -> list[dict]:
         numbers = run_numbers(run)
         rows.append({"run": run, "numbers": numbers, "target": fmt_target(run.engine_target)})
     return rows
+
+
+FIGURE_CACHE_S = 600  # bodies of one run version; a new version is a new key, so this only bounds memory
+
+
+def cached_for_version(key: str, run: TuningRun, build):
+    """`build()` once per run version (Django cache): the run page and its JSON endpoints share it."""
+    key = f"run:{run.pk}:v{run.version}:{key}"
+    body = cache.get(key)
+    if body is None:
+        body = build()
+        cache.set(key, body, FIGURE_CACHE_S)
+    return body

@@ -25,7 +25,7 @@ from core.onnx_models.errors import ERROR_CODES, OnnxValidationError
 from scheduling.selectors import COLOCATION_BASIS
 from tuning import services as tuning_services
 
-from . import api, charts, clusterdata, presenters, queries
+from . import charts, clusterdata, presenters, queries
 from .filters import RunListFilter
 from .forms import ModelUploadForm, StartRunForm, parse_id_list
 from .scope import get_scope, set_current_team
@@ -196,7 +196,7 @@ def run_start(request):
 def run_detail(request, pk: int):
     scope = get_scope(request)
     run = queries.run_for_user(request.user, pk)
-    payload = api.RunVersionedView.cached("live", run, lambda: presenters.run_live_payload(run))  # per version
+    payload = presenters.cached_for_version("live", run, lambda: presenters.run_live_payload(run))
     return render(request, "frontend/run_detail.html", {
         "scope": scope, "run": run, "live": payload, "numbers": payload["run"], "d": payload["run"]["display"],
         "figures": payload["figures"], "links": presenters.run_links(run), "target": presenters.fmt_target(run.target),
