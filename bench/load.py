@@ -14,8 +14,14 @@ open; no third-party client):
   2. the same at each of --also-rates (default 100 and 150 req/s): where the knee is;
   3. saturation: the same users with no pause, for a shorter time: the throughput ceiling.
 
-The request mix is the brief's: run list (40 %), run detail (40 %), model list (20 %), with a
-different user's token per user. Before the load, each endpoint is also timed in-process (Django
+The request mix is what the dashboard's users send (issue 17): live-page polls (55 %: each user watches
+one run, a running one for half of the users, sending If-None-Match with the last ETag, as
+dashboard.js does; an unchanged run is a 304), run list (12 %), run detail (12 %), model list (8 %), the
+curve chart JSON (8 %, also conditional) and trace uploads (5 %, a small Philly CSV, POST
+/api/traces/), with a different user's token per user. While the load runs, a pretend worker bumps every
+running run's version every 2 s (as the tuning sink's heartbeat does), so polls of running runs keep
+missing their ETag and fetch a new payload, built once per version (figure cache).
+The upload throttle (60/hour a user) is lifted for the run: the bench measures the server's cost. Before the load, each endpoint is also timed in-process (Django
 test client, median of N, SQL query count) - that is where the time goes when the goal is missed.
 
 Prints a table and, with --json PATH, writes
@@ -46,7 +52,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/dlopt_bench_load"
-MIX = (("run_list", 0.4), ("run_detail", 0.4), ("model_list", 0.2))
+MIX = (("live_poll", 0.55), ("run_list", 0.12), ("run_detail", 0.12), ("model_list", 0.08), ("chart_curve", 0.08),
+       ("trace_upload", 0.05))
+WORKER_BEAT_S = 2.0  # the tuning sink's heartbeat: a running run's version changes this often
+UPLOAD_CSV = ("timestamp,duration,num_gpus,gpu_time,cluster\n" + "".join(
+    f"2017-10-09 06:{m:02d}:00,{300 + 60 * m},{1 + m % 4},{(300 + 60 * m) * (1 + m % 4)},c1\n" for m in range(40)))
 
 
 def parse_args(argv=None):
@@ -55,7 +65,7 @@ def parse_args(argv=None):
     ap.add_argument("--rate", type=float, default=200.0, help="requests/s of the paced phase, all users together")
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of the paced phase")
     ap.add_argument("--saturation", type=float, default=15.0, help="seconds of the no-pause phase (0 = skip)")
-    ap.add_argument("--also-rates", default="100,150", help="comma-separated extra paced rates (req/s), reported "
+    ap.add_argument("--also-rates", default="100,300", help="comma-separated extra paced rates (req/s), reported "
                     "beside the main one ('' = none)")
     ap.add_argument("--measurements", type=int, default=100_000)
     ap.add_argument("--runs", type=int, default=100)
@@ -115,7 +125,8 @@ def server_env(args, workdir: Path) -> dict:
     env.update(DATABASE_URL=args.database_url, REDIS_URL=args.redis_url, DLOPT_VAR_DIR=str(workdir / "var"),
                DJANGO_MEDIA_ROOT=str(workdir / "media"), DJANGO_SETTINGS_MODULE="config.settings",
                ONNX_COUNT_TUNING_TASKS="0", DJANGO_DEBUG="0", DJANGO_LOG_LEVEL="WARNING",
-               DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost,testserver", PYTHONPATH=str(ROOT))
+               DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost,testserver", PYTHONPATH=str(ROOT),
+               API_THROTTLE_UPLOADS="1000000/hour")
     env.pop("CELERY_BROKER_URL", None)
     return env
 
@@ -145,9 +156,13 @@ def seed_child(spec: dict) -> dict:
     ApiToken.objects.filter(user__in=users, name="load").delete()
     tokens = [core_services.create_api_token(user=u, name="load").key for u in users]
     run_ids = list(TuningRun.objects.order_by("pk").values_list("pk", flat=True))
+    running_ids = list(TuningRun.objects.filter(status="running").order_by("pk").values_list("pk", flat=True))
     big = TuningRun.objects.order_by("-trials_done").first()
     profile = _profile_endpoints(users[0], run_ids, big, spec["repeats"])
-    return {"tokens": tokens, "run_ids": run_ids, "models": DLModel.objects.count(),
+    from core.models import Team
+
+    return {"tokens": tokens, "run_ids": run_ids, "running_ids": running_ids, "models": DLModel.objects.count(),
+            "team_id": Team.objects.get(name="Load team").pk,
             "measurements": Measurement.objects.count(), "runs": len(run_ids), "seed_s": seed_s,
             "endpoints": profile}
 
@@ -221,6 +236,7 @@ def _seed(spec: dict) -> None:
 
 def _profile_endpoints(user, run_ids, big_run, repeats) -> dict:
     """In-process median time and SQL queries per endpoint (no network, no concurrency)."""
+    from django.core.cache import cache
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
     from rest_framework.test import APIClient
@@ -234,20 +250,30 @@ def _profile_endpoints(user, run_ids, big_run, repeats) -> dict:
             "model_list": "/api/models/",
             "measurements_first_page": f"/api/runs/{big_run.pk}/measurements/",
             "measurements_last_page": f"/api/runs/{big_run.pk}/measurements/?page={last_page}",
-            "quota_usage": "/api/quotas/"}
+            "quota_usage": "/api/quotas/",
+            "live_poll_uncached": f"/api/charts/runs/{big_run.pk}/live/",
+            "live_poll_200_cached": f"/api/charts/runs/{big_run.pk}/live/",
+            "live_poll_304": f"/api/charts/runs/{big_run.pk}/live/",
+            "chart_curve_cached": f"/api/charts/runs/{big_run.pk}/curve/"}
     out = {}
     for name, url in urls.items():
-        client.get(url)  # warm
-        times, queries, size = [], 0, 0
+        first = client.get(url)  # warm (and the figure cache)
+        headers = {"HTTP_IF_NONE_MATCH": first["ETag"]} if name.endswith("_304") else {}
+        expect = 304 if headers else 200
+        times, cpu, queries, size = [], [], 0, 0
         for _ in range(repeats):
+            if name.endswith("_uncached"):
+                cache.clear()  # the body is built (selectors, presenters, Plotly): the poll before issue 17
             with CaptureQueriesContext(connection) as ctx:
-                t = time.perf_counter()
-                resp = client.get(url)
+                t, c = time.perf_counter(), time.process_time()
+                resp = client.get(url, **headers)
                 times.append(time.perf_counter() - t)
-            assert resp.status_code == 200, (url, resp.status_code, resp.content[:200])
+                cpu.append(time.process_time() - c)
+            assert resp.status_code == expect, (url, resp.status_code, resp.content[:200])
             queries, size = len(ctx.captured_queries), len(resp.content)
-            slowest = max(ctx.captured_queries, key=lambda q: float(q["time"]))
+            slowest = max(ctx.captured_queries, key=lambda q: float(q["time"]), default={"time": 0, "sql": ""})
         out[name] = {"url": url, "median_ms": statistics.median(times) * 1e3, "queries": queries, "bytes": size,
+                     "cpu_ms": statistics.median(cpu) * 1e3,
                      "slowest_query_ms": float(slowest["time"]) * 1e3,
                      "slowest_query": slowest["sql"][:160]}
     return out
@@ -256,7 +282,7 @@ def _profile_endpoints(user, run_ids, big_run, repeats) -> dict:
 # --- the HTTP client -----------------------------------------------------------------------------------
 
 class Conn:
-    """One keep-alive HTTP/1.1 connection (GET only)."""
+    """One keep-alive HTTP/1.1 connection."""
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
@@ -272,8 +298,17 @@ class Conn:
         self.reader = self.writer = None
 
     async def get(self, path: str, token: str) -> tuple[int, int]:
-        req = (f"GET {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nAuthorization: Token {token}\r\n"
-               "Accept: application/json\r\nConnection: keep-alive\r\n\r\n").encode()
+        status, length, _ = await self.request("GET", path, token)
+        return status, length
+
+    async def request(self, method: str, path: str, token: str, headers: dict | None = None,
+                      body: bytes = b"") -> tuple[int, int, str | None]:
+        """(status, body bytes, ETag or None)."""
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        if body:
+            extra += f"Content-Length: {len(body)}\r\n"
+        req = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nAuthorization: Token {token}\r\n"
+               f"Accept: application/json\r\n{extra}Connection: keep-alive\r\n\r\n").encode() + body
         for attempt in (1, 2):  # a keep-alive connection the server closed meanwhile: reconnect once
             fresh = self.writer is None
             if fresh:
@@ -285,7 +320,7 @@ class Conn:
                 if not status_line:
                     raise ConnectionResetError("closed by server")
                 status = int(status_line.split()[1])
-                length, close, chunked = 0, False, False
+                length, close, chunked, etag = 0, False, False, None
                 while True:
                     line = await self.reader.readline()
                     if line in (b"\r\n", b"\n", b""):
@@ -298,6 +333,8 @@ class Conn:
                         close = True
                     elif key == "transfer-encoding" and "chunked" in value:
                         chunked = True
+                    elif key == "etag":
+                        etag = line.decode("latin-1").partition(":")[2].strip()
                 if chunked:
                     length = 0
                     while True:
@@ -310,7 +347,7 @@ class Conn:
                     await self.reader.readexactly(length)
                 if close:
                     await self.close()
-                return status, length
+                return status, length, etag
             except (ConnectionError, asyncio.IncompleteReadError, OSError):
                 await self.close()
                 if fresh or attempt == 2:
@@ -318,21 +355,67 @@ class Conn:
         raise RuntimeError("unreachable")
 
 
-def pick(rng: random.Random, plan: dict) -> tuple[str, str]:
+def multipart(fields: dict, filename: str, content: bytes) -> tuple[str, bytes]:
+    boundary = f"load{random.getrandbits(64):016x}"
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+             for k, v in fields.items()]
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+                 f"Content-Type: text/csv\r\n\r\n".encode() + content + b"\r\n")
+    return f"multipart/form-data; boundary={boundary}", b"".join(parts) + f"--{boundary}--\r\n".encode()
+
+
+def watched_run(u: int, plan: dict) -> int:
+    """The run user u keeps open on the live page: a running one for half of the users."""
+    running = plan["running_ids"] or plan["run_ids"]
+    return running[u % len(running)] if u % 2 == 0 else plan["run_ids"][u % len(plan["run_ids"])]
+
+
+def pick(rng: random.Random, plan: dict, u: int, n: int) -> tuple[str, str, str, bytes, dict]:
+    """(endpoint, method, path, body, headers) of user u's n-th request."""
     r, acc = rng.random(), 0.0
     for name, weight in MIX:
         acc += weight
         if r <= acc:
             break
     if name == "run_detail":
-        return name, f"/api/runs/{rng.choice(plan['run_ids'])}/"
-    return name, {"run_list": "/api/runs/", "model_list": "/api/models/"}[name]
+        return name, "GET", f"/api/runs/{rng.choice(plan['run_ids'])}/", b"", {}
+    if name == "live_poll":
+        return name, "GET", f"/api/charts/runs/{watched_run(u, plan)}/live/", b"", {}
+    if name == "chart_curve":
+        return name, "GET", f"/api/charts/runs/{watched_run(u, plan)}/curve/", b"", {}
+    if name == "trace_upload":
+        ctype, body = multipart({"team": plan["team_id"], "name": f"load-{plan['phase_seed']}-{u}-{n}"},
+                                "load.csv", UPLOAD_CSV.encode())
+        return name, "POST", "/api/traces/", body, {"Content-Type": ctype}
+    return name, "GET", {"run_list": "/api/runs/", "model_list": "/api/models/"}[name], b"", {}
 
 
-async def phase(port: int, plan: dict, *, users: int, duration: float, rate: float | None, seed: int) -> dict:
-    """rate=None: no pause (saturation). Returns latencies (s) per endpoint, errors, wall time."""
+async def pretend_worker(database_url: str, running_ids: list[int], until: float) -> int:
+    """Bump every running run's version every WORKER_BEAT_S s (the tuning sink's heartbeat)."""
+    import psycopg
+
+    loop = asyncio.get_running_loop()
+    beats = 0
+
+    def beat():
+        with psycopg.connect(database_url.replace("postgres://", "postgresql://", 1), autocommit=True) as conn:
+            conn.execute("UPDATE tuning_tuningrun SET version = version + 1, changed_at = now(), "
+                         "heartbeat_at = now() WHERE id = ANY(%s)", (running_ids,))
+
+    while running_ids and loop.time() < until:
+        await asyncio.to_thread(beat)
+        beats += 1
+        await asyncio.sleep(WORKER_BEAT_S)
+    return beats
+
+
+async def phase(port: int, plan: dict, *, users: int, duration: float, rate: float | None, seed: int,
+                database_url: str | None = None) -> dict:
+    """rate=None: no pause (saturation). Returns latencies (s) per endpoint, errors, 304s, wall time."""
     results: list[tuple[str, float, bool]] = []
     errors: dict[str, int] = {}
+    not_modified = {"live_poll": 0, "chart_curve": 0}
+    plan = {**plan, "phase_seed": f"{seed}-{random.getrandbits(24):06x}"}
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.5
     end = start + duration
@@ -343,6 +426,8 @@ async def phase(port: int, plan: dict, *, users: int, duration: float, rate: flo
         conn = Conn("127.0.0.1", port)
         token = plan["tokens"][u % len(plan["tokens"])]
         scheduled = start + (u / rate if rate else 0.0)
+        etags: dict[str, str] = {}  # what the page's poller remembers
+        n = 0
         try:
             while True:
                 if rate:
@@ -351,12 +436,20 @@ async def phase(port: int, plan: dict, *, users: int, duration: float, rate: flo
                         await asyncio.sleep(delay)
                 if scheduled >= end or loop.time() >= end:
                     return
-                name, path = pick(rng, plan)
+                name, method, path, body, headers = pick(rng, plan, u, n)
+                n += 1
+                if path in etags:
+                    headers = {**headers, "If-None-Match": etags[path]}
                 sent = loop.time()
                 t0 = scheduled if rate else sent
                 try:
-                    status, _ = await asyncio.wait_for(conn.get(path, token), timeout=10.0)
-                    ok = status == 200
+                    status, _, etag = await asyncio.wait_for(conn.request(method, path, token, headers, body),
+                                                             timeout=10.0)
+                    ok = status in (200, 201) or (status == 304 and "If-None-Match" in headers)
+                    if status == 304 and ok:
+                        not_modified[name] += 1
+                    if etag and status == 200:
+                        etags[path] = etag
                     if not ok:
                         errors[f"HTTP {status}"] = errors.get(f"HTTP {status}", 0) + 1
                 except Exception as exc:  # noqa: BLE001 - every failure is an error of the run
@@ -371,16 +464,20 @@ async def phase(port: int, plan: dict, *, users: int, duration: float, rate: flo
             await conn.close()
 
     t0 = loop.time()
-    await asyncio.wait_for(asyncio.gather(*(user(u) for u in range(users))), timeout=duration + 60)
+    jobs = [user(u) for u in range(users)]
+    if database_url:
+        jobs.append(pretend_worker(database_url, plan["running_ids"], end))
+    done = await asyncio.wait_for(asyncio.gather(*jobs), timeout=duration + 60)
     wall = max(loop.time() - t0 - 0.5, 1e-9)
-    return {"results": results, "errors": errors, "wall": wall}
+    return {"results": results, "errors": errors, "wall": wall, "not_modified": not_modified,
+            "worker_beats": done[-1] if database_url else 0}
 
 
 def summarize(res: dict, duration: float) -> dict:
     lat = sorted(t for _, t, ok in res["results"] if ok)
     n = len(res["results"])
     out = {"requests": n, "errors": n - len(lat), "error_kinds": res["errors"], "rps": len(lat) / duration,
-           **_pcts(lat)}
+           "not_modified": res.get("not_modified", {}), "worker_beats": res.get("worker_beats", 0), **_pcts(lat)}
     per = {}
     for name, _ in MIX:
         sub = sorted(t for k, t, ok in res["results"] if k == name and ok)
@@ -424,6 +521,22 @@ def start_gunicorn(args, env: dict, workdir: Path, token: str) -> tuple[subproce
         time.sleep(0.3)
     stop(proc)
     raise RuntimeError("gunicorn did not answer in 60 s")
+
+
+def drain(port: int, token: str, *, limit_s: float = 90.0) -> float:
+    """Wait until the server answers a light request within 0.5 s again: requests the load generator gave up
+    on (timeouts) stay queued in gunicorn's backlog, and would otherwise count against the next phase."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        t = time.monotonic()
+        try:
+            status, _ = asyncio.run(asyncio.wait_for(Conn("127.0.0.1", port).get("/api/me/", token), timeout=5))
+            if status == 200 and time.monotonic() - t < 0.5:
+                break
+        except (OSError, asyncio.TimeoutError):
+            pass
+        time.sleep(0.5)
+    return time.monotonic() - t0
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -517,9 +630,9 @@ def _run(args, env: dict, workdir: Path) -> dict:
     print(f"seeded in {plan['seed_s']:.1f} s: {plan['measurements']:,} measurements, {plan['runs']} runs, "
           f"{plan['models']} models\n")
     print("in-process, one request at a time (Django test client, median):")
-    print(f"  {'endpoint':26s} {'median ms':>9s} {'queries':>7s} {'bytes':>8s}  slowest query")
+    print(f"  {'endpoint':26s} {'median ms':>9s} {'CPU ms':>7s} {'queries':>7s} {'bytes':>8s}  slowest query")
     for name, e in plan["endpoints"].items():
-        print(f"  {name:26s} {e['median_ms']:9.2f} {e['queries']:7d} {e['bytes']:8,d}  "
+        print(f"  {name:26s} {e['median_ms']:9.2f} {e['cpu_ms']:7.2f} {e['queries']:7d} {e['bytes']:8,d}  "
               f"{e['slowest_query_ms']:.2f} ms: {e['slowest_query'][:70]}")
     proc, port = start_gunicorn(args, env, workdir, plan["tokens"][0])
     phases = {}
@@ -530,10 +643,13 @@ def _run(args, env: dict, workdir: Path) -> dict:
                  (float(x) for x in args.also_rates.split(",") if x.strip()) if r != args.rate]
         runs += [("saturation", None, args.saturation)] if args.saturation > 0 else []
         for seed, (pname, rate, duration) in enumerate(runs, 1):
+            drained_s = drain(port, plan["tokens"][0])
             with CpuMeter(proc) as cpu:
-                res = asyncio.run(phase(port, plan, users=args.users, duration=duration, rate=rate, seed=seed))
+                res = asyncio.run(phase(port, plan, users=args.users, duration=duration, rate=rate, seed=seed,
+                                        database_url=args.database_url))
             phases[pname] = summarize(res, duration) | {
-                "users": args.users, "offered_rps": rate, "duration_s": duration, "cpu_cores": cpu.cores}
+                "users": args.users, "offered_rps": rate, "duration_s": duration, "cpu_cores": cpu.cores,
+                "loadavg_after": list(os.getloadavg()), "drained_before_s": drained_s}
     finally:
         stop(proc)
 
@@ -546,12 +662,14 @@ def _run(args, env: dict, workdir: Path) -> dict:
         print(f"{pname:12s} {'all':12s} {ph['requests']:7d} {ph['rps']:7.1f} {_f(ph['p50_ms'])} {_f(ph['p90_ms'])} "
               f"{_f(ph['p99_ms'])} {_f(ph['max_ms'])} {ph['errors']:6d}   CPU cores: server {cpu['server']:.2f}, "
               f"PostgreSQL {cpu['database']:.2f}, load generator {cpu['load_generator']:.2f}, "
-              f"other jobs {cpu['other']:.2f}")
+              f"other jobs {cpu['other']:.2f}; load average after {ph['loadavg_after'][0]:.2f}")
         for ename, e in ph["endpoints"].items():
             print(f"{'':12s} {ename:12s} {e['requests']:7d} {'':7s} {_f(e['p50_ms'])} {_f(e['p90_ms'])} "
                   f"{_f(e['p99_ms'])} {_f(e['max_ms'])}")
         if ph["error_kinds"]:
             print(f"{'':12s} errors: {ph['error_kinds']}")
+        polls = ph["endpoints"]["live_poll"]["requests"]
+        print(f"{'':12s} 304s: {ph['not_modified']} of {polls} polls; pretend-worker beats {ph['worker_beats']}")
     paced = phases["paced"]
     other = max(ph["cpu_cores"]["other"] for ph in phases.values())
     if other > 0.2:
@@ -566,7 +684,15 @@ def _run(args, env: dict, workdir: Path) -> dict:
         "overall": {"rps": paced["rps"], "p50_ms": paced["p50_ms"], "p99_ms": paced["p99_ms"],
                     "errors": paced["errors"], "offered_rps": args.rate, "users": args.users,
                     "saturation_rps": phases.get("saturation", {}).get("rps"), "goal_met": goal,
-                    "other_jobs_cpu_cores": other},
+                    "other_jobs_cpu_cores": other,
+                    "by_offered_rps": {f"{ph['offered_rps']:g}": {k: ph[k] for k in ("rps", "p50_ms", "p99_ms", "errors")}
+                                       for ph in phases.values() if ph["offered_rps"]},
+                    "loadavg_1m_during": [ph["loadavg_after"][0] for ph in phases.values()],
+                    # one poll's server CPU (this process; PostgreSQL's share aside), the largest run's page
+                    "live_poll_cpu_ms": {k: plan["endpoints"][f"live_poll_{k}"]["cpu_ms"]
+                                         for k in ("uncached", "200_cached", "304")},
+                    "live_poll_304_vs_uncached_cpu": plan["endpoints"]["live_poll_304"]["cpu_ms"]
+                    / max(1e-9, plan["endpoints"]["live_poll_uncached"]["cpu_ms"])},
         "phases": phases, "endpoints_in_process": plan["endpoints"],
         "data": {k: plan[k] for k in ("measurements", "runs", "models")},
         "server": {"workers": args.workers, "threads": args.threads, "worker_class": args.worker_class},

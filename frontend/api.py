@@ -16,7 +16,10 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api.fast import not_modified, version_etag, with_validators
 from core.selectors import energy_model
+from tuning import selectors as tuning_selectors
+from scheduling.models import SimulationRun
 from scheduling.selectors import COLOCATION_BASIS
 
 from . import charts, clusterdata, presenters, queries
@@ -87,41 +90,85 @@ def _max_points(request) -> int | None:
     return int(raw)
 
 
-class RunCurveChartView(APIView):
-    @extend_schema(tags=[TAG], parameters=[MAX_POINTS],
-                   responses={200: PlotlyFigureSerializer, 400: ApiErrorSerializer, 404: NOT_FOUND},
-                   summary="Best latency so far vs trials (end to end and per task)",
-                   description="From tuning.selectors.best_so_far_curve, downsampled server-side.")
+class RunVersionedView(APIView):
+    """A run's JSON, validated by the run's version: an unchanged poll (If-None-Match, else
+    If-Modified-Since) is a 304 after one indexed read, and bodies are cached per run version."""
+
+    kind = ""
+
     def get(self, request, pk: int):
+        state = tuning_selectors.runs_for_user(request.user).filter(pk=pk).values_list(
+            "version", "changed_at").first()
+        if state is None:
+            raise Http404("No such tuning run in your teams.")
+        query = request.META.get("QUERY_STRING", "")
+        hit = not_modified(request, version_etag(self.kind, pk, state[0], query), state[1])
+        if hit is not None:
+            return hit
         run = queries.run_for_user(request.user, pk)
-        return Response(presenters.run_curve_figure(run, max_points=_max_points(request)))
+        body = self.body(request, run)
+        return with_validators(Response(body), version_etag(self.kind, pk, run.version, query), run.changed_at)
+
+    def body(self, request, run) -> dict:
+        raise NotImplementedError
+
+    cached = staticmethod(presenters.cached_for_version)
 
 
-class RunDopChartView(APIView):
-    @extend_schema(tags=[TAG], responses={200: PlotlyFigureSerializer, 404: NOT_FOUND},
-                   summary="DOP and parallel-vs-serial error per round")
+class RunCurveChartView(RunVersionedView):
+    kind = "curve"
+
+    @extend_schema(tags=[TAG], parameters=[MAX_POINTS],
+                   responses={200: PlotlyFigureSerializer, 304: None, 400: ApiErrorSerializer, 404: NOT_FOUND},
+                   summary="Best latency so far vs trials (end to end and per task)",
+                   description="From tuning.selectors.best_so_far_curve, downsampled server-side. ETag and "
+                               "Last-Modified follow the run's version: If-None-Match gets a 304 when unchanged.")
     def get(self, request, pk: int):
-        return Response(presenters.run_dop_figure(queries.run_for_user(request.user, pk)))
+        return super().get(request, pk)
+
+    def body(self, request, run) -> dict:
+        max_points = _max_points(request)
+        return self.cached(f"curve:{max_points}", run,
+                           lambda: presenters.run_curve_figure(run, max_points=max_points))
 
 
-class RunLiveView(APIView):
+class RunDopChartView(RunVersionedView):
+    kind = "dop"
+
+    @extend_schema(tags=[TAG], responses={200: PlotlyFigureSerializer, 304: None, 404: NOT_FOUND},
+                   summary="DOP and parallel-vs-serial error per round",
+                   description="ETag / Last-Modified follow the run's version (304 when unchanged).")
+    def get(self, request, pk: int):
+        return super().get(request, pk)
+
+    def body(self, request, run) -> dict:
+        return self.cached("dop", run, lambda: presenters.run_dop_figure(run))
+
+
+class RunLiveView(RunVersionedView):
+    kind = "live"
+
     @extend_schema(
-        tags=[TAG], responses={200: RunLiveSerializer, 404: NOT_FOUND},
+        tags=[TAG], responses={200: RunLiveSerializer, 304: None, 404: NOT_FOUND},
         parameters=[OpenApiParameter("stamp", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
                                          description="The `stamp` of the previous answer: when nothing changed "
                                                      "only the run's numbers come back.")],
         summary="Live state of a run: numbers, task table, DOP rounds and both figures",
-        description="The run page polls this every 2 s and re-plots with Plotly.react.")
+        description="The run page polls this every 2 s with If-None-Match and re-plots with Plotly.react. The "
+                    "ETag follows the run's version, bumped by every write to the run: an unchanged run is a "
+                    "304 with no body.")
     def get(self, request, pk: int):
-        run = queries.run_for_user(request.user, pk)
+        return super().get(request, pk)
+
+    def body(self, request, run) -> dict:
         stamp = request.query_params.get("stamp")
         if stamp:
             n_rounds = queries.dop_round_count(run)
             current = presenters.live_stamp(run, n_rounds)
-            if current == stamp:
-                return Response({"stamp": current, "unchanged": True,
-                                 "run": presenters.run_numbers(run, dop_rounds=n_rounds)})
-        return Response(presenters.run_live_payload(run))
+            if current == stamp:  # e.g. only a heartbeat since: the numbers alone, cached per version too
+                return self.cached("numbers", run, lambda: {
+                    "stamp": current, "unchanged": True, "run": presenters.run_numbers(run, dop_rounds=n_rounds)})
+        return self.cached("live", run, lambda: presenters.run_live_payload(run))
 
 
 RUNS = OpenApiParameter("runs", OpenApiTypes.STR, OpenApiParameter.QUERY, required=True,
@@ -217,7 +264,17 @@ class ClusterChartView(APIView):
 
 class SimulationChartView(APIView):
     @extend_schema(tags=[TAG],
-                   responses={200: FigureSetSerializer, 404: NOT_FOUND},
-                   summary="Figures of one simulation run (policies compared)")
+                   responses={200: FigureSetSerializer, 304: None, 404: NOT_FOUND},
+                   summary="Figures of one simulation run (policies compared)",
+                   description="ETag / Last-Modified follow the simulation's status: 304 when unchanged.")
     def get(self, request, pk: int):
-        return Response(clusterdata.simulation_figures(get_scope(request), pk))
+        # A simulation's figures change only when its status does (results are written once, at the end).
+        state = SimulationRun.objects.filter(pk=pk, team_id__in=get_scope(request).all_team_ids).values_list(
+            "status", "finished_at").first()
+        if state is None:
+            raise Http404("No such simulation in your teams.")
+        etag = version_etag("simulation", pk, f"{state[0]}|{state[1]}", request.META.get("QUERY_STRING", ""))
+        hit = not_modified(request, etag, state[1])
+        if hit is not None:
+            return hit
+        return with_validators(Response(clusterdata.simulation_figures(get_scope(request), pk)), etag, state[1])

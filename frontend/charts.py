@@ -81,10 +81,19 @@ def _short(name: str, n: int = 38) -> str:
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
-def best_so_far_figure(curve: dict, *, run_id: int | None = None) -> dict:
+def unmeasured_note(missing: list[str]) -> str:
+    """Why the end-to-end estimate has not started: the tasks with no valid measurement, by name."""
+    names = ", ".join(_short(n, 30) for n in missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4
+                                                          else "")
+    return (f"end-to-end estimate not started: {len(missing)} task(s) have no valid measurement yet: {names}"
+            if missing else "end-to-end estimate starts once every task has a valid measurement")
+
+
+def best_so_far_figure(curve: dict, *, run_id: int | None = None, missing: list[str] | None = None) -> dict:
     """End-to-end estimate (top) and per-task best latency (bottom) vs measured trials.
 
-    `curve` is tuning.selectors.best_so_far_curve's output.
+    `curve` is tuning.selectors.best_so_far_curve's output; `missing` names the tasks with no valid
+    measurement (tuning.selectors.tasks_without_measurement; else read from the curve).
     """
     tasks = curve.get("tasks") or {}
     e2e = curve.get("end_to_end") or {"trials": [], "estimate_s": []}
@@ -112,8 +121,11 @@ def best_so_far_figure(curve: dict, *, run_id: int | None = None) -> dict:
         legend={"font": {"size": 10}},
     )
     if not e2e["trials"]:
+        if missing is None:
+            missing = [t.get("name", f"T{i}") for i, t in sorted(tasks.items(), key=lambda kv: int(kv[0]))
+                       if not any(v is not None for v in t["best_s"])]
         layout["annotations"] = [{
-            "text": "end-to-end estimate starts once every task has a valid measurement", "showarrow": False,
+            "text": unmeasured_note(missing), "showarrow": False,
             "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.8, "font": {"color": "#666"}}]
     return figure_dict(go.Figure(data=data, layout=layout))
 
@@ -134,7 +146,9 @@ def dop_figure(rounds: list[dict], *, run_id: int | None = None) -> dict:
     layout = _layout(
         title={"text": "DOP and parallel-vs-serial error per round"}, height=320, uirevision=f"dop-{run_id}",
         margin={"l": 60, "r": 70, "t": 40, "b": 50},
-        xaxis={"title": {"text": "round"}},
+        # Rounds are integers: ticks on whole rounds only (plotly's auto ticks showed -0.5, 0.5, 1.5).
+        xaxis={"title": {"text": "round"}, "tickmode": "linear", "tick0": 0, "tickformat": "d",
+               "dtick": max(1, -(-len(xs) // 15))},
         yaxis={"title": {"text": "degree of parallelism"}, "rangemode": "tozero", "dtick": 1 if max(
             r["dop"] for r in rounds) <= 16 else None},
         yaxis2={"title": {"text": "mean error (%)"}, "overlaying": "y", "side": "right", "rangemode": "tozero",
@@ -212,6 +226,13 @@ def bar_figure(labels: list[str], values: list[float], *, title: str, y_title: s
     return figure_dict(fig)
 
 
+def jobs_by_state_figure(labels: list[str], counts: list[int], *, title: str) -> dict:
+    """GPU jobs per state; with no job at all it says so instead of drawing a -1..1 axis of zero bars."""
+    if not any(counts):
+        return empty_figure("No data yet: no GPU jobs in these teams.", title=title)
+    return bar_figure(labels, counts, title=title, y_title="jobs", color="#2ca02c")
+
+
 def lines_figure(series: dict[str, tuple[list, list]], *, title: str, x_title: str, y_title: str,
                  height: int = 320, y_range: list[float] | None = None) -> dict:
     if not series or not any(xs for xs, _ in series.values()):
@@ -225,3 +246,16 @@ def lines_figure(series: dict[str, tuple[list, list]], *, title: str, x_title: s
                                               legend={"orientation": "h", "y": -0.3, "font": {"size": 10}},
                                               margin={"l": 60, "r": 20, "t": 40, "b": 80}))
     return figure_dict(fig)
+
+
+def fill_fragmentation_figure(policies: list[tuple[str, dict]]) -> dict:
+    """Fill method (ATC'23): unallocated and fragmented GPUs as the arrived request grows, per policy."""
+    series = {}
+    for name, result in policies:
+        curve = result.get("curve") or []
+        xs = [p.get("arrived_share") for p in curve]
+        series[f"{name} unallocated"] = (xs, [p.get("unallocated_gpus") for p in curve])
+        if any(p.get("frag_gpus") is not None for p in curve):
+            series[f"{name} fragmented"] = (xs, [p.get("frag_gpus") for p in curve])
+    return lines_figure(series, title="Unallocated and fragmented GPUs vs arrived request",
+                        x_title="arrived request (share of capacity)", y_title="GPUs")

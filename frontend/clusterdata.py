@@ -78,9 +78,9 @@ def cluster_figures_for(gpus, state_counts) -> dict:
                                     y_title="memory used (% of total)", color="#9467bd", y_range=[0, 100]),
         "telemetry": charts.lines_figure(_telemetry_series(gpus), title="GPU utilization, last hour",
                                          x_title="time (UTC)", y_title="utilization (%)", y_range=[0, 100]),
-        "jobs": charts.bar_figure([GpuJob.State(s).label for s in states],
-                                  [state_counts.get(s, 0) for s in states],
-                                  title="GPU jobs by state (your teams)", y_title="jobs", color="#2ca02c"),
+        "jobs": charts.jobs_by_state_figure([GpuJob.State(s).label for s in states],
+                                            [state_counts.get(s, 0) for s in states],
+                                            title="GPU jobs by state (your teams)"),
     }
 
 
@@ -152,6 +152,7 @@ def simulation_figures_for(sim) -> dict:
         figures["curve"] = charts.lines_figure(series, title="Allocated vs arrived GPU request",
                                                x_title="arrived request (share of capacity)",
                                                y_title="allocated (share of capacity)")
+        figures["fragmentation"] = charts.fill_fragmentation_figure(ordered)
     else:
         series = {}
         for name, r in ordered:

@@ -5,6 +5,7 @@ the values the browser swaps in every 2 s can never disagree.
 """
 from __future__ import annotations
 
+from django.core.cache import cache
 from django.urls import reverse
 
 from common.units import JOULES_PER_KWH, joules_to_kwh
@@ -244,7 +245,8 @@ def full_resolution_curve(run: TuningRun) -> dict:
 def run_curve_figure(run: TuningRun, *, n_tasks: int | None = None, max_points: int | None = None,
                      full_resolution: bool = False) -> dict:
     curve = full_resolution_curve(run) if full_resolution else curve_for(run, n_tasks=n_tasks, max_points=max_points)
-    return charts.best_so_far_figure(curve, run_id=run.pk)
+    missing = tuning_selectors.tasks_without_measurement(run) if not curve["end_to_end"]["trials"] else None
+    return charts.best_so_far_figure(curve, run_id=run.pk, missing=missing)
 
 
 def run_dop_figure(run: TuningRun, rounds: list[dict] | None = None) -> dict:
@@ -298,3 +300,16 @@ def compare_rows(runs) -> list[dict]:
         numbers = run_numbers(run)
         rows.append({"run": run, "numbers": numbers, "target": fmt_target(run.engine_target)})
     return rows
+
+
+FIGURE_CACHE_S = 600  # bodies of one run version; a new version is a new key, so this only bounds memory
+
+
+def cached_for_version(key: str, run: TuningRun, build):
+    """`build()` once per run version (Django cache): the run page and its JSON endpoints share it."""
+    key = f"run:{run.pk}:v{run.version}:{key}"
+    body = cache.get(key)
+    if body is None:
+        body = build()
+        cache.set(key, body, FIGURE_CACHE_S)
+    return body

@@ -7,7 +7,7 @@ on frontend.api (tests/frontend/test_api.py checks that it still does).
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import api, views, views_records, views_settings, views_teams
+from . import api, views, views_cluster, views_records, views_settings, views_simulations, views_static, views_teams
 
 chart_patterns = [
     path("api/charts/models/<int:pk>/ops/", api.ModelOpsChartView.as_view(), name="charts-model-ops"),
@@ -36,8 +36,14 @@ urlpatterns = [
     path("runs/<int:pk>/<str:action>/", views.run_control, name="run-control"),
     path("runs/<int:pk>/records/import/", views_records.run_import_records, name="run-import-records"),
     path("cluster/", views.cluster, name="cluster"),
+    path("cluster/jobs/new/", views_cluster.job_new, name="job-new"),
+    path("cluster/jobs/preview/", views_cluster.job_preview, name="job-preview"),
+    path("cluster/jobs/<int:pk>/", views_cluster.job_detail, name="job-detail"),
+    path("cluster/jobs/<int:pk>/cancel/", views_cluster.job_cancel, name="job-cancel"),
     path("simulations/", views.simulations, name="simulations"),
+    path("simulations/new/", views_simulations.simulation_new, name="simulation-new"),
     path("simulations/<int:pk>/", views.simulation_detail, name="simulation-detail"),
+    path("simulations/<int:pk>/progress/", views_simulations.simulation_progress, name="simulation-progress"),
     path("energy/", views.energy, name="energy"),
     path("settings/tokens/", views_settings.tokens, name="settings-tokens"),
     path("settings/tokens/<int:pk>/revoke/", views_settings.token_revoke, name="token-revoke"),
@@ -48,5 +54,6 @@ urlpatterns = [
     path("teams/<int:pk>/members/<int:member_pk>/<str:action>/", views_teams.team_member, name="team-member"),
     path("teams/<int:pk>/webhook/<str:action>/", views_teams.team_webhook, name="team-webhook"),
     path("invitations/<int:pk>/<str:action>/", views_teams.invitation_answer, name="invitation-answer"),
+    path("favicon.ico", views_static.favicon, name="favicon"),
     *chart_patterns,
 ]

@@ -196,7 +196,7 @@ def run_start(request):
 def run_detail(request, pk: int):
     scope = get_scope(request)
     run = queries.run_for_user(request.user, pk)
-    payload = presenters.run_live_payload(run)
+    payload = presenters.cached_for_version("live", run, lambda: presenters.run_live_payload(run))
     return render(request, "frontend/run_detail.html", {
         "scope": scope, "run": run, "live": payload, "numbers": payload["run"], "d": payload["run"]["display"],
         "figures": payload["figures"], "links": presenters.run_links(run), "target": presenters.fmt_target(run.target),

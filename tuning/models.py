@@ -8,6 +8,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models.functions import Now
+from django.utils import timezone
 
 from common.units import joules_to_kwh
 from core.models import DLModel, Team
@@ -71,6 +73,16 @@ def parse_dop(value) -> int | None:
 
 
 class TuningRunQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        """Every queryset write to a run bumps its `version` (see TuningRun.version)."""
+        kwargs.setdefault("version", models.F("version") + 1)
+        kwargs.setdefault("changed_at", Now())
+        return super().update(**kwargs)
+
+    def touch(self) -> int:
+        """Bump the runs' version after a write to their tasks or rounds only (the run row is unchanged)."""
+        return self.update()
+
     def of_team_since(self, team_id: int, since) -> "TuningRunQuerySet":
         return self.filter(team_id=team_id, created_at__gte=since)
 
@@ -185,6 +197,10 @@ class TuningRun(models.Model):
     energy_model = models.JSONField(default=dict, blank=True)
     records_file = models.FileField(upload_to="runs/records/", blank=True, max_length=255)
     module_file = models.FileField(upload_to="runs/modules/", blank=True, max_length=255)
+    # Bumped by every write to the run (save, queryset update, the sink's task/round writes): the live and
+    # chart JSON endpoints answer an unchanged poll with 304 from it, and cache figures per version.
+    version = models.PositiveBigIntegerField(default=1, editable=False)
+    changed_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -195,6 +211,16 @@ class TuningRun(models.Model):
 
     def __str__(self) -> str:
         return f"Run {self.pk} of {self.model.name} ({self.status})"
+
+    def save(self, *args, **kwargs):
+        adding = self._state.adding
+        self.version = 1 if adding else models.F("version") + 1  # atomic: two writers never share a version
+        self.changed_at = timezone.now()
+        if kwargs.get("update_fields") is not None:
+            kwargs["update_fields"] = {*kwargs["update_fields"], "version", "changed_at"}
+        super().save(*args, **kwargs)
+        if not adding:
+            del self.version  # read back (deferred) on next access instead of keeping the expression
 
     @property
     def is_active(self) -> bool:

@@ -10,11 +10,14 @@ is byte-for-byte what DRF would produce (tests/core/test_api_fast.py compares th
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import operator
 from collections.abc import Mapping
 
 from django.conf import settings
+from django.http import HttpResponseNotModified
 from django.utils import timezone
+from django.utils.http import http_date, parse_http_date_safe
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework import fields as drf_fields
 from rest_framework import relations, serializers
@@ -230,3 +233,44 @@ class RowListMixin:
                                related=self.list_related)
         data = self.get_serializer(objs, many=True).data
         return self.get_paginated_response(data) if page is not None else Response(data)
+
+
+# --- conditional GET ---------------------------------------------------------------------------------------
+# A poll of an unchanged object is answered 304 from one indexed read of its version, before any serializer,
+# selector or Plotly work. Bump RENDER_REVISION when the JSON a version renders to changes shape (a deploy),
+# so browsers holding an old ETag are not told "unchanged".
+RENDER_REVISION = "1"
+
+
+def version_etag(kind: str, pk: int, version, query: str = "") -> str:
+    """A strong ETag of one object's `version` for one endpoint and query string."""
+    digest = hashlib.blake2b(f"{RENDER_REVISION}|{kind}|{pk}|{version}|{query}".encode(), digest_size=12)
+    return f'"{digest.hexdigest()}"'
+
+
+def _etags(header: str) -> list[str]:
+    # GZip middleware weakens ETags (W/"..."): compare the opaque part.
+    return [t.strip().removeprefix("W/") for t in header.split(",") if t.strip()]
+
+
+def not_modified(request, etag: str, last_modified: dt.datetime | None):
+    """An HttpResponseNotModified when the client's If-None-Match (else If-Modified-Since) still holds."""
+    meta = getattr(request, "META", {})
+    inm = meta.get("HTTP_IF_NONE_MATCH")
+    if inm is not None:
+        fresh = "*" in _etags(inm) or etag in _etags(inm)
+    else:
+        since = parse_http_date_safe(meta.get("HTTP_IF_MODIFIED_SINCE") or "")
+        fresh = since is not None and last_modified is not None and int(last_modified.timestamp()) <= since
+    if not fresh:
+        return None
+    return with_validators(HttpResponseNotModified(), etag, last_modified)
+
+
+def with_validators(response, etag: str, last_modified: dt.datetime | None):
+    """ETag, Last-Modified and `private, no-cache` (revalidate every time; never in a shared cache)."""
+    response["ETag"] = etag
+    if last_modified is not None:
+        response["Last-Modified"] = http_date(last_modified.timestamp())
+    response["Cache-Control"] = "private, no-cache"
+    return response

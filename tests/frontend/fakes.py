@@ -63,6 +63,7 @@ class FakeWorker:
 
     def preempt(self, task_index: int) -> None:
         TuningTask.objects.filter(run_id=self.run_id, index=task_index).update(status=TuningTask.Status.PREEMPTED)
+        TuningRun.objects.filter(pk=self.run_id).touch()  # as the sink does after a task-only write
 
     def finish(self, *, tuned_latency_s: float = 0.9e-3, untuned_latency_s: float = 2.7e-3) -> None:
         TuningTask.objects.filter(run_id=self.run_id, status=TuningTask.Status.TUNING).update(

@@ -154,3 +154,80 @@ def test_compress_steps_is_lossless_for_step_lines():
     assert all(value_at(x) == y for x, y in zip(xs, ys) if y is not None)
     tx, ty = compress_steps(list(range(100)), [float(-k) for k in range(100)], 10)
     assert len(tx) <= 11 and tx[-1] == 99
+
+
+# --- conditional GET (ETag / Last-Modified from the run's version) ---------------------------------------
+
+
+def test_run_version_bumps_on_save_update_and_sink_writes(run_a):
+    start = TuningRun.objects.get(pk=run_a.pk).version
+    run_a.fake_worker.step(4)  # measurements (sink: queryset update of the run)
+    after_step = TuningRun.objects.get(pk=run_a.pk).version
+    assert after_step > start
+    run = TuningRun.objects.get(pk=run_a.pk)
+    run.error = "x"
+    run.save(update_fields=["error"])
+    assert run.version == after_step + 1  # read back, not the F() expression
+    run_a.fake_worker.sink.on_round(type("Info", (), {"round_index": 99, "task_index": 0, "dop": 2,
+                                                      "mean_error": 0.01, "n_candidates": 4, "n_remeasured": 1,
+                                                      "n_failures": 0})())
+    assert TuningRun.objects.get(pk=run_a.pk).version == after_step + 2  # a round-only write bumps it too
+
+
+@pytest.mark.parametrize("kind", ["live", "curve", "dop"])
+def test_unchanged_poll_is_304_and_a_write_changes_the_etag(api_owner, run_a, kind):
+    url = f"/api/charts/runs/{run_a.pk}/{kind}/"
+    first = api_owner.get(url)
+    etag = first["ETag"]
+    assert first.status_code == 200 and etag and first["Last-Modified"] and "no-cache" in first["Cache-Control"]
+    again = api_owner.get(url, HTTP_IF_NONE_MATCH=etag)
+    assert again.status_code == 304 and again.content == b"" and again["ETag"] == etag
+    assert api_owner.get(url, HTTP_IF_NONE_MATCH=f"W/{etag}").status_code == 304  # weakened by a proxy
+    assert api_owner.get(url, HTTP_IF_MODIFIED_SINCE=first["Last-Modified"]).status_code == 304
+    run_a.fake_worker.step(8)
+    changed = api_owner.get(url, HTTP_IF_NONE_MATCH=etag)
+    assert changed.status_code == 200 and changed["ETag"] != etag
+    if kind == "live":
+        assert changed.json()["run"]["trials_done"] == run_a.trials_done + 8
+
+
+def test_304_costs_one_query_after_auth_and_no_figure_work(api_owner, run_a, monkeypatch):
+    from frontend import presenters
+
+    url = f"/api/charts/runs/{run_a.pk}/live/"
+    etag = api_owner.get(url)["ETag"]
+    monkeypatch.setattr(presenters, "run_live_payload", lambda *a, **k: pytest.fail("built a payload"))
+    with CaptureQueriesContext(connection) as queries:
+        assert api_owner.get(url, HTTP_IF_NONE_MATCH=etag).status_code == 304
+    assert len(queries) <= 3, [q["sql"] for q in queries]  # session, user, the run's version
+
+
+def test_etag_is_per_query_string_and_never_leaks_another_team(api_owner, run_a, api_other):
+    url = f"/api/charts/runs/{run_a.pk}/curve/"
+    etag = api_owner.get(url)["ETag"]
+    assert api_owner.get(url + "?max_points=50", HTTP_IF_NONE_MATCH=etag).status_code == 200
+    assert api_other.get(url, HTTP_IF_NONE_MATCH=etag).status_code == 404  # not 304 for another team
+    assert api_other.get(url, HTTP_IF_NONE_MATCH="*").status_code == 404
+
+
+def test_figures_are_cached_per_run_version(api_owner, run_a, monkeypatch):
+    from frontend import presenters
+
+    url = f"/api/charts/runs/{run_a.pk}/dop/"
+    body = api_owner.get(url).json()
+    monkeypatch.setattr(presenters, "run_dop_figure", lambda *a, **k: pytest.fail("figure rebuilt"))
+    assert api_owner.get(url).json() == body  # same version: from the cache, no ETag sent
+
+
+def test_dop_axis_is_whole_rounds(api_owner, run_a):
+    xaxis = api_owner.get(f"/api/charts/runs/{run_a.pk}/dop/").json()["layout"]["xaxis"]
+    assert xaxis["tickformat"] == "d" and xaxis["tick0"] == 0 and int(xaxis["dtick"]) == xaxis["dtick"] >= 1
+
+
+def test_unstarted_estimate_names_the_unmeasured_tasks(api_owner, user_owner, model_a, roomy_quota):
+    run, worker = make_running_run(actor=user_owner, model=model_a, max_trials=64, n_tasks=3)
+    worker.step(8, task_index=0)  # tasks 1 and 2 have no measurement yet
+    fig = api_owner.get(f"/api/charts/runs/{run.pk}/curve/").json()
+    note = fig["layout"]["annotations"][0]["text"]
+    names = [t.name for t in worker.tasks[1:]]
+    assert "2 task(s) have no valid measurement" in note and all(n in note for n in names)

@@ -97,3 +97,22 @@ def test_simulations_pages(owner_client, api_owner, team_a, team_b, experiment_r
     curve = body["figures"]["curve"]
     assert [t["name"] for t in curve["data"]] == ["best_fit", "fgd"]
     assert api_owner.get(f"/api/charts/simulations/{other.pk}/").status_code == 404
+
+
+def test_simulation_figures_are_conditional(api_owner, api_other, team_a, experiment_results):
+    sim = SimulationRun.objects.create(team=team_a, trace="philly", policies=["fifo_exclusive", "horus"])
+    url = f"/api/charts/simulations/{sim.pk}/"
+    queued = api_owner.get(url)
+    assert queued.json()["available"] is False
+    assert api_owner.get(url, HTTP_IF_NONE_MATCH=queued["ETag"]).status_code == 304
+    assert api_other.get(url, HTTP_IF_NONE_MATCH=queued["ETag"]).status_code == 404
+    SimulationRun.objects.filter(pk=sim.pk).update(status="succeeded", results=experiment_results["replay"],
+                                                   finished_at=timezone.now())
+    done = api_owner.get(url, HTTP_IF_NONE_MATCH=queued["ETag"])
+    assert done.status_code == 200 and done.json()["available"] is True and done["ETag"] != queued["ETag"]
+
+
+def test_jobs_chart_without_jobs_says_no_data_yet(api_owner, team_a):
+    NodeFactory(name="node-x", gpus=1)
+    jobs = api_owner.get(f"/api/charts/cluster/?team={team_a.pk}").json()["figures"]["jobs"]
+    assert jobs["data"] == [] and "No data yet" in jobs["layout"]["annotations"][0]["text"]

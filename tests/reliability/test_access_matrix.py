@@ -536,6 +536,30 @@ def _left(role):
 
 STAYED = effect(REDIRECT, "the last owner is still in the team", lambda w: _member_of_a(w, "owner") == "owner")
 JOINED = effect(REDIRECT, "the invitee joined", lambda w: _member_of_a(w, "other") == "viewer")
+def _job_count(w):
+    from scheduling.models import GpuJob
+
+    return GpuJob.objects.filter(team=w.team_a).count()
+
+
+def _job_state(w):
+    from scheduling.models import GpuJob
+
+    return GpuJob.objects.get(pk=w.job.pk).state
+
+
+def _sim_count(w):
+    from scheduling.models import SimulationRun
+
+    return SimulationRun.objects.filter(team=w.team_a).count()
+
+
+JOB_ADDED = effect(REDIRECT, "a GPU job was added", lambda w: _job_count(w) == 3)
+NO_JOB = effect(PAGE, "no GPU job was added", lambda w: _job_count(w) == 2)
+JOB_CANCELLED = effect(REDIRECT, "the job is cancelled", lambda w: _job_state(w) == "cancelled")
+JOB_UNCHANGED = effect(REDIRECT, "the job is unchanged", lambda w: _job_state(w) == "pending")
+SIM_ADDED = effect(REDIRECT, "a simulation was added", lambda w: _sim_count(w) == 2)
+NO_SIM = effect(PAGE, "no simulation was added", lambda w: _sim_count(w) == 1)
 
 SIGNED_IN_PAGE = _profile(anon=LOGIN, viewer=PAGE, member=PAGE, owner=PAGE, other=PAGE, staff=PAGE)
 TEAM_PAGE = _profile(anon=LOGIN, viewer=PAGE, member=PAGE, owner=PAGE, other=HIDDEN, staff=HIDDEN)
@@ -567,8 +591,22 @@ DASHBOARD_EXPECTED = {
     ("run-control", "POST"): _profile(anon=LOGIN, viewer=UNCHANGED_RUN, member=CANCELLED, owner=CANCELLED,
                                       other=HIDDEN, staff=HIDDEN),
     ("cluster", "GET"): SIGNED_IN_PAGE,
+    ("job-new", "GET"): SIGNED_IN_PAGE,
+    ("job-new", "POST"): _profile(anon=LOGIN, viewer=NO_JOB, member=JOB_ADDED, owner=JOB_ADDED, other=NO_JOB,
+                                  staff=NO_JOB),
+    # the preview predicts only for models the caller may submit: a viewer's or another team's is a 404
+    ("job-preview", "GET"): _profile(anon=LOGIN, viewer=HIDDEN, member=PAGE, owner=PAGE, other=HIDDEN,
+                                     staff=HIDDEN),
+    ("job-detail", "GET"): TEAM_PAGE,
+    ("job-cancel", "GET"): POST_ONLY,
+    ("job-cancel", "POST"): _profile(anon=LOGIN, viewer=JOB_UNCHANGED, member=JOB_CANCELLED, owner=JOB_CANCELLED,
+                                     other=HIDDEN, staff=HIDDEN),
     ("simulations", "GET"): SIGNED_IN_PAGE,
+    ("simulation-new", "GET"): SIGNED_IN_PAGE,
+    ("simulation-new", "POST"): _profile(anon=LOGIN, viewer=NO_SIM, member=SIM_ADDED, owner=SIM_ADDED,
+                                         other=NO_SIM, staff=NO_SIM),
     ("simulation-detail", "GET"): TEAM_PAGE,
+    ("simulation-progress", "GET"): TEAM_PAGE,
     ("energy", "GET"): SIGNED_IN_PAGE,
     # issue 17: tokens, teams and members, webhooks, record import
     ("settings-tokens", "GET"): SIGNED_IN_PAGE,
@@ -598,9 +636,12 @@ DASHBOARD_EXPECTED = {
     ("run-import-records", "GET"): POST_ONLY,
     ("run-import-records", "POST"): _profile(anon=LOGIN, viewer=NOT_IMPORTED, member=NOT_IMPORTED,
                                              owner=NOT_IMPORTED, other=HIDDEN, staff=HIDDEN),
+    ("favicon", "GET"): {role: Outcome("301", _status(301)) for role in ("anon", "viewer", "member", "owner",
+                                                                          "other", "staff")},
 }
 
 DASHBOARD_OBJECTS = {"model-detail": "model", "run-detail": "run", "simulation-detail": "simulation",
+                     "simulation-progress": "simulation", "job-detail": "job", "job-cancel": "job",
                      "team-page": "team_a", "team-invite": "team_a", "team-leave": "team_a",
                      "token-revoke": "token", "run-import-records": "run"}
 DASHBOARD_ACTIONS = {  # name -> (object, extra kwargs)
@@ -608,6 +649,7 @@ DASHBOARD_ACTIONS = {  # name -> (object, extra kwargs)
     "team-webhook": ("team_a", lambda w: {"action": "set"}),
     "invitation-answer": ("invitation", lambda w: {"action": "accept"}),
 }
+DASHBOARD_QUERY = {"job-preview": lambda w: f"?model={w.model.pk}&batch_size=8"}
 
 
 def dashboard_url(name: str, w) -> str:
@@ -618,7 +660,7 @@ def dashboard_url(name: str, w) -> str:
         return reverse(name, kwargs={"pk": getattr(w, key).pk, **extra(w)})
     if name in DASHBOARD_OBJECTS:
         return reverse(name, kwargs={"pk": getattr(w, DASHBOARD_OBJECTS[name]).pk})
-    return reverse(name)
+    return reverse(name) + (DASHBOARD_QUERY[name](w) if name in DASHBOARD_QUERY else "")
 
 
 def dashboard_body(name: str, w, role: str | None = None):
@@ -642,6 +684,11 @@ def dashboard_body(name: str, w, role: str | None = None):
         return {"model": w.model.pk, "target_kind": "llvm", "num_cores": 2, "max_trials": 16,
                 "trials_per_round": 8, "measurement_mode": "doppler", "dop_mode": "auto", "dop_fixed": "",
                 "threads": "", "search_population": "", "seed": ""}
+    if name == "job-new":
+        return {"model": w.model.pk, "batch_size": 8, "iterations": 10, "duration_estimate_s": 60,
+                "runtime": "auto"}
+    if name == "simulation-new":
+        return {"team": w.team_a.pk, "trace": "philly", "policies": ["horus"], "seeds": "0", "jobs": 20, "gpus": 4}
     return {}
 
 
@@ -716,6 +763,7 @@ def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_ou
     for name, method in DASHBOARD_EXPECTED:
         if method != "GET" or name in ("logout", "switch-team", "run-control") or \
                 DASHBOARD_EXPECTED[(name, method)] is POST_ONLY:
+        if method != "GET" or name in ("logout", "switch-team", "run-control", "job-cancel", "favicon"):
             continue
         url = dashboard_url(name, world)
         resp = strict.get(url)
@@ -735,6 +783,10 @@ def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_ou
                 _invitations(world), _has_webhook(world), _imported(world), ApiToken.objects.filter(
                     revoked_at__isnull=True).count(), sorted(Membership.objects.values_list("pk", "role")))
     before = state()
+    assert {"login", "logout", "switch-team", "model-upload", "run-start", "run-control", "job-new", "job-cancel",
+            "simulation-new"} <= posted_names, \
+        posted_names
+    before = (TuningRun.objects.filter(team=world.team_a).count(), _model_count(world), _run_status(world))
     for action in sorted(actions):
         name = resolve(action.split("?")[0]).url_name
         resp = strict.post(action, dashboard_body(name, world, "owner"))

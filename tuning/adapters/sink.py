@@ -86,6 +86,7 @@ class DatabaseSink:
                     defaults={"name": fit_to_field(TuningTask, "name", t.name), "flops": float(t.flops or 0),
                               "weight": float(t.weight or 1)})
                 ids[t.index] = obj.pk
+            self._touch_run()
         self._task_ids.update(ids)  # only ids that were committed
 
     def on_measurements(self, records) -> None:
@@ -172,6 +173,11 @@ class DatabaseSink:
                       "n_candidates": info.n_candidates, "n_remeasured": info.n_remeasured,
                       "n_failures": info.n_failures, "n_generated": getattr(info, "n_generated", None),
                       "n_filtered": getattr(info, "n_filtered", None)})
+        self._touch_run()
+
+    def _touch_run(self) -> None:
+        """A write to the run's tasks or rounds changes what its pages show: bump the run's version."""
+        TuningRun.objects.filter(pk=self.run_id).touch()
 
     def control(self) -> str | None:
         now = time.monotonic()

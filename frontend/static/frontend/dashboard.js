@@ -130,37 +130,58 @@
 
     function schedule(ms) { timer = window.setTimeout(poll, ms); }
 
+    var etag = null;
+
+    function settled(body) {
+      if (body.run.is_terminal) {
+        root.setAttribute("data-terminal", "1");
+        say("finished · final state shown");
+        return;
+      }
+      say("live · updated " + new Date().toLocaleTimeString());
+      schedule(POLL_MS);
+    }
+
+    function apply(body) {
+      applyRun(root, body.run);
+      if (body.unchanged) return;
+      stamp = body.stamp;
+      root.setAttribute("data-stamp", stamp);
+      renderTasks(document.getElementById("tasks-body"), body.tasks);
+      renderRounds(document.getElementById("rounds-body"), body.dop_rounds);
+      var figs = body.figures || {};
+      var curve = document.querySelector("[data-figure=fig-curve]");
+      var dop = document.querySelector("[data-figure=fig-dop]");
+      if (curve && figs.curve) plot(curve, figs.curve, true);
+      if (dop && figs.dop) plot(dop, figs.dop, true);
+      root.setAttribute("data-updates", String(Number(root.getAttribute("data-updates")) + 1));
+    }
+
+    // An unchanged run answers 304 (If-None-Match = the last ETag): nothing to parse or re-plot.
+    // cache "no-store" hands the 304 to this code instead of replaying the browser's cached copy.
     function poll() {
       if (document.hidden) { schedule(POLL_MS); return; }
       var q = url + (url.indexOf("?") < 0 ? "?" : "&") + "stamp=" + encodeURIComponent(stamp);
-      fetch(q, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      var headers = { Accept: "application/json" };
+      if (etag) headers["If-None-Match"] = etag;
+      fetch(q, { credentials: "same-origin", cache: "no-store", headers: headers })
         .then(function (resp) {
+          if (resp.status === 304) return null;
           if (!resp.ok) throw new Error("HTTP " + resp.status);
+          etag = resp.headers.get("ETag");
           return resp.json();
         })
         .then(function (body) {
           failures = 0;
-          applyRun(root, body.run);
-          if (!body.unchanged) {
-            stamp = body.stamp;
-            root.setAttribute("data-stamp", stamp);
-            renderTasks(document.getElementById("tasks-body"), body.tasks);
-            renderRounds(document.getElementById("rounds-body"), body.dop_rounds);
-            var figs = body.figures || {};
-            var curve = document.querySelector("[data-figure=fig-curve]");
-            var dop = document.querySelector("[data-figure=fig-dop]");
-            if (curve && figs.curve) plot(curve, figs.curve, true);
-            if (dop && figs.dop) plot(dop, figs.dop, true);
-            root.setAttribute("data-updates", String(Number(root.getAttribute("data-updates")) + 1));
-          }
-          var now = new Date();
-          if (body.run.is_terminal) {
-            root.setAttribute("data-terminal", "1");
-            say("finished · final state shown");
+          root.setAttribute("data-polls", String(Number(root.getAttribute("data-polls") || "0") + 1));
+          if (body === null) {
+            root.setAttribute("data-not-modified", String(Number(root.getAttribute("data-not-modified") || "0") + 1));
+            say("live · unchanged " + new Date().toLocaleTimeString());
+            schedule(POLL_MS);
             return;
           }
-          say("live · updated " + now.toLocaleTimeString());
-          schedule(POLL_MS);
+          apply(body);
+          settled(body);
         })
         .catch(function (e) {
           failures += 1;
@@ -174,11 +195,85 @@
     schedule(POLL_MS);
   }
 
+  // --- GPU job form: predicted utilization / memory and the placing policy, before submitting ------
+  function jobPreview(form) {
+    var url = form.getAttribute("data-preview-url"), pending = null;
+    function show(body) {
+      var fmt = { util_pct: function (v) { return v == null ? "—" : v.toFixed(1) + " %"; },
+                  mem_mb: function (v) { return v == null ? "—" : v.toFixed(0) + " MB"; },
+                  predictor_version: function (v) { return v == null ? "none" : "v" + v; } };
+      var note = document.getElementById("preview-note");
+      if (note) { note.hidden = !body.note; note.textContent = body.note || ""; }
+      form.querySelectorAll("[data-preview]").forEach(function (el) {
+        var k = el.getAttribute("data-preview");
+        if (k in body) el.textContent = fmt[k] ? fmt[k](body[k]) : String(body[k]);
+      });
+    }
+    function preview() {
+      var model = form.querySelector("#id_model"), batch = form.querySelector("#id_batch_size");
+      var err = document.getElementById("preview-error");
+      if (!batch.checkValidity()) {  // the input's own bounds (the form's): said now, no request made
+        err.hidden = false;
+        err.textContent = "Batch size: " + batch.validationMessage;
+        return;
+      }
+      var q = url + "?model=" + encodeURIComponent(model.value) + "&batch_size=" + encodeURIComponent(batch.value);
+      pending = q;
+      fetch(q, { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (r) { return r.json().then(function (b) { return { ok: r.ok, body: b }; }); })
+        .then(function (res) {
+          if (q !== pending) return;
+          err.hidden = res.ok;
+          err.textContent = res.ok ? "" : (res.body.detail || "No prediction");
+          if (res.ok) { show(res.body); form.setAttribute("data-previewed", "1"); }
+        })
+        .catch(function () { err.hidden = false; err.textContent = "Prediction unavailable right now."; });
+    }
+    form.querySelector("#id_model").addEventListener("change", preview);
+    form.querySelector("#id_batch_size").addEventListener("input", preview);
+    preview();
+  }
+
+  // --- a queued or running simulation: poll its status (304 while unchanged), reload when done ------
+  function simulationProgress(el) {
+    var url = el.getAttribute("data-progress-url"), etag = null;
+    var badgeEl = el.querySelector("[data-progress=status]"), text = el.querySelector("[data-progress=text]");
+    function tick() {
+      var headers = { Accept: "application/json" };
+      if (etag) headers["If-None-Match"] = etag;
+      fetch(url, { credentials: "same-origin", cache: "no-store", headers: headers })
+        .then(function (r) {
+          if (r.status === 304) return null;
+          if (!r.ok) throw new Error("HTTP " + r.status);
+          etag = r.headers.get("ETag");
+          return r.json();
+        })
+        .then(function (b) {
+          if (b) {
+            el.setAttribute("data-status", b.status);
+            badgeEl.textContent = b.status;
+            badgeEl.className = "badge status-" + b.status;
+            text.textContent = b.status === "queued" ? "waiting for a worker…" :
+              (b.elapsed_s != null ? "running for " + Math.round(b.elapsed_s) + " s…" : b.status);
+            if (b.terminal) { window.location.reload(); return; }
+          }
+          window.setTimeout(tick, POLL_MS);
+        })
+        .catch(function (e) { text.textContent = "connection problem (" + e.message + "), retrying…";
+                              window.setTimeout(tick, POLL_MS * 4); });
+    }
+    window.setTimeout(tick, POLL_MS / 2);
+  }
+
   function start() {
     teamSwitcher();
     drawAll();
     var live = document.getElementById("run-live");
     if (live) liveRun(live);
+    var jobForm = document.getElementById("job-form");
+    if (jobForm) jobPreview(jobForm);
+    var simProgress = document.getElementById("sim-progress");
+    if (simProgress) simulationProgress(simProgress);
   }
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);

@@ -1,0 +1,114 @@
+"""Start a simulation from the dashboard (bundled or uploaded trace, cluster size, method, policies, seeds,
+predictor error), upload a trace, and follow a queued simulation's progress. The simulation is started
+through scheduling.services.start_simulation, the call POST /api/simulations/ makes."""
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db import transaction
+from django.http import Http404, JsonResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from core.api.fast import not_modified, version_etag, with_validators
+from core.api.uploads import body_over
+from core.exceptions import QuotaExceeded, ServiceError
+from scheduling import selectors, services
+from scheduling.models import SimulationRun
+
+from .forms_scheduling import SimulationForm, TraceUploadForm
+from .scope import get_scope
+
+SIM_FIELDS = {"trace", "policies", "seeds", "jobs", "gpus", "scale", "predictor_error", "method", "team"}
+
+
+def _form_field(service_field: str | None) -> str | None:
+    name = (service_field or "").removeprefix("parameters.")
+    return {"seed": "seeds"}.get(name, name) if name in SIM_FIELDS | {"seed"} else None
+
+
+def _writable_teams(scope):
+    return [t for t in scope.scoped_teams if t.pk in scope.writable_ids]
+
+
+def _start(request, form) -> list[SimulationRun] | None:
+    """One simulation per seed, all or none (a refused seed leaves nothing queued)."""
+    data = form.cleaned_data
+    try:
+        with transaction.atomic():
+            return [services.start_simulation(actor=request.user, team=data["team"], trace=data["trace"],
+                                              policies=data["policies"] or "all", seed=seed,
+                                              parameters=form.parameters()) for seed in data["seeds"]]
+    except QuotaExceeded as exc:
+        form.add_error(None, exc.message)
+    except ServiceError as exc:
+        form.add_error(_form_field(exc.field), exc.message)
+    return None
+
+
+def _upload(request, form) -> bool:
+    upload = form.cleaned_data["file"]
+    if upload.size > services.max_trace_bytes():
+        form.add_error("file", f"The file is over the {services.max_trace_bytes() // 2**20} MB limit.")
+        return False
+    try:
+        trace = services.upload_trace(actor=request.user, team=form.cleaned_data["team"],
+                                      name=form.cleaned_data["name"], data=upload.read(), filename=upload.name)
+    except services.TraceRejected as exc:
+        form.add_error("file", exc.message)
+        return False
+    except ServiceError as exc:
+        form.add_error(exc.field if exc.field in ("name", "file") else None, exc.message)
+        return False
+    messages.success(request, f"Trace '{trace.name}' uploaded: {trace.n_jobs:,} rows ({trace.kind}). Pick it below.")
+    return True
+
+
+@login_required
+def simulation_new(request):
+    scope = get_scope(request)
+    teams = _writable_teams(scope)
+    traces = list(selectors.traces_for_user(request.user).filter(team__in=teams).select_related("team")
+                  .order_by("-created_at")[:50])
+    uploading = request.method == "POST" and request.GET.get("upload") == "1"
+    too_large = uploading and body_over(request, services.max_trace_bytes())  # before the body is read
+    sim_form = SimulationForm(request.POST if request.method == "POST" and not uploading else None,
+                              teams=teams, traces=traces)
+    upload_form = TraceUploadForm(request.POST if uploading and not too_large else None,
+                                  request.FILES if uploading and not too_large else None, teams=teams)
+    if too_large:
+        upload_form.add_error(None, f"The file is over the {services.max_trace_bytes() // 2**20} MB limit.")
+    elif uploading and upload_form.is_valid() and _upload(request, upload_form):
+        return redirect("simulation-new")
+    if sim_form.is_bound and sim_form.is_valid():
+        runs = _start(request, sim_form)
+        if runs:
+            messages.success(request, f"Simulation(s) {', '.join(str(r.pk) for r in runs)} queued.")
+            return redirect("simulation-detail", pk=runs[0].pk)
+    return render(request, "frontend/simulation_new.html", {
+        "scope": scope, "form": sim_form, "upload_form": upload_form, "no_teams": not teams,
+        "max_trace_mb": services.max_trace_bytes() // 2**20, "nav": "simulations"}, status=400 if too_large else 200)
+
+
+@login_required
+@require_GET
+def simulation_progress(request, pk: int):
+    """Status of one simulation for the page's poller; an unchanged one is a 304 (ETag of its state)."""
+    sim = (SimulationRun.objects.filter(pk=pk, team_id__in=get_scope(request).all_team_ids)
+           .values("status", "created_at", "started_at", "finished_at", "error").first())
+    if sim is None:
+        raise Http404("No such simulation in your teams.")
+    changed = sim["finished_at"] or sim["started_at"] or sim["created_at"]
+    running = sim["status"] == SimulationRun.Status.RUNNING
+    # A running one's elapsed time changes every second: validate it per 5 s window only.
+    tick = int(timezone.now().timestamp() // 5) if running else 0
+    etag = version_etag("sim-progress", pk, f"{sim['status']}|{changed.isoformat()}|{tick}")
+    hit = not_modified(request, etag, None)
+    if hit is not None:
+        return hit
+    end = sim["finished_at"] or timezone.now()
+    elapsed = (end - sim["started_at"]).total_seconds() if sim["started_at"] else None
+    return with_validators(JsonResponse({
+        "id": pk, "status": sim["status"], "error": sim["error"], "elapsed_s": elapsed,
+        "terminal": sim["status"] in (SimulationRun.Status.SUCCEEDED, SimulationRun.Status.FAILED)}), etag, None)
