@@ -86,6 +86,8 @@ def _lines(data: bytes, what: str, limit: int) -> list[Any]:
             raise RecordError(f"{what} line {n}", f"not JSON ({exc})") from None
         except RecursionError:  # json's C scanner recurses per nesting level: [[[[...]]]] overflows
             raise RecordError(f"{what} line {n}", "JSON nested too deeply") from None
+        except ValueError as exc:  # an integer past sys.get_int_max_str_digits() (not a JSONDecodeError)
+            raise RecordError(f"{what} line {n}", f"not acceptable JSON ({str(exc)[:80]})") from None
     return out
 
 
