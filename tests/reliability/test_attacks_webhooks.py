@@ -52,7 +52,7 @@ LOCAL_SPELLINGS = [
     "https://localhost./", "https://LOCALHOST/", "https://127.1/", "https://0/", "https://[::]/",
     "https://[0:0:0:0:0:0:0:1]/", "https://[::ffff:7f00:1]/", "https://0177.0.0.1/", "https://127.0.0.1:443@x/",
     "https://x@127.0.0.1/", "https://127.0.0.1#@public.example/", "https://public.example\\@127.0.0.1/",
-    "https://[fe80::1%25eth0]/",
+    "https://[fe80::1%25eth0]/", "https://%31%32%37.0.0.1/",
     "https://ⓛocalhost/",          # IDN that folds to localhost (was accepted up to DNS; now refused as non-ASCII)
     "https://public.example/\u2028x", "https://public.example/caf\u00e9",  # non-ASCII (was accepted)
     "https://public.example/\x7f",
@@ -218,3 +218,31 @@ def test_an_https_receiver_that_stalls_the_tls_handshake_does_not_hold_the_worke
     assert not hung
     delivery.refresh_from_db()
     assert delivery.state == "pending" and delivery.last_status_code is None and delivery.last_error
+
+
+def html_status_line(rx, conn):
+    rx.send(conn, b"<script>alert(1)</script> 200 OK\r\n\r\n")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_what_a_receiver_answers_is_shown_as_text_on_the_team_page(settings):
+    """The receiver's garbage reaches the delivery's last error, which members see: escaped (held)."""
+    from django.test import Client
+
+    from tests.factories import TeamFactory, UserFactory
+
+    settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES = True
+    settings.WEBHOOK_HTTP_HOSTS = ["127.0.0.1"]
+    owner = UserFactory(username="alice")
+    team = TeamFactory(name="Hooked", owner=owner)
+    with HostileReceiver(html_status_line) as rx:
+        services.set_team_webhook(actor=owner, team=team, url=rx.url)
+        delivery = WebhookDelivery.objects.create(team=team, event="gpu_job.failed", event_key="gpu_job:2",
+                                                  payload={"event": "gpu_job.failed"})
+        webhooks.deliver(delivery_id=delivery.pk)
+    delivery.refresh_from_db()
+    assert "<script>" in delivery.last_error
+    c = Client()
+    c.force_login(owner)
+    html = c.get(f"/teams/{team.pk}/").content.decode()
+    assert "&lt;script&gt;alert(1)" in html and "<script>alert(1)" not in html
