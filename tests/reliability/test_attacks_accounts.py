@@ -337,3 +337,14 @@ def test_a_record_file_of_millions_of_lines_is_refused_before_they_are_parsed(mo
     with pytest.raises(record_check.RecordError, match="workload"):
         record_check.precheck(b"{}\n" * 200_000, b"[0, [[[], []]]]\n", max_records=8)
     assert len(parsed) <= record_check.MAX_WORKLOADS + 1
+
+
+def test_a_model_name_cannot_inject_headers_into_its_download(team_a, user_owner):
+    """The model page's new download link: the file name goes into Content-Disposition (held)."""
+    from tests.factories import DLModelFactory
+
+    model = DLModelFactory(team=team_a, name='x"\r\nSet-Cookie: a=b', created_by=user_owner)
+    api = APIClient()
+    api.force_authenticate(user_owner)
+    resp = api.get(f"/api/models/{model.pk}/download/")
+    assert resp.status_code == 200 and "Set-Cookie" not in resp.headers and "\n" not in resp["Content-Disposition"]
