@@ -6,8 +6,9 @@ database, Redis, a cloud metadata service). A URL is accepted only as ``https://
 host in ``WEBHOOK_HTTP_HOSTS``), without credentials, to a host whose every address is public
 (``ipaddress.is_global``); the check is made again at each delivery, and the request goes to the very
 address that was checked (no second DNS lookup a rebinding name could answer differently), never
-following redirects. ``WEBHOOK_ALLOW_PRIVATE_ADDRESSES`` lifts the address check (tests, a private
-deployment).
+following redirects; one attempt lasts at most ``WEBHOOK_TIMEOUT_S`` in all (a receiver that drips
+its answer is cut off) and reads the status line only. ``WEBHOOK_ALLOW_PRIVATE_ADDRESSES`` lifts the
+address check (tests, a private deployment).
 
 **Signature.** ``X-Dlopt-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">`` under the team's
 secret, with ``X-Dlopt-Timestamp`` (Unix seconds) so a receiver can refuse replays;
@@ -311,7 +312,7 @@ def _exchange(conn: urllib3.connection.HTTPConnection, path: str, body: bytes, h
     """POST and read the status line, within WEBHOOK_TIMEOUT_S for the whole exchange: a socket timeout
     bounds each read only, so a receiver dripping its answer a byte at a time could hold the worker for
     ever; a watchdog shuts the socket at the deadline. The body of the answer is never read."""
-    expired = threading.Event()
+    expired, error = threading.Event(), ""
     deadline = threading.Timer(settings.WEBHOOK_TIMEOUT_S, _shut, args=(conn, expired))
     deadline.start()
     try:
