@@ -5,7 +5,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils.text import slugify
 
-from core.exceptions import ConflictError, PermissionDenied, ServiceError
+from core.exceptions import ConflictError, NotFound, PermissionDenied, ServiceError
 from core.fieldtext import fit_to_field
 from core.models import Membership, Quota, Team
 from core.permissions import require_team_owner
@@ -87,9 +87,24 @@ def _ensure_an_owner_remains(team: Team, excluding: Membership,
         raise ConflictError(message)
 
 
+def _lock_team_memberships(team_id: int) -> None:
+    """Serialise the writes that may take a team's last owner away: two owners demoting (or removing)
+    each other at once would each see the other still an owner, and both commit. Locks the team row
+    first, always in this order (team, then membership), so two of them never deadlock."""
+    Team.objects.select_for_update().filter(pk=team_id).values_list("pk", flat=True).first()
+
+
+def _locked_membership(pk: int) -> Membership:
+    membership = Membership.objects.select_for_update().select_related("team").filter(pk=pk).first()
+    if membership is None:  # removed by a write that held the lock before us
+        raise NotFound("No such member (they were just removed).")
+    return membership
+
+
 @transaction.atomic
 def change_member_role(*, actor: AbstractBaseUser, membership: Membership, role: str) -> Membership:
-    membership = Membership.objects.select_for_update().get(pk=membership.pk)
+    _lock_team_memberships(membership.team_id)
+    membership = _locked_membership(membership.pk)
     require_team_owner(actor, membership.team_id)
     check_role(role)
     if membership.role == Membership.Role.OWNER and role != Membership.Role.OWNER:
@@ -104,7 +119,8 @@ def change_member_role(*, actor: AbstractBaseUser, membership: Membership, role:
 @transaction.atomic
 def remove_member(*, actor: AbstractBaseUser, membership: Membership) -> None:
     """Owners remove members; any member removes themself (leaves), except the last owner."""
-    membership = Membership.objects.select_for_update().select_related("team").get(pk=membership.pk)
+    _lock_team_memberships(membership.team_id)
+    membership = _locked_membership(membership.pk)
     leaving = membership.user_id == actor.pk
     if not leaving:
         require_team_owner(actor, membership.team_id)

@@ -6,8 +6,9 @@ database, Redis, a cloud metadata service). A URL is accepted only as ``https://
 host in ``WEBHOOK_HTTP_HOSTS``), without credentials, to a host whose every address is public
 (``ipaddress.is_global``); the check is made again at each delivery, and the request goes to the very
 address that was checked (no second DNS lookup a rebinding name could answer differently), never
-following redirects. ``WEBHOOK_ALLOW_PRIVATE_ADDRESSES`` lifts the address check (tests, a private
-deployment).
+following redirects; one attempt lasts at most ``WEBHOOK_TIMEOUT_S`` in all (a receiver that drips
+its answer is cut off) and reads the status line only. ``WEBHOOK_ALLOW_PRIVATE_ADDRESSES`` lifts the
+address check (tests, a private deployment).
 
 **Signature.** ``X-Dlopt-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">`` under the team's
 secret, with ``X-Dlopt-Timestamp`` (Unix seconds) so a receiver can refuse replays;
@@ -22,11 +23,13 @@ import ipaddress
 import json
 import logging
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import urllib3
+import urllib3.connection
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -55,8 +58,10 @@ def _refuse(message: str) -> ServiceError:
 def check_webhook_url(url: str) -> str:
     """The URL, normalised, if a webhook may be sent to it; ServiceError(field="url") naming why not."""
     url = (url or "").strip()
-    if not url or len(url) > MAX_URL_CHARS or any(c.isspace() or ord(c) < 32 for c in url):
+    if not url or len(url) > MAX_URL_CHARS or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
         raise _refuse(f"Give a URL of at most {MAX_URL_CHARS} characters, without spaces.")
+    if not url.isascii():  # IDN hosts fold in surprising ways (\u24db is "l"): the caller spells them out
+        raise _refuse("Write the URL in ASCII: the host's xn-- (punycode) form, the path percent-encoded.")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -79,10 +84,28 @@ def _default_port(scheme: str) -> int:
     return 443 if scheme == "https" else 80
 
 
+WELL_KNOWN_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+LOCAL_TRANSLATION = (ipaddress.ip_network("64:ff9b:1::/48"), ipaddress.ip_network("::ffff:0:0:0/96"))
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one stands for (mapped, 6to4, NAT64): a translator on the way delivers
+    to it, so it is the address that must be public."""
+    if ip in WELL_KNOWN_NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip.ipv4_mapped or ip.sixtofour
+
+
 def is_public_address(address: str) -> bool:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if ip.version == 6 and ip.ipv4_mapped is not None:  # ::ffff:127.0.0.1 is 127.0.0.1
-        ip = ip.ipv4_mapped
+    if ip.version == 6:
+        if ip.is_reserved and ip not in WELL_KNOWN_NAT64 and ip.ipv4_mapped is None:
+            return False  # ::/8 (IPv4-compatible ::127.0.0.1), SIIT, local-use NAT64 and other reserved space
+        if ip.is_site_local or any(ip in net for net in LOCAL_TRANSLATION):
+            return False  # fec0::/10, translators inside the network
+        embedded = _embedded_ipv4(ip)
+        if embedded is not None:
+            ip = embedded
     return ip.is_global and not ip.is_multicast
 
 
@@ -214,6 +237,10 @@ def deliver(*, delivery_id: int) -> float | None:
         if hook is None:
             _settle(delivery, WebhookDelivery.State.FAILED, Answer(None, "the team removed its webhook"))
             return None
+        if delivery.attempts >= settings.WEBHOOK_MAX_ATTEMPTS:  # re-sent after a worker died mid-attempt
+            _settle(delivery, WebhookDelivery.State.FAILED, Answer(delivery.last_status_code,
+                                                                   delivery.last_error or "out of attempts"))
+            return None
         delivery.attempts += 1
         delivery.last_attempt_at = timezone.now()
         delivery.save(update_fields=["attempts", "last_attempt_at"])
@@ -268,19 +295,44 @@ def _post(hook: TeamWebhook, delivery: WebhookDelivery) -> Answer:
                "Host": parts.netloc.rsplit("@", 1)[-1], "X-Dlopt-Event": delivery.event,
                "X-Dlopt-Delivery": str(delivery.pk), TIMESTAMP_HEADER: timestamp,
                SIGNATURE_HEADER: signature(hook.secret, timestamp, body)}
-    timeout = urllib3.Timeout(connect=settings.WEBHOOK_TIMEOUT_S, read=settings.WEBHOOK_TIMEOUT_S)
-    if scheme == "https":  # connect to the checked address, verify the certificate of the named host
-        pool = urllib3.HTTPSConnectionPool(address, port, server_hostname=host, assert_hostname=host,
-                                           cert_reqs="CERT_REQUIRED", timeout=timeout, retries=False)
-    else:
-        pool = urllib3.HTTPConnectionPool(address, port, timeout=timeout, retries=False)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    try:
-        with pool:
-            response = pool.urlopen("POST", path, body=body, headers=headers, redirect=False,
-                                    preload_content=False)
-            response.drain_conn()
-            return Answer(response.status)
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        return Answer(None, f"{type(exc).__name__}: {exc}"[:300])
+    return _exchange(_connection(scheme, address, port, host), path, body, headers)
 
+
+def _connection(scheme: str, address: str, port: int, host: str) -> urllib3.connection.HTTPConnection:
+    """A connection to the checked address; over https it verifies the certificate of the named host."""
+    timeout = settings.WEBHOOK_TIMEOUT_S
+    if scheme == "https":
+        return urllib3.connection.HTTPSConnection(address, port, timeout=timeout, server_hostname=host,
+                                                  assert_hostname=host, cert_reqs="CERT_REQUIRED")
+    return urllib3.connection.HTTPConnection(address, port, timeout=timeout)
+
+
+def _exchange(conn: urllib3.connection.HTTPConnection, path: str, body: bytes, headers: dict) -> Answer:
+    """POST and read the status line, within WEBHOOK_TIMEOUT_S for the whole exchange: a socket timeout
+    bounds each read only, so a receiver dripping its answer a byte at a time could hold the worker for
+    ever; a watchdog shuts the socket at the deadline. The body of the answer is never read."""
+    expired, error = threading.Event(), ""
+    deadline = threading.Timer(settings.WEBHOOK_TIMEOUT_S, _shut, args=(conn, expired))
+    deadline.start()
+    try:
+        conn.request("POST", path, body=body, headers=headers, preload_content=False)
+        status = conn.getresponse().status
+    except Exception as exc:  # noqa: BLE001 - whatever a hostile receiver causes is a failed attempt
+        status, error = None, f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        deadline.cancel()
+        conn.close()
+    if expired.is_set():  # a cut-off answer can still parse (headers end at EOF): it does not count
+        return Answer(None, f"no complete answer within {settings.WEBHOOK_TIMEOUT_S:g} s")
+    return Answer(status) if status is not None else Answer(None, error)
+
+
+def _shut(conn: urllib3.connection.HTTPConnection, expired: threading.Event) -> None:
+    expired.set()
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes the read blocked in the delivering thread
+        except OSError:
+            pass

@@ -55,6 +55,7 @@ ALLOWED_ANNOTATIONS = frozenset({
 IDENTIFIER = re.compile(r"[A-Za-z0-9_.]{1,128}")
 MAX_WORKLOAD_LINE = 64 * 1024 * 1024
 MAX_RECORD_LINE = 1024 * 1024
+MAX_WORKLOADS = 10_000
 
 
 class RecordError(ValueError):
@@ -69,7 +70,9 @@ def annotation_allowed(key: str) -> bool:
     return key.startswith("meta_schedule.") or key in ALLOWED_ANNOTATIONS
 
 
-def _lines(data: bytes, what: str, limit: int) -> list[Any]:
+def _lines(data: bytes, what: str, limit: int, max_count: int, too_many: str) -> list[Any]:
+    """The JSON value of each non-blank line; refused at line ``max_count + 1`` (``too_many`` says why),
+    before that line is parsed: a file of millions of tiny lines costs no more than its first few."""
     try:
         text = data.decode()
     except UnicodeDecodeError as exc:
@@ -78,6 +81,8 @@ def _lines(data: bytes, what: str, limit: int) -> list[Any]:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
+        if len(out) >= max_count:
+            raise RecordError("Import", too_many)
         if len(line) > limit:
             raise RecordError(f"{what} line {n}", f"longer than {limit} characters")
         try:
@@ -86,18 +91,20 @@ def _lines(data: bytes, what: str, limit: int) -> list[Any]:
             raise RecordError(f"{what} line {n}", f"not JSON ({exc})") from None
         except RecursionError:  # json's C scanner recurses per nesting level: [[[[...]]]] overflows
             raise RecordError(f"{what} line {n}", "JSON nested too deeply") from None
+        except ValueError as exc:  # an integer past sys.get_int_max_str_digits() (not a JSONDecodeError)
+            raise RecordError(f"{what} line {n}", f"not acceptable JSON ({str(exc)[:80]})") from None
     return out
 
 
 def precheck(workloads: bytes, records: bytes, *, max_records: int) -> tuple[list, list]:
     """Shape and size of the two files, without TVM: [(line, value)] of workloads and records."""
-    wl = _lines(workloads, "Workload", MAX_WORKLOAD_LINE)
-    recs = _lines(records, "Tuning record", MAX_RECORD_LINE)
+    wl = _lines(workloads, "Workload", MAX_WORKLOAD_LINE, MAX_WORKLOADS,
+                f"more than {MAX_WORKLOADS} workloads (a run has far fewer tasks)")
+    recs = _lines(records, "Tuning record", MAX_RECORD_LINE, max_records,
+                  f"more tuning records than this run's budget of {max_records} trials (each imported record "
+                  "is measured as one trial)")
     if not wl or not recs:
         raise RecordError("Import", "both the workload file and the tuning-record file must be non-empty")
-    if len(recs) > max_records:
-        raise RecordError("Import", f"{len(recs)} tuning records, more than this run's budget of {max_records} "
-                                    "trials (each imported record is measured as one trial)")
     for n, rec in recs:
         where = f"Tuning record line {n}"
         if not (isinstance(rec, list) and len(rec) == 2 and type(rec[0]) is int and 0 <= rec[0] < len(wl)):
