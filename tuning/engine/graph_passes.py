@@ -32,43 +32,73 @@ it is not offered.
 
 from __future__ import annotations
 
-from collections import Counter
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 
 __all__ = [
     "PASS_ORDER",
     "DEFAULT",
     "NONE",
+    "PIPELINE_NAME",
+    "PIPELINE_VERSION",
+    "STAGES",
     "optimize_for_inference",
     "inference_passes",
     "pipeline_key",
     "normalize_passes",
-    "task_summary",
+    "selected_passes",
+    "use_passes",
 ]
 
 
-def _fold_batchnorm() -> list:
+def _fold_batchnorm() -> dict[str, list]:
     from tvm import relax
 
     # FoldConstant computes the scaled weights and the new bias now, so the
     # folded conv reads one constant weight tensor (a tuning workload like any other)
-    return [relax.transform.FoldBatchnormToConv2D(), relax.transform.FoldConstant()]
+    return {GRAPH: [relax.transform.FoldBatchnormToConv2D(), relax.transform.FoldConstant()]}
 
 
-def _eliminate_common_subexpr() -> list:
+def _eliminate_common_subexpr() -> dict[str, list]:
     from tvm import relax
 
-    return [relax.transform.EliminateCommonSubexpr(), relax.transform.DeadCodeElimination()]
+    return {GRAPH: [relax.transform.EliminateCommonSubexpr(), relax.transform.DeadCodeElimination()]}
 
 
-# name -> factory of the TVM passes; the order here is the order they run in
-_PASSES: dict[str, Callable[[], list]] = {
+def _layout_rewrite() -> dict[str, list]:
+    from tvm import relax
+
+    # TVM's cpu_weight_prepack (static_shape_tuning): the weights are marked layout-free before extraction,
+    # so MetaSchedule's RewriteLayout postproc may choose the layout a schedule reads them in; after the
+    # database is applied the layout change is split out and, the weights being constants, folded at
+    # compile time: the executable's interface does not change
+    return {TASKS: [relax.transform.AttachAttrLayoutFreeBuffers()],
+            TUNED: [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()]}
+
+
+# Where in relax_pipeline a pass runs: on the imported graph (before DecomposeOpsForInference), on the fused
+# module tasks are extracted from (after FuseTIR), on the module with the tuned schedules applied
+GRAPH, TASKS, TUNED = "graph", "tasks", "tuned"
+STAGES = (GRAPH, TASKS, TUNED)
+
+# name -> factory of the TVM passes per stage; the order here is the order they run in
+_PASSES: dict[str, Callable[[], dict[str, list]]] = {
     "fold_batchnorm": _fold_batchnorm,
     "eliminate_common_subexpr": _eliminate_common_subexpr,
+    "layout_rewrite": _layout_rewrite,
 }
 PASS_ORDER: tuple[str, ...] = tuple(_PASSES)
 DEFAULT: tuple[str, ...] = ("fold_batchnorm",)
 NONE: tuple[str, ...] = ()
+# The pipeline's name and version are part of :func:`pipeline_key`: bump the version whenever the
+# passes after these (``relax_pipeline._fuse_passes``) change what a task's workload is, so records
+# tuned under the old pipeline are never taken for this one's.
+PIPELINE_NAME = "dlopt-relax"
+PIPELINE_VERSION = 1
+
+# The selection every extraction and compilation of this process uses (``relax_pipeline``); changed only
+# through :func:`use_passes` (ablations: one selection per process, as bench/vs_onnxruntime.py runs it).
+_selected: tuple[str, ...] = DEFAULT
 
 
 def normalize_passes(passes: Iterable[str] | str | None) -> tuple[str, ...]:
@@ -85,39 +115,49 @@ def normalize_passes(passes: Iterable[str] | str | None) -> tuple[str, ...]:
     return tuple(name for name in PASS_ORDER if name in chosen)
 
 
+def selected_passes() -> tuple[str, ...]:
+    """The pass selection this process extracts tasks and compiles with."""
+    return _selected
+
+
+@contextlib.contextmanager
+def use_passes(passes: Iterable[str] | str | None):
+    """Extract, tune and compile with another selection inside the block (an ablation)."""
+    global _selected
+    previous, _selected = _selected, normalize_passes(passes)
+    try:
+        yield _selected
+    finally:
+        _selected = previous
+
+
 def pipeline_key(passes: Iterable[str] | str | None = None) -> str:
-    """Stable name of a pass selection ("none" when empty), to store with tuning records."""
-    chosen = normalize_passes(passes)
-    return "+".join(chosen) if chosen else "none"
+    """Stable name + version of the pipeline a selection gives (default: the selected one), e.g.
+    ``dlopt-relax/1:fold_batchnorm`` (``...:none`` when empty): stored on every run and part of what
+    identifies a tuning result (``targets.result_identity``)."""
+    chosen = _selected if passes is None else normalize_passes(passes)
+    return f"{PIPELINE_NAME}/{PIPELINE_VERSION}:{'+'.join(chosen) if chosen else 'none'}"
 
 
-def inference_passes(passes: Sequence[str] | str | None = DEFAULT) -> list:
-    """The TVM passes of a selection, in order: to put at the head of a pass list that
-    continues with DecomposeOpsForInference / LegalizeOps (``relax_pipeline._fuse_passes``)."""
-    return [p for name in normalize_passes(passes) for p in _PASSES[name]()]
+def inference_passes(passes: Sequence[str] | str | None = None, stage: str = GRAPH) -> list:
+    """The TVM passes of a selection (default: the selected one) for one stage, in order. ``graph``: the
+    head of ``relax_pipeline._fuse_passes``, before DecomposeOpsForInference / LegalizeOps; ``tasks``:
+    its tail, after FuseTIR; ``tuned``: after MetaScheduleApplyDatabase in ``compile_model``."""
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+    chosen = _selected if passes is None else normalize_passes(passes)
+    return [p for name in chosen for p in _PASSES[name]().get(stage, [])]
 
 
-def optimize_for_inference(mod, passes: Sequence[str] | str | None = DEFAULT):
-    """Run the selected inference passes on a Relax ``IRModule`` (as imported, not yet
-    prepared for tuning) and return the new module; the input is not modified."""
+def optimize_for_inference(mod, passes: Sequence[str] | str | None = None):
+    """Run inference passes (default: the selected ones) on a Relax ``IRModule`` (as imported,
+    not yet prepared for tuning) and return the new module; the input is not modified.
+    ``relax_pipeline`` already runs the selected passes at the head of its pipeline: this is for
+    looking at a module's graph, not a step to add before extraction or compilation."""
     import tvm
 
-    seq = inference_passes(passes)
+    seq = inference_passes(passes, GRAPH)
     if not seq:
         return mod
     with tvm.transform.PassContext(opt_level=3):
         return tvm.transform.Sequential(seq)(mod)
-
-
-def task_summary(mod, target) -> dict:
-    """Tuning tasks of a Relax module after ``prepare_for_tuning``: count, names and the
-    summed weight (calls per inference), for the before/after tables of an ablation."""
-    from .relax_pipeline import extract_tasks
-
-    tasks = extract_tasks(mod, target)
-    names = Counter(t.task_name for t in tasks)
-    return {
-        "n_tasks": len(tasks),
-        "calls": int(sum(float(t.weight) for t in tasks)),
-        "names": dict(sorted(names.items())),
-    }
