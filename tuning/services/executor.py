@@ -190,8 +190,10 @@ def resolve_run_target(run: TuningRun, lease: str) -> None:
         return
     resolved = adapters.resolve_target(run)
     run.resolved_target, run.target_key = resolved["target"], fit_to_field(TuningRun, "target_key", resolved["key"])
+    run.pipeline_key = fit_to_field(TuningRun, "pipeline_key", resolved.get("pipeline_key", ""))
     if not TuningRun.objects.filter(pk=run.pk, lease=lease).update(resolved_target=run.resolved_target,
-                                                                   target_key=run.target_key):
+                                                                   target_key=run.target_key,
+                                                                   pipeline_key=run.pipeline_key):
         raise LeaseLost(f"run {run.pk} was taken over")
 
 
