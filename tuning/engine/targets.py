@@ -37,6 +37,8 @@ __all__ = [
     "canonical_key",
     "check_measurable_here",
     "resolve_run_target",
+    "host_cpu_facts",
+    "measurable_refusal",
     "result_identity",
     "identity_of",
 ]
@@ -65,6 +67,24 @@ def host_triple() -> str:
     from tvm.target import codegen
 
     return str(codegen.llvm_get_system_triple())
+
+
+def host_cpu_facts() -> dict:
+    """``{"mcpu": ..., "triple": ..., "cores": ...}`` of this host: what a node registers so that runs
+    measured on it build for its CPU (``resolve_cpu_target(mcpu=..., triple=...)``)."""
+    return {"mcpu": host_cpu(), "triple": host_triple(), "cores": _available_cores()}
+
+
+def measurable_refusal(target: Any, *, device_index: int = 0) -> str | None:
+    """Why code built for ``target`` must not be measured here (:func:`check_measurable_here`'s message),
+    or None when it may (or no target was given): for measuring workers that answer with an error."""
+    if not target:
+        return None
+    try:
+        check_measurable_here(target, device_index=device_index, check_cores=False)
+    except TargetMismatch as exc:
+        return f"TargetMismatch: {exc}"
+    return None
 
 
 def _available_cores() -> int:
