@@ -1,13 +1,14 @@
-"""Inference graph optimizations run on an imported Relax module before task extraction.
+"""Inference graph optimizations of the platform's one Relax pipeline.
 
-Django-free. :func:`optimize_for_inference` runs named, switchable Relax passes on
-the module ``relax_pipeline.onnx_to_relax`` returns (weights inline as constants),
-*before* ``relax_pipeline.prepare_for_tuning``: that function decomposes
-``batch_norm`` into elementwise ops (DecomposeOpsForInference) and legalizes
-everything, after which no BatchNorm is left to fold. The same optimized module
-must feed task extraction, compilation and the untuned baseline, or the tuning
-records will not match the compiled model: :func:`pipeline_key` names the pass
-list so it can be stored next to the records.
+Django-free. ``relax_pipeline._fuse_passes`` (task extraction, the tuned build and the
+untuned baseline alike) runs the *selected* passes (:func:`selected_passes`, default
+:data:`DEFAULT`; :func:`use_passes` changes it for a block) in three stages
+(:data:`STAGES`): ``graph`` on the imported module, before DecomposeOpsForInference
+(which decomposes ``batch_norm`` into elementwise ops, after which no BatchNorm is left
+to fold); ``tasks`` after FuseTIR, on the module tasks are extracted from; ``tuned``
+after the tuning database is applied (``relax_pipeline.compile_model``). Records match
+the compiled model because both come from the same list; :func:`pipeline_key` names
+and versions it, to store next to the records (``targets.result_identity``).
 
 Passes (ablation: name any subset, in :data:`PASS_ORDER`'s order):
 
@@ -18,16 +19,26 @@ Passes (ablation: name any subset, in :data:`PASS_ORDER`'s order):
   whose weight is a constant (PyTorch's conv-before-BN layout; the zoo's CNNs).
 - ``eliminate_common_subexpr``: ``EliminateCommonSubexpr`` + ``DeadCodeElimination``
   (identical shape computations and unused tuple outputs of batch_norm).
+- ``layout_rewrite``: TVM's CPU weight prepack (``static_shape_tuning``'s
+  ``cpu_weight_prepack``): ``AttachAttrLayoutFreeBuffers`` before extraction, so
+  MetaSchedule's RewriteLayout may choose the layout a schedule reads a weight in;
+  ``SplitLayoutRewritePreproc`` + ``FoldConstant`` after the database, folding the
+  layout change into the constant weights (the executable's interface is unchanged).
 
-Measured on the zoo (``{"kind": "llvm", "num-cores": 2}``, tasks after
-``prepare_for_tuning``): ``fold_batchnorm`` leaves the task count as it is
-(resnet18 19 tasks, mobilenet_v2 33, small_cnn 5, bert_encoder 11: the
-decomposed BN already fuses into the conv task) but removes BatchNorm's
-subtract/divide/multiply epilogue and three constant inputs from every conv
-task, so it is in :data:`DEFAULT`. ``eliminate_common_subexpr`` changed no task
-on any zoo model; it stays a switch for ablations. ``CombineParallelMatmul`` did
-not fire on bert_encoder's Q/K/V projections (their weights are constants), so
-it is not offered.
+Measured on the zoo (``resolve_cpu_target(2)``, this host znver4, tasks through the
+pipeline; untuned latency under a load average of about 19 on 2 cores, so only the
+counts are firm): ``fold_batchnorm`` leaves the task count as it is (resnet18 19 tasks
+both ways, 24 calls; small_cnn 5, whose convs have biases and no BN; earlier
+measurements: mobilenet_v2 33, bert_encoder 11) because the decomposed BN already
+fuses into its conv task, but it removes BatchNorm's subtract/divide/multiply epilogue
+and three constant inputs from every conv task of resnet18 (untuned resnet18 1,880 vs
+1,892 ms: the same), so it is in :data:`DEFAULT`. ``eliminate_common_subexpr`` changed
+no task on any zoo model. ``layout_rewrite`` marks every conv task's weights
+layout-free; a 40-trial small_cnn tune with and without it under that load proved
+nothing (both tuned modules timed 128-132 ms, slower than the untuned 24 ms build timed
+minutes before: the load, not the passes), so it stays a switch until a quiet measurement.
+``CombineParallelMatmul`` did not fire on bert_encoder's Q/K/V projections (their
+weights are constants), so it is not offered.
 """
 
 from __future__ import annotations
