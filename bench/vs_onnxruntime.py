@@ -9,9 +9,10 @@ alternating between models), with the platform's engine
            (``mcpu`` = this host's CPU as LLVM names it, ``mtriple``, ``num-cores``)
   no-mcpu  ``{"kind": "llvm", "num-cores": threads}``, the target the platform uses today
 
-Both jobs tune the module after ``tuning.engine.graph_passes.optimize_for_inference``
-(``--passes``; default ``fold_batchnorm``), and compile the untuned baseline and the
-tuned model from that same module, so the records match what is compiled.
+Both jobs extract tasks, tune, and compile the untuned baseline and the tuned model
+through the platform's one pipeline (``tuning.engine.relax_pipeline``) with the
+graph passes ``--passes`` selects (``graph_passes.use_passes``; default
+``graph_passes.DEFAULT``), so the records match what is compiled.
 
 Each job, in order: onnxruntime (CPU provider, intra-op threads = ``--threads``,
 ``tuning.engine.yardstick`` timer: warm-up, median of ``--repeat`` repeats), the
@@ -122,8 +123,15 @@ def _yardstick(model, inputs, spec, tvm_outputs=None):
 
 
 def _job_variant(spec: dict) -> dict:
+    from tuning.engine.graph_passes import use_passes
+
+    with use_passes(spec["passes"]):  # extraction, tuning and both compilations: one pipeline
+        return _tune_and_compare(spec)
+
+
+def _tune_and_compare(spec: dict) -> dict:
     from core.onnx_models.zoo import build_model
-    from tuning.engine.graph_passes import optimize_for_inference, pipeline_key
+    from tuning.engine.graph_passes import pipeline_key
     from tuning.engine.relax_pipeline import compile_model, onnx_to_relax, random_inputs
     from tuning.engine.session import open_database, run_tuning
     from tuning.engine.targets import canonical_key
@@ -131,7 +139,7 @@ def _job_variant(spec: dict) -> dict:
     model = build_model(spec["model"])
     inputs = random_inputs(model, seed=0)
     target = _target(spec["variant"], spec["threads"])
-    mod = optimize_for_inference(onnx_to_relax(model), spec["passes"])
+    mod = onnx_to_relax(model)
     ort_before = _yardstick(model, inputs, spec)
     t0 = time.perf_counter()
     untuned_out, untuned_ms = _time_tvm(compile_model(mod, target), inputs, target, spec)
@@ -145,7 +153,7 @@ def _job_variant(spec: dict) -> dict:
 
     untuned_agree, untuned_err = compare_outputs(untuned_out, ort_after.outputs)
     return {
-        "target": target, "target_key": canonical_key(target), "passes": pipeline_key(spec["passes"]),
+        "target": target, "target_key": canonical_key(target), "pipeline_key": pipeline_key(),
         "n_tasks": len(summary.tasks), "tasks_without_records": [t.name for t in summary.tasks if not t.n_records],
         "ort_before": ort_before.to_dict(), "ort": ort_after.to_dict(),
         "untuned_ms": untuned_ms, "untuned_compile_and_time_s": untuned_wall, "tuned_ms": tuned_ms,

@@ -151,7 +151,10 @@ def onnxruntime_numbers(run: TuningRun) -> dict:
             "resolved_target": run.resolved_target, "target_key": run.target_key,
             "ort_latency_s": run.ort_latency_s, "ratio_to_ort": run.ratio_to_ort,
             "faster_engine": run.faster_engine or None, "ort_outputs_agree": run.ort_outputs_agree,
-            "ort_error": (run.summary or {}).get("onnxruntime_error") or ""}
+            "ort_error": (run.summary or {}).get("onnxruntime_error") or "",
+            "deploy_verdict": run.deploy_verdict, "slower_than_ort": run.slower_than_ort,
+            "parity_trials": run.parity_trials, "parity_wall_s": run.parity_wall_s,
+            "pipeline_key": run.pipeline_key}
 
 
 def fmt_estimate(run: TuningRun, missing: list[str]) -> str:
@@ -162,13 +165,16 @@ def fmt_estimate(run: TuningRun, missing: list[str]) -> str:
 
 
 def engine_verdict(run: TuningRun) -> str:
-    """Which engine to deploy, in words; a tuned module slower than onnxruntime says so plainly."""
-    if run.faster_engine == "onnxruntime":
-        return (f"Tuned TVM module is SLOWER than onnxruntime ({run.ratio_to_ort:.2f}× its latency): "
-                "deploy onnxruntime on this target")
-    if run.faster_engine == "tvm":
-        return f"Tuned TVM module is faster than onnxruntime ({run.ratio_to_ort:.2f}× its latency): deploy it"
-    return (run.summary or {}).get("onnxruntime_error") or DASH
+    """Which engine to deploy, in words (the run's deploy_verdict); without a comparison, why there is none."""
+    return run.deploy_verdict or (run.summary or {}).get("onnxruntime_error") or DASH
+
+
+def fmt_parity(run: TuningRun) -> str:
+    """When the end-to-end estimate first reached onnxruntime's latency."""
+    if run.parity_trials is not None:
+        wall = f" after {fmt_duration(run.parity_wall_s)}" if run.parity_wall_s is not None else ""
+        return f"trial {run.parity_trials:,}{wall}"
+    return "not reached" if run.ort_latency_s is not None else DASH
 
 
 def onnxruntime_display(run: TuningRun) -> dict:
@@ -179,6 +185,7 @@ def onnxruntime_display(run: TuningRun) -> dict:
         "ratio_to_ort": fmt_number(run.ratio_to_ort, 2, "×"),
         "ort_outputs_agree": DASH if run.ort_outputs_agree is None else ("yes" if run.ort_outputs_agree else "NO"),
         "verdict": engine_verdict(run),
+        "parity": fmt_parity(run),
     }
 
 

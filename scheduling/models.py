@@ -20,6 +20,9 @@ class Node(models.Model):
     name = models.CharField(max_length=100, unique=True, help_text="DLOPT_NODE_NAME of the worker (queue prefix).")
     hostname = models.CharField(max_length=255, blank=True)
     cpu_cores = models.PositiveIntegerField(default=0)
+    cpu_mcpu = models.CharField(max_length=100, blank=True,
+                                help_text="The node's CPU as LLVM names it (e.g. znver3): remote runs build for it.")
+    cpu_triple = models.CharField(max_length=100, blank=True, help_text="The node's LLVM target triple.")
     memory_mb = models.PositiveBigIntegerField(default=0, help_text="Host RAM in MB.")
     queues = models.JSONField(default=list, blank=True,
                               help_text="Celery queues this node's workers serve, e.g. measure.<node>.gpu0.")

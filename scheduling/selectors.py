@@ -50,6 +50,13 @@ def is_node_fresh(node: Node, now: dt.datetime | None = None) -> bool:
     return node.last_seen is not None and node.last_seen >= now - dt.timedelta(seconds=node_stale_after_s())
 
 
+def cpus_serving(queues: list[str]) -> set[tuple[str, str]]:
+    """The (LLVM CPU name, triple) pairs the nodes whose CPU queue is one of `queues` registered ("" when a
+    node has not named its CPU)."""
+    wanted = set(queues)
+    return {(n.cpu_mcpu, n.cpu_triple) for n in Node.objects.all() if n.cpu_queue in wanted}
+
+
 def schedulable_gpus(now: dt.datetime | None = None) -> list[GPU]:
     """GPUs that may get new jobs: present, not drained, on a live undrained node, whose queue a worker serves."""
     now = now or timezone.now()

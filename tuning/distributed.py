@@ -67,9 +67,13 @@ def _wait(async_result, queue: str) -> dict:
         connection.close()  # the result backend's DB connection belongs to this waiter thread
 
 
-def celery_submit(payload: dict) -> concurrent.futures.Future:
+def celery_submit(payload: dict, target: dict | None = None) -> concurrent.futures.Future:
+    """Send `payload` to its queue. `target`: what the candidate was built for; the measuring worker
+    refuses it when its own CPU is another (tuning.engine.targets.measurable_refusal)."""
     from .tasks import measure_candidate
 
+    if target:
+        payload = {**payload, "target": target}
     queue = payload.get("queue")
     if not queue:
         raise ValueError("payload has no device queue")

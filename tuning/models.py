@@ -13,6 +13,8 @@ from django.utils import timezone
 
 from common.units import joules_to_kwh
 from core.models import DLModel, Team
+from tuning.engine.targets import identity_of
+from tuning.engine.yardstick import deploy_verdict
 
 # (min, max) of each bound of a run: the model, the service, the API serializer, the dashboard form and
 # `manage.py tune` all read these, so no entry point accepts what another refuses.
@@ -126,6 +128,9 @@ class TuningRun(models.Model):
                                                  "num-cores); empty until a worker starts the run.")
     target_key = models.CharField(max_length=500, blank=True, editable=False,
                                   help_text="Canonical key of the resolved target (part of result keys).")
+    pipeline_key = models.CharField(max_length=200, blank=True, editable=False,
+                                    help_text="Name, version and graph passes of the Relax pipeline the run's tasks "
+                                              "were extracted and its modules compiled with (part of result keys).")
     max_trials = models.PositiveIntegerField(validators=run_bound_validators("max_trials"))
     trials_per_round = models.PositiveIntegerField(default=32, validators=run_bound_validators("trials_per_round"))
     measurement_mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.DOPPLER)
@@ -160,7 +165,10 @@ class TuningRun(models.Model):
     estimated_latency_s = models.FloatField(null=True, blank=True,
                                             help_text="Sum over tasks of weight x best latency.")
     final_dop = models.PositiveIntegerField(null=True, blank=True)
-    mean_parallel_error = models.FloatField(null=True, blank=True)
+    mean_parallel_error = models.FloatField(
+        null=True, blank=True,
+        help_text="DOPpler's parallel-vs-serial timing error as a fraction (0.05 = 5 %): the median over parallel "
+                  "rounds of each round's mean |parallel - serial| / parallel, each round's value capped at 1.0.")
     tuned_latency_s = models.FloatField(null=True, blank=True)
     untuned_latency_s = models.FloatField(null=True, blank=True)
     outputs_match = models.BooleanField(null=True, blank=True)
@@ -173,6 +181,14 @@ class TuningRun(models.Model):
     faster_engine = models.CharField(max_length=20, blank=True,
                                      help_text='"tvm" or "onnxruntime": the one to deploy on this target.')
     ort_outputs_agree = models.BooleanField(null=True, blank=True)
+    # Time to parity: the first stored measurement at which the best-so-far end-to-end estimate (sum over tasks
+    # of weight x best latency) reached ort_latency_s; computed from the stored curve when the run finishes
+    parity_trials = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Trials measured when the end-to-end estimate first reached onnxruntime's "
+                                         "latency; empty if it never did.")
+    parity_wall_s = models.FloatField(
+        null=True, blank=True, help_text="Seconds from the run's start to that measurement (a resumed run's pauses "
+                                         "included); empty if the estimate never reached onnxruntime's latency.")
     summary = models.JSONField(default=dict, blank=True)
     stop_reason = models.CharField(max_length=300, blank=True,
                                    help_text="Why the run ended before its budget (Trimmer model stop, quota...).")
@@ -254,6 +270,16 @@ class TuningRun(models.Model):
         return self.faster_engine == "onnxruntime"
 
     @property
+    def deploy_verdict(self) -> str:
+        """Which engine to deploy on this target, in words ("" before the onnxruntime comparison)."""
+        return deploy_verdict(self.faster_engine or None, self.ratio_to_ort)
+
+    @property
+    def result_identity(self) -> str:
+        """What identifies this run's tuning results: its resolved target and its pipeline."""
+        return identity_of(self.target_key, self.pipeline_key)
+
+    @property
     def speedup(self) -> float | None:
         if self.tuned_latency_s and self.untuned_latency_s:
             return self.untuned_latency_s / self.tuned_latency_s
@@ -325,7 +351,10 @@ class DopRound(models.Model):
     round_index = models.PositiveIntegerField()
     task_index = models.IntegerField(default=-1)
     dop = models.PositiveIntegerField()
-    mean_error = models.FloatField(null=True, blank=True)
+    mean_error = models.FloatField(
+        null=True, blank=True,
+        help_text="This round's mean |parallel - serial| / parallel over its re-measured sample, as a fraction "
+                  "(0.05 = 5 %); uncapped, so a truncated parallel timing can make it exceed 1.")
     n_candidates = models.PositiveIntegerField(default=0)
     n_remeasured = models.PositiveIntegerField(default=0)
     n_failures = models.PositiveIntegerField(default=0)

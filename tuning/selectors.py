@@ -36,26 +36,41 @@ def dop_rounds_of_run(run: TuningRun) -> QuerySet[DopRound]:
     return DopRound.objects.filter(run=run).order_by("round_index")
 
 
+def _best_so_far(run: TuningRun):
+    """For each stored measurement of `run`, in the order stored: (trial number, its task index, the best
+    valid latency per task so far, when it was stored). The dict is the same object each time."""
+    rows = (Measurement.objects.filter(run=run).order_by("id")
+            .values_list("task__index", "latency_s", "error", "created_at"))
+    best: dict[int, float] = {}
+    for n, (task_index, latency, error, created_at) in enumerate(rows.iterator(), 1):
+        if latency is not None and not error and latency < best.get(task_index, float("inf")):
+            best[task_index] = latency
+        yield n, task_index, best, created_at
+
+
+def _end_to_end(tasks: dict[int, TuningTask], best: dict[int, float]) -> float | None:
+    """Sum over tasks of weight x best latency; None while a task has no valid measurement."""
+    if not tasks or len(best) < len(tasks):
+        return None
+    return sum(tasks[i].weight * best[i] for i in tasks)
+
+
 def best_so_far_curve(run: TuningRun, *, max_points: int = 500) -> dict:
     """Per task and end-to-end best latency vs trial number, downsampled server-side.
 
     Returns {"tasks": {index: {"trials": [...], "best_s": [...]}}, "end_to_end": {"trials", "estimate_s"}}.
     """
     tasks = {t.index: t for t in tasks_of_run(run)}
-    rows = (Measurement.objects.filter(run=run).order_by("id")
-            .values_list("task__index", "latency_s", "error"))
-    best: dict[int, float] = {}
     per_task: dict[int, tuple[list, list]] = {i: ([], []) for i in tasks}
     e2e_trials, e2e_values = [], []
-    for n, (task_index, latency, error) in enumerate(rows.iterator(), 1):
-        if latency is not None and not error and latency < best.get(task_index, float("inf")):
-            best[task_index] = latency
+    for n, task_index, best, _ in _best_so_far(run):
         trials, values = per_task.setdefault(task_index, ([], []))
         trials.append(n)
         values.append(best.get(task_index))
-        if tasks and len(best) == len(tasks):
+        estimate = _end_to_end(tasks, best)
+        if estimate is not None:
             e2e_trials.append(n)
-            e2e_values.append(sum(tasks[i].weight * best[i] for i in tasks))
+            e2e_values.append(estimate)
 
     out_tasks = {}
     for index, (xs, ys) in per_task.items():
@@ -63,6 +78,20 @@ def best_so_far_curve(run: TuningRun, *, max_points: int = 500) -> dict:
         out_tasks[index] = {"name": tasks[index].name if index in tasks else str(index), "trials": xs, "best_s": ys}
     xs, ys = thin(e2e_trials, e2e_values, max_points)
     return {"tasks": out_tasks, "end_to_end": {"trials": xs, "estimate_s": ys}}
+
+
+def time_to_parity(run: TuningRun, goal_s: float | None) -> dict | None:
+    """The first stored measurement at which the best-so-far end-to-end estimate reached `goal_s`
+    (onnxruntime's latency): {"trials", "wall_s" (from the run's start), "estimate_s"}; None if it never did."""
+    if not goal_s:
+        return None
+    tasks = {t.index: t for t in tasks_of_run(run)}
+    for n, _, best, created_at in _best_so_far(run):
+        estimate = _end_to_end(tasks, best)
+        if estimate is not None and estimate <= goal_s:
+            wall = (created_at - run.started_at).total_seconds() if run.started_at else None
+            return {"trials": n, "wall_s": max(0.0, wall) if wall is not None else None, "estimate_s": estimate}
+    return None
 
 
 # --- quota reads ---------------------------------------------------------------------

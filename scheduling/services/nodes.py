@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import os
 import socket
@@ -16,6 +17,7 @@ from django.utils import timezone
 
 from core.exceptions import ServiceError
 from core.fieldtext import fit_to_field
+from tuning.engine.isolate import call_isolated
 
 from .. import telemetry
 from ..models import GPU, GpuTelemetry, Node, gpu_queue_name
@@ -30,11 +32,27 @@ class HostFacts:
     hostname: str
     cpu_cores: int
     memory_mb: int
+    cpu_mcpu: str = ""
+    cpu_triple: str = ""
+
+
+@functools.cache
+def _llvm_cpu() -> tuple[str, str]:
+    """This host's CPU and triple as LLVM names them, asked once per process of a child that loads TVM
+    (a worker process must not: it forks); ("", "") when that fails, and the node's runs build generic code."""
+    try:
+        facts = call_isolated("tuning.engine.targets:host_cpu_facts", what="naming this host's CPU", scrub=True)
+        return str(facts["mcpu"]), str(facts["triple"])
+    except Exception:  # noqa: BLE001 - a node without a working TVM still registers
+        log.warning("could not name this host's CPU for LLVM", exc_info=True)
+        return "", ""
 
 
 def local_host_facts() -> HostFacts:
     mem = int(psutil.virtual_memory().total // (1024 * 1024))
-    return HostFacts(hostname=socket.gethostname(), cpu_cores=os.cpu_count() or 0, memory_mb=mem)
+    mcpu, triple = _llvm_cpu()
+    return HostFacts(hostname=socket.gethostname(), cpu_cores=os.cpu_count() or 0, memory_mb=mem,
+                     cpu_mcpu=mcpu, cpu_triple=triple)
 
 
 def _gpu_values(node: Node, sample: telemetry.GpuSample) -> dict[str, Any]:
@@ -54,6 +72,8 @@ def register_node(
     memory_mb: int = 0,
     queues: list[str] | None = None,
     now: dt.datetime | None = None,
+    cpu_mcpu: str = "",
+    cpu_triple: str = "",
 ) -> Node:
     """Create or refresh a node and its GPUs from an NVML reading (a host with no GPU registers none).
 
@@ -68,6 +88,8 @@ def register_node(
     node.hostname = hostname or node.hostname
     node.cpu_cores = cpu_cores or node.cpu_cores
     node.memory_mb = memory_mb or node.memory_mb
+    node.cpu_mcpu = fit_to_field(Node, "cpu_mcpu", cpu_mcpu) or node.cpu_mcpu
+    node.cpu_triple = fit_to_field(Node, "cpu_triple", cpu_triple) or node.cpu_triple
     node.queues = sorted(set(node.queues or []) | set(queues or []))
     node.nvml_available = reading.available
     node.nvml_error = "" if reading.available else reading.error
@@ -119,7 +141,8 @@ def record_heartbeat(
     facts = local_host_facts()
     with transaction.atomic():
         node = register_node(name=name, reading=reading, hostname=facts.hostname, cpu_cores=facts.cpu_cores,
-                             memory_mb=facts.memory_mb, queues=queues, now=now)
+                             memory_mb=facts.memory_mb, queues=queues, now=now, cpu_mcpu=facts.cpu_mcpu,
+                             cpu_triple=facts.cpu_triple)
         by_index = {g.index: g for g in GPU.objects.filter(node=node, present=True)}
         rows = [
             GpuTelemetry(gpu=by_index[s.index], ts=now, util_pct=s.util_pct, mem_used_mb=s.mem_used_mb,

@@ -1,4 +1,5 @@
-"""Inference graph passes: BatchNorm folding on a tiny conv+bn net, pass selection by name."""
+"""Inference graph passes: BatchNorm folding on a tiny conv+bn net, pass selection by name, and the one
+pipeline (extraction, tuned and untuned compilation) running the selected passes."""
 
 import numpy as np
 import pytest
@@ -58,8 +59,9 @@ def test_fold_batchnorm_removes_bn_and_its_epilogue(model, cpu_target):
     folded = gp.optimize_for_inference(mod, ["fold_batchnorm"])
     assert "relax.nn.batch_norm" in _ops(mod)
     assert "relax.nn.batch_norm" not in _ops(folded)
-    before = gp.task_summary(mod, cpu_target)
-    after = gp.task_summary(folded, cpu_target)
+    with gp.use_passes(gp.NONE):  # the pipeline would fold them itself
+        before = rp.task_summary(mod, cpu_target)
+        after = rp.task_summary(folded, cpu_target)
     # prepare_for_tuning decomposes an unfolded BN into subtract/divide/multiply/add and fuses
     # them into the conv task; folded, each conv task carries one bias add
     assert any("divide" in n for n in before["names"])
@@ -71,10 +73,31 @@ def test_fold_batchnorm_removes_bn_and_its_epilogue(model, cpu_target):
 def test_folded_model_computes_the_same(model, cpu_target):
     inputs = rp.random_inputs(model)
     mod = rp.onnx_to_relax(model)
-    ref, _ = rp.run_and_time(rp.compile_model(mod, cpu_target), inputs, cpu_target, number=1, repeat=1, threads=1)
-    out, _ = rp.run_and_time(rp.compile_model(gp.optimize_for_inference(mod), cpu_target), inputs, cpu_target,
-                             number=1, repeat=1, threads=1)
-    np.testing.assert_allclose(out[0], ref[0], rtol=1e-4, atol=1e-5)
+    with gp.use_passes(gp.NONE):
+        ref, _ = rp.run_and_time(rp.compile_model(mod, cpu_target), inputs, cpu_target, number=1, repeat=1, threads=1)
+    for passes in (gp.DEFAULT, gp.PASS_ORDER):
+        with gp.use_passes(passes):
+            out, _ = rp.run_and_time(rp.compile_model(mod, cpu_target), inputs, cpu_target, number=1, repeat=1,
+                                     threads=1)
+        np.testing.assert_allclose(out[0], ref[0], rtol=1e-4, atol=1e-5)
+
+
+def test_the_pipeline_runs_the_selected_passes_for_extraction(model, cpu_target):
+    """The pipeline folds BatchNorm itself: tasks extracted from the raw import carry no BN epilogue,
+    exactly as the tasks of the module the compiler builds (same workloads, so records apply)."""
+    assert gp.selected_passes() == gp.DEFAULT
+    names = rp.task_summary(model, cpu_target)["names"]
+    assert not any("divide" in n or "subtract" in n for n in names)
+    with gp.use_passes(gp.NONE):
+        assert any("divide" in n for n in rp.task_summary(model, cpu_target)["names"])
+    assert gp.selected_passes() == gp.DEFAULT  # restored after the block
+
+
+def test_layout_rewrite_marks_weights_layout_free(model, cpu_target):
+    with gp.use_passes(["fold_batchnorm", "layout_rewrite"]):
+        tasks = rp.extract_tasks(model, cpu_target)
+    convs = [t for t in tasks if "conv2d" in t.task_name]
+    assert convs and all(t.dispatched[0]["main"].attrs.get("layout_free_buffers") is not None for t in convs)
 
 
 def test_pass_selection_by_name():
@@ -82,10 +105,17 @@ def test_pass_selection_by_name():
     assert gp.normalize_passes("none") == () and gp.normalize_passes([]) == ()
     # canonical order whatever the order asked
     assert gp.normalize_passes("eliminate_common_subexpr,fold_batchnorm") == ("fold_batchnorm", "eliminate_common_subexpr")
-    assert gp.pipeline_key([]) == "none"
-    assert gp.pipeline_key(["eliminate_common_subexpr", "fold_batchnorm"]) == "fold_batchnorm+eliminate_common_subexpr"
+    version = f"{gp.PIPELINE_NAME}/{gp.PIPELINE_VERSION}"
+    assert gp.pipeline_key([]) == f"{version}:none"
+    assert gp.pipeline_key(["eliminate_common_subexpr", "fold_batchnorm"]) == \
+        f"{version}:fold_batchnorm+eliminate_common_subexpr"
+    assert gp.pipeline_key() == gp.pipeline_key(gp.DEFAULT)
+    with gp.use_passes("none"):
+        assert gp.pipeline_key() == f"{version}:none"
     with pytest.raises(ValueError, match="unknown graph pass"):
         gp.normalize_passes(["fold_everything"])
+    with pytest.raises(ValueError, match="stage must be"):
+        gp.inference_passes(stage="later")
 
 
 def test_no_pass_returns_the_module_unchanged(model):

@@ -75,3 +75,25 @@ def test_cuda_target_from_arch_and_refusal_without_gpu():
         other = "sm_50" if here != "sm_50" else "sm_90"
         with pytest.raises(tg.TargetMismatch, match=other):
             tg.check_measurable_here({"kind": "cuda", "arch": other})
+
+
+def test_result_identity_is_target_and_pipeline():
+    from tuning.engine import graph_passes as gp
+
+    t = tg.resolve_cpu_target(num_cores=2)
+    identity = tg.result_identity(t)
+    assert identity == tg.identity_of(tg.canonical_key(t), gp.pipeline_key())
+    assert json.loads(identity) == {"target": tg.canonical_key(t), "pipeline": gp.pipeline_key()}
+    # another pass list or another CPU is another result
+    assert tg.result_identity(t, gp.pipeline_key(gp.NONE)) != identity
+    with gp.use_passes(gp.NONE):
+        assert tg.result_identity(t) != identity
+    assert tg.result_identity(dict(t, mcpu=_other_cpu())) != identity
+
+
+def test_a_resolved_run_target_names_its_pipeline():
+    from tuning.engine import graph_passes as gp
+
+    resolved = tg.resolve_run_target({"kind": "llvm"}, threads=1)
+    assert resolved["target"]["mcpu"] == tg.host_cpu()
+    assert resolved["pipeline_key"] == gp.pipeline_key()

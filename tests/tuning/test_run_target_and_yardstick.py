@@ -47,6 +47,11 @@ def test_a_run_executed_here_records_this_hosts_mcpu(model_a, user_owner, monkey
     assert run.resolved_target["num-cores"] == 1 and run.resolved_target["mtriple"]
     assert seen["target"] == run.resolved_target  # the engine tunes for the resolved target
     assert run.target_key and _host_cpu() in run.target_key
+    from tuning.engine.graph_passes import pipeline_key
+    from tuning.engine.targets import identity_of
+
+    assert run.pipeline_key == pipeline_key()  # the pipeline the engine extracts and compiles with
+    assert run.result_identity == identity_of(run.target_key, run.pipeline_key)
 
 
 def test_a_target_built_for_another_cpu_is_refused_with_the_reason(model_a, user_owner):
@@ -69,17 +74,50 @@ def _finished_run(run: TuningRun, **fields) -> TuningRun:
     return run
 
 
+SLOWER = "Tuned TVM is slower than onnxruntime on this target: deploy onnxruntime"
+
+
 def test_a_tuned_module_slower_than_onnxruntime_is_labelled_so(model_a, user_owner, client, api_owner):
     run = services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False)
     run = _finished_run(run, ort_latency_s=1e-3, ratio_to_ort=3.0, faster_engine="onnxruntime",
-                        ort_outputs_agree=True)
+                        ort_outputs_agree=True, parity_trials=None)
     client.force_login(user_owner)
     html = client.get(f"/runs/{run.pk}/").content.decode()
-    assert "SLOWER than onnxruntime (3.00× its latency): deploy onnxruntime" in html
-    assert "mcpu znver3" in html and "1.000 ms" in html
+    assert f"{SLOWER} (tuned / onnxruntime latency 3.00×)" in html
+    assert "mcpu znver3" in html and "1.000 ms" in html and "not reached" in html
     body = api_owner.get(f"/api/runs/{run.pk}/").json()
     assert body["faster_engine"] == "onnxruntime" and body["ratio_to_ort"] == 3.0
     assert body["ort_latency_s"] == 1e-3 and body["resolved_target"]["mcpu"] == "znver3"
+    assert body["deploy_verdict"].startswith(SLOWER) and body["parity_trials"] is None
+    # everywhere the run appears: the run list and its model's page
+    for page in ("/runs/", f"/models/{model_a.pk}/"):
+        assert SLOWER in client.get(page).content.decode(), page
+
+
+def test_the_module_download_states_the_decision(model_a, user_owner, api_owner, api_other, api_anon):
+    from django.core.files.base import ContentFile
+
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False)
+    run = _finished_run(run, ort_latency_s=1e-3, ratio_to_ort=3.0, faster_engine="onnxruntime")
+    run.module_file.save(f"run{run.pk}-tuned.so", ContentFile(b"\x7fELF"), save=True)
+    response = api_owner.get(f"/api/runs/{run.pk}/module/")
+    assert response.status_code == 200
+    assert response["X-Deploy-Verdict"] == f"{SLOWER} (tuned / onnxruntime latency 3.00x)"
+    # another team's member gets nothing, not even the verdict; anonymous is refused
+    outsider = api_other.get(f"/api/runs/{run.pk}/module/")
+    assert outsider.status_code == 404 and "X-Deploy-Verdict" not in outsider
+    assert api_anon.get(f"/api/runs/{run.pk}/module/").status_code in (401, 403)
+
+
+def test_a_faster_tuned_module_says_deploy_it(model_a, user_owner, client):
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False)
+    _finished_run(run, ort_latency_s=4e-3, ratio_to_ort=0.75, faster_engine="tvm", parity_trials=40,
+                  parity_wall_s=75.0)
+    client.force_login(user_owner)
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "faster than onnxruntime on this target: deploy the tuned module" in html
+    assert "trial 40 after" in html
+    assert SLOWER not in client.get("/runs/").content.decode()
 
 
 @pytest.mark.slow
@@ -104,7 +142,13 @@ def test_a_tiny_run_stores_serves_and_shows_the_onnxruntime_comparison(model_a, 
     assert ort["threads"] == 1 and ort["provider"] == "CPUExecutionProvider" and ort["repeats"] > 1
     client.force_login(user_owner)
     html = client.get(f"/runs/{run.pk}/").content.decode()
-    assert "onnxruntime latency" in html and ("SLOWER than onnxruntime" in html) == (run.faster_engine == "onnxruntime")
+    assert "onnxruntime latency" in html and (SLOWER in html) == (run.faster_engine == "onnxruntime")
+    assert summary["deploy_verdict"] == run.deploy_verdict and summary["pipeline_key"] == run.pipeline_key
+    assert summary["untuned_latency_ms"] and summary["tuned_latency_ms"]
+    # time to parity, from the stored curve: consistent with the final estimate and onnxruntime
+    from tuning.selectors import time_to_parity
+
+    assert (run.parity_trials is not None) == (time_to_parity(run, run.ort_latency_s) is not None)
 
 
 def test_the_compare_page_shows_the_onnxruntime_ratio(model_a, user_owner, client):

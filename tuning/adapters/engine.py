@@ -7,6 +7,7 @@ a sandboxed child process (`tuning.engine.isolate`), so a model that crashes TVM
 not the worker."""
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -42,7 +43,9 @@ def build_engine_config(run: TuningRun, work_dir: Path) -> TuningConfig:
     queues = opts.get("measure_queues") or []
     distributed = {}
     if queues and run.measurement_mode == TuningRun.Mode.DOPPLER:
-        distributed = {"distributed_submit": celery_submit, "device_queue": list(queues)}
+        # the measuring workers check the candidates were built for their CPU
+        distributed = {"distributed_submit": functools.partial(celery_submit, target=run.engine_target),
+                       "device_queue": list(queues)}
     return TuningConfig(
         target=run.engine_target, max_trials=run.max_trials, trials_per_round=run.trials_per_round,
         mode=run.measurement_mode, dop=run.dop_fixed or "auto", threads=run.threads, work_dir=str(work_dir),
@@ -98,13 +101,14 @@ def compile_and_compare(model_proto, work_dir: Path, run: TuningRun) -> dict:
                        what="compiling the tuned and untuned model and comparing their outputs")
 
 
-def resolve_target(run: TuningRun) -> dict:
-    """`run.target` resolved on this (the executing) host: `{"target": ..., "key": ...}`. In a child:
-    resolving loads TVM, which a worker process must not do (it forks)."""
+def resolve_target(run: TuningRun, remote_cpu: dict | None = None) -> dict:
+    """`run.target` resolved on this (the executing) host: `{"target": ..., "key": ..., "pipeline_key": ...}`.
+    A run measured on remote CPU queues builds for `remote_cpu` (`{"mcpu", "mtriple"}` their nodes registered),
+    else portable code. In a child: resolving loads TVM, which a worker process must not do (it forks)."""
     target = dict(run.target)
     if (run.options or {}).get("measure_queues") and target.get("kind") == "llvm":
-        # remote CPU workers measure: until nodes register their CPU, build portable code for them
-        target.setdefault("mcpu", "generic")
+        for key, value in (remote_cpu or {"mcpu": "generic"}).items():
+            target.setdefault(key, value)
     return call_engine("tuning.engine.targets:resolve_run_target", target, run.threads,
                        what="resolving the run's target on this host")
 

@@ -33,6 +33,11 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     energy_kwh = serializers.FloatField(read_only=True)
     carbon_g = serializers.FloatField(read_only=True, allow_null=True,
                                       help_text="Energy x the team's grid intensity (gCO2e).")
+    deploy_verdict = serializers.CharField(read_only=True, help_text=(
+        "Which engine to deploy on this target, in words; a tuned module slower than onnxruntime reads "
+        "'Tuned TVM is slower than onnxruntime on this target: deploy onnxruntime'. Empty before the comparison."))
+    result_identity = serializers.CharField(read_only=True, help_text=(
+        "What identifies this run's tuning results: target_key and pipeline_key (tuning.engine.targets.identity_of)."))
 
     class Meta:
         model = TuningRun
@@ -42,7 +47,8 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "error", "created_at", "started_at", "finished_at", "attempts", "worker", "trials_done", "progress",
             "wall_seconds", "estimated_latency_s", "final_dop", "mean_parallel_error", "tuned_latency_s",
             "untuned_latency_s", "speedup", "outputs_match", "max_abs_diff", "resolved_target", "target_key",
-            "ort_latency_s", "ratio_to_ort", "faster_engine", "ort_outputs_agree", "summary", "stop_reason",
+            "ort_latency_s", "ratio_to_ort", "faster_engine", "ort_outputs_agree", "deploy_verdict", "parity_trials",
+            "parity_wall_s", "pipeline_key", "result_identity", "summary", "stop_reason",
             "trimmer_enabled", "trimmer_options", "candidates_generated", "candidates_filtered",
             "energy_joules", "energy_kwh", "energy_source", "energy_build_joules", "energy_measure_joules",
             "energy_saved_joules", "trials_saved", "savings_basis", "grid_intensity_g_per_kwh", "carbon_g",

@@ -156,10 +156,14 @@ class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModel
     def records(self, request, pk=None):
         return self._file("records_file", f"run{pk}-records.zip")
 
-    @extend_schema(responses={(200, "application/octet-stream"): bytes}, summary="Compiled tuned module (.so)")
+    @extend_schema(responses={(200, "application/octet-stream"): bytes}, summary="Compiled tuned module (.so)",
+                   description="The X-Deploy-Verdict header says which engine is faster on this target.")
     @action(detail=True, methods=["get"])
     def module(self, request, pk=None):
-        return self._file("module_file", f"run{pk}-tuned.so")
+        response = self._file("module_file", f"run{pk}-tuned.so")
+        verdict = self.get_object().deploy_verdict or "no onnxruntime comparison"
+        response["X-Deploy-Verdict"] = verdict.replace("×", "x")  # a header is latin-1
+        return response
 
     @extend_schema(request={"multipart/form-data": ImportRecordsSerializer},
                    responses={200: TuningRunSerializer}, summary="Import an existing TVM tuning database")

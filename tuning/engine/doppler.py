@@ -32,6 +32,7 @@ import statistics
 from collections.abc import Sequence
 
 from .procpool import available_cpus
+from .parallel_error import summarize_parallel_error
 
 __all__ = ["DOPController", "RoundDecision", "RoundStat", "robust_z_scores", "default_max_dop"]
 
@@ -260,10 +261,10 @@ class DOPController:
 
     # ------------------------------------------------------------------ summary
     def mean_parallel_error(self) -> float | None:
-        """Mean error over rounds that really ran in parallel (DOP > 1 or fewer
+        """Error over rounds that really ran in parallel (DOP > 1 or fewer
         threads than serial) and re-measured a sample."""
-        vals = [h.mean_error for h in self.history if h.n_sampled > 0 and h.mean_error is not None]
-        return sum(vals) / len(vals) if vals else None
+        # a fraction, median of capped round errors: parallel_error says why
+        return summarize_parallel_error(h.mean_error for h in self.history if h.n_sampled > 0)
 
     def history_dicts(self) -> list[dict]:
         return [h.to_dict() for h in self.history]

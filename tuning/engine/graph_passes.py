@@ -1,13 +1,14 @@
-"""Inference graph optimizations run on an imported Relax module before task extraction.
+"""Inference graph optimizations of the platform's one Relax pipeline.
 
-Django-free. :func:`optimize_for_inference` runs named, switchable Relax passes on
-the module ``relax_pipeline.onnx_to_relax`` returns (weights inline as constants),
-*before* ``relax_pipeline.prepare_for_tuning``: that function decomposes
-``batch_norm`` into elementwise ops (DecomposeOpsForInference) and legalizes
-everything, after which no BatchNorm is left to fold. The same optimized module
-must feed task extraction, compilation and the untuned baseline, or the tuning
-records will not match the compiled model: :func:`pipeline_key` names the pass
-list so it can be stored next to the records.
+Django-free. ``relax_pipeline._fuse_passes`` (task extraction, the tuned build and the
+untuned baseline alike) runs the *selected* passes (:func:`selected_passes`, default
+:data:`DEFAULT`; :func:`use_passes` changes it for a block) in three stages
+(:data:`STAGES`): ``graph`` on the imported module, before DecomposeOpsForInference
+(which decomposes ``batch_norm`` into elementwise ops, after which no BatchNorm is left
+to fold); ``tasks`` after FuseTIR, on the module tasks are extracted from; ``tuned``
+after the tuning database is applied (``relax_pipeline.compile_model``). Records match
+the compiled model because both come from the same list; :func:`pipeline_key` names
+and versions it, to store next to the records (``targets.result_identity``).
 
 Passes (ablation: name any subset, in :data:`PASS_ORDER`'s order):
 
@@ -18,57 +19,97 @@ Passes (ablation: name any subset, in :data:`PASS_ORDER`'s order):
   whose weight is a constant (PyTorch's conv-before-BN layout; the zoo's CNNs).
 - ``eliminate_common_subexpr``: ``EliminateCommonSubexpr`` + ``DeadCodeElimination``
   (identical shape computations and unused tuple outputs of batch_norm).
+- ``layout_rewrite``: TVM's CPU weight prepack (``static_shape_tuning``'s
+  ``cpu_weight_prepack``): ``AttachAttrLayoutFreeBuffers`` before extraction, so
+  MetaSchedule's RewriteLayout may choose the layout a schedule reads a weight in;
+  ``SplitLayoutRewritePreproc`` + ``FoldConstant`` after the database, folding the
+  layout change into the constant weights (the executable's interface is unchanged).
 
-Measured on the zoo (``{"kind": "llvm", "num-cores": 2}``, tasks after
-``prepare_for_tuning``): ``fold_batchnorm`` leaves the task count as it is
-(resnet18 19 tasks, mobilenet_v2 33, small_cnn 5, bert_encoder 11: the
-decomposed BN already fuses into the conv task) but removes BatchNorm's
-subtract/divide/multiply epilogue and three constant inputs from every conv
-task, so it is in :data:`DEFAULT`. ``eliminate_common_subexpr`` changed no task
-on any zoo model; it stays a switch for ablations. ``CombineParallelMatmul`` did
-not fire on bert_encoder's Q/K/V projections (their weights are constants), so
-it is not offered.
+Measured on the zoo (``resolve_cpu_target(2)``, this host znver4, tasks through the
+pipeline; untuned latency under a load average of about 19 on 2 cores, so only the
+counts are firm): ``fold_batchnorm`` leaves the task count as it is (resnet18 19 tasks
+both ways, 24 calls; small_cnn 5, whose convs have biases and no BN; earlier
+measurements: mobilenet_v2 33, bert_encoder 11) because the decomposed BN already
+fuses into its conv task, but it removes BatchNorm's subtract/divide/multiply epilogue
+and three constant inputs from every conv task of resnet18 (untuned resnet18 1,880 vs
+1,892 ms: the same), so it is in :data:`DEFAULT`. ``eliminate_common_subexpr`` changed
+no task on any zoo model. ``layout_rewrite`` marks every conv task's weights
+layout-free; a 40-trial small_cnn tune with and without it under that load proved
+nothing (both tuned modules timed 128-132 ms, slower than the untuned 24 ms build timed
+minutes before: the load, not the passes), so it stays a switch until a quiet measurement.
+``CombineParallelMatmul`` did not fire on bert_encoder's Q/K/V projections (their
+weights are constants), so it is not offered.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 
 __all__ = [
     "PASS_ORDER",
     "DEFAULT",
     "NONE",
+    "PIPELINE_NAME",
+    "PIPELINE_VERSION",
+    "STAGES",
     "optimize_for_inference",
     "inference_passes",
     "pipeline_key",
     "normalize_passes",
-    "task_summary",
+    "selected_passes",
+    "use_passes",
 ]
 
 
-def _fold_batchnorm() -> list:
+def _fold_batchnorm() -> dict[str, list]:
     from tvm import relax
 
     # FoldConstant computes the scaled weights and the new bias now, so the
     # folded conv reads one constant weight tensor (a tuning workload like any other)
-    return [relax.transform.FoldBatchnormToConv2D(), relax.transform.FoldConstant()]
+    return {GRAPH: [relax.transform.FoldBatchnormToConv2D(), relax.transform.FoldConstant()]}
 
 
-def _eliminate_common_subexpr() -> list:
+def _eliminate_common_subexpr() -> dict[str, list]:
     from tvm import relax
 
-    return [relax.transform.EliminateCommonSubexpr(), relax.transform.DeadCodeElimination()]
+    return {GRAPH: [relax.transform.EliminateCommonSubexpr(), relax.transform.DeadCodeElimination()]}
 
 
-# name -> factory of the TVM passes; the order here is the order they run in
-_PASSES: dict[str, Callable[[], list]] = {
+def _layout_rewrite() -> dict[str, list]:
+    from tvm import relax
+
+    # TVM's cpu_weight_prepack (static_shape_tuning): the weights are marked layout-free before extraction,
+    # so MetaSchedule's RewriteLayout postproc may choose the layout a schedule reads them in; after the
+    # database is applied the layout change is split out and, the weights being constants, folded at
+    # compile time: the executable's interface does not change
+    return {TASKS: [relax.transform.AttachAttrLayoutFreeBuffers()],
+            TUNED: [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()]}
+
+
+# Where in relax_pipeline a pass runs: on the imported graph (before DecomposeOpsForInference), on the fused
+# module tasks are extracted from (after FuseTIR), on the module with the tuned schedules applied
+GRAPH, TASKS, TUNED = "graph", "tasks", "tuned"
+STAGES = (GRAPH, TASKS, TUNED)
+
+# name -> factory of the TVM passes per stage; the order here is the order they run in
+_PASSES: dict[str, Callable[[], dict[str, list]]] = {
     "fold_batchnorm": _fold_batchnorm,
     "eliminate_common_subexpr": _eliminate_common_subexpr,
+    "layout_rewrite": _layout_rewrite,
 }
 PASS_ORDER: tuple[str, ...] = tuple(_PASSES)
 DEFAULT: tuple[str, ...] = ("fold_batchnorm",)
 NONE: tuple[str, ...] = ()
+# The pipeline's name and version are part of :func:`pipeline_key`: bump the version whenever the
+# passes after these (``relax_pipeline._fuse_passes``) change what a task's workload is, so records
+# tuned under the old pipeline are never taken for this one's.
+PIPELINE_NAME = "dlopt-relax"
+PIPELINE_VERSION = 1
+
+# The selection every extraction and compilation of this process uses (``relax_pipeline``); changed only
+# through :func:`use_passes` (ablations: one selection per process, as bench/vs_onnxruntime.py runs it).
+_selected: tuple[str, ...] = DEFAULT
 
 
 def normalize_passes(passes: Iterable[str] | str | None) -> tuple[str, ...]:
@@ -85,39 +126,49 @@ def normalize_passes(passes: Iterable[str] | str | None) -> tuple[str, ...]:
     return tuple(name for name in PASS_ORDER if name in chosen)
 
 
+def selected_passes() -> tuple[str, ...]:
+    """The pass selection this process extracts tasks and compiles with."""
+    return _selected
+
+
+@contextlib.contextmanager
+def use_passes(passes: Iterable[str] | str | None):
+    """Extract, tune and compile with another selection inside the block (an ablation)."""
+    global _selected
+    previous, _selected = _selected, normalize_passes(passes)
+    try:
+        yield _selected
+    finally:
+        _selected = previous
+
+
 def pipeline_key(passes: Iterable[str] | str | None = None) -> str:
-    """Stable name of a pass selection ("none" when empty), to store with tuning records."""
-    chosen = normalize_passes(passes)
-    return "+".join(chosen) if chosen else "none"
+    """Stable name + version of the pipeline a selection gives (default: the selected one), e.g.
+    ``dlopt-relax/1:fold_batchnorm`` (``...:none`` when empty): stored on every run and part of what
+    identifies a tuning result (``targets.result_identity``)."""
+    chosen = _selected if passes is None else normalize_passes(passes)
+    return f"{PIPELINE_NAME}/{PIPELINE_VERSION}:{'+'.join(chosen) if chosen else 'none'}"
 
 
-def inference_passes(passes: Sequence[str] | str | None = DEFAULT) -> list:
-    """The TVM passes of a selection, in order: to put at the head of a pass list that
-    continues with DecomposeOpsForInference / LegalizeOps (``relax_pipeline._fuse_passes``)."""
-    return [p for name in normalize_passes(passes) for p in _PASSES[name]()]
+def inference_passes(passes: Sequence[str] | str | None = None, stage: str = GRAPH) -> list:
+    """The TVM passes of a selection (default: the selected one) for one stage, in order. ``graph``: the
+    head of ``relax_pipeline._fuse_passes``, before DecomposeOpsForInference / LegalizeOps; ``tasks``:
+    its tail, after FuseTIR; ``tuned``: after MetaScheduleApplyDatabase in ``compile_model``."""
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+    chosen = _selected if passes is None else normalize_passes(passes)
+    return [p for name in chosen for p in _PASSES[name]().get(stage, [])]
 
 
-def optimize_for_inference(mod, passes: Sequence[str] | str | None = DEFAULT):
-    """Run the selected inference passes on a Relax ``IRModule`` (as imported, not yet
-    prepared for tuning) and return the new module; the input is not modified."""
+def optimize_for_inference(mod, passes: Sequence[str] | str | None = None):
+    """Run inference passes (default: the selected ones) on a Relax ``IRModule`` (as imported,
+    not yet prepared for tuning) and return the new module; the input is not modified.
+    ``relax_pipeline`` already runs the selected passes at the head of its pipeline: this is for
+    looking at a module's graph, not a step to add before extraction or compilation."""
     import tvm
 
-    seq = inference_passes(passes)
+    seq = inference_passes(passes, GRAPH)
     if not seq:
         return mod
     with tvm.transform.PassContext(opt_level=3):
         return tvm.transform.Sequential(seq)(mod)
-
-
-def task_summary(mod, target) -> dict:
-    """Tuning tasks of a Relax module after ``prepare_for_tuning``: count, names and the
-    summed weight (calls per inference), for the before/after tables of an ablation."""
-    from .relax_pipeline import extract_tasks
-
-    tasks = extract_tasks(mod, target)
-    names = Counter(t.task_name for t in tasks)
-    return {
-        "n_tasks": len(tasks),
-        "calls": int(sum(float(t.weight) for t in tasks)),
-        "names": dict(sorted(names.items())),
-    }

@@ -34,6 +34,7 @@ import numpy as np
 from . import sandbox
 from .procpool import WorkerError, WorkerProcess, WorkerSpec, WorkerTimeout
 from .timer import DeviceUnavailable, EvaluatorConfig, check_device, time_module
+from .targets import measurable_refusal
 
 __all__ = [
     "MeasureOutcome",
@@ -255,6 +256,9 @@ def _jsonable(x: Any) -> Any:
 
 def measure_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     """Entry point for a remote (Celery) measuring worker: payload -> outcome dict."""
+    refusal = measurable_refusal(payload.get("target"), device_index=int(payload.get("device_index") or 0))
+    if refusal:  # built for another CPU/GPU: its timing would describe neither machine
+        return MeasureOutcome([], refusal, socket.gethostname(), 0.0).to_dict()
     outcome = measure_artifact(
         base64.b64decode(payload["artifact_b64"]),
         device_type=payload["device_type"],

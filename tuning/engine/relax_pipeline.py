@@ -4,10 +4,12 @@ Django-free. The pass list in :func:`prepare_for_tuning` is the one
 ``tvm.s_tir.meta_schedule.relax_integration.compile_relax`` runs before it
 applies a tuning database (library dispatch, LegalizeOps,
 AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR), preceded by the
-inference decompositions of the ``static_shape_tuning`` pipeline. The same
-function prepares the module for task extraction *and* for compilation, so
-the workload keys stored in the tuning database always match the ones the
-compiler looks up.
+inference graph optimizations of ``graph_passes`` (BatchNorm folding: the
+selected passes, ``graph_passes.pipeline_key()`` names them) and the inference
+decompositions of the ``static_shape_tuning`` pipeline. The same list
+(:func:`_fuse_passes`) prepares the module for task extraction, for the tuned
+compilation *and* for the untuned baseline, so the workload keys stored in the
+tuning database always match the ones the compiler looks up.
 
 TVM is imported inside the functions that use it: this module is imported by the
 session, which web processes import for ``TuningConfig``, and importing TVM costs
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from . import graph_passes
 from .database import open_database
 
 logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
@@ -37,6 +40,7 @@ __all__ = [
     "prepare_for_tuning",
     "extract_tasks",
     "count_tuning_tasks",
+    "task_summary",
     "compile_model",
     "run_and_time",
     "random_inputs",
@@ -184,6 +188,7 @@ def _fuse_passes(target) -> list:
     except (ValueError, AttributeError):
         dispatch = []
     return [
+        *graph_passes.inference_passes(stage=graph_passes.GRAPH),  # before DecomposeOpsForInference, which leaves no BatchNorm to fold
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
         *dispatch,
@@ -192,13 +197,15 @@ def _fuse_passes(target) -> list:
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
+        *graph_passes.inference_passes(stage=graph_passes.TASKS),
     ]
 
 
 def prepare_for_tuning(mod, target):
     """Run the passes ``compile_relax`` runs before ``extract_tasks`` / database
-    application: (DecomposeOpsForInference, CanonicalizeBindings,) library
-    dispatch, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR."""
+    application, after the selected inference graph passes: (graph_passes,
+    DecomposeOpsForInference, CanonicalizeBindings,) library dispatch, LegalizeOps,
+    AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR."""
     import tvm
 
     target = make_target(target)
@@ -217,6 +224,17 @@ def extract_tasks(model_or_mod, target, *, prepared: bool = False, module_equali
     if not prepared:
         mod = prepare_for_tuning(mod, target_obj)
     return list(ms.relax_integration.extract_tasks(mod, target_obj, module_equality=module_equality))
+
+
+def task_summary(model_or_mod, target) -> dict:
+    """Tuning tasks of a model through this pipeline: count, calls per inference (summed weights) and
+    names, for the before/after tables of a graph-pass ablation (``graph_passes.use_passes``)."""
+    from collections import Counter
+
+    tasks = extract_tasks(model_or_mod, target)
+    names = Counter(t.task_name for t in tasks)
+    return {"n_tasks": len(tasks), "calls": int(sum(float(t.weight) for t in tasks)),
+            "names": dict(sorted(names.items()))}
 
 
 def count_tuning_tasks(model, target) -> list[str]:
@@ -269,6 +287,7 @@ def compile_model(model, target, database=None):
         m = tvm.transform.Sequential(_fuse_passes(target_obj))(m)
         if database is not None:
             m = MetaScheduleApplyDatabase(enable_warning=False)(m)
+        m = tvm.transform.Sequential(graph_passes.inference_passes(stage=graph_passes.TUNED))(m)
         if is_gpu:
             from tvm.s_tir import dlight as dl
 

@@ -13,6 +13,10 @@ runtime, else NVML's compute capability), or from a node's registration
   own export), to put in every key that identifies a tuning result.
 - :func:`check_measurable_here`: raises :class:`TargetMismatch` when code built
   for a target would run on a CPU or GPU it was not built for.
+- :func:`result_identity` / :func:`identity_of`: the full identity of a tuning
+  result, the target's key *and* the Relax pipeline's key
+  (``graph_passes.pipeline_key``): a record tuned for the same CPU under another
+  pass list is another workload, and must not be reused.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ __all__ = [
     "canonical_key",
     "check_measurable_here",
     "resolve_run_target",
+    "host_cpu_facts",
+    "measurable_refusal",
+    "result_identity",
+    "identity_of",
 ]
 
 GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
@@ -59,6 +67,24 @@ def host_triple() -> str:
     from tvm.target import codegen
 
     return str(codegen.llvm_get_system_triple())
+
+
+def host_cpu_facts() -> dict:
+    """``{"mcpu": ..., "triple": ..., "cores": ...}`` of this host: what a node registers so that runs
+    measured on it build for its CPU (``resolve_cpu_target(mcpu=..., triple=...)``)."""
+    return {"mcpu": host_cpu(), "triple": host_triple(), "cores": _available_cores()}
+
+
+def measurable_refusal(target: Any, *, device_index: int = 0) -> str | None:
+    """Why code built for ``target`` must not be measured here (:func:`check_measurable_here`'s message),
+    or None when it may (or no target was given): for measuring workers that answer with an error."""
+    if not target:
+        return None
+    try:
+        check_measurable_here(target, device_index=device_index, check_cores=False)
+    except TargetMismatch as exc:
+        return f"TargetMismatch: {exc}"
+    return None
 
 
 def _available_cores() -> int:
@@ -181,6 +207,21 @@ def canonical_key(target: Any) -> str:
     return json.dumps(canonical_target(target), sort_keys=True, separators=(",", ":"), default=str)
 
 
+def identity_of(target_key: str, pipeline_key: str) -> str:
+    """The identity of a tuning result from stored keys (a run's ``target_key`` and ``pipeline_key``):
+    equal exactly when both are. Needs no TVM (for record caches keyed on stored runs)."""
+    return json.dumps({"pipeline": str(pipeline_key or ""), "target": str(target_key or "")}, sort_keys=True,
+                      separators=(",", ":"))
+
+
+def result_identity(target: Any, pipeline_key: str | None = None) -> str:
+    """The identity of what tuning for ``target`` here produces: :func:`canonical_key` of the target and
+    the pipeline's key (default: the pipeline this process extracts and compiles with)."""
+    from .graph_passes import pipeline_key as current_pipeline_key
+
+    return identity_of(canonical_key(target), pipeline_key or current_pipeline_key())
+
+
 # --------------------------------------------------------------------------- refusal
 def _triple_arch_os(triple: str) -> tuple[str, str]:
     """(architecture, OS) of an LLVM triple; the vendor part ("pc", "unknown",
@@ -241,7 +282,8 @@ def check_measurable_here(target: Any, *, device_index: int = 0, check_cores: bo
 
 # --------------------------------------------------------------------------- a run's target
 def resolve_run_target(target: Mapping, threads: int | None = None) -> dict:
-    """The target a run tunes for, resolved on the host that executes it: ``{"target": ..., "key": ...}``.
+    """The target a run tunes for, resolved on the host that executes it: ``{"target": ..., "key": ...,
+    "pipeline_key": ...}`` (the pipeline this engine extracts tasks and compiles with).
 
     llvm: this host's ``mcpu`` and triple (or the ones the user named), ``num-cores`` = the run's
     thread count (else the target's); other attributes the user gave are kept. cuda: ``arch`` from
@@ -256,4 +298,6 @@ def resolve_run_target(target: Mapping, threads: int | None = None) -> dict:
         arch = cuda_arch_of(0)
         if arch:
             spec["arch"] = arch
-    return {"target": spec, "key": canonical_key(spec)}
+    from .graph_passes import pipeline_key
+
+    return {"target": spec, "key": canonical_key(spec), "pipeline_key": pipeline_key()}

@@ -40,6 +40,8 @@ __all__ = [
     "measure_onnxruntime",
     "compare_outputs",
     "faster_engine",
+    "deploy_verdict",
+    "SLOWER_THAN_ORT",
     "DEFAULT_RTOL",
     "DEFAULT_ATOL",
 ]
@@ -252,3 +254,18 @@ def faster_engine(tvm_latency_ms: float | None, onnxruntime_latency_ms: float | 
     if tvm_latency_ms is None or onnxruntime_latency_ms is None:
         return None
     return "tvm" if tvm_latency_ms < onnxruntime_latency_ms else "onnxruntime"
+
+
+SLOWER_THAN_ORT = "tuned TVM is slower than onnxruntime on this target: deploy onnxruntime"
+
+
+def deploy_verdict(engine: str | None, ratio: float | None) -> str:
+    """Which engine to deploy, in the words every page, the API, the download and the CLI use: a tuned
+    module slower than onnxruntime is labelled :data:`SLOWER_THAN_ORT`. ``engine``: :func:`faster_engine`'s
+    answer; ``ratio``: tuned TVM / onnxruntime latency. Empty when no comparison exists."""
+    times = f" (tuned / onnxruntime latency {ratio:.2f}×)" if ratio is not None else ""
+    if engine == "onnxruntime":
+        return f"{SLOWER_THAN_ORT[0].upper()}{SLOWER_THAN_ORT[1:]}{times}"
+    if engine == "tvm":
+        return f"Tuned TVM is faster than onnxruntime on this target: deploy the tuned module{times}"
+    return ""

@@ -27,7 +27,7 @@ from tuning.adapters import DatabaseSink, LeaseLost
 from tuning.models import Measurement, TuningRun
 
 from .finish import announce_run_end, finish_succeeded
-from .runs import dispatch_run
+from .runs import dispatch_run, remote_cpu_for
 
 log = logging.getLogger(__name__)
 
@@ -190,10 +190,12 @@ def resolve_run_target(run: TuningRun, lease: str) -> None:
     its first resolution, and the engine refuses to measure it on a host with another CPU."""
     if run.resolved_target:
         return
-    resolved = adapters.resolve_target(run)
+    resolved = adapters.resolve_target(run, remote_cpu=remote_cpu_for(run))
     run.resolved_target, run.target_key = resolved["target"], fit_to_field(TuningRun, "target_key", resolved["key"])
+    run.pipeline_key = fit_to_field(TuningRun, "pipeline_key", resolved.get("pipeline_key", ""))
     if not TuningRun.objects.filter(pk=run.pk, lease=lease).update(resolved_target=run.resolved_target,
-                                                                   target_key=run.target_key):
+                                                                   target_key=run.target_key,
+                                                                   pipeline_key=run.pipeline_key):
         raise LeaseLost(f"run {run.pk} was taken over")
 
 

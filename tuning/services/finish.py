@@ -14,7 +14,9 @@ from core.services import notify_terminal
 from core.fieldtext import fit_to_field
 from tuning import adapters
 from tuning.adapters import LeaseLost
+from tuning.engine.parallel_error import as_fraction
 from tuning.models import DopRound, Measurement, TuningRun, TuningTask
+from tuning.selectors import time_to_parity
 
 
 class NoMeasurement(ServiceError):
@@ -43,8 +45,9 @@ def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Pa
             run.outputs_match = comparison.get("outputs_match")
             run.max_abs_diff = comparison.get("max_abs_diff")
             _store_onnxruntime(run, comparison)
+            _store_time_to_parity(run)
             run.final_dop = getattr(summary, "final_dop", None)
-            run.mean_parallel_error = getattr(summary, "mean_parallel_error", None)
+            run.mean_parallel_error = as_fraction(getattr(summary, "mean_parallel_error", None))
             run.summary = adapters.public_json(json_safe({**summary_dict, **_comparison_summary(comparison)}),
                                                work_dir)
             run.trials_done = Measurement.objects.filter(run_id=run_id).count()
@@ -77,6 +80,15 @@ def _store_onnxruntime(run: TuningRun, comparison: dict) -> None:
     run.ratio_to_ort = comparison.get("ratio_to_onnxruntime")
     run.faster_engine = comparison.get("faster_engine") or ""
     run.ort_outputs_agree = comparison.get("onnxruntime_outputs_agree")
+
+
+def _store_time_to_parity(run: TuningRun) -> None:
+    """When the best-so-far end-to-end estimate first reached onnxruntime's latency (saved by the caller).
+    Computed here, from the stored curve, because onnxruntime is timed at the end of the run, in the same
+    minutes as the tuned module; measuring it at the start as well would cost another yardstick run."""
+    parity = time_to_parity(run, run.ort_latency_s)
+    run.parity_trials = parity["trials"] if parity else None
+    run.parity_wall_s = parity["wall_s"] if parity else None
 
 
 def _comparison_summary(comparison: dict) -> dict:

@@ -73,6 +73,17 @@ def validate_measure_queues(queues, *, target: dict) -> list[str]:
     return list(dict.fromkeys(queues))
 
 
+def remote_cpu_for(run: TuningRun) -> dict:
+    """The CPU a run measured on remote queues builds for: the one CPU (LLVM name, triple) its queues'
+    nodes registered; {} (portable "generic" code) when they name none, or several different ones."""
+    queues = (run.options or {}).get("measure_queues") or []
+    cpus = scheduling_selectors.cpus_serving(queues) if queues else set()
+    if len(cpus) != 1:
+        return {}
+    (mcpu, triple), = cpus
+    return {"mcpu": mcpu, "mtriple": triple} if mcpu and triple else {}
+
+
 def validate_run_bounds(*, max_trials, trials_per_round, threads, options: dict) -> None:
     """RUN_LIMITS, checked here for every entry point (API, dashboard, `manage.py tune`)."""
     bounded = {"max_trials": max_trials, "trials_per_round": trials_per_round}

@@ -142,6 +142,10 @@ class Command(BaseCommand):
             "ratio_to_onnxruntime": run.ratio_to_ort, "faster_engine": run.faster_engine or None,
             "onnxruntime_outputs_agree": run.ort_outputs_agree,
             "onnxruntime_error": (run.summary or {}).get("onnxruntime_error") or "",
+            "untuned_ratio_to_onnxruntime": (run.summary or {}).get("untuned_ratio_to_onnxruntime"),
+            "deploy_verdict": run.deploy_verdict, "pipeline_key": run.pipeline_key,
+            "result_identity": run.result_identity,
+            "parity": {"trials": run.parity_trials, "wall_s": run.parity_wall_s} if run.parity_trials else None,
             "tasks": [{"index": t.index, "name": t.name, "trials": t.trials,
                        "best_latency_ms": t.best_latency_s * 1e3 if t.best_latency_s else None}
                       for t in run.tasks.order_by("index")],
@@ -158,9 +162,12 @@ class Command(BaseCommand):
                               f"{s['untuned_latency_ms']:.4f} ms ({s['speedup']:.2f}x), outputs match: "
                               f"{s['outputs_match']}")
         if s["onnxruntime_latency_ms"]:
-            slower = " (tuned TVM is SLOWER: deploy onnxruntime)" if s["faster_engine"] == "onnxruntime" else ""
+            parity = f"reached at trial {s['parity']['trials']:,}" if s["parity"] else "not reached"
+            if s["parity"] and s["parity"]["wall_s"] is not None:
+                parity += f" ({s['parity']['wall_s']:.0f} s)"
             self.stdout.write(f"onnxruntime: {s['onnxruntime_latency_ms']:.4f} ms, tuned/onnxruntime "
-                              f"{s['ratio_to_onnxruntime']:.2f}{slower}, "
-                              f"outputs agree: {s['onnxruntime_outputs_agree']}")
+                              f"{s['ratio_to_onnxruntime']:.2f}, outputs agree: {s['onnxruntime_outputs_agree']}, "
+                              f"parity of the estimate {parity}")
+            self.stdout.write(s["deploy_verdict"])
         elif s["onnxruntime_error"]:
             self.stdout.write(f"onnxruntime: not compared ({s['onnxruntime_error']})")
