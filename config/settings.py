@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "core",
     "tuning",
     "scheduling",
+    "recordcache",
     "frontend",
 ]
 
