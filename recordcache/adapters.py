@@ -13,9 +13,9 @@ from tuning.models import TuningRun
 
 IMPORT_CHECK_TIMEOUT_S = 600
 
-__all__ = ["RecordError", "WorkerError", "WorkerTimeout", "precheck", "cache_key_of", "task_workloads", "entries_from_run", "write_seeds",
-           "load_verification", "train_cost_model", "place_cost_model", "export_lines", "check_cache_import",
-           "run_work_dir", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE"]
+__all__ = ["RecordError", "WorkerError", "WorkerTimeout", "precheck", "cache_key_of", "task_workloads",
+           "publish_from_run", "write_seeds", "load_verification", "place_cost_model", "export_lines",
+           "check_cache_import", "run_work_dir", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE"]
 
 DEFAULT_TOP_K, DEFAULT_TOLERANCE = engine.DEFAULT_TOP_K, engine.DEFAULT_TOLERANCE
 load_verification, place_cost_model, export_lines = engine.load_verification, engine.place_cost_model, engine.export_lines
@@ -34,18 +34,14 @@ def task_workloads(model_proto, run: TuningRun) -> list[dict]:
                        what="looking the run's tasks up in the record cache")
 
 
-def entries_from_run(model_proto, run: TuningRun) -> list[dict]:
-    return call_engine("tuning.engine.record_cache:entries_from_run", str(run_work_dir(run.pk)), model_proto,
-                       run.engine_target, what="reading the run's serially re-measured records for the cache")
+def publish_from_run(model_proto, run: TuningRun, cached: list[dict], cost_model_path: Path) -> dict:
+    return call_engine("tuning.engine.record_cache:publish_from_run", str(run_work_dir(run.pk)), model_proto,
+                       run.engine_target, cached, str(cost_model_path), int(run.threads or 1),
+                       what="reading the run's serially re-measured records for the cache and training its cost model")
 
 
 def write_seeds(run: TuningRun, hits: dict[int, list[dict]], tolerance: float) -> int:
     return engine.write_seeds(str(run_work_dir(run.pk)), hits, tolerance=tolerance)
-
-
-def train_cost_model(entries: list[dict], target: dict, path: Path) -> int:
-    return call_engine("tuning.engine.record_cache:train_cost_model", entries, target, str(path),
-                       what="training the record cache's cost model")
 
 
 def check_cache_import(workloads: bytes, records: bytes, target: dict, max_records: int) -> dict:

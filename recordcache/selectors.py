@@ -20,6 +20,10 @@ def _key_filter(key: dict) -> Q:
     return Q(target_key=key["target_key"], hardware=key["hardware"], tvm_version=key["tvm_version"])
 
 
+def has_usable_entries(key: dict) -> bool:
+    return CacheEntry.objects.filter(_key_filter(key)).exclude(status=CacheEntry.Status.STALE).exists()
+
+
 def lookup(key: dict, workload_hashes: list[str], top_k: int) -> dict[str, list[dict]]:
     """Per workload hash, its best ``top_k`` usable entries under ``key`` (trusted by time, then pending
     imports); stale entries are never used."""
@@ -37,7 +41,7 @@ def trusted_entries(key: dict, limit: int = 5000) -> list[dict]:
     """The trusted entries of one key (newest first), as the engine reads them (cost-model training)."""
     rows = (CacheEntry.objects.filter(_key_filter(key), status=CacheEntry.Status.TRUSTED)
             .order_by("-updated_at")[:limit])
-    return list(rows.values(*ENTRY_FIELDS))
+    return list(rows.values(*ENTRY_FIELDS, "args_info"))
 
 
 def cost_model_for(key: dict) -> CostModelFile | None:

@@ -73,6 +73,8 @@ def seed_run(*, run: TuningRun, model_proto, top_k: int = adapters.DEFAULT_TOP_K
     if not selectors.team_settings(run.team_id).read or not _seedable(run):
         return 0
     key = adapters.cache_key_of(run)
+    if not selectors.has_usable_entries(key):
+        return 0  # nothing cached for this target and machine: no task extraction spent on a lookup
     tasks = adapters.task_workloads(model_proto, run)
     found = selectors.lookup(key, [t["workload_hash"] for t in tasks], top_k)
     budget = max(0, run.max_trials - run.trials_done)
@@ -108,8 +110,7 @@ def record_run_outcome(*, run_id: int, model_proto) -> None:
     try:
         run = TuningRun.objects.get(pk=run_id)
         apply_verification(run)
-        if publish_run(run=run, model_proto=model_proto):
-            retrain_cost_model(run=run)
+        publish_run(run=run, model_proto=model_proto)
     except Exception:  # noqa: BLE001 - the cache is an optimisation; the run has succeeded
         log.exception("run %s: record cache update failed", run_id)
 
@@ -148,39 +149,35 @@ def _publishable(run: TuningRun) -> bool:
 
 
 def publish_run(*, run: TuningRun, model_proto) -> int:
-    """Store the run's serially re-measured records (its ``final`` database) as trusted entries; a
-    schedule already cached under the same key takes the new platform measurement. Returns how many."""
+    """Store the run's serially re-measured records (its ``final`` database) as trusted entries (a schedule
+    already cached under the same key takes the new platform measurement) and save the key's cost model,
+    retrained on them and the key's other trusted entries (one sandboxed child). Returns how many entries."""
     if not _publishable(run):
         return 0
     key = adapters.cache_key_of(run)
-    entries = adapters.entries_from_run(model_proto, run)
+    tmp = adapters.run_work_dir(run.pk) / "cache_cost_model.xgb"
+    out = adapters.publish_from_run(model_proto, run, selectors.trusted_entries(key), tmp)
     with transaction.atomic():
-        for e in entries:
+        for e in out["entries"]:
             CacheEntry.objects.update_or_create(
                 **key, workload_hash=e["workload_hash"], trace_digest=e["trace_digest"],
                 defaults={"task_name": fit_to_field(CacheEntry, "task_name", e["task_name"]),
                           "workload_json": e["workload_json"], "record_json": e["record_json"],
                           "args_info": e["args_info"], "run_secs": e["run_secs"], "latency_s": e["latency_s"],
                           "status": CacheEntry.Status.TRUSTED, "source_run": run, "source_team_id": run.team_id})
-    return len(entries)
+    if out.get("cost_model_records") and tmp.exists():
+        _save_cost_model(key, tmp, out["cost_model_records"], run.pk)
+    return len(out["entries"])
 
 
-def retrain_cost_model(*, run: TuningRun) -> int:
-    """Train the key's XGBoost cost model on all its trusted entries (in a sandboxed child)."""
-    key = adapters.cache_key_of(run)
-    entries = selectors.trusted_entries(key)
-    if not entries:
-        return 0
+def _save_cost_model(key: dict, path, n_records: int, run_id: int) -> None:
     row = selectors.cost_model_for(key) or CostModelFile(**key)
-    tmp = adapters.run_work_dir(run.pk) / "cache_cost_model.xgb"
-    n = adapters.train_cost_model(entries, run.engine_target, tmp)
-    if n:
-        if row.file:
-            row.file.delete(save=False)
-        row.file.save(f"cost-model-{run.pk}.xgb", ContentFile(tmp.read_bytes()), save=False)
-        row.n_records = n
-        row.save()
-    return n
+    old = row.file.name if row.file else None
+    row.file.save(f"cost-model-{run_id}.xgb", ContentFile(path.read_bytes()), save=False)
+    row.n_records = n_records
+    row.save()
+    if old and old != row.file.name:
+        row.file.storage.delete(old)
 
 
 # --------------------------------------------------------------------------- staff

@@ -174,3 +174,21 @@ def test_seeded_run_verifies_skips_and_refuses_a_poisoned_entry(tmp_path, cpu_ta
     assert len(by_task[1]) > 1 and all(min(r.run_secs) > 1e-7 for r in sink.records if r.run_secs)
     assert s.tasks[1].best_latency_s > 1e-7 and s.best_latency_s > 1e-7
     assert os.path.exists(os.path.join(work, rc.VERIFY_FILE))
+
+
+@pytest.mark.slow
+def test_publish_reads_only_the_final_database_and_trains_a_loadable_cost_model(tmp_path, cpu_target):
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.testing import matmul_primfunc
+
+    from .cachedata import final_entries
+
+    model = matmul_primfunc(64)
+    assert rc.entries_from_run(str(tmp_path), model, cpu_target) == []  # no final re-measure: nothing trusted
+    entries = final_entries(str(tmp_path), model, cpu_target, run_secs=(2e-3,), n_records=3)
+    assert len(entries) == 3 and all(e["run_secs"] == [2e-3] for e in entries)
+    path = str(tmp_path / "cm.xgb")
+    out = rc.publish_from_run(str(tmp_path), model, cpu_target, [], path)
+    assert len(out["entries"]) == 3 and out["cost_model_records"] == 3
+    ms.cost_model.XGBModel(num_tuning_cores=1).load(path)  # what search() loads at a run's start

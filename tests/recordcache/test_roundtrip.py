@@ -32,7 +32,8 @@ def test_export_import_round_trip_lands_pending(tmp_path, monkeypatch, user_staf
     model = matmul_primfunc(64)
     entries = final_entries(str(tmp_path), model, cpu_target, run_secs=(1e-3,), n_records=2)
     run = TuningRunFactory(succeeded=True, outputs_match=True, target_key='{"kind":"llvm"}')
-    monkeypatch.setattr(adapters, "entries_from_run", lambda model_proto, r: entries)
+    monkeypatch.setattr(adapters, "publish_from_run",
+                        lambda model_proto, r, cached, path: {"entries": entries, "cost_model_records": 0})
     assert services.publish_run(run=run, model_proto=None) == 2
     staff = client_for(user_staff)
     with zipfile.ZipFile(io.BytesIO(staff.get("/api/record-cache/export/").content)) as zf:

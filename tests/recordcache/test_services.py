@@ -68,6 +68,29 @@ def test_seed_run_records_hits_and_misses_and_writes_seeds_without_times(tasks):
     assert best.hits == 1
 
 
+def test_an_empty_cache_costs_no_task_extraction(monkeypatch):
+    monkeypatch.setattr(adapters, "task_workloads", lambda *a: pytest.fail("looked up an empty cache"))
+    CacheEntryFactory(workload_hash="111", target_key="another target")
+    assert services.seed_run(run=_run(), model_proto=None) == 0
+
+
+def test_publish_saves_the_keys_cost_model_trained_with_the_cached_entries(monkeypatch):
+    old = CacheEntryFactory(target_key=KEY)
+    run = TuningRunFactory(succeeded=True, target_key=KEY, outputs_match=True)
+    seen = {}
+
+    def fake(model_proto, r, cached, path):
+        seen["cached"] = [e["id"] for e in cached]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"xgb")
+        return {"entries": [], "cost_model_records": 5}
+
+    monkeypatch.setattr(adapters, "publish_from_run", fake)
+    services.publish_run(run=run, model_proto=None)
+    model = selectors.cost_model_for(adapters.cache_key_of(run))
+    assert seen["cached"] == [old.id] and model.n_records == 5 and model.file.read() == b"xgb"
+
+
 def test_team_that_does_not_read_gets_no_seeds(tasks):
     run = _run()
     TeamCacheSettings.objects.create(team=run.team, read=False)
@@ -81,14 +104,15 @@ def test_a_run_with_user_imported_records_is_neither_seeded_nor_published(tasks,
     run = _run(options={"imported_records": 2})
     assert services.seed_run(run=run, model_proto=None) == 0
     run.status, run.outputs_match = "succeeded", True
-    monkeypatch.setattr(adapters, "entries_from_run", lambda *a: pytest.fail("an imported run must not publish"))
+    monkeypatch.setattr(adapters, "publish_from_run", lambda *a: pytest.fail("an imported run must not publish"))
     assert services.publish_run(run=run, model_proto=None) == 0
 
 
 def _published(run, monkeypatch, latency=2e-3):
     entry = {"task_index": 0, "task_name": "conv", "workload_hash": "111", "workload_json": "{}",
              "record_json": "[]", "trace_digest": "ab" * 20, "args_info": [], "run_secs": [latency], "latency_s": latency}
-    monkeypatch.setattr(adapters, "entries_from_run", lambda model_proto, r: [entry])
+    monkeypatch.setattr(adapters, "publish_from_run",
+                        lambda model_proto, r, cached, path: {"entries": [entry], "cost_model_records": 0})
     return services.publish_run(run=run, model_proto=None)
 
 
@@ -153,7 +177,7 @@ def test_verdicts_mark_stale_entries_and_count_trials_saved():
 
 def test_outcome_never_fails_a_run(monkeypatch):
     run = TuningRunFactory(succeeded=True, target_key=KEY, outputs_match=True)
-    monkeypatch.setattr(adapters, "entries_from_run", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(adapters, "publish_from_run", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
     services.record_run_outcome(run_id=run.pk, model_proto=None)  # logged, not raised
     assert not CacheEntry.objects.exists()
 
