@@ -1,11 +1,12 @@
 #!/usr/bin/env python
 """Never tune the same workload twice: model B tuned cold vs warm from the record cache filled by model A.
 
-  A        zoo ``small_cnn`` (10 classes), tuned cold (cache empty). Its trusted cache entries are what
+  A        zoo ``small_cnn`` (10 classes, weight seed 0), tuned cold (cache empty). Its trusted cache entries are what
            the platform publishes: the records of its final serial re-measure (``record_cache.
            entries_from_run``), and the cache's XGBoost cost model is trained on them.
-  B cold   zoo ``small_cnn`` with a 100-class head (a fine-tuned copy: the two convolutions, the pool and
-           the flatten are A's workloads, the Gemm is new), tuned with the cache off.
+  B cold   ``--pair finetuned`` (default): A with other weights (a fine-tuned copy: every task is one of
+           A's workloads); ``--pair head``: A with a 100-class head (the convolutions, the pool and the
+           flatten are A's, the Gemm is new). Tuned with the cache off.
   B warm   the same B, same budget and seed, with the cache filled by A: each task is looked up by its
            workload hash under the same key (target key, hardware fingerprint, TVM version), the hits
            (top-k per task) are seeded through the imported-record path, re-timed serially on this host,
@@ -42,13 +43,16 @@ from bench.common import fmt_s, machine_info, run_child, tuning_config, write_re
 
 SCRIPT = str(Path(__file__).resolve())
 MATCH = 1.03
-MODELS = {"A": 10, "B": 100}  # small_cnn head sizes
+# small_cnn (classes, weight seed) of A and of B, per pair
+PAIRS = {"finetuned": {"A": (10, 0), "B": (10, 1)},  # B: a fine-tuned copy of A (other weights): every task shared
+         "head": {"A": (10, 0), "B": (100, 0)}}  # B: A with a 100-class head: 4 of 5 tasks shared
 
 
-def make_model(name: str):
+def make_model(pair: str, name: str):
     from core.onnx_models.zoo import small_cnn
 
-    return small_cnn(classes=MODELS[name])
+    classes, seed = PAIRS[pair][name]
+    return small_cnn(classes=classes, seed=seed)
 
 
 class _CurveSink:
@@ -114,7 +118,7 @@ def _job_tune(spec: dict) -> dict:
     from tuning.engine.session import run_tuning
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-    model = make_model(spec["model"])
+    model = make_model(spec["pair"], spec["model"])
     t0 = time.perf_counter()
     seeding = _seed_from_cache(spec, model) if spec.get("cache") else None
     sink = _CurveSink(t0)
@@ -133,7 +137,7 @@ def _job_remeasure(spec: dict) -> dict:
     from tuning.engine.session import open_database
 
     target = make_target(spec["target"])
-    model = make_model("B")
+    model = make_model(spec["pair"], "B")
     inputs = random_inputs(model)
     exes = {side: compile_model(model, target, database=open_database(wd)) for side, wd in spec["sides"].items()}
     samples: dict[str, list[float]] = {s: [] for s in exes}
@@ -173,6 +177,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=None, help="budget of every run (quick 96, full 320)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pair", choices=list(PAIRS), default="finetuned",
+                    help="B = A fine-tuned (other weights, every task shared) or A with a 100-class head (4 of 5)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args(argv)
@@ -188,12 +194,14 @@ def main(argv=None) -> int:
     trials = args.trials or (96 if args.quick else 320)
     root = Path(tempfile.mkdtemp(prefix="bench_record_cache_"))
     machine = machine_info(threads=threads, target=target)
-    print(f"# record_cache: small_cnn(10 classes) -> small_cnn(100 classes), {trials} trials a run, threads={threads}")
+    print(f"# record_cache: pair {args.pair} (small_cnn classes, weight seed: {PAIRS[args.pair]}), {trials} trials a "
+          f"run, threads={threads}")
     print(f"# machine: {machine['cpu']}, load average at start {machine.get('loadavg')} (shared, noisy)")
 
     def spec(label: str, model: str, **extra) -> dict:
         wd = root / label
-        return {"kind": "tune", "label": label, "model": model, "target": target, "threads": threads,
+        return {"kind": "tune", "label": label, "model": model, "pair": args.pair, "target": target,
+                "threads": threads,
                 "trials": trials, "per_round": 16, "seed": args.seed, "population": 64 if args.quick else None,
                 "genetic_iters": 2 if args.quick else None, "work_dir": str(wd), "out": str(wd) + ".json", **extra}
 
@@ -201,7 +209,8 @@ def main(argv=None) -> int:
     runs = {"A cold": run_child(SCRIPT, spec("A_cold", "A", publish=publish), timeout=3600)}
     runs["B cold"] = run_child(SCRIPT, spec("B_cold", "B"), timeout=3600)
     runs["B warm"] = run_child(SCRIPT, spec("B_warm", "B", cache=publish), timeout=3600)
-    rm = run_child(SCRIPT, {"kind": "remeasure", "label": "remeasure", "target": target, "threads": threads,
+    rm = run_child(SCRIPT, {"kind": "remeasure", "label": "remeasure", "pair": args.pair, "target": target,
+                            "threads": threads,
                             "sides": {"cold": str(root / "B_cold"), "warm": str(root / "B_warm")},
                             "out": str(root / "remeasure.json")}, timeout=3600)
     cold, warm = runs["B cold"], runs["B warm"]
@@ -226,7 +235,8 @@ def main(argv=None) -> int:
     }
     print("# overall (warm / cold): " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                                   for k, v in overall.items()))
-    result = {"overall": overall, "models": rows, "final_latency_s": final, "match_within": MATCH,
+    result = {"overall": overall, "pair": args.pair, "pair_models": PAIRS[args.pair], "models": rows,
+              "final_latency_s": final, "match_within": MATCH,
               "goal_estimate_s": goal, "runs": runs, "trials": trials, "quick": args.quick,
               "machine": machine | {"loadavg_end": list(os.getloadavg())}}
     write_result(result, json_path=args.json, work_root=root, keep=args.keep)

@@ -18,7 +18,9 @@ __all__ = ["RecordError", "WorkerError", "WorkerTimeout", "precheck", "cache_key
            "check_cache_import", "run_work_dir", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE"]
 
 DEFAULT_TOP_K, DEFAULT_TOLERANCE = engine.DEFAULT_TOP_K, engine.DEFAULT_TOLERANCE
-load_verification, place_cost_model, export_lines = engine.load_verification, engine.place_cost_model, engine.export_lines
+load_verification = engine.load_verification
+place_cost_model = engine.place_cost_model
+export_lines = engine.export_lines
 
 
 def cache_key_of(run: TuningRun) -> dict:

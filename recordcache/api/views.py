@@ -103,9 +103,10 @@ class CacheImportView(APIView):
         body = CacheImportSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         d = body.validated_data
-        n = services.import_entries(actor=request.user, workloads=read_upload(d["workloads"], max_bytes=IMPORT_MAX_BYTES),
-                                    records=read_upload(d["records"], max_bytes=IMPORT_MAX_BYTES), target=d["target"],
-                                    hardware=d["hardware"], tvm_version=d["tvm_version"])
+        n = services.import_entries(
+            actor=request.user, workloads=read_upload(d["workloads"], max_bytes=IMPORT_MAX_BYTES),
+            records=read_upload(d["records"], max_bytes=IMPORT_MAX_BYTES), target=d["target"],
+            hardware=d["hardware"], tvm_version=d["tvm_version"])
         return Response({"imported": n, "status": "pending"})
 
 

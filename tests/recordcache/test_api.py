@@ -50,7 +50,8 @@ def test_run_cache_use_per_task_and_other_team_404(api_owner, api_other, team_a)
     r = api_owner.get(f"/api/runs/{run.pk}/record-cache/")
     assert r.status_code == 200
     task = r.json()["tasks"][0]
-    assert (task["hit"], task["source_run"], task["verification"], task["trials_saved"]) == (True, src.pk, "verified", 30)
+    got = (task["hit"], task["source_run"], task["verification"], task["trials_saved"])
+    assert got == (True, src.pk, "verified", 30)
     assert r.json()["savings"]["trials_saved"] == 30 and r.json()["savings"]["basis"].startswith("estimated")
     assert api_other.get(f"/api/runs/{run.pk}/record-cache/").status_code == 404
 

@@ -110,7 +110,8 @@ def test_a_run_with_user_imported_records_is_neither_seeded_nor_published(tasks,
 
 def _published(run, monkeypatch, latency=2e-3):
     entry = {"task_index": 0, "task_name": "conv", "workload_hash": "111", "workload_json": "{}",
-             "record_json": "[]", "trace_digest": "ab" * 20, "args_info": [], "run_secs": [latency], "latency_s": latency}
+             "record_json": "[]", "trace_digest": "ab" * 20, "args_info": [], "run_secs": [latency],
+             "latency_s": latency}
     monkeypatch.setattr(adapters, "publish_from_run",
                         lambda model_proto, r, cached, path: {"entries": [entry], "cost_model_records": 0})
     return services.publish_run(run=run, model_proto=None)

@@ -41,7 +41,8 @@ from .database import (COST_MODEL_FILE, IMPORTED_DONE_DIR, DB_RECORDS, DB_WORKLO
 from .events import ffi_to_py, trace_json
 
 __all__ = ["SEEDS_FILE", "VERIFY_FILE", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE", "tvm_version", "hardware_fingerprint",
-           "cache_target_key", "trace_digest", "task_workloads", "entries_from_run", "write_seeds", "verify_seeds",
+           "cache_target_key", "trace_digest", "task_workloads", "entries_from_run", "publish_from_run",
+           "write_seeds", "verify_seeds",
            "load_verification", "skip_verified_tasks", "apply_seed_verification", "train_cost_model",
            "place_cost_model", "export_lines", "check_cache_import"]
 
@@ -177,6 +178,18 @@ def entries_from_run(work_dir: str, model, target) -> list[dict]:
             if e is not None:
                 out.append(e)
     return out
+
+
+def publish_from_run(work_dir: str, model, target, cached: list[dict], cost_model_path: str,
+                     num_cores: int = 1) -> dict:
+    """One child's work after a successful run: its trusted entries (:func:`entries_from_run`) and the
+    key's cost model retrained on them plus the ``cached`` trusted entries of the same key (the new ones
+    win on a shared trace). Returns ``{"entries": [...], "cost_model_records": n}``."""
+    entries = entries_from_run(work_dir, model, target)
+    fresh = {e["trace_digest"] for e in entries}
+    pool = entries + [e for e in cached if e["trace_digest"] not in fresh]
+    n = train_cost_model(pool, target, cost_model_path, num_cores=num_cores) if entries else 0
+    return {"entries": entries, "cost_model_records": n}
 
 
 # --------------------------------------------------------------------------- seeding a run
@@ -318,8 +331,10 @@ def train_cost_model(entries: list[dict], target, path: str, *, num_cores: int =
     from tvm.s_tir.schedule import Schedule
 
     from .relax_pipeline import make_target
+    from .tvm_compat import ensure_tensor_intrin
 
     tgt = make_target(target)
+    ensure_tensor_intrin(tgt)  # what the target needs, not all of tensor_intrin (TuneContext imports it: seconds)
     by_workload: dict[str, list[dict]] = {}
     for e in entries:
         by_workload.setdefault(e["workload_hash"], []).append(e)
