@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.files.base import ContentFile
 from django.db import transaction
@@ -70,7 +71,7 @@ def seed_run(*, run: TuningRun, model_proto, top_k: int = adapters.DEFAULT_TOP_K
     seeds (built and re-timed serially on this host before the search); record hit/miss per task; put the
     cache's cost model where the run loads one. Returns the number of seeds (0: team opted out, nothing
     cached, or the run is not fresh)."""
-    if not selectors.team_settings(run.team_id).read or not _seedable(run):
+    if not settings.RECORD_CACHE_ENABLED or not selectors.team_settings(run.team_id).read or not _seedable(run):
         return 0
     key = adapters.cache_key_of(run)
     if not selectors.has_usable_entries(key):
@@ -143,7 +144,9 @@ def _publishable(run: TuningRun) -> bool:
     """A successful run whose tuned outputs matched, measured on this host, with no user-imported records,
     by a team that publishes."""
     opts = run.options or {}
-    return (run.status == TuningRun.Status.SUCCEEDED and run.outputs_match is True and bool(run.target_key)
+    final = adapters.run_work_dir(run.pk) / "final" / "database_tuning_record.json"
+    return (settings.RECORD_CACHE_ENABLED and final.exists() and final.stat().st_size > 0  # serial re-measures
+            and run.status == TuningRun.Status.SUCCEEDED and run.outputs_match is True and bool(run.target_key)
             and not opts.get("measure_queues") and not opts.get("imported_records")  # never from imports
             and selectors.team_settings(run.team_id).publish)
 

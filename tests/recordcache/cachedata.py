@@ -10,6 +10,15 @@ from tuning.engine.database import DB_RECORDS, DB_WORKLOAD, FINAL_DIR
 from tuning.engine.testing import tuning_database
 
 
+def give_final_database(run) -> None:
+    """A run's work dir with a (non-empty) final database: it had a serial re-measure to publish."""
+    from recordcache.adapters import run_work_dir
+
+    d = run_work_dir(run.pk) / FINAL_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    (d / DB_RECORDS).write_text("[0, []]\n")
+
+
 def final_entries(work_dir: str, model, target, *, run_secs=(1e-3,), task_index: int = 0, n_records: int = 1,
                   first_id: int = 1, source_run=7) -> list[dict]:
     """Entries of a fake run whose final re-measure timed ``n_records`` schedules of one task at ``run_secs``."""

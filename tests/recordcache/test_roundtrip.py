@@ -15,7 +15,7 @@ from tests.factories import TuningRunFactory
 from tests.helpers import client_for
 from tuning.engine.testing import matmul_primfunc, tuning_database
 
-from .cachedata import final_entries
+from .cachedata import final_entries, give_final_database
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -34,6 +34,7 @@ def test_export_import_round_trip_lands_pending(tmp_path, monkeypatch, user_staf
     run = TuningRunFactory(succeeded=True, outputs_match=True, target_key='{"kind":"llvm"}')
     monkeypatch.setattr(adapters, "publish_from_run",
                         lambda model_proto, r, cached, path: {"entries": entries, "cost_model_records": 0})
+    give_final_database(run)
     assert services.publish_run(run=run, model_proto=None) == 2
     staff = client_for(user_staff)
     with zipfile.ZipFile(io.BytesIO(staff.get("/api/record-cache/export/").content)) as zf:

@@ -14,6 +14,8 @@ from tests.factories import CacheEntryFactory, TeamFactory, TuningRunFactory, Tu
 from tuning.engine import record_cache as rc
 from tuning.engine.database import has_imported
 
+from .cachedata import give_final_database
+
 pytestmark = pytest.mark.django_db
 
 KEY = '{"kind":"llvm","mcpu":"znver3"}'
@@ -86,6 +88,7 @@ def test_publish_saves_the_keys_cost_model_trained_with_the_cached_entries(monke
         return {"entries": [], "cost_model_records": 5}
 
     monkeypatch.setattr(adapters, "publish_from_run", fake)
+    give_final_database(run)
     services.publish_run(run=run, model_proto=None)
     model = selectors.cost_model_for(adapters.cache_key_of(run))
     assert seen["cached"] == [old.id] and model.n_records == 5 and model.file.read() == b"xgb"
@@ -114,7 +117,20 @@ def _published(run, monkeypatch, latency=2e-3):
              "latency_s": latency}
     monkeypatch.setattr(adapters, "publish_from_run",
                         lambda model_proto, r, cached, path: {"entries": [entry], "cost_model_records": 0})
+    give_final_database(run)
     return services.publish_run(run=run, model_proto=None)
+
+
+def test_no_final_serial_remeasure_nothing_published_and_the_switch_turns_the_cache_off(monkeypatch, settings,
+                                                                                       tasks):
+    run = TuningRunFactory(succeeded=True, target_key=KEY, outputs_match=True)
+    monkeypatch.setattr(adapters, "publish_from_run", lambda *a: pytest.fail("nothing serial to publish"))
+    assert services.publish_run(run=run, model_proto=None) == 0
+    settings.RECORD_CACHE_ENABLED = False
+    give_final_database(run)
+    assert services.publish_run(run=run, model_proto=None) == 0
+    CacheEntryFactory(workload_hash="111")
+    assert services.seed_run(run=_run(), model_proto=None) == 0
 
 
 def test_publish_only_a_successful_validated_run_of_a_publishing_team(monkeypatch):
@@ -178,6 +194,7 @@ def test_verdicts_mark_stale_entries_and_count_trials_saved():
 
 def test_outcome_never_fails_a_run(monkeypatch):
     run = TuningRunFactory(succeeded=True, target_key=KEY, outputs_match=True)
+    give_final_database(run)
     monkeypatch.setattr(adapters, "publish_from_run", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
     services.record_run_outcome(run_id=run.pk, model_proto=None)  # logged, not raised
     assert not CacheEntry.objects.exists()
