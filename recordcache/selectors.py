@@ -1,7 +1,7 @@
 """Reads of the tuning-record cache."""
 from __future__ import annotations
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 
 from tuning.models import TuningRun
 
@@ -28,7 +28,8 @@ def lookup(key: dict, workload_hashes: list[str], top_k: int) -> dict[str, list[
     """Per workload hash, its best ``top_k`` usable entries under ``key`` (trusted by time, then pending
     imports); stale entries are never used."""
     rows = (CacheEntry.objects.filter(_key_filter(key), workload_hash__in=set(workload_hashes))
-            .exclude(status=CacheEntry.Status.STALE).order_by("workload_hash", "latency_s", "id"))
+            .exclude(status=CacheEntry.Status.STALE)
+            .order_by("workload_hash", F("latency_s").asc(nulls_last=True), "id"))  # pending (no time) last
     out: dict[str, list[dict]] = {}
     for row in rows.values(*ENTRY_FIELDS, "source_run_id"):
         group = out.setdefault(row["workload_hash"], [])

@@ -12,7 +12,7 @@ from django.core.management import call_command
 from recordcache.models import CacheEntry, CacheLookup, TeamCacheSettings
 from tuning.models import TuningRun
 
-pytestmark = [pytest.mark.django_db, pytest.mark.slow, pytest.mark.usefixtures("no_broker")]
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 
 def _tune(model) -> TuningRun:

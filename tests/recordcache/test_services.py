@@ -57,6 +57,7 @@ def test_seed_run_records_hits_and_misses_and_writes_seeds_without_times(tasks):
     CacheEntryFactory(workload_hash="111", latency_s=2e-3)
     CacheEntryFactory(workload_hash="111", latency_s=3e-3)  # beyond top-k
     CacheEntryFactory(workload_hash="111", latency_s=1e-4, status=CacheEntry.Status.STALE)  # never used
+    CacheEntryFactory(workload_hash="111", latency_s=None, run_secs=[], status=CacheEntry.Status.PENDING)  # last
     run = _run()
     assert services.seed_run(run=run, model_proto=None) == 2
     rows = {r.task_index: r for r in selectors.lookups_of_run(run)}
