@@ -1,6 +1,6 @@
 """Through the executor (``manage.py tune``, in-process): a successful run publishes its serially
 re-measured records; the next run of a model sharing its workloads looks them up, is seeded, and its
-lookups, verdicts and savings are stored and served; a team that does not publish adds nothing."""
+lookups, verdicts and savings are stored and served (opt-outs: test_services.py)."""
 from __future__ import annotations
 
 import io
@@ -9,7 +9,7 @@ import json
 import pytest
 from django.core.management import call_command
 
-from recordcache.models import CacheEntry, CacheLookup, TeamCacheSettings
+from recordcache.models import CacheEntry, CacheLookup
 from tuning.models import TuningRun
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -37,8 +37,3 @@ def test_a_run_publishes_and_the_next_one_is_seeded_and_served(model_a, user_own
     body = api_owner.get(f"/api/runs/{second.pk}/record-cache/").json()
     assert len(body["tasks"]) == len(lookups) and body["savings"]["basis"].startswith("estimated")
 
-
-def test_a_team_that_does_not_publish_adds_nothing(model_a, user_owner):
-    TeamCacheSettings.objects.create(team=model_a.team, publish=False)
-    _tune(model_a)
-    assert not CacheEntry.objects.exists()
