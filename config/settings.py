@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "core",
     "tuning",
     "scheduling",
+    "recordcache",
     "frontend",
 ]
 
@@ -268,6 +269,8 @@ TUNING_STALE_AFTER_S = env.float("TUNING_STALE_AFTER_S", default=120.0)
 # A run whose executor died this many times (each re-queued by recovery) is failed, not retried:
 # a model that kills the worker would otherwise kill every worker, forever.
 TUNING_MAX_EXECUTOR_LOSSES = env.int("TUNING_MAX_EXECUTOR_LOSSES", default=3)
+# the platform-wide tuning-record cache (recordcache): runs look their tasks up and publish their serial re-measures
+RECORD_CACHE_ENABLED = env.bool("RECORD_CACHE_ENABLED", default=True)
 # Remote (measure_queues) measurement: how long one measurement may take once a worker has started it, and
 # how long it may wait in its queue for a worker; past either it is an infrastructure failure.
 TUNING_MEASURE_TIMEOUT_S = env.float("TUNING_MEASURE_TIMEOUT_S", default=600.0)

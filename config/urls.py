@@ -5,12 +5,13 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from core.api import urls as core_api
 from core.api.router import router
+from recordcache.api import urls as recordcache_api
 from scheduling.api import urls as scheduling_api
 from tuning.api import urls as tuning_api
 
 # Each app's api/urls.py registers its viewsets on the shared router when imported (above) and may add
 # extra paths; router.urls is read after all of them.
-api_extra = [*core_api.urlpatterns, *tuning_api.urlpatterns, *scheduling_api.urlpatterns]
+api_extra = [*core_api.urlpatterns, *tuning_api.urlpatterns, *scheduling_api.urlpatterns, *recordcache_api.urlpatterns]
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -22,6 +22,7 @@ from core.api.throttles import LoginThrottle
 from core.exceptions import QuotaExceeded, ServiceError
 from core.models import DLModel
 from core.onnx_models.errors import ERROR_CODES, OnnxValidationError
+from recordcache import selectors as record_cache
 from scheduling.selectors import COLOCATION_BASIS
 from tuning import services as tuning_services
 
@@ -200,7 +201,8 @@ def run_detail(request, pk: int):
     return render(request, "frontend/run_detail.html", {
         "scope": scope, "run": run, "live": payload, "numbers": payload["run"], "d": payload["run"]["display"],
         "figures": payload["figures"], "links": presenters.run_links(run), "target": presenters.fmt_target(run.target),
-        "can_control": run.team_id in scope.writable_ids, "nav": "runs"})
+        "can_control": run.team_id in scope.writable_ids, "nav": "runs",
+        "cache_rows": record_cache.lookups_of_run(run), "cache_savings": record_cache.run_cache_savings(run)})
 
 
 CONTROL = {"cancel": tuning_services.cancel_run, "pause": tuning_services.pause_run,
@@ -260,7 +262,8 @@ def energy(request):
         "scope": scope, "rows": rows, "figure": charts.energy_figure(rows),
         "energy_recorded": queries.energy_recorded(scope.team_ids),
         "quota_rows": queries.quota_usage_rows(scope.scoped_teams), "nav": "energy",
-        "energy_model": core_selectors.energy_model(), "colocation_basis": COLOCATION_BASIS})
+        "energy_model": core_selectors.energy_model(), "colocation_basis": COLOCATION_BASIS,
+        "cache_savings": record_cache.team_cache_savings(scope.team_ids)})
 
 
 # --- cluster and simulations (scheduling app) -------------------------------------------------------

@@ -24,8 +24,10 @@ from factory.django import DjangoModelFactory
 
 from core import services as core_services
 from core.models import ApiToken, DLModel, EnergySettings, Membership, Quota, Team, TeamInvitation
+from recordcache.models import CacheEntry
 from scheduling.models import (GPU, GpuJob, GpuProfile, GpuTelemetry, Node, Placement, PredictorVersion, SimulationRun,
                                TraceUpload, gpu_queue_name)
+from tuning.engine import record_cache as record_cache_engine
 from tuning.models import DopRound, Measurement, TuningRun, TuningTask
 
 from .helpers import PHILLY_CSV
@@ -416,3 +418,24 @@ class SimulationRunFactory(DjangoModelFactory):
     trace = "philly"
     policies = factory.LazyFunction(lambda: ["fifo_exclusive", "horus"])
     parameters = factory.LazyFunction(lambda: {"jobs": 50, "gpus": 8})
+
+
+class CacheEntryFactory(DjangoModelFactory):
+    """A trusted record-cache entry (as ``recordcache.services.publish_run`` stores one) under the key of
+    ``source_run`` and this host's hardware and TVM version."""
+
+    class Meta:
+        model = CacheEntry
+
+    source_run = factory.SubFactory(TuningRunFactory, succeeded=True, target_key='{"kind":"llvm","mcpu":"znver3"}')
+    source_team = factory.LazyAttribute(lambda e: e.source_run.team)
+    workload_hash = factory.Sequence(lambda n: f"{1000 + n}")
+    target_key = factory.LazyAttribute(lambda e: e.source_run.target_key)
+    hardware = factory.LazyFunction(lambda: record_cache_engine.hardware_fingerprint({"kind": "llvm"}))
+    tvm_version = factory.LazyFunction(lambda: record_cache_engine.tvm_version())
+    trace_digest = factory.Sequence(lambda n: hashlib.sha1(str(n).encode()).hexdigest())
+    task_name = "fused_conv2d_add_relu"
+    workload_json = '{"workload": 1}'
+    record_json = '[[[], []], null, {"kind": "llvm"}, []]'
+    run_secs = factory.LazyAttribute(lambda e: [e.latency_s] * 3)
+    latency_s = 1e-3

@@ -159,14 +159,15 @@ SMALL_CNN_DOC = (
 )
 
 
-def small_cnn(batch_size: int = 1, seed: int = 0) -> onnx.ModelProto:
+def small_cnn(batch_size: int = 1, seed: int = 0, classes: int = 10) -> onnx.ModelProto:
+    """``classes``: another head on the same convolutions (a fine-tuned copy; bench/record_cache.py)."""
     g = _Graph(seed)
     x = g.relu(g.conv("input", 3, 16, 3, bias=True))
     x = g.relu(g.conv(x, 16, 32, 3, bias=True))
     x = g.node("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2])
     x = g.node("Flatten", [x], axis=1)
-    _rename_output(g, g.gemm(x, 32 * 16 * 16, 10))
-    return g.model("small_cnn", SMALL_CNN_DOC, [_image_input(batch_size, 32)], [_logits([batch_size, 10])])
+    _rename_output(g, g.gemm(x, 32 * 16 * 16, classes))
+    return g.model("small_cnn", SMALL_CNN_DOC, [_image_input(batch_size, 32)], [_logits([batch_size, classes])])
 
 
 RESNET18_DOC = (

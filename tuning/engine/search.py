@@ -97,7 +97,7 @@ def skip_infrastructure_failures(cost_model):
 
 def _cost_model(num_cores: int, path: str, resumed: bool):
     cost_model = skip_infrastructure_failures(ms.cost_model.XGBModel(num_tuning_cores=num_cores, tree_method="auto"))
-    if resumed and os.path.exists(path):
+    if os.path.exists(path):  # a resumed run's own, or the record cache's for a fresh run (record_cache)
         with contextlib.suppress(Exception), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cost_model.load(path)

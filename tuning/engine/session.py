@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import sandbox, yardstick
+from . import record_cache, sandbox, yardstick
 from .database import (
     DB_RECORDS,
     DB_WORKLOAD,
@@ -331,6 +331,7 @@ def _tune(run: _Run) -> None:
                                                         run.database, run.device_type, run.remaining)
                 run.remaining = max(0, run.remaining - n_imported)
                 run.phases["imported"] = time.perf_counter() - t0
+            record_cache.apply_seed_verification(run)  # verified cache hits need no search
             if run.remaining > 0:
                 run.status = search.search(run.tasks, run.target, cfg, state=state, builder=builder, runner=runner,
                                            database=run.database, work_dir=run.work_dir, budget=run.remaining,

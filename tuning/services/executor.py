@@ -22,6 +22,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from core.fieldtext import fit_to_field
+from recordcache import services as record_cache
 from tuning import adapters
 from tuning.adapters import DatabaseSink, LeaseLost
 from tuning.models import Measurement, TuningRun
@@ -159,6 +160,7 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
         with run.model.file.open("rb") as f:
             model_proto = onnx.load_model_from_string(f.read())
         resolve_run_target(run, lease)
+        record_cache.seed_before_engine(run=run, model_proto=model_proto)  # cache hits become verified seeds
         config = adapters.build_engine_config(run, work_dir)
         with heartbeat_while_executing(run.pk, lease):
             if run.attempts > 1:
@@ -170,6 +172,7 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
             if status in ("cancelled", "paused"):
                 return finish_interrupted(run.pk, lease, status, reason=sink.stop_reason)
             finish_succeeded(run.pk, lease, model_proto, summary, work_dir)
+            record_cache.record_run_outcome(run_id=run.pk, model_proto=model_proto)  # publish, verdicts
             return TuningRun.Status.SUCCEEDED
     except LeaseLost:
         log.warning("run %s: lease lost, another executor continues it", run_id)

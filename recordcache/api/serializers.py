@@ -1,0 +1,35 @@
+from rest_framework import serializers
+
+from recordcache.models import CacheLookup, TeamCacheSettings
+
+
+class TeamCacheSettingsSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TeamCacheSettings
+        fields = ["team", "publish", "read", "updated_at"]
+        read_only_fields = ["team", "updated_at"]
+
+
+class CacheLookupSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = CacheLookup
+        fields = ["task_index", "task_name", "workload_hash", "hit", "n_seeds", "source_run", "verification",
+                  "cache_best_s", "measured_best_s", "reason", "trials_saved"]
+
+
+class CacheImportSerializer(serializers.Serializer):
+    workloads = serializers.FileField(help_text="TVM JSONDatabase database_workload.json")
+    records = serializers.FileField(help_text="TVM JSONDatabase database_tuning_record.json")
+    target = serializers.JSONField(help_text='TVM target dict, e.g. {"kind": "llvm", "mcpu": "znver3"}')
+    hardware = serializers.CharField(max_length=300)
+    tvm_version = serializers.CharField(max_length=100)
+
+    def validate_target(self, value):
+        if not isinstance(value, dict) or value.get("kind") not in ("llvm", "cuda"):
+            raise serializers.ValidationError('A target dict whose "kind" is "llvm" or "cuda".')
+        return value
+
+
+class PurgeSerializer(serializers.Serializer):
+    target_key = serializers.CharField(max_length=800, required=False, allow_blank=True, default="")
+    tvm_version = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")

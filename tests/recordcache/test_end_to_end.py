@@ -1,0 +1,39 @@
+"""Through the executor (``manage.py tune``, in-process): a successful run publishes its serially
+re-measured records; the next run of a model sharing its workloads looks them up, is seeded, and its
+lookups, verdicts and savings are stored and served (opt-outs: test_services.py)."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import call_command
+
+from recordcache.models import CacheEntry, CacheLookup
+from tuning.models import TuningRun
+
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+
+
+def _tune(model) -> TuningRun:
+    out = io.StringIO()
+    call_command("tune", str(model.pk), "--trials", "8", "--trials-per-round", "8", "--threads", "1",
+                 "--target", '{"kind": "llvm", "num-cores": 1}', "--population", "16", "--seed", "1", "--json",
+                 "--no-progress", stdout=out, stderr=io.StringIO())
+    run = TuningRun.objects.get(pk=json.loads(out.getvalue())["run"])
+    assert run.status == "succeeded", run.error
+    return run
+
+
+def test_a_run_publishes_and_the_next_one_is_seeded_and_served(model_a, user_owner, api_owner):
+    first = _tune(model_a)
+    entries = CacheEntry.objects.filter(source_run=first)
+    assert entries.exists() and all(e.status == "trusted" and e.run_secs and e.latency_s > 1e-7 for e in entries)
+    assert {e.target_key for e in entries} == {first.target_key}
+    second = _tune(model_a)
+    lookups = list(CacheLookup.objects.filter(run=second).order_by("task_index"))
+    assert lookups and any(c.hit for c in lookups)
+    assert all(c.source_run_id == first.pk and c.verification in ("verified", "stale") for c in lookups if c.hit)
+    body = api_owner.get(f"/api/runs/{second.pk}/record-cache/").json()
+    assert len(body["tasks"]) == len(lookups) and body["savings"]["basis"].startswith("estimated")
+

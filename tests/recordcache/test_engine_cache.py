@@ -1,0 +1,194 @@
+"""The engine side of the record cache (no Django): the key, seeds without cached times, verification
+(verified / stale / untrusted), verified tasks skipped through Trimmer's allocation, export."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tuning.engine import record_cache as rc
+from tuning.engine.database import DB_RECORDS, IMPORTED_DIR, has_imported
+from tuning.engine.events import TaskInfo
+
+CPUINFO = """processor\t: 0
+model name\t: AMD EPYC 7B13
+physical id\t: 0
+siblings\t: 2
+cpu cores\t: 1
+processor\t: 1
+model name\t: AMD EPYC 7B13
+physical id\t: 0
+siblings\t: 2
+cpu cores\t: 1
+"""
+
+
+def test_hardware_fingerprint_names_cpu_model_and_core_layout():
+    fp = rc.cpu_fingerprint(CPUINFO, "0-1\n")
+    assert fp == "AMD EPYC 7B13 | 1s x 1c x 2t | cpus 0-1"
+    assert rc.cpu_fingerprint(CPUINFO.replace("7B13", "9654"), "0-1") != fp  # another CPU model
+    assert rc.cpu_fingerprint(CPUINFO.replace("cpu cores\t: 1", "cpu cores\t: 2"), "0-1") != fp  # another layout
+    assert rc.cpu_fingerprint(CPUINFO, "0-3") != fp  # more CPUs
+    assert rc.hardware_fingerprint({"kind": "llvm"}) == rc.cpu_fingerprint()
+
+
+def test_gpu_fingerprint_without_nvml_is_unknown_not_an_error():
+    class NoDriver:
+        def nvmlInit(self):
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    assert rc.gpu_fingerprint(nvml=NoDriver()).startswith("unknown gpu")
+
+
+def test_gpu_fingerprint_names_the_board_memory_and_driver():
+    class Mem:
+        total = 80 * (1 << 30)
+
+    class FakeNvml:
+        def nvmlInit(self): pass
+        def nvmlShutdown(self): pass
+        def nvmlDeviceGetHandleByIndex(self, i): return i
+        def nvmlDeviceGetName(self, h): return b"NVIDIA H100"
+        def nvmlDeviceGetMemoryInfo(self, h): return Mem()
+        def nvmlSystemGetDriverVersion(self): return "550.54"
+
+    assert rc.gpu_fingerprint(nvml=FakeNvml()) == "NVIDIA H100 | 81920 MiB | driver 550.54"
+
+
+def test_target_key_includes_the_pipeline_when_there_is_one():
+    assert rc.cache_target_key("K") == "K"
+    assert rc.cache_target_key("K", "p1") != rc.cache_target_key("K", "p2") != "K"
+
+
+def _entry(eid, latency, digest=None, wl="h1"):
+    body = [[["trace"], []], [latency], {"kind": "llvm"}, []]
+    return {"id": eid, "source_run": 3, "workload_hash": wl, "workload_json": '{"wl": 1}',
+            "record_json": json.dumps(body), "trace_digest": digest or f"d{eid}", "latency_s": latency,
+            "run_secs": [latency]}
+
+
+def test_seeds_carry_no_cached_time(tmp_path):
+    n = rc.write_seeds(str(tmp_path), {0: [_entry(1, 1e-9), _entry(2, 2e-3)]})
+    assert n == 2 and has_imported(str(tmp_path))
+    lines = [json.loads(x) for x in (tmp_path / IMPORTED_DIR / DB_RECORDS).read_text().splitlines()]
+    assert all(body[1] is None for _, body in lines)  # the platform times every seed itself
+    manifest = json.loads((tmp_path / rc.SEEDS_FILE).read_text())
+    assert manifest["tasks"]["0"]["cache_best_s"] == 1e-9
+
+
+def _verdict(measured, entries, tol=0.1):
+    want = {"workload_hash": "h", "cache_best_s": min((e["latency_s"] for e in entries if e["latency_s"]),
+                                                      default=None),
+            "entries": {e["trace_digest"]: {"id": e["id"], "source_run": 3, "latency_s": e["latency_s"]}
+                        for e in entries}}
+    return rc._task_verdict(0, "t", want, measured, tol)
+
+
+def test_a_fake_nanosecond_entry_does_not_verify_and_goes_stale():
+    v = _verdict({"d1": 4e-5}, [_entry(1, 1e-9)])
+    assert not v["verified"] and v["stale_entry_ids"] == [1] and "slower" in v["reason"]
+
+
+def test_verified_within_tolerance_of_the_cache_best():
+    v = _verdict({"d1": 1.05e-3, "d2": 3e-3}, [_entry(1, 1e-3), _entry(2, 1.1e-3)])
+    assert v["verified"] and v["measured_best_s"] == 1.05e-3
+    assert v["stale_entry_ids"] == [2]  # d2 ran far slower than its own cached time
+
+
+def test_a_seed_that_fails_here_is_stale():
+    v = _verdict({"d1": None}, [_entry(1, 1e-3)])
+    assert not v["verified"] and v["stale_entry_ids"] == [1] and v["reason"] == "failed on this host"
+
+
+def test_imported_entries_never_verify_a_task():
+    v = _verdict({"d1": 1e-3}, [_entry(1, None)])
+    assert not v["verified"] and v["stale_entry_ids"] == [] and "imported" in v["reason"]
+
+
+class _State:
+    trimmer = None
+
+
+def test_verified_tasks_are_preempted_from_the_start_not_reported_as_trimmer_savings():
+    infos = [TaskInfo(0, "a", 1.0, 1.0), TaskInfo(1, "b", 1.0, 1.0)]
+    st = _State()
+    rc.skip_verified_tasks(st, infos, {0: 2}, max_trials=10, per_round=2, seed=0)
+    tr = st.trimmer
+    assert tr is not None and not tr.config.enabled and not tr.config.filter_enabled
+    assert tr.take_pending() == [0] and tr.is_preempted(0) and not tr.is_preempted(1)
+    assert tr.to_dict()["preempted_tasks"] == {}  # the cache's saving, not Trimmer's
+    assert tr.choose([0, 1], remaining=8) == 1  # the share allocation gives the trials to the other task
+
+
+def test_export_is_a_tvm_json_database_with_the_platform_times():
+    wl, recs = rc.export_lines([_entry(1, 1e-3), _entry(2, 2e-3), _entry(3, 5e-4, wl="h2")])
+    assert len(wl) == 2 and len(recs) == 3
+    rows = [json.loads(x) for x in recs]
+    assert [r[0] for r in rows] == [0, 0, 1] and rows[0][1][1] == [1e-3]
+
+
+def test_place_cost_model_only_for_a_fresh_run(tmp_path):
+    src = tmp_path / "cm.xgb"
+    src.write_bytes(b"model")
+    wd = tmp_path / "run"
+    assert rc.place_cost_model(str(wd), str(src)) and (wd / "cost_model.xgb").read_bytes() == b"model"
+    src.write_bytes(b"other")
+    assert not rc.place_cost_model(str(wd), str(src))  # a run's own model is never overwritten
+    assert not rc.place_cost_model(str(wd), None)
+
+
+def test_tvm_version_names_tvm_and_its_ffi():
+    assert rc.tvm_version().startswith("apache-tvm 0.27")
+
+
+@pytest.mark.slow
+def test_seeded_run_verifies_skips_and_refuses_a_poisoned_entry(tmp_path, cpu_target):
+    """Task 0 has a cached record within tolerance (verified: no search trials), task 1 a record whose
+    cached time is a fake 1e-9 s (re-timed here: stale, never the run's best)."""
+    import tvm
+
+    from tuning.engine.events import ListSink
+    from tuning.engine.session import TuningConfig, run_tuning
+    from tuning.engine.testing import matmul_primfunc
+    from tuning.engine.timer import EvaluatorConfig
+
+    from .cachedata import final_entries
+
+    model = tvm.IRModule({"a": matmul_primfunc(64), "b": matmul_primfunc(32)})
+    ok = final_entries(str(tmp_path / "src0"), model, cpu_target, run_secs=(1.0,), task_index=0, first_id=1)
+    poisoned = final_entries(str(tmp_path / "src1"), model, cpu_target, run_secs=(1e-9,), task_index=1, first_id=9)
+    work = str(tmp_path / "run")
+    assert rc.write_seeds(work, {0: ok, 1: poisoned}) == 2
+    sink = ListSink()
+    cfg = TuningConfig(target=cpu_target, max_trials=8, trials_per_round=2, work_dir=work, seed=1,
+                       search_population=16, genetic_num_iters=1,
+                       evaluator=EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20))
+    s = run_tuning(model, cfg, sink)
+    assert s.status == "succeeded"
+    verdicts = {v["task_index"]: v for v in rc.load_verification(work)["tasks"]}
+    assert verdicts[0]["verified"] and verdicts[0]["source_run"] == 7
+    assert not verdicts[1]["verified"] and verdicts[1]["stale_entry_ids"] == [9]
+    by_task = {0: [r for r in sink.records if r.task_index == 0], 1: [r for r in sink.records if r.task_index == 1]}
+    assert len(by_task[0]) == 1  # the verification measurement only: its trials went to task 1
+    assert len(by_task[1]) > 1 and all(min(r.run_secs) > 1e-7 for r in sink.records if r.run_secs)
+    assert s.tasks[1].best_latency_s > 1e-7 and s.best_latency_s > 1e-7
+    assert os.path.exists(os.path.join(work, rc.VERIFY_FILE))
+
+
+@pytest.mark.slow
+def test_publish_reads_only_the_final_database_and_trains_a_loadable_cost_model(tmp_path, cpu_target):
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.testing import matmul_primfunc
+
+    from .cachedata import final_entries
+
+    model = matmul_primfunc(64)
+    assert rc.entries_from_run(str(tmp_path), model, cpu_target) == []  # no final re-measure: nothing trusted
+    entries = final_entries(str(tmp_path), model, cpu_target, run_secs=(2e-3,), n_records=3)
+    assert len(entries) == 3 and all(e["run_secs"] == [2e-3] for e in entries)
+    path = str(tmp_path / "cm.xgb")
+    out = rc.publish_from_run(str(tmp_path), model, cpu_target, [], path)
+    assert len(out["entries"]) == 3 and out["cost_model_records"] == 3
+    ms.cost_model.XGBModel(num_tuning_cores=1).load(path)  # what search() loads at a run's start

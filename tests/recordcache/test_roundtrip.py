@@ -1,0 +1,58 @@
+"""Export the cache as a TVM JSON database and import it back as staff: TVM checks it in a sandbox, the
+entries land pending (no time, never a verified hit); a hostile record is refused, nothing written."""
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from recordcache import adapters, selectors, services
+from recordcache.models import CacheEntry
+from tests.factories import TuningRunFactory
+from tests.helpers import client_for
+from tuning.engine.testing import matmul_primfunc, tuning_database
+
+from .cachedata import final_entries, give_final_database
+
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+
+
+def _upload(client, workloads: bytes, records: bytes, target):
+    return client.post("/api/record-cache/import/", {
+        "workloads": SimpleUploadedFile("database_workload.json", workloads),
+        "records": SimpleUploadedFile("database_tuning_record.json", records),
+        "target": json.dumps(target), "hardware": "another host", "tvm_version": "apache-tvm 0.27.0"},
+        format="multipart")
+
+
+def test_export_import_round_trip_lands_pending(tmp_path, monkeypatch, user_staff, cpu_target):
+    model = matmul_primfunc(64)
+    entries = final_entries(str(tmp_path), model, cpu_target, run_secs=(1e-3,), n_records=2)
+    run = TuningRunFactory(succeeded=True, outputs_match=True, target_key='{"kind":"llvm"}')
+    monkeypatch.setattr(adapters, "publish_from_run",
+                        lambda model_proto, r, cached, path: {"entries": entries, "cost_model_records": 0})
+    give_final_database(run)
+    assert services.publish_run(run=run, model_proto=None) == 2
+    staff = client_for(user_staff)
+    with zipfile.ZipFile(io.BytesIO(staff.get("/api/record-cache/export/").content)) as zf:
+        workloads, records = zf.read("database_workload.json"), zf.read("database_tuning_record.json")
+    r = _upload(staff, workloads, records, cpu_target)
+    assert r.status_code == 200, r.json()
+    assert r.json() == {"imported": 2, "status": "pending"}
+    pending = CacheEntry.objects.filter(hardware="another host")
+    assert {(e.workload_hash, e.trace_digest) for e in pending} == {(e["workload_hash"], e["trace_digest"])
+                                                                   for e in entries}
+    assert all(e.status == "pending" and e.latency_s is None and e.run_secs == [] for e in pending)
+    assert "null" in pending[0].record_json and "0.001" not in pending[0].record_json  # the times were dropped
+    key = {"target_key": pending[0].target_key, "hardware": "another host", "tvm_version": "apache-tvm 0.27.0"}
+    assert selectors.trusted_entries(key) == []  # an import is never trusted by itself
+
+
+def test_hostile_import_refused_by_tvm_nothing_written(user_staff, cpu_target):
+    wl, rec = tuning_database(matmul_primfunc(64), cpu_target, annotations=(("pragma_import_llvm", "x"),))
+    r = _upload(client_for(user_staff), wl, rec, cpu_target)
+    assert r.status_code == 400 and "pragma_import_llvm" in r.json()["detail"]
+    assert not CacheEntry.objects.exists()

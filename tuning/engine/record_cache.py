@@ -1,0 +1,424 @@
+"""The platform-wide tuning-record cache, engine side (Django-free).
+
+A cache entry is one tuning record the platform measured *serially* itself (the final re-measure in
+``work_dir/final``), keyed by
+
+- the workload's structural hash under MetaSchedule's module equality (``"structural"``, what
+  ``JSONDatabase`` matches records with: ``tvm_ffi.structural_hash`` of the task's IRModule),
+- the run's canonical target key (``targets.canonical_key``: ``mcpu``/``arch`` included) and, when the
+  run has one, the graph-pass pipeline key (:func:`cache_target_key` joins them),
+- a hardware fingerprint (:func:`hardware_fingerprint`: CPU model and core layout, or GPU name, memory
+  and driver),
+- the TVM version (:func:`tvm_version`).
+
+What this module does with entries:
+
+- :func:`entries_from_run`: the trusted entries of a finished run, read from its ``final`` database only
+  (never from the parallel-measured records, never from imports);
+- :func:`write_seeds`: hits become the run's imported seeds (``database.write_imported``), which the
+  engine builds and measures serially on this host before the search, exactly like user imports
+  (``remeasure.measure_imported``): their cached times are dropped, only this host's count;
+- :func:`verify_seeds` (called by the session after the seeds were measured): per task, the seeds' best
+  time on this host against the cache's best. Verified within ``tolerance``: the task needs no further
+  tuning, its trials go to the other tasks through Trimmer's share allocation
+  (:func:`skip_verified_tasks`). Failed or slower: the hit is stale;
+- :func:`train_cost_model`: one XGBoost cost model (TVM's ``XGBModel``, MetaSchedule's program
+  features) trained on entries, saved where ``search`` loads a run's cost model.
+
+TVM is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .database import (COST_MODEL_FILE, IMPORTED_DONE_DIR, DB_RECORDS, DB_WORKLOAD, open_json_db, record_latency,
+                       records_by_task, write_imported)
+from .events import ffi_to_py, trace_json
+
+__all__ = ["SEEDS_FILE", "VERIFY_FILE", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE", "tvm_version", "hardware_fingerprint",
+           "cache_target_key", "trace_digest", "task_workloads", "entries_from_run", "publish_from_run",
+           "write_seeds", "verify_seeds",
+           "load_verification", "skip_verified_tasks", "apply_seed_verification", "train_cost_model",
+           "place_cost_model", "export_lines", "check_cache_import"]
+
+SEEDS_FILE = "record_cache_seeds.json"
+VERIFY_FILE = "record_cache_verification.json"
+DEFAULT_TOP_K = 2  # cached records re-timed per task
+DEFAULT_TOLERANCE = 0.10  # a verified hit is at most this much slower than the cache's best
+
+
+# --------------------------------------------------------------------------- the key
+def tvm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"apache-tvm {version('apache-tvm')}, tvm-ffi {version('apache-tvm-ffi')}"
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def cpu_fingerprint(cpuinfo: str | None = None, online: str | None = None) -> str:
+    """CPU model and core layout: ``"<model> | <sockets>s x <cores>c x <threads/core>t | cpus <online>"``
+    from /proc/cpuinfo and /sys (the machine, not this process's affinity)."""
+    text = _read("/proc/cpuinfo") if cpuinfo is None else cpuinfo
+    model, sockets, cores, siblings = "", set(), 0, 0
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key in ("model name", "Model", "CPU part") and not model:
+            model = value
+        elif key == "physical id":
+            sockets.add(value)
+        elif key == "cpu cores":
+            cores = int(value or 0)
+        elif key == "siblings":
+            siblings = int(value or 0)
+    online = (_read("/sys/devices/system/cpu/online") if online is None else online).strip()
+    tpc = siblings // cores if cores and siblings else 1
+    return f"{model or 'unknown cpu'} | {max(1, len(sockets))}s x {cores or '?'}c x {tpc}t | cpus {online or '?'}"
+
+
+def gpu_fingerprint(device_index: int = 0, nvml: Any = None) -> str:
+    """GPU name, memory and driver through NVML (``common.nvml``); ``"unknown gpu"`` without one."""
+    from common.nvml import NvmlUnavailable, close_nvml, open_nvml, optional, text
+
+    try:
+        nv = open_nvml(nvml)
+    except NvmlUnavailable as exc:
+        return f"unknown gpu ({exc})"
+    try:
+        handle = nv.nvmlDeviceGetHandleByIndex(device_index)
+        name = text(optional(nv.nvmlDeviceGetName, handle) or "gpu")
+        mem = optional(nv.nvmlDeviceGetMemoryInfo, handle)
+        driver = text(optional(nv.nvmlSystemGetDriverVersion) or "?")
+        mib = int(mem.total) // (1 << 20) if mem is not None else 0
+        return f"{name} | {mib} MiB | driver {driver}"
+    finally:
+        close_nvml(nv)
+
+
+def hardware_fingerprint(target: dict | str) -> str:
+    """The machine a target's measurements describe: this host's CPU for llvm, its GPU otherwise."""
+    kind = target.get("kind") if isinstance(target, dict) else str(target).split()[0]
+    return cpu_fingerprint() if kind == "llvm" else gpu_fingerprint()
+
+
+def cache_target_key(target_key: str, pipeline_key: str | None = None) -> str:
+    """The target part of the cache key: the run's canonical target key and, when the run has one, the
+    graph-pass pipeline that made its tasks (records of another pipeline schedule other workloads)."""
+    return f"{target_key}|pipeline={pipeline_key}" if pipeline_key else target_key
+
+
+def trace_digest(trace_text: str) -> str:
+    """sha1 of a trace's canonical JSON (``events.trace_json``): one entry per (key, schedule)."""
+    return hashlib.sha1(trace_text.encode()).hexdigest()
+
+
+def _structural_hash(mod) -> str:
+    import tvm_ffi  # TVM: see the module doc
+
+    return str(int(tvm_ffi.structural_hash(mod)))
+
+
+# --------------------------------------------------------------------------- reading a run
+def task_workloads(model, target) -> list[dict]:
+    """The run's tasks as the cache looks them up: index, name, weight, workload hash (collect_tasks:
+    the same extraction the run uses). Run in a sandboxed child (TVM on a team's model)."""
+    from .relax_pipeline import make_target
+    from .workloads import collect_tasks
+
+    tasks = collect_tasks(model, make_target(target))
+    return [{"index": i, "name": t.name, "weight": t.weight, "workload_hash": _structural_hash(t.mod)}
+            for i, t in enumerate(tasks)]
+
+
+def _entry(task, index: int, rec) -> dict | None:
+    from tvm.s_tir import meta_schedule as ms
+
+    secs = [float(x) for x in (rec.run_secs or [])]
+    latency = record_latency(rec)
+    if latency is None:
+        return None
+    text = trace_json(rec.trace)
+    seed = ms.database.TuningRecord(rec.trace, ms.database.Workload(task.mod), None, rec.target, rec.args_info)
+    return {"task_index": index, "task_name": task.name, "workload_hash": _structural_hash(task.mod),
+            "workload_json": json.dumps(ffi_to_py(ms.database.Workload(task.mod).as_json())),
+            "record_json": json.dumps(ffi_to_py(seed.as_json())), "trace_digest": trace_digest(text),
+            "args_info": ffi_to_py([a.as_json() for a in rec.args_info or []]),
+            "run_secs": secs, "latency_s": latency}
+
+
+def entries_from_run(work_dir: str, model, target) -> list[dict]:
+    """The run's trusted cache entries: every record of its ``final`` database (serial re-measures by
+    this platform, DOPpler's last stage), with the workload, the record without its times (what a seed
+    is made of), its args info and the serial run times. Empty when the run had no final re-measure."""
+    from .relax_pipeline import make_target
+    from .workloads import collect_tasks
+
+    final = os.path.join(work_dir, "final", DB_RECORDS)
+    if not (os.path.exists(final) and os.path.getsize(final)):
+        return []
+    tasks = collect_tasks(model, make_target(target))
+    out = []
+    for i, recs in records_by_task(open_json_db(work_dir, final=True), tasks).items():
+        for rec in recs:
+            e = _entry(tasks[i], i, rec)
+            if e is not None:
+                out.append(e)
+    return out
+
+
+def publish_from_run(work_dir: str, model, target, cached: list[dict], cost_model_path: str,
+                     num_cores: int = 1) -> dict:
+    """One child's work after a successful run: its trusted entries (:func:`entries_from_run`) and the
+    key's cost model retrained on them plus the ``cached`` trusted entries of the same key (the new ones
+    win on a shared trace). Returns ``{"entries": [...], "cost_model_records": n}``."""
+    entries = entries_from_run(work_dir, model, target)
+    fresh = {e["trace_digest"] for e in entries}
+    pool = entries + [e for e in cached if e["trace_digest"] not in fresh]
+    n = train_cost_model(pool, target, cost_model_path, num_cores=num_cores) if entries else 0
+    return {"entries": entries, "cost_model_records": n}
+
+
+# --------------------------------------------------------------------------- seeding a run
+def write_seeds(work_dir: str, hits: dict[int, list[dict]], *, tolerance: float = DEFAULT_TOLERANCE) -> int:
+    """Make cache hits the run's seeds. ``hits``: task index -> entries (``workload_json``,
+    ``record_json``, ``trace_digest``, ``latency_s``, ``workload_hash``, and the cache's ``id`` /
+    ``source_run``), at most top-k each. The records go through the imported-seed path (built and
+    measured serially on this host before the search, their cached times not kept); the manifest
+    (``SEEDS_FILE``) keeps what verification compares with. Returns the number of seeds."""
+    wl_lines, rec_lines, manifest = [], [], {"tolerance": float(tolerance), "tasks": {}}
+    for task_index, entries in sorted(hits.items()):
+        if not entries:
+            continue
+        wl_lines.append(entries[0]["workload_json"])
+        for e in entries:
+            body = json.loads(e["record_json"])
+            body[1] = None  # no cached time reaches the run: the platform measures the seed here
+            rec_lines.append(json.dumps([len(wl_lines) - 1, body]))
+        manifest["tasks"][str(task_index)] = {
+            "workload_hash": entries[0]["workload_hash"],
+            "cache_best_s": min((float(e["latency_s"]) for e in entries if e.get("latency_s")), default=None),
+            "entries": {e["trace_digest"]: {"id": e.get("id"), "source_run": e.get("source_run"),
+                                            "latency_s": e.get("latency_s")} for e in entries}}
+    if not rec_lines:
+        return 0
+    write_imported(work_dir, wl_lines, rec_lines)
+    Path(os.path.join(work_dir, SEEDS_FILE)).write_text(json.dumps(manifest))
+    return len(rec_lines)
+
+
+def _load_json(path: str) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def load_verification(work_dir: str) -> dict | None:
+    """The verification of a seeded run (``verify_seeds``'s result), None when it was not seeded."""
+    return _load_json(os.path.join(work_dir, VERIFY_FILE))
+
+
+def _measured_seeds(work_dir: str, tasks, database) -> dict[int, dict[str, float | None]]:
+    """task index -> {trace digest: this host's serial time (None: failed)} of the measured seeds."""
+    from .database import _json_database
+
+    d = os.path.join(work_dir, IMPORTED_DONE_DIR)
+    seeds = records_by_task(_json_database(os.path.join(d, DB_WORKLOAD), os.path.join(d, DB_RECORDS)), tasks)
+    digests = {i: {trace_json(r.trace): trace_digest(trace_json(r.trace)) for r in recs} for i, recs in seeds.items()}
+    out: dict[int, dict[str, float | None]] = {i: {dg: None for dg in m.values()} for i, m in digests.items() if m}
+    for i, recs in records_by_task(database, tasks).items():
+        for rec in recs:
+            digest = digests.get(i, {}).get(trace_json(rec.trace))
+            if digest is not None:
+                out[i][digest] = record_latency(rec)
+    return out
+
+
+def _slower(measured: float | None, cached: float | None, tolerance: float) -> bool:
+    """A seed that failed here, or ran slower than its cached time allows (None: an imported entry, no
+    platform time yet: only a failure makes it stale)."""
+    return measured is None or (cached is not None and measured > float(cached) * (1 + tolerance))
+
+
+def _task_verdict(index: int, name: str, want: dict, measured: dict[str, float | None], tolerance: float) -> dict:
+    best = min((v for v in measured.values() if v is not None), default=None)
+    cache_best = want["cache_best_s"]
+    verified = best is not None and cache_best is not None and best <= float(cache_best) * (1 + tolerance)
+    stale = [want["entries"][d]["id"] for d, v in measured.items()
+             if d in want["entries"] and _slower(v, want["entries"][d]["latency_s"], tolerance)]
+    winner = min(((v, d) for d, v in measured.items() if v is not None), default=(None, None))[1]
+    if verified:
+        reason = "verified"
+    elif best is None:
+        reason = "failed on this host"
+    elif cache_best is None:
+        reason = "imported records only: measured here, trusted once a run re-measures them serially"
+    else:
+        reason = f"slower on this host ({best * 1e6:.1f} us vs the cache's best {float(cache_best) * 1e6:.1f} us)"
+    return {"task_index": index, "task_name": name, "workload_hash": want["workload_hash"],
+            "cache_best_s": cache_best, "measured_best_s": best, "n_seeds": len(measured),
+            "verified": verified, "stale_entry_ids": [x for x in stale if x is not None], "reason": reason,
+            "source_run": (want["entries"].get(winner) or next(iter(want["entries"].values())))["source_run"]}
+
+
+def verify_seeds(work_dir: str, tasks, database) -> dict | None:
+    """Compare each seeded task's measured seeds (this host, serial) with the cache's best; write and
+    return ``{"tolerance", "tasks": [verdict, ...]}`` (``VERIFY_FILE``). None when the run was not seeded."""
+    manifest = _load_json(os.path.join(work_dir, SEEDS_FILE))
+    if not manifest:
+        return None
+    tol = float(manifest.get("tolerance", DEFAULT_TOLERANCE))
+    measured = _measured_seeds(work_dir, tasks, database)
+    verdicts = [_task_verdict(int(i), tasks[int(i)].name, want, measured.get(int(i), {}), tol)
+                for i, want in sorted(manifest["tasks"].items(), key=lambda kv: int(kv[0])) if int(i) < len(tasks)]
+    result = {"tolerance": tol, "tasks": verdicts}
+    Path(os.path.join(work_dir, VERIFY_FILE)).write_text(json.dumps(result))
+    return result
+
+
+def skip_verified_tasks(state, infos, verified: dict[int, int], *, max_trials: int, per_round: int,
+                        seed: int | None) -> None:
+    """Tasks whose cache hit verified get no further trials: Trimmer's runtime (a passive one, every
+    rule off, when the run has no Trimmer) treats them as pre-empted from the start, so the scheduler
+    terminates them before the first round and its share allocation gives their trials to the others.
+    Not reported as Trimmer's pre-emptions: the cache's savings are counted apart."""
+    from .trimmer import TrimmerConfig
+    from .trimmer_hooks import TrimmerRuntime
+
+    if not verified:
+        return
+    if state.trimmer is None:
+        passive = TrimmerConfig(enabled=False, filter_enabled=False)
+        state.trimmer = TrimmerRuntime(passive, infos, max_trials=max_trials, seed=seed)
+        state.trimmer.per_round = max(1, per_round)
+    tr = state.trimmer
+    with tr.lock:
+        for i, n in verified.items():
+            tr.tracker.preempted[int(i)] = int(n)
+            tr.pending.add(int(i))
+
+
+def apply_seed_verification(run) -> None:
+    """The session's hook, after the imported seeds were measured: verify the cache's seeds (once; a
+    resumed run reads the verdicts back) and take the verified tasks out of the search."""
+    result = load_verification(run.work_dir) or verify_seeds(run.work_dir, run.tasks, run.database)
+    if not result or run.state is None:
+        return
+    verified = {v["task_index"]: v["n_seeds"] for v in result["tasks"] if v["verified"]}
+    skip_verified_tasks(run.state, run.infos, verified, max_trials=int(run.cfg.max_trials),
+                        per_round=min(int(run.cfg.trials_per_round), run.remaining or 1), seed=run.cfg.seed)
+
+
+# --------------------------------------------------------------------------- cost model
+def train_cost_model(entries: list[dict], target, path: str, *, num_cores: int = 1) -> int:
+    """One XGBoost cost model trained on ``entries`` (their serial times), saved at ``path`` in the
+    format ``search`` loads; returns the number of records it learned from (0: nothing saved)."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.schedule import Schedule
+
+    from .relax_pipeline import make_target
+    from .tvm_compat import ensure_tensor_intrin
+
+    tgt = make_target(target)
+    ensure_tensor_intrin(tgt)  # what the target needs, not all of tensor_intrin (TuneContext imports it: seconds)
+    by_workload: dict[str, list[dict]] = {}
+    for e in entries:
+        by_workload.setdefault(e["workload_hash"], []).append(e)
+    model = ms.cost_model.XGBModel(num_tuning_cores=num_cores, tree_method="auto")
+    n = 0
+    for group in by_workload.values():
+        mod = ms.database.Workload.from_json(json.loads(group[0]["workload_json"])).mod
+        ctx = ms.TuneContext(mod=mod, target=tgt, space_generator="post-order-apply", num_threads=num_cores)
+        cands, results = [], []
+        for e in group:
+            rec = ms.database.TuningRecord.from_json(json.loads(e["record_json"]), ms.database.Workload(mod))
+            sch = Schedule(mod)
+            rec.trace.apply_to_schedule(sch, remove_postproc=False)
+            cands.append(ms.MeasureCandidate(sch, rec.args_info))
+            results.append(ms.runner.RunnerResult([float(x) for x in e["run_secs"]], None))
+        model.update(ctx, cands, results)
+        n += len(cands)
+    if n:
+        model.save(path)
+    return n
+
+
+def place_cost_model(work_dir: str, cost_model_path: str | None) -> bool:
+    """Put the cache's cost model where a run loads its own (``COST_MODEL_FILE``), for a fresh run."""
+    dest = os.path.join(work_dir, COST_MODEL_FILE)
+    if not cost_model_path or not os.path.exists(cost_model_path) or os.path.exists(dest):
+        return False
+    os.makedirs(work_dir, exist_ok=True)
+    Path(dest).write_bytes(Path(cost_model_path).read_bytes())
+    return True
+
+
+# --------------------------------------------------------------------------- portability
+def export_lines(entries: list[dict]) -> tuple[list[str], list[str]]:
+    """Entries as a standard TVM JSON database (workload file lines, tuning-record file lines), with the
+    platform's serial run times."""
+    wl_index: dict[str, int] = {}
+    wl_lines, rec_lines = [], []
+    for e in entries:
+        if e["workload_hash"] not in wl_index:
+            wl_index[e["workload_hash"]] = len(wl_lines)
+            wl_lines.append(e["workload_json"])
+        body = json.loads(e["record_json"])
+        body[1] = [float(x) for x in e["run_secs"]]
+        rec_lines.append(json.dumps([wl_index[e["workload_hash"]], body]))
+    return wl_lines, rec_lines
+
+
+
+def check_cache_import(workloads: bytes, records: bytes, target, max_records: int) -> dict:
+    """A staff import into the cache, checked as a run's import is (``record_check``: bounds, MetaSchedule's
+    own instructions and annotations, plain names, replay) against the records' own workloads (a cache
+    has no model). Run in a sandboxed worker. Returns ``{"errors": [...]}`` or ``{"entries": [...]}``:
+    entries without run times, ``latency_s`` None: untrusted until a run measures them."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.schedule import Schedule
+
+    from .record_check import RecordError, check_trace, precheck
+    from .relax_pipeline import make_target
+
+    try:
+        wl_lines, rec_lines = precheck(workloads, records, max_records=max_records)
+    except RecordError as exc:
+        return {"errors": [str(exc)]}
+    tgt, errors, out = make_target(target), [], []
+    for n, (wi, body) in rec_lines:
+        try:
+            mod = ms.database.Workload.from_json(wl_lines[wi][1]).mod
+            rec = ms.database.TuningRecord.from_json(body, ms.database.Workload(mod))
+            check_trace(rec.trace)
+            rec.trace.apply_to_schedule(Schedule(mod), remove_postproc=False)
+        except Exception as exc:  # noqa: BLE001 - any parse/check/replay failure refuses the line
+            text = str(exc).strip()
+            errors.append(f"Tuning record line {n}: {text.splitlines()[-1][:300] if text else type(exc).__name__}")
+            continue
+        clean = ms.database.TuningRecord(rec.trace, ms.database.Workload(mod), None, tgt,
+                                         ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+        text = trace_json(rec.trace)
+        out.append({"task_name": str(mod["main"].attrs.get("global_symbol", "main")) if mod["main"].attrs else "main",
+                    "workload_hash": _structural_hash(mod),
+                    "workload_json": json.dumps(ffi_to_py(ms.database.Workload(mod).as_json())),
+                    "record_json": json.dumps(ffi_to_py(clean.as_json())), "trace_digest": trace_digest(text),
+                    "args_info": ffi_to_py([a.as_json() for a in clean.args_info]), "run_secs": [],
+                    "latency_s": None})
+    from .targets import canonical_key
+
+    return {"errors": errors} if errors else {"entries": out, "target_key": canonical_key(tgt)}
