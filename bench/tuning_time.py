@@ -413,6 +413,11 @@ def main(argv=None) -> int:
             **extra,
         }
 
+    # parallel measurement alone first (on a shared machine the load drifts: its figures come early)
+    parallel = [] if args.no_parallel else _parallel_pairs(args, names, spec, root)
+    if parallel:
+        _remeasure_parallel(parallel, target, root)
+        _print_parallel(parallel, _parallel_overall(parallel))
     rows = []
     for i, name in enumerate(names):
         order = ["stock", "ours"] if i % 2 == 0 else ["ours", "stock"]
@@ -450,8 +455,6 @@ def main(argv=None) -> int:
                              "wall_ratio": row["ours"]["wall_s"] / row["stock"]["wall_s"],
                              "candidate_time_s": row["ours"].get("candidate_time_s")})
 
-    parallel = [] if args.no_parallel else _parallel_pairs(args, names, spec, root)
-
     # -- re-measure every winner in one fresh process
     items = {r["workload"]: {"stock": r["stock"]["work_dir"], "ours": r["ours"]["work_dir"]} for r in rows}
     rm = run_child(SCRIPT, {"kind": "remeasure", "label": "remeasure", "target": target, "threads": threads,
@@ -475,7 +478,6 @@ def main(argv=None) -> int:
         "ours_wall_s_total": sum(r["ours"]["wall_s"] for r in rows),
     }
     if parallel:
-        _remeasure_parallel(parallel, target, root)
         overall.update(_parallel_overall(parallel))
     machine["loadavg_end"] = list(os.getloadavg())
     result = {
