@@ -19,9 +19,11 @@ The rule (DOPpler, IEEE TPDS 2023; Conductor's ``doppler_bic``):
   parallel runs are slower, and does not push numbers the wrong way when they
   are not.
 
-On a small CPU the serial reference is the deployment configuration (all
-threads): DOP > 1 gives each worker fewer threads, the error is large and the
-controller backs off to 1, which is the right answer there.
+Every parallel worker measures at the deployment thread count T on a slot of its own (slots.py),
+and the serial reference is slot 0 at T threads while the other slots idle, so the error measures
+interference only, never thread scaling; max DOP = the number of slots (floor(cores / T)).
+A back-off to DOP 1 (one noisy probe on a loaded host) is not final: parallelism is re-probed after
+``reprobe_after`` rounds, then twice as many, at most ``max_reprobes`` times (RoundStat.reprobe).
 """
 
 from __future__ import annotations

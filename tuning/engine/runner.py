@@ -1,24 +1,26 @@
-"""Measuring runners: a local pool with core partitioning and DOPpler's
-adaptive parallelism, and a distributed one that ships ``.so`` files to
-per-device measurement queues.
+"""Measuring runners: a local pool of measurement slots with DOPpler's adaptive parallelism, one
+per GPU (MultiDeviceRunner), and a distributed one that ships ``.so`` files to hosts' queues.
 
 ``PooledAsyncRunner.run`` returns at once; a background thread measures the
-batch as one DOPpler *round*:
+batch as one DOPpler *round* (:func:`~.rounds.measure_round`):
 
-1. the batch is measured DOP candidates at a time, by DOP persistent worker
-   processes that each own ``len(cores) // DOP`` cores (affinity set,
-   ``TVM_BIND_THREADS=0``, ``TVM_NUM_THREADS`` = min(threads, own cores)):
-   workers x threads never exceed the cores;
-2. unless that configuration *is* the serial one (DOP 1 at the deployment
-   thread count), a sample chosen by :class:`DOPController` (outliers + a
-   share of good candidates) and every failed candidate are re-measured by the
-   serial worker (``threads`` threads on the measuring cores);
+1. the batch is measured DOP candidates at a time by DOP persistent worker processes, one per
+   measurement slot (slots.py: T = deployment threads cores each, SMT/NUMA-aware, inside the
+   affinity mask; affinity set, ``TVM_BIND_THREADS=0``, ``TVM_NUM_THREADS`` = T);
+2. at DOP > 1 a sample chosen by :class:`DOPController` (outliers + a share of good candidates)
+   and every failed candidate are re-measured by the serial worker (slot 0, T threads, the other
+   slots idle): the same program measured the same way, alone;
 3. the controller updates DOP for the next round from the mean error; the
    other latencies are corrected, or re-measured serially when the error is
-   too large to correct (``remeasure_on_large_error``);
+   too large to correct (``remeasure_on_large_error``); pools of DOPs left behind are retired;
 4. the futures resolve - the task scheduler joins them later, so measuring a
    task overlaps the search and build of the next one (unless the session
    asks builds to wait, see ``wait_idle``).
+
+Every wait is bounded: a round's calls by :meth:`PooledAsyncRunner.round_timeout` (a pool that
+misses it is killed, its calls end as infrastructure errors), ``wait_idle`` by what the pending
+jobs may take, the engine's join by the measuring thread's liveness; a killed worker takes its
+process group (procpool.py). GPU workers get their slot group's environment (gpu_slots.py: MPS).
 """
 
 from __future__ import annotations
