@@ -80,6 +80,10 @@ def test_dop_per_host_from_its_slots_and_its_own_error(tmp_path):
         noisy = runner.controllers["measure.noisy.cpu"].history
         assert any(h.mean_error and h.mean_error > 0.05 for h in noisy)  # its error, sampled there
         assert all(h.mean_error in (None, 0.0) for h in runner.controllers["measure.quiet.cpu"].history)
+        # one DOP-chart point per round, over both hosts: total DOP and every candidate
+        last = runner.ledger.rounds[3]
+        assert last.n_candidates == 24 and last.dop == sum(h[3].dop for h in
+                                                            (runner.controllers[q].history for q in hosts.slots))
         # never more in flight on a host than its DOP allows (nothing waits in a backed-up queue of ours)
         assert all(hosts.max_in_flight[q] <= hosts.slots[q] for q in hosts.slots)
     finally:

@@ -442,6 +442,12 @@ class PooledAsyncRunner(PyRunner):
                 pass
 
 
+def _weighted_error(parts: Sequence[RoundReport]) -> float | None:
+    known = [(p.mean_error, p.n_candidates) for p in parts if p.mean_error is not None]
+    total = sum(n for _, n in known)
+    return sum(e * n for e, n in known) / total if total else None
+
+
 def _inner(runner):
     """The Python object behind a ``derived_object`` runner (its ``run`` returns our own futures)."""
     return getattr(runner, "_inst", runner)
@@ -545,6 +551,7 @@ class DistributedRunner(PyRunner):
         self.n_sent = 0
         self.bytes_sent = 0
         self._lock = threading.Lock()
+        self._parts: dict[int, list[RoundReport]] = {}
 
     # ------------------------------------------------------------------ hosts
     def _describe_slots(self, q: str) -> int:
@@ -631,13 +638,26 @@ class DistributedRunner(PyRunner):
                 round_index=rnd, dop=c.dop, worker=c.outcome.worker if c.outcome is not None else q,
                 run_wall_secs=c.wall_secs, parallel_secs=c.latency_s if c.dop > 1 else None,
                 remeasured_serially=c.remeasured, serial_secs=c.serial_latency_s))
-        self.ledger.add_round(RoundReport(
+        self._add_part(rnd, RoundReport(
             round_index=rnd, dop=result.dop, dop_after=result.decision.dop_after,
             mean_error=result.decision.mean_error, n_candidates=len(jobs), n_remeasured=result.n_remeasured,
             n_failures=result.n_failures, wall_secs=time.perf_counter() - t0,
             correction_applied=result.correction_applied))
         for job, c in zip(jobs, result.candidates):
             job.future.set_result((c.final_secs, c.final_error if not c.final_secs else None))
+
+    def _add_part(self, rnd: int, part: RoundReport) -> None:
+        """One queue's share of round ``rnd``; the round's report (the DOP chart's point) is the sum
+        over its queues: total DOP, candidates, re-measures, failures; error weighted by candidates."""
+        with self._lock:
+            parts = self._parts.setdefault(rnd, [])
+            parts.append(part)
+            self.ledger.add_round(RoundReport(
+                round_index=rnd, dop=sum(p.dop for p in parts), dop_after=sum(p.dop_after for p in parts),
+                mean_error=_weighted_error(parts), n_candidates=sum(p.n_candidates for p in parts),
+                n_remeasured=sum(p.n_remeasured for p in parts), n_failures=sum(p.n_failures for p in parts),
+                wall_secs=max(p.wall_secs for p in parts),
+                correction_applied=any(p.correction_applied for p in parts)))
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[_EngineFuture]:
         rnd = self.round_index
