@@ -361,6 +361,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default=None, help="comma list (default: all)")
     ap.add_argument("--no-ablation", action="store_true")
     ap.add_argument("--no-parallel", action="store_true", help="skip the DOP auto vs DOP 1 pair at T=1")
+    ap.add_argument("--only-parallel", action="store_true", help="only the DOP auto vs DOP 1 pair at T=1")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--population", type=int, default=None, help="evolutionary population, both sides (quick: 128, else TVM's 512)")
     ap.add_argument("--genetic-iters", type=int, default=None, help="genetic iterations, both sides (quick: 2, else TVM's 4)")
@@ -419,7 +420,7 @@ def main(argv=None) -> int:
         _remeasure_parallel(parallel, target, root)
         _print_parallel(parallel, _parallel_overall(parallel))
     rows = []
-    for i, name in enumerate(names):
+    for i, name in enumerate([] if args.only_parallel else names):
         order = ["stock", "ours"] if i % 2 == 0 else ["ours", "stock"]
         res = {}
         for side in order:
@@ -433,7 +434,7 @@ def main(argv=None) -> int:
                      "trials": trials, "trials_per_round": pr, "stock": res["stock"], "ours": res["ours"]})
 
     ablation = []
-    if not args.no_ablation:
+    if not (args.no_ablation or args.only_parallel):
         abl_names = [n for n in names if WORKLOADS.get(n, ("onnx",))[0] == "tir"]
         abl_names = abl_names[:1] if args.quick else abl_names
         labels = ["+light_intrinsics", "+async_pooled_runner"] if args.quick else list(ABLATION)[:-1]
@@ -457,7 +458,7 @@ def main(argv=None) -> int:
 
     # -- re-measure every winner in one fresh process
     items = {r["workload"]: {"stock": r["stock"]["work_dir"], "ours": r["ours"]["work_dir"]} for r in rows}
-    rm = run_child(SCRIPT, {"kind": "remeasure", "label": "remeasure", "target": target, "threads": threads,
+    rm = {} if not rows else run_child(SCRIPT, {"kind": "remeasure", "label": "remeasure", "target": target, "threads": threads,
                             "items": items, "rounds": 3, "out": str(root / "remeasure.json")}, timeout=1800)
     for r in rows:
         m = rm.get(r["workload"], {})
@@ -511,8 +512,9 @@ def main(argv=None) -> int:
               f"{fmt_s(r['ours']['best_latency_s'], 'us'):>10s} "
               f"{(r['latency_ratio'] or float('nan')):6.3f} {str(r.get('final_dop')):>4s} "
               f"{(pe if pe is not None else float('nan')):7.3f}")
-    print(f"{'overall (geomean)':18s} {'':6s} {overall['stock_wall_s_total']:8.1f} {overall['ours_wall_s_total']:8.1f} "
-          f"{overall['wall_ratio']:7.3f} {'':>10s} {'':>10s} {(overall['latency_ratio'] or float('nan')):6.3f}")
+    if rows:
+        print(f"{'overall (geomean)':18s} {'':6s} {overall['stock_wall_s_total']:8.1f} {overall['ours_wall_s_total']:8.1f} "
+              f"{overall['wall_ratio']:7.3f} {'':>10s} {'':>10s} {(overall['latency_ratio'] or float('nan')):6.3f}")
     if ablation:
         print("\nablation (wall time, ratio to stock; cand.s = sum of the measured candidates' latencies,"
               " i.e. how slow the programs this run's search happened to visit were):")
