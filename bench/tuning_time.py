@@ -334,7 +334,15 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         "parallel_final_dop": statistics.median(dops) if dops else None,
         "parallel_error": statistics.mean(errs) if errs else None,
         "parallel_measure_phase_ratio": geomean(phase) if phase else None,
+        # share of DOP auto's rounds measured at DOP > 1 (the final DOP is where the controller ended,
+        # after the last round)
+        "parallel_rounds_above_dop1": _share_above_dop1(pairs),
     }
+
+
+def _share_above_dop1(pairs: list[dict]) -> float | None:
+    hist = [h for p in pairs for h in p["dop_auto"].get("dop_history") or []]
+    return sum(1 for h in hist if h.get("dop", 1) > 1) / len(hist) if hist else None
 
 
 def _print_parallel(pairs: list[dict], overall: dict) -> None:
