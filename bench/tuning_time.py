@@ -69,6 +69,10 @@ ABLATION = {
     "+async_pooled_runner": dict(builder="persistent", runner="pooled", dop=1, light_intrinsics=True, final_remeasure=False),
     "+dop_auto+final_remeasure": dict(),  # = ours
 }
+# parallel measurement on its own: the same engine at a deployment thread count that leaves room for
+# DOP > 1 (T = PARALLEL_THREADS: one slot per core), DOP 1 against DOPpler's auto DOP
+PARALLEL_THREADS = 1
+PARALLEL_SIDES = {"dop1": dict(dop=1), "dop_auto": dict(dop="auto")}
 
 
 # --------------------------------------------------------------------------- workloads
@@ -268,6 +272,93 @@ def child_main(spec: dict) -> None:
     Path(spec["out"]).write_text(json.dumps(res, indent=1, default=str))
 
 
+# --------------------------------------------------------------------------- parallel measurement alone
+def _parallel_pairs(args, names, spec, root: Path) -> list[dict]:
+    """DOP 1 vs DOP auto, the same engine, workloads, trials and seed, at T = PARALLEL_THREADS (so each
+    core is a measurement slot); interleaved so drifting machine load hits both sides alike."""
+    target = {"kind": "llvm", "num-cores": PARALLEL_THREADS}
+    tir = [n for n in names if WORKLOADS.get(n, ("onnx",))[0] == "tir"]
+    # --quick: two workloads, 16 a round (DOPpler starts every run at DOP 1: 2 rounds would leave it
+    # one round at a higher DOP)
+    per_round = 16 if args.quick else 32
+    pairs = []
+    for i, name in enumerate(tir[:2] if args.quick else tir):
+        sides = list(PARALLEL_SIDES) if i % 2 == 0 else list(reversed(list(PARALLEL_SIDES)))
+        pair = {"workload": name, "threads": PARALLEL_THREADS}
+        for side in sides:
+            sp = spec("ours", name, f"par_{side}", overrides=PARALLEL_SIDES[side], threads=PARALLEL_THREADS,
+                      target=target, per_round=per_round)
+            pair[side] = run_child(SCRIPT, sp, timeout=1800)
+            pair[side]["work_dir"] = sp["work_dir"]
+            print(f"  {name:18s} T={PARALLEL_THREADS} {side:8s} wall {pair[side]['wall_s']:7.1f} s  "
+                  f"final DOP {pair[side].get('final_dop')}  load {os.getloadavg()[0]:.1f}", flush=True)
+        pairs.append(pair)
+    return pairs
+
+
+def _remeasure_parallel(pairs: list[dict], target: dict, root: Path) -> None:
+    """Both winners of every pair re-measured in one fresh process at the pair's thread count."""
+    items = {p["workload"]: {side: p[side]["work_dir"] for side in PARALLEL_SIDES} for p in pairs}
+    rm = run_child(SCRIPT, {"kind": "remeasure", "label": "remeasure_parallel",
+                            "target": {**target, "num-cores": PARALLEL_THREADS}, "threads": PARALLEL_THREADS,
+                            "items": items, "rounds": 3, "out": str(root / "remeasure_parallel.json")}, timeout=1800)
+    for p in pairs:
+        m = rm.get(p["workload"], {})
+        for side in PARALLEL_SIDES:
+            p[side]["best_latency_s"] = m.get(side)
+        p["wall_ratio"] = p["dop_auto"]["wall_s"] / p["dop1"]["wall_s"]
+        p["latency_ratio"] = m["dop_auto"] / m["dop1"] if m.get("dop_auto") and m.get("dop1") else None
+        t1 = (p["dop1"].get("phase_secs") or {}).get("measure_rounds")
+        ta = (p["dop_auto"].get("phase_secs") or {}).get("measure_rounds")
+        p["measure_phase_ratio"] = ta / t1 if t1 and ta else None
+        p["error_at_final_dop"] = _error_at_final_dop(p["dop_auto"])
+
+
+def _error_at_final_dop(res: dict) -> float | None:
+    """Mean measured parallel-vs-serial error of the rounds run at the run's final DOP (the run's mean
+    parallel error when it ended at DOP 1)."""
+    final = res.get("final_dop")
+    errs = [h["mean_error"] for h in res.get("dop_history") or []
+            if h.get("dop") == final and h.get("n_sampled") and h.get("mean_error") is not None]
+    return statistics.mean(errs) if errs else res.get("mean_parallel_error")
+
+
+def _parallel_overall(pairs: list[dict]) -> dict:
+    errs = [p["error_at_final_dop"] for p in pairs if p.get("error_at_final_dop") is not None]
+    dops = [p["dop_auto"].get("final_dop") for p in pairs if p["dop_auto"].get("final_dop") is not None]
+    phase = [p["measure_phase_ratio"] for p in pairs if p.get("measure_phase_ratio")]
+    return {
+        "parallel_threads": PARALLEL_THREADS,
+        "parallel_wall_ratio": geomean(p["wall_ratio"] for p in pairs),
+        "parallel_latency_ratio": geomean(p["latency_ratio"] for p in pairs if p["latency_ratio"]),
+        "parallel_final_dop": statistics.median(dops) if dops else None,
+        "parallel_error": statistics.mean(errs) if errs else None,
+        "parallel_measure_phase_ratio": geomean(phase) if phase else None,
+        # share of DOP auto's rounds measured at DOP > 1 (the final DOP is where the controller ended,
+        # after the last round)
+        "parallel_rounds_above_dop1": _share_above_dop1(pairs),
+    }
+
+
+def _share_above_dop1(pairs: list[dict]) -> float | None:
+    hist = [h for p in pairs for h in p["dop_auto"].get("dop_history") or []]
+    return sum(1 for h in hist if h.get("dop", 1) > 1) / len(hist) if hist else None
+
+
+def _print_parallel(pairs: list[dict], overall: dict) -> None:
+    print(f"\nparallel measurement alone (same engine, T={PARALLEL_THREADS}, DOP auto vs DOP 1; "
+          "measure = wall time of the DOPpler rounds):")
+    for p in pairs:
+        lr, mr, e = p.get("latency_ratio"), p.get("measure_phase_ratio"), p.get("error_at_final_dop")
+        print(f"  {p['workload']:18s} dop1 {p['dop1']['wall_s']:7.1f} s  auto {p['dop_auto']['wall_s']:7.1f} s  "
+              f"wall x{p['wall_ratio']:.3f}  measure x{(mr or float('nan')):.3f}  lat x{(lr or float('nan')):.3f}  "
+              f"final DOP {p['dop_auto'].get('final_dop')}  err {(e if e is not None else float('nan')):.3f}")
+    print(f"  {'overall':18s} wall x{overall['parallel_wall_ratio']:.3f}  "
+          f"measure x{(overall['parallel_measure_phase_ratio'] or float('nan')):.3f}  "
+          f"lat x{(overall['parallel_latency_ratio'] or float('nan')):.3f}  "
+          f"median final DOP {overall['parallel_final_dop']}  error {overall['parallel_error']}")
+
+
 # --------------------------------------------------------------------------- driver
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -277,6 +368,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=None, help="trials per TIR workload (default 64 quick / 256 full)")
     ap.add_argument("--workloads", default=None, help="comma list (default: all)")
     ap.add_argument("--no-ablation", action="store_true")
+    ap.add_argument("--no-parallel", action="store_true", help="skip the DOP auto vs DOP 1 pair at T=1")
+    ap.add_argument("--only-parallel", action="store_true", help="only the DOP auto vs DOP 1 pair at T=1")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--population", type=int, default=None, help="evolutionary population, both sides (quick: 128, else TVM's 512)")
     ap.add_argument("--genetic-iters", type=int, default=None, help="genetic iterations, both sides (quick: 2, else TVM's 4)")
@@ -329,8 +422,13 @@ def main(argv=None) -> int:
             **extra,
         }
 
+    # parallel measurement alone first (on a shared machine the load drifts: its figures come early)
+    parallel = [] if args.no_parallel else _parallel_pairs(args, names, spec, root)
+    if parallel:
+        _remeasure_parallel(parallel, target, root)
+        _print_parallel(parallel, _parallel_overall(parallel))
     rows = []
-    for i, name in enumerate(names):
+    for i, name in enumerate([] if args.only_parallel else names):
         order = ["stock", "ours"] if i % 2 == 0 else ["ours", "stock"]
         res = {}
         for side in order:
@@ -344,10 +442,10 @@ def main(argv=None) -> int:
                      "trials": trials, "trials_per_round": pr, "stock": res["stock"], "ours": res["ours"]})
 
     ablation = []
-    if not args.no_ablation:
+    if not (args.no_ablation or args.only_parallel):
         abl_names = [n for n in names if WORKLOADS.get(n, ("onnx",))[0] == "tir"]
         abl_names = abl_names[:1] if args.quick else abl_names
-        labels = ["+light_intrinsics"] if args.quick else list(ABLATION)[:-1]
+        labels = ["+light_intrinsics", "+async_pooled_runner"] if args.quick else list(ABLATION)[:-1]
         for name in abl_names:
             row = next(r for r in rows if r["workload"] == name)
             ablation.append({"workload": name, "config": "stock", "wall_s": row["stock"]["wall_s"], "wall_ratio": 1.0,
@@ -368,7 +466,7 @@ def main(argv=None) -> int:
 
     # -- re-measure every winner in one fresh process
     items = {r["workload"]: {"stock": r["stock"]["work_dir"], "ours": r["ours"]["work_dir"]} for r in rows}
-    rm = run_child(SCRIPT, {"kind": "remeasure", "label": "remeasure", "target": target, "threads": threads,
+    rm = {} if not rows else run_child(SCRIPT, {"kind": "remeasure", "label": "remeasure", "target": target, "threads": threads,
                             "items": items, "rounds": 3, "out": str(root / "remeasure.json")}, timeout=1800)
     for r in rows:
         m = rm.get(r["workload"], {})
@@ -388,6 +486,8 @@ def main(argv=None) -> int:
         "stock_wall_s_total": sum(r["stock"]["wall_s"] for r in rows),
         "ours_wall_s_total": sum(r["ours"]["wall_s"] for r in rows),
     }
+    if parallel:
+        overall.update(_parallel_overall(parallel))
     machine["loadavg_end"] = list(os.getloadavg())
     result = {
         "benchmark": "tuning_time",
@@ -395,6 +495,7 @@ def main(argv=None) -> int:
         "workloads": rows,
         "machine": machine,
         "ablation": ablation,
+        "parallel": parallel,
         "settings": {
             "quick": args.quick,
             "threads": threads,
@@ -419,8 +520,9 @@ def main(argv=None) -> int:
               f"{fmt_s(r['ours']['best_latency_s'], 'us'):>10s} "
               f"{(r['latency_ratio'] or float('nan')):6.3f} {str(r.get('final_dop')):>4s} "
               f"{(pe if pe is not None else float('nan')):7.3f}")
-    print(f"{'overall (geomean)':18s} {'':6s} {overall['stock_wall_s_total']:8.1f} {overall['ours_wall_s_total']:8.1f} "
-          f"{overall['wall_ratio']:7.3f} {'':>10s} {'':>10s} {(overall['latency_ratio'] or float('nan')):6.3f}")
+    if rows:
+        print(f"{'overall (geomean)':18s} {'':6s} {overall['stock_wall_s_total']:8.1f} {overall['ours_wall_s_total']:8.1f} "
+              f"{overall['wall_ratio']:7.3f} {'':>10s} {'':>10s} {(overall['latency_ratio'] or float('nan')):6.3f}")
     if ablation:
         print("\nablation (wall time, ratio to stock; cand.s = sum of the measured candidates' latencies,"
               " i.e. how slow the programs this run's search happened to visit were):")
@@ -428,6 +530,8 @@ def main(argv=None) -> int:
             ct = a.get("candidate_time_s")
             print(f"  {a['workload']:18s} {a['config']:36s} {a['wall_s']:8.1f} s  x{a['wall_ratio']:.3f}"
                   f"  cand.s {ct if ct is None else round(ct, 2)}")
+    if parallel:
+        _print_parallel(parallel, overall)
     print(f"\nthreads={threads}; best latency = winners re-measured in one fresh process "
           f"(number=3, repeat=5, min_repeat_ms=100, median of 3 alternating rounds); "
           f"search population {population or 512}, genetic iters {genetic_iters or 4} on both sides; "

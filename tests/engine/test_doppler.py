@@ -59,20 +59,45 @@ def test_clamped_to_max_dop_and_cap():
     assert c.dop == 4
 
 
-def test_small_cpu_backs_off_to_one_and_stays():
-    """2 cores, deployment = 2 threads: DOP 2 gives 1 thread per worker,
-    parallel latencies ~2x serial -> back to 1, and the lowered cap keeps it there."""
-    c = DOPController(max_dop=2)
+def test_noisy_probe_backs_off_then_reprobes_on_a_bounded_schedule():
+    """One noisy probe (a loaded host) sends DOP back to 1; parallelism is tried again after
+    ``reprobe_after`` rounds, then twice as many, and at most ``max_reprobes`` times."""
+    c = DOPController(max_dop=2, reprobe_after=2, max_reprobes=2)
     c.update_serial_round(32)
     assert c.dop == 2
-    d = c.update([2.0, 2.1, 1.9], [1.0, 1.05, 0.95])
-    assert d.backed_off and d.mean_error == pytest.approx(0.5)
+    d = c.update([2.0, 2.1, 1.9], [1.0, 1.05, 0.95])  # noisy: error 0.5
+    assert d.backed_off and d.mean_error == pytest.approx(0.5) and c.dop == 1
+    c.update_serial_round(32)
+    assert c.dop == 1
+    c.update_serial_round(32)
+    assert c.dop == 2 and c.history[-1].reprobe  # 2 rounds at DOP 1, then re-probe
+    c.update([1.0, 1.5], [0.5, 1.0])  # still noisy -> back to 1, next wait 4 rounds
     assert c.dop == 1
     for _ in range(3):
         c.update_serial_round(32)
         assert c.dop == 1
-    assert [h.dop for h in c.history] == [1, 2, 1, 1, 1]
-    assert c.mean_parallel_error() == pytest.approx(0.5)
+    c.update_serial_round(32)
+    assert c.dop == 2
+    c.update([1.0], [0.5])  # third noisy probe: re-probes used up
+    for _ in range(10):
+        c.update_serial_round(32)
+        assert c.dop == 1
+    assert [h.dop for h in c.history][:6] == [1, 2, 1, 1, 2, 1]
+    assert c.mean_parallel_error() == pytest.approx((0.5 + (0.5 + 1 / 3) / 2 + 0.5) / 3)
+
+
+def test_recovers_after_a_noisy_probe_when_the_noise_is_gone():
+    c = DOPController(max_dop=4, reprobe_after=1)
+    c.update_serial_round(8)
+    assert c.dop == 4
+    for dop_after in (3, 2, 1):  # noisy rounds: DOP x 0.8, cap 0.9 x DOP each time
+        c.update([1.0], [0.5])
+        assert c.dop == dop_after
+    assert c.cap < 2
+    c.update_serial_round(8)
+    assert c.dop == 2 and c.cap == c.initial_cap
+    c.update([1.0, 2.0], [1.0, 2.01])  # quiet now: DOP keeps growing
+    assert c.dop == 4
 
 
 def test_correction_only_below_limit():

@@ -74,7 +74,7 @@ def test_celery_measure_task_measures_in_a_sandboxed_subprocess(secrets_in_env):
                            threads=1)
     out = measure_candidate.run(payload)
     assert out["error"] and out["worker"].split(":")[1] != str(os.getpid())
-    worker = measure._ISOLATED[False]
+    worker = measure._ISOLATED[(False, 0)]  # (gpu, slot): the host's slot-0 worker
     assert worker.alive and worker.pid != os.getpid()
     info = worker.call("tuning.engine.sandbox:describe_process", timeout=60)
     _assert_sandboxed(info, worker.pid)

@@ -168,7 +168,7 @@ def test_cuda_candidates_build_here_and_ship_to_a_gpu_queue(tmp_path):
     ok = [r for r in sink.records if not r.error]
     assert ok, [r.error for r in sink.records]
     assert all(r.worker == "fake-h200:0" for r in ok)
-    p = sent[0]
+    p = next(x for x in sent if x.get("kind") != "describe")  # after the host's slot report
     assert p["device_type"] == "cuda" and p["device_index"] == 1 and p["queue"] == "measure.gpuhost.gpu1"
     assert base64.b64decode(p["artifact_b64"])[:4] == b"\x7fELF"  # a shared object, runtime-loadable
     assert p["evaluator"] == {"number": 10, "repeat": 3, "min_repeat_ms": 50, "enable_cpu_cache_flush": False}

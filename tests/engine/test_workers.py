@@ -14,32 +14,13 @@ from tuning.engine.measure import (
     measure_payload,
     queue_name,
 )
-from tuning.engine.runner import device_index_from_queue, partition_cores
+from tuning.engine.runner import device_index_from_queue
 from tuning.engine.timer import EvaluatorConfig, default_evaluator
 
 FAST = EvaluatorConfig(number=2, repeat=2, min_repeat_ms=5)
 
 
 # ----------------------------------------------------------------- pure parts
-@pytest.mark.parametrize("cores", [[0], [0, 1], list(range(8)), list(range(16))])
-@pytest.mark.parametrize("threads", [1, 2, 4, 16])
-def test_partition_never_oversubscribes(cores, threads):
-    for dop in range(1, 20):
-        layout = partition_cores(cores, dop, threads)
-        assert 1 <= len(layout) <= len(cores)
-        assert sum(t for _, t in layout) <= len(cores)
-        used = [c for cpus, _ in layout for c in cpus]
-        assert len(used) == len(set(used))  # disjoint core sets
-        for cpus, t in layout:
-            assert t == len(cpus) and t <= threads
-
-
-def test_partition_serial_is_deployment_threads():
-    assert partition_cores([0, 1], 1, 2) == [([0, 1], 2)]
-    assert partition_cores([0, 1], 2, 2) == [([0], 1), ([1], 1)]
-    assert partition_cores(list(range(8)), 2, 4) == [([0, 1, 2, 3], 4), ([4, 5, 6, 7], 4)]
-
-
 def test_queue_names():
     assert queue_name("node-a", "cpu") == "measure.node-a.cpu"
     assert queue_name("node-a", "cuda", 3) == "measure.node-a.gpu3"
@@ -153,7 +134,7 @@ def test_measure_artifact_from_bytes(matmul_artifacts):
     assert MeasureOutcome.from_any(d).run_secs == d["run_secs"]
 
 
-def test_pooled_runner_measures_with_partitioned_cores(matmul_artifacts, n_cores):
+def test_pooled_runner_measures_on_slots(matmul_artifacts, n_cores):
     from tvm.s_tir.meta_schedule.arg_info import TensorInfo
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
@@ -161,7 +142,8 @@ def test_pooled_runner_measures_with_partitioned_cores(matmul_artifacts, n_cores
 
     paths, args = matmul_artifacts
     infos = [TensorInfo(a[1], a[2]) for a in args]
-    runner = PooledAsyncRunner(evaluator=FAST, threads=n_cores, dop=max(2, n_cores), timeout_sec=30)
+    # deployment at 1 thread: one slot per core, DOP up to the core count
+    runner = PooledAsyncRunner(evaluator=FAST, threads=1, dop=max(2, n_cores), timeout_sec=30)
     try:
         futs = runner.run([RunnerInput(p, "cpu", infos) for p in paths])
         results = [f.result() for f in futs]
@@ -210,10 +192,14 @@ def test_distributed_runner_sends_payloads(matmul_artifacts):
     results = [f.result() for f in futs]
     pool.shutdown()
     assert all(r.error_msg is None for r in results)
-    assert [p["queue"] for p in sent] == queues * 2
-    assert all(p["threads"] == 1 and p["evaluator"] == FAST.to_dict() for p in sent)
+    described = [p for p in sent if p.get("kind") == "describe"]
+    measured = [p for p in sent if p.get("kind") != "describe"]
+    assert sorted(p["queue"] for p in described) == sorted(queues)  # each host asked for its slots
+    assert sorted(p["queue"] for p in measured[:4]) == sorted(queues * 2)  # dealt by the hosts' DOPs
+    assert all(p["threads"] == 1 and p["evaluator"] == FAST.to_dict() for p in measured)
     meta = runner.ledger.pop(paths[0])
-    assert meta is not None and meta.dop == 2
+    assert meta is not None and meta.dop == 1 and meta.worker
+    runner.shutdown()
 
 
 def test_distributed_runner_surfaces_remote_errors(matmul_artifacts):
@@ -273,7 +259,7 @@ def test_probe_first_validates_a_new_dop(matmul_artifacts, n_cores):
     paths, args = matmul_artifacts
     infos = [TensorInfo(a[1], a[2]) for a in args]
     ctrl = DOPController(max_dop=n_cores, initial_dop=2)
-    runner = PooledAsyncRunner(evaluator=FAST, threads=n_cores, controller=ctrl)
+    runner = PooledAsyncRunner(evaluator=FAST, threads=1, controller=ctrl)
     try:
         jobs = [RunnerInput(paths[i % len(paths)], "cpu", infos) for i in range(12)]
         results = [f.result() for f in runner.run(jobs)]

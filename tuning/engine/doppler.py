@@ -19,9 +19,11 @@ The rule (DOPpler, IEEE TPDS 2023; Conductor's ``doppler_bic``):
   parallel runs are slower, and does not push numbers the wrong way when they
   are not.
 
-On a small CPU the serial reference is the deployment configuration (all
-threads): DOP > 1 gives each worker fewer threads, the error is large and the
-controller backs off to 1, which is the right answer there.
+Every parallel worker measures at the deployment thread count T on a slot of its own (slots.py),
+and the serial reference is slot 0 at T threads while the other slots idle, so the error measures
+interference only, never thread scaling; max DOP = the number of slots (floor(cores / T)).
+A back-off to DOP 1 (one noisy probe on a loaded host) is not final: parallelism is re-probed after
+``reprobe_after`` rounds, then twice as many, at most ``max_reprobes`` times (RoundStat.reprobe).
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class RoundStat:
     dop_after: int = 1
     mean_signed_error: float | None = None
     adapted: bool = True
+    reprobe: bool = False  # this round's decision re-opened parallelism after a back-off to 1
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -123,8 +126,17 @@ class DOPController:
         min_step: int = 2,
         max_step: int = 7,
         adaptive: bool = True,
+        reprobe_after: int = 2,
+        max_reprobes: int = 3,
     ) -> None:
         self.cap = float(cap)
+        self.initial_cap = float(cap)
+        # after backing off to DOP 1 (one noisy probe on a loaded host), try parallelism again after
+        # reprobe_after rounds, then 2x, 4x ... as many rounds, at most max_reprobes times
+        self.reprobe_after = max(1, int(reprobe_after))
+        self.max_reprobes = max(0, int(max_reprobes))
+        self.reprobes = 0
+        self._reprobe_at: int | None = None
         self.error_threshold = float(error_threshold)
         self.failure_threshold = float(failure_threshold)
         self.z_threshold = float(z_threshold)
@@ -217,6 +229,9 @@ class DOPController:
             elif mean_error is not None or dop_before == 1:
                 step = min(max((self.cap - dop_before) / 2.0, self.min_step), self.max_step)
                 self.dop = self._clamp(min(self.cap, dop_before + step))
+            reprobe = self._schedule_reprobe(dop_before, backed_off)
+        else:
+            reprobe = False
         decision = RoundDecision(
             dop_before=dop_before,
             dop_after=self.dop,
@@ -242,9 +257,27 @@ class DOPController:
                 dop_after=self.dop,
                 mean_signed_error=mean_signed,
                 adapted=self.adaptive,
+                reprobe=reprobe,
             )
         )
         return decision
+
+    def _schedule_reprobe(self, dop_before: int, backed_off: bool) -> bool:
+        """Keep a back-off to DOP 1 from lasting the whole run: when it happens, plan a re-probe
+        (at a doubling distance); when its round comes, restore the cap and try the smallest
+        parallel DOP again. Returns whether this round re-opened parallelism."""
+        n_round = len(self.history)  # this round's index (appended after)
+        if backed_off and self.dop == 1 and self.max_dop > 1:
+            if self.reprobes < self.max_reprobes:
+                self._reprobe_at = n_round + 1 + self.reprobe_after * (2 ** self.reprobes)
+            return False
+        if self.dop == 1 and self._reprobe_at is not None and n_round + 1 >= self._reprobe_at:
+            self._reprobe_at = None
+            self.reprobes += 1
+            self.cap = self.initial_cap
+            self.dop = self._clamp(2)
+            return self.dop > 1
+        return False
 
     def update_serial_round(self, n_candidates: int, failures: int = 0) -> RoundDecision:
         """A round whose parallel configuration *is* the serial one (DOP 1 at

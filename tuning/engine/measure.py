@@ -254,8 +254,27 @@ def _jsonable(x: Any) -> Any:
     return str(x) if not str(x).lstrip("-").isdigit() else int(str(x))
 
 
+def describe_host(threads: int | None, device_type: str = "cpu") -> dict[str, Any]:
+    """What a measuring host reports to a DistributedRunner: its measurement slots for a deployment of
+    ``threads`` threads (CPU: slots.py; GPU: the MPS clients of one device, 1 without MPS)."""
+    from . import gpu_slots, slots
+
+    if device_type in ("cpu", "llvm"):
+        cpu = slots.cpu_slots(int(threads or len(slots.read_topology().cpus)))
+        return {"kind": "describe", "slots": len(cpu), "threads": cpu[0].threads,
+                "cpus": [list(s.cpus) for s in cpu], "worker": worker_id()}
+    gpus = gpu_slots.list_gpus()
+    mps = gpu_slots.ensure_mps(os.path.join("/tmp", f"dlopt-mps-{os.getuid()}")) if gpus else gpu_slots.MpsStatus(False)
+    groups = gpu_slots.gpu_slot_groups(gpus, mps)
+    return {"kind": "describe", "slots": groups[0].max_dop if groups else 0, "mps": mps.running,
+            "gpus": [{"index": g.gpu.index, "arch": g.gpu.arch, "max_dop": g.max_dop} for g in groups],
+            "worker": worker_id(device_type)}
+
+
 def measure_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     """Entry point for a remote (Celery) measuring worker: payload -> outcome dict."""
+    if payload.get("kind") == "describe":
+        return describe_host(payload.get("threads"), str(payload.get("device_type") or "cpu"))
     refusal = measurable_refusal(payload.get("target"), device_index=int(payload.get("device_index") or 0))
     if refusal:  # built for another CPU/GPU: its timing would describe neither machine
         return MeasureOutcome([], refusal, socket.gethostname(), 0.0).to_dict()
@@ -271,8 +290,29 @@ def measure_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     return outcome.to_dict()
 
 
-_ISOLATED: dict[bool, Any] = {}
+_ISOLATED: dict[tuple[bool, int], Any] = {}
 _ISOLATED_LOCK = threading.Lock()
+
+
+def _isolated_worker(payload: Mapping[str, Any]) -> WorkerProcess:
+    """The sandboxed worker of the payload's slot (one per slot, so DOP candidates measure side by
+    side, each pinned to its slot's cores; slot 0 is the host's serial reference)."""
+    gpu = str(payload.get("device_type") or "cpu") not in ("cpu", "llvm")
+    slot = max(0, int(payload.get("slot") or 0))
+    with _ISOLATED_LOCK:
+        worker = _ISOLATED.get((gpu, slot))
+        if worker is None:
+            cpus, threads = None, None
+            if not gpu:
+                from .slots import cpu_slots
+
+                host_slots = cpu_slots(int(payload.get("threads") or 0) or len(os.sched_getaffinity(0)))
+                cpus, threads = host_slots[slot % len(host_slots)].as_layout()
+            worker = _ISOLATED[(gpu, slot)] = WorkerProcess(
+                WorkerSpec(name=f"measure-isolated-{'gpu' if gpu else 'cpu'}-s{slot}", cpu_ids=cpus, threads=threads,
+                           limits=sandbox.default_limits(gpu=gpu)),
+                initializer="tuning.engine.measure:warmup", max_uses=500)
+        return worker
 
 
 def measure_payload_isolated(payload: Mapping[str, Any], *, timeout: float = 300.0) -> dict[str, Any]:
@@ -280,13 +320,9 @@ def measure_payload_isolated(payload: Mapping[str, Any], *, timeout: float = 300
     calling process: a Celery worker that measures shipped candidates must not load them next to
     its own credentials. The worker stays alive between calls; a crash or timeout is an error
     outcome, and the next call starts a fresh worker."""
-    gpu = str(payload.get("device_type") or "cpu") not in ("cpu", "llvm")
-    with _ISOLATED_LOCK:
-        worker = _ISOLATED.get(gpu)
-        if worker is None:
-            worker = _ISOLATED[gpu] = WorkerProcess(
-                WorkerSpec(name=f"measure-isolated-{'gpu' if gpu else 'cpu'}", limits=sandbox.default_limits(gpu=gpu)),
-                initializer="tuning.engine.measure:warmup", max_uses=500)
+    if payload.get("kind") == "describe":  # no candidate code: answered here
+        return describe_host(payload.get("threads"), str(payload.get("device_type") or "cpu"))
+    worker = _isolated_worker(payload)
     t0 = time.perf_counter()
     try:
         return worker.call("tuning.engine.measure:measure_payload", dict(payload), timeout=timeout)

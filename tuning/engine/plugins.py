@@ -26,11 +26,13 @@ from typing import Any
 
 from tvm.s_tir import meta_schedule as ms
 
-from . import sandbox
+from . import gpu_slots, sandbox
 from .builder import PersistentBuilder
 from .measure import MeasureOutcome
 from .procpool import available_cpus
-from .runner import DistributedRunner, MeasureJob, MeasureLedger, PooledAsyncRunner
+from .runner import DistributedRunner, MeasureJob, MeasureLedger, MultiDeviceRunner, PooledAsyncRunner
+from .slots import Slot
+from .timer import EvaluatorConfig, default_evaluator
 
 __all__ = ["PlugContext", "make_builder", "make_runner", "register_builder", "register_runner",
            "builder_kinds", "runner_kinds", "is_parallel_runner", "build_all", "measure_serially"]
@@ -123,8 +125,10 @@ def _local_builder(ctx: PlugContext):
 
 
 @register_runner("pooled", parallel=True)
-def _pooled_runner(ctx: PlugContext) -> PooledAsyncRunner:
+def _pooled_runner(ctx: PlugContext):
     cfg = ctx.config
+    if ctx.device_type != "cpu":
+        return _gpu_runner(ctx)
     return PooledAsyncRunner(
         evaluator=cfg.evaluator,
         threads=ctx.threads,
@@ -133,8 +137,35 @@ def _pooled_runner(ctx: PlugContext) -> PooledAsyncRunner:
         controller=cfg.controller,
         timeout_sec=cfg.timeout_sec,
         ledger=ctx.ledger,
-        worker_limits=sandbox.default_limits(gpu=ctx.device_type != "cpu"),
+        worker_limits=sandbox.default_limits(gpu=False),
     )
+
+
+def _evaluator_for(ctx: PlugContext) -> EvaluatorConfig:
+    """The run's evaluator; a run that kept the default gets its device's default (GPUs: more samples)."""
+    cfg = ctx.config
+    return default_evaluator(ctx.device_type) if cfg.evaluator == EvaluatorConfig() else cfg.evaluator
+
+
+def gpu_worker_slots(group: gpu_slots.GpuSlotGroup, cores: Sequence[int]) -> list[Slot]:
+    """A GPU group's slots: one MPS client each, its host thread on a core of its own where possible."""
+    return [Slot(k, (cores[k % len(cores)],), 1) for k in range(group.max_dop)]
+
+
+def _gpu_runner(ctx: PlugContext):
+    """One pooled runner per GPU (slot group: MPS clients of that device, its own DOP controller and
+    error samples); several GPUs are fed by a MultiDeviceRunner. Raises NeedsGPU without a GPU."""
+    cfg = ctx.config
+    gpus = gpu_slots.require_gpus()
+    mps = gpu_slots.ensure_mps(os.path.join("/tmp", f"dlopt-mps-{os.getuid()}"))
+    runners = [
+        PooledAsyncRunner(evaluator=_evaluator_for(ctx), threads=1, cpu_ids=ctx.cores,
+                          dop=cfg.dop if group.max_dop > 1 else 1, timeout_sec=cfg.timeout_sec,
+                          ledger=ctx.ledger, slots=gpu_worker_slots(group, ctx.cores), worker_env=group.env,
+                          worker_limits=sandbox.default_limits(gpu=True), device_index=0)
+        for group in gpu_slots.gpu_slot_groups(gpus, mps)
+    ]
+    return runners[0] if len(runners) == 1 else MultiDeviceRunner(runners)
 
 
 @register_runner("distributed", parallel=True)
@@ -142,8 +173,9 @@ def _distributed_runner(ctx: PlugContext) -> DistributedRunner:
     cfg = ctx.config
     if cfg.distributed_submit is None or not cfg.device_queue:
         raise ValueError("distributed runner needs distributed_submit and device_queue")
-    return DistributedRunner(cfg.distributed_submit, cfg.device_queue, evaluator=cfg.evaluator,
-                             threads=cfg.threads, ledger=ctx.ledger)
+    return DistributedRunner(cfg.distributed_submit, cfg.device_queue, evaluator=_evaluator_for(ctx),
+                             threads=cfg.threads, ledger=ctx.ledger, dop=cfg.dop,
+                             target_device_type=ctx.device_type)
 
 
 @register_runner("local")

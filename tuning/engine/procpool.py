@@ -23,6 +23,7 @@ import os
 import pickle
 import queue
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -196,6 +197,8 @@ class WorkerProcess:
             env=self._env(),
             cwd=self._cwd,
             close_fds=True,
+            # its own process group: a kill takes the compilers/children it started along (killpg)
+            start_new_session=True,
         )
         self._ready = False
         self.uses = 0
@@ -243,6 +246,12 @@ class WorkerProcess:
 
     @staticmethod
     def _kill(proc: subprocess.Popen) -> None:
+        """SIGKILL the worker's whole process group (it leads one: start_new_session), so nvcc, g++
+        or anything else a candidate started goes too, then reap the worker."""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
         try:
             proc.kill()
             proc.wait(timeout=5)
@@ -382,6 +391,22 @@ class ProcessPool:
         for w in self.workers:
             with w.lock:
                 w.close()
+
+    def kill(self) -> None:
+        """End the pool now, without waiting for calls in flight (a hung worker): every worker's
+        process group is killed and its pending call ends with a WorkerError."""
+        self._closed = True
+        while True:  # calls never started end as cancelled
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[0].cancel()
+        for _ in self._threads:
+            self._jobs.put(None)
+        for w in self.workers:
+            w.kill()
 
     def __del__(self):  # pragma: no cover - best effort
         try:

@@ -337,6 +337,7 @@ def _tune(run: _Run) -> None:
                                            database=run.database, work_dir=run.work_dir, budget=run.remaining,
                                            resumed=bool(run.n_existing), phases=run.phases)
             save_round_offset(run.work_dir, state.round_offset + len(ledger.rounds) + state.own_rounds)
+            run.phases["measure_rounds"] = sum(r.wall_secs for r in ledger.rounds.values())  # DOPpler rounds' wall time
             # DOPpler's final stage: serial re-measure of the top share per task
             if run.status == "succeeded" and cfg.final_remeasure and parallel:
                 t0 = time.perf_counter()

@@ -1,0 +1,132 @@
+"""GPU slot groups (CUDA MPS) with a fake device-query layer: no GPU is needed, none is used."""
+
+import subprocess
+import types
+
+import pytest
+
+from tuning.engine import gpu_slots
+from tuning.engine.gpu_slots import DeviceQuery, MpsStatus, NeedsGPU, ensure_mps, gpu_slot_groups, list_gpus
+
+SMI = "0, NVIDIA H200, GPU-aaa, 9.0, 143771\n1, NVIDIA A100-SXM4-80GB, GPU-bbb, 8.0, 81920\n"
+
+
+class FakeDriver:
+    """nvidia-smi and nvidia-cuda-mps-control as a host with ``smi`` GPUs and, optionally, MPS."""
+
+    def __init__(self, smi=SMI, mps_installed=True, mps_running=False):
+        self.smi, self.mps_installed, self.mps_running = smi, mps_installed, mps_running
+        self.calls = []
+
+    def which(self, name):
+        if name == "nvidia-smi":
+            return "/usr/bin/nvidia-smi" if self.smi is not None else None
+        return "/usr/bin/" + name if self.mps_installed else None
+
+    def run(self, args, input=None, **kwargs):
+        self.calls.append((args, input, (kwargs.get("env") or {}).get("CUDA_MPS_PIPE_DIRECTORY")))
+        if args[0] == "nvidia-smi":
+            return subprocess.CompletedProcess(args, 0, self.smi, "")
+        if args[-1] == "-d":
+            self.mps_running = True
+            return subprocess.CompletedProcess(args, 0, "", "")
+        return subprocess.CompletedProcess(args, 0 if self.mps_running else 1, "", "")
+
+    def query(self):
+        return DeviceQuery(run=self.run, which=self.which)
+
+
+def test_no_gpu_here_says_it_needs_one():
+    q = FakeDriver(smi=None).query()
+    assert list_gpus(q) == []
+    with pytest.raises(NeedsGPU, match="needs a GPU"):
+        gpu_slots.require_gpus(q)
+
+
+def test_gpus_and_their_arch_come_from_the_device(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = list_gpus(FakeDriver().query())
+    assert [(g.index, g.arch, g.uuid) for g in gpus] == [(0, "sm_90", "GPU-aaa"), (1, "sm_80", "GPU-bbb")]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbb")
+    assert [g.index for g in list_gpus(FakeDriver().query())] == [1]
+
+
+def test_mps_is_started_when_not_running_and_checked(tmp_path):
+    drv = FakeDriver(mps_running=False)
+    st = ensure_mps(str(tmp_path), drv.query())
+    assert st.running and st.started_here and st.pipe_dir == str(tmp_path)
+    assert [c[0][-1] for c in drv.calls] == ["nvidia-cuda-mps-control", "-d", "nvidia-cuda-mps-control"]
+    assert all(c[2] == str(tmp_path) for c in drv.calls)  # one pipe directory throughout
+    again = ensure_mps(str(tmp_path), drv.query())
+    assert again.running and not again.started_here
+
+
+def test_without_mps_each_gpu_measures_serially(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    drv = FakeDriver(mps_installed=False)
+    st = ensure_mps(str(tmp_path), drv.query())
+    assert not st.running and "not found" in st.reason
+    groups = gpu_slot_groups(list_gpus(drv.query()), st)
+    assert [g.max_dop for g in groups] == [1, 1]
+
+
+def test_one_slot_group_per_gpu_with_mps(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    drv = FakeDriver()
+    groups = gpu_slot_groups(list_gpus(drv.query()), ensure_mps(str(tmp_path), drv.query()), max_dop_per_gpu=4)
+    assert [(g.gpu.index, g.max_dop, g.mps) for g in groups] == [(0, 4, True), (1, 4, True)]
+    assert groups[1].env == {"CUDA_VISIBLE_DEVICES": "GPU-bbb", "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}
+
+
+def _fake_ctx(dop="auto"):
+    from tuning.engine.timer import EvaluatorConfig
+
+    cfg = types.SimpleNamespace(dop=dop, timeout_sec=30.0, evaluator=EvaluatorConfig(), controller=None)
+    return types.SimpleNamespace(config=cfg, device_type="cuda", cores=[0, 1], ledger=None, work_dir="/tmp")
+
+
+def test_the_gpu_runner_needs_a_gpu(monkeypatch):
+    from tuning.engine import plugins
+
+    monkeypatch.setattr(gpu_slots, "list_gpus", lambda query=None: [])
+    with pytest.raises(NeedsGPU, match="needs a GPU"):
+        plugins._gpu_runner(_fake_ctx())
+
+
+def test_the_gpu_runner_makes_one_device_runner_per_gpu(monkeypatch):
+    from tuning.engine import plugins
+    from tuning.engine.timer import default_evaluator
+
+    made = []
+
+    class FakeRunner:
+        def __init__(self, **kw):
+            self.kw, self.controller, self.ledger, self.device_index = kw, types.SimpleNamespace(dop=1), None, 0
+            made.append(self)
+
+    monkeypatch.setattr(gpu_slots, "list_gpus", lambda query=None: list_gpus(FakeDriver().query()))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(gpu_slots, "ensure_mps", lambda pipe_dir, query=None: MpsStatus(True, True, "/tmp/mps"))
+    monkeypatch.setattr(plugins, "PooledAsyncRunner", FakeRunner)
+    runner = plugins._gpu_runner(_fake_ctx())
+    assert len(made) == 2 and len(runner.runners) == 2
+    assert [m.kw["worker_env"]["CUDA_VISIBLE_DEVICES"] for m in made] == ["GPU-aaa", "GPU-bbb"]
+    assert all(len(m.kw["slots"]) == gpu_slots.MAX_DOP_PER_GPU for m in made)
+    assert made[0].kw["evaluator"] == default_evaluator("cuda")  # the GPU default, not the CPU one
+
+
+def test_multi_device_runner_deals_by_each_devices_dop():
+    from tuning.engine.runner import MultiDeviceRunner
+
+    class Dev:
+        def __init__(self, dop):
+            self.controller, self.ledger, self.got, self.device_index = types.SimpleNamespace(dop=dop), None, [], 0
+
+        def run(self, inputs):
+            self.got.extend(inputs)
+            return [f"fut-{x}" for x in inputs]
+
+    a, b = Dev(3), Dev(1)
+    futs = MultiDeviceRunner([a, b])._inst.run(list(range(8)))  # the Python side TVM calls into
+    assert futs == [f"fut-{i}" for i in range(8)]  # in the caller's order
+    assert (len(a.got), len(b.got)) == (6, 2)

@@ -1,0 +1,184 @@
+"""GPU measurement slots: several candidates on one GPU at once through CUDA MPS.
+
+Mechanism chosen: **CUDA MPS** (Multi-Process Service), not several streams in one process, because
+
+* our measuring workers already are processes (sandboxed, RLIMITed, killed with their process group on
+  a timeout): with MPS each parallel candidate stays in its own worker, and a candidate that faults
+  (illegal address, a hung kernel) takes down its own MPS client, not the other candidates' CUDA
+  context, as it would with streams sharing one context;
+* TVM 0.27's ``time_evaluator`` times on the device's current stream and synchronizes the device: with
+  several streams in one process each candidate's timing would wait for the others' kernels;
+* without MPS, DOP processes on one GPU are time-sliced by the driver, so each one's CUDA-event
+  timings include the other processes' kernels. Under MPS their kernels share the SMs concurrently;
+  what that contention still does to the timings is exactly what DOPpler's parallel-vs-serial error
+  sampling measures, per device, and the controller lowers DOP when it is too large.
+
+Requirement (documented in the README): ``nvidia-cuda-mps-control`` on PATH (it ships with the CUDA
+driver utilities) and permission to start it for the devices the worker owns; without it a GPU gets a
+slot group of one (DOP 1, serial measurement, no contention error at all).
+
+One slot group per GPU: its DOP and error are its own (see :class:`GpuSlotGroup`); the target ``arch``
+comes from the device's compute capability. Everything that talks to the driver goes through
+:class:`DeviceQuery` (``nvidia-smi`` and ``nvidia-cuda-mps-control`` subprocesses), so tests replace
+that layer only. Nothing here imports TVM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+
+__all__ = ["NeedsGPU", "GpuInfo", "MpsStatus", "GpuSlotGroup", "DeviceQuery", "list_gpus", "ensure_mps",
+           "gpu_slot_groups", "require_gpus", "MAX_DOP_PER_GPU"]
+
+MAX_DOP_PER_GPU = 8
+MPS_CONTROL = "nvidia-cuda-mps-control"
+
+
+class NeedsGPU(RuntimeError):
+    """The operation needs an NVIDIA GPU and this host has none (or none we may use)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str
+    compute_capability: str  # "8.0"
+    memory_mib: int
+
+    @property
+    def arch(self) -> str:
+        """TVM's CUDA target arch for this device, e.g. ``sm_80``."""
+        return "sm_" + self.compute_capability.replace(".", "")
+
+
+@dataclasses.dataclass(frozen=True)
+class MpsStatus:
+    running: bool
+    started_here: bool = False
+    pipe_dir: str | None = None
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuSlotGroup:
+    """The measurement slots of one GPU: ``max_dop`` MPS clients (1 without MPS)."""
+
+    gpu: GpuInfo
+    max_dop: int
+    mps: bool
+    env: dict[str, str]  # what each measuring worker of this group runs with
+
+    @property
+    def queue_suffix(self) -> str:
+        return f"gpu{self.gpu.index}"
+
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+
+class DeviceQuery:
+    """The driver-facing layer: ``nvidia-smi`` for the devices, ``nvidia-cuda-mps-control`` for MPS.
+    ``run`` and ``which`` are injectable (tests pass fakes)."""
+
+    def __init__(self, run: Runner = subprocess.run, which: Callable[[str], str | None] = shutil.which) -> None:
+        self._run = run
+        self._which = which
+
+    def nvidia_smi(self) -> str:
+        if not self._which("nvidia-smi"):
+            raise NeedsGPU("needs a GPU: nvidia-smi not found (no NVIDIA driver on this host)")
+        out = self._run(["nvidia-smi", "--query-gpu=index,name,uuid,compute_cap,memory.total",
+                         "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+        if out.returncode != 0:
+            raise NeedsGPU(f"needs a GPU: nvidia-smi failed ({(out.stderr or out.stdout).strip()[:200]})")
+        return out.stdout
+
+    def has_mps(self) -> bool:
+        return bool(self._which(MPS_CONTROL))
+
+    def mps(self, command: str | None, env: dict[str, str], *, daemon: bool = False) -> subprocess.CompletedProcess:
+        args = [MPS_CONTROL] + (["-d"] if daemon else [])
+        return self._run(args, input=command, capture_output=True, text=True, timeout=30, env=env)
+
+
+def _parse_smi(text: str) -> list[GpuInfo]:
+    gpus = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 5:
+            continue
+        idx, name, uuid, cap, mem = parts[:5]
+        gpus.append(GpuInfo(int(idx), name, uuid, cap, int(float(mem))))
+    return gpus
+
+
+def list_gpus(query: DeviceQuery | None = None) -> list[GpuInfo]:
+    """The NVIDIA GPUs this process may use (``CUDA_VISIBLE_DEVICES`` honoured); [] when none."""
+    try:
+        gpus = _parse_smi((query or DeviceQuery()).nvidia_smi())
+    except (NeedsGPU, OSError, subprocess.SubprocessError):
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+        gpus = [g for g in gpus if str(g.index) in wanted or g.uuid in wanted]
+    return gpus
+
+
+def require_gpus(query: DeviceQuery | None = None) -> list[GpuInfo]:
+    gpus = list_gpus(query)
+    if not gpus:
+        raise NeedsGPU("needs a GPU: no NVIDIA device on this host; CUDA candidates can be built here "
+                       "but are measured by a GPU worker (queue measure.<host>.gpu<i>)")
+    return gpus
+
+
+def _mps_env(pipe_dir: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
+    env["CUDA_MPS_LOG_DIRECTORY"] = os.path.join(pipe_dir, "log")
+    return env
+
+
+def ensure_mps(pipe_dir: str, query: DeviceQuery | None = None) -> MpsStatus:
+    """Check that an MPS control daemon answers on ``pipe_dir``; start one when it does not."""
+    query = query or DeviceQuery()
+    if not query.has_mps():
+        return MpsStatus(False, reason=f"{MPS_CONTROL} not found: GPUs measure one candidate at a time")
+    env = _mps_env(pipe_dir)
+    os.makedirs(env["CUDA_MPS_LOG_DIRECTORY"], exist_ok=True)
+    try:
+        if query.mps("get_server_list\n", env).returncode == 0:
+            return MpsStatus(True, False, pipe_dir, "already running")
+        started = query.mps(None, env, daemon=True)
+        if started.returncode != 0:
+            return MpsStatus(False, reason=f"{MPS_CONTROL} -d failed: {(started.stderr or '').strip()[:200]}")
+        ok = query.mps("get_server_list\n", env).returncode == 0
+    except (OSError, subprocess.SubprocessError) as exc:
+        return MpsStatus(False, reason=f"{MPS_CONTROL}: {exc}")
+    return MpsStatus(ok, ok, pipe_dir if ok else None, "started" if ok else "started but does not answer")
+
+
+def stop_mps(status: MpsStatus, query: DeviceQuery | None = None) -> None:
+    """Stop a daemon this process started (one found running is left alone)."""
+    if status.started_here and status.pipe_dir:
+        try:
+            (query or DeviceQuery()).mps("quit\n", _mps_env(status.pipe_dir))
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+
+def gpu_slot_groups(gpus: Sequence[GpuInfo], mps: MpsStatus, max_dop_per_gpu: int = MAX_DOP_PER_GPU) -> list[GpuSlotGroup]:
+    """One slot group per GPU; each worker sees only its GPU (as device 0) and, with MPS, the daemon."""
+    groups = []
+    for gpu in gpus:
+        env = {"CUDA_VISIBLE_DEVICES": gpu.uuid or str(gpu.index)}
+        if mps.running and mps.pipe_dir:
+            env["CUDA_MPS_PIPE_DIRECTORY"] = mps.pipe_dir
+        groups.append(GpuSlotGroup(gpu, max(1, int(max_dop_per_gpu)) if mps.running else 1, mps.running, env))
+    return groups
