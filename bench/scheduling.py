@@ -1,7 +1,7 @@
 """Scheduling benchmark: Horus vs the baselines on the Philly and Alibaba-2023 traces.
 
-    python bench/scheduling.py --quick            # ~2 min on 2 cores
-    python bench/scheduling.py --json out.json    # full run, ~8 min
+    python bench/scheduling.py --quick            # ~15 min on 2 idle cores (the fill at full scale dominates)
+    python bench/scheduling.py --json out.json    # full run, over an hour
 
 Every policy runs in the same process on the same jobs, cluster and seed, through the same
 path the dashboard and ``manage.py simulate`` use (``scheduling.horus.experiments.run_experiment``).
@@ -10,7 +10,7 @@ Experiments (scale stated in each table's header):
 
 * ``philly`` (headline): every policy on Philly, strict FIFO queue, several
   seeds (workload assignment and noise). Full run: all 82k jobs at their real
-  submit times on 256 GPUs; ``--quick``: the first 10,000 jobs on 32 GPUs
+  submit times on 256 GPUs; ``--quick``: the first 10,000 jobs on 96 GPUs
   (the same contention, stated in the table). ``overall`` = Horus / FIFO
   exclusive on seed 0, and ``usage_fgd`` / the best sharing baseline (median
   over the seeds).
@@ -118,7 +118,7 @@ def add_ratios(results: list[dict[str, Any]], base: dict[str, Any] | None) -> No
 
 
 PHILLY_FULL = {"jobs": 100_000, "gpus": 256, "gpus_per_node": 8, "timeseries_points": 100}  # all 82k jobs
-PHILLY_QUICK = {"jobs": 10_000, "gpus": 32, "gpus_per_node": 8, "timeseries_points": 100}  # first 10k jobs
+PHILLY_QUICK = {"jobs": 10_000, "gpus": 96, "gpus_per_node": 8, "timeseries_points": 100}  # first 10k jobs
 PHILLY = dict(PHILLY_FULL)  # set by main() from --quick
 ALIBABA_FILL = {"method": "fill", "scale": 1.0}  # the whole 1,213-node cluster
 ALIBABA_REPLAY = {"method": "replay", "scale": 1 / 32, "jobs": 100_000, "from_day": 114.0, "max_duration_s": 86400.0,

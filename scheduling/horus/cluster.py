@@ -215,17 +215,20 @@ def fgd_fragmentation(node_free: np.ndarray, types: Sequence[WorkloadType], *, c
     """
     if not types:
         return np.zeros(node_free.shape[0])
-    need = np.array([min(t.milli, MILLI) for t in types], dtype=np.int64)
-    k = np.array([t.num_gpus for t in types], dtype=np.int64)
+    # the GPU part depends only on (per-GPU share, GPU count): computed once per distinct pair
+    shapes, inv = np.unique(np.array([[min(t.milli, MILLI), t.num_gpus] for t in types], dtype=np.int64), axis=0,
+                            return_inverse=True)
+    inv = inv.reshape(-1)
+    need, k = shapes[:, 0], shapes[:, 1]
     p = np.array([t.p for t in types], dtype=np.float64)
-    nf = node_free[:, :, None]  # (nodes, gpus, 1) against (types,)
+    nf = node_free[:, :, None]  # (nodes, gpus, 1) against (shapes,)
     valid = nf >= 0
     free = np.where(valid, nf, 0).astype(np.float64)
     total = free.sum(axis=1)  # (nodes, 1)
-    small = np.where(valid & (nf < need), free, 0.0).sum(axis=1)  # (nodes, types)
+    small = np.where(valid & (nf < need), free, 0.0).sum(axis=1)[:, inv]  # (nodes, types)
     # a task wider than the node (a multi-node gang) can use the node if all its GPUs fit
-    k_eff = np.minimum(k, valid.sum(axis=1))  # (nodes, types)
-    runs = ((nf >= need).sum(axis=1) >= k_eff) & (k > 0)  # (nodes, types)
+    k_eff = np.minimum(k, valid.sum(axis=1))  # (nodes, shapes)
+    runs = (((nf >= need).sum(axis=1) >= k_eff) & (k > 0))[:, inv]  # (nodes, types)
     if cpu_free is not None:
         runs &= np.asarray(cpu_free, float)[:, None] >= np.array([t.cpu_milli for t in types], float)
     if ram_free is not None:

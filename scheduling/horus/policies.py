@@ -455,7 +455,7 @@ class FGD(PlacementPolicy):
             idx = np.flatnonzero(mask)
             if len(idx) == 0:
                 return None
-            return [int(idx[np.argmin(frag.delta_single(nf, idx, need))])]
+            return [int(idx[np.argmin(np.round(frag.delta_single(nf, idx, need), 6))])]  # ties: lowest index
         if job.single_node:
             return self._place_node(job, cluster, nf, mask, need, frag)
         # a gang across nodes: place one GPU at a time, each by least delta
@@ -466,7 +466,7 @@ class FGD(PlacementPolicy):
             idx = np.flatnonzero(m)
             if len(idx) == 0:
                 return None
-            g = int(idx[np.argmin(frag.delta_single(nf, idx, need))])
+            g = int(idx[np.argmin(np.round(frag.delta_single(nf, idx, need), 6))])
             chosen.append(g)
             m[g] = False
             nf[cluster.gpu_node[g], cluster.gpu_slot[g]] -= need

@@ -35,10 +35,15 @@ from .policies import FGD, HORUS_HEADROOM_MB, _base_mask, _NodeFrag
 __all__ = ["UsageFGD", "held_milli"]
 
 
+#: held shares are rounded up to this many milli-GPUs (few distinct shapes: FGD's gradient is cached per shape)
+HELD_STEP = 50
+
+
 def held_milli(pred_util_pct: float, request_milli: int, margin: float, floor_milli: int) -> int:
-    """Milli-GPUs held for a job: its predicted usage with ``margin``, at least ``floor_milli``,
-    never more than its request."""
-    want = int(np.ceil(min(max(pred_util_pct, 0.0), 100.0) * 10.0 * (1.0 + margin)))
+    """Milli-GPUs held for a job: its predicted usage with ``margin``, rounded up to :data:`HELD_STEP`,
+    at least ``floor_milli``, never more than its request."""
+    want = min(max(pred_util_pct, 0.0), 100.0) * 10.0 * (1.0 + margin)
+    want = int(np.ceil(want / HELD_STEP - 1e-9) * HELD_STEP)
     return int(min(max(want, floor_milli), min(request_milli, MILLI)))
 
 
@@ -54,9 +59,9 @@ class UsageFGD(FGD):
     shares_gpus = True
     monotone_feasibility = False  # the interference bound depends on the job's utilization
 
-    def __init__(self, *, margin: float = 0.15, floor_milli: int = 50, min_speed: float = 0.7,
-                 max_jobs_per_gpu: int = 3, headroom_mb: float = HORUS_HEADROOM_MB, max_checked: int = 12,
-                 min_speed_whole: float = 0.5, frag_weight: float = 0.1):
+    def __init__(self, *, margin: float = 0.25, floor_milli: int = 50, min_speed: float = 0.75,
+                 max_jobs_per_gpu: int = 4, headroom_mb: float = HORUS_HEADROOM_MB, max_checked: int = 12,
+                 min_speed_whole: float = 0.5, frag_weight: float = 0.5):
         super().__init__()
         if not 0.0 < min_speed <= 1.0:
             raise ValueError("min_speed must be in (0, 1]")

@@ -134,10 +134,18 @@ def _unallocated(pods, spec, name, seeds=(0, 1, 2)):
 
 
 def test_more_gpu_typed_pods_leave_more_gpus_unallocated():
+    """Pods typed to the cluster's scarcer model queue for its few GPUs while the others stay idle:
+    the more of them, the more GPUs are left unallocated (FGD's gpuspec workloads)."""
     spec, pods = _small_alibaba()
     typed = with_gpu_types(pods, 0.6, spec.nodes, seed=1)
     assert sum(bool(p.gpu_type) for p in typed) == round(0.6 * sum(p.num_gpus > 0 for p in pods))
-    assert _unallocated(typed, spec, "fgd") > _unallocated(pods, spec, "fgd")
+    assert {p.gpu_type for p in typed} == {"", "T4", "V100M16"}
+    def to_t4(share):
+        gpu = [i for i, p in enumerate(pods) if p.num_gpus]
+        chosen = set(gpu[: int(share * len(gpu))])
+        return [replace(p, gpu_type="T4") if i in chosen else p for i, p in enumerate(pods)]
+    few, many = _unallocated(to_t4(0.6), spec, "fgd"), _unallocated(to_t4(0.9), spec, "fgd")  # T4: half the GPUs
+    assert _unallocated(pods, spec, "fgd") < few < many
 
 
 def test_more_cpu_only_pods_leave_more_gpus_unallocated():

@@ -36,7 +36,8 @@ def test_three_light_jobs_share_one_gpu_and_gain():
 
 
 def test_held_share_is_the_predicted_usage_never_above_the_request():
-    assert held_milli(30.0, 1000, 0.15, 50) == 345
+    assert held_milli(30.0, 1000, 0.15, 50) == 350  # 345 rounded up to 50s
+    assert held_milli(40.0, 1000, 0.25, 50) == 500
     assert held_milli(95.0, 1000, 0.15, 50) == 1000
     assert held_milli(30.0, 200, 0.15, 50) == 200
     assert held_milli(0.0, 1000, 0.15, 50) == 50
@@ -78,3 +79,12 @@ def test_wrong_predictions_never_break_the_physics(sigma):
     jobs = [job(n, 0, HOUR, util=100.0, mem=2000, pred_util=10.0) for n in "abc"]  # badly under-predicted
     r = simulate(jobs, ONE_GPU, UsageFGD(), predictor_error=sigma, check_invariants=True)
     assert r.makespan_s >= 3 * HOUR * (1 - 1e-9)
+
+
+def test_a_gang_gets_distinct_gpus_and_shares_only_where_the_bound_allows():
+    s = ClusterState(ClusterSpec.uniform(1, 3))
+    for g, name in enumerate("abc"):
+        put(s, name, [g], pred_util=20.0, pred_mem=2000)
+    got = UsageFGD().place(view("gang", util=20.0, mem=2000, num_gpus=2), s.view(), 0.0)
+    assert got is not None and len(set(got)) == 2
+    assert UsageFGD(min_speed_whole=0.99).place(view("gang", util=20.0, mem=2000, num_gpus=2), s.view(), 0.0) is None
