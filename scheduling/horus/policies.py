@@ -39,9 +39,15 @@ Policies (registry :data:`POLICIES`):
 * ``horus_migrate`` - Horus plus re-packing: a GPU whose measured demand is
   over 100 % moves one job to a GPU where it fits without over-subscription.
 * ``fgd`` - Fragmentation Gradient Descent (ATC'23): the placement that
-  least increases the node's expected fragmentation for the target workload;
-  request-based (honours ``gpu_milli`` even when the cluster does not enforce
-  it, so whole-GPU jobs never share).
+  least increases the node's expected fragmentation for the target workload,
+  node CPU, memory and GPU type included (as FGD's artifact); request-based
+  (honours ``gpu_milli`` even when the cluster does not enforce it, so
+  whole-GPU jobs never share). CPU-only pods (the fill method) go to the node
+  whose fragmentation they grow least.
+* ``usage_fgd`` (ours, :mod:`.usage_fgd`, registered by the package) - FGD on
+  predicted usage, overcommitting under a fitted-interference bound.
+
+A pod's ``gpu_type`` (Alibaba ``gpu_spec``) is a hard constraint for every policy.
 """
 
 from __future__ import annotations
