@@ -13,6 +13,8 @@ Modules:
 * :mod:`.cluster` - cluster spec/state and the read-only ``ClusterView``.
 * :mod:`.policies` - ``PlacementPolicy`` (``place``, ``score``, ``rebalance``) and
   ``POLICIES`` (Horus and baselines).
+* :mod:`.usage_fgd` - ``usage_fgd``, our policy: FGD on predicted usage, overcommitting
+  under a bound on fitted interference.
 * :mod:`.traces` - Alibaba-2023 / Philly parsers, workload assignment.
 * :mod:`.simulator` - ``simulate`` (replay) and ``simulate_fill`` (ATC'23 fill), the
   entry points over :mod:`.replay` (event queue, state machine, accounting,
@@ -39,12 +41,15 @@ from .simulator import (
     simulate,
     simulate_fill,
 )
+from .usage_fgd import UsageFGD
 from .traces import Job, TraceFormatError, assign_workloads, load_alibaba_nodes, load_alibaba_pods, load_philly, parse_trace
+
+POLICIES[UsageFGD.name] = UsageFGD  # our policy, registered beside the paper's (see usage_fgd)
 
 __all__ = [
     "ClusterSpec", "ClusterState", "ClusterView", "JobView", "NodeSpec", "PlacementError",
     "FEATURE_COLUMNS", "feature_vector", "zoo_feature_table",
-    "POLICIES", "PlacementPolicy", "horus_score", "make_policy",
+    "POLICIES", "PlacementPolicy", "horus_score", "make_policy", "UsageFGD",
     "TrainedPredictor", "UtilizationPredictor",
     "ProfileRecord", "ProfileTable", "load_profiles", "save_profiles",
     "FillResult", "FittedInterference", "Interference", "InterferenceModel", "SharingPenalty", "SimulationResult", "simulate",

@@ -8,7 +8,9 @@
 * :class:`ClusterView`: the read-only face of a state that policies get:
   predicted sums of what the scheduler placed, and *measured* values (what
   NVML would report for running jobs).
-* :func:`fgd_fragmentation`: the ATC'23 fragmentation measure.
+* :func:`fgd_fragmentation`: the ATC'23 fragmentation measure (GPU shares,
+  node CPU/memory and GPU type, CPU-only task types), as FGD's artifact
+  defines it.
 
 GPU shares are in milli-GPUs (1000 = one whole GPU), as in the Alibaba trace.
 """
@@ -33,6 +35,7 @@ __all__ = [
     "WorkloadType",
     "workload_types",
     "fgd_fragmentation",
+    "gpu_type_allows",
 ]
 
 MILLI = 1000
@@ -125,6 +128,8 @@ class JobView:
     batch_size: int | None = None
     #: memory the job is known to need after an out-of-memory failure (0 if none)
     mem_floor_mb: float = 0.0
+    #: GPU models the job may run on, ``|``-separated (Alibaba's ``gpu_spec``); "" = any
+    gpu_type: str = ""
 
 
 @dataclass(slots=True)
@@ -145,48 +150,95 @@ class RunningJob:
 
 @dataclass(frozen=True)
 class WorkloadType:
-    """A task shape for FGD: ``num_gpus`` GPUs of ``milli`` each, with probability ``p``."""
+    """A task shape for FGD: ``num_gpus`` GPUs of ``milli`` each (0 GPUs: a CPU-only task), the
+    node CPU and memory it asks for, the GPU models it accepts (``gpu_type``, "" = any), with
+    probability ``p``."""
 
     num_gpus: int
     milli: int
     p: float
+    cpu_milli: int = 0
+    ram_mib: int = 0
+    gpu_type: str = ""
 
 
-def workload_types(jobs: Iterable[Any]) -> list[WorkloadType]:
-    """Popularity of task shapes ``(num_gpus, gpu_milli)`` in a job list (FGD's target workload)."""
-    counts: dict[tuple[int, int], int] = {}
+def gpu_type_allows(gpu_type: str, gpu_model: str) -> bool:
+    """Whether a request for ``gpu_type`` (``|``-separated models, "" = any) may use a ``gpu_model`` GPU
+    (FGD artifact's ``IsNodeAccessibleToPodByType``)."""
+    wanted = [t for t in gpu_type.split("|") if t]
+    return not wanted or gpu_model in wanted
+
+
+def workload_types(jobs: Iterable[Any], *, popularity: float = 1.0, with_resources: bool = True) -> list[WorkloadType]:
+    """FGD's target workload: the popularity of task shapes in a job list.
+
+    A shape is ``(num_gpus, gpu_milli, cpu_milli, ram_mib, gpu_type)`` (``with_resources=False``: GPUs
+    only). CPU-only jobs count as shapes of 0 GPUs. As FGD's artifact (``GetTypicalPods``), only the
+    most popular shapes are kept, the fewest that cover ``popularity`` of the jobs (its default 95 %),
+    re-normalised; ties in count keep the shape order."""
+    if not 0 < popularity <= 1:
+        raise ValueError("popularity must be in (0, 1]")
+    counts: dict[tuple[int, int, int, int, str], int] = {}
     for j in jobs:
-        key = (int(j.num_gpus), int(min(MILLI, j.gpu_milli)))
+        ng = int(j.num_gpus)
+        res = (int(getattr(j, "cpu_milli", 0)), int(getattr(j, "ram_mib", 0)), str(getattr(j, "gpu_type", "") or "")) \
+            if with_resources else (0, 0, "")
+        key = (ng, int(min(MILLI, j.gpu_milli)) if ng else 0, *res)
         counts[key] = counts.get(key, 0) + 1
-    total = sum(counts.values()) or 1
-    return [WorkloadType(k, m, c / total) for (k, m), c in sorted(counts.items())]
+    total = sum(counts.values())
+    if not total:
+        return []
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    kept, covered = [], 0
+    for key, c in ranked:
+        if covered >= popularity * total - 1e-9:
+            break
+        kept.append((key, c))
+        covered += c
+    return [WorkloadType(k, m, c / covered, cpu, ram, gt) for (k, m, cpu, ram, gt), c in sorted(kept)]
 
 
-def fgd_fragmentation(node_free: np.ndarray, types: Sequence[WorkloadType]) -> np.ndarray:
+def fgd_fragmentation(node_free: np.ndarray, types: Sequence[WorkloadType], *, cpu_free: np.ndarray | None = None,
+                      ram_free: np.ndarray | None = None, access: np.ndarray | None = None) -> np.ndarray:
     """Expected GPU fragmentation of each node (milli-GPUs), ATC'23 "Beware of
-    Fragmentation" definition.
+    Fragmentation" as its artifact computes it (``NodeGpuShareFragAmount``).
 
-    ``node_free``: ``(nodes, max_gpus)`` free milli per GPU, padded with -1.
-    For a task type m: if the node cannot host m at all, all its free GPU
-    capacity is fragment; otherwise the free capacity on GPUs too small for
-    m's per-GPU share is. Result = sum over types of p_m x F_n(m). A task
+    ``node_free``: ``(nodes, max_gpus)`` free milli per GPU, padded with -1;
+    ``cpu_free``/``ram_free``: ``(nodes,)`` free node CPU (milli) and memory
+    (MiB), None or inf = not modelled; ``access``: ``(nodes, types)`` whether
+    the node's GPU model is one the type accepts (None = all).
+
+    For a task type m, node n's free GPU capacity is all fragment unless m can
+    run there: m asks for GPUs (a CPU-only type finds every idle GPU a
+    fragment), the GPU model matches, the node has m's CPU and memory free, and
+    m's GPUs fit; when m can run, the free capacity on GPUs too small for m's
+    per-GPU share is fragment. Result = sum over types of p_m x F_n(m). A task
     wider than the node (a multi-node gang) counts as needing all its GPUs.
-    CPU and memory are not part of this measure here.
+    (The artifact checks CPU only; memory is checked here too, as placement does.)
     """
     if not types:
         return np.zeros(node_free.shape[0])
-    need = np.array([min(t.milli, MILLI) for t in types], dtype=np.int64)
-    k = np.array([t.num_gpus for t in types], dtype=np.int64)
+    # the GPU part depends only on (per-GPU share, GPU count): computed once per distinct pair
+    shapes, inv = np.unique(np.array([[min(t.milli, MILLI), t.num_gpus] for t in types], dtype=np.int64), axis=0,
+                            return_inverse=True)
+    inv = inv.reshape(-1)
+    need, k = shapes[:, 0], shapes[:, 1]
     p = np.array([t.p for t in types], dtype=np.float64)
-    nf = node_free[:, :, None]  # (nodes, gpus, 1) against (types,)
+    nf = node_free[:, :, None]  # (nodes, gpus, 1) against (shapes,)
     valid = nf >= 0
     free = np.where(valid, nf, 0).astype(np.float64)
     total = free.sum(axis=1)  # (nodes, 1)
-    small = np.where(valid & (nf < need), free, 0.0).sum(axis=1)  # (nodes, types)
+    small = np.where(valid & (nf < need), free, 0.0).sum(axis=1)[:, inv]  # (nodes, types)
     # a task wider than the node (a multi-node gang) can use the node if all its GPUs fit
-    k_eff = np.minimum(k, valid.sum(axis=1))  # (nodes, types)
-    fits = (nf >= need).sum(axis=1) >= k_eff  # (nodes, types)
-    return (np.where(fits, small, total) * p).sum(axis=1)
+    k_eff = np.minimum(k, valid.sum(axis=1))  # (nodes, shapes)
+    runs = (((nf >= need).sum(axis=1) >= k_eff) & (k > 0))[:, inv]  # (nodes, types)
+    if cpu_free is not None:
+        runs &= np.asarray(cpu_free, float)[:, None] >= np.array([t.cpu_milli for t in types], float)
+    if ram_free is not None:
+        runs &= np.asarray(ram_free, float)[:, None] >= np.array([t.ram_mib for t in types], float)
+    if access is not None:
+        runs &= access
+    return (np.where(runs, small, total) * p).sum(axis=1)
 
 
 class ClusterState:
@@ -208,6 +260,9 @@ class ClusterState:
         self.max_gpus_per_node = int(self.node_num_gpus.max())
         self.mem_cap = np.repeat(np.array([n.gpu_mem_mb for n in nodes], float), self.node_num_gpus)
         self.gpu_model = [n.gpu_model for n in nodes for _ in range(n.num_gpus)]
+        self.node_gpu_model = tuple(n.gpu_model for n in nodes)
+        self._access: dict[tuple[WorkloadType, ...], np.ndarray] = {}
+        self.cpu_pods: dict[str, tuple[int, JobView]] = {}  # CPU-only pods placed (fill): id -> (node, view)
         self.node_cpu_cap = np.array([n.cpu_milli for n in nodes], float)
         self.node_ram_cap = np.array([n.ram_mib for n in nodes], float)
         self.node_cpu_used = np.zeros(self.n_nodes)
@@ -241,6 +296,10 @@ class ClusterState:
         nodes = {int(self.gpu_node[g]) for g in gpus}
         if job.single_node and len(nodes) > 1:
             raise PlacementError(f"job {job.job_id} must run on one node, got nodes {sorted(nodes)}")
+        if job.gpu_type:
+            for n in nodes:
+                if not gpu_type_allows(job.gpu_type, self.node_gpu_model[n]):
+                    raise PlacementError(f"job {job.job_id} asks for {job.gpu_type}, node {n} has {self.node_gpu_model[n]}")
         if self.enforce_milli:
             for g in gpus:
                 used = self.milli_used[g]
@@ -254,6 +313,25 @@ class ClusterState:
                     raise PlacementError(f"job {job.job_id}: node {n} lacks CPU")
                 if self.node_ram_cap[n] and self.node_ram_used[n] + job.ram_mib > self.node_ram_cap[n]:
                     raise PlacementError(f"job {job.job_id}: node {n} lacks RAM")
+
+    def node_has_room(self, job: JobView, node: int) -> bool:
+        """Whether ``node`` has ``job``'s CPU and memory free (always, where they are not modelled)."""
+        cap_c, cap_r = self.node_cpu_cap[node], self.node_ram_cap[node]
+        return bool((not cap_c or self.node_cpu_used[node] + job.cpu_milli <= cap_c)
+                    and (not cap_r or self.node_ram_used[node] + job.ram_mib <= cap_r))
+
+    def add_cpu_pod(self, job: JobView, node: int) -> None:
+        """Place a CPU-only pod (no GPUs) on ``node``, taking its CPU and memory; raises
+        :class:`PlacementError` where they do not fit."""
+        if job.num_gpus != 0:
+            raise PlacementError(f"job {job.job_id} asks for GPUs: place it with add()")
+        if job.job_id in self.cpu_pods or job.job_id in self.running:
+            raise PlacementError(f"job {job.job_id} is already running")
+        if not 0 <= node < self.n_nodes or not self.node_has_room(job, node):
+            raise PlacementError(f"job {job.job_id}: node {node} lacks CPU or RAM")
+        self.node_cpu_used[node] += job.cpu_milli
+        self.node_ram_used[node] += job.ram_mib
+        self.cpu_pods[job.job_id] = (node, job)
 
     def fits_memory(self, gpus: Sequence[int], mem_mb: float, *, ignore: str | None = None) -> bool:
         """Whether ``mem_mb`` more (true) memory fits on every GPU in ``gpus``."""
@@ -331,14 +409,36 @@ class ClusterState:
         out[self.gpu_node, self.gpu_slot] = np.maximum(0, MILLI - self.milli_used)
         return out
 
+    def node_cpu_free(self) -> np.ndarray:
+        """``(nodes,)`` free CPU (milli); inf where not modelled."""
+        return np.where(self.node_cpu_cap > 0, self.node_cpu_cap - self.node_cpu_used, np.inf)
+
+    def node_ram_free(self) -> np.ndarray:
+        """``(nodes,)`` free memory (MiB); inf where not modelled."""
+        return np.where(self.node_ram_cap > 0, self.node_ram_cap - self.node_ram_used, np.inf)
+
+    def type_access(self, types: Sequence[WorkloadType]) -> np.ndarray | None:
+        """``(nodes, types)``: the node's GPU model is one the type accepts (None: every type takes any)."""
+        key = tuple(types)
+        if not any(t.gpu_type for t in key):
+            return None
+        got = self._access.get(key)
+        if got is None:
+            got = np.array([[gpu_type_allows(t.gpu_type, m) for t in key] for m in self.node_gpu_model], dtype=bool)
+            self._access = {key: got}  # one workload per run: keep the latest only
+        return got
+
     def fragmentation(self, types: Sequence[WorkloadType] | None = None) -> tuple[float, float]:
-        """``(fragmented milli-GPUs, free milli-GPUs)`` of the whole cluster."""
+        """``(fragmented milli-GPUs, free milli-GPUs)`` of the whole cluster (node CPU, memory and GPU
+        model included, see :func:`fgd_fragmentation`)."""
         t = self.workload if types is None else types
         nf = self.node_free_milli()
         free = float(np.maximum(nf, 0).sum())
         if not t:
             return 0.0, free
-        return float(fgd_fragmentation(nf, t).sum()), free
+        frag = fgd_fragmentation(nf, t, cpu_free=self.node_cpu_free(), ram_free=self.node_ram_free(),
+                                 access=self.type_access(t))
+        return float(frag.sum()), free
 
     def view(self) -> "ClusterView":
         if self._view is None:
@@ -388,6 +488,8 @@ class ClusterView:
         self.demand_util_pct = _ro(state.meas_util)
         self.meas_mem_mb = _ro(state.true_mem)
         self.gpu_model = tuple(state.gpu_model)
+        self.node_gpu_model = state.node_gpu_model
+        self._type_ok: dict[str, np.ndarray] = {}
 
     @property
     def meas_util_pct(self) -> np.ndarray:
@@ -419,6 +521,28 @@ class ClusterView:
 
     def node_free_milli(self) -> np.ndarray:
         return self._s.node_free_milli()
+
+    def node_cpu_free(self) -> np.ndarray:
+        return self._s.node_cpu_free()
+
+    def node_ram_free(self) -> np.ndarray:
+        return self._s.node_ram_free()
+
+    def node_has_room(self, job: JobView, node: int) -> bool:
+        return self._s.node_has_room(job, node)
+
+    def type_access(self, types: Sequence[WorkloadType]) -> np.ndarray | None:
+        return self._s.type_access(types)
+
+    def gpu_type_ok(self, job: JobView) -> np.ndarray | None:
+        """Per-GPU bool: the GPU's model is one the job accepts (None: it accepts any)."""
+        if not job.gpu_type:
+            return None
+        ok = self._type_ok.get(job.gpu_type)
+        if ok is None:
+            ok = np.array([gpu_type_allows(job.gpu_type, m) for m in self._s.node_gpu_model], dtype=bool)[self._s.gpu_node]
+            self._type_ok[job.gpu_type] = ok
+        return ok
 
     def jobs_on(self, gpu: int) -> tuple[RunningJob, ...]:
         """Running jobs on a GPU (their views, GPUs, start time and measured util/memory), as copies

@@ -328,11 +328,12 @@ def prepare_experiment(kind: str, jobs: Sequence[htraces.Job], params: Experimen
     spec = build_cluster(kind, params, seed=seed, nodes=nodes)
     factor = None
     if params.method == "fill":
-        used = [j for j in jobs if j.num_gpus > 0]
+        used = list(jobs)  # CPU-only pods too: they take node CPU and are part of FGD's workload
     else:
-        used, factor = _slice(jobs, params, spec)
+        used, factor = _slice([j for j in jobs if j.num_gpus > 0], params, spec)
     used = htraces.assign_workloads(used, table, predictions=predictions, seed=seed)
-    facts: dict[str, Any] = {"utilization": util_distribution(used) if used else None}
+    gpu_jobs = [j for j in used if j.num_gpus > 0]
+    facts: dict[str, Any] = {"utilization": util_distribution(gpu_jobs) if gpu_jobs else None}
     if params.method == "replay" and used:
         span = max(j.submit_time for j in used) - min(j.submit_time for j in used)
         load = sum(j.num_gpus * j.duration_s for j in used) / span if span > 0 else None
@@ -344,8 +345,9 @@ def _scale_statement(params: ExperimentParams, in_trace: int, used: Sequence[htr
                      spec: hcluster.ClusterSpec, factor: float | None) -> str:
     where = f"{spec.n_gpus} GPUs ({len(spec.nodes)} nodes: {spec.name})"
     if params.method == "fill":
-        return (f"pods sampled with replacement from the {len(used)} GPU pods, submitted until the request "
-                f"reaches {params.until * 100:.0f} % of {where}")
+        n_cpu = sum(1 for j in used if j.num_gpus == 0)
+        return (f"pods sampled with replacement from the {len(used)} pods ({n_cpu} CPU-only), submitted until "
+                f"the GPU request reaches {params.until * 100:.0f} % of {where}")
     span = max(j.submit_time for j in used) - min(j.submit_time for j in used)
     parts = [f"{len(used)} of {in_trace} jobs (from #{params.start} in submit order"
              + (f", day {params.from_day:g} on" if params.from_day > 0 else "") + ")"]

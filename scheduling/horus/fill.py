@@ -1,10 +1,17 @@
 """The fill method (ATC'23) as a small class: sampled pods are submitted one by one and never leave,
-until the submitted GPU request reaches a share of the cluster's capacity (see :mod:`.simulator`)."""
+until the submitted GPU request reaches a share of the cluster's capacity (see :mod:`.simulator`).
+
+As in FGD's artifact, the pods are sampled from the whole pod list, CPU-only pods included: they take
+node CPU and memory (which can leave a node's idle GPUs unusable) and are part of FGD's target
+workload (its most popular task shapes covering :data:`FGD_POPULARITY` of the pods). A policy may
+reserve less than a pod's request on a GPU (:meth:`~.policies.PlacementPolicy.reserve`, only
+``usage_fgd`` does): allocation is still counted by requests, and the reservations' predicted and
+TRUE interference are reported beside it (``sharing``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -12,11 +19,15 @@ import numpy as np
 from common.jsonsafe import json_safe
 
 from .cluster import MILLI, ClusterSpec, ClusterState, JobView, workload_types
+from .interference import FittedInterference
 from .policies import PlacementPolicy
 from .sim_inputs import checked_placement, job_views, noisy_predictions, validate_jobs
 from .traces import Job
 
-__all__ = ["FillResult", "Fill"]
+__all__ = ["FillResult", "Fill", "FGD_POPULARITY", "sharing_stats"]
+
+#: share of the pods FGD's typical task shapes cover (the artifact's ``podPopularityThreshold``, 95 %)
+FGD_POPULARITY = 0.95
 
 
 @dataclass
@@ -39,6 +50,9 @@ class FillResult:
     curve: list[dict[str, float]]
     wall_s: float
     params: dict[str, Any]
+    cpu_pods: dict[str, int] = field(default_factory=dict)  # CPU-only pods submitted / placed / failed
+    reserved_share: float = 0.0  # milli the policy reserved on GPUs / capacity (< allocated: overcommitted)
+    sharing: dict[str, Any] = field(default_factory=dict)  # interference of the final placement
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -49,27 +63,29 @@ class Fill:
 
     def __init__(self, pods: Sequence[Job], spec: ClusterSpec, policy: PlacementPolicy, *, seed: int = 0,
                  until: float = 1.0, checkpoints: int = 20, predictor_error: float = 0.0,
-                 max_pods: int | None = None):
-        self.pods = [p for p in pods if p.num_gpus > 0]
+                 max_pods: int | None = None, popularity: float = FGD_POPULARITY):
+        self.pods = list(pods)
         validate_jobs(self.pods)
-        if not self.pods:
+        if not any(p.num_gpus > 0 for p in self.pods):
             raise ValueError("no GPU pods to sample from")
         self.spec, self.policy, self.seed = spec, policy, seed
         self.until, self.predictor_error = until, predictor_error
         self.state = ClusterState(spec)
-        self.state.workload = workload_types(self.pods)
+        self.state.workload = workload_types(self.pods, popularity=popularity)
         self.cv = self.state.view()
         policy.reset(seed)
         pu, pm = noisy_predictions(self.pods, predictor_error, seed)
         self.views = job_views(self.pods, pu, pm)
         self.capacity = self.state.n_gpus * MILLI
         self.rng = np.random.default_rng([seed, 0xF111])
-        self.arrived = self.allocated = 0.0
+        self.arrived = self.allocated = self.reserved = 0.0
         self.submitted = self.placed = self.failed = self.ooms = 0
+        self.cpu_count = {"submitted": 0, "placed": 0, "failed": 0}
         self.first_fail: float | None = None
         self.curve: list[dict[str, float]] = []
         self.marks = [self.capacity * until * (k + 1) / checkpoints for k in range(checkpoints)]
         self.limit = max_pods if max_pods is not None else 10 * self.state.n_gpus + 1000
+        self.popularity = popularity
 
     def run(self) -> "Fill":
         next_mark = 0
@@ -83,23 +99,37 @@ class Fill:
     def _submit_one(self) -> None:
         """Sample a pod, submit it; it is placed (and stays) or counted as failed."""
         k = int(self.rng.integers(len(self.pods)))
-        p, v = self.pods[k], self.views[k]
-        view = JobView(f"{v.job_id}#{self.submitted}", 0.0, v.num_gpus, v.gpu_milli, v.pred_util_pct, v.pred_mem_mb,
-                       v.cpu_milli, v.ram_mib, v.single_node, v.model, v.batch_size)
+        p = self.pods[k]
+        view = replace(self.views[k], job_id=f"{p.job_id}#{self.submitted}", submit_time=0.0)
         self.submitted += 1
+        if p.num_gpus == 0:
+            self._submit_cpu_pod(view)
+            return
         req = p.num_gpus * min(p.gpu_milli, MILLI)
         self.arrived += req
-        gpus = checked_placement(self.policy, view, self.state, self.cv, 0.0)
+        held = self.policy.reserve(view, self.cv)
+        gpus = checked_placement(self.policy, held, self.state, self.cv, 0.0)
         if gpus is not None:
             if self.state.fits_memory(gpus, float(p.true_mem_mb)):
-                self.state.add(view, gpus, true_util=float(p.true_util_pct), true_mem=float(p.true_mem_mb), now=0.0)
+                self.state.add(held, gpus, true_util=float(p.true_util_pct), true_mem=float(p.true_mem_mb), now=0.0)
                 self.placed += 1
                 self.allocated += req
+                self.reserved += held.num_gpus * min(held.gpu_milli, MILLI)
                 return
             self.ooms += 1
         self.failed += 1
         if self.first_fail is None:
             self.first_fail = self.arrived / self.capacity
+
+    def _submit_cpu_pod(self, view: JobView) -> None:
+        """A CPU-only pod takes CPU and memory on the node its policy picks (no GPU request)."""
+        self.cpu_count["submitted"] += 1
+        node = self.policy.place_cpu_pod(view, self.cv)
+        if node is None:
+            self.cpu_count["failed"] += 1
+            return
+        self.state.add_cpu_pod(view, int(node))
+        self.cpu_count["placed"] += 1
 
     def snapshot(self) -> dict[str, float]:
         fr, free = self.state.fragmentation()
@@ -131,5 +161,38 @@ class Fill:
             first_failure_arrived_share=self.first_fail,
             curve=self.curve,
             wall_s=wall_s,
-            params={"policy": self.policy.describe(), "until": self.until, "predictor_error": self.predictor_error},
+            params={"policy": self.policy.describe(), "until": self.until, "predictor_error": self.predictor_error,
+                    "fgd_popularity": self.popularity, "fgd_task_shapes": len(self.state.workload)},
+            cpu_pods=dict(self.cpu_count),
+            reserved_share=self.reserved / self.capacity,
+            sharing=sharing_stats(self.state),
         )
+
+
+def sharing_stats(state: ClusterState, model: FittedInterference | None = None) -> dict[str, Any]:
+    """How the final placement shares GPUs, under the fitted interference model with the pods' TRUE
+    utilizations: GPUs with more than one pod, the pods' mean and 95th-percentile slowdown (1 / speed)
+    and the share of pods slowed by more than 25 %. (A fill has no time: this is what running the final
+    placement would cost, not a measurement.)"""
+    model = model or _fitted_model()
+    slow: list[float] = []
+    shared = 0
+    for g, ids in enumerate(state.jobs_on):
+        if not ids:
+            continue
+        utils = [min(1.0, state.running[j].meas_util_pct / 100.0) for j in ids]
+        speeds = model.speeds(utils, gpu_type=state.gpu_model[g]) if len(ids) > 1 else [1.0]
+        shared += len(ids) > 1
+        slow.extend(1.0 / max(s, 1e-9) for s in speeds)
+    arr = np.array(slow) if slow else np.ones(1)
+    return {"shared_gpus": shared, "mean_slowdown": float(arr.mean()), "p95_slowdown": float(np.percentile(arr, 95)),
+            "share_slowed_over_25pct": float((arr > 1.25).mean()), "model": "fitted (true utilizations)"}
+
+
+_FITTED_CACHE: list[FittedInterference] = []
+
+
+def _fitted_model() -> FittedInterference:
+    if not _FITTED_CACHE:
+        _FITTED_CACHE.append(FittedInterference.from_data())
+    return _FITTED_CACHE[0]

@@ -46,9 +46,15 @@ Policies (registry :data:`POLICIES`):
   utilization of running jobs (stretched while they share), never their true
   standalone utilization.
 * ``fgd`` - Fragmentation Gradient Descent (ATC'23): the placement that
-  least increases the node's expected fragmentation for the target workload;
-  request-based (honours ``gpu_milli`` even when the cluster does not enforce
-  it, so whole-GPU jobs never share).
+  least increases the node's expected fragmentation for the target workload,
+  node CPU, memory and GPU type included (as FGD's artifact); request-based
+  (honours ``gpu_milli`` even when the cluster does not enforce it, so
+  whole-GPU jobs never share). CPU-only pods (the fill method) go to the node
+  whose fragmentation they grow least.
+* ``usage_fgd`` (ours, :mod:`.usage_fgd`, registered by the package) - FGD on
+  predicted usage, overcommitting under a fitted-interference bound.
+
+A pod's ``gpu_type`` (Alibaba ``gpu_spec``) is a hard constraint for every policy.
 """
 
 from __future__ import annotations
@@ -109,7 +115,15 @@ def _base_mask(job: JobView, cv: ClusterView, *, respect_milli: bool | None = No
     ok = cv.node_cpu_ok(job)
     if ok is not None:
         mask &= ok
+    typed = cv.gpu_type_ok(job)
+    if typed is not None:
+        mask &= typed
     return mask
+
+
+def _nodes_with_room(job: JobView, cv: ClusterView) -> np.ndarray:
+    """Nodes with a CPU-only job's CPU and memory free."""
+    return np.array([cv.node_has_room(job, n) for n in range(cv.n_nodes)], dtype=bool)
 
 
 def _choose(job: JobView, cv: ClusterView, cost: np.ndarray, mask: np.ndarray) -> list[int] | None:
@@ -161,6 +175,17 @@ class PlacementPolicy:
 
     def rebalance(self, cluster: ClusterView, now: float) -> list[tuple[str, list[int]]]:
         return []
+
+    def reserve(self, job: JobView, cluster: ClusterView) -> JobView:
+        """What the policy holds for ``job`` on its GPUs (the fill method asks): its request, by default.
+        A policy that overcommits returns a view asking for a smaller ``gpu_milli``."""
+        return job
+
+    def place_cpu_pod(self, job: JobView, cluster: ClusterView) -> int | None:
+        """The node for a CPU-only pod (no GPUs; the fill method has them), None if none has room.
+        Default: first fit (lowest node index)."""
+        idx = np.flatnonzero(_nodes_with_room(job, cluster))
+        return int(idx[0]) if len(idx) else None
 
     def score(self, job: JobView, cluster: ClusterView, gpus: Sequence[int]) -> float | None:
         """The policy's cost (lower is better) of putting ``job`` on ``gpus`` at this cluster state, summed
@@ -394,6 +419,14 @@ class BestFit(_CostRanked):
             cost = (cluster.mem_cap_mb - mem - jmem) / cluster.mem_cap_mb
         return np.asarray(cost, float), mask
 
+    def place_cpu_pod(self, job, cluster):
+        """The node with the least CPU left after the pod (ties: lowest index)."""
+        ok = _nodes_with_room(job, cluster)
+        if not ok.any():
+            return None
+        left = np.where(ok, cluster.node_cpu_free() - job.cpu_milli, np.inf)
+        return int(np.argmin(left))
+
 
 class RandomFit(_SharingPolicy):
     """A uniformly random feasible GPU (seeded), same constraints as best_fit."""
@@ -415,74 +448,90 @@ class RandomFit(_SharingPolicy):
             return None
         return _choose(job, cluster, self.rng.random(cluster.n_gpus), mask)
 
+    def place_cpu_pod(self, job, cluster):
+        idx = np.flatnonzero(_nodes_with_room(job, cluster))
+        return int(self.rng.choice(idx)) if len(idx) else None
+
 
 class FGD(PlacementPolicy):
     """Fragmentation Gradient Descent (Weng et al., USENIX ATC'23): choose the
     placement whose node's expected fragmentation (for the target workload,
-    ``cluster.workload``) grows least. Request-based: ``gpu_milli`` shares are
-    always honoured, so whole-GPU jobs never share a GPU."""
+    ``cluster.workload``) grows least. The measure and the placement see GPU
+    shares, node CPU and memory and GPU model (:func:`~.cluster.fgd_fragmentation`);
+    a CPU-only pod goes to the node whose fragmentation its CPU grows least.
+    Request-based: ``gpu_milli`` shares are always honoured, so whole-GPU jobs
+    never share a GPU."""
 
     name = "fgd"
+
+    def __init__(self) -> None:
+        self._cache = _DeltaCache()
+
+    def reset(self, seed: int = 0) -> None:
+        self._cache = _DeltaCache()
 
     def place(self, job, cluster, now):
         if job.gpu_milli >= MILLI and cluster.free_gpus < job.num_gpus:
             return None  # whole GPUs needed and not enough empty ones
-        mask = _base_mask(job, cluster, respect_milli=True)
-        types = cluster.workload or [WorkloadType(job.num_gpus, min(job.gpu_milli, MILLI), 1.0)]
-        nf = cluster.node_free_milli()
-        k = job.num_gpus
-        if k == 1:
+        mask = self._mask(job, cluster)
+        frag = _NodeFrag(cluster, self._types(job, cluster), job, self._cache)
+        nf = self._free(cluster)
+        need = min(job.gpu_milli, MILLI)
+        if job.num_gpus == 1:
             idx = np.flatnonzero(mask)
             if len(idx) == 0:
                 return None
-            delta = self._delta_single(nf, cluster, idx, min(job.gpu_milli, MILLI), types)
-            return [int(idx[np.argmin(delta)])]
-        need = min(job.gpu_milli, MILLI)
+            return [int(idx[np.argmin(np.round(frag.delta_single(nf, idx, need), 6))])]  # ties: lowest index
         if job.single_node:
-            return self._place_node(job, cluster, nf, mask, need, types)
+            return self._place_node(job, cluster, nf, mask, need, frag)
         # a gang across nodes: place one GPU at a time, each by least delta
         chosen: list[int] = []
         m = mask.copy()
         nf = nf.copy()
-        for _ in range(k):
+        for _ in range(job.num_gpus):
             idx = np.flatnonzero(m)
             if len(idx) == 0:
                 return None
-            delta = self._delta_single(nf, cluster, idx, need, types)
-            g = int(idx[np.argmin(delta)])
+            g = int(idx[np.argmin(np.round(frag.delta_single(nf, idx, need), 6))])
             chosen.append(g)
             m[g] = False
             nf[cluster.gpu_node[g], cluster.gpu_slot[g]] -= need
         return sorted(chosen)
 
+    def place_cpu_pod(self, job, cluster):
+        """The node whose fragmentation grows least when the pod takes its CPU and memory."""
+        ok = np.flatnonzero(_nodes_with_room(job, cluster))
+        if len(ok) == 0:
+            return None
+        frag = _NodeFrag(cluster, self._types(job, cluster), job)
+        nf = self._free(cluster)[ok]
+        return int(ok[np.argmin(frag.of(nf, ok, taken=True) - frag.of(nf, ok, taken=False))])
+
     def score(self, job, cluster, gpus):
         """The growth of expected fragmentation (milli-GPUs) on the nodes the placement touches."""
-        types = cluster.workload or [WorkloadType(job.num_gpus, min(job.gpu_milli, MILLI), 1.0)]
-        before = cluster.node_free_milli()
+        frag = _NodeFrag(cluster, self._types(job, cluster), job)
+        before = self._free(cluster)
         after = before.copy()
         for g in gpus:
             after[cluster.gpu_node[g], cluster.gpu_slot[g]] -= min(job.gpu_milli, MILLI)
         nodes = np.unique(cluster.gpu_node[list(gpus)])
-        return float(np.sum(fgd_fragmentation(after[nodes], types) - fgd_fragmentation(before[nodes], types)))
+        return float(np.sum(frag.of(after[nodes], nodes, taken=True) - frag.of(before[nodes], nodes, taken=False)))
+
+    # hooks a variant of FGD overrides (see horus.usage_fgd)
+    def _mask(self, job: JobView, cluster: ClusterView) -> np.ndarray:
+        return _base_mask(job, cluster, respect_milli=True)
+
+    def _free(self, cluster: ClusterView) -> np.ndarray:
+        """``(nodes, max_gpus)`` free milli per GPU, as FGD counts it (the requests placed)."""
+        return cluster.node_free_milli()
 
     @staticmethod
-    def _delta_single(nf, cv, idx, need, types) -> np.ndarray:
-        """Fragmentation increase of taking ``need`` from each candidate GPU.
-        GPUs of one node with the same free amount are interchangeable, so the
-        work is per distinct (node, free) pair."""
-        nodes = cv.gpu_node[idx]
-        slot_free = nf[nodes, cv.gpu_slot[idx]]
-        keys = nodes.astype(np.int64) * (MILLI + 1) + slot_free
-        uk, first, inv = np.unique(keys, return_index=True, return_inverse=True)
-        un = nodes[first]
-        before = nf[un]
-        after = before.copy()
-        after[np.arange(len(uk)), cv.gpu_slot[idx[first]]] -= need
-        d = fgd_fragmentation(after, types) - fgd_fragmentation(before, types)
-        return d[inv.reshape(-1)]
+    def _types(job: JobView, cluster: ClusterView) -> list[WorkloadType]:
+        return cluster.workload or [WorkloadType(job.num_gpus, min(job.gpu_milli, MILLI), 1.0, job.cpu_milli, job.ram_mib,
+                                                 job.gpu_type)]
 
     @staticmethod
-    def _place_node(job, cv, nf, mask, need, types) -> list[int] | None:
+    def _place_node(job, cv, nf, mask, need, frag: "_NodeFrag") -> list[int] | None:
         k = job.num_gpus
         best: tuple[float, int] | None = None
         best_gpus = None
@@ -497,11 +546,84 @@ class FGD(PlacementPolicy):
             pick = g[np.lexsort((g, free))[:k]]
             after = nf[n].copy()
             after[cv.gpu_slot[pick]] -= need
-            d = float(fgd_fragmentation(after[None, :], types)[0] - fgd_fragmentation(nf[n][None, :], types)[0])
+            at = np.array([n])
+            d = float(frag.of(after[None, :], at, taken=True)[0] - frag.of(nf[n][None, :], at, taken=False)[0])
             if best is None or d < best[0] - 1e-12:
                 best = (d, int(n))
                 best_gpus = sorted(int(x) for x in pick)
         return best_gpus
+
+
+class _NodeFrag:
+    """FGD's fragmentation of chosen nodes for one job's placement: the nodes' CPU/memory free before
+    (``taken=False``) or after (``taken=True``) the job takes its CPU and memory there."""
+
+    def __init__(self, cv: ClusterView, types: Sequence[WorkloadType], job: JobView, cache: "_DeltaCache | None" = None):
+        self.cv, self.types, self.job, self.cache = cv, types, job, cache
+        self.cpu, self.ram = cv.node_cpu_free(), cv.node_ram_free()
+        self.access = cv.type_access(types)
+
+    def of(self, node_free: np.ndarray, nodes: np.ndarray, *, taken: bool) -> np.ndarray:
+        """Fragmentation of rows ``node_free`` (one per entry of ``nodes``)."""
+        cpu, ram = self.cpu[nodes], self.ram[nodes]
+        if taken:
+            cpu, ram = cpu - self.job.cpu_milli, ram - self.job.ram_mib
+        acc = None if self.access is None else self.access[nodes]
+        return fgd_fragmentation(node_free, self.types, cpu_free=cpu, ram_free=ram, access=acc)
+
+    def delta_single(self, nf: np.ndarray, idx: np.ndarray, need: int) -> np.ndarray:
+        """Fragmentation increase of taking ``need`` from each candidate GPU ``idx`` (and the job's
+        CPU/memory from its node). With a cache, only the nodes whose state changed since the last
+        call for the same request shape are recomputed; without one, the work is per distinct
+        (node, free) pair (GPUs of one node with the same free amount are interchangeable)."""
+        cv = self.cv
+        nodes = cv.gpu_node[idx]
+        if self.cache is not None:
+            return self.cache.deltas(self, nf, need)[nodes, cv.gpu_slot[idx]]
+        slot_free = nf[nodes, cv.gpu_slot[idx]]
+        keys = nodes.astype(np.int64) * (MILLI + 1) + slot_free
+        uk, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+        d = self.rows_delta(nf, nodes[first], cv.gpu_slot[idx[first]], need)
+        return d[inv.reshape(-1)]
+
+    def rows_delta(self, nf: np.ndarray, nodes: np.ndarray, slots: np.ndarray, need: int) -> np.ndarray:
+        """Fragmentation increase of taking ``need`` from GPU ``slots[i]`` of node ``nodes[i]``."""
+        before = nf[nodes]
+        after = before.copy()
+        after[np.arange(len(nodes)), slots] -= need
+        return self.of(after, nodes, taken=True) - self.of(before, nodes, taken=False)
+
+
+class _DeltaCache:
+    """FGD's per-GPU fragmentation growth for each request shape, kept between placements: a
+    placement changes one node, so only that node's rows are recomputed (found by comparing the
+    nodes' free GPU shares, CPU and memory with those the rows were computed for)."""
+
+    def __init__(self) -> None:
+        self.types: Sequence[WorkloadType] | None = None
+        self.shapes: dict[tuple[int, int, int, str], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def deltas(self, frag: _NodeFrag, nf: np.ndarray, need: int) -> np.ndarray:
+        """``(nodes, max_gpus)`` growth of taking ``need`` from each GPU (garbage where it does not fit)."""
+        if frag.types is not self.types:
+            self.types, self.shapes = frag.types, {}
+        job = frag.job
+        key = (need, job.cpu_milli, job.ram_mib, job.gpu_type)
+        got = self.shapes.get(key)
+        if got is None:
+            changed = np.arange(nf.shape[0])
+            got = (nf.copy(), frag.cpu.copy(), frag.ram.copy(), np.zeros(nf.shape))
+            self.shapes[key] = got
+        else:
+            changed = np.flatnonzero((got[0] != nf).any(axis=1) | (got[1] != frag.cpu) | (got[2] != frag.ram))
+        if len(changed):
+            sig_nf, sig_cpu, sig_ram, delta = got
+            width = nf.shape[1]
+            nodes = np.repeat(changed, width)
+            slots = np.tile(np.arange(width), len(changed))
+            delta[changed] = frag.rows_delta(nf, nodes, slots, need).reshape(len(changed), width)
+            sig_nf[changed], sig_cpu[changed], sig_ram[changed] = nf[changed], frag.cpu[changed], frag.ram[changed]
+        return got[3]
 
 
 PolicyFactory = Callable[..., PlacementPolicy]

@@ -37,7 +37,7 @@ def job_views(jobs: Sequence[Job], pu: np.ndarray, pm: np.ndarray) -> list[JobVi
     """What a policy sees of each job: its request and (noisy) predictions, never its truth."""
     return [
         JobView(j.job_id, float(j.submit_time), int(j.num_gpus), int(j.gpu_milli), float(u), float(m),
-                int(j.cpu_milli), int(j.ram_mib), bool(j.single_node), j.model, j.batch_size)
+                int(j.cpu_milli), int(j.ram_mib), bool(j.single_node), j.model, j.batch_size, gpu_type=j.gpu_type)
         for j, u, m in zip(jobs, pu, pm)
     ]
 

@@ -9,8 +9,11 @@ Formats (header row required, extra columns ignored):
 
 * Alibaba ``openb_node_list_*.csv``: ``sn, cpu_milli, memory_mib, gpu, model``
 * Alibaba ``openb_pod_list_*.csv``: ``name, cpu_milli, memory_mib, num_gpu,
-  gpu_milli`` and, for replay, ``creation_time, deletion_time`` (seconds;
-  ``scheduled_time`` optional). Duration = deletion - (scheduled or creation).
+  gpu_milli`` (``gpu_spec`` optional: the GPU models a pod accepts,
+  ``|``-separated, empty = any) and, for replay, ``creation_time,
+  deletion_time`` (seconds; ``scheduled_time`` optional). Duration = deletion
+  - (scheduled or creation). CPU-only pods (``num_gpu`` 0) are kept: FGD's
+  workload and the fill method count them.
 * Philly (Pollux artifact): ``timestamp, duration, num_gpus`` (``gpu_time``,
   ``cluster`` optional); timestamps ``YYYY-MM-DD HH:MM:SS``, made relative to
   the earliest job.
@@ -28,6 +31,7 @@ import gzip
 import io
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -55,6 +59,8 @@ __all__ = [
     "compress_time",
     "cap_durations",
     "predictions_from",
+    "with_gpu_types",
+    "with_cpu_pods",
     "DEFAULT_TRACE_DIR",
     "ALIBABA_NODES_PATH",
     "ALIBABA_PODS_PATH",
@@ -108,6 +114,8 @@ class Job:
     util_gpu_model: str | None = None
     #: True when the trace itself gave ``true_util_pct`` (Philly ``gpu_util``): kept by assign_workloads
     util_from_trace: bool = False
+    #: GPU models the job may run on, ``|``-separated (Alibaba ``gpu_spec``); "" = any
+    gpu_type: str = ""
 
     @property
     def gpu_request(self) -> float:
@@ -251,10 +259,11 @@ def alibaba_cluster(nodes: Sequence[NodeSpec] | None = None, *, name: str = "ali
 
 
 def load_alibaba_pods(source: str | os.PathLike[str] | IO[Any] = ALIBABA_PODS_PATH, *, name: str | None = None,
-                      gpu_only: bool = True, require_times: bool = True) -> list[Job]:
-    """Pods of an Alibaba ``openb_pod_list_*.csv`` as jobs (one node each).
+                      gpu_only: bool = False, require_times: bool = True) -> list[Job]:
+    """Pods of an Alibaba ``openb_pod_list_*.csv`` as jobs (one node each), CPU-only pods included.
 
-    ``gpu_only`` drops CPU-only pods (``num_gpu == 0``). With
+    ``gpu_only`` drops CPU-only pods (``num_gpu == 0``). ``gpu_spec`` becomes
+    :attr:`Job.gpu_type` (checked against :data:`GPU_SPEC_NAME`). With
     ``require_times`` (replay) creation/deletion times must be present; the
     fill method does not need them (``require_times=False``: times default 0)."""
     rows, file, _ = _open_rows(source, name)
@@ -281,6 +290,7 @@ def load_alibaba_pods(source: str | os.PathLike[str] | IO[Any] = ALIBABA_PODS_PA
             raise TraceFormatError(file, line, "gpu_milli", f"multi-GPU pod must request whole GPUs (1000), got {milli}")
         if ngpu == 0 and gpu_only:
             continue
+        spec = _gpu_spec(row, cols, file, line) if ngpu else ""
         if require_times or "creation_time" in cols:
             created = _int(row, cols, "creation_time", file, line, default=0 if not require_times else None)
             deleted = _int(row, cols, "deletion_time", file, line, default=created if not require_times else None)
@@ -292,8 +302,24 @@ def load_alibaba_pods(source: str | os.PathLike[str] | IO[Any] = ALIBABA_PODS_PA
         else:
             created, duration = 0, 1.0
         out.append(Job(pod, float(created), duration, ngpu, milli if ngpu else 0, cpu, ram, single_node=True,
-                       source=file, line=line))
+                       source=file, line=line, gpu_type=spec))
     return out
+
+
+#: what one GPU model name in ``gpu_spec`` may look like (``V100M16``, ``A10``, ``G2``)
+GPU_SPEC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+
+
+def _gpu_spec(row: list[str], cols: Mapping[str, int], file: str, line: int) -> str:
+    """A pod's ``gpu_spec`` cell as ``"A|B"`` (sorted, no duplicates), "" when absent or empty."""
+    raw = row[cols["gpu_spec"]].strip() if "gpu_spec" in cols else ""
+    if not raw:
+        return ""
+    names = [n.strip() for n in raw.split("|")]
+    bad = next((n for n in names if not GPU_SPEC_NAME.fullmatch(n)), None)
+    if bad is not None:
+        raise TraceFormatError(file, line, "gpu_spec", f"expected GPU model names separated by '|', got {raw!r}")
+    return "|".join(sorted(set(names)))
 
 
 _EPOCH = datetime(1970, 1, 1)
@@ -396,6 +422,44 @@ def compress_time(jobs: Sequence[Job], factor: float) -> list[Job]:
 def cap_durations(jobs: Sequence[Job], max_s: float) -> list[Job]:
     """Cap every duration at ``max_s`` (e.g. pods censored at the trace end)."""
     return [replace(j, duration_s=min(j.duration_s, max_s)) if j.duration_s > max_s else j for j in jobs]
+
+
+# --------------------------------------------------------------------------- Alibaba variants
+
+
+def with_gpu_types(pods: Sequence[Job], share: float, nodes: Sequence[NodeSpec], *, seed: int = 0) -> list[Job]:
+    """A variant of an Alibaba pod list in which ``share`` of the GPU pods ask for one GPU model (FGD's
+    ``gpuspec`` workloads): the typed pods are drawn at random, each model in proportion to the
+    cluster's GPUs of it (so every request can be met). Pods already typed keep their type."""
+    if not 0 <= share <= 1:
+        raise ValueError("share must be in [0, 1]")
+    gpus: dict[str, int] = {}
+    for n in nodes:
+        if n.num_gpus:
+            gpus[n.gpu_model] = gpus.get(n.gpu_model, 0) + n.num_gpus
+    models = sorted(gpus)
+    weights = np.array([gpus[m] for m in models], float)
+    rng = np.random.default_rng([seed, 0x7E5])
+    gpu_idx = [i for i, p in enumerate(pods) if p.num_gpus > 0 and not p.gpu_type]
+    pick = rng.choice(len(gpu_idx), size=int(round(share * len(gpu_idx))), replace=False) if gpu_idx else []
+    typed = {gpu_idx[int(i)]: models[int(rng.choice(len(models), p=weights / weights.sum()))] for i in pick}
+    return [replace(p, gpu_type=typed[i]) if i in typed else p for i, p in enumerate(pods)]
+
+
+def with_cpu_pods(pods: Sequence[Job], share: float, *, seed: int = 0) -> list[Job]:
+    """A variant of an Alibaba pod list whose CPU-only pods are ``share`` of all pods (FGD's ``cpu``
+    workloads): CPU-only pods are drawn (with replacement, renamed) from the list's own, or dropped."""
+    if not 0 <= share < 1:
+        raise ValueError("share must be in [0, 1)")
+    gpu = [p for p in pods if p.num_gpus > 0]
+    cpu = [p for p in pods if p.num_gpus == 0]
+    want = int(round(share / (1 - share) * len(gpu)))
+    if want and not cpu:
+        raise ValueError("the pod list has no CPU-only pods to draw from")
+    rng = np.random.default_rng([seed, 0xC9])
+    drawn = [replace(cpu[int(k)], job_id=f"{cpu[int(k)].job_id}~{i}") for i, k in enumerate(rng.integers(len(cpu), size=want))] \
+        if want else []
+    return gpu + drawn
 
 
 # --------------------------------------------------------------------------- workloads

@@ -25,7 +25,8 @@ from .helpers import put, view
 
 
 def test_registry_has_every_policy():
-    assert set(POLICIES) == {"fifo_exclusive", "gandiva", "best_fit", "random_fit", "horus", "horus_migrate", "fgd"}
+    assert set(POLICIES) == {"fifo_exclusive", "gandiva", "best_fit", "random_fit", "horus", "horus_migrate", "fgd",
+                             "usage_fgd"}
     for name in POLICIES:
         p = make_policy(name)
         assert isinstance(p, PlacementPolicy) and p.name == name

@@ -73,7 +73,8 @@ def test_experiment_path_figures_unchanged():
     assert (m["makespan_s"], m["mean_wait_s"], m["migrations"], m["events"]) == (
         3116469.6767882435, 934384.8081652127, 825, 6856)
     b, f = fill["policies"]["best_fit"], fill["policies"]["fgd"]
+    # fill figures changed with issue 15 item 3 (CPU-only pods sampled, node CPU/memory/GPU type in FGD)
     assert (b["allocated_share"], b["frag_rate"], b["unallocated_gpus"], b["placed"], b["failed"]) == (
-        0.9347301587301587, 0.7096912167134503, 20.56, 316, 26)
+        0.8735873015873016, 0.9988451710591587, 39.82, 314, 48)
     assert (f["allocated_share"], f["frag_rate"], f["unallocated_gpus"], f["placed"], f["failed"]) == (
-        0.9358095238095238, 0.5953264795068516, 20.22, 316, 26)
+        0.913079365079365, 0.9960295072358354, 27.38, 328, 34)

@@ -33,9 +33,11 @@ def test_bundled_traces_parse():
     assert len(philly) == 82247
     assert philly[0].submit_time == 0 and all(a.submit_time <= b.submit_time for a, b in zip(philly, philly[1:]))
     assert sum(j.num_gpus == 1 for j in philly) / len(philly) > 0.9
-    pods = load_alibaba_pods()
-    assert len(pods) == 7064 and all(p.num_gpus > 0 and p.single_node for p in pods)
-    assert sum(p.gpu_milli < 1000 for p in pods) == 3078
+    pods = load_alibaba_pods()  # CPU-only pods kept (FGD's workload counts them)
+    assert len(pods) == 8152 and all(p.single_node for p in pods)
+    assert sum(p.num_gpus == 0 for p in pods) == 1088 and all(p.gpu_milli == 0 for p in pods if p.num_gpus == 0)
+    assert len(load_alibaba_pods(gpu_only=True)) == 7064
+    assert sum(0 < p.gpu_milli < 1000 for p in pods) == 3078
     nodes = load_alibaba_nodes()
     assert len(nodes) == 1213 and sum(n.num_gpus for n in nodes) == 6212
     spec = alibaba_cluster(nodes)
@@ -143,5 +145,5 @@ def test_request_mapping_fits_the_pod_share():
     pods = assign_workloads(load_alibaba_pods()[:2000], table, seed=0)
     lowest = min(table.util.values())
     for p in pods:
-        if p.gpu_milli < 1000:
+        if 0 < p.gpu_milli < 1000:  # GPU-sharing pods (CPU-only pods have no share)
             assert p.true_util_pct <= max(p.gpu_milli / 10, lowest) + 1e-9

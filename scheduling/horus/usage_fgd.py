@@ -1,0 +1,225 @@
+"""``usage_fgd``: FGD's fragmentation gradient on PREDICTED usage, overcommitting under a bound on
+predicted interference. Our policy (not from a paper); registered in :data:`~.policies.POLICIES`.
+
+FGD (ATC'23) packs by requests: a pod asking for a whole GPU gets one even when it will use a
+fifth of it, and whole-GPU jobs never share. This policy differs in two places and keeps the rest
+of FGD (the target workload, node CPU/memory/GPU-type terms, the least-growth rule):
+
+* **Usage, not requests.** A job is held at its predicted usage, ``u x (1 + margin)`` milli-GPUs
+  for a predicted utilization of ``u`` % (never more than it asked for), and a GPU's free capacity
+  is 1000 minus what it holds. The fragmentation gradient is computed on that capacity and on the
+  target workload's shapes as they will be held.
+* **Overcommit only where the physics allows.** A placement beyond the request (a GPU whose
+  requests are full) is taken only if the predicted usage fits, the predicted memory fits with
+  500 MB to spare, and, under the fitted interference model (:class:`~.interference.FittedInterference`,
+  fitted to Gavel's measured pairs) with the PREDICTED utilizations, no job on that GPU would run
+  slower than ``min_speed`` of its standalone speed. A placement within the request is FGD's own.
+
+The policy sees predictions only; the simulator runs the jobs' true utilizations, so a wrong
+prediction costs real interference (``bench/scheduling.py`` sweeps the prediction error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from .cluster import MILLI, ClusterView, JobView, WorkloadType
+from .interference import FittedInterference
+from .policies import FGD, HORUS_HEADROOM_MB, _base_mask, _NodeFrag
+
+__all__ = ["UsageFGD", "held_milli"]
+
+
+#: held shares are rounded up to this many milli-GPUs (few distinct shapes: FGD's gradient is cached per shape)
+HELD_STEP = 50
+
+
+def held_milli(pred_util_pct: float, request_milli: int, margin: float, floor_milli: int) -> int:
+    """Milli-GPUs held for a job: its predicted usage with ``margin``, rounded up to :data:`HELD_STEP`,
+    at least ``floor_milli``, never more than its request."""
+    want = min(max(pred_util_pct, 0.0), 100.0) * 10.0 * (1.0 + margin)
+    want = int(np.ceil(want / HELD_STEP - 1e-9) * HELD_STEP)
+    return int(min(max(want, floor_milli), min(request_milli, MILLI)))
+
+
+@lru_cache(maxsize=1)
+def _fitted() -> FittedInterference:
+    return FittedInterference.from_data()
+
+
+class UsageFGD(FGD):
+    """FGD on predicted usage with bounded-interference overcommit (module docstring)."""
+
+    name = "usage_fgd"
+    shares_gpus = True
+    monotone_feasibility = False  # the interference bound depends on the job's utilization
+
+    def __init__(self, *, margin: float = 0.25, floor_milli: int = 50, min_speed: float = 0.75,
+                 max_jobs_per_gpu: int = 4, headroom_mb: float = HORUS_HEADROOM_MB, max_checked: int = 12,
+                 min_speed_whole: float = 0.5, frag_weight: float = 0.5):
+        super().__init__()
+        if not 0.0 < min_speed <= 1.0:
+            raise ValueError("min_speed must be in (0, 1]")
+        #: extra share held over the predicted utilization (covers prediction error)
+        self.margin = float(margin)
+        self.floor_milli = int(floor_milli)
+        #: the interference bound: every job on an overcommitted GPU keeps at least this speed
+        self.min_speed = float(min_speed)
+        #: at most this many jobs on a GPU when overcommitting
+        self.max_jobs = int(max_jobs_per_gpu)
+        self.headroom_mb = float(headroom_mb)
+        #: overcommit candidates checked against the bound per placement, in gradient order
+        self.max_checked = int(max_checked)
+        #: the bound where requests are whole GPUs (Philly): co-located jobs keep at least this speed
+        self.min_speed_whole = float(min_speed_whole)
+        #: weight of FGD's fragmentation growth (in GPUs) against the delivered-work gain (whole-GPU requests)
+        self.frag_weight = float(frag_weight)
+
+    # ------------------------------------------------------------------ what is held
+    def held(self, job: JobView) -> int:
+        return held_milli(job.pred_util_pct, job.gpu_milli, self.margin, self.floor_milli)
+
+    def reserve(self, job, cluster):
+        """The fill method's reservation: the predicted usage (where the cluster counts shares)."""
+        return replace(job, gpu_milli=self.held(job)) if cluster.enforce_milli else job
+
+    def _free(self, cluster: ClusterView) -> np.ndarray:
+        """Free milli per GPU as held: by reservations where shares are counted, else by the
+        predicted utilization of the jobs placed."""
+        nf = cluster.node_free_milli()
+        if not cluster.enforce_milli:
+            used = np.ceil(np.asarray(cluster.pred_util_pct) * 10.0 * (1.0 + self.margin))
+            free = np.maximum(0, MILLI - np.where(cluster.n_jobs > 0, np.maximum(used, self.floor_milli), 0))
+            nf = nf.copy()
+            nf[cluster.gpu_node, cluster.gpu_slot] = free.astype(np.int64)
+        return nf
+
+    # ------------------------------------------------------------------ placement
+    def place(self, job, cluster, now):
+        if job.num_gpus > 1 and job.single_node:
+            return FGD.place(self, job, cluster, now)  # a one-node gang: FGD's whole-GPU placement
+        need = self.held(job)
+        nf = self._free(cluster)
+        empty = self._mask(job, cluster)
+        over = self._overcommit_mask(job, cluster, nf, need) if cluster.enforce_milli else self._shared_mask(job, cluster)
+        frag = _NodeFrag(cluster, self._types(job, cluster), replace(job, gpu_milli=need), self._cache)
+        chosen: list[int] = []
+        for _ in range(job.num_gpus):
+            g = self._pick(job, cluster, nf, empty, over, frag, need)
+            if g is None:
+                return None
+            chosen.append(g)
+            empty[g] = over[g] = False
+            nf[cluster.gpu_node[g], cluster.gpu_slot[g]] -= need
+        return sorted(chosen)
+
+    def _pick(self, job: JobView, cv: ClusterView, nf: np.ndarray, empty: np.ndarray, over: np.ndarray,
+              frag: _NodeFrag, need: int) -> int | None:
+        if not cv.enforce_milli:
+            return self._pick_by_gain(job, cv, nf, empty, over, frag, need)
+        return self._pick_by_gradient(job, cv, nf, empty, over, frag, need)
+
+    def _shared_mask(self, job: JobView, cv: ClusterView) -> np.ndarray:
+        """Shared GPUs with fewer than ``max_jobs`` jobs and the job's predicted memory free (+ headroom)."""
+        shared = _base_mask(job, cv, respect_milli=False) & (cv.n_jobs > 0) & (cv.n_jobs < self.max_jobs)
+        jmem = max(job.pred_mem_mb, job.mem_floor_mb)
+        return shared & (cv.mem_cap_mb - (np.maximum(cv.pred_mem_mb, cv.meas_mem_mb) + jmem) >= self.headroom_mb)
+
+    def _pick_by_gain(self, job: JobView, cv: ClusterView, nf: np.ndarray, empty: np.ndarray, shared: np.ndarray,
+                      frag: _NodeFrag, need: int) -> int | None:
+        """Whole-GPU requests (no shares counted): the GPU where the job adds the most predicted delivered
+        work (an empty GPU: its whole utilization; a shared one: what the fitted model says the GPU
+        delivers with it minus without it), less ``frag_weight`` x the fragmentation growth in GPUs;
+        a shared GPU only if every job on it keeps ``min_speed``."""
+        cand = np.flatnonzero(empty | shared)
+        if len(cand) == 0:
+            return None
+        u = min(max(job.pred_util_pct, 1.0), 100.0) / 100.0
+        gain = np.full(len(cand), u)
+        ok = np.ones(len(cand), dtype=bool)
+        for i, g in enumerate(cand):
+            if not empty[g]:
+                before = [rj.view.pred_util_pct for rj in cv.jobs_on(int(g))]
+                w0, _ = predicted_work(before, cv.gpu_model[g])
+                w1, slowest = predicted_work(before + [job.pred_util_pct], cv.gpu_model[g])
+                gain[i], ok[i] = w1 - w0, slowest >= self.min_speed_whole
+        if not ok.any():
+            return None
+        value = gain - self.frag_weight * frag.delta_single(nf, cand, need) / MILLI
+        value = np.where(ok, value, -np.inf)
+        return int(cand[int(np.argmax(value))])
+
+    def _pick_by_gradient(self, job: JobView, cv: ClusterView, nf: np.ndarray, empty: np.ndarray, over: np.ndarray,
+                          frag: _NodeFrag, need: int) -> int | None:
+        """The candidate GPU of least fragmentation growth (ties: the least loaded, then the lowest
+        index) that is empty or, shared, keeps every job on it above ``min_speed``."""
+        cand = np.flatnonzero(empty | over)
+        if len(cand) == 0:
+            return None
+        delta = frag.delta_single(nf, cand, need)
+        load = MILLI - nf[cv.gpu_node[cand], cv.gpu_slot[cand]]
+        checked = 0
+        for i in np.lexsort((cand, load, np.round(delta, 6))):
+            g = int(cand[i])
+            if empty[g]:
+                return g
+            if checked < self.max_checked:
+                checked += 1
+                if self._speed_ok(job, cv, g):
+                    return g
+        return None
+
+    def _mask(self, job, cluster):
+        """Empty GPUs that meet the hard constraints (and, where shares are counted, the held share)."""
+        return _base_mask(job, cluster, respect_milli=True) & (cluster.n_jobs == 0)
+
+    def _overcommit_mask(self, job: JobView, cv: ClusterView, nf: np.ndarray, need: int) -> np.ndarray:
+        """Shared GPUs where the job fits by held usage and predicted memory (at most ``max_jobs`` jobs
+        where shares are not counted)."""
+        mask = _base_mask(job, cv, respect_milli=False) & (cv.n_jobs > 0)
+        if not cv.enforce_milli:
+            mask &= cv.n_jobs < self.max_jobs
+        mask &= nf[cv.gpu_node, cv.gpu_slot] >= need
+        jmem = max(job.pred_mem_mb, job.mem_floor_mb)
+        mem = np.maximum(cv.pred_mem_mb, cv.meas_mem_mb)
+        mask &= cv.mem_cap_mb - (mem + jmem) >= self.headroom_mb
+        return mask
+
+    def _speed_ok(self, job: JobView, cv: ClusterView, gpu: int) -> bool:
+        """Every job on ``gpu`` keeps ``min_speed`` under the fitted model, on predicted utilizations."""
+        utils = [rj.view.pred_util_pct for rj in cv.jobs_on(gpu)] + [job.pred_util_pct]
+        return min_predicted_speed(utils, cv.gpu_model[gpu]) >= self.min_speed
+
+    def score(self, job, cluster, gpus):
+        return super().score(replace(job, gpu_milli=self.held(job)) if job.num_gpus == 1 else job, cluster, gpus)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "margin": self.margin, "floor_milli": self.floor_milli, "min_speed": self.min_speed,
+                "min_speed_whole": self.min_speed_whole, "frag_weight": self.frag_weight,
+                "max_jobs_per_gpu": self.max_jobs, "headroom_mb": self.headroom_mb,
+                "interference": "fitted (Gavel pairs), on predicted utilizations"}
+
+
+def min_predicted_speed(utils_pct: Sequence[float], gpu_model: str) -> float:
+    """The slowest job's speed (fraction of standalone) on one GPU under the fitted model."""
+    return predicted_work(utils_pct, gpu_model)[1]
+
+
+def predicted_work(utils_pct: Sequence[float], gpu_model: str) -> tuple[float, float]:
+    """``(standalone-equivalent work per unit time, slowest job's speed)`` of jobs sharing one GPU under
+    the fitted model, for utilizations in percent."""
+    key = tuple(sorted(round(min(max(u, 0.0), 100.0)) / 100.0 for u in utils_pct))  # 1 % steps: cache hits
+    return _work(key, gpu_model)
+
+
+@lru_cache(maxsize=1 << 16)
+def _work(utils: tuple[float, ...], gpu_model: str) -> tuple[float, float]:
+    if not utils:
+        return 0.0, 1.0
+    speeds = _fitted().speeds(list(utils), gpu_type=gpu_model) if len(utils) > 1 else [1.0]
+    return float(sum(u * v for u, v in zip(utils, speeds))), float(min(speeds))

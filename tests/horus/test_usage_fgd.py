@@ -1,0 +1,90 @@
+"""``usage_fgd`` (our policy): FGD's gradient on predicted usage, overcommitting only under the
+fitted-interference bound (issue 15, item 7)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from scheduling.horus.cluster import ClusterSpec, ClusterState, NodeSpec
+from scheduling.horus.policies import POLICIES, make_policy
+from scheduling.horus.simulator import simulate, simulate_fill
+from scheduling.horus.usage_fgd import UsageFGD, held_milli, min_predicted_speed
+
+from .helpers import job, put, view
+
+HOUR = 3600.0
+ONE_GPU = ClusterSpec.uniform(1, 1)
+
+
+def test_registered_by_its_plain_name():
+    assert POLICIES["usage_fgd"] is UsageFGD and make_policy("usage_fgd").shares_gpus
+
+
+def test_three_saturated_jobs_on_one_gpu_take_three_hours():
+    jobs = [job(n, 0, HOUR, util=100.0, mem=2000) for n in "abc"]
+    r = simulate(jobs, ONE_GPU, UsageFGD(), record_jobs=True, check_invariants=True)
+    assert r.makespan_s >= 3 * HOUR * (1 - 1e-9)
+    assert r.util_mean_pct <= 100.0 + 1e-9
+
+
+def test_three_light_jobs_share_one_gpu_and_gain():
+    jobs = [job(n, 0, HOUR, util=20.0, mem=2000) for n in "abc"]
+    r = simulate(jobs, ONE_GPU, UsageFGD(), record_jobs=True, check_invariants=True)
+    assert r.makespan_s < 1.5 * HOUR and r.shared_gpu_time_frac > 0.9
+
+
+def test_held_share_is_the_predicted_usage_never_above_the_request():
+    assert held_milli(30.0, 1000, 0.15, 50) == 350  # 345 rounded up to 50s
+    assert held_milli(40.0, 1000, 0.25, 50) == 500
+    assert held_milli(95.0, 1000, 0.15, 50) == 1000
+    assert held_milli(30.0, 200, 0.15, 50) == 200
+    assert held_milli(0.0, 1000, 0.15, 50) == 50
+
+
+def test_no_overcommit_past_the_interference_bound():
+    """Both GPUs hold a job predicted at 40 %: a third such job shares one only if the fitted model,
+    on the predictions, keeps every job on it above the bound."""
+    spec = ClusterSpec.uniform(1, 2)
+    s = ClusterState(spec)
+    put(s, "a", [0], pred_util=40.0, pred_mem=2000)
+    put(s, "b", [1], pred_util=40.0, pred_mem=2000)
+    incoming = view("c", util=40.0, mem=2000)
+    assert 0.5 < min_predicted_speed([40.0, 40.0], "V100") < 0.95
+    assert UsageFGD(min_speed_whole=0.5).place(incoming, s.view(), 0.0) in ([0], [1])
+    assert UsageFGD(min_speed_whole=0.95).place(incoming, s.view(), 0.0) is None
+
+
+def test_a_shared_gpu_is_chosen_by_the_work_it_gains():
+    """A light job adds more delivered work next to a light job than next to a saturated one."""
+    s = ClusterState(ClusterSpec.uniform(1, 2))
+    put(s, "busy", [0], pred_util=95.0, pred_mem=2000)
+    put(s, "light", [1], pred_util=20.0, pred_mem=2000)
+    assert UsageFGD().place(view("c", util=20.0, mem=2000), s.view(), 0.0) == [1]
+
+
+def test_fill_reserves_predicted_usage_and_counts_allocation_by_request():
+    spec = ClusterSpec((NodeSpec("a", 2, "V100", 16384.0, 64000, 262144),), "one", enforce_milli=True)
+    pods = [replace(job(f"p{i}", 0, 1, util=20.0, mem=1500), single_node=True, cpu_milli=1000, ram_mib=1024) for i in range(6)]
+    fgd = simulate_fill(pods, spec, make_policy("fgd"), seed=0, until=2.0)
+    ours = simulate_fill(pods, spec, make_policy("usage_fgd"), seed=0, until=2.0)
+    assert fgd.placed == 2  # whole-GPU requests: one pod per GPU
+    assert ours.placed > fgd.placed and ours.reserved_share < ours.allocated_share
+    assert ours.sharing["shared_gpus"] >= 1 and ours.sharing["mean_slowdown"] >= 1.0
+
+
+@pytest.mark.parametrize("sigma", [0.0, 1.0])
+def test_wrong_predictions_never_break_the_physics(sigma):
+    jobs = [job(n, 0, HOUR, util=100.0, mem=2000, pred_util=10.0) for n in "abc"]  # badly under-predicted
+    r = simulate(jobs, ONE_GPU, UsageFGD(), predictor_error=sigma, check_invariants=True)
+    assert r.makespan_s >= 3 * HOUR * (1 - 1e-9)
+
+
+def test_a_gang_gets_distinct_gpus_and_shares_only_where_the_bound_allows():
+    s = ClusterState(ClusterSpec.uniform(1, 3))
+    for g, name in enumerate("abc"):
+        put(s, name, [g], pred_util=20.0, pred_mem=2000)
+    got = UsageFGD().place(view("gang", util=20.0, mem=2000, num_gpus=2), s.view(), 0.0)
+    assert got is not None and len(set(got)) == 2
+    assert UsageFGD(min_speed_whole=0.99).place(view("gang", util=20.0, mem=2000, num_gpus=2), s.view(), 0.0) is None
