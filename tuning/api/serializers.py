@@ -33,6 +33,9 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     energy_kwh = serializers.FloatField(read_only=True)
     carbon_g = serializers.FloatField(read_only=True, allow_null=True,
                                       help_text="Energy x the team's grid intensity (gCO2e).")
+    energy_saved_kind = serializers.CharField(read_only=True, allow_null=True,
+        help_text='"estimated" (trials Trimmer did not spend x this run\'s energy per trial; see savings_basis), '
+                  "null when nothing was estimated. A saving is never measured within a run.")
 
     class Meta:
         model = TuningRun
@@ -45,7 +48,8 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "ort_latency_s", "ratio_to_ort", "faster_engine", "ort_outputs_agree", "summary", "stop_reason",
             "trimmer_enabled", "trimmer_options", "candidates_generated", "candidates_filtered",
             "energy_joules", "energy_kwh", "energy_source", "energy_build_joules", "energy_measure_joules",
-            "energy_saved_joules", "trials_saved", "savings_basis", "grid_intensity_g_per_kwh", "carbon_g",
+            "energy_saved_joules", "energy_saved_kind", "trials_saved", "savings_basis", "grid_intensity_g_per_kwh",
+            "carbon_g", "builds_in_flight", "measurements_in_flight",
         ]
         read_only_fields = fields
 
