@@ -80,7 +80,8 @@ def test_results_reach_the_sink_before_any_join(tmp_path, cpu_target, gated_buil
     assert ("measured", 0) in sink.events[:first_join]
     # each candidate reported once, whichever path reported it
     keys = [r.candidate_key for r in sink.records]
-    assert len(keys) == len(set(keys)) == s.n_measurements == 16
+    assert len(keys) == len(set(keys)) == s.n_measurements >= 16
+    assert s.n_measurements + s.n_duplicates == sum(r.n_candidates for r in sink.rounds)
     assert all(r.round_index >= 0 for r in sink.records)
     # what was in flight went to the sink, and nothing is left in flight at the end
     assert any(p.builds_in_flight > 0 for p in sink.progress)
