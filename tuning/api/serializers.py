@@ -76,8 +76,10 @@ class TuningRunCreateSerializer(serializers.Serializer):
     trimmer_options = serializers.DictField(required=False, default=dict, help_text=(
         "Overrides of TrimmerConfig: plateau_rounds, min_improvement, model_window, model_patience, "
         "model_min_improvement, target_latency_s, min_trials_per_task, filter_enabled, filter_oversample, "
-        "filter_keep_explore, judge_after_trials (plateaus count after this many trials; null = once the "
-        "cost model is warm)."))
+        "filter_keep_explore, filter_min_samples, filter_veto_margin, min_trial_share (no pre-emption before this "
+        "share of an equal split of the budget), max_resumes (probes a pre-empted task gets when budget is left), "
+        "audit_sample, judge_after_trials (plateaus count after this many trials; null = once the cost model is "
+        "warm)."))
 
     def validate_dop(self, value) -> int | None:
         """None for 'auto', else the fixed degree of parallelism (`tuning.models.parse_dop`)."""
