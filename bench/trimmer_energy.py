@@ -243,7 +243,7 @@ def _job_tune(spec: dict) -> dict:
 
 
 def _time_schedule(mod, target, dev, trace_text: str | None = None) -> float | None:
-    """Build a task (after replaying a candidate's trace) and time it: median of 3 x 3 runs."""
+    """Build a task (after replaying a candidate's trace) and time it with the tuning's timer."""
     import numpy as np
     import tvm
     from tvm.s_tir import meta_schedule as ms
@@ -252,11 +252,13 @@ def _time_schedule(mod, target, dev, trace_text: str | None = None) -> float | N
     sch = Schedule(mod)
     if trace_text is not None:
         Trace.apply_json_to_schedule(json.loads(trace_text), sch)
-    lib = tvm.compile(sch.mod, target=target)
+    from tuning.engine.timer import EvaluatorConfig, time_module
+
+    rt_mod = tvm.compile(sch.mod, target=target).mod
     args = [tvm.runtime.tensor(np.random.default_rng(0).standard_normal([int(x) for x in a.shape])
                                .astype(a.dtype), dev) for a in ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])]
-    f = lib.time_evaluator(lib.entry_name, dev, number=3, repeat=3, min_repeat_ms=50)
-    return float(statistics.median(f(*args).results))
+    # the tuning's own timer and evaluator (EvaluatorConfig() defaults, as tuning_config sets)
+    return float(statistics.median(time_module(rt_mod, dev, args, EvaluatorConfig())))
 
 
 def _audit_vetoed(wl, spec: dict, summary) -> dict:
@@ -325,6 +327,28 @@ def _job_remeasure(spec: dict) -> dict:
     return out
 
 
+def reaudit(root: str, json_out: str | None) -> int:
+    """Audit again the trimmed runs kept under ``root`` (``--keep``): the vetoed sample of each child's
+    JSON is timed against its task's best record, as the tuning job does after its run."""
+    from types import SimpleNamespace
+
+    from tuning.engine.relax_pipeline import make_target  # noqa: F401 - TVM up before the jobs
+
+    out = {}
+    for path in sorted(Path(root).glob("*__trimmed__*.json")):
+        res = json.loads(path.read_text())
+        spec = {"target": res.get("target") or {"kind": "llvm", "num-cores": len(os.sched_getaffinity(0))},
+                "work_dir": str(path.with_suffix(""))}
+        wl = make_workload(path.name.split("__")[0])
+        audit = _audit_vetoed(wl, spec, SimpleNamespace(trimmer=res["trimmer"]))
+        out[path.stem] = audit
+        print(f"{path.stem}: {audit['worse_than_best']} of {audit['timed']} vetoed candidates timed were slower "
+              f"than the task's best ({audit['sampled']} sampled, {res['trimmer'].get('vetoed')} vetoed)")
+    if json_out:
+        Path(json_out).write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
 def child_main(spec: dict) -> None:
     os.environ["TVM_NUM_THREADS"] = str(spec["threads"])
     logging.basicConfig(level=logging.WARNING)
@@ -353,6 +377,8 @@ def _parse(argv):
     ap.add_argument("--watts-per-core", type=float, default=10.0, help="modeled energy only (default 10 W)")
     ap.add_argument("--json", default=None, help="write the result JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the work directories")
+    ap.add_argument("--reaudit", default=None, help="time the vetoed samples of the trimmed runs kept in this "
+                    "directory (from --keep) again, and exit")
     return ap.parse_args(argv)
 
 
@@ -476,6 +502,8 @@ def main(argv=None) -> int:
     if args.job:
         child_main(json.loads(args.job))
         return 0
+    if args.reaudit:
+        return reaudit(args.reaudit, args.json)
 
     cores = len(os.sched_getaffinity(0))
     threads = args.threads or cores
