@@ -108,7 +108,8 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "dop_rounds": dop_rounds, "energy": energy, "actions": run_actions(run),
         "trimmer_enabled": run.trimmer_enabled, "trimmer_options": run.trimmer_options,
         "candidates_generated": run.candidates_generated, "candidates_filtered": run.candidates_filtered,
-        "stop_reason": run.stop_reason, **onnxruntime_numbers(run),
+        "stop_reason": run.stop_reason, "builds_in_flight": run.builds_in_flight,
+        "measurements_in_flight": run.measurements_in_flight, **onnxruntime_numbers(run),
     }
     pending = {"cancel": " (cancel requested)", "pause": " (pause requested)"}.get(run.requested_action or "", "")
     display = {
@@ -138,6 +139,8 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "filtered": f"{run.candidates_filtered:,} of {run.candidates_generated:,}" if run.candidates_generated
         else DASH,
         "stop_reason": run.stop_reason or DASH,
+        "in_flight": (f"{run.builds_in_flight:,} building · {run.measurements_in_flight:,} measuring"
+                      if run.is_active else DASH),
         "dop_rounds": DASH if dop_rounds is None else f"{dop_rounds:,}",
         **onnxruntime_display(run),
     }
@@ -287,7 +290,8 @@ def live_stamp(run: TuningRun, n_rounds: int) -> str:
     """Changes whenever anything the page shows changes (the browser skips re-plotting otherwise)."""
     parts = (run.status, run.requested_action, run.trials_done, n_rounds, run.estimated_latency_s,
              run.final_dop, run.tuned_latency_s, bool(run.records_file), bool(run.module_file),
-             round(run.energy_joules, 1), run.candidates_filtered, run.stop_reason)
+             round(run.energy_joules, 1), run.candidates_filtered, run.stop_reason, run.builds_in_flight,
+             run.measurements_in_flight)
     return "|".join(str(p) for p in parts)
 
 

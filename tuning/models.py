@@ -158,6 +158,10 @@ class TuningRun(models.Model):
 
     # Progress and results (filled as the run goes).
     trials_done = models.PositiveIntegerField(default=0)
+    # What the engine has in flight right now (streamed as it changes; 0 when no attempt runs).
+    builds_in_flight = models.PositiveIntegerField(default=0, help_text="Candidates being built now.")
+    measurements_in_flight = models.PositiveIntegerField(
+        default=0, help_text="Candidates built and waiting for (or in) measurement now.")
     serial_remeasures = models.PositiveIntegerField(
         default=0, help_text="Final serial re-measures (a build and a measurement each, beyond the trials); "
                              "charged to the team's trial quota like trials.")
@@ -237,6 +241,11 @@ class TuningRun(models.Model):
         super().save(*args, **kwargs)
         if not adding:
             del self.version  # read back (deferred) on next access instead of keeping the expression
+
+    @property
+    def energy_saved_kind(self) -> str | None:
+        """Trimmer's savings are estimated (trials not spent x this run's energy per trial), never measured."""
+        return "estimated" if self.energy_saved_joules is not None else None
 
     @property
     def is_active(self) -> bool:

@@ -20,7 +20,8 @@ def _tasks(*weights):
 # --- the runtime's decisions (no TVM) ------------------------------------------------------
 
 def test_runtime_preempts_moves_budget_and_stops():
-    rt = TrimmerRuntime(TrimmerConfig(plateau_rounds=1, model_patience=100), _tasks(1, 1, 1), max_trials=48)
+    rt = TrimmerRuntime(TrimmerConfig(plateau_rounds=1, model_patience=100, min_trial_share=0, max_resumes=0),
+                        _tasks(1, 1, 1), max_trials=48)
     for i, lat in enumerate([4e-3, 2e-3, 1e-3]):
         assert rt.observe_batch(i, [lat, None], round_index=i) == (None, None)
     assert rt.estimate() == pytest.approx(7e-3)
@@ -48,7 +49,7 @@ def test_runtime_preempts_moves_budget_and_stops():
 def test_runtime_target_latency_stop_and_resume_state():
     rt = TrimmerRuntime(TrimmerConfig(target_latency_s=1e-3), _tasks(2, 1), max_trials=32,
                         initial_best={0: 1e-3}, initial_trials={0: 8}, preempted={1: 8})
-    assert rt.is_preempted(1) and rt.take_pending() == [1]  # a resumed run keeps its pre-emptions
+    assert rt.is_preempted(1) and rt.take_pending() == []  # a resumed run keeps its pre-emptions (parked)
     assert rt.stop_reason is None
     rt.observe_batch(1, [3e-4], round_index=0)  # still measured while in flight: counted, stays pre-empted
     rt.observe_batch(0, [3e-4], round_index=1)  # 2 x 0.3 + 0.3 ms <= 1 ms
@@ -56,12 +57,13 @@ def test_runtime_target_latency_stop_and_resume_state():
     assert math.isclose(rt.estimate(), 9e-4)
 
 
-def test_exhausted_search_space_is_preempted_and_left_out_of_the_stop_rule():
+def test_exhausted_search_space_is_parked_not_preempted_and_left_out_of_the_stop_rule():
     rt = TrimmerRuntime(TrimmerConfig(), _tasks(1, 1), max_trials=100)
     rt.per_round = 8
     rt.observe_batch(0, [3e-3], round_index=0)  # 1 new candidate of 8 asked: nothing left to search
     assert rt.is_preempted(0) and rt.take_pending() == [0]
     assert rt.reallocations[0]["reason"] == "search space exhausted" and rt.to_dict()["exhausted_tasks"] == [0]
+    assert rt.state.preempted_tasks == {}  # not a Trimmer pre-emption: nothing saved on it
     rt.observe_batch(1, [1e-4] * 8, round_index=1)
     # a noisy one-schedule task must not dwarf the gains the windowed rule looks for
     assert rt.estimate() == pytest.approx(3.1e-3) and rt._tunable_estimate() == pytest.approx(1e-4)
@@ -71,7 +73,7 @@ def test_plateaus_are_judged_only_after_the_cost_model_warm_up():
     class FakeModel:
         data_size, num_warmup_samples = 0, 100
 
-    cfg = TrimmerConfig(plateau_rounds=1, model_window=1, model_patience=1)
+    cfg = TrimmerConfig(plateau_rounds=1, model_window=1, model_patience=1, min_trial_share=0)
     rt = TrimmerRuntime(cfg, _tasks(1, 1), max_trials=400)
     rt.cost_model = FakeModel()
     for r in range(4):  # random-search phase: no gain, but nothing is judged
@@ -82,8 +84,8 @@ def test_plateaus_are_judged_only_after_the_cost_model_warm_up():
     rt.observe_batch(0, [1e-3], round_index=9)
     assert rt.state.preempted_tasks == {0: 5} and rt.to_dict()["judging_from_trial"] == 8
     # an explicit threshold instead of the cost model's warm-up; the target latency always applies
-    rt = TrimmerRuntime(TrimmerConfig(plateau_rounds=1, judge_after_trials=3, target_latency_s=5e-4),
-                        _tasks(1), max_trials=40)
+    rt = TrimmerRuntime(TrimmerConfig(plateau_rounds=1, judge_after_trials=3, target_latency_s=5e-4,
+                                      min_trial_share=0), _tasks(1), max_trials=40)
     rt.observe_batch(0, [1e-3, 1e-3], round_index=0)
     rt.observe_batch(0, [1e-3], round_index=1)   # 2 trials before: not judged yet
     assert not rt.state.preempted_tasks
@@ -118,7 +120,8 @@ def test_filter_and_preemption_on_a_real_run(tmp_path, cpu_target, cnn):
     from tuning.engine.session import run_tuning
 
     trimmer = {"plateau_rounds": 1, "min_improvement": 0.9, "model_patience": 100, "judge_after_trials": 0,
-               "filter_oversample": 3, "filter_keep_explore": 0.0}
+               "filter_oversample": 3, "filter_keep_explore": 0.0, "min_trial_share": 0, "max_resumes": 0,
+               "filter_min_samples": 4}
     sink = ListSink()
     s = run_tuning(cnn, _cfg(cpu_target, tmp_path, 64, trimmer, final_remeasure=False), sink)
     assert s.status == "succeeded" and s.trimmer is not None

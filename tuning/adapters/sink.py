@@ -1,8 +1,10 @@
 """Where an engine event becomes a row: `DatabaseSink` is the engine's `TuningSink` for a run. It streams
-tasks, measurements, DOP rounds and the final serial re-measures into the database, heartbeats the
-run's lease and answers the engine's `control()` with cancel/pause (requested or at the energy quota)."""
+tasks, measurements (as each one lands, before TVM's join), DOP rounds, what is in flight and the final
+serial re-measures into the database, heartbeats the run's lease and answers the engine's `control()`
+with cancel/pause (requested or at the energy quota)."""
 from __future__ import annotations
 
+import threading
 import time
 
 from django.db import transaction
@@ -46,6 +48,10 @@ class DatabaseSink:
         self._build_cpu_s = 0.0
         self._measure_cpu_s = 0.0
         self.stop_reason = ""
+        # the engine may report measurements from its progress thread while its tuning thread
+        # asks control(): one writer at a time keeps the CPU-second counters consistent
+        self._lock = threading.RLock()
+        self._in_flight: tuple[int, int] | None = None
 
     def energy(self) -> tuple[float, float, float]:
         """(total, build, measure) joules of the whole run so far."""
@@ -61,8 +67,22 @@ class DatabaseSink:
         return self._base[0] + total, self._base[1] + build, self._base[2] + measure
 
     def flush(self) -> None:
-        """Write the run's energy so far (called when the attempt ends, however it ends)."""
-        TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(**self._energy_fields())
+        """Write the run's energy so far (called when the attempt ends, however it ends); nothing is
+        in flight any more."""
+        with self._lock:
+            TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(
+                builds_in_flight=0, measurements_in_flight=0, **self._energy_fields())
+            self._in_flight = (0, 0)
+
+    def on_progress(self, info) -> None:
+        """Builds and measurements in flight (written when they change)."""
+        counts = (max(0, int(info.builds_in_flight)), max(0, int(info.measurements_in_flight)))
+        with self._lock:
+            if counts == self._in_flight:
+                return
+            TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(
+                builds_in_flight=counts[0], measurements_in_flight=counts[1])
+            self._in_flight = counts
 
     def _energy_fields(self) -> dict:
         total, build, measure = self.energy()
@@ -92,6 +112,10 @@ class DatabaseSink:
     def on_measurements(self, records) -> None:
         if not records:
             return
+        with self._lock:
+            self._store_measurements(records)
+
+    def _store_measurements(self, records) -> None:
         self._check_lease()
         new_ids: dict[int, int] = {}
         counters = (self._build_cpu_s, self._measure_cpu_s)
@@ -180,6 +204,10 @@ class DatabaseSink:
         TuningRun.objects.filter(pk=self.run_id).touch()
 
     def control(self) -> str | None:
+        with self._lock:
+            return self._control()
+
+    def _control(self) -> str | None:
         now = time.monotonic()
         run = self._check_lease()
         if now - self._last_beat > self.HEARTBEAT_EVERY_S:

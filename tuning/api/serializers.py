@@ -38,6 +38,9 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
         "'Tuned TVM is slower than onnxruntime on this target: deploy onnxruntime'. Empty before the comparison."))
     result_identity = serializers.CharField(read_only=True, help_text=(
         "What identifies this run's tuning results: target_key and pipeline_key (tuning.engine.targets.identity_of)."))
+    energy_saved_kind = serializers.CharField(read_only=True, allow_null=True,
+        help_text='"estimated" (trials Trimmer did not spend x this run\'s energy per trial; see savings_basis), '
+                  "null when nothing was estimated. A saving is never measured within a run.")
 
     class Meta:
         model = TuningRun
@@ -51,7 +54,8 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "parity_wall_s", "pipeline_key", "result_identity", "summary", "stop_reason",
             "trimmer_enabled", "trimmer_options", "candidates_generated", "candidates_filtered",
             "energy_joules", "energy_kwh", "energy_source", "energy_build_joules", "energy_measure_joules",
-            "energy_saved_joules", "trials_saved", "savings_basis", "grid_intensity_g_per_kwh", "carbon_g",
+            "energy_saved_joules", "energy_saved_kind", "trials_saved", "savings_basis", "grid_intensity_g_per_kwh",
+            "carbon_g", "builds_in_flight", "measurements_in_flight",
         ]
         read_only_fields = fields
 
@@ -78,8 +82,10 @@ class TuningRunCreateSerializer(serializers.Serializer):
     trimmer_options = serializers.DictField(required=False, default=dict, help_text=(
         "Overrides of TrimmerConfig: plateau_rounds, min_improvement, model_window, model_patience, "
         "model_min_improvement, target_latency_s, min_trials_per_task, filter_enabled, filter_oversample, "
-        "filter_keep_explore, judge_after_trials (plateaus count after this many trials; null = once the "
-        "cost model is warm)."))
+        "filter_keep_explore, filter_min_samples, filter_veto_margin, min_trial_share (no pre-emption before this "
+        "share of an equal split of the budget), max_resumes (probes a pre-empted task gets when budget is left), "
+        "audit_sample, judge_after_trials (plateaus count after this many trials; null = once the cost model is "
+        "warm)."))
 
     def validate_dop(self, value) -> int | None:
         """None for 'auto', else the fixed degree of parallelism (`tuning.models.parse_dop`)."""

@@ -1,5 +1,21 @@
-"""Measure callback that streams every measured candidate to a sink, plus the
-small shared state the engine's scheduler, runner and callback agree on."""
+"""How measured candidates reach the sink, plus the small shared state the engine's scheduler,
+runner and callback agree on.
+
+TVM hands results to Python only when the task scheduler *joins* a task, and our scheduler
+launches a whole round robin of tasks before its first join (measuring overlaps the next task's
+search): a 19-task network showed no progress for 17 minutes. So results travel two ways, and each
+candidate is reported exactly once, whichever comes first:
+
+- :class:`ProgressStreamer`: a thread that watches the runner futures of every launched batch
+  (:class:`StreamingRunner` hands them over as TVM submits them) and sends each candidate to the
+  sink as soon as its future is done, whatever the join order;
+- :class:`StreamingMeasureCallback`: at the join, reports what the streamer has not (yet), and
+  does the per-batch work that needs the joined batch (trial count, best history, Trimmer, DOP
+  rounds).
+
+:class:`ObservedBuilder` counts the candidates being built; the streamer counts those sent to the
+runner and not measured yet; both reach the sink as ``on_progress`` (builds / measurements in
+flight) when the sink has that method."""
 
 from __future__ import annotations
 
@@ -7,14 +23,17 @@ import dataclasses
 import logging
 import math
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.builder import PyBuilder
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+from tvm.s_tir.meta_schedule.runner import PyRunner
 
-from .events import MeasurementRecord, NullSink, RoundInfo, TaskInfo, TuningSink, candidate_key
+from .events import MeasurementRecord, NullSink, ProgressInfo, RoundInfo, TaskInfo, TuningSink, candidate_key
 
-__all__ = ["EngineState", "StreamingMeasureCallback"]
+__all__ = ["EngineState", "StreamingMeasureCallback", "ProgressStreamer", "StreamingRunner", "ObservedBuilder"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +73,15 @@ class EngineState:
         self.sink_errors: list[str] = []
         self.lock = threading.Lock()
         self.trimmer = trimmer  # TrimmerRuntime when Trimmer is on (decides; the scheduler acts)
+        # streaming before the join (ProgressStreamer): the batch each task has in flight, one
+        # entry per candidate in TVM's order; the task TVM is launching; its scheduler object
+        self.batches: dict[int, list[_Entry]] = {}
+        self.launching: int | None = None
+        self.scheduler = None
+        self.emit_lock = threading.Lock()  # one report of a candidate at a time (streamer vs. join)
+        self.builds_in_flight = 0
+        self.measurements_in_flight = 0
+        self.n_streamed = 0  # records reported before their task's join
 
     def poll_control(self) -> str | None:
         try:
@@ -65,13 +93,58 @@ class EngineState:
             return cmd
         return None
 
-    def notify_sink(self, name: str, *args) -> None:
-        """Call ``sink.<name>(*args)``; a failing sink is logged and listed, never fatal."""
+    def notify_sink(self, name: str, *args) -> bool:
+        """Call ``sink.<name>(*args)``; a failing sink is logged and listed, never fatal (False)."""
         try:
             getattr(self.sink, name)(*args)
+            return True
         except Exception as exc:  # noqa: BLE001
             log.exception("sink.%s failed", name)
             self.sink_errors.append(f"{name}(): {exc!r}")
+            return False
+
+    def notify_progress(self) -> None:
+        """Builds and measurements in flight, to a sink that takes them (``on_progress``)."""
+        if not hasattr(self.sink, "on_progress"):
+            return
+        with self.lock:
+            info = ProgressInfo(builds_in_flight=self.builds_in_flight,
+                                measurements_in_flight=self.measurements_in_flight,
+                                trials_reported=self.n_reported)
+        self.notify_sink("on_progress", info)
+
+    def settle(self, entry: "_Entry", rr) -> None:
+        """Turn one candidate's build and runner results into its record (None: reported before,
+        a duplicate) and the runner's facts about it (call with ``self.lock`` held)."""
+        task = self.tasks[entry.task_index]
+        br = entry.br
+        key = candidate_key(task.name, entry.cand.sch.trace)
+        path = str(br.artifact_path) if br.artifact_path is not None else None
+        entry.meta = self.ledger.pop(path) if self.ledger is not None else None
+        build_secs = self.build_secs.pop(path, None) if (self.build_secs is not None and path) else None
+        secs, error = _outcome(br, rr)
+        entry.latency = None if error else sum(secs) / len(secs)
+        entry.settled = True
+        if key in self.known_keys:
+            self.n_duplicates += 1
+            return
+        self.known_keys.add(key)
+        meta = entry.meta
+        entry.record = MeasurementRecord(
+            task_index=entry.task_index,
+            task_name=task.name,
+            round_index=(self.round_offset + meta.round_index if meta is not None
+                         else -1 if entry.own_round is None else entry.own_round),
+            candidate_key=key,
+            run_secs=secs,
+            build_secs=build_secs,
+            run_wall_secs=meta.run_wall_secs if meta else None,
+            error=error,
+            worker=meta.worker if meta else None,
+            dop=meta.dop if meta else 1,
+            remeasured_serially=bool(meta.remeasured_serially) if meta else False,
+            serial_secs=meta.serial_secs if meta else None,
+        )
 
     def next_own_round(self) -> int:
         r = self.own_rounds
@@ -99,20 +172,38 @@ def _outcome(br, rr) -> tuple[list[float], str | None]:
 
 
 @dataclasses.dataclass
+class _Entry:
+    """One candidate of a launched batch: what TVM gave it and, once settled, its record."""
+
+    task_index: int
+    cand: Any  # MeasureCandidate
+    br: Any  # BuilderResult
+    future: Any = None  # RunnerFuture; None when the build failed (nothing sent to the runner)
+    settled: bool = False
+    record: MeasurementRecord | None = None  # None once settled: a duplicate
+    meta: Any = None  # the runner ledger's CandidateMeta
+    latency: float | None = None
+    reported: bool = False
+    own_round: int | None = None  # round numbered here at launch (a runner without a ledger)
+
+
+@dataclasses.dataclass
 class _Batch:
     """One measured batch of a task, as the callback reports it."""
 
-    records: list[MeasurementRecord] = dataclasses.field(default_factory=list)  # new candidates only
+    records: list[MeasurementRecord] = dataclasses.field(default_factory=list)  # not reported before
     latencies: list[float | None] = dataclasses.field(default_factory=list)  # every candidate; None = failed
     rounds_seen: dict[int, int] = dataclasses.field(default_factory=dict)  # runner round -> candidates
     n_failures: int = 0
     best: float = math.inf
+    n_new: int = 0  # records of this batch, reported now or streamed before
+    own_round: int | None = None  # the round numbered at launch (runner without a ledger)
 
 
 @derived_object
 class StreamingMeasureCallback(PyMeasureCallback):
-    """Turns each measured batch into :class:`MeasurementRecord` s and hands
-    them to the sink at once (use after TVM's default callbacks)."""
+    """At TVM's join of a batch: reports the candidates the streamer has not and does the per-batch
+    bookkeeping (use after TVM's default callbacks)."""
 
     def __init__(self, state: EngineState) -> None:
         super().__init__()
@@ -124,7 +215,11 @@ class StreamingMeasureCallback(PyMeasureCallback):
         if len(measure_candidates) == 0:
             self._empty_batch(task_id)
             return
-        batch = self._read_batch(task_id, measure_candidates, builder_results, runner_results)
+        with st.emit_lock:
+            batch = self._read_batch(task_id, measure_candidates, builder_results, runner_results)
+            if batch.records:
+                st.n_reported += len(batch.records)
+                st.notify_sink("on_measurements", batch.records)
         with st.lock:
             st.trials_done += len(measure_candidates)
             st.best[task_id] = min(st.best.get(task_id, math.inf), batch.best)
@@ -132,12 +227,10 @@ class StreamingMeasureCallback(PyMeasureCallback):
             st.in_flight.discard(task_id)
         infos = self._round_infos(task_id, batch, len(measure_candidates))
         self._observe_trimmer(task_id, batch.latencies, infos)
-        st.n_reported += len(batch.records)
-        if batch.records:
-            st.notify_sink("on_measurements", batch.records)
         for info in infos:
             st.rounds.append(info)
             st.notify_sink("on_round", info)
+        st.notify_progress()
 
     def _empty_batch(self, task_id: int) -> None:
         """The search had nothing new (space exhausted): no round to report; for
@@ -146,50 +239,48 @@ class StreamingMeasureCallback(PyMeasureCallback):
         with st.lock:
             st.best_history[task_id].append(st.best.get(task_id, math.inf))
             st.in_flight.discard(task_id)
+            st.batches.pop(task_id, None)
         if st.trimmer is not None:
             try:
-                st.trimmer.observe_batch(task_id, [], round_index=-1)
+                st.trimmer.observe_batch(task_id, [], round_index=-1, exhausted=True)
             except Exception as exc:  # noqa: BLE001
                 st.sink_errors.append(f"trimmer: {exc!r}")
 
-    def _read_batch(self, task_id: int, measure_candidates, builder_results, runner_results) -> _Batch:
-        """Records of the candidates not reported before, with what the runner's ledger knows."""
+    def _entries(self, task_id: int, measure_candidates, builder_results) -> list[_Entry]:
+        """The streamer's entries of this batch when they are the joined candidates, else new ones."""
         st = self.state
-        task = st.tasks[task_id]
+        with st.lock:
+            entries = st.batches.pop(task_id, None)
+        if entries is None or len(entries) != len(measure_candidates) or not all(
+                e.cand.same_as(c) for e, c in zip(entries, measure_candidates)):
+            return [_Entry(task_id, c, b) for c, b in zip(measure_candidates, builder_results)]
+        return entries
+
+    def _read_batch(self, task_id: int, measure_candidates, builder_results, runner_results) -> _Batch:
+        """The batch's latencies, and the records of its candidates not reported before."""
+        st = self.state
         batch = _Batch()
-        for cand, br, rr in zip(measure_candidates, builder_results, runner_results):
-            key = candidate_key(task.name, cand.sch.trace)
-            path = str(br.artifact_path) if br.artifact_path is not None else None
-            meta = st.ledger.pop(path) if st.ledger is not None else None
-            build_secs = st.build_secs.pop(path, None) if (st.build_secs is not None and path) else None
-            secs, error = _outcome(br, rr)
-            if error:
-                batch.n_failures += 1
-                batch.latencies.append(None)
-            else:
-                batch.best = min(batch.best, sum(secs) / len(secs))
-                batch.latencies.append(sum(secs) / len(secs))
-            if meta is not None:
-                batch.rounds_seen[meta.round_index] = batch.rounds_seen.get(meta.round_index, 0) + 1
-            if key in st.known_keys:
-                st.n_duplicates += 1
-                continue
-            st.known_keys.add(key)
-            batch.records.append(MeasurementRecord(
-                task_index=task_id,
-                task_name=task.name,
-                round_index=-1 if meta is None else st.round_offset + meta.round_index,
-                candidate_key=key,
-                run_secs=secs,
-                build_secs=build_secs,
-                run_wall_secs=meta.run_wall_secs if meta else None,
-                error=error,
-                worker=meta.worker if meta else None,
-                dop=meta.dop if meta else 1,
-                remeasured_serially=bool(meta.remeasured_serially) if meta else False,
-                serial_secs=meta.serial_secs if meta else None,
-                parallel_secs=meta.parallel_secs if meta else None,
-            ))
+        entries = self._entries(task_id, measure_candidates, builder_results)
+        batch.own_round = entries[0].own_round if entries else None
+        with st.lock:
+            for entry, rr in zip(entries, runner_results):
+                if not entry.settled:
+                    st.settle(entry, rr)
+                    if entry.future is not None:
+                        st.measurements_in_flight = max(0, st.measurements_in_flight - 1)
+                batch.latencies.append(entry.latency)
+                if entry.latency is None:
+                    batch.n_failures += 1
+                else:
+                    batch.best = min(batch.best, entry.latency)
+                if entry.meta is not None:
+                    r = entry.meta.round_index
+                    batch.rounds_seen[r] = batch.rounds_seen.get(r, 0) + 1
+                if entry.record is not None:
+                    batch.n_new += 1
+                    if not entry.reported:
+                        entry.reported = True
+                        batch.records.append(entry.record)
         return batch
 
     def _round_infos(self, task_id: int, batch: _Batch, n_candidates: int) -> list[RoundInfo]:
@@ -212,7 +303,7 @@ class StreamingMeasureCallback(PyMeasureCallback):
                     wall_secs=rep.wall_secs if rep else None,
                 ))
             return infos
-        r = st.round_offset + st.next_own_round()
+        r = batch.own_round if batch.own_round is not None else st.round_offset + st.next_own_round()
         for rec in batch.records:
             rec.round_index = r
         return [RoundInfo(round_index=r, task_index=task_id, dop=1, mean_error=None, n_candidates=n_candidates,
@@ -228,3 +319,138 @@ class StreamingMeasureCallback(PyMeasureCallback):
         except Exception as exc:  # noqa: BLE001 - Trimmer must never lose measurements
             log.exception("Trimmer failed to observe a batch")
             st.sink_errors.append(f"trimmer: {exc!r}")
+
+
+# --------------------------------------------------------------------------- before the join
+class ProgressStreamer:
+    """Reports each candidate to the sink as soon as its runner future is done (a daemon thread
+    polling the futures of the batches in flight), so results, the best-so-far curve and the
+    energy move while the scheduler has joined nothing. A report the sink refuses is left to
+    the join (the callback reports what is not reported)."""
+
+    POLL_S = 0.1
+
+    def __init__(self, state: EngineState, *, poll_s: float | None = None) -> None:
+        self.state = state
+        self.poll_s = self.POLL_S if poll_s is None else poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tuning-progress", daemon=True)
+        self._thread.start()
+
+    def register(self, task_id: int, candidates: Sequence, builder_results: Sequence, futures: Sequence) -> None:
+        """A batch TVM just sent to the runner: ``futures`` in the order of the built candidates."""
+        st = self.state
+        pending = iter(futures)
+        entries = []
+        for cand, br in zip(candidates, builder_results):
+            entries.append(_Entry(task_id, cand, br, None if br.error_msg else next(pending, None)))
+        with st.lock:
+            if st.ledger is None:  # the runner numbers no rounds: one per batch, numbered now
+                own = st.round_offset + st.next_own_round()
+                for e in entries:
+                    e.own_round = own
+            st.batches[task_id] = entries
+            st.measurements_in_flight += sum(1 for e in entries if e.future is not None)
+        self._report(lambda e: e.future is None)  # failed builds have nothing to wait for
+        self.state.notify_progress()
+
+    def _done(self, entry: _Entry) -> bool:
+        try:
+            return bool(entry.future.done())
+        except Exception:  # noqa: BLE001 - a broken future is the join's to report
+            return False
+
+    def _report(self, ready) -> int:
+        """Settle and report every unsettled candidate for which ``ready(entry)`` holds."""
+        st = self.state
+        with st.emit_lock:
+            with st.lock:
+                todo = [e for batch in st.batches.values() for e in batch if not e.settled]
+            todo = [e for e in todo if ready(e)]
+            if not todo:
+                return 0
+            results = {id(e): (e.future.result() if e.future is not None else None) for e in todo}
+            records, entries = [], []
+            with st.lock:
+                for e in todo:
+                    if e.settled:  # the join got there first
+                        continue
+                    st.settle(e, results[id(e)])
+                    if e.future is not None:
+                        st.measurements_in_flight = max(0, st.measurements_in_flight - 1)
+                    if e.record is not None:
+                        e.reported = True
+                        records.append(e.record)
+                        entries.append(e)
+            if records and st.notify_sink("on_measurements", records):
+                with st.lock:
+                    st.n_reported += len(records)
+                    st.n_streamed += len(records)
+            else:
+                for e in entries:  # refused: the join reports them
+                    e.reported = False
+        st.notify_progress()
+        return len(records)
+
+    def poll(self) -> int:
+        """Report the candidates measured since the last poll (also called by the thread)."""
+        return self._report(lambda e: e.future is not None and self._done(e))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception as exc:  # noqa: BLE001 - never kill the run; the join reports instead
+                log.exception("progress streamer failed")
+                self.state.sink_errors.append(f"progress: {exc!r}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@derived_object
+class StreamingRunner(PyRunner):
+    """Delegates to the run's runner and hands each batch's futures to the :class:`ProgressStreamer`
+    (with the candidates and builds TVM just recorded for the task being launched)."""
+
+    def __init__(self, inner, streamer: ProgressStreamer) -> None:
+        super().__init__()
+        self.inner = inner
+        self.streamer = streamer
+
+    def run(self, runner_inputs):
+        futures = list(self.inner.run(runner_inputs))
+        st = self.streamer.state
+        task_id, outer = st.launching, st.scheduler
+        if task_id is not None and outer is not None:
+            try:
+                rec = outer.tasks_[task_id]
+                self.streamer.register(task_id, list(rec.measure_candidates), list(rec.builder_results), futures)
+            except Exception as exc:  # noqa: BLE001 - the join still reports this batch
+                log.exception("could not watch a batch")
+                st.sink_errors.append(f"progress: {exc!r}")
+        return futures
+
+
+@derived_object
+class ObservedBuilder(PyBuilder):
+    """Delegates to the run's builder and counts the candidates being built (``on_progress``)."""
+
+    def __init__(self, inner, state: EngineState) -> None:
+        super().__init__()
+        self.inner = inner
+        self.state = state
+
+    def build(self, build_inputs):
+        st = self.state
+        n = len(build_inputs)
+        with st.lock:
+            st.builds_in_flight += n
+        st.notify_progress()
+        try:
+            return self.inner.build(build_inputs)
+        finally:
+            with st.lock:
+                st.builds_in_flight = max(0, st.builds_in_flight - n)
+            st.notify_progress()

@@ -12,6 +12,7 @@ __all__ = [
     "TaskInfo",
     "MeasurementRecord",
     "RoundInfo",
+    "ProgressInfo",
     "TuningSink",
     "NullSink",
     "ListSink",
@@ -72,6 +73,16 @@ class RoundInfo:
     n_filtered: int | None = None
 
 
+@dataclasses.dataclass
+class ProgressInfo:
+    """What is in flight right now: candidates being built, and sent to the runner but not yet
+    measured; ``trials_reported``: records reported so far by this call."""
+
+    builds_in_flight: int
+    measurements_in_flight: int
+    trials_reported: int = 0
+
+
 @runtime_checkable
 class TuningSink(Protocol):
     """Receives tuning progress; called from the tuning thread, between rounds.
@@ -82,7 +93,12 @@ class TuningSink(Protocol):
     again: ``serial_secs`` is the serial latency in seconds, or ``None`` when the build or the
     measurement failed (still a trial spent on the owner's behalf). The keys are those of records
     already passed to ``on_measurements``. A sink without the method is not called (it was added
-    after the others)."""
+    after the others).
+
+    ``on_measurements`` is called as candidates are measured, from the tuning thread or from the
+    engine's progress thread (never two calls at once), before or after the task's join.
+    ``on_progress(info)`` (optional, a :class:`ProgressInfo`): builds and measurements in flight,
+    whenever they change."""
 
     def on_tasks(self, tasks: list[TaskInfo]) -> None: ...
 
@@ -110,6 +126,9 @@ class NullSink:
     def on_serial_remeasure(self, updates):
         pass
 
+    def on_progress(self, info):
+        pass
+
     def control(self):
         return None
 
@@ -123,6 +142,7 @@ class ListSink:
         self.records: list[MeasurementRecord] = []
         self.rounds: list[RoundInfo] = []
         self.serial_remeasures: list[tuple] = []  # (task_index, candidate_key, serial_secs | None)
+        self.progress: list[ProgressInfo] = []
         self.stop_after_records = stop_after_records
         self.command = command
         self.control_calls = 0
@@ -143,6 +163,10 @@ class ListSink:
     def on_serial_remeasure(self, updates):
         with self._lock:
             self.serial_remeasures.extend(updates)
+
+    def on_progress(self, info):
+        with self._lock:
+            self.progress.append(info)
 
     def control(self):
         self.control_calls += 1

@@ -27,7 +27,7 @@ __all__ = ["EngineCrashed", "EngineError", "call_isolated"]
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 _CHILD = str(Path(__file__).resolve().with_name("_isolated_child.py"))
-SINK_METHODS = ("on_tasks", "on_measurements", "on_round", "on_serial_remeasure", "control")
+SINK_METHODS = ("on_tasks", "on_measurements", "on_round", "on_serial_remeasure", "on_progress", "control")
 
 
 class EngineCrashed(RuntimeError):

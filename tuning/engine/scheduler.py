@@ -14,8 +14,10 @@ has measurements in flight is tracked here too: TVM's ``JoinRunningTask``
 must only be called on such a task.
 
 With Trimmer (``state.trimmer``, a :class:`~.trimmer_hooks.TrimmerRuntime`),
-``next_task_id`` also applies what the callback decided: it terminates the
-tasks that plateaued (never from inside the callback: that crashes with an
+``next_task_id`` also applies what the callback decided: it joins the tasks
+that plateaued and gives them no more rounds (parked, not terminated: Trimmer
+may resume one when budget is left; only a task whose search space ran out is
+terminated, never from inside the callback: that crashes with an
 asynchronous runner), ends the run on Trimmer's whole-model stop, and after
 the first round robin gives the next round to the still-improving task
 furthest below its share of the budget (split by share of end-to-end
@@ -65,6 +67,7 @@ class ControlledScheduler(PyTaskScheduler):
 
     def _launch(self, task_id: int) -> int:
         self.state.in_flight.add(task_id)
+        self.state.launching = task_id  # the StreamingRunner files the batch TVM now sends under it
         return task_id
 
     def _trim(self, outer) -> bool:
@@ -79,7 +82,9 @@ class ControlledScheduler(PyTaskScheduler):
                 break
             for tid in pending:
                 self._join(outer, tid)  # its last batch is kept (and may pre-empt others)
-                if not tasks[tid].is_terminated:
+                # a pre-empted task is only parked (Trimmer may resume it); one whose search space
+                # ran out is done
+                if tid in tr.exhausted and not tasks[tid].is_terminated:
                     outer.terminate_task(tid)
         if tr.stop_reason:
             self._join_all(outer)
@@ -89,6 +94,7 @@ class ControlledScheduler(PyTaskScheduler):
     def next_task_id(self) -> int:
         outer = self._outer()  # type: ignore[attr-defined]
         st = self.state
+        st.scheduler, st.launching = outer, None
         tasks = outer.tasks_
         n = len(tasks)
 
@@ -107,7 +113,7 @@ class ControlledScheduler(PyTaskScheduler):
         while self._rr < n:
             tid = self._rr
             self._rr += 1
-            if not tasks[tid].is_terminated:
+            if not tasks[tid].is_terminated and not (st.trimmer is not None and st.trimmer.is_preempted(tid)):
                 self._join(outer, tid)
                 return self._launch(tid)
         if self._rr == n:

@@ -305,7 +305,7 @@ def _tune(run: _Run) -> None:
     """Make the builder and runner, measure the imported seeds, search, re-measure the best."""
     # TVM's compiler, imported when a run starts, not when a web process imports this module
     from . import plugins, remeasure, search
-    from .callbacks import EngineState
+    from .callbacks import EngineState, ObservedBuilder, ProgressStreamer, StreamingRunner
     from .runner import MeasureLedger
 
     cfg, builder, runner = run.cfg, None, None
@@ -333,9 +333,16 @@ def _tune(run: _Run) -> None:
                 run.phases["imported"] = time.perf_counter() - t0
             record_cache.apply_seed_verification(run)  # verified cache hits need no search
             if run.remaining > 0:
-                run.status = search.search(run.tasks, run.target, cfg, state=state, builder=builder, runner=runner,
-                                           database=run.database, work_dir=run.work_dir, budget=run.remaining,
-                                           resumed=bool(run.n_existing), phases=run.phases)
+                # results reach the sink as each measurement lands, not at TVM's joins (see callbacks)
+                streamer = ProgressStreamer(state)
+                try:
+                    run.status = search.search(
+                        run.tasks, run.target, cfg, state=state, builder=ObservedBuilder(builder, state),
+                        runner=StreamingRunner(runner, streamer), database=run.database, work_dir=run.work_dir,
+                        budget=run.remaining, resumed=bool(run.n_existing), phases=run.phases)
+                finally:
+                    streamer.close()
+                    state.scheduler = None
             save_round_offset(run.work_dir, state.round_offset + len(ledger.rounds) + state.own_rounds)
             run.phases["measure_rounds"] = sum(r.wall_secs for r in ledger.rounds.values())  # DOPpler rounds' wall time
             # DOPpler's final stage: serial re-measure of the top share per task

@@ -2,7 +2,12 @@
 
 - Per-task pre-emption: a task whose best latency has not improved by more
   than ``min_improvement`` (relative) for ``plateau_rounds`` consecutive rounds
-  stops receiving trials (authors' default: 2 rounds).
+  stops receiving trials (authors' default: 2 rounds), but never before it has
+  measured ``min_trial_share`` of an equal split of the budget (a plateau of a
+  few rounds early on says little, and cost latency at small budgets). A
+  pre-empted task is parked, not terminated: when no task is left to tune and
+  budget remains, a parked task is resumed for another probe (at most
+  ``max_resumes`` times each; one batch without a gain parks it again).
 - Budget re-allocation: the trials a pre-empted task no longer uses go to the
   tasks still improving, weighted by their share of end-to-end latency
   (weight x best latency).
@@ -36,9 +41,14 @@ class TrimmerConfig:
     model_min_improvement: float = 0.005
     target_latency_s: float | None = None
     min_trials_per_task: int = 0       # a task is never pre-empted before this many trials
-    filter_enabled: bool = True        # ML candidate filter
-    filter_oversample: int = 4         # candidates generated per slot, best predicted kept
-    filter_keep_explore: float = 0.1   # share of slots kept for unfiltered (random) candidates
+    min_trial_share: float = 0.5       # ... nor before this share of max_trials / number of tasks
+    max_resumes: int = 1               # probes a pre-empted task gets when budget is left
+    filter_enabled: bool = True        # candidate filter (an independent predictor vetoes likely losers)
+    filter_oversample: int = 4         # candidates the search generates per slot measured
+    filter_keep_explore: float = 0.1   # share of slots never vetoed (the search's own picks)
+    filter_min_samples: int = 16       # measured candidates of a task before its predictor vetoes
+    filter_veto_margin: float = 0.25   # veto when predicted > best x (1 + margin) (and the CV error)
+    audit_sample: int = 0              # keep up to this many vetoed candidates (trace JSON) for a bench audit
     judge_after_trials: int | None = None  # None: once the cost model is warm; 0: from the start
 
     @classmethod
@@ -55,6 +65,12 @@ class TrimmerConfig:
             raise ValueError("improvement thresholds are relative and must be in [0, 1)")
         if cfg.filter_oversample < 1 or not 0 <= cfg.filter_keep_explore <= 1:
             raise ValueError("filter_oversample must be >= 1 and filter_keep_explore in [0, 1]")
+        if not 0 <= cfg.min_trial_share <= 1 or cfg.filter_veto_margin < 0:
+            raise ValueError("min_trial_share must be in [0, 1] and filter_veto_margin >= 0")
+        for name in ("max_resumes", "filter_min_samples", "audit_sample", "min_trials_per_task"):
+            value = getattr(cfg, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer")
         if cfg.target_latency_s is not None and cfg.target_latency_s <= 0:
             raise ValueError("target_latency_s must be positive")
         if cfg.judge_after_trials is not None and (not isinstance(cfg.judge_after_trials, int)
@@ -69,12 +85,14 @@ class TrimmerConfig:
 class TaskPlateauTracker:
     """Counts, per task, the consecutive rounds whose batch did not improve its best."""
 
-    def __init__(self, config: TrimmerConfig):
+    def __init__(self, config: TrimmerConfig, min_trials: int | None = None):
         self.config = config
+        self.min_trials = config.min_trials_per_task if min_trials is None else int(min_trials)
         self.best: dict[int, float] = {}
         self.stale_rounds: dict[int, int] = {}
         self.trials: dict[int, int] = {}
         self.preempted: dict[int, int] = {}  # task -> trials it had when pre-empted
+        self.resumes: dict[int, int] = {}  # task -> times it was resumed after a pre-emption
 
     def observe(self, task: int, batch_latencies: Sequence[float | None]) -> bool:
         """Record one measured batch of a task; returns True when the task is (now) pre-empted."""
@@ -91,13 +109,22 @@ class TaskPlateauTracker:
         if batch_best is not None and (previous is None or batch_best < previous):
             self.best[task] = batch_best
         if (self.config.enabled and self.stale_rounds[task] >= self.config.plateau_rounds
-                and self.trials[task] >= self.config.min_trials_per_task):
+                and self.trials[task] >= self.min_trials):
             self.preempted[task] = self.trials[task]
             return True
         return False
 
     def is_preempted(self, task: int) -> bool:
         return task in self.preempted
+
+    def can_resume(self, task: int) -> bool:
+        return task in self.preempted and self.resumes.get(task, 0) < self.config.max_resumes
+
+    def resume(self, task: int) -> None:
+        """Give a pre-empted task another probe: one more batch without a gain parks it again."""
+        self.preempted.pop(task, None)
+        self.resumes[task] = self.resumes.get(task, 0) + 1
+        self.stale_rounds[task] = max(0, self.config.plateau_rounds - 1)
 
 
 class ModelStopper:

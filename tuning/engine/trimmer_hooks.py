@@ -13,11 +13,20 @@ and TVM MetaSchedule.
   after the warm-up (``TrimmerConfig.judge_after_trials``; by default once the
   cost model has its warm-up samples: before that the search is random).
 - :class:`FilteredSearch`: a ``PySearchStrategy`` around TVM's
-  ``EvolutionarySearch`` that asks it for ``filter_oversample`` x the batch,
-  scores the candidates with the tuner's cost model (higher is better) and
-  keeps the best, plus a ``filter_keep_explore`` share drawn at random from
-  the rest. The inner search is given an inflated budget, so this wrapper
-  enforces the real per-task trial budget itself.
+  ``EvolutionarySearch`` that asks it for ``filter_oversample`` x the batch
+  and measures the batch the search itself would have measured (its own
+  order), except the candidates an *independent* predictor
+  (:mod:`.trimmer_predictor`: ridge on MetaSchedule features, trained on this
+  run's measurements of the task, not the search's XGBoost model) says are
+  worse than the task's best by more than its own error: those are replaced
+  by the search's next picks. The first ``filter_keep_explore`` share of the
+  slots is never vetoed. The inner search is given an inflated budget, so this
+  wrapper enforces the real per-task trial budget itself.
+- Pre-emption parks a task (it is not terminated in TVM): when every task is
+  parked or exhausted and budget is left, :meth:`TrimmerRuntime.choose`
+  resumes the parked task with the largest share of end-to-end latency (at most
+  ``max_resumes`` times each). Tasks whose search space ran out are never
+  counted as pre-empted nor as savings.
 """
 
 from __future__ import annotations
@@ -32,8 +41,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .events import TaskInfo
+from .events import TaskInfo, trace_json
 from .trimmer import ModelStopper, TaskPlateauTracker, TrimmerConfig, TrimmerState, allocate_trials
+from .trimmer_predictor import RidgeLatencyPredictor, pool_store_features
 
 __all__ = ["TrimmerRuntime", "FilteredSearch", "make_filtered_search", "ALL_PREEMPTED"]
 
@@ -58,7 +68,10 @@ class TrimmerRuntime:
         self.weights = {t.index: float(t.weight or 1.0) for t in tasks}
         self.names = {t.index: t.name for t in tasks}
         self.max_trials = int(max_trials)
-        self.tracker = TaskPlateauTracker(config)
+        # no task is pre-empted (nor the run stopped) before this many measured trials
+        self.min_trials = max(int(config.min_trials_per_task),
+                              math.ceil(config.min_trial_share * self.max_trials / max(1, len(self.weights))))
+        self.tracker = TaskPlateauTracker(config, self.min_trials)
         # the windowed rule runs on the part of the model tuning can still change
         # (see _tunable_estimate); the target latency is checked on the full estimate
         self.stopper = ModelStopper(dataclasses.replace(config, target_latency_s=None))
@@ -75,19 +88,23 @@ class TrimmerRuntime:
         self._generated: dict[int, deque[tuple[int, int]]] = {i: deque() for i in self.weights}
         self.outstanding: dict[int, int] = {}  # kept by the filter, not measured yet
         self.per_round = 1  # batch size assumed for an in-flight batch the filter did not count
-        self.filter_ranked = 0  # filter rounds ranked by the trained cost model
-        self.filter_unranked = 0  # ... kept in the search's own order (cost model still warming up)
+        self.filter_ranked = 0  # filter rounds judged by the task's trained predictor
+        self.filter_unranked = 0  # ... kept in the search's own order (predictor not trained yet)
+        self.vetoed = 0  # candidates the search would have measured, vetoed by the predictor
+        self.audit: list[dict] = []  # a sample of them (config.audit_sample), for a bench to measure
+        self._audit_seen = 0
+        self._audit_rng = random.Random(seed)  # its own: the audit must not change the task choice
+        self.resumptions: list[dict] = []
         self.judging_from_trial: int | None = None  # when plateaus started to count (warm-up over)
         self.pending: set[int] = set()  # pre-empted by the callback, to terminate in the scheduler
         self.reallocations: list[dict] = []
         self.stop_reason: str | None = None
         self.cost_model = None  # the tuner's Python cost model (set by the search step) for the filter
-        for i, n in (preempted or {}).items():  # a resumed run keeps its pre-emptions
+        for i, n in (preempted or {}).items():  # a resumed run keeps its pre-emptions (parked, resumable)
             i = int(i)
             if i in self.weights:
                 self.tracker.preempted[i] = int(n)
                 self.state.preempted_tasks[i] = int(n)
-                self.pending.add(i)
 
     # ------------------------------------------------------------------ filter side
     def note_generated(self, task: int, generated: int, filtered: int, ranked: bool | None = None) -> None:
@@ -100,6 +117,24 @@ class TrimmerRuntime:
                     self.filter_unranked += 1
             self._generated.setdefault(task, deque()).append((int(generated), int(filtered)))
             self.outstanding[task] = self.outstanding.get(task, 0) + int(generated) - int(filtered)
+
+    def note_vetoed(self, task: int, vetoed: Sequence[dict]) -> None:
+        """Candidates the search would have measured that the predictor vetoed (``task``'s batch);
+        a uniform sample of ``config.audit_sample`` of them is kept (reservoir)."""
+        with self.lock:
+            self.vetoed += len(vetoed)
+            for item in vetoed:
+                self._audit_seen += 1
+                if len(self.audit) < self.config.audit_sample:
+                    self.audit.append({"task": task, **item})
+                else:
+                    j = self._audit_rng.randrange(self._audit_seen)
+                    if j < len(self.audit):
+                        self.audit[j] = {"task": task, **item}
+
+    def task_best(self, task: int) -> float:
+        with self.lock:
+            return self.best.get(task, math.inf)
 
     # ------------------------------------------------------------------ callback side
     def estimate(self) -> float | None:
@@ -131,9 +166,11 @@ class TrimmerRuntime:
         self.pending.add(task)
         self._record_reallocation(task, round_index, reason)
 
-    def observe_batch(self, task: int, latencies: Sequence[float | None], *, round_index: int) -> tuple[int | None, int | None]:
-        """One measured batch of ``task`` (None = failed candidate). Returns the
-        batch's (generated, filtered) counts when the filter produced it."""
+    def observe_batch(self, task: int, latencies: Sequence[float | None], *, round_index: int,
+                      exhausted: bool = False) -> tuple[int | None, int | None]:
+        """One measured batch of ``task`` (None = failed candidate; ``exhausted``: the search had
+        no candidate left). Returns the batch's (generated, filtered) counts when the filter
+        produced it."""
         with self.lock:
             gen = self._generated.get(task)
             counts: tuple[int | None, int | None] = (None, None)
@@ -149,13 +186,17 @@ class TrimmerRuntime:
             valid = [x for x in latencies if x is not None and math.isfinite(x) and 0 < x < 1e9]
             if valid:
                 self.best[task] = min(self.best.get(task, math.inf), min(valid))
-            short = len(latencies) < self.per_round and self._spent() + len(latencies) < self.max_trials
-            if short and not self.tracker.is_preempted(task):
-                # fewer new candidates than a round: the search space is (nearly) exhausted
+            short = exhausted or (len(latencies) < self.per_round
+                                  and self._spent() + len(latencies) < self.max_trials)
+            if short and task not in self.exhausted:
+                # fewer new candidates than a round: the search space is (nearly) exhausted. Not a
+                # pre-emption: no trial is saved on a task that had nothing left to measure
                 self._observe_warmup(task, latencies, valid)
                 self.exhausted.add(task)
                 self.tracker.preempted[task] = self.tracker.trials[task]
-                self._preempt(task, round_index, "search space exhausted")
+                self.state.preempted_tasks.pop(task, None)
+                self.pending.add(task)
+                self._record_reallocation(task, round_index, "search space exhausted")
                 return counts
             if not self._judging():
                 self._observe_warmup(task, latencies, valid)
@@ -166,10 +207,15 @@ class TrimmerRuntime:
             if self.tracker.observe(task, list(latencies)) and not was:
                 self._preempt(task, round_index, "plateau")
             self._check_target()
-            if self.stopper.observe(self._tunable_estimate()) and self.stop_reason is None:
+            if (self._min_share_met() and self.stopper.observe(self._tunable_estimate())
+                    and self.stop_reason is None):
                 self.stop_reason = self.stopper.reason
                 self.state.model_stop_reason = self.stop_reason
             return counts
+
+    def _min_share_met(self) -> bool:
+        """Every task that can still be tuned has had its minimum share of trials."""
+        return all(self.tracker.trials.get(i, 0) >= self.min_trials for i in self.weights if i not in self.exhausted)
 
     def _spent(self) -> int:
         return sum(self.tracker.trials.values())
@@ -235,7 +281,7 @@ class TrimmerRuntime:
         with self.lock:
             active = [i for i in alive if not self.tracker.is_preempted(i)]
             if not active:
-                return None
+                return self._resume_one(alive, remaining)
             flying = set(in_flight)
             pending = {i: self.outstanding.get(i, 0) or (self.per_round if i in flying else 0) for i in active}
             spent = {i: self.tracker.trials.get(i, 0) + pending[i] for i in active}
@@ -255,6 +301,32 @@ class TrimmerRuntime:
             tied = [i for i in tied if share(i) == top]
             return tied[0] if len(tied) == 1 else tied[self.rng.randrange(len(tied))]
 
+    def _resume_one(self, alive: Sequence[int], remaining: int) -> int | None:
+        """No task left to tune: with budget left and no stop decided, resume the parked task with
+        the largest share of end-to-end latency (None when there is none to resume)."""
+        if remaining <= 0 or self.stop_reason is not None:
+            return None
+        parked = [i for i in alive if i not in self.exhausted and self.tracker.can_resume(i)]
+        if not parked:
+            return None
+        shares = self._shares(parked)
+        task = max(parked, key=lambda i: (shares[i][0] * shares[i][1]) if shares[i][1] else 0.0)
+        self.tracker.resume(task)
+        self.state.preempted_tasks.pop(task, None)
+        self.resumptions.append({"task": task, "task_name": self.names.get(task), "at_trial": self._spent(),
+                                 "remaining_budget": remaining})
+        return task
+
+    def trials_saved(self) -> int:
+        """Trials the run did not spend because Trimmer stopped it: the budget left, unless no task
+        could still be tuned (their search spaces ran out: an untrimmed run would not spend it)."""
+        with self.lock:
+            if self.stop_reason is None:
+                return 0
+            if all(i in self.exhausted for i in self.weights):
+                return 0
+            return max(0, self.max_trials - self._spent())
+
     def finish_all_preempted(self) -> None:
         """No task left to tune: the stop is Trimmer's when it pre-empted any of them (else every
         search space simply ran out, which TVM ends by itself)."""
@@ -272,46 +344,55 @@ class TrimmerRuntime:
             d["trials_by_task"] = dict(self.tracker.trials)
             d["filter_rounds_ranked"] = self.filter_ranked
             d["filter_rounds_unranked"] = self.filter_unranked
+            d["filter_predictor"] = "ridge on MetaSchedule per-store features, trained on this run's measurements"
+            d["vetoed"] = self.vetoed
+            d["audit"] = list(self.audit)
+            d["resumptions"] = list(self.resumptions)
+            d["min_trials_before_preemption"] = self.min_trials
             d["judging_from_trial"] = self.judging_from_trial
             d["exhausted_tasks"] = sorted(self.exhausted)
             d["config"] = self.config.to_dict()
-            return d
+        d["trials_saved"] = self.trials_saved()
+        return d
 
 
 # --------------------------------------------------------------------------- candidate filter
-def _model_scores(cost_model, context, candidates) -> list[float] | None:
-    """The cost model's scores of ``candidates`` (higher is better); None without a model, while
-    it warms up, or when it fails."""
-    if cost_model is None:
-        return None
-    # an XGBModel answers random numbers until it has seen its warm-up samples:
-    # keep the inner search's own order (its cost-model ranking) until then
-    inner_model = getattr(cost_model, "_inst", cost_model)
-    n_data = getattr(inner_model, "data_size", None)
-    n_warm = getattr(inner_model, "num_warmup_samples", None)
-    if n_data is not None and n_warm is not None and n_data < n_warm:
-        return None
+def choose_kept(n: int, want: int, keep_explore: float, predicted_log: Sequence[float] | None,
+                threshold: float | None) -> tuple[list[int], list[int]]:
+    """Which of ``n`` candidates (in the search's own order, best first) are measured: the first
+    ``want`` of them, except those past the first ``keep_explore`` share of the slots whose
+    predicted log latency is above ``threshold`` (vetoed), replaced by the search's next picks.
+    Returns (kept indices in order, vetoed indices among the first ``want``: what the search
+    would have measured). Without a prediction or threshold: the first ``want``."""
+    want = min(want, n)
+    if predicted_log is None or threshold is None or len(predicted_log) != n:
+        return list(range(want)), []
+    n_free = min(want, int(math.ceil(want * keep_explore)))
+    kept = list(range(n_free))
+    passed_over = []
+    for i in range(n_free, n):
+        if len(kept) == want:
+            break
+        if predicted_log[i] > threshold:
+            passed_over.append(i)
+        else:
+            kept.append(i)
+    if len(kept) < want:  # too few candidates passed: the least bad vetoed ones fill the batch
+        fill = sorted(passed_over, key=lambda i: predicted_log[i])[:want - len(kept)]
+        kept = sorted(kept + fill)
+    kept_set = set(kept)
+    return kept, [i for i in range(want) if i not in kept_set]
+
+
+def _store_features(context, candidates) -> list[np.ndarray] | None:
+    """MetaSchedule's per-store features of each candidate, pooled (None when extraction fails)."""
+    from tvm.s_tir import meta_schedule as ms
+
     try:
-        return [float(x) for x in np.asarray(cost_model.predict(context, candidates)).ravel()]
+        extractor = ms.feature_extractor.PerStoreFeature(extract_workload=False)
+        return [pool_store_features(f.numpy()) for f in extractor.extract_from(context, candidates)]
     except Exception:  # noqa: BLE001 - never lose a round to the filter
         return None
-
-
-def _keep(n: int, want: int, keep_explore: float, scores: list[float] | None,
-          rng: random.Random) -> tuple[list[int], bool]:
-    """Indices (sorted) of the ``want`` candidates kept out of ``n``: the best by ``scores`` plus a
-    ``keep_explore`` share drawn at random from the rest; ``ranked`` is False when there were no
-    usable scores (the search's own order then)."""
-    n_explore = min(want, int(round(want * keep_explore)))
-    n_best = want - n_explore
-    order = list(range(n))
-    ranked = scores is not None and len(scores) == n
-    if ranked:
-        order.sort(key=lambda i: -scores[i])
-    keep = order[:n_best]
-    rest = order[n_best:]
-    keep += rng.sample(rest, min(n_explore, len(rest)))
-    return sorted(keep), ranked
 
 
 @functools.cache
@@ -341,9 +422,13 @@ def _filtered_search_class():
             self.inner_kwargs = dict(inner_kwargs or {})
             self.seed = seed
             self.inner = ms.search_strategy.EvolutionarySearch(**self.inner_kwargs)
-            self.rng = random.Random(None if seed is None else seed * 1_000_003 + self.task_index)
             self.context = self.cost_model = None
             self.max_trials = self.per_iter = self.sent = self.generated = self.filtered = 0
+            margin = runtime.config.filter_veto_margin if runtime is not None else 0.25
+            self.veto_margin = float(margin)
+            self.predictor = RidgeLatencyPredictor(
+                min_samples=runtime.config.filter_min_samples if runtime is not None else 16)
+            self._sent_features: list[np.ndarray] | None = None  # of the batch out for measurement
 
         def _initialize_with_tune_context(self, context) -> None:
             self.context = context
@@ -372,22 +457,36 @@ def _filtered_search_class():
             if cands is None:
                 return None
             cands = list(cands)
-            ranked = None
-            kept = cands
-            if len(cands) > want:
-                cm = getattr(self.runtime, "cost_model", None) or self.cost_model
-                keep, ranked = _keep(len(cands), want, self.keep_explore, _model_scores(cm, self.context, cands),
-                                     self.rng)
-                kept = [cands[i] for i in keep]
+            feats = _store_features(self.context, cands)
+            predicted, threshold = None, None
+            if feats is not None and self.runtime is not None:
+                predicted = self.predictor.predict_log(feats)
+                threshold = self.predictor.veto_threshold(self.runtime.task_best(self.task_index), self.veto_margin)
+            keep, vetoed = choose_kept(len(cands), want, self.keep_explore, predicted, threshold)
+            kept = [cands[i] for i in keep]
+            self._sent_features = [feats[i] for i in keep] if feats is not None else None
             self.sent += len(kept)
             self.generated += len(cands)
             self.filtered += len(cands) - len(kept)
             if self.runtime is not None:
+                ranked = None if len(cands) <= want else (predicted is not None and threshold is not None)
                 self.runtime.note_generated(self.task_index, len(cands), len(cands) - len(kept), ranked)
+                if vetoed:
+                    self.runtime.note_vetoed(self.task_index, [
+                        {"trace": trace_json(cands[i].sch.trace), "predicted_s": math.exp(float(predicted[i])),
+                         "best_s": self.runtime.task_best(self.task_index)} for i in vetoed])
             return kept
 
         def notify_runner_results(self, measure_candidates, results) -> None:
             self.inner.notify_runner_results(measure_candidates, results)
+            feats, self._sent_features = self._sent_features, None
+            if feats is None or len(feats) != len(results):
+                return
+            lats = []
+            for r in results:
+                secs = [float(x) for x in (r.run_secs or [])] if r.error_msg is None else []
+                lats.append(sum(secs) / len(secs) if secs else None)
+            self.predictor.add(feats, lats)
 
         def clone(self):
             return FilteredSearch(task_index=self.task_index, runtime=self.runtime, oversample=self.oversample,

@@ -149,12 +149,15 @@ def _store_trimmer_results(run: TuningRun, trim: dict, stop_reason: str | None) 
         run.stop_reason = fit_to_field(TuningRun, "stop_reason", stop_reason)
     measured = run.trials_done
     run.trials_saved = max(0, run.max_trials - measured) if stop_reason else 0
+    if "trials_saved" in trim:  # the engine's count: no saving on tasks whose search space ran out
+        run.trials_saved = min(run.trials_saved, max(0, int(trim["trials_saved"] or 0)))
     if measured and run.energy_joules:
         per_trial = run.energy_joules / measured
         source = run.energy_source or "modeled"
         run.energy_saved_joules = run.trials_saved * per_trial
         run.savings_basis = fit_to_field(TuningRun, "savings_basis", (
-            f"Untrimmed policy would have measured the full budget ({run.max_trials} trials) at this run's mean "
+            f"Estimated, not measured: an untrimmed run would have measured the {run.trials_saved} trials left "
+            f"(of {run.max_trials}) at this run's mean "
             f"energy per measured trial ({per_trial:.1f} J = {run.energy_joules:.0f} J / {measured} trials, "
             f"{source})"))
     else:

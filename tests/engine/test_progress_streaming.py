@@ -1,0 +1,90 @@
+"""Results reach the sink as each measurement lands, not at TVM's join: the production scheduler,
+runner wrapper, progress thread and callback on a tiny workload."""
+
+import threading
+
+import pytest
+
+from tuning.engine import plugins
+from tuning.engine.events import ListSink
+from tuning.engine.session import TuningConfig, run_tuning
+from tuning.engine.testing import tiny_cnn_onnx
+from tuning.engine.timer import EvaluatorConfig
+
+pytestmark = pytest.mark.slow
+
+GATE_WAIT_S = 300  # a guard against a hang, not a timing assertion
+
+
+class _EventSink(ListSink):
+    """Keeps the order of events; opens ``first_results`` when a task's records arrive."""
+
+    def __init__(self):
+        super().__init__()
+        self.events: list[tuple[str, int]] = []
+        self.first_results = threading.Event()
+
+    def on_measurements(self, records):
+        super().on_measurements(records)
+        with self._lock:
+            self.events.extend(("measured", r.task_index) for r in records)
+        self.first_results.set()
+
+    def on_round(self, info):
+        super().on_round(info)
+        with self._lock:
+            self.events.append(("joined", info.task_index))
+
+
+@pytest.fixture
+def gated_builder():
+    """The persistent builder, except that the second batch (the next task of the first round robin,
+    while nothing has been joined) is built only once the sink has results of the first."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.builder import PyBuilder
+
+    seen = {"calls": 0, "opened_before_second_build": None}
+    gate = {"sink": None}
+
+    @derived_object
+    class GatedBuilder(PyBuilder):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def build(self, build_inputs):
+            seen["calls"] += 1
+            if seen["calls"] == 2:
+                seen["opened_before_second_build"] = gate["sink"].first_results.wait(GATE_WAIT_S)
+            return self.inner.build(build_inputs)
+
+        def shutdown(self):
+            self.inner.shutdown()
+
+    plugins.register_builder("gated-test")(lambda ctx: GatedBuilder(plugins.make_builder("persistent", ctx)))
+    yield seen, gate
+    plugins._BUILDERS.pop("gated-test", None)
+
+
+def test_results_reach_the_sink_before_any_join(tmp_path, cpu_target, gated_builder):
+    seen, gate = gated_builder
+    sink = gate["sink"] = _EventSink()
+    cfg = TuningConfig(target=cpu_target, max_trials=16, trials_per_round=8, work_dir=str(tmp_path),
+                       search_population=32, genetic_num_iters=1, seed=1, builder="gated-test",
+                       evaluator=EvaluatorConfig(number=2, repeat=1, min_repeat_ms=5), final_remeasure=False)
+    s = run_tuning(tiny_cnn_onnx(), cfg, sink)
+    assert s.status == "succeeded"
+    # the first task's results arrived while the second task was being built: before any join
+    assert seen["opened_before_second_build"] is True
+    first_join = next(i for i, e in enumerate(sink.events) if e[0] == "joined")
+    assert ("measured", 0) in sink.events[:first_join]
+    # each candidate reported once, whichever path reported it
+    keys = [r.candidate_key for r in sink.records]
+    assert len(keys) == len(set(keys)) == s.n_measurements >= 16
+    assert s.n_measurements + s.n_duplicates == sum(r.n_candidates for r in sink.rounds)
+    assert all(r.round_index >= 0 for r in sink.records)
+    # what was in flight went to the sink, and nothing is left in flight at the end
+    assert any(p.builds_in_flight > 0 for p in sink.progress)
+    assert any(p.measurements_in_flight > 0 for p in sink.progress)
+    last = sink.progress[-1]
+    assert (last.builds_in_flight, last.measurements_in_flight) == (0, 0)
