@@ -83,7 +83,8 @@ def test_noisy_probe_backs_off_then_reprobes_on_a_bounded_schedule():
         c.update_serial_round(32)
         assert c.dop == 1
     assert [h.dop for h in c.history][:6] == [1, 2, 1, 1, 2, 1]
-    assert c.mean_parallel_error() == pytest.approx((0.5 + (0.5 + 1 / 3) / 2 + 0.5) / 3)
+    # the run's figure is the median of the probes' errors (tuning.engine.parallel_error), a fraction
+    assert c.mean_parallel_error() == pytest.approx(sorted([0.5, (0.5 + 1 / 3) / 2, 0.5])[1])
 
 
 def test_recovers_after_a_noisy_probe_when_the_noise_is_gone():
