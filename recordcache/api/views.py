@@ -6,8 +6,9 @@ import io
 import zipfile
 
 from django.http import Http404, HttpResponse
-from drf_spectacular.utils import extend_schema
-from rest_framework import parsers, permissions
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import parsers, permissions, serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -57,7 +58,9 @@ class TeamCacheSettingsView(APIView):
 class RunCacheView(APIView):
     permission_classes = [permissions.IsAuthenticated]
 
-    @extend_schema(summary="Per task: cache hit or miss, source run, verification, trials saved (estimated)")
+    @extend_schema(summary="Per task: cache hit or miss, source run, verification, trials saved (estimated)",
+                   responses=inline_serializer("RunCacheUse", {"tasks": CacheLookupSerializer(many=True),
+                                                               "savings": serializers.DictField()}))
     def get(self, request, run_id: int):
         run = runs_for_user(request.user).filter(pk=run_id).first()
         if run is None:
@@ -69,7 +72,7 @@ class RunCacheView(APIView):
 class CacheStatsView(APIView):
     permission_classes = [IsStaff]
 
-    @extend_schema(summary="Cache size and hit rate (staff)")
+    @extend_schema(summary="Cache size and hit rate (staff)", responses=OpenApiTypes.OBJECT)
     def get(self, request):
         return Response(selectors.cache_stats())
 
@@ -77,7 +80,8 @@ class CacheStatsView(APIView):
 class CacheExportView(APIView):
     permission_classes = [IsStaff]
 
-    @extend_schema(summary="Trusted entries (filter: target_key, tvm_version, hardware) as a TVM JSON database zip")
+    @extend_schema(summary="Trusted entries (filter: target_key, tvm_version, hardware) as a TVM JSON database zip",
+                   responses={(200, "application/zip"): OpenApiTypes.BINARY})
     def get(self, request):
         q = request.query_params
         entries = selectors.entries_for_export(target_key=q.get("target_key", ""),
@@ -98,7 +102,9 @@ class CacheImportView(APIView):
     throttle_classes = [UploadThrottle]
 
     @extend_schema(request=CacheImportSerializer, summary="Import a TVM JSON database (staff): checked, then "
-                   "pending until a run measures it")
+                   "pending until a run measures it",
+                   responses=inline_serializer("CacheImportResult", {"imported": serializers.IntegerField(),
+                                                                     "status": serializers.CharField()}))
     def post(self, request):
         body = CacheImportSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -113,7 +119,8 @@ class CacheImportView(APIView):
 class CachePurgeView(APIView):
     permission_classes = [IsStaff]
 
-    @extend_schema(request=PurgeSerializer, summary="Delete the entries of a target and/or TVM version (staff)")
+    @extend_schema(request=PurgeSerializer, summary="Delete the entries of a target and/or TVM version (staff)",
+                   responses=inline_serializer("CachePurgeResult", {"deleted": serializers.IntegerField()}))
     def post(self, request):
         body = PurgeSerializer(data=request.data)
         body.is_valid(raise_exception=True)

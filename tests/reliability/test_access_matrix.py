@@ -168,6 +168,20 @@ EXPECTED = {
     ("api-energy-settings", "PATCH"): STAFF_ONLY,
     ("charts-cluster", "GET"): TEAM_READ,
     ("charts-simulation", "GET"): TEAM_READ,
+    # issue 14: the shared record cache
+    ("team-record-cache", "GET"): TEAM_READ,
+    ("team-record-cache", "PATCH"): OWNER_ONLY,
+    ("run-record-cache", "GET"): TEAM_READ,
+    ("record-cache-stats", "GET"): STAFF_ONLY,
+    ("record-cache-export", "GET"): STAFF_ONLY,
+    ("record-cache-import", "POST"): STAFF_ONLY,
+    ("record-cache-purge", "POST"): STAFF_ONLY,
+}
+
+# URLs whose object is named by another keyword than pk.
+URL_KWARGS = {
+    "team-record-cache": lambda w: {"team_id": w.team_a.pk},
+    "run-record-cache": lambda w: {"run_id": w.run.pk},
 }
 
 # Which object of the world a detail URL points at (by URL name, else by the name's basename).
@@ -207,6 +221,14 @@ def _import_body(w):
              "records": SimpleUploadedFile("database_tuning_record.json", rec)}, "multipart")
 
 
+def _cache_import_body(w):
+    """The world model's TVM database offered to the shared cache, for this host's target and TVM."""
+    import json
+
+    files, fmt = _import_body(w)
+    return ({**files, "target": json.dumps(w.run.target), "hardware": "cpu:test", "tvm_version": "test"}, fmt)
+
+
 def _onnx_upload(name="upload.onnx"):
     from core.onnx_models import zoo
 
@@ -233,6 +255,9 @@ BODIES = {
     ("traceupload-list", "POST"): lambda w: (
         {"team": w.team_a.pk, "name": "another", "file": SimpleUploadedFile("p.csv", PHILLY_CSV.encode())},
         "multipart"),
+    ("team-record-cache", "PATCH"): lambda w: ({"publish": False}, "json"),
+    ("record-cache-purge", "POST"): lambda w: ({"target_key": w.run.target_key or "any"}, "json"),
+    ("record-cache-import", "POST"): lambda w: _cache_import_body(w),
     ("simulationrun-list", "POST"): lambda w: (
         {"team": w.team_a.pk, "trace": "philly", "policies": ["horus"], "parameters": {"jobs": 20, "gpus": 4}},
         "json"),
@@ -290,7 +315,7 @@ def url_for(name: str, w) -> str:
     from django.urls import NoReverseMatch
 
     try:
-        url = reverse(name)
+        url = reverse(name, kwargs=URL_KWARGS[name](w)) if name in URL_KWARGS else reverse(name)
     except NoReverseMatch:
         if name in OBJECT_FOR:
             key = name

@@ -100,9 +100,9 @@ def test_start_run_is_all_or_nothing(user_owner, model_a, team_a):
         return (list(TuningRun.objects.values_list("pk", flat=True)),
                 list(Quota.objects.filter(team=team_a).values_list("max_concurrent_runs", "tuning_trials_per_month")))
 
-    all_or_nothing(lambda: tuning_services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False),
+    all_or_nothing(lambda: tuning_services.start_run(actor=user_owner, model=model_a, max_trials=64, enqueue=False),
                    snapshot)
-    run = tuning_services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False)
+    run = tuning_services.start_run(actor=user_owner, model=model_a, max_trials=64, enqueue=False)
     assert run.status == "queued"
 
 

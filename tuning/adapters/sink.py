@@ -191,13 +191,14 @@ class DatabaseSink:
         TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(**fields)
 
     def on_round(self, info) -> None:
-        DopRound.objects.update_or_create(
-            run_id=self.run_id, round_index=info.round_index,
-            defaults={"task_index": info.task_index, "dop": info.dop, "mean_error": info.mean_error,
-                      "n_candidates": info.n_candidates, "n_remeasured": info.n_remeasured,
-                      "n_failures": info.n_failures, "n_generated": getattr(info, "n_generated", None),
-                      "n_filtered": getattr(info, "n_filtered", None)})
-        self._touch_run()
+        with transaction.atomic():  # the round and the version bump that shows it land together
+            DopRound.objects.update_or_create(
+                run_id=self.run_id, round_index=info.round_index,
+                defaults={"task_index": info.task_index, "dop": info.dop, "mean_error": info.mean_error,
+                          "n_candidates": info.n_candidates, "n_remeasured": info.n_remeasured,
+                          "n_failures": info.n_failures, "n_generated": getattr(info, "n_generated", None),
+                          "n_filtered": getattr(info, "n_filtered", None)})
+            self._touch_run()
 
     def _touch_run(self) -> None:
         """A write to the run's tasks or rounds changes what its pages show: bump the run's version."""
