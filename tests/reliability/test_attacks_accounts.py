@@ -39,6 +39,15 @@ def owners_of(team) -> set[str]:
 # --- the last owner, taken away by two owners at once (was broken: write skew) -------------------------
 
 
+def _two_owner_team():
+    """A team owned by alice and bob: (alice, bob, team, alice's membership, bob's membership)."""
+    alice, bob = UserFactory(username="alice"), UserFactory(username="bob")
+    team = TeamFactory(name="Race", owner=alice)
+    m_alice = Membership.objects.get(team=team, user=alice)
+    m_bob = MembershipFactory(team=team, user=bob, role=Membership.Role.OWNER)
+    return alice, bob, team, m_alice, m_bob
+
+
 def _race(first, second, monkeypatch):
     """Run ``first`` and ``second`` in two transactions that overlap at the last-owner check: ``second``
     starts once ``first`` has checked that another owner remains, before ``first`` commits."""
@@ -77,10 +86,7 @@ def _race(first, second, monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 def test_two_owners_demoting_each_other_at_once_leave_one_owner(monkeypatch):
-    alice, bob = UserFactory(username="alice"), UserFactory(username="bob")
-    team = TeamFactory(name="Race", owner=alice)
-    m_alice = Membership.objects.get(team=team, user=alice)
-    m_bob = MembershipFactory(team=team, user=bob, role=Membership.Role.OWNER)
+    alice, bob, team, m_alice, m_bob = _two_owner_team()
     outcomes = _race(lambda: services.change_member_role(actor=alice, membership=m_bob, role="viewer"),
                      lambda: services.change_member_role(actor=bob, membership=m_alice, role="viewer"), monkeypatch)
     assert len(owners_of(team)) == 1, outcomes
@@ -89,10 +95,7 @@ def test_two_owners_demoting_each_other_at_once_leave_one_owner(monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 def test_two_owners_removing_each_other_at_once_leave_one_owner(monkeypatch):
-    alice, bob = UserFactory(username="alice"), UserFactory(username="bob")
-    team = TeamFactory(name="Race", owner=alice)
-    m_alice = Membership.objects.get(team=team, user=alice)
-    m_bob = MembershipFactory(team=team, user=bob, role=Membership.Role.OWNER)
+    alice, bob, team, m_alice, m_bob = _two_owner_team()
     outcomes = _race(lambda: services.remove_member(actor=alice, membership=m_bob),
                      lambda: services.remove_member(actor=bob, membership=m_alice), monkeypatch)
     assert len(owners_of(team)) == 1, outcomes
@@ -100,10 +103,7 @@ def test_two_owners_removing_each_other_at_once_leave_one_owner(monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 def test_two_owners_leaving_at_once_leave_one_owner(monkeypatch):
-    alice, bob = UserFactory(username="alice"), UserFactory(username="bob")
-    team = TeamFactory(name="Race", owner=alice)
-    m_alice = Membership.objects.get(team=team, user=alice)
-    m_bob = MembershipFactory(team=team, user=bob, role=Membership.Role.OWNER)
+    alice, bob, team, m_alice, m_bob = _two_owner_team()
     outcomes = _race(lambda: services.remove_member(actor=alice, membership=m_alice),
                      lambda: services.remove_member(actor=bob, membership=m_bob), monkeypatch)
     assert len(owners_of(team)) == 1, outcomes
