@@ -88,3 +88,82 @@ def test_results_reach_the_sink_before_any_join(tmp_path, cpu_target, gated_buil
     assert any(p.measurements_in_flight > 0 for p in sink.progress)
     last = sink.progress[-1]
     assert (last.builds_in_flight, last.measurements_in_flight) == (0, 0)
+
+
+def _tiny_cfg(tmp_path, cpu_target, **kw):
+    base = dict(target=cpu_target, max_trials=16, trials_per_round=8, work_dir=str(tmp_path),
+                search_population=32, genetic_num_iters=1, seed=1,
+                evaluator=EvaluatorConfig(number=2, repeat=1, min_repeat_ms=5), final_remeasure=False)
+    base.update(kw)
+    return TuningConfig(**base)
+
+
+def test_results_streamed_before_a_kill_are_in_the_resumed_database(tmp_path, cpu_target, gated_builder):
+    """A worker killed between the sink hearing of results and TVM's join committing them: the resumed
+    call must know them (its budget is not spent on them again) and number its rounds after theirs."""
+    import os
+
+    from tuning.engine.database import DB_RECORDS, ROUNDS_FILE, STREAM_JOURNAL, next_round_offset
+
+    _, gate = gated_builder
+    sink = gate["sink"] = _EventSink()
+    assert run_tuning(tiny_cnn_onnx(), _tiny_cfg(tmp_path, cpu_target, builder="gated-test"), sink).status == "succeeded"
+    streamed = {r.candidate_key for r in sink.records[:sink.events.index(next(e for e in sink.events if e[0] == "joined"))]}
+    assert streamed  # the gate guarantees results before the first join
+    assert (tmp_path / STREAM_JOURNAL).exists()
+
+    # the kill: TVM's database and the saved round offset never got written
+    (tmp_path / DB_RECORDS).write_text("")
+    os.remove(tmp_path / ROUNDS_FILE)
+    offset = next_round_offset(str(tmp_path))
+    assert offset > max(r.round_index for r in sink.records if r.candidate_key in streamed)
+
+    again = ListSink()
+    s2 = run_tuning(tiny_cnn_onnx(), _tiny_cfg(tmp_path, cpu_target, max_trials=16 + 8), again)
+    assert s2.status == "succeeded"
+    assert not {r.candidate_key for r in again.records} & streamed  # nothing the platform holds is measured again
+    assert len(again.records) <= 16 + 8 - len(streamed)  # the budget counts what was streamed
+    assert min(r.round_index for r in again.rounds) >= offset  # no round number reused
+
+
+@pytest.fixture
+def failing_second_build():
+    """The persistent builder, except that every candidate of the second batch fails to build."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+
+    calls = {"n": 0}
+
+    @derived_object
+    class FailingBuilder(PyBuilder):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def build(self, build_inputs):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                return [BuilderResult(None, "injected build failure") for _ in build_inputs]
+            return self.inner.build(build_inputs)
+
+        def shutdown(self):
+            self.inner.shutdown()
+
+    plugins.register_builder("failing-test")(lambda ctx: FailingBuilder(plugins.make_builder("persistent", ctx)))
+    yield calls
+    plugins._BUILDERS.pop("failing-test", None)
+
+
+def test_a_batch_whose_builds_all_failed_gets_a_round_of_its_own(tmp_path, cpu_target, failing_second_build):
+    """The runner numbers rounds; a batch it never saw (no build succeeded) must not reuse one of its
+    numbers (the platform keeps one row per round number: the later would overwrite the earlier)."""
+    sink = ListSink()
+    s = run_tuning(tiny_cnn_onnx(), _tiny_cfg(tmp_path, cpu_target, max_trials=24, builder="failing-test"), sink)
+    assert s.status == "succeeded" and failing_second_build["n"] >= 3
+    numbers = [r.round_index for r in sink.rounds]
+    assert len(numbers) == len(set(numbers))  # one report per round, none shared
+    assert all(r.round_index in set(numbers) for r in sink.records)  # every record in a reported round
+    failed = [r for r in sink.records if r.error and "injected" in r.error]
+    (failed_round,) = {r.round_index for r in failed}  # the one batch, all in one round
+    info = next(r for r in sink.rounds if r.round_index == failed_round)
+    assert info.n_candidates == info.n_failures == len(failed)

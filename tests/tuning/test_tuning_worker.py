@@ -93,11 +93,9 @@ def test_worker_killed_mid_run_resumes_without_losing_or_duplicating(redis_url, 
     assert len(after) == len(set(after))           # stored once each (also a DB constraint)
     assert before <= set(after)                    # nothing measured before the kill was lost
     assert len(after) == run.trials_done and len(after) > len(before)  # the rescuer measured the rest
-    # Budget 40, 8 a round. Results stream to the platform as they land (issue 13 item 8), before TVM's own
-    # database commits them at the join: batches in flight at the kill are stored but unknown to the resumed
-    # TVM, which spends their trials again. So the bound is one batch per task, not one batch in all (a known
-    # overspend, in the session note: the resume should write stored-but-uncommitted results into TVM's db).
-    assert run.trials_done <= 40 + 8 * run.tasks.count()
+    # Budget 40, 8 a round: at most the batch in flight at the kill is measured again. Results reach the
+    # platform before TVM's join commits them; the engine's journal hands those to the resumed TVM.
+    assert run.trials_done <= 40 + 8
     # Every candidate in TVM's tuning database has its stored measurement (TVM may hold a
     # candidate twice, e.g. a task with a single schedule measured again after the resume).
     import onnx

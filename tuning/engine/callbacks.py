@@ -52,8 +52,10 @@ class EngineState:
         initial_best: dict[int, float] | None = None,
         round_offset: int = 0,
         trimmer: Any = None,
+        journal: Any = None,
     ) -> None:
         self.sink = sink or NullSink()
+        self.journal = journal  # database.StreamJournal: what is reported before TVM's join commits it
         self.tasks = tasks
         self.known_keys: set[str] = set(known_keys or ())
         self.ledger = ledger
@@ -147,6 +149,10 @@ class EngineState:
         )
 
     def next_own_round(self) -> int:
+        """A round number for a batch the runner numbered none for: from the runner's ledger when
+        it keeps one (so the two never collide), else counted here."""
+        if self.ledger is not None:
+            return self.ledger.next_round()
         r = self.own_rounds
         self.own_rounds += 1
         return r
@@ -226,6 +232,8 @@ class StreamingMeasureCallback(PyMeasureCallback):
             st.best_history[task_id].append(st.best[task_id])
             st.in_flight.discard(task_id)
         infos = self._round_infos(task_id, batch, len(measure_candidates))
+        if st.journal is not None and infos:  # a killed call's successor numbers on from here
+            st.journal.note_round(max(i.round_index for i in infos))
         self._observe_trimmer(task_id, batch.latencies, infos)
         for info in infos:
             st.rounds.append(info)
@@ -288,26 +296,39 @@ class StreamingMeasureCallback(PyMeasureCallback):
         numbered here for a runner without a ledger (its records get that number)."""
         st = self.state
         if batch.rounds_seen and st.ledger is not None:
-            infos = []
-            for r in sorted(batch.rounds_seen):
-                rep = st.ledger.rounds.get(r)
-                infos.append(RoundInfo(
-                    round_index=st.round_offset + r,
-                    task_index=task_id,
-                    dop=rep.dop if rep else 1,
-                    mean_error=rep.mean_error if rep else None,
-                    n_candidates=rep.n_candidates if rep else batch.rounds_seen[r],
-                    n_remeasured=rep.n_remeasured if rep else 0,
-                    n_failures=rep.n_failures if rep else 0,
-                    dop_after=rep.dop_after if rep else None,
-                    wall_secs=rep.wall_secs if rep else None,
-                ))
+            infos = self._ledger_rounds(task_id, batch)
+            # failed builds never reached the runner: they belong to the batch's (first) round
+            unsent = n_candidates - sum(batch.rounds_seen.values())
+            infos[0].n_candidates += unsent
+            infos[0].n_failures += unsent
+            for rec in batch.records:
+                if rec.round_index < 0:
+                    rec.round_index = infos[0].round_index
             return infos
         r = batch.own_round if batch.own_round is not None else st.round_offset + st.next_own_round()
         for rec in batch.records:
             rec.round_index = r
         return [RoundInfo(round_index=r, task_index=task_id, dop=1, mean_error=None, n_candidates=n_candidates,
                           n_remeasured=0, n_failures=batch.n_failures, dop_after=1)]
+
+    def _ledger_rounds(self, task_id: int, batch: _Batch) -> list[RoundInfo]:
+        """The runner's reports of the rounds this batch's measured candidates were in."""
+        st = self.state
+        infos = []
+        for r in sorted(batch.rounds_seen):
+            rep = st.ledger.rounds.get(r)
+            infos.append(RoundInfo(
+                round_index=st.round_offset + r,
+                task_index=task_id,
+                dop=rep.dop if rep else 1,
+                mean_error=rep.mean_error if rep else None,
+                n_candidates=rep.n_candidates if rep else batch.rounds_seen[r],
+                n_remeasured=rep.n_remeasured if rep else 0,
+                n_failures=rep.n_failures if rep else 0,
+                dop_after=rep.dop_after if rep else None,
+                wall_secs=rep.wall_secs if rep else None,
+            ))
+        return infos
 
     def _observe_trimmer(self, task_id: int, latencies: list[float | None], infos: list[RoundInfo]) -> None:
         st = self.state
@@ -351,7 +372,9 @@ class ProgressStreamer:
                     e.own_round = own
             st.batches[task_id] = entries
             st.measurements_in_flight += sum(1 for e in entries if e.future is not None)
-        self._report(lambda e: e.future is None)  # failed builds have nothing to wait for
+        # failed builds have nothing to wait for; under a runner's ledger their round is known
+        # only at the join (the round the runner gives the rest of the batch)
+        self._report(lambda e: e.future is None and e.own_round is not None)
         self.state.notify_progress()
 
     def _done(self, entry: _Entry) -> bool:
@@ -382,6 +405,8 @@ class ProgressStreamer:
                         e.reported = True
                         records.append(e.record)
                         entries.append(e)
+            if records and not self._journal(entries):
+                records = []  # not durable: the join reports them, once TVM's database has them
             if records and st.notify_sink("on_measurements", records):
                 with st.lock:
                     st.n_reported += len(records)
@@ -391,6 +416,21 @@ class ProgressStreamer:
                     e.reported = False
         st.notify_progress()
         return len(records)
+
+    def _journal(self, entries: list[_Entry]) -> bool:
+        """Write the entries to the run's journal before the sink hears of them (False: it failed)."""
+        st = self.state
+        if st.journal is None:
+            return True
+        try:
+            st.journal.record([(e.task_index, e.record.round_index, e.cand, e.record.run_secs) for e in entries])
+            return True
+        except Exception as exc:  # noqa: BLE001 - a full disk must not stop the run
+            log.exception("could not journal streamed results")
+            st.sink_errors.append(f"journal: {exc!r}")
+            for e in entries:
+                e.reported = False
+            return False
 
     def poll(self) -> int:
         """Report the candidates measured since the last poll (also called by the thread)."""

@@ -21,7 +21,7 @@ __all__ = [
     "DB_WORKLOAD", "DB_RECORDS", "FINAL_DIR", "IMPORTED_DIR", "IMPORTED_DONE_DIR", "COST_MODEL_FILE",
     "open_json_db", "open_database", "imported_db", "write_imported", "has_imported", "database_paths",
     "records_by_task", "record_latency", "load_trimmer_preempted", "save_trimmer_state",
-    "next_round_offset", "save_round_offset",
+    "next_round_offset", "save_round_offset", "StreamJournal", "commit_streamed",
 ]
 
 DB_WORKLOAD = "database_workload.json"
@@ -32,6 +32,7 @@ IMPORTED_DONE_DIR = "imported_measured"
 COST_MODEL_FILE = "cost_model.xgb"
 TRIMMER_STATE = "trimmer_state.json"
 ROUNDS_FILE = "rounds.txt"
+STREAM_JOURNAL = "streamed_records.jsonl"
 
 
 def _db_paths(work_dir: str, final: bool = False) -> tuple[str, str]:
@@ -144,13 +145,109 @@ def save_trimmer_state(work_dir: str, report: dict) -> None:
 
 
 def next_round_offset(work_dir: str) -> int:
-    """Round numbers continue across calls on the same ``work_dir``."""
+    """Round numbers continue across calls on the same ``work_dir`` (also after a call that was
+    killed before it saved its offset: the journal holds the rounds it numbered)."""
     try:
-        return int(Path(os.path.join(work_dir, ROUNDS_FILE)).read_text().strip() or 0)
+        saved = int(Path(os.path.join(work_dir, ROUNDS_FILE)).read_text().strip() or 0)
     except (OSError, ValueError):
-        return 0
+        saved = 0
+    rounds = [line["round"] for line in _journal_lines(work_dir) if isinstance(line.get("round"), int)]
+    return max([saved] + [r + 1 for r in rounds])
 
 
 def save_round_offset(work_dir: str, value: int) -> None:
     with contextlib.suppress(OSError):
         Path(os.path.join(work_dir, ROUNDS_FILE)).write_text(str(int(value)))
+
+
+# --------------------------------------------------------------------------- streamed results
+class StreamJournal:
+    """What the run reported before TVM's database had it, kept where a killed call's successor
+    finds it. Results reach the sink as each measurement lands (``callbacks.ProgressStreamer``);
+    TVM commits them to its database only at the task's join. A worker killed in between left the
+    platform holding results the resumed TVM would not know and would spend its budget on again.
+    Each line is appended (and flushed to disk) before the sink hears of it; the next call commits
+    the journal's records its database lacks (:func:`commit_streamed`) before counting what is done.
+
+    Lines: ``{"round": r}`` (a round number handed out) and ``{"round": r, "task": i, "record":
+    <TuningRecord.as_json()>}`` (a reported candidate; failures carry TVM's 1e10 s)."""
+
+    def __init__(self, work_dir: str, task_mods: list) -> None:
+        self.path = os.path.join(work_dir, STREAM_JOURNAL)
+        self.task_mods = task_mods
+        self._workloads: dict[int, object] = {}
+
+    def _append(self, lines: list[dict]) -> None:
+        if not lines:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(line) + "\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def note_round(self, round_index: int) -> None:
+        with contextlib.suppress(OSError):
+            self._append([{"round": int(round_index)}])
+
+    def record(self, entries: list[tuple[int, int, object, list[float]]]) -> None:
+        """``entries``: (task index, round, MeasureCandidate, run seconds; empty: failed). Raises
+        OSError when the journal cannot be written (the caller then leaves them to the join)."""
+        from tvm.s_tir import meta_schedule as ms  # TVM: see the module doc
+
+        from .events import ffi_to_py
+
+        lines = []
+        for task, rnd, cand, secs in entries:
+            if task not in self._workloads:
+                self._workloads[task] = ms.database.Workload(self.task_mods[task])
+            rec = ms.database.TuningRecord(cand.sch.trace, self._workloads[task],
+                                           run_secs=[float(x) for x in secs] or [1e10],
+                                           args_info=list(cand.args_info))
+            lines.append({"round": int(rnd), "task": int(task), "record": ffi_to_py(rec.as_json())})
+        self._append(lines)
+
+
+def _journal_lines(work_dir: str) -> list[dict]:
+    """The journal's readable lines (a line cut short by a kill is skipped)."""
+    try:
+        text = Path(os.path.join(work_dir, STREAM_JOURNAL)).read_text(encoding="utf-8")
+    except OSError:
+        return []
+    out = []
+    for raw in text.splitlines():
+        with contextlib.suppress(ValueError):
+            line = json.loads(raw)
+            if isinstance(line, dict):
+                out.append(line)
+    return out
+
+
+def commit_streamed(work_dir: str, db, tasks, target) -> int:
+    """Commit to ``db`` the journal's records it lacks (an earlier call was killed between reporting
+    them and TVM's join); returns how many. Records are keyed like the sink's (task, trace)."""
+    from tvm.s_tir import meta_schedule as ms  # TVM: see the module doc
+
+    from .events import candidate_key
+
+    lines = [line for line in _journal_lines(work_dir) if "record" in line and isinstance(line.get("task"), int)]
+    if not lines:
+        return 0
+    have = {(i, candidate_key(tasks[i].name, r.trace)) for i, recs in records_by_task(db, tasks).items() for r in recs}
+    n = 0
+    for line in lines:
+        i = line["task"]
+        if not 0 <= i < len(tasks):
+            continue
+        try:
+            workload = db.commit_workload(tasks[i].mod)
+            rec = ms.database.TuningRecord.from_json(line["record"], workload)
+        except Exception:  # noqa: BLE001 - a record TVM cannot read back is one the join never committed either
+            continue
+        key = (i, candidate_key(tasks[i].name, rec.trace))
+        if key in have:
+            continue
+        have.add(key)
+        db.commit_tuning_record(ms.database.TuningRecord(rec.trace, workload, run_secs=rec.run_secs,
+                                                         target=target, args_info=rec.args_info))
+        n += 1
+    return n

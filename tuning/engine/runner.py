@@ -120,7 +120,17 @@ class MeasureLedger:
     def __init__(self) -> None:
         self._meta: dict[str, CandidateMeta] = {}
         self.rounds: dict[int, RoundReport] = {}
+        self.rounds_numbered = 0
         self._lock = threading.Lock()
+
+    def next_round(self) -> int:
+        """The next round number. Every runner sharing this ledger (one per device) and the measure
+        callback (a batch the runner never saw: all its builds failed) number rounds here, so no
+        two rounds of a run share a number."""
+        with self._lock:
+            r = self.rounds_numbered
+            self.rounds_numbered += 1
+            return r
 
     def put(self, path: str, meta: CandidateMeta) -> None:
         with self._lock:
@@ -252,7 +262,6 @@ class PooledAsyncRunner(PyRunner):
         self._pending = 0
         self._pending_jobs = 0
         self._pending_lock = threading.Condition()
-        self.round_index = 0
         self.on_round: Callable[[RoundReport], None] | None = None
         self._closed = False
         self._pool(1)  # spawn the serial worker now (it imports TVM while we search)
@@ -406,8 +415,7 @@ class PooledAsyncRunner(PyRunner):
 
     def _measure_round(self, jobs: list[MeasureJob]) -> None:
         t0 = time.perf_counter()
-        rnd = self.round_index
-        self.round_index += 1
+        rnd = self.ledger.next_round()
         result = measure_round(jobs, self._measure, self.controller, is_serial_config=self.is_serial_config,
                                validated=self._validated, probe_first=self.probe_first,
                                remeasure_on_large_error=self.remeasure_on_large_error)
@@ -547,7 +555,6 @@ class DistributedRunner(PyRunner):
         # one thread per queue: its rounds run in order, the queues side by side
         self._rounds = {q: concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dist-{i}")
                         for i, q in enumerate(self.queues)}
-        self.round_index = 0
         self.n_sent = 0
         self.bytes_sent = 0
         self._lock = threading.Lock()
@@ -660,8 +667,7 @@ class DistributedRunner(PyRunner):
                 correction_applied=any(p.correction_applied for p in parts)))
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[_EngineFuture]:
-        rnd = self.round_index
-        self.round_index += 1
+        rnd = self.ledger.next_round()
         owners = deal_by_capacity(len(runner_inputs), [self.controllers[q].dop for q in self.queues])
         jobs = [MeasureJob(path=str(inp.artifact_path), device_type=str(inp.device_type),
                            args_info=[_jsonable(a.as_json()) for a in inp.args_info],

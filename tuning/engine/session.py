@@ -32,6 +32,8 @@ from .database import (
     FINAL_DIR,
     IMPORTED_DIR,
     IMPORTED_DONE_DIR,
+    StreamJournal,
+    commit_streamed,
     database_paths,
     has_imported,
     load_trimmer_preempted,
@@ -228,6 +230,7 @@ def _prepare(model, cfg: TuningConfig, sink: TuningSink) -> _Run:
     if not tasks:
         raise ValueError("the model has no tunable tasks")
     database = open_json_db(work_dir)
+    commit_streamed(work_dir, database, tasks, target)  # what a killed call reported before its join
     existing = records_by_task(database, tasks)
     n_existing = sum(len(v) for v in existing.values())
     best0 = {}
@@ -322,7 +325,8 @@ def _tune(run: _Run) -> None:
             state = run.state = EngineState(
                 run.sink, run.infos, known_keys=run.known, ledger=ledger if parallel else None,
                 build_secs=getattr(builder, "build_secs", None), initial_best=run.best0,
-                round_offset=next_round_offset(run.work_dir), trimmer=run.trimmer)
+                round_offset=next_round_offset(run.work_dir), trimmer=run.trimmer,
+                journal=StreamJournal(run.work_dir, [t.mod for t in run.tasks]))
             for i, b in run.best0.items():
                 state.best_history[i].append(b)
             if run.remaining > 0 and has_imported(run.work_dir):
@@ -343,7 +347,7 @@ def _tune(run: _Run) -> None:
                 finally:
                     streamer.close()
                     state.scheduler = None
-            save_round_offset(run.work_dir, state.round_offset + len(ledger.rounds) + state.own_rounds)
+            save_round_offset(run.work_dir, state.round_offset + ledger.rounds_numbered + state.own_rounds)
             run.phases["measure_rounds"] = sum(r.wall_secs for r in ledger.rounds.values())  # DOPpler rounds' wall time
             # DOPpler's final stage: serial re-measure of the top share per task
             if run.status == "succeeded" and cfg.final_remeasure and parallel:
