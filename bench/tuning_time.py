@@ -72,7 +72,10 @@ ABLATION = {
 # parallel measurement on its own: the same engine at a deployment thread count that leaves room for
 # DOP > 1 (T = PARALLEL_THREADS: one slot per core), DOP 1 against DOPpler's auto DOP
 PARALLEL_THREADS = 1
-PARALLEL_SIDES = {"dop1": dict(dop=1), "dop_auto": dict(dop="auto")}
+# DOP auto as the platform runs it (the first round probes a parallel DOP), DOPpler's published start
+# (the first round serial at DOP 1: the ablation of the probe start), and the same engine at DOP 1
+PARALLEL_SIDES = {"dop1": dict(dop=1), "dop_auto": dict(dop="auto"),
+                  "dop_auto_serial_start": dict(dop="auto", dop_start="serial")}
 
 
 # --------------------------------------------------------------------------- workloads
@@ -312,6 +315,15 @@ def _remeasure_parallel(pairs: list[dict], target: dict, root: Path) -> None:
         ta = (p["dop_auto"].get("phase_secs") or {}).get("measure_rounds")
         p["measure_phase_ratio"] = ta / t1 if t1 and ta else None
         p["error_at_final_dop"] = _error_at_final_dop(p["dop_auto"])
+        ss = p.get("dop_auto_serial_start")
+        if ss:
+            ts = (ss.get("phase_secs") or {}).get("measure_rounds")
+            p["serial_start"] = {
+                "wall_ratio": ss["wall_s"] / p["dop1"]["wall_s"],
+                "latency_ratio": m["dop_auto_serial_start"] / m["dop1"] if m.get("dop_auto_serial_start") and m.get("dop1") else None,
+                "measure_phase_ratio": ts / t1 if t1 and ts else None,
+                "final_dop": ss.get("final_dop"),
+            }
 
 
 def _error_at_final_dop(res: dict) -> float | None:
@@ -337,6 +349,17 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         # share of DOP auto's rounds measured at DOP > 1 (the final DOP is where the controller ended,
         # after the last round)
         "parallel_rounds_above_dop1": _share_above_dop1(pairs),
+        # the measuring share of DOP 1's run: the most DOP auto can save is this share x (1 - 1/DOP - sample)
+        "parallel_measure_share_dop1": geomean(
+            p["dop1"]["phase_secs"]["measure_rounds"] / p["dop1"]["wall_s"] for p in pairs
+            if (p["dop1"].get("phase_secs") or {}).get("measure_rounds")) if pairs else None,
+        # ablation: DOPpler's published start (first round serial) instead of the probe start
+        "parallel_wall_ratio_serial_start": geomean(p["serial_start"]["wall_ratio"] for p in pairs if p.get("serial_start")),
+        "parallel_measure_phase_ratio_serial_start": geomean(
+            p["serial_start"]["measure_phase_ratio"] for p in pairs
+            if p.get("serial_start") and p["serial_start"]["measure_phase_ratio"]),
+        "parallel_latency_ratio_serial_start": geomean(
+            p["serial_start"]["latency_ratio"] for p in pairs if p.get("serial_start") and p["serial_start"]["latency_ratio"]),
     }
 
 
@@ -353,6 +376,11 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
         print(f"  {p['workload']:18s} dop1 {p['dop1']['wall_s']:7.1f} s  auto {p['dop_auto']['wall_s']:7.1f} s  "
               f"wall x{p['wall_ratio']:.3f}  measure x{(mr or float('nan')):.3f}  lat x{(lr or float('nan')):.3f}  "
               f"final DOP {p['dop_auto'].get('final_dop')}  err {(e if e is not None else float('nan')):.3f}")
+        ss = p.get("serial_start")
+        if ss:
+            print(f"  {'':18s} serial start: wall x{ss['wall_ratio']:.3f}  "
+                  f"measure x{(ss['measure_phase_ratio'] or float('nan')):.3f}  "
+                  f"lat x{(ss['latency_ratio'] or float('nan')):.3f}  final DOP {ss['final_dop']}")
     print(f"  {'overall':18s} wall x{overall['parallel_wall_ratio']:.3f}  "
           f"measure x{(overall['parallel_measure_phase_ratio'] or float('nan')):.3f}  "
           f"lat x{(overall['parallel_latency_ratio'] or float('nan')):.3f}  "

@@ -96,3 +96,39 @@ def test_validated_dop_skips_the_probe_and_the_input_set_is_left_alone():
     res = measure_round(list(range(12)), fake, ctrl, is_serial_config=parallel_layout, validated=before)
     assert fake.calls[0] == (list(range(12)), 2)  # no probe: the whole round at DOP 2
     assert before == {2} and res.validated == {2}
+
+
+def test_probe_start_validates_the_first_parallel_dop_without_a_serial_round():
+    """dop_start "probe": the first round measures at the DOP a serial round would have led to; its
+    probe is re-measured serially before the rest, and a good probe keeps the DOP for the rest."""
+    ctrl = DOPController(max_dop=2, start="probe")
+    assert ctrl.dop == 2
+    base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
+    fake = FakeMeasure(base, slowdown=1.01)
+    res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout)
+    probe = [i for i, c in enumerate(res.candidates) if c.remeasured]
+    assert res.dop == 2 and 2 in res.validated and not res.decision.backed_off
+    assert fake.measured_at(2) == list(range(16))  # everything measured in parallel once
+    assert fake.measured_at(1) == probe and len(probe) < 16 // 2  # only the probe serially
+
+
+def test_probe_start_with_a_bad_probe_measures_the_rest_serially():
+    ctrl = DOPController(max_dop=2, start="probe")
+    base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
+    fake = FakeMeasure(base, slowdown=1.5)  # interference: parallel numbers are 50 % off
+    res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout)
+    assert res.decision.backed_off and ctrl.dop == 1 and 2 not in res.validated
+    probe = set(fake.measured_at(2))
+    assert probe and len(probe) < 16 // 2
+    assert fake.measured_at(1) == list(range(16))  # the probe re-measured, the rest measured serially
+    for c in res.candidates:  # every answer is a serial number
+        assert c.final_secs is not None and c.final_secs[0] in base
+
+
+def test_dop_start_names_are_checked():
+    import pytest
+
+    with pytest.raises(ValueError, match="start must be one of"):
+        DOPController(max_dop=2, start="eager")
+    assert DOPController(max_dop=16, start="probe").dop == 8  # 1 + the rule's largest step (7)
+    assert DOPController(max_dop=16, start="probe", adaptive=False).dop == 1  # a fixed DOP stays fixed

@@ -3,7 +3,9 @@
 The rule (DOPpler, IEEE TPDS 2023; Conductor's ``doppler_bic``):
 
 * DOP starts at 1 under a cap of 128 (and never above ``max_dop``, what the
-  measuring cores allow: workers x threads <= cores).
+  measuring cores allow: workers x threads <= cores). With ``start="probe"`` (the
+  platform's default, see ``DOP_STARTS``) it starts where that first serial round
+  would have taken it, validated by the round's probe instead.
 * Each round measures its candidates DOP at a time, then re-measures
   *serially* (one worker, the deployment thread count) a sample: the outliers
   (robust z-score with a double MAD > ``z_threshold``) plus ``sample_share``
@@ -36,7 +38,13 @@ from collections.abc import Sequence
 from .procpool import available_cpus
 from .parallel_error import summarize_parallel_error
 
-__all__ = ["DOPController", "RoundDecision", "RoundStat", "robust_z_scores", "default_max_dop"]
+__all__ = ["DOPController", "RoundDecision", "RoundStat", "robust_z_scores", "default_max_dop", "DOP_STARTS"]
+
+# "serial": DOPpler as published, the first round at DOP 1 (a whole round measured serially to learn
+# nothing about parallel error). "probe": start at the DOP that serial round would have led to, and
+# let the first round's probe (rounds.py: a spread sample measured in parallel, then serially,
+# before the rest of the round) decide whether to keep it; a bad probe measures the rest serially.
+DOP_STARTS = ("probe", "serial")
 
 FAILED = 1e9  # latencies >= this (or None / inf / nan) count as failures
 
@@ -128,6 +136,7 @@ class DOPController:
         adaptive: bool = True,
         reprobe_after: int = 2,
         max_reprobes: int = 3,
+        start: str = "serial",
     ) -> None:
         self.cap = float(cap)
         self.initial_cap = float(cap)
@@ -146,10 +155,19 @@ class DOPController:
         self.min_step = int(min_step)
         self.max_step = int(max_step)
         self.adaptive = bool(adaptive)
+        if start not in DOP_STARTS:
+            raise ValueError(f"start must be one of {', '.join(DOP_STARTS)}, not {start!r}")
+        self.start = start
         self.dop = self._clamp(initial_dop)
+        if start == "probe" and self.adaptive and initial_dop == 1:
+            self.dop = self._clamp(min(self.cap, 1 + self._step(1)))
         self.history: list[RoundStat] = []
 
     # ------------------------------------------------------------------ helpers
+    def _step(self, dop: int) -> float:
+        """How far a good round raises the DOP: half the way to the cap, clamped to [min_step, max_step]."""
+        return min(max((self.cap - dop) / 2.0, self.min_step), self.max_step)
+
     def _clamp(self, dop: float) -> int:
         return max(1, min(int(math.floor(dop + 1e-9)), int(math.floor(self.cap + 1e-9)) or 1, self.max_dop))
 
@@ -227,8 +245,7 @@ class DOPController:
                 self.cap = float(dop_before) if dop_before >= self.cap else 0.9 * dop_before
                 self.dop = self._clamp(0.8 * dop_before)
             elif mean_error is not None or dop_before == 1:
-                step = min(max((self.cap - dop_before) / 2.0, self.min_step), self.max_step)
-                self.dop = self._clamp(min(self.cap, dop_before + step))
+                self.dop = self._clamp(min(self.cap, dop_before + self._step(dop_before)))
             reprobe = self._schedule_reprobe(dop_before, backed_off)
         else:
             reprobe = False

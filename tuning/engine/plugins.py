@@ -134,6 +134,7 @@ def _pooled_runner(ctx: PlugContext):
         threads=ctx.threads,
         cpu_ids=ctx.cores,
         dop=cfg.dop,
+        dop_start=cfg.dop_start,
         controller=cfg.controller,
         timeout_sec=cfg.timeout_sec,
         ledger=ctx.ledger,
@@ -160,7 +161,7 @@ def _gpu_runner(ctx: PlugContext):
     mps = gpu_slots.ensure_mps(os.path.join("/tmp", f"dlopt-mps-{os.getuid()}"))
     runners = [
         PooledAsyncRunner(evaluator=_evaluator_for(ctx), threads=1, cpu_ids=ctx.cores,
-                          dop=cfg.dop if group.max_dop > 1 else 1, timeout_sec=cfg.timeout_sec,
+                          dop=cfg.dop if group.max_dop > 1 else 1, dop_start=cfg.dop_start, timeout_sec=cfg.timeout_sec,
                           ledger=ctx.ledger, slots=gpu_worker_slots(group, ctx.cores), worker_env=group.env,
                           worker_limits=sandbox.default_limits(gpu=True), device_index=0)
         for group in gpu_slots.gpu_slot_groups(gpus, mps)
@@ -174,7 +175,7 @@ def _distributed_runner(ctx: PlugContext) -> DistributedRunner:
     if cfg.distributed_submit is None or not cfg.device_queue:
         raise ValueError("distributed runner needs distributed_submit and device_queue")
     return DistributedRunner(cfg.distributed_submit, cfg.device_queue, evaluator=_evaluator_for(ctx),
-                             threads=cfg.threads, ledger=ctx.ledger, dop=cfg.dop,
+                             threads=cfg.threads, ledger=ctx.ledger, dop=cfg.dop, dop_start=cfg.dop_start,
                              target_device_type=ctx.device_type)
 
 

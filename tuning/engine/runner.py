@@ -230,6 +230,7 @@ class PooledAsyncRunner(PyRunner):
         slots: Sequence[Slot] | None = None,
         start_timeout: float = 180.0,
         worker_env: dict[str, str] | None = None,
+        dop_start: str = "probe",
     ) -> None:
         super().__init__()
         self.evaluator = EvaluatorConfig.from_any(evaluator)
@@ -241,7 +242,7 @@ class PooledAsyncRunner(PyRunner):
         self.threads = self.slots[0].threads
         if controller is None:
             if dop == "auto":
-                controller = DOPController(max_dop=len(self.slots))
+                controller = DOPController(max_dop=len(self.slots), start=dop_start)
             else:
                 controller = DOPController(max_dop=len(self.slots), initial_dop=int(dop), adaptive=False)
         self.controller = controller
@@ -265,6 +266,8 @@ class PooledAsyncRunner(PyRunner):
         self.on_round: Callable[[RoundReport], None] | None = None
         self._closed = False
         self._pool(1)  # spawn the serial worker now (it imports TVM while we search)
+        if self.controller.dop > 1:
+            self._pool(self.controller.dop)  # and the first round's parallel workers
         self._thread = threading.Thread(target=self._loop, daemon=True, name="pooled-runner")
         self._thread.start()
 
@@ -422,8 +425,8 @@ class PooledAsyncRunner(PyRunner):
         self._validated = result.validated
         next_dop = result.warm_dop or result.decision.dop_after
         self.retire_pools({next_dop})  # DOPs left behind give their cores and memory back
-        if result.warm_dop is not None:
-            self._pool(result.warm_dop)  # start the next configuration's workers now
+        if next_dop > 1:
+            self._pool(next_dop)  # start the next round's workers now (they load TVM while TVM searches)
         for job, c in zip(jobs, result.candidates):
             self.ledger.put(job.path, CandidateMeta(
                 round_index=rnd, dop=c.dop, worker=c.outcome.worker if c.outcome is not None else None,
@@ -531,6 +534,7 @@ class DistributedRunner(PyRunner):
         queue_slots: dict[str, int] | None = None,
         wait_timeout_sec: float | None = None,
         target_device_type: str | None = None,
+        dop_start: str = "probe",
     ) -> None:
         super().__init__()
         self.submit = submit
@@ -547,7 +551,7 @@ class DistributedRunner(PyRunner):
         self.ledger = ledger or MeasureLedger()
         self.target_device_type = target_device_type
         self.slots = dict(queue_slots) if queue_slots else {q: self._describe_slots(q) for q in self.queues}
-        self.controllers = {q: (DOPController(max_dop=self.slots[q]) if dop == "auto" else
+        self.controllers = {q: (DOPController(max_dop=self.slots[q], start=dop_start) if dop == "auto" else
                                 DOPController(max_dop=self.slots[q], initial_dop=int(dop), adaptive=False))
                             for q in self.queues}
         self.controller = self.controllers[self.queues[0]]  # the session reports the first queue's DOP

@@ -45,7 +45,7 @@ from .database import (
     save_round_offset,
     write_imported,
 )
-from .doppler import DOPController
+from .doppler import DOP_STARTS, DOPController
 from .events import MeasurementRecord, NullSink, TaskInfo, TuningSink, candidate_key
 from .procpool import available_cpus, unpin_current_thread
 from .targets import check_measurable_here
@@ -89,6 +89,7 @@ class TuningConfig:
     trials_per_round: int = 32  # MetaSchedule's num_trials_per_iter
     mode: str = "doppler"
     dop: str | int = "auto"
+    dop_start: str = "probe"  # DOP "auto": "probe" (first round probes a parallel DOP) or "serial" (DOPpler's DOP 1)
     threads: int | None = None  # deployment/measurement thread count (default: all cores)
     work_dir: str = "tuning_work"
     seed: int | None = None
@@ -117,6 +118,8 @@ class TuningConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("stock", "doppler"):
             raise ValueError("mode must be 'stock' or 'doppler'")
+        if self.dop_start not in DOP_STARTS:
+            raise ValueError(f"dop_start must be one of {', '.join(DOP_STARTS)}")
         self.evaluator = EvaluatorConfig.from_any(self.evaluator)
         if isinstance(self.trimmer, dict):
             self.trimmer = TrimmerConfig.from_dict(self.trimmer)
