@@ -169,7 +169,8 @@ def fmt_estimate(run: TuningRun, missing: list[str]) -> str:
 
 def engine_verdict(run: TuningRun) -> str:
     """Which engine to deploy, in words (the run's deploy_verdict); without a comparison, why there is none."""
-    return run.deploy_verdict or (run.summary or {}).get("onnxruntime_error") or DASH
+    summary = run.summary or {}
+    return run.deploy_verdict or summary.get("not_measured_here") or summary.get("onnxruntime_error") or DASH
 
 
 def fmt_parity(run: TuningRun) -> str:

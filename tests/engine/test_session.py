@@ -122,6 +122,21 @@ def test_onnx_model_tune_and_compare(tmp_path, cpu_target):
     assert res["ratio_to_onnxruntime"] == pytest.approx(res["tuned_latency_s"] / res["onnxruntime_latency_s"])
 
 
+def test_compare_for_another_hosts_cpu_compiles_and_says_why_nothing_was_timed(tmp_path, cpu_target):
+    """A run measured on a remote host of another CPU: the final step here must keep the tuning (build and
+    export the module) rather than fail the run, and must not time code built for another machine."""
+    from tvm.target import codegen
+
+    here = str(codegen.llvm_get_system_cpu())
+    other = "skylake" if here != "skylake" else "znver3"
+    model = tiny_cnn_onnx()
+    export = tmp_path / "tuned.so"
+    res = compile_and_compare(model, str(tmp_path), {**cpu_target, "mcpu": other}, threads=1, export_path=str(export))
+    assert export.exists() and export.stat().st_size > 0
+    assert res["tuned_latency_s"] is None and res["outputs_match"] is None and res["onnxruntime"] is None
+    assert f"built for the CPU '{other}', this host is '{here}'" in res["not_measured_here"]
+
+
 def test_local_runner_refuses_a_target_built_for_another_cpu(tmp_path, cpu_target):
     from tvm.target import codegen
 

@@ -48,7 +48,7 @@ from .database import (
 from .doppler import DOP_STARTS, DOPController
 from .events import MeasurementRecord, NullSink, TaskInfo, TuningSink, candidate_key
 from .procpool import available_cpus, unpin_current_thread
-from .targets import check_measurable_here
+from .targets import TargetMismatch, check_measurable_here
 from .relax_pipeline import compile_model, make_target, random_inputs, run_and_time, target_device_type
 from .timer import EvaluatorConfig
 from .trimmer import TrimmerConfig
@@ -460,8 +460,23 @@ def compile_and_compare(
 ) -> dict[str, Any]:
     """Compile ``model`` tuned (database in ``database_dir``) and untuned, run
     both on the same random inputs: latencies, max |diff|, outputs match.
-    ``export_path``: also export the tuned executable there (a ``.so``)."""
-    check_measurable_here(target, check_cores=False)
+    ``export_path``: also export the tuned executable there (a ``.so``).
+
+    A target this host cannot run (another CPU's ``mcpu``, another GPU: a run measured on a remote host)
+    is still compiled, tuned and untuned, and exported, so the tuning is kept; nothing is timed or
+    compared here, and ``not_measured_here`` says why (timings of code built for another machine would
+    describe neither)."""
+    try:
+        check_measurable_here(target, check_cores=False)
+    except TargetMismatch as exc:
+        tuned = compile_model(model, target, database=open_database(database_dir))
+        compile_model(model, target, database=None)  # the untuned build must compile too
+        if export_path:
+            tuned.export_library(export_path)
+        why = f"compiled, not timed or compared on this host: {exc}"
+        return {"tuned_latency_s": None, "untuned_latency_s": None, "speedup": None, "max_abs_diff": None,
+                "outputs_match": None, "threads": threads, "onnxruntime": None,
+                "not_measured_here": why, "onnxruntime_error": why}
     inputs = random_inputs(model, seed=seed)
     tuned = compile_model(model, target, database=open_database(database_dir))
     untuned = compile_model(model, target, database=None)

@@ -93,8 +93,8 @@ def _store_time_to_parity(run: TuningRun) -> None:
 
 def _comparison_summary(comparison: dict) -> dict:
     """What the summary keeps of the comparison: onnxruntime's measurement (timer, repeats, provider,
-    version) and why it is missing, if it is."""
-    keys = ("onnxruntime", "onnxruntime_error", "untuned_ratio_to_onnxruntime")
+    version) and why it is missing, if it is; why nothing was timed (a target of another host)."""
+    keys = ("onnxruntime", "onnxruntime_error", "untuned_ratio_to_onnxruntime", "not_measured_here")
     return {k: comparison[k] for k in keys if k in comparison}
 
 
