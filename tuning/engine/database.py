@@ -238,13 +238,16 @@ def commit_streamed(work_dir: str, db, tasks, target) -> int:
         i = line["task"]
         if not 0 <= i < len(tasks):
             continue
+        try:  # the key from the trace's JSON (as trace_json writes it): no replay for what the db has
+            key = (i, candidate_key(tasks[i].name, json.dumps(line["record"][0], sort_keys=True, separators=(",", ":"))))
+        except (TypeError, IndexError, KeyError, ValueError):
+            continue
+        if key in have:
+            continue
         try:
             workload = db.commit_workload(tasks[i].mod)
             rec = ms.database.TuningRecord.from_json(line["record"], workload)
         except Exception:  # noqa: BLE001 - a record TVM cannot read back is one the join never committed either
-            continue
-        key = (i, candidate_key(tasks[i].name, rec.trace))
-        if key in have:
             continue
         have.add(key)
         db.commit_tuning_record(ms.database.TuningRecord(rec.trace, workload, run_secs=rec.run_secs,
