@@ -200,8 +200,10 @@ class RunLiveView(RunVersionedView):
     def body(self, request, run) -> dict:
         cursor, points = self._delta_params(request)
         stamp = request.query_params.get("stamp")
+        rounds = None
         if stamp:
-            n_rounds = queries.dop_round_count(run)
+            rounds = queries.dop_round_stats(run)
+            n_rounds = rounds[0]
             current = presenters.live_stamp(run, n_rounds)
             if current == stamp:  # e.g. only a heartbeat since: the numbers alone, cached per version too
                 return self.cached("numbers", run, lambda: {
@@ -209,7 +211,8 @@ class RunLiveView(RunVersionedView):
                     "run": presenters.run_numbers(run, dop_rounds=n_rounds)})
         if cursor is not None:
             # Clients polling in step send the same cursor: one delta per version and cursor.
-            return self.cached(f"delta:{cursor}:{points}", run, lambda: presenters.run_live_delta(run, cursor, points))
+            return self.cached(f"delta:{cursor}:{points}", run,
+                               lambda: presenters.run_live_delta(run, cursor, points, rounds=rounds))
         return self.cached("live", run, lambda: presenters.run_live_payload(run))
 
     @staticmethod

@@ -377,7 +377,8 @@ def _full(run: TuningRun, reason: str) -> dict:
     return {**body, "refresh": reason}
 
 
-def run_live_delta(run: TuningRun, cursor: LiveCursor, points: int) -> dict:
+def run_live_delta(run: TuningRun, cursor: LiveCursor, points: int, *,
+                   rounds: tuple[int, int | None] | None = None) -> dict:
     """What changed since `cursor`: the run's numbers, the task rows that differ from those the client has,
     the DOP rounds from `cursor.next_round` on, and the new points of every curve trace (change points
     and each trace's last point, exactly what compress_steps keeps), for Plotly.extendTraces.
@@ -387,7 +388,8 @@ def run_live_delta(run: TuningRun, cursor: LiveCursor, points: int) -> dict:
     Where a delta cannot be exact it answers the full payload (mode "full", with the `refresh` reason):
     a finished run, an unknown or expired cursor, one past the stored measurements, changed tasks, a
     client too far behind, a curve grown past delta_points_limit, or a figure that changes shape (the
-    first valid measurement of a task while the end-to-end estimate has not started, the first round)."""
+    first valid measurement of a task while the end-to-end estimate has not started, the first round).
+    `rounds`: queries.dop_round_stats(run), when the caller has read it already."""
     if run.status in TuningRun.TERMINAL:
         return _full(run, "the run has finished")
     if cursor.n > run.trials_done:
@@ -431,10 +433,10 @@ def run_live_delta(run: TuningRun, cursor: LiveCursor, points: int) -> dict:
             e2e_pts[0].append(n)
             e2e_pts[1].append(estimate)
             e2e_prev = estimate
+    n_rounds, max_dop = queries.dop_round_stats(run) if rounds is None else rounds
     rounds = queries.dop_rounds_from(run, cursor.next_round)
     if rounds and cursor.next_round == 0:
         return _full(run, "the first DOP round changes the figure")
-    n_rounds, max_dop = queries.dop_round_stats(run)
     rows = task_table(run, tasks)
     changed = [r for r in rows if _row_hash(r) != state["rows"].get(r["index"])]
     next_round = rounds[-1]["round_index"] + 1 if rounds else cursor.next_round

@@ -183,7 +183,7 @@
     function count(attr) { root.setAttribute(attr, String(Number(root.getAttribute(attr) || "0") + 1)); }
 
     // A delta: append the new rounds and curve points, replace the changed task rows. If the figures
-    // cannot be extended (not drawn), forget the cursor: the next poll gets the full payload.
+    // cannot be extended (not drawn), forget the cursor and stamp: the next poll gets the full payload.
     function applyDelta(body) {
       patchTasks(document.getElementById("tasks-body"), body.tasks);
       appendRounds(document.getElementById("rounds-body"), body.dop_rounds);
@@ -191,6 +191,7 @@
       var ok = extend(document.querySelector("[data-figure=fig-curve]"), ext.curve);
       ok = extend(document.querySelector("[data-figure=fig-dop]"), ext.dop) && ok;
       cursor = ok ? (body.cursor || "") : "";
+      if (!ok) stamp = "";
       count("data-deltas");
     }
 
@@ -198,7 +199,6 @@
       applyRun(root, body.run);
       if (body.unchanged) return;
       stamp = body.stamp;
-      root.setAttribute("data-stamp", stamp);
       if (body.mode === "delta") {
         applyDelta(body);
       } else {
@@ -212,6 +212,7 @@
         if (dop && figs.dop) plot(dop, figs.dop, true);
         count("data-full-updates");
       }
+      root.setAttribute("data-stamp", stamp);
       root.setAttribute("data-cursor", cursor);
       root.setAttribute("data-updates", String(Number(root.getAttribute("data-updates")) + 1));
     }
