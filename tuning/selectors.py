@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, Min, Q, QuerySet, Sum
+from django.db.models import Min, QuerySet, Sum
 from django.utils import timezone
 
 from common.series import thin
@@ -42,7 +42,7 @@ def _best_so_far(run: TuningRun, *, state: dict | None = None):
 
     `state`, when given, is filled as the rows go by with where the series stand: {"n": trials seen,
     "last_id": the last Measurement id, "best": a copy of the best per task}, the cursor a live poller
-    continues from (see best_so_far_after)."""
+    continues from (frontend.presenters.run_live_delta, with measurements_after)."""
     rows = (Measurement.objects.filter(run=run).order_by("id")
             .values_list("task__index", "latency_s", "error", "created_at", "id"))
     best: dict[int, float] = {}
@@ -62,16 +62,8 @@ def measurements_after(run: TuningRun, after_id: int, *, limit: int) -> list[tup
                 .values_list("id", "task__index", "latency_s", "error")[:limit])
 
 
-def best_by_task_upto(run: TuningRun, last_id: int) -> tuple[int, dict[int, float]]:
-    """(measurements with id <= last_id, best valid latency per task among them): the state of the
-    best-so-far series at a cursor, in one aggregate (the fallback when no cached state is at hand)."""
-    rows = (Measurement.objects.filter(run=run, id__lte=last_id).values("task__index")
-            .annotate(n=Count("id"), best=Min("latency_s", filter=Q(error="", latency_s__isnull=False))))
-    n = sum(r["n"] for r in rows)
-    return n, {r["task__index"]: r["best"] for r in rows if r["best"] is not None}
-
-
 def end_to_end_estimate(tasks: dict[int, TuningTask], best: dict[int, float]) -> float | None:
+    """Sum over tasks of weight x best latency; None while a task has no valid measurement."""
     return _end_to_end(tasks, best)
 
 

@@ -158,3 +158,28 @@ def test_delta_polls_keep_etag_and_304(api_owner, run_a):
     run_a.fake_worker.step(16)
     changed = api_owner.get(url, HTTP_IF_NONE_MATCH=first["ETag"])
     assert changed.status_code == 200 and changed["ETag"] != first["ETag"] and changed.json()["mode"] == "delta"
+
+
+def test_any_cursor_or_points_text_is_a_200_or_a_400_never_a_500(api_owner, run_a):
+    from urllib.parse import urlencode
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    cursor = live(api_owner, run_a)["cursor"]
+    n, last_id, next_round, digest = cursor.split("-")
+    near = st.sampled_from([cursor, f"{n}-{last_id}-{next_round}-", f"{2**62}-{last_id}-{next_round}-{digest}",
+                            f"0-0-0-{digest}", f"{n}-{last_id}-{2**31}-{digest}", "", " ", "null", "[]"])
+
+    @settings(max_examples=60, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(cursor=st.one_of(near, st.text(max_size=40)), points=st.one_of(st.integers(-10, 10**12).map(str),
+                                                                          st.text(max_size=12)))
+    def poll(cursor, points):
+        resp = api_owner.get(f"/api/charts/runs/{run_a.pk}/live/?" + urlencode({"cursor": cursor,
+                                                                                 "points": points}))
+        assert resp.status_code in (200, 400), (cursor, points, resp.status_code, resp.content[:200])
+        if resp.status_code == 200:
+            assert resp.json()["mode"] in ("full", "delta")
+
+    poll()
