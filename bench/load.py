@@ -20,7 +20,13 @@ dashboard.js does; an unchanged run is a 304), run list (12 %), run detail (12 %
 curve chart JSON (8 %, also conditional) and trace uploads (5 %, a small Philly CSV, POST
 /api/traces/), with a different user's token per user. While the load runs, a pretend worker bumps every
 running run's version every 2 s (as the tuning sink's heartbeat does), so polls of running runs keep
-missing their ETag and fetch a new payload, built once per version (figure cache).
+missing their ETag and fetch a new payload, built once per version (figure cache). With --worker-round N
+(default 32) each beat is a round: N more measurements, a DOP round and a task row's trial count, so a
+changed poll has something new to show. Before the measured phases every user opens its run's live page
+once (full payload); pages stay open across phases. --poll delta (default) polls as dashboard.js does
+now (?stamp=&cursor=&points= of the previous answer: a changed poll is a delta), --poll full as before
+(the whole payload on every change). The in-process profile also times a changed poll of the largest
+run both ways (live_poll_changed_full / live_poll_changed_delta: bytes and ms).
 The upload throttle (60/hour a user) is lifted for the run: the bench measures the server's cost. Before the load, each endpoint is also timed in-process (Django
 test client, median of N, SQL query count) - that is where the time goes when the goal is missed.
 
@@ -47,6 +53,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -81,6 +88,13 @@ def parse_args(argv=None):
     ap.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
     ap.add_argument("--repeats", type=int, default=30, help="in-process timings per endpoint")
     ap.add_argument("--quick", action="store_true", help="10 s paced + 5 s saturation, 10 in-process repeats")
+    ap.add_argument("--poll", default="delta", choices=["delta", "full"],
+                    help="how live polls ask: delta = as dashboard.js does now (If-None-Match, ?stamp= and "
+                    "?cursor= of the previous answer: a changed poll gets only what is new); full = the poller "
+                    "before (If-None-Match only: every changed poll gets the whole payload)")
+    ap.add_argument("--worker-round", type=int, default=32,
+                    help="measurements (one round) the pretend worker appends to every running run at each "
+                    "beat, as a tuning worker does (0 = heartbeat only: the version changes, nothing shown)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--seed-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -126,7 +140,10 @@ def server_env(args, workdir: Path) -> dict:
                DJANGO_MEDIA_ROOT=str(workdir / "media"), DJANGO_SETTINGS_MODULE="config.settings",
                ONNX_COUNT_TUNING_TASKS="0", DJANGO_DEBUG="0", DJANGO_LOG_LEVEL="WARNING",
                DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost,testserver", PYTHONPATH=str(ROOT),
-               API_THROTTLE_UPLOADS="1000000/hour")
+               API_THROTTLE_UPLOADS="1000000/hour",
+               # Redis as the shared Django cache, as deployed (docker-compose): the web workers share the
+               # figure bodies per run version and the live cursors' states (per-process memory otherwise).
+               DJANGO_CACHE_URL=args.redis_url)
     env.pop("CELERY_BROKER_URL", None)
     return env
 
@@ -256,6 +273,7 @@ def _profile_endpoints(user, run_ids, big_run, repeats) -> dict:
             "live_poll_304": f"/api/charts/runs/{big_run.pk}/live/",
             "chart_curve_cached": f"/api/charts/runs/{big_run.pk}/curve/"}
     out = {}
+    out.update(_profile_changed_polls(client, big_run, repeats))
     for name, url in urls.items():
         first = client.get(url)  # warm (and the figure cache)
         headers = {"HTTP_IF_NONE_MATCH": first["ETag"]} if name.endswith("_304") else {}
@@ -279,6 +297,79 @@ def _profile_endpoints(user, run_ids, big_run, repeats) -> dict:
     return out
 
 
+def append_round_orm(run, n: int = 32) -> None:
+    """What a tuning worker's round does to the run (in-process twin of pretend_worker's SQL): `n` more
+    measurements (copies of the last ones, latencies jittered), one more DOP round, a task row's trial
+    count and the run's trials_done (the queryset update bumps the run's version)."""
+    import random as rnd
+
+    from django.db import transaction
+    from django.db.models import F, Max
+
+    from tuning.models import DopRound, Measurement, TuningRun, TuningTask
+
+    with transaction.atomic():
+        last = list(Measurement.objects.filter(run=run).order_by("-id")[:n])
+        nxt = (DopRound.objects.filter(run=run).aggregate(m=Max("round_index"))["m"] or 0) + 1
+        for m in last:
+            m.pk = None
+            m.candidate_key = f"p{nxt}-{rnd.getrandbits(40):010x}"
+            m.round_index = nxt
+            m.latency_s = m.latency_s * rnd.uniform(0.8, 1.2) if m.latency_s else m.latency_s
+        Measurement.objects.bulk_create(last)
+        DopRound.objects.create(run=run, round_index=nxt, task_index=nxt % 4, dop=2, mean_error=0.01,
+                                n_candidates=n)
+        TuningTask.objects.filter(run=run, index=nxt % 4).update(trials=F("trials") + n)
+        TuningRun.objects.filter(pk=run.pk).update(trials_done=F("trials_done") + len(last))
+
+
+def _profile_changed_polls(client, run, repeats: int) -> dict:
+    """A changed poll of the largest running run, before and after the delta: the worker appends a round,
+    then the page polls. full = no cursor (the poller before: the whole payload is rebuilt for the new
+    version); delta = ?stamp=&cursor=&points= of the previous answer (dashboard.js now)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    url = f"/api/charts/runs/{run.pk}/live/"
+    out = {}
+    for name in ("live_poll_changed_full", "live_poll_changed_delta"):
+        body = client.get(url).json()
+        times, cpu, sizes, queries, modes = [], [], [], 0, {}
+        for _ in range(repeats):
+            append_round_orm(run)
+            query = "" if name.endswith("_full") else (
+                f"?stamp={quote(body['stamp'])}&cursor={body['cursor']}&points={_points(body, 0)}")
+            with CaptureQueriesContext(connection) as ctx:
+                t, c = time.perf_counter(), time.process_time()
+                resp = client.get(url + query)
+                times.append(time.perf_counter() - t)
+                cpu.append(time.process_time() - c)
+            assert resp.status_code == 200, (url, resp.status_code, resp.content[:200])
+            points = _points(body, 0)
+            body = resp.json()
+            body["_points"] = _points(body, points)
+            modes[body.get("mode")] = modes.get(body.get("mode"), 0) + 1
+            queries = len(ctx.captured_queries)
+            sizes.append(len(resp.content))
+        out[name] = {"url": url + ("" if name.endswith("_full") else "?stamp=…&cursor=…&points=…"),
+                     "median_ms": statistics.median(times) * 1e3, "cpu_ms": statistics.median(cpu) * 1e3,
+                     "queries": queries, "bytes": int(statistics.median(sizes)), "modes": modes,
+                     "slowest_query_ms": 0.0, "slowest_query": ""}
+    return out
+
+
+def _points(body: dict, before: int) -> int:
+    """The most points one curve trace of the page holds after applying `body` (what dashboard.js sends)."""
+    if "_points" in body:
+        return body["_points"]
+    if body.get("mode") == "delta":
+        xs = (body.get("extend") or {}).get("curve", {}).get("x") or []
+        return before + max((len(x) for x in xs), default=0)
+    if body.get("figures"):
+        return max((len(t.get("x") or []) for t in body["figures"]["curve"]["data"]), default=0)
+    return before
+
+
 # --- the HTTP client -----------------------------------------------------------------------------------
 
 class Conn:
@@ -291,8 +382,8 @@ class Conn:
     async def close(self):
         if self.writer is not None:
             self.writer.close()
-            try:
-                await self.writer.wait_closed()
+            try:  # bounded: a busy sync worker may not close its end for a long time (the phase timed out on it)
+                await asyncio.wait_for(self.writer.wait_closed(), timeout=2.0)
             except Exception:  # noqa: BLE001
                 pass
         self.reader = self.writer = None
@@ -302,8 +393,8 @@ class Conn:
         return status, length
 
     async def request(self, method: str, path: str, token: str, headers: dict | None = None,
-                      body: bytes = b"") -> tuple[int, int, str | None]:
-        """(status, body bytes, ETag or None)."""
+                      body: bytes = b"", keep: bool = False) -> tuple[int, int, str | None]:
+        """(status, body bytes, ETag or None); with keep, the body itself is in self.body."""
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         if body:
             extra += f"Content-Length: {len(body)}\r\n"
@@ -336,15 +427,17 @@ class Conn:
                     elif key == "etag":
                         etag = line.decode("latin-1").partition(":")[2].strip()
                 if chunked:
-                    length = 0
+                    length, chunks = 0, []
                     while True:
                         size = int((await self.reader.readline()).strip() or b"0", 16)
-                        await self.reader.readexactly(size + 2)
+                        chunks.append((await self.reader.readexactly(size + 2))[:size])
                         length += size
                         if size == 0:
                             break
+                    data = b"".join(chunks)
                 else:
-                    await self.reader.readexactly(length)
+                    data = await self.reader.readexactly(length)
+                self.body = data if keep else b""
                 if close:
                     await self.close()
                 return status, length, etag
@@ -390,15 +483,37 @@ def pick(rng: random.Random, plan: dict, u: int, n: int) -> tuple[str, str, str,
     return name, "GET", {"run_list": "/api/runs/", "model_list": "/api/models/"}[name], b"", {}
 
 
-async def pretend_worker(database_url: str, running_ids: list[int], until: float) -> int:
-    """Bump every running run's version every WORKER_BEAT_S s (the tuning sink's heartbeat)."""
+async def pretend_worker(database_url: str, running_ids: list[int], until: float, per_beat: int = 0) -> int:
+    """Every WORKER_BEAT_S s, what the tuning sink does to every running run: a heartbeat (the version
+    changes), and with per_beat > 0 a round: `per_beat` more measurements (copies of the run's last ones,
+    latencies jittered), a DOP round, a task row's trial count and trials_done (as append_round_orm)."""
     import psycopg
 
     loop = asyncio.get_running_loop()
     beats = 0
 
     def beat():
-        with psycopg.connect(database_url.replace("postgres://", "postgresql://", 1), autocommit=True) as conn:
+        with psycopg.connect(database_url.replace("postgres://", "postgresql://", 1), autocommit=True) as conn, \
+                conn.transaction():  # a round and the version bump that shows it land together
+            if per_beat > 0:
+                for run_id in running_ids:
+                    nxt = conn.execute("SELECT coalesce(max(round_index), 0) + 1 FROM tuning_dopround "
+                                       "WHERE run_id = %s", (run_id,)).fetchone()[0]
+                    added = conn.execute(
+                        "INSERT INTO tuning_measurement (run_id, task_id, round_index, candidate_key, run_secs, "
+                        "latency_s, build_secs, run_wall_secs, error, worker, dop, remeasured_serially, "
+                        "serial_secs, created_at) SELECT run_id, task_id, %s, 'b' || %s || '-' || id, run_secs, "
+                        "latency_s * (0.8 + random() * 0.4), build_secs, run_wall_secs, '', 'bench', dop, false, "
+                        "NULL, now() FROM (SELECT * FROM tuning_measurement WHERE run_id = %s ORDER BY id DESC "
+                        "LIMIT %s) m", (nxt, nxt, run_id, per_beat)).rowcount
+                    conn.execute("INSERT INTO tuning_dopround (run_id, round_index, task_index, dop, mean_error, "
+                                 "n_candidates, n_remeasured, n_failures, created_at) "
+                                 "VALUES (%s, %s, %s, 2, 0.01, %s, 0, 0, now())",
+                                 (run_id, nxt, nxt % 4, per_beat))
+                    conn.execute("UPDATE tuning_tuningtask SET trials = trials + %s WHERE run_id = %s AND "
+                                 "index = %s", (added, run_id, nxt % 4))
+                    conn.execute("UPDATE tuning_tuningrun SET trials_done = trials_done + %s WHERE id = %s",
+                                 (added, run_id))
             conn.execute("UPDATE tuning_tuningrun SET version = version + 1, changed_at = now(), "
                          "heartbeat_at = now() WHERE id = ANY(%s)", (running_ids,))
 
@@ -409,12 +524,39 @@ async def pretend_worker(database_url: str, running_ids: list[int], until: float
     return beats
 
 
+async def open_pages(port: int, plan: dict, *, users: int, parallel: int = 4) -> int:
+    """Each user opens its run's live page once (the full payload), as a browser tab does before polling:
+    the measured phases then see the polls of open pages. Returns how many pages were opened."""
+    gate = asyncio.Semaphore(parallel)
+
+    async def one(u: int) -> None:
+        async with gate:
+            conn = Conn("127.0.0.1", port)
+            path = f"/api/charts/runs/{watched_run(u, plan)}/live/"
+            try:
+                status, _, etag = await asyncio.wait_for(
+                    conn.request("GET", path, plan["tokens"][u % len(plan["tokens"])], keep=True), timeout=60)
+            finally:
+                await conn.close()
+            if status == 200:
+                answer = json.loads(conn.body)
+                page = plan["pages"].setdefault(u, {"etags": {}, "live": {}})
+                page["etags"][path] = etag
+                if plan["poll"] == "delta":
+                    page["live"].update(stamp=answer["stamp"], cursor=answer.get("cursor"),
+                                        points=_points(answer, 0))
+
+    await asyncio.gather(*(one(u) for u in range(users)))
+    return sum(1 for page in plan["pages"].values() if page["etags"])
+
+
 async def phase(port: int, plan: dict, *, users: int, duration: float, rate: float | None, seed: int,
-                database_url: str | None = None) -> dict:
+                database_url: str | None = None, per_beat: int = 0) -> dict:
     """rate=None: no pause (saturation). Returns latencies (s) per endpoint, errors, 304s, wall time."""
     results: list[tuple[str, float, bool]] = []
     errors: dict[str, int] = {}
     not_modified = {"live_poll": 0, "chart_curve": 0}
+    modes: dict[str, int] = {}  # live answers by mode (poll=delta)
     plan = {**plan, "phase_seed": f"{seed}-{random.getrandbits(24):06x}"}
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.5
@@ -426,7 +568,10 @@ async def phase(port: int, plan: dict, *, users: int, duration: float, rate: flo
         conn = Conn("127.0.0.1", port)
         token = plan["tokens"][u % len(plan["tokens"])]
         scheduled = start + (u / rate if rate else 0.0)
-        etags: dict[str, str] = {}  # what the page's poller remembers
+        # What the user's open page remembers, kept across phases (a dashboard tab stays open): the ETag per
+        # path, and the stamp, cursor and curve points of the last live answer (poll=delta).
+        etags: dict[str, str] = plan["pages"].setdefault(u, {"etags": {}, "live": {}})["etags"]
+        live: dict = plan["pages"][u]["live"]
         n = 0
         try:
             while True:
@@ -438,18 +583,30 @@ async def phase(port: int, plan: dict, *, users: int, duration: float, rate: flo
                     return
                 name, method, path, body, headers = pick(rng, plan, u, n)
                 n += 1
+                key = path  # one ETag per page, whatever the query (as dashboard.js keeps it)
                 if path in etags:
                     headers = {**headers, "If-None-Match": etags[path]}
+                delta = name == "live_poll" and plan["poll"] == "delta"
+                if delta and live.get("stamp"):
+                    path += f"?stamp={quote(live['stamp'])}"
+                    if live.get("cursor"):
+                        path += f"&cursor={live['cursor']}&points={live['points']}"
                 sent = loop.time()
                 t0 = scheduled if rate else sent
                 try:
-                    status, _, etag = await asyncio.wait_for(conn.request(method, path, token, headers, body),
-                                                             timeout=10.0)
+                    status, _, etag = await asyncio.wait_for(
+                        conn.request(method, path, token, headers, body, keep=delta), timeout=10.0)
                     ok = status in (200, 201) or (status == 304 and "If-None-Match" in headers)
                     if status == 304 and ok:
                         not_modified[name] += 1
                     if etag and status == 200:
-                        etags[path] = etag
+                        etags[key] = etag
+                    if delta and status == 200:
+                        answer = json.loads(conn.body)
+                        modes[answer.get("mode", "?")] = modes.get(answer.get("mode", "?"), 0) + 1
+                        live.update(stamp=answer["stamp"],
+                                    cursor=answer.get("cursor", live.get("cursor")),  # none when unchanged
+                                    points=_points(answer, live.get("points", 0)))
                     if not ok:
                         errors[f"HTTP {status}"] = errors.get(f"HTTP {status}", 0) + 1
                 except Exception as exc:  # noqa: BLE001 - every failure is an error of the run
@@ -466,18 +623,19 @@ async def phase(port: int, plan: dict, *, users: int, duration: float, rate: flo
     t0 = loop.time()
     jobs = [user(u) for u in range(users)]
     if database_url:
-        jobs.append(pretend_worker(database_url, plan["running_ids"], end))
+        jobs.append(pretend_worker(database_url, plan["running_ids"], end, per_beat))
     done = await asyncio.wait_for(asyncio.gather(*jobs), timeout=duration + 60)
     wall = max(loop.time() - t0 - 0.5, 1e-9)
     return {"results": results, "errors": errors, "wall": wall, "not_modified": not_modified,
-            "worker_beats": done[-1] if database_url else 0}
+            "worker_beats": done[-1] if database_url else 0, "live_modes": modes}
 
 
 def summarize(res: dict, duration: float) -> dict:
     lat = sorted(t for _, t, ok in res["results"] if ok)
     n = len(res["results"])
     out = {"requests": n, "errors": n - len(lat), "error_kinds": res["errors"], "rps": len(lat) / duration,
-           "not_modified": res.get("not_modified", {}), "worker_beats": res.get("worker_beats", 0), **_pcts(lat)}
+           "not_modified": res.get("not_modified", {}), "worker_beats": res.get("worker_beats", 0),
+           "live_modes": res.get("live_modes", {}), **_pcts(lat)}
     per = {}
     for name, _ in MIX:
         sub = sorted(t for k, t, ok in res["results"] if k == name and ok)
@@ -627,6 +785,8 @@ def _run(args, env: dict, workdir: Path) -> dict:
     subprocess.run([sys.executable, __file__, "--seed-child", str(spec_path)], cwd=ROOT, env=env, check=True,
                    timeout=1800)
     plan = json.loads((workdir / "seeded.json").read_text())
+    plan["poll"] = args.poll
+    plan["pages"] = {}  # per user: what its open page remembers (etags, live cursor)
     print(f"seeded in {plan['seed_s']:.1f} s: {plan['measurements']:,} measurements, {plan['runs']} runs, "
           f"{plan['models']} models\n")
     print("in-process, one request at a time (Django test client, median):")
@@ -638,6 +798,10 @@ def _run(args, env: dict, workdir: Path) -> dict:
     phases = {}
     try:
         asyncio.run(phase(port, plan, users=min(args.users, 50), duration=3.0, rate=50.0, seed=99))  # warm-up
+        t_open = time.monotonic()
+        opened = asyncio.run(open_pages(port, plan, users=args.users))
+        print(f"{opened} users opened their run's live page in {time.monotonic() - t_open:.1f} s "
+              f"(polls: {args.poll})", flush=True)
         runs = [("paced", args.rate, args.duration)]
         runs += [(f"paced_{r:g}", r, max(5.0, args.duration / 2)) for r in
                  (float(x) for x in args.also_rates.split(",") if x.strip()) if r != args.rate]
@@ -646,7 +810,7 @@ def _run(args, env: dict, workdir: Path) -> dict:
             drained_s = drain(port, plan["tokens"][0])
             with CpuMeter(proc) as cpu:
                 res = asyncio.run(phase(port, plan, users=args.users, duration=duration, rate=rate, seed=seed,
-                                        database_url=args.database_url))
+                                        database_url=args.database_url, per_beat=args.worker_round))
             phases[pname] = summarize(res, duration) | {
                 "users": args.users, "offered_rps": rate, "duration_s": duration, "cpu_cores": cpu.cores,
                 "loadavg_after": list(os.getloadavg()), "drained_before_s": drained_s}
@@ -669,7 +833,8 @@ def _run(args, env: dict, workdir: Path) -> dict:
         if ph["error_kinds"]:
             print(f"{'':12s} errors: {ph['error_kinds']}")
         polls = ph["endpoints"]["live_poll"]["requests"]
-        print(f"{'':12s} 304s: {ph['not_modified']} of {polls} polls; pretend-worker beats {ph['worker_beats']}")
+        print(f"{'':12s} 304s: {ph['not_modified']} of {polls} polls; pretend-worker beats {ph['worker_beats']}"
+              + (f"; live answers by mode {ph['live_modes']}" if ph["live_modes"] else ""))
     paced = phases["paced"]
     other = max(ph["cpu_cores"]["other"] for ph in phases.values())
     if other > 0.2:

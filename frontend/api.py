@@ -45,15 +45,38 @@ class RunFiguresSerializer(serializers.Serializer):
     dop = PlotlyFigureSerializer(help_text="DOP and parallel-vs-serial error per round.")
 
 
+class CurveExtensionSerializer(serializers.Serializer):
+    traces = serializers.ListField(child=serializers.IntegerField(), help_text="Indexes of the traces extended.")
+    x = serializers.ListField(child=serializers.ListField(), help_text="New x values, one list per trace.")
+    y = serializers.ListField(child=serializers.ListField(), help_text="New y values, one list per trace.")
+    relayout = serializers.DictField(required=False, help_text="Layout changes to apply (Plotly.relayout).")
+
+
+class RunExtensionSerializer(serializers.Serializer):
+    curve = CurveExtensionSerializer(help_text="New points of the best-so-far traces (Plotly.extendTraces).")
+    dop = CurveExtensionSerializer(help_text="New rounds of the DOP figure's two traces.")
+
+
 class RunLiveSerializer(serializers.Serializer):
+    mode = serializers.ChoiceField(["full", "delta", "unchanged"], required=False,
+                                   help_text="full: everything, figures included (the first load, or a "
+                                             "refresh: see `refresh`); delta: only what is new since ?cursor=; "
+                                             "unchanged: ?stamp= matched, only `run` is sent.")
+    refresh = serializers.CharField(required=False,
+                                    help_text="Why a poll with ?cursor= got the full payload.")
     stamp = serializers.CharField(help_text="Changes whenever anything shown changes; send it back as ?stamp=.")
+    cursor = serializers.CharField(required=False,
+                                   help_text="Where the data sent stand; send it back as ?cursor= to get a delta.")
     unchanged = serializers.BooleanField(required=False,
                                          help_text="True when ?stamp= matched: only `run` is sent then.")
     run = serializers.DictField(help_text="Status, progress and results; `display` holds formatted strings.")
     tasks = serializers.ListField(child=serializers.DictField(), required=False,
-                                  help_text="Per-task rows: FLOPs, trials, best latency, GFLOP/s, status.")
-    dop_rounds = serializers.ListField(child=serializers.DictField(), required=False)
+                                  help_text="Per-task rows: FLOPs, trials, best latency, GFLOP/s, status. In a "
+                                            "delta only the rows that differ from the client's (by `index`).")
+    dop_rounds = serializers.ListField(child=serializers.DictField(), required=False,
+                                       help_text="In a delta, the rounds to append.")
     figures = RunFiguresSerializer(required=False)
+    extend = RunExtensionSerializer(required=False, help_text="In a delta: what to append to the figures.")
 
 
 class FigureSetSerializer(serializers.Serializer):
@@ -145,30 +168,71 @@ class RunDopChartView(RunVersionedView):
         return self.cached("dop", run, lambda: presenters.run_dop_figure(run))
 
 
+LIVE_PARAMETERS = [
+    OpenApiParameter("stamp", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
+                     description="The `stamp` of the previous answer: when nothing shown changed only the run's "
+                                 "numbers come back (mode unchanged)."),
+    OpenApiParameter("cursor", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
+                     description="The `cursor` of the previous answer: only what is new since comes back (mode "
+                                 "delta), or everything with the reason in `refresh` where a delta cannot be exact. "
+                                 "Anything but a cursor the server sent is a 400."),
+    OpenApiParameter("points", OpenApiTypes.INT, OpenApiParameter.QUERY, required=False,
+                     description="With cursor: the most points one curve trace of the page holds (0-999999999); "
+                                 "past twice a fresh curve's size the curve is re-sent thinned."),
+]
+
+
 class RunLiveView(RunVersionedView):
     kind = "live"
 
     @extend_schema(
-        tags=[TAG], responses={200: RunLiveSerializer, 304: None, 404: NOT_FOUND},
-        parameters=[OpenApiParameter("stamp", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
-                                         description="The `stamp` of the previous answer: when nothing changed "
-                                                     "only the run's numbers come back.")],
-        summary="Live state of a run: numbers, task table, DOP rounds and both figures",
-        description="The run page polls this every 2 s with If-None-Match and re-plots with Plotly.react. The "
-                    "ETag follows the run's version, bumped by every write to the run: an unchanged run is a "
-                    "304 with no body.")
+        tags=[TAG], responses={200: RunLiveSerializer, 304: None, 400: ApiErrorSerializer, 404: NOT_FOUND},
+        parameters=LIVE_PARAMETERS,
+        summary="Live state of a run: numbers, task table, DOP rounds and both figures, or what is new",
+        description="The run page polls this every 2 s with If-None-Match, ?stamp= and ?cursor=: an unchanged "
+                    "run is a 304 with no body (the ETag follows the run's version, bumped by every write); "
+                    "a changed one answers a delta (new rounds, changed task rows, new curve points for "
+                    "Plotly.extendTraces) built from the rows after the cursor only; the first load, and a "
+                    "poll whose delta cannot be exact, get the full payload (figures for Plotly.react).")
     def get(self, request, pk: int):
         return super().get(request, pk)
 
     def body(self, request, run) -> dict:
+        cursor, points = self._delta_params(request)
         stamp = request.query_params.get("stamp")
+        rounds = None
         if stamp:
-            n_rounds = queries.dop_round_count(run)
+            rounds = queries.dop_round_stats(run)
+            n_rounds = rounds[0]
             current = presenters.live_stamp(run, n_rounds)
             if current == stamp:  # e.g. only a heartbeat since: the numbers alone, cached per version too
                 return self.cached("numbers", run, lambda: {
-                    "stamp": current, "unchanged": True, "run": presenters.run_numbers(run, dop_rounds=n_rounds)})
+                    "mode": "unchanged", "stamp": current, "unchanged": True,
+                    "run": presenters.run_numbers(run, dop_rounds=n_rounds)})
+        if cursor is not None:
+            # Clients polling in step send the same cursor: one delta per version and cursor.
+            return self.cached(f"delta:{cursor}:{points}", run,
+                               lambda: presenters.run_live_delta(run, cursor, points, rounds=rounds))
         return self.cached("live", run, lambda: presenters.run_live_payload(run))
+
+    @staticmethod
+    def _delta_params(request):
+        raw_cursor, raw_points = request.query_params.get("cursor"), request.query_params.get("points")
+        errors = {}
+        cursor = points = None
+        if raw_cursor not in (None, ""):
+            try:
+                cursor = presenters.parse_cursor(raw_cursor)
+            except ValueError as exc:
+                errors["cursor"] = [str(exc)]
+        if raw_points not in (None, ""):
+            try:
+                points = presenters.parse_points(raw_points)
+            except ValueError as exc:
+                errors["points"] = [str(exc)]
+        if errors:
+            raise ValidationError(errors)
+        return cursor, points or 0
 
 
 RUNS = OpenApiParameter("runs", OpenApiTypes.STR, OpenApiParameter.QUERY, required=True,

@@ -130,12 +130,44 @@ def best_so_far_figure(curve: dict, *, run_id: int | None = None, missing: list[
     return figure_dict(go.Figure(data=data, layout=layout))
 
 
+def curve_extension(task_indexes: list[int], e2e: tuple[list, list], tasks: dict[int, tuple[list, list]]) -> dict:
+    """New points of best_so_far_figure's traces, as Plotly.extendTraces takes them: {"traces": [trace
+    indexes], "x": [[...] per trace], "y": [[...] per trace]} (trace 0 is the end-to-end estimate, then one
+    per task in index order, as best_so_far_figure draws them; latencies in ms, as drawn)."""
+    out: dict = {"traces": [], "x": [], "y": []}
+    series = [(0, e2e)] + [(k, tasks[i]) for k, i in enumerate(task_indexes, 1)]
+    for trace, (xs, ys) in series:
+        if xs:
+            out["traces"].append(trace)
+            out["x"].append(list(xs))
+            out["y"].append(_ms(ys))
+    return out
+
+
+def dop_dticks(n_rounds: int, max_dop: int | None) -> dict:
+    """The DOP figure's tick spacing for `n_rounds` rounds (as dop_figure sets it), for Plotly.relayout."""
+    return {"xaxis.dtick": max(1, -(-n_rounds // 15)),
+            "yaxis.dtick": 1 if max_dop is not None and max_dop <= 16 else None}
+
+
+def dop_extension(rounds: list[dict], *, n_rounds: int, max_dop: int | None) -> dict:
+    """New rounds for dop_figure's two traces (DOP bars, error line in %), as Plotly.extendTraces takes
+    them, with the axis ticks for the new round count (`relayout`)."""
+    if not rounds:
+        return {"traces": [], "x": [], "y": [], "relayout": {}}
+    xs = [r["round_index"] for r in rounds]
+    errors = [None if r["mean_error"] is None else r["mean_error"] * 100 for r in rounds]
+    return {"traces": [0, 1], "x": [xs, list(xs)], "y": [[r["dop"] for r in rounds], errors],
+            "relayout": dop_dticks(n_rounds, max_dop)}
+
+
 def dop_figure(rounds: list[dict], *, run_id: int | None = None) -> dict:
     """Degree of parallelism (bars) and mean parallel-vs-serial error (line, %) per measurement round."""
     if not rounds:
         return empty_figure("No DOP rounds recorded yet.", title="DOP and parallel-vs-serial error per round")
     xs = [r["round_index"] for r in rounds]
     errors = [None if r["mean_error"] is None else r["mean_error"] * 100 for r in rounds]
+    ticks = dop_dticks(len(xs), max(r["dop"] for r in rounds))
     data = [
         go.Bar(x=xs, y=[r["dop"] for r in rounds], name="DOP", marker={"color": "#9fc5e8"},
                hovertemplate="round %{x}: DOP %{y}<extra></extra>"),
@@ -148,9 +180,8 @@ def dop_figure(rounds: list[dict], *, run_id: int | None = None) -> dict:
         margin={"l": 60, "r": 70, "t": 40, "b": 50},
         # Rounds are integers: ticks on whole rounds only (plotly's auto ticks showed -0.5, 0.5, 1.5).
         xaxis={"title": {"text": "round"}, "tickmode": "linear", "tick0": 0, "tickformat": "d",
-               "dtick": max(1, -(-len(xs) // 15))},
-        yaxis={"title": {"text": "degree of parallelism"}, "rangemode": "tozero", "dtick": 1 if max(
-            r["dop"] for r in rounds) <= 16 else None},
+               "dtick": ticks["xaxis.dtick"]},
+        yaxis={"title": {"text": "degree of parallelism"}, "rangemode": "tozero", "dtick": ticks["yaxis.dtick"]},
         yaxis2={"title": {"text": "mean error (%)"}, "overlaying": "y", "side": "right", "rangemode": "tozero",
                 "showgrid": False},
         legend={"orientation": "h", "y": 1.12, "x": 1, "xanchor": "right"}, bargap=0.15,

@@ -5,6 +5,11 @@ the values the browser swaps in every 2 s can never disagree.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+
 from django.core.cache import cache
 from django.urls import reverse
 
@@ -234,13 +239,19 @@ def compress_steps(xs: list, ys: list, max_points: int) -> tuple[list, list]:
     return out_x, out_y
 
 
-def curve_for(run: TuningRun, *, n_tasks: int | None = None, max_points: int | None = None) -> dict:
-    """tuning.selectors.best_so_far_curve, reduced to its change points (see compress_steps)."""
+def curve_max_points(n_tasks: int | None) -> int:
+    many = n_tasks is not None and n_tasks > MANY_TASKS
+    return CURVE_MAX_POINTS_MANY_TASKS if many else CURVE_MAX_POINTS
+
+
+def curve_for(run: TuningRun, *, n_tasks: int | None = None, max_points: int | None = None,
+              state: dict | None = None) -> dict:
+    """tuning.selectors.best_so_far_curve, reduced to its change points (see compress_steps).
+    `state` receives where the series end (the live cursor, see run_live_delta)."""
     if max_points is None:
-        many = n_tasks is not None and n_tasks > MANY_TASKS
-        max_points = CURVE_MAX_POINTS_MANY_TASKS if many else CURVE_MAX_POINTS
+        max_points = curve_max_points(n_tasks)
     # Unthinned from the selector (index sampling could drop improvements), then compressed losslessly.
-    curve = tuning_selectors.best_so_far_curve(run, max_points=FULL_RESOLUTION)
+    curve = tuning_selectors.best_so_far_curve(run, max_points=FULL_RESOLUTION, state=state)
     for task in curve["tasks"].values():
         task["trials"], task["best_s"] = compress_steps(task["trials"], task["best_s"], max_points)
     e2e = curve["end_to_end"]
@@ -254,8 +265,9 @@ def full_resolution_curve(run: TuningRun) -> dict:
 
 
 def run_curve_figure(run: TuningRun, *, n_tasks: int | None = None, max_points: int | None = None,
-                     full_resolution: bool = False) -> dict:
-    curve = full_resolution_curve(run) if full_resolution else curve_for(run, n_tasks=n_tasks, max_points=max_points)
+                     full_resolution: bool = False, state: dict | None = None) -> dict:
+    curve = full_resolution_curve(run) if full_resolution else curve_for(run, n_tasks=n_tasks, max_points=max_points,
+                                                                         state=state)
     missing = tuning_selectors.tasks_without_measurement(run) if not curve["end_to_end"]["trials"] else None
     return charts.best_so_far_figure(curve, run_id=run.pk, missing=missing)
 
@@ -265,26 +277,182 @@ def run_dop_figure(run: TuningRun, rounds: list[dict] | None = None) -> dict:
     return charts.dop_figure(rounds, run_id=run.pk)
 
 
+def _round_rows(rounds: list[dict]) -> list[dict]:
+    return [{**r, "display": {"mean_error": fmt_number(r["mean_error"] * 100 if r["mean_error"] is not None
+                                                      else None, 2, " %")}} for r in rounds]
+
+
 def run_live_payload(run: TuningRun, *, include_figures: bool = True) -> dict:
-    """Everything the run page refreshes: numbers, task table, DOP rounds, figures."""
+    """Everything the run page refreshes: numbers, task table, DOP rounds, figures.
+
+    With the figures comes a `cursor`: where the curve, the rounds and the task rows sent stand; a poll
+    that sends it back gets only what is new (run_live_delta)."""
     tasks = queries.tasks_of_run(run)
     rounds = queries.dop_rounds_of_run(run)
+    rows = task_table(run, tasks)
     payload = {
+        "mode": "full",
         "run": run_numbers(run, dop_rounds=len(rounds)),
-        "tasks": task_table(run, tasks),
-        "dop_rounds": [
-            {**r, "display": {"mean_error": fmt_number(r["mean_error"] * 100 if r["mean_error"] is not None
-                                                       else None, 2, " %")}}
-            for r in rounds
-        ],
+        "tasks": rows,
+        "dop_rounds": _round_rows(rounds),
         "stamp": live_stamp(run, len(rounds)),
     }
     if include_figures:
+        state: dict = {}
         payload["figures"] = {
-            "curve": run_curve_figure(run, n_tasks=len(tasks)),
+            "curve": run_curve_figure(run, n_tasks=len(tasks), state=state),
             "dop": run_dop_figure(run, rounds),
         }
+        next_round = rounds[-1]["round_index"] + 1 if rounds else 0
+        payload["cursor"] = remember_cursor(run, n=state["n"], last_id=state["last_id"], next_round=next_round,
+                                            best=state["best"], tasks=tasks, rows=rows)
     return payload
+
+
+# --- live deltas: a changed poll answers what is new since the client's cursor ---------------------------
+
+LIVE_DELTA_MAX_ROWS = 5000      # new measurements one delta carries; a client further behind is re-sent all
+CURSOR_STATE_S = 1800           # cursor states outlive the per-version bodies (FIGURE_CACHE_S) they come with
+CURSOR_RE = re.compile(r"^(\d{1,12})-(\d{1,15})-(\d{1,9})-([0-9a-f]{8})$")
+POINTS_RE = re.compile(r"^\d{1,9}$")
+
+
+@dataclass(frozen=True)
+class LiveCursor:
+    """Where a client's page stands: `n` measurements drawn (the last of id `last_id`), DOP rounds before
+    `next_round` listed, task rows whose digest is `rows`. Opaque to the client: it sends back what it got."""
+
+    n: int
+    last_id: int
+    next_round: int
+    rows: str
+
+    def __str__(self) -> str:
+        return f"{self.n}-{self.last_id}-{self.next_round}-{self.rows}"
+
+
+def parse_cursor(raw: str) -> LiveCursor:
+    """ValueError (with the reason) for anything but a cursor this server could have sent."""
+    match = CURSOR_RE.match(raw or "")
+    if match is None:
+        raise ValueError("Not a cursor: send back the `cursor` of the previous answer unchanged.")
+    n, last_id, next_round, rows = match.groups()
+    return LiveCursor(int(n), int(last_id), int(next_round), rows)
+
+
+def parse_points(raw: str) -> int:
+    if not POINTS_RE.match(raw or ""):
+        raise ValueError("A whole number from 0 to 999999999: the most points a curve trace of the page holds.")
+    return int(raw)
+
+
+def _row_hash(row: dict) -> str:
+    return hashlib.sha1(json.dumps(row, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _rows_digest(hashes: dict[int, str]) -> str:
+    return hashlib.sha1("|".join(f"{i}:{h}" for i, h in sorted(hashes.items())).encode()).hexdigest()[:8]
+
+
+def _cursor_key(run: TuningRun, cursor: LiveCursor | str) -> str:
+    return f"run:{run.pk}:live-cursor:{cursor}"
+
+
+def remember_cursor(run: TuningRun, *, n: int, last_id: int, next_round: int, best: dict, tasks, rows) -> str:
+    """The cursor of an answer, and (in the cache) the state behind it that a delta continues from: the
+    best latency per task at that point, the task set and weights, and a hash per task row sent."""
+    hashes = {r["index"]: _row_hash(r) for r in rows}
+    cursor = LiveCursor(n, last_id, next_round, _rows_digest(hashes))
+    cache.set(_cursor_key(run, cursor), {"best": dict(best), "tasks": [(t.index, t.weight) for t in tasks],
+                                         "rows": hashes}, CURSOR_STATE_S)
+    return str(cursor)
+
+
+def delta_points_limit(n_tasks: int) -> int:
+    """A page extended by deltas holds up to twice the points of a fresh curve, then it is re-sent (thinned)."""
+    return 2 * curve_max_points(n_tasks)
+
+
+def _full(run: TuningRun, reason: str) -> dict:
+    body = cached_for_version("live", run, lambda: run_live_payload(run))
+    return {**body, "refresh": reason}
+
+
+def run_live_delta(run: TuningRun, cursor: LiveCursor, points: int, *,
+                   rounds: tuple[int, int | None] | None = None) -> dict:
+    """What changed since `cursor`: the run's numbers, the task rows that differ from those the client has,
+    the DOP rounds from `cursor.next_round` on, and the new points of every curve trace (change points
+    and each trace's last point, exactly what compress_steps keeps), for Plotly.extendTraces.
+
+    Reads only the measurements stored after the cursor (and the run's small task and round tables);
+    the best-so-far state at the cursor comes from the cache entry the answer that gave the cursor left.
+    Where a delta cannot be exact it answers the full payload (mode "full", with the `refresh` reason):
+    a finished run, an unknown or expired cursor, one past the stored measurements, changed tasks, a
+    client too far behind, a curve grown past delta_points_limit, or a figure that changes shape (the
+    first valid measurement of a task while the end-to-end estimate has not started, the first round).
+    `rounds`: queries.dop_round_stats(run), when the caller has read it already."""
+    if run.status in TuningRun.TERMINAL:
+        return _full(run, "the run has finished")
+    if cursor.n > run.trials_done:
+        return _full(run, "the cursor is past the stored measurements")
+    state = cache.get(_cursor_key(run, cursor))
+    if state is None:
+        return _full(run, "unknown or expired cursor")
+    tasks = queries.tasks_of_run(run)
+    if [(t.index, t.weight) for t in tasks] != [tuple(t) for t in state["tasks"]]:
+        return _full(run, "the run's tasks changed")
+    if points > delta_points_limit(len(tasks)):
+        return _full(run, "the curve is re-sent thinned")
+    new = tuning_selectors.measurements_after(run, cursor.last_id, limit=LIVE_DELTA_MAX_ROWS + 1)
+    if len(new) > LIVE_DELTA_MAX_ROWS:
+        return _full(run, "too far behind")
+    if cursor.n + len(new) != run.trials_done:  # a batch landed meanwhile, or a row committed out of id order
+        return _full(run, "measurements were being stored")
+    by_index = {t.index: t for t in tasks}
+    best = dict(state["best"])
+    e2e_prev = tuning_selectors.end_to_end_estimate(by_index, best)
+    last_of_task = {row[1]: k for k, row in enumerate(new)}
+    if any(ti not in by_index for ti in last_of_task):
+        return _full(run, "the run's tasks changed")
+    task_prev = {i: best.get(i) for i in by_index}
+    task_pts: dict[int, tuple[list, list]] = {i: ([], []) for i in by_index}
+    e2e_pts: tuple[list, list] = ([], [])
+    n = cursor.n
+    for k, (_, task_index, latency, error) in enumerate(new):
+        n += 1
+        if latency is not None and not error and latency < best.get(task_index, float("inf")):
+            if task_index not in best and e2e_prev is None:
+                return _full(run, "a task's first valid measurement changes the figure")
+            best[task_index] = latency
+        y = best.get(task_index)
+        if y is not None and (y != task_prev[task_index] or k == last_of_task[task_index]):
+            task_pts[task_index][0].append(n)
+            task_pts[task_index][1].append(y)
+            task_prev[task_index] = y
+        estimate = tuning_selectors.end_to_end_estimate(by_index, best)
+        if estimate is not None and (estimate != e2e_prev or k == len(new) - 1):
+            e2e_pts[0].append(n)
+            e2e_pts[1].append(estimate)
+            e2e_prev = estimate
+    n_rounds, max_dop = queries.dop_round_stats(run) if rounds is None else rounds
+    rounds = queries.dop_rounds_from(run, cursor.next_round)
+    if rounds and cursor.next_round == 0:
+        return _full(run, "the first DOP round changes the figure")
+    rows = task_table(run, tasks)
+    changed = [r for r in rows if _row_hash(r) != state["rows"].get(r["index"])]
+    next_round = rounds[-1]["round_index"] + 1 if rounds else cursor.next_round
+    last_id = new[-1][0] if new else cursor.last_id
+    return {
+        "mode": "delta",
+        "run": run_numbers(run, dop_rounds=n_rounds),
+        "tasks": changed,
+        "dop_rounds": _round_rows(rounds),
+        "extend": {"curve": charts.curve_extension(sorted(by_index), e2e_pts, task_pts),
+                   "dop": charts.dop_extension(rounds, n_rounds=n_rounds, max_dop=max_dop)},
+        "stamp": live_stamp(run, n_rounds),
+        "cursor": remember_cursor(run, n=n, last_id=last_id, next_round=next_round, best=best, tasks=tasks,
+                                  rows=rows),
+    }
 
 
 def live_stamp(run: TuningRun, n_rounds: int) -> str:

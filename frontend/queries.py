@@ -229,3 +229,15 @@ def overview_counts(team_ids: list[int]) -> dict:
 
 def dop_round_count(run: TuningRun) -> int:
     return DopRound.objects.filter(run=run).count()
+
+
+def dop_rounds_from(run: TuningRun, start: int) -> list[dict]:
+    """The run's DOP rounds with round_index >= start (what a live poll has not listed yet)."""
+    return list(tuning_selectors.dop_rounds_of_run(run).filter(round_index__gte=start).values(
+        "round_index", "task_index", "dop", "mean_error", "n_candidates", "n_remeasured", "n_failures"))
+
+
+def dop_round_stats(run: TuningRun) -> tuple[int, int | None]:
+    """(number of DOP rounds, the highest DOP among them) in one aggregate."""
+    agg = DopRound.objects.filter(run=run).aggregate(n=Count("id"), top=Max("dop"))
+    return agg["n"], agg["top"]

@@ -36,16 +36,35 @@ def dop_rounds_of_run(run: TuningRun) -> QuerySet[DopRound]:
     return DopRound.objects.filter(run=run).order_by("round_index")
 
 
-def _best_so_far(run: TuningRun):
+def _best_so_far(run: TuningRun, *, state: dict | None = None):
     """For each stored measurement of `run`, in the order stored: (trial number, its task index, the best
-    valid latency per task so far, when it was stored). The dict is the same object each time."""
+    valid latency per task so far, when it was stored). The dict is the same object each time.
+
+    `state`, when given, is filled as the rows go by with where the series stand: {"n": trials seen,
+    "last_id": the last Measurement id, "best": a copy of the best per task}, the cursor a live poller
+    continues from (frontend.presenters.run_live_delta, with measurements_after)."""
     rows = (Measurement.objects.filter(run=run).order_by("id")
-            .values_list("task__index", "latency_s", "error", "created_at"))
+            .values_list("task__index", "latency_s", "error", "created_at", "id"))
     best: dict[int, float] = {}
-    for n, (task_index, latency, error, created_at) in enumerate(rows.iterator(), 1):
+    n, last_id = 0, 0
+    for n, (task_index, latency, error, created_at, last_id) in enumerate(rows.iterator(), 1):
         if latency is not None and not error and latency < best.get(task_index, float("inf")):
             best[task_index] = latency
         yield n, task_index, best, created_at
+    if state is not None:
+        state.update(n=n, last_id=last_id, best=dict(best))
+
+
+def measurements_after(run: TuningRun, after_id: int, *, limit: int) -> list[tuple]:
+    """(id, task index, latency_s, error) of the run's measurements stored after id `after_id`, in the
+    order stored, at most `limit` of them: a live poll reads only what is new since its cursor."""
+    return list(Measurement.objects.filter(run=run, id__gt=after_id).order_by("id")
+                .values_list("id", "task__index", "latency_s", "error")[:limit])
+
+
+def end_to_end_estimate(tasks: dict[int, TuningTask], best: dict[int, float]) -> float | None:
+    """Sum over tasks of weight x best latency; None while a task has no valid measurement."""
+    return _end_to_end(tasks, best)
 
 
 def _end_to_end(tasks: dict[int, TuningTask], best: dict[int, float]) -> float | None:
@@ -55,15 +74,16 @@ def _end_to_end(tasks: dict[int, TuningTask], best: dict[int, float]) -> float |
     return sum(tasks[i].weight * best[i] for i in tasks)
 
 
-def best_so_far_curve(run: TuningRun, *, max_points: int = 500) -> dict:
+def best_so_far_curve(run: TuningRun, *, max_points: int = 500, state: dict | None = None) -> dict:
     """Per task and end-to-end best latency vs trial number, downsampled server-side.
 
     Returns {"tasks": {index: {"trials": [...], "best_s": [...]}}, "end_to_end": {"trials", "estimate_s"}}.
+    `state` (a dict) receives where the series end (see _best_so_far), read in the same pass.
     """
     tasks = {t.index: t for t in tasks_of_run(run)}
     per_task: dict[int, tuple[list, list]] = {i: ([], []) for i in tasks}
     e2e_trials, e2e_values = [], []
-    for n, task_index, best, _ in _best_so_far(run):
+    for n, task_index, best, _ in _best_so_far(run, state=state):
         trials, values = per_task.setdefault(task_index, ([], []))
         trials.append(n)
         values.append(best.get(task_index))

@@ -300,3 +300,37 @@ def make_simulation(team):
                              params={"jobs": 150, "gpus": 16, "predictions": "oracle"}, profiles=load_profiles())
     return SimulationRun.objects.create(team=team, trace="philly", policies=["fifo_exclusive", "horus"],
                                         status="succeeded", results=results, parameters={"jobs": 150, "gpus": 16})
+
+
+def test_live_page_appends_deltas_then_refreshes_when_finished(page, live_server, user_owner, model_a, roomy_quota):
+    """A changed poll gets a delta the page appends (Plotly.extendTraces, new round rows, changed task rows)
+    without reloading; the staircases it ends up drawing are a fresh full curve's. Finishing re-plots fully."""
+    from .fakes import make_running_run
+    from .test_live_delta import staircase
+
+    run, worker = make_running_run(actor=user_owner, model=model_a, max_trials=400, n_tasks=3, rounds=3, per_round=8)
+    login(page, live_server)
+    page.goto(f"{live_server.url}/runs/{run.pk}/")
+    wait_for_chart(page, "fig-curve")
+    wait_for_chart(page, "fig-dop")
+    page.evaluate("window.__sameDocument = 'yes'")
+    deltas = "Number(document.getElementById('run-live').getAttribute('data-deltas') || 0)"
+    for rounds, trials in ((4, 32), (5, 40)):
+        worker.step(8, dop=4)
+        page.wait_for_function(f"document.querySelector('[data-field=trials]').textContent.startsWith('{trials} /')")
+        page.wait_for_function(f"document.querySelector('[data-figure=fig-dop]').data[0].x.length === {rounds}")
+    assert page.evaluate(deltas) >= 1
+    assert page.evaluate("document.querySelectorAll('#rounds-body tr').length") == 5
+    assert page.evaluate("document.querySelectorAll('#tasks-body tr[data-task]').length") == 3
+    assert page.evaluate("document.getElementById('run-live').getAttribute('data-full-updates')") is None
+    drawn = page.evaluate("document.querySelector('[data-figure=fig-curve]').data.map(t => [t.x, t.y])")
+    fresh = page.evaluate(f"fetch('/api/charts/runs/{run.pk}/curve/').then(r => r.json())")
+    assert len(drawn) == len(fresh["data"]) == 4
+    for (xs, ys), want in zip(drawn, fresh["data"]):
+        assert staircase(xs, ys, 40) == staircase(want["x"], want["y"], 40)
+    worker.finish()
+    page.wait_for_function("document.getElementById('run-status').textContent === 'Succeeded'")
+    page.wait_for_function("document.getElementById('live-indicator').textContent.startsWith('finished')")
+    assert page.evaluate("document.getElementById('run-live').getAttribute('data-full-updates')") == "1"
+    assert page.evaluate("window.__sameDocument") == "yes"
+    assert not page.problems, page.problems

@@ -3,7 +3,8 @@
  * Figures are embedded as <script type="application/json" id="fig-..."> (Django's
  * json_script) next to a <div data-figure="fig-...">. The run page polls its JSON
  * endpoint every 2 s and updates numbers, tables and charts in place
- * (Plotly.react), without reloading. Everything stays readable without JS.
+ * without reloading: the first answer and refreshes re-plot with Plotly.react, a changed poll that
+ * sends back its cursor gets only what is new (Plotly.extendTraces). Everything stays readable without JS.
  */
 (function () {
   "use strict";
@@ -54,36 +55,72 @@
     return span;
   }
 
+  function taskRow(t) {
+    var tr = document.createElement("tr");
+    tr.className = "task-" + t.status;
+    tr.setAttribute("data-task", String(t.index));
+    tr.appendChild(td(t.index, "num"));
+    var name = td(""); var code = document.createElement("code"); code.textContent = t.name; name.appendChild(code);
+    tr.appendChild(name);
+    tr.appendChild(td(t.display.weight, "num"));
+    tr.appendChild(td(t.display.flops, "num"));
+    tr.appendChild(td(t.display.trials, "num"));
+    tr.appendChild(td(t.display.best, "num"));
+    tr.appendChild(td(t.display.gflops, "num"));
+    var st = td(""); st.appendChild(badge(t.display.status, "task-status-" + t.status)); tr.appendChild(st);
+    return tr;
+  }
+
   function renderTasks(tbody, tasks) {
     if (!tbody || !tasks) return;
     var rows = document.createDocumentFragment();
-    tasks.forEach(function (t) {
-      var tr = document.createElement("tr");
-      tr.className = "task-" + t.status;
-      tr.appendChild(td(t.index, "num"));
-      var name = td(""); var code = document.createElement("code"); code.textContent = t.name; name.appendChild(code);
-      tr.appendChild(name);
-      tr.appendChild(td(t.display.weight, "num"));
-      tr.appendChild(td(t.display.flops, "num"));
-      tr.appendChild(td(t.display.trials, "num"));
-      tr.appendChild(td(t.display.best, "num"));
-      tr.appendChild(td(t.display.gflops, "num"));
-      var st = td(""); st.appendChild(badge(t.display.status, "task-status-" + t.status)); tr.appendChild(st);
-      rows.appendChild(tr);
-    });
+    tasks.forEach(function (t) { rows.appendChild(taskRow(t)); });
     if (tasks.length) { tbody.replaceChildren(rows); }
+  }
+
+  // A delta's task rows: only those that changed, each replacing the row of its task index.
+  function patchTasks(tbody, tasks) {
+    if (!tbody || !tasks) return;
+    tasks.forEach(function (t) {
+      var old = tbody.querySelector('tr[data-task="' + t.index + '"]');
+      if (old) old.replaceWith(taskRow(t)); else tbody.appendChild(taskRow(t));
+    });
+  }
+
+  function roundRow(r) {
+    var tr = document.createElement("tr");
+    [r.round_index, r.task_index, r.dop, r.display.mean_error, r.n_candidates, r.n_remeasured, r.n_failures]
+      .forEach(function (v) { tr.appendChild(td(v, "num")); });
+    return tr;
   }
 
   function renderRounds(tbody, rounds) {
     if (!tbody || !rounds || !rounds.length) return;
     var rows = document.createDocumentFragment();
-    rounds.forEach(function (r) {
-      var tr = document.createElement("tr");
-      [r.round_index, r.task_index, r.dop, r.display.mean_error, r.n_candidates, r.n_remeasured, r.n_failures]
-        .forEach(function (v) { tr.appendChild(td(v, "num")); });
-      rows.appendChild(tr);
-    });
+    rounds.forEach(function (r) { rows.appendChild(roundRow(r)); });
     tbody.replaceChildren(rows);
+  }
+
+  function appendRounds(tbody, rounds) {
+    if (!tbody || !rounds) return;
+    rounds.forEach(function (r) { tbody.appendChild(roundRow(r)); });
+  }
+
+  // Plotly.extendTraces with a delta's new points ({traces, x, y, relayout}); false if it could not.
+  function extend(div, ext) {
+    if (!ext || !ext.traces || !ext.traces.length) return true;
+    if (!window.Plotly || !div || !div.classList.contains("drawn") || !div.data) return false;
+    if (ext.traces.some(function (i) { return i >= div.data.length; })) return false;
+    window.Plotly.extendTraces(div, { x: ext.x, y: ext.y }, ext.traces);
+    if (ext.relayout && Object.keys(ext.relayout).length) window.Plotly.relayout(div, ext.relayout);
+    return true;
+  }
+
+  // The most points one curve trace holds (the server re-sends the curve thinned past a limit).
+  function curvePoints() {
+    var div = document.querySelector("[data-figure=fig-curve]");
+    if (!div || !div.data) return 0;
+    return div.data.reduce(function (m, t) { return Math.max(m, (t.x || []).length); }, 0);
   }
 
   function applyRun(root, run) {
@@ -121,6 +158,7 @@
   function liveRun(root) {
     var url = root.getAttribute("data-live-url");
     var stamp = root.getAttribute("data-stamp") || "";
+    var cursor = root.getAttribute("data-cursor") || "";
     var indicator = document.getElementById("live-indicator");
     var failures = 0;
     var timer = null;
@@ -142,18 +180,40 @@
       schedule(POLL_MS);
     }
 
+    function count(attr) { root.setAttribute(attr, String(Number(root.getAttribute(attr) || "0") + 1)); }
+
+    // A delta: append the new rounds and curve points, replace the changed task rows. If the figures
+    // cannot be extended (not drawn), forget the cursor and stamp: the next poll gets the full payload.
+    function applyDelta(body) {
+      patchTasks(document.getElementById("tasks-body"), body.tasks);
+      appendRounds(document.getElementById("rounds-body"), body.dop_rounds);
+      var ext = body.extend || {};
+      var ok = extend(document.querySelector("[data-figure=fig-curve]"), ext.curve);
+      ok = extend(document.querySelector("[data-figure=fig-dop]"), ext.dop) && ok;
+      cursor = ok ? (body.cursor || "") : "";
+      if (!ok) stamp = "";
+      count("data-deltas");
+    }
+
     function apply(body) {
       applyRun(root, body.run);
       if (body.unchanged) return;
       stamp = body.stamp;
+      if (body.mode === "delta") {
+        applyDelta(body);
+      } else {
+        cursor = body.cursor || "";
+        renderTasks(document.getElementById("tasks-body"), body.tasks);
+        renderRounds(document.getElementById("rounds-body"), body.dop_rounds);
+        var figs = body.figures || {};
+        var curve = document.querySelector("[data-figure=fig-curve]");
+        var dop = document.querySelector("[data-figure=fig-dop]");
+        if (curve && figs.curve) plot(curve, figs.curve, true);
+        if (dop && figs.dop) plot(dop, figs.dop, true);
+        count("data-full-updates");
+      }
       root.setAttribute("data-stamp", stamp);
-      renderTasks(document.getElementById("tasks-body"), body.tasks);
-      renderRounds(document.getElementById("rounds-body"), body.dop_rounds);
-      var figs = body.figures || {};
-      var curve = document.querySelector("[data-figure=fig-curve]");
-      var dop = document.querySelector("[data-figure=fig-dop]");
-      if (curve && figs.curve) plot(curve, figs.curve, true);
-      if (dop && figs.dop) plot(dop, figs.dop, true);
+      root.setAttribute("data-cursor", cursor);
       root.setAttribute("data-updates", String(Number(root.getAttribute("data-updates")) + 1));
     }
 
@@ -162,6 +222,7 @@
     function poll() {
       if (document.hidden) { schedule(POLL_MS); return; }
       var q = url + (url.indexOf("?") < 0 ? "?" : "&") + "stamp=" + encodeURIComponent(stamp);
+      if (cursor) q += "&cursor=" + encodeURIComponent(cursor) + "&points=" + curvePoints();
       var headers = { Accept: "application/json" };
       if (etag) headers["If-None-Match"] = etag;
       fetch(q, { credentials: "same-origin", cache: "no-store", headers: headers })
