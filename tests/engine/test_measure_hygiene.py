@@ -118,6 +118,23 @@ def test_slots_decide_dop_and_the_serial_reference():
         wide.shutdown()
 
 
+def test_a_parallel_pool_reuses_the_serial_worker_on_slot_0():
+    """DOP auto starts with a probe: its parallel workers are started with the serial one, and slot 0's
+    worker is the serial reference's own process (retiring the parallel pool leaves it running)."""
+    slots = [Slot(0, (0,), 1), Slot(1, (1,), 1)]
+    runner = PooledAsyncRunner(evaluator=FAST, threads=1, dop="auto", slots=slots)
+    try:
+        assert runner.controller.dop == 2 and set(runner._pools) == {1, 2}  # both started at once
+        serial, parallel = runner._pools[1], runner._pools[2]
+        assert len(parallel) == 2 and parallel.workers[0] is serial.workers[0]
+        assert parallel.workers[1].spec.cpu_ids == [1]
+        runner.retire_pools({1})
+        assert set(runner._pools) == {1}
+        assert serial.workers[0].alive and not parallel.workers[1].alive
+    finally:
+        runner.shutdown()
+
+
 def test_pools_of_abandoned_dops_are_retired():
     runner = PooledAsyncRunner(evaluator=FAST, threads=1, dop=1, slots=[Slot(0, (0,), 1), Slot(1, (1,), 1)])
     try:

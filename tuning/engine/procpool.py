@@ -322,7 +322,11 @@ class WorkerProcess:
 
 
 class ProcessPool:
-    """A fixed set of :class:`WorkerProcess` fed from one job queue."""
+    """A fixed set of :class:`WorkerProcess` fed from one job queue.
+
+    ``shared``: workers another pool owns that this one also feeds (its calls and theirs take turns on
+    each worker's lock); :meth:`shutdown` leaves them running, :meth:`kill` (a hung call) ends them too
+    (a dead worker restarts on its next call)."""
 
     def __init__(
         self,
@@ -332,15 +336,16 @@ class ProcessPool:
         max_uses: int | None = None,
         eager: bool = True,
         stderr: Any = None,
+        shared: Sequence["WorkerProcess"] = (),
     ) -> None:
-        self.workers = [
-            WorkerProcess(s, initializer=initializer, max_uses=max_uses, stderr=stderr) for s in specs
-        ]
+        own = [WorkerProcess(s, initializer=initializer, max_uses=max_uses, stderr=stderr) for s in specs]
+        self.workers = list(shared) + own
+        self._owned = {id(w) for w in own}
         self._jobs: queue.Queue = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._closed = False
         for w in self.workers:
-            if eager:
+            if eager and id(w) in self._owned:
                 w.start()
             t = threading.Thread(target=self._loop, args=(w,), daemon=True, name=f"pool-{w.spec.name}")
             t.start()
@@ -389,8 +394,9 @@ class ProcessPool:
         for _ in self._threads:
             self._jobs.put(None)
         for w in self.workers:
-            with w.lock:
-                w.close()
+            if id(w) in self._owned:
+                with w.lock:
+                    w.close()
 
     def kill(self) -> None:
         """End the pool now, without waiting for calls in flight (a hung worker): every worker's

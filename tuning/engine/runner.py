@@ -282,12 +282,17 @@ class PooledAsyncRunner(PyRunner):
         with self._pool_lock:
             pool = self._pools.get(dop)
             if pool is None:
+                # slot 0 of every DOP is the serial reference's slot: a parallel pool reuses the serial
+                # worker there (one process less to start, to import TVM in and to keep in memory)
+                serial = self._pools.get(1) if dop > 1 else None
+                shared = serial.workers[:1] if serial is not None else []
                 specs = [
                     WorkerSpec(name=f"measure-d{dop}-w{i}", cpu_ids=cpus, threads=t, limits=self.worker_limits,
                                env=dict(self.worker_env))
-                    for i, (cpus, t) in enumerate(self.worker_layout(dop))
+                    for i, (cpus, t) in enumerate(self.worker_layout(dop)) if i >= len(shared)
                 ]
-                pool = ProcessPool(specs, initializer="tuning.engine.measure:warmup", max_uses=self.max_uses)
+                pool = ProcessPool(specs, initializer="tuning.engine.measure:warmup", max_uses=self.max_uses,
+                                   shared=shared)
                 self._pools[dop] = pool
             return pool
 
