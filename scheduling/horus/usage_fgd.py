@@ -142,12 +142,12 @@ class UsageFGD(FGD):
         u = min(max(job.pred_util_pct, 1.0), 100.0) / 100.0
         gain = np.full(len(cand), u)
         ok = np.ones(len(cand), dtype=bool)
-        for i, g in enumerate(cand):
-            if not empty[g]:
-                before = [rj.view.pred_util_pct for rj in cv.jobs_on(int(g))]
-                w0, _ = predicted_work(before, cv.gpu_model[g])
-                w1, slowest = predicted_work(before + [job.pred_util_pct], cv.gpu_model[g])
-                gain[i], ok[i] = w1 - w0, slowest >= self.min_speed_whole
+        ju = _key_of((job.pred_util_pct,))[0]
+        models = cv.gpu_model
+        for i in np.flatnonzero(~empty[cand]):
+            g = int(cand[i])
+            gain[i], slowest = _gain(_key_of(cv.pred_utils_on(g)), ju, models[g])
+            ok[i] = slowest >= self.min_speed_whole
         if not ok.any():
             return None
         value = gain - self.frag_weight * frag.delta_single(nf, cand, need) / MILLI
@@ -192,7 +192,7 @@ class UsageFGD(FGD):
 
     def _speed_ok(self, job: JobView, cv: ClusterView, gpu: int) -> bool:
         """Every job on ``gpu`` keeps ``min_speed`` under the fitted model, on predicted utilizations."""
-        utils = [rj.view.pred_util_pct for rj in cv.jobs_on(gpu)] + [job.pred_util_pct]
+        utils = cv.pred_utils_on(gpu) + (job.pred_util_pct,)
         return min_predicted_speed(utils, cv.gpu_model[gpu]) >= self.min_speed
 
     def score(self, job, cluster, gpus):
@@ -213,8 +213,22 @@ def min_predicted_speed(utils_pct: Sequence[float], gpu_model: str) -> float:
 def predicted_work(utils_pct: Sequence[float], gpu_model: str) -> tuple[float, float]:
     """``(standalone-equivalent work per unit time, slowest job's speed)`` of jobs sharing one GPU under
     the fitted model, for utilizations in percent."""
-    key = tuple(sorted(round(min(max(u, 0.0), 100.0)) / 100.0 for u in utils_pct))  # 1 % steps: cache hits
-    return _work(key, gpu_model)
+    return _work(_key_of(tuple(utils_pct)), gpu_model)  # 1 % steps: cache hits
+
+
+@lru_cache(maxsize=1 << 16)
+def _key_of(utils_pct: tuple[float, ...]) -> tuple[float, ...]:
+    """:func:`predicted_work`'s cache key: the utilizations as sorted fractions in 1 % steps."""
+    return tuple(sorted(round(min(max(u, 0.0), 100.0)) / 100.0 for u in utils_pct))
+
+
+@lru_cache(maxsize=1 << 16)
+def _gain(before: tuple[float, ...], added: float, gpu_model: str) -> tuple[float, float]:
+    """``(predicted work gained by adding a job of utilization ``added`` to a GPU holding ``before``,
+    the slowest job's speed after)``; keys as :func:`_key_of` makes them."""
+    w0, _ = _work(before, gpu_model)
+    w1, slowest = _work(tuple(sorted(before + (added,))), gpu_model)
+    return w1 - w0, slowest
 
 
 @lru_cache(maxsize=1 << 16)
