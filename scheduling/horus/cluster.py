@@ -571,6 +571,13 @@ class ClusterView:
         run = s.running
         return tuple([run[j].view.pred_util_pct for j in s.jobs_on[gpu]])
 
+    def meas_utils_on(self, gpu: int) -> tuple[float, ...]:
+        """The MEASURED per-process utilizations (%) of the jobs on a GPU, as telemetry samples them
+        (stretched while they share), in placement order."""
+        s = self._s
+        run = s.running
+        return tuple([run[j].meas_util_pct for j in s.jobs_on[gpu]])
+
     def gpu_counts_on(self, gpu: int) -> tuple[int, ...]:
         """How many GPUs each job on a GPU holds (placement order; its request)."""
         s = self._s
