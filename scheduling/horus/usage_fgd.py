@@ -22,9 +22,10 @@ of FGD (the target workload, node CPU/memory/GPU-type terms, the least-growth ru
   telemetry shows slowed below ``min_speed_gang`` (the fitted model on the jobs' sampled
   per-process utilizations) has its single-GPU partner of highest predicted utilization migrated
   (at most ``max_migrations`` times per job) to an idle GPU, or to a GPU without a gang where every
-  job keeps ``min_speed_whole``. OFF by default (``gang_aware=False``): on Philly seed 0 it took
-  usage_fgd from 108.5 to 104.7 days (horus_migrate 102.0) at the same wait, but its migration scan
-  makes a replay ~20x slower and it is not yet checked over the bench's seeds. On Philly gangs hold 87 % of the GPU time and the makespan is set by
+  job keeps ``min_speed_whole``. OFF by default (``gang_aware=False``): on the bench's Philly slice
+  (seeds 0-2) it gives 104.7 / 108.2 / 132.0 days (default 108.5 / 115.7 / 122.5; horus_migrate
+  102.0 / 103.7 / 110.6) at 24.5-25.4 days' wait, worse on seed 2 where the gang is mispredicted
+  (6 % vs 99 %), and its migration scan makes a replay ~7x slower. On Philly gangs hold 87 % of the GPU time and the makespan is set by
   one 8-GPU, 54-day job: without (a) and (b) it ran up to 2x slower than alone.
 
 The policy sees predictions (and, for migrations, telemetry) only; the simulator runs the jobs' true utilizations, so a wrong
