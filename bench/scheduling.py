@@ -1,6 +1,6 @@
 """Scheduling benchmark: Horus vs the baselines on the Philly and Alibaba-2023 traces.
 
-    python bench/scheduling.py --quick            # ~15 min on 2 idle cores (the fill at full scale dominates)
+    python bench/scheduling.py --quick            # ~7 min on 2 cores (402 s measured, another job on the other core)
     python bench/scheduling.py --json out.json    # full run, over an hour
 
 Every policy runs in the same process on the same jobs, cluster and seed, through the same

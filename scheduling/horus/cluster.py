@@ -219,26 +219,40 @@ def fgd_fragmentation(node_free: np.ndarray, types: Sequence[WorkloadType], *, c
     if not types:
         return np.zeros(node_free.shape[0])
     # the GPU part depends only on (per-GPU share, GPU count): computed once per distinct pair
-    shapes, inv = np.unique(np.array([[min(t.milli, MILLI), t.num_gpus] for t in types], dtype=np.int64), axis=0,
-                            return_inverse=True)
-    inv = inv.reshape(-1)
-    need, k = shapes[:, 0], shapes[:, 1]
-    p = np.array([t.p for t in types], dtype=np.float64)
+    need, k, inv, p, cpu_req, ram_req = _prepared(types)
     nf = node_free[:, :, None]  # (nodes, gpus, 1) against (shapes,)
     valid = nf >= 0
     free = np.where(valid, nf, 0).astype(np.float64)
     total = free.sum(axis=1)  # (nodes, 1)
-    small = np.where(valid & (nf < need), free, 0.0).sum(axis=1)[:, inv]  # (nodes, types)
+    small = np.where(nf < need, free, 0.0).sum(axis=1)[:, inv]  # (nodes, types); padding has free 0
     # a task wider than the node (a multi-node gang) can use the node if all its GPUs fit
     k_eff = np.minimum(k, valid.sum(axis=1))  # (nodes, shapes)
     runs = (((nf >= need).sum(axis=1) >= k_eff) & (k > 0))[:, inv]  # (nodes, types)
     if cpu_free is not None:
-        runs &= np.asarray(cpu_free, float)[:, None] >= np.array([t.cpu_milli for t in types], float)
+        runs &= np.asarray(cpu_free, float)[:, None] >= cpu_req
     if ram_free is not None:
-        runs &= np.asarray(ram_free, float)[:, None] >= np.array([t.ram_mib for t in types], float)
+        runs &= np.asarray(ram_free, float)[:, None] >= ram_req
     if access is not None:
         runs &= access
     return (np.where(runs, small, total) * p).sum(axis=1)
+
+
+#: the last workload :func:`fgd_fragmentation` prepared (one per run): ``(types object, arrays)``.
+#: Keyed by identity, so a workload list must not be changed in place once in use (none is).
+_PREP: list[Any] = [None, None]
+
+
+def _prepared(types: Sequence[WorkloadType]) -> tuple[np.ndarray, ...]:
+    """``(need, k, inv, p, cpu_req, ram_req)`` of a workload: its distinct (per-GPU share, GPU count)
+    shapes, each type's shape index, probability and CPU/memory request."""
+    if _PREP[0] is types:
+        return _PREP[1]
+    shapes, inv = np.unique(np.array([[min(t.milli, MILLI), t.num_gpus] for t in types], dtype=np.int64), axis=0,
+                            return_inverse=True)
+    out = (shapes[:, 0].copy(), shapes[:, 1].copy(), inv.reshape(-1), np.array([t.p for t in types], dtype=np.float64),
+           np.array([t.cpu_milli for t in types], float), np.array([t.ram_mib for t in types], float))
+    _PREP[0], _PREP[1] = types, out
+    return out
 
 
 class ClusterState:
@@ -549,6 +563,32 @@ class ClusterView:
         without the true utilization: what telemetry can tell a policy."""
         s = self._s
         return tuple(_telemetry_copy(s.running[j]) for j in s.jobs_on[gpu])
+
+    def pred_utils_on(self, gpu: int) -> tuple[float, ...]:
+        """The PREDICTED utilizations (%) of the jobs on a GPU, in placement order (what the scheduler
+        itself placed there; no telemetry copies made)."""
+        s = self._s
+        run = s.running
+        return tuple([run[j].view.pred_util_pct for j in s.jobs_on[gpu]])
+
+    def meas_utils_on(self, gpu: int) -> tuple[float, ...]:
+        """The MEASURED per-process utilizations (%) of the jobs on a GPU, as telemetry samples them
+        (stretched while they share), in placement order."""
+        s = self._s
+        run = s.running
+        return tuple([run[j].meas_util_pct for j in s.jobs_on[gpu]])
+
+    def gpu_counts_on(self, gpu: int) -> tuple[int, ...]:
+        """How many GPUs each job on a GPU holds (placement order; its request)."""
+        s = self._s
+        run = s.running
+        return tuple([run[j].view.num_gpus for j in s.jobs_on[gpu]])
+
+    def start_times_on(self, gpu: int) -> tuple[float, ...]:
+        """When each job on a GPU started (placement order; what any scheduler's bookkeeping knows)."""
+        s = self._s
+        run = s.running
+        return tuple([run[j].start_time for j in s.jobs_on[gpu]])
 
     def running(self, job_id: str) -> RunningJob | None:
         rj = self._s.running.get(job_id)

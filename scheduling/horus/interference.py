@@ -175,6 +175,8 @@ def _stretched(utils: tuple[float, ...], capacity: float, interference: float) -
         lo, hi = 1.0, k / capacity
         for _ in range(60):
             mid = 0.5 * (lo + hi)
+            if mid == lo or mid == hi:
+                break  # converged to adjacent floats: further steps change nothing
             if work(mid) > capacity:
                 lo = mid
             else:

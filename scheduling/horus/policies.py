@@ -591,7 +591,13 @@ class _NodeFrag:
         before = nf[nodes]
         after = before.copy()
         after[np.arange(len(nodes)), slots] -= need
-        return self.of(after, nodes, taken=True) - self.of(before, nodes, taken=False)
+        # one measure over the rows after and, once per distinct node, before (rows are independent)
+        un, inv = np.unique(nodes, return_inverse=True)
+        cpu = np.concatenate([self.cpu[nodes] - self.job.cpu_milli, self.cpu[un]])
+        ram = np.concatenate([self.ram[nodes] - self.job.ram_mib, self.ram[un]])
+        acc = None if self.access is None else self.access[np.concatenate([nodes, un])]
+        f = fgd_fragmentation(np.concatenate([after, nf[un]]), self.types, cpu_free=cpu, ram_free=ram, access=acc)
+        return f[: len(nodes)] - f[len(nodes):][inv.reshape(-1)]
 
 
 class _DeltaCache:

@@ -88,3 +88,38 @@ def test_a_gang_gets_distinct_gpus_and_shares_only_where_the_bound_allows():
     got = UsageFGD().place(view("gang", util=20.0, mem=2000, num_gpus=2), s.view(), 0.0)
     assert got is not None and len(set(got)) == 2
     assert UsageFGD(min_speed_whole=0.99).place(view("gang", util=20.0, mem=2000, num_gpus=2), s.view(), 0.0) is None
+
+
+def test_a_partner_avoids_a_gangs_gpu_it_would_slow():
+    """Two GPUs each hold a 50 % job; on GPU 0 it is a gang of 4 (its other GPUs elsewhere). A newcomer
+    adds about the same work on either GPU, but on GPU 0 it slows the whole gang: the gang-aware gain
+    sends it to GPU 1; without it the tie goes to the lower index."""
+    s = ClusterState(ClusterSpec.uniform(1, 5))
+    put(s, "gang", [0, 2, 3, 4], pred_util=50.0, pred_mem=2000)
+    put(s, "solo", [1], pred_util=50.0, pred_mem=2000)
+    incoming = view("c", util=50.0, mem=2000)
+    assert UsageFGD().place(incoming, s.view(), 0.0) == [0]  # gang_aware is off by default
+    assert UsageFGD(gang_aware=True).place(incoming, s.view(), 0.0) == [1]
+
+
+def test_a_slowed_gang_has_its_partner_migrated_on_telemetry():
+    """A gang shares GPU 0 with a busy single-GPU job; telemetry shows the gang slowed below the bound,
+    so rebalance moves the partner to the idle GPU. A light partner (gang barely slowed) stays."""
+    def state(partner_util: float) -> ClusterState:
+        s = ClusterState(ClusterSpec.uniform(1, 4))
+        put(s, "gang", [0, 1], pred_util=90.0, pred_mem=2000)
+        put(s, "partner", [0], pred_util=partner_util, pred_mem=2000)  # telemetry: its utilization
+        return s
+
+    busy = state(90.0)
+    assert UsageFGD(gang_aware=True).rebalance(busy.view(), 3600.0) == [("partner", [2])]
+    assert UsageFGD().rebalance(busy.view(), 3600.0) == []
+    assert UsageFGD(gang_aware=True).rebalance(state(2.0).view(), 3600.0) == []
+
+
+def test_gang_relief_keeps_the_physics_and_moves_jobs_at_most_max_migrations_times():
+    jobs = [replace(job("gang", 0, 4 * HOUR, util=95.0, mem=2000), num_gpus=2)] + [
+        job(f"s{i}", 60.0 * i, HOUR, util=95.0, mem=2000, pred_util=10.0) for i in range(6)]
+    r = simulate(jobs, ClusterSpec.uniform(1, 3), UsageFGD(gang_aware=True, max_migrations=1), check_invariants=True, record_jobs=True)
+    assert r.unschedulable_jobs == 0 and r.util_mean_pct <= 100.0 + 1e-9
+    assert r.migrations <= 6
