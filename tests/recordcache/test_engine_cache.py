@@ -156,6 +156,44 @@ def test_a_seed_slow_twice_stays_a_suspect_and_a_failure_is_not_retimed():
     assert rc.second_look(_manifest(entries), {0: {"d1": 2e-3}}, None) == {}  # no re-timer: one look
 
 
+def _manifest_tasks(cached: dict[int, dict[str, float]], tol=0.1):
+    return {"tolerance": tol, "tasks": {str(i): {"workload_hash": f"h{i}", "cache_best_s": min(c.values()),
+                                                 "entries": {d: {"id": n, "source_run": 3, "latency_s": t}
+                                                             for n, (d, t) in enumerate(c.items(), start=10 * i)}}
+                                        for i, c in cached.items()}}
+
+
+def test_a_busier_host_moves_every_seed_a_bad_record_only_its_own():
+    """The cache timed four records on a quieter machine: now all run ~2x slower (load), one 6x (a bad
+    record). The host factor (median ratio) is 2: the four verify against it, the bad one does not."""
+    cached = {0: {"a": 1e-3}, 1: {"b": 2e-3}, 2: {"c": 1e-4}, 3: {"d": 5e-5}, 4: {"e": 1e-3}}
+    measured = {0: {"a": 2.1e-3}, 1: {"b": 3.9e-3}, 2: {"c": 2e-4}, 3: {"d": 1.0e-4}, 4: {"e": 6e-3}}
+    m = _manifest_tasks(cached)
+    factor = rc.host_factor(m, measured)
+    assert factor == pytest.approx(2.0)
+    assert rc.suspect_seeds(m, measured, factor) == {4: ["e"]}  # only the outlier is re-timed
+    allowed = (1 + 0.1) * factor - 1
+    v = {i: rc._task_verdict(i, "t", m["tasks"][str(i)], measured[i], allowed) for i in measured}
+    assert all(v[i]["verified"] for i in range(4)) and not v[4]["verified"] and v[4]["stale_entry_ids"] == [40]
+    # without the factor (the host's state ignored) the load would fail all five
+    assert not any(rc._task_verdict(i, "t", m["tasks"][str(i)], measured[i], 0.1)["verified"] for i in measured)
+
+
+def test_the_host_factor_needs_seeds_counts_only_a_slower_host_and_is_bounded():
+    cached = {0: {"a": 1e-3}, 1: {"b": 1e-3}, 2: {"c": 1e-3}}
+    assert rc.host_factor(_manifest_tasks({0: {"a": 1e-3}, 1: {"b": 1e-3}}), {0: {"a": 3e-3}, 1: {"b": 3e-3}}) == 1.0
+    m = _manifest_tasks(cached)
+    assert rc.host_factor(m, {0: {"a": 5e-4}, 1: {"b": 5e-4}, 2: {"c": 5e-4}}) == 1.0  # faster now: no credit
+    assert rc.host_factor(m, {0: {"a": 1e-2}, 1: {"b": 1e-2}, 2: {"c": 1e-2}}) == rc.HOST_FACTOR_MAX  # 10x: capped
+    assert rc.host_factor(m, {0: {"a": 2e-3}, 1: {"b": None}, 2: {"c": 2e-3}}) == 1.0  # a failure is no ratio
+    # a fake nanosecond time among real ones is one ratio of many: it does not move the factor, nor verify
+    poisoned = _manifest_tasks({0: {"a": 1e-3}, 1: {"b": 1e-3}, 2: {"c": 1e-3}, 3: {"f": 1e-9}})
+    measured = {0: {"a": 1.5e-3}, 1: {"b": 1.5e-3}, 2: {"c": 1.5e-3}, 3: {"f": 4e-5}}
+    factor = rc.host_factor(poisoned, measured)
+    assert factor == pytest.approx(1.5)
+    assert not rc._task_verdict(3, "t", poisoned["tasks"]["3"], measured[3], 1.1 * factor - 1)["verified"]
+
+
 def test_when_every_task_is_verified_none_is_resumed_and_the_budget_is_saved():
     infos = [TaskInfo(0, "a", 1.0, 1.0), TaskInfo(1, "b", 1.0, 1.0)]
     st = _State()

@@ -19,7 +19,9 @@ What this module does with entries:
   engine builds and measures serially on this host before the search, exactly like user imports
   (``remeasure.measure_imported``): their cached times are dropped, only this host's count;
 - :func:`verify_seeds` (called by the session after the seeds were measured): per task, the seeds' best
-  time on this host against the cache's best. Verified within ``tolerance``: the task needs no further
+  time on this host against the cache's best, allowing for the host's speed now (:func:`host_factor`: a
+  shared machine's load moves every seed's time, a bad record only its own; a seed that timed slow is
+  timed once more first). Verified within ``tolerance``: the task needs no further
   tuning, its trials go to the other tasks through Trimmer's share allocation
   (:func:`skip_verified_tasks`). Failed or slower: the hit is stale;
 - :func:`train_cost_model`: one XGBoost cost model (TVM's ``XGBModel``, MetaSchedule's program
@@ -42,7 +44,7 @@ from .events import ffi_to_py, trace_json
 
 __all__ = ["SEEDS_FILE", "VERIFY_FILE", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE", "tvm_version", "hardware_fingerprint",
            "cache_target_key", "trace_digest", "task_workloads", "entries_from_run", "publish_from_run",
-           "write_seeds", "verify_seeds", "suspect_seeds", "second_look",
+           "write_seeds", "verify_seeds", "host_factor", "suspect_seeds", "second_look",
            "load_verification", "skip_verified_tasks", "apply_seed_verification", "train_cost_model",
            "place_cost_model", "export_lines", "check_cache_import"]
 
@@ -50,6 +52,12 @@ SEEDS_FILE = "record_cache_seeds.json"
 VERIFY_FILE = "record_cache_verification.json"
 DEFAULT_TOP_K = 2  # cached records re-timed per task
 DEFAULT_TOLERANCE = 0.10  # a verified hit is at most this much slower than the cache's best
+# The host's speed now against when the cache's times were taken (a shared machine's load changes between
+# runs): the median measured / cached ratio of this run's seeds, from this many seeds on, counted only
+# upwards (a slower host now) and at most HOST_FACTOR_MAX (a record that is that much slower than all the
+# others is not load: it does not verify).
+HOST_FACTOR_MIN_SEEDS = 3
+HOST_FACTOR_MAX = 2.5
 
 
 # --------------------------------------------------------------------------- the key
@@ -254,11 +262,38 @@ def _slower(measured: float | None, cached: float | None, tolerance: float) -> b
     return measured is None or (cached is not None and measured > float(cached) * (1 + tolerance))
 
 
-def suspect_seeds(manifest: dict, measured: dict[int, dict[str, float | None]]) -> dict[int, list[str]]:
-    """task index -> digests of the seeds that ran but looked slower than their cached time allows on
-    their first re-time: on a busy host one slow sample is noise as often as not, so these are re-timed
-    once more before any verdict (a failure is not re-timed: it is no timing noise)."""
-    tol = float(manifest.get("tolerance", DEFAULT_TOLERANCE))
+def host_factor(manifest: dict, measured: dict[int, dict[str, float | None]]) -> float:
+    """How much slower this host runs the cached records now than when the cache timed them: the median
+    of the seeds' measured / cached times over every seeded task (a load change moves them all; one bad
+    record moves only its own), at least ``HOST_FACTOR_MIN_SEEDS`` seeds, within [1, HOST_FACTOR_MAX]
+    (1: too few seeds to tell, or the host is as fast or faster). Verification allows the cache's times
+    this much more before calling a seed slower."""
+    ratios = []
+    for i, want in manifest.get("tasks", {}).items():
+        for digest, value in measured.get(int(i), {}).items():
+            cached = (want["entries"].get(digest) or {}).get("latency_s")
+            if value is not None and cached:
+                ratios.append(float(value) / float(cached))
+    if len(ratios) < HOST_FACTOR_MIN_SEEDS:
+        return 1.0
+    ratios.sort()
+    n = len(ratios)
+    median = ratios[n // 2] if n % 2 else (ratios[n // 2 - 1] + ratios[n // 2]) / 2
+    return min(HOST_FACTOR_MAX, max(1.0, median))
+
+
+def _allowed(tolerance: float, factor: float) -> float:
+    """The tolerance once the host factor is applied: slower than cached x (1 + tolerance) x factor."""
+    return (1 + tolerance) * factor - 1
+
+
+def suspect_seeds(manifest: dict, measured: dict[int, dict[str, float | None]],
+                  factor: float = 1.0) -> dict[int, list[str]]:
+    """task index -> digests of the seeds that ran but looked slower than their cached time allows (x the
+    ``factor`` of :func:`host_factor`) on their first re-time: on a busy host one slow sample is noise as
+    often as not, so these are re-timed once more before any verdict (a failure is not re-timed: it is no
+    timing noise)."""
+    tol = _allowed(float(manifest.get("tolerance", DEFAULT_TOLERANCE)), factor)
     out: dict[int, list[str]] = {}
     for i, want in manifest.get("tasks", {}).items():
         for digest, value in measured.get(int(i), {}).items():
@@ -299,7 +334,7 @@ def second_look(manifest: dict, measured: dict[int, dict[str, float | None]], se
     """Time the :func:`suspect_seeds` once more (``second_times(suspects)`` -> {(task index, digest):
     latency or None}) and keep, for each, the faster of its two times, in ``measured``. Returns task
     index -> seeds re-timed."""
-    suspects = suspect_seeds(manifest, measured)
+    suspects = suspect_seeds(manifest, measured, host_factor(manifest, measured))
     if second_times is None or not suspects:
         return {}
     retimed: dict[int, int] = {}
@@ -344,9 +379,12 @@ def verify_seeds(work_dir: str, tasks, database, retime=None) -> dict | None:
         return dict(zip(((i, d) for i, d, _ in items), retime([(i, trace) for i, _, trace in items])))
 
     retimed = second_look(manifest, measured, second_times if retime is not None else None)
-    verdicts = [_task_verdict(int(i), tasks[int(i)].name, want, measured.get(int(i), {}), tol, retimed.get(int(i), 0))
+    factor = host_factor(manifest, measured)
+    allowed = _allowed(tol, factor)
+    verdicts = [_task_verdict(int(i), tasks[int(i)].name, want, measured.get(int(i), {}), allowed,
+                              retimed.get(int(i), 0))
                 for i, want in sorted(manifest["tasks"].items(), key=lambda kv: int(kv[0])) if int(i) < len(tasks)]
-    result = {"tolerance": tol, "tasks": verdicts}
+    result = {"tolerance": tol, "host_factor": factor, "allowed": allowed, "tasks": verdicts}
     Path(os.path.join(work_dir, VERIFY_FILE)).write_text(json.dumps(result))
     return result
 
