@@ -102,13 +102,11 @@ def retime_traces(tasks: list[Task], target, builder, runner, device_type: str, 
         except Exception as exc:  # noqa: BLE001
             log.warning("re-time: cannot replay a trace of %s: %s", tasks[i].name, exc)
             plan.append((i, None))
-    paths = build_all(builder, [m for _, m in plan if m is not None], target)
-    it = iter(paths)
-    built = [(i, next(it) if m is not None else None) for i, m in plan]
-    def args_of(i: int):
-        return _jsonable([a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(tasks[i].mod["main"])])
-
-    jobs = [MeasureJob(path=path, device_type=device_type, args_info=args_of(i)) for i, path in built if path]
+    paths = iter(build_all(builder, [m for _, m in plan if m is not None], target))
+    built = [(i, next(paths) if m is not None else None) for i, m in plan]
+    args = {i: _jsonable([a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(tasks[i].mod["main"])])
+            for i, _ in built}
+    jobs = [MeasureJob(path=path, device_type=device_type, args_info=args[i]) for i, path in built if path]
     outcomes = iter(measure_serially(runner, jobs)) if jobs else iter(())
     out: list[float | None] = []
     for _, path in built:
