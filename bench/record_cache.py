@@ -19,7 +19,8 @@ end-to-end estimate (sum of weight x best measured latency) after every measured
 trial count and the wall time since the run started (warm: the lookup's own task extraction counted).
 "Trials / wall to match": the first point where B's estimate is within 3 % of B cold's final estimate.
 Final latency: both B modules compiled with their databases in one process and timed alternately
-(number=3, repeat=5, 5 rounds, median).
+(number=3, repeat=5, 5 rounds, median; ``final_latency_paired_ratio``: the median of the rounds' own
+warm/cold ratios, the two timed back to back). ``trials_total_ratio``: all trials warm / cold.
 
     .venv/bin/python bench/record_cache.py [--quick] [--json bench/results/record_cache.json]
 """
@@ -226,11 +227,21 @@ def main(argv=None) -> int:
               f"{res['n_measured']:4d}  wall {res['wall_s']:6.1f} s  to match: {n} trials, {fmt_s(wall)} s  "
               f"estimate {fmt_s(res['estimated_latency_s'], 'ms')} ms", flush=True)
     final = {"cold": rm["cold"], "warm": rm["warm"]}
-    print(f"  final latency B: cold {fmt_s(final['cold'], 'ms')} ms, warm {fmt_s(final['warm'], 'ms')} ms")
+    # rounds alternate the order, so each round's warm/cold pair was timed back to back: their ratio is
+    # what drift in the machine's load (a shared host) disturbs least
+    paired = [w / c for c, w in zip(rm["samples"]["cold"], rm["samples"]["warm"]) if c and w]
+    print(f"  final latency B: cold {fmt_s(final['cold'], 'ms')} ms, warm {fmt_s(final['warm'], 'ms')} ms "
+          f"(medians of {len(paired)} alternated rounds; per-round warm/cold {', '.join(f'{x:.3f}' for x in paired)})")
+    for v in (warm.get("verification") or {}).get("tasks") or []:
+        print(f"    {v['task_name']:28s} cache {fmt_s(v['cache_best_s'], 'us')} us  here "
+              f"{fmt_s(v['measured_best_s'], 'us')} us  {'verified' if v['verified'] else 'not verified'}  "
+              f"(re-timed {v.get('n_retimed', 0)})")
     overall = {
         "trials_to_match_ratio": _ratio(rows["B warm"]["trials_to_match"], rows["B cold"]["trials_to_match"]),
         "wall_to_match_ratio": _ratio(rows["B warm"]["wall_to_match_s"], rows["B cold"]["wall_to_match_s"]),
         "final_latency_ratio": _ratio(final["warm"], final["cold"]),
+        "final_latency_paired_ratio": statistics.median(paired) if paired else None,
+        "trials_total_ratio": _ratio(rows["B warm"]["trials"], rows["B cold"]["trials"]),
         "tasks_with_hits": rows["B warm"]["tasks_with_hits"], "tasks_verified": rows["B warm"]["verified"],
     }
     print("# overall (warm / cold): " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"

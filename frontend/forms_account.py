@@ -29,6 +29,16 @@ class WebhookForm(forms.Form):
                                     "team ends, with a JSON body signed with HMAC-SHA256.")
 
 
+class RecordCacheSettingsForm(forms.Form):
+    """The team's record-cache setting (unchecked boxes are not posted: absent = off)."""
+
+    publish = forms.BooleanField(required=False, label="Publish this team's tuning records to the shared cache",
+                                 help_text="Records reveal your models' tensor shapes to the platform's other "
+                                           "teams' runs (as schedules, never as models).")
+    read = forms.BooleanField(required=False, label="Seed this team's runs from the shared cache",
+                              help_text="Cached records are re-timed on the run's host before any is trusted.")
+
+
 class RecordImportForm(forms.Form):
     workloads = forms.FileField(label="database_workload.json")
     records = forms.FileField(label="database_tuning_record.json")

@@ -53,6 +53,7 @@ urlpatterns = [
     path("teams/<int:pk>/leave/", views_teams.team_leave, name="team-leave"),
     path("teams/<int:pk>/members/<int:member_pk>/<str:action>/", views_teams.team_member, name="team-member"),
     path("teams/<int:pk>/webhook/<str:action>/", views_teams.team_webhook, name="team-webhook"),
+    path("teams/<int:pk>/record-cache/", views_teams.team_record_cache, name="team-record-cache"),
     path("invitations/<int:pk>/<str:action>/", views_teams.invitation_answer, name="invitation-answer"),
     path("favicon.ico", views_static.favicon, name="favicon"),
     *chart_patterns,

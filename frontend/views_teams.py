@@ -1,5 +1,6 @@
 """Teams and members (/teams/): the user's teams with quotas and usage, invitations to answer; on a team's
-page its members, and for owners the invitation form, role changes, removals and the team's webhook.
+page its members, and for owners the invitation form, role changes, removals, the team's webhook and its
+record-cache setting (publish to / read from the shared tuning-record cache).
 
 Every team URL takes only a team of the user (another team, staff included: 404); writes go through
 core.services, whose refusals (a viewer, a non-owner, the last owner) come back as a message."""
@@ -17,7 +18,10 @@ from core.exceptions import ServiceError
 from core.models import Membership
 
 from . import accountdata
-from .forms_account import InviteForm, RoleForm, WebhookForm
+from recordcache import selectors as record_cache
+from recordcache import services as record_cache_services
+
+from .forms_account import InviteForm, RecordCacheSettingsForm, RoleForm, WebhookForm
 from .scope import get_scope, set_current_team
 
 
@@ -35,10 +39,13 @@ def team_detail(request, pk: int, *, webhook_form=None, secret=None):
     context = accountdata.team_page(team)
     if webhook_form is None:
         webhook_form = WebhookForm(initial={"url": context["webhook"].url if context["webhook"] else ""})
+    cache = record_cache.team_settings(team.pk)
     return render(request, "frontend/team_detail.html", {
         "scope": get_scope(request), "team": team, "role": role, "is_owner": role == Membership.Role.OWNER,
         "invite_form": InviteForm(), "role_choices": Membership.Role.choices, "secret": secret,
-        "webhook_form": webhook_form, **context, "nav": "teams"})
+        "webhook_form": webhook_form, "cache_settings": cache,
+        "cache_form": RecordCacheSettingsForm(initial={"publish": cache.publish, "read": cache.read}),
+        **context, "nav": "teams"})
 
 
 def _attempt(request, write, success: str) -> bool:
@@ -153,3 +160,20 @@ def team_webhook(request, pk: int, action: str):
         messages.success(request, f"Webhook URL changed to {change.webhook.url}.")
         return redirect("team-page", pk=team.pk)
     return team_detail(request, pk, secret=change.secret)
+
+
+@login_required
+@require_POST
+def team_record_cache(request, pk: int):
+    """Owners choose whether the team's runs publish to and read from the shared record cache."""
+    team, _ = accountdata.team_of_user(request.user, pk)
+    form = RecordCacheSettingsForm(request.POST)
+    if not form.is_valid():  # two check boxes: only a forged body gets here
+        messages.error(request, "The record-cache setting takes two check boxes, publish and read.")
+        return redirect("team-page", pk=team.pk)
+    publish, read = form.cleaned_data["publish"], form.cleaned_data["read"]
+    _attempt(request, lambda: record_cache_services.update_team_settings(actor=request.user, team=team,
+                                                                         publish=publish, read=read),
+             f"Record cache: {team.name}'s runs {'publish' if publish else 'do not publish'} their records and "
+             f"{'read' if read else 'do not read'} the shared cache.")
+    return redirect("team-page", pk=team.pk)

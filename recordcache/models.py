@@ -33,6 +33,8 @@ class CacheEntry(models.Model):
                                    related_name="published_cache_entries")
     source_team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     hits = models.PositiveIntegerField(default=0)
+    strikes = models.PositiveSmallIntegerField(
+        default=0, help_text="runs in a row in which it did not verify (twice re-timed); stale at STALE_STRIKES")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

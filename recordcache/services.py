@@ -28,6 +28,9 @@ from .models import CacheEntry, CacheLookup, CostModelFile, TeamCacheSettings
 log = logging.getLogger(__name__)
 
 MAX_IMPORT_RECORDS = 10_000
+# runs in a row in which an entry must fail to verify before it is stale: one run on a busy host (whose seeds
+# were each timed twice already) is not enough to retire a good record for good
+STALE_STRIKES = 2
 
 
 # --------------------------------------------------------------------------- team setting
@@ -130,7 +133,20 @@ def apply_verification(run: TuningRun) -> None:
                 verification=verdict, cache_best_s=v["cache_best_s"], measured_best_s=v["measured_best_s"],
                 reason=fit_to_field(CacheLookup, "reason", v["reason"]),
                 trials_saved=_trials_saved(v) if v["verified"] else 0)
-            CacheEntry.objects.filter(id__in=v["stale_entry_ids"]).update(status=CacheEntry.Status.STALE)
+            _strike(v["stale_entry_ids"])
+            CacheEntry.objects.filter(id__in=v.get("confirmed_entry_ids") or [], status=CacheEntry.Status.TRUSTED
+                                      ).update(strikes=0)
+
+
+def _strike(entry_ids: list[int]) -> None:
+    """One more run in which these entries did not verify; stale from ``STALE_STRIKES`` in a row on (a
+    failed or slow re-time on a busy host costs a strike, not the entry)."""
+    rows = CacheEntry.objects.select_for_update().filter(id__in=entry_ids).exclude(status=CacheEntry.Status.STALE)
+    for row in rows:
+        row.strikes += 1
+        if row.strikes >= STALE_STRIKES:
+            row.status = CacheEntry.Status.STALE
+        row.save(update_fields=["strikes", "status", "updated_at"])
 
 
 def _trials_saved(verdict: dict) -> int:
@@ -167,7 +183,8 @@ def publish_run(*, run: TuningRun, model_proto) -> int:
                 defaults={"task_name": fit_to_field(CacheEntry, "task_name", e["task_name"]),
                           "workload_json": e["workload_json"], "record_json": e["record_json"],
                           "args_info": e["args_info"], "run_secs": e["run_secs"], "latency_s": e["latency_s"],
-                          "status": CacheEntry.Status.TRUSTED, "source_run": run, "source_team_id": run.team_id})
+                          "status": CacheEntry.Status.TRUSTED, "strikes": 0, "source_run": run,
+                          "source_team_id": run.team_id})
     if out.get("cost_model_records") and tmp.exists():
         _save_cost_model(key, tmp, out["cost_model_records"], run.pk)
     return len(out["entries"])

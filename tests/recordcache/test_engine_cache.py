@@ -121,6 +121,100 @@ def test_verified_tasks_are_preempted_from_the_start_not_reported_as_trimmer_sav
     assert tr.choose([0, 1], remaining=8) == 1  # the share allocation gives the trials to the other task
 
 
+def _manifest(entries, tol=0.1):
+    return {"tolerance": tol, "tasks": {"0": {"workload_hash": "h", "cache_best_s": min(
+        e["latency_s"] for e in entries), "entries": {e["trace_digest"]: {"id": e["id"], "source_run": 3,
+                                                                          "latency_s": e["latency_s"]}
+                                                      for e in entries}}}}
+
+
+def test_one_slow_retime_is_timed_again_and_the_faster_time_decides():
+    """A busy host: the good entry's first re-time is 2x its cached time, the second is on time. It
+    verifies and draws no strike; the second look is asked for the slow seed only."""
+    entries = [_entry(1, 1e-3), _entry(2, 2e-3)]
+    measured = {0: {"d1": 2e-3, "d2": 2.05e-3}}
+    asked = []
+
+    def second(suspects):
+        asked.append(suspects)
+        return {(0, "d1"): 1.02e-3}
+
+    assert rc.second_look(_manifest(entries), measured, second) == {0: 1}
+    assert asked == [{0: ["d1"]}]  # d2 (2.05e-3 against 2e-3 cached) was within tolerance: not re-timed
+    v = rc._task_verdict(0, "t", _manifest(entries)["tasks"]["0"], measured[0], 0.1, retimed=1)
+    assert v["verified"] and v["stale_entry_ids"] == [] and v["confirmed_entry_ids"] == [1, 2]
+    assert v["measured_best_s"] == 1.02e-3 and v["n_retimed"] == 1
+
+
+def test_a_seed_slow_twice_stays_a_suspect_and_a_failure_is_not_retimed():
+    entries = [_entry(1, 1e-3), _entry(2, 1e-3)]
+    measured = {0: {"d1": 2e-3, "d2": None}}
+    rc.second_look(_manifest(entries), measured, lambda s: {(0, d): 1.9e-3 for d in s[0]})
+    assert measured[0] == {"d1": 1.9e-3, "d2": None}  # the faster of two slow times; the failure untouched
+    v = rc._task_verdict(0, "t", _manifest(entries)["tasks"]["0"], measured[0], 0.1)
+    assert not v["verified"] and v["stale_entry_ids"] == [1, 2] and v["confirmed_entry_ids"] == []
+    assert rc.second_look(_manifest(entries), {0: {"d1": 2e-3}}, None) == {}  # no re-timer: one look
+
+
+def _manifest_tasks(cached: dict[int, dict[str, float]], tol=0.1):
+    return {"tolerance": tol, "tasks": {str(i): {"workload_hash": f"h{i}", "cache_best_s": min(c.values()),
+                                                 "entries": {d: {"id": n, "source_run": 3, "latency_s": t}
+                                                             for n, (d, t) in enumerate(c.items(), start=10 * i)}}
+                                        for i, c in cached.items()}}
+
+
+def test_a_busier_host_moves_every_seed_a_bad_record_only_its_own():
+    """The cache timed four records on a quieter machine: now all run ~2x slower (load), one 6x (a bad
+    record). The host factor (median ratio) is 2: the four verify against it, the bad one does not."""
+    cached = {0: {"a": 1e-3}, 1: {"b": 2e-3}, 2: {"c": 1e-4}, 3: {"d": 5e-5}, 4: {"e": 1e-3}}
+    measured = {0: {"a": 2.1e-3}, 1: {"b": 3.9e-3}, 2: {"c": 2e-4}, 3: {"d": 1.0e-4}, 4: {"e": 6e-3}}
+    m = _manifest_tasks(cached)
+    factor = rc.host_factor(m, measured)
+    assert factor == pytest.approx(2.0)
+    assert rc.suspect_seeds(m, measured, factor) == {4: ["e"]}  # only the outlier is re-timed
+    allowed = (1 + 0.1) * factor - 1
+    v = {i: rc._task_verdict(i, "t", m["tasks"][str(i)], measured[i], allowed) for i in measured}
+    assert all(v[i]["verified"] for i in range(4)) and not v[4]["verified"] and v[4]["stale_entry_ids"] == [40]
+    # without the factor (the host's state ignored) the load would fail all five
+    assert not any(rc._task_verdict(i, "t", m["tasks"][str(i)], measured[i], 0.1)["verified"] for i in measured)
+
+
+def test_the_host_factor_needs_seeds_counts_only_a_slower_host_and_is_bounded():
+    cached = {0: {"a": 1e-3}, 1: {"b": 1e-3}, 2: {"c": 1e-3}}
+    assert rc.host_factor(_manifest_tasks({0: {"a": 1e-3}, 1: {"b": 1e-3}}), {0: {"a": 3e-3}, 1: {"b": 3e-3}}) == 1.0
+    m = _manifest_tasks(cached)
+    assert rc.host_factor(m, {0: {"a": 5e-4}, 1: {"b": 5e-4}, 2: {"c": 5e-4}}) == 1.0  # faster now: no credit
+    assert rc.host_factor(m, {0: {"a": 1e-2}, 1: {"b": 1e-2}, 2: {"c": 1e-2}}) == rc.HOST_FACTOR_MAX  # 10x: capped
+    assert rc.host_factor(m, {0: {"a": 2e-3}, 1: {"b": None}, 2: {"c": 2e-3}}) == 1.0  # a failure is no ratio
+    # a fake nanosecond time among real ones is one ratio of many: it does not move the factor, nor verify
+    poisoned = _manifest_tasks({0: {"a": 1e-3}, 1: {"b": 1e-3}, 2: {"c": 1e-3}, 3: {"f": 1e-9}})
+    measured = {0: {"a": 1.5e-3}, 1: {"b": 1.5e-3}, 2: {"c": 1.5e-3}, 3: {"f": 4e-5}}
+    factor = rc.host_factor(poisoned, measured)
+    assert factor == pytest.approx(1.5)
+    assert not rc._task_verdict(3, "t", poisoned["tasks"]["3"], measured[3], 1.1 * factor - 1)["verified"]
+
+
+def test_when_every_task_is_verified_none_is_resumed_and_the_budget_is_saved():
+    infos = [TaskInfo(0, "a", 1.0, 1.0), TaskInfo(1, "b", 1.0, 1.0)]
+    st = _State()
+    rc.skip_verified_tasks(st, infos, {0: 2, 1: 2}, max_trials=40, per_round=4, seed=0,
+                           seeded={0: (1e-3, 2), 1: (5e-4, 2)})
+    tr = st.trimmer
+    assert sorted(tr.take_pending()) == [0, 1] and tr.settled == {0, 1}
+    assert tr.choose([0, 1], remaining=36) is None  # settled: never resumed (a parked task would be)
+    assert tr.trials_saved() == 0 and tr.resumptions == []  # the saving is the cache's, not Trimmer's
+
+
+def test_seed_times_feed_the_allocator_so_freed_trials_follow_the_real_shares():
+    infos = [TaskInfo(i, n, 1.0, 1.0) for i, n in enumerate("abc")]
+    st = _State()
+    rc.skip_verified_tasks(st, infos, {0: 2}, max_trials=40, per_round=4, seed=0,
+                           seeded={0: (1e-3, 2), 1: (1e-3, 2), 2: (1e-6, 2)})
+    tr = st.trimmer
+    assert tr.best[1] == 1e-3 and tr.best[2] == 1e-6 and tr.tracker.trials == {0: 2, 1: 2, 2: 2}
+    assert [tr.choose([0, 1, 2], remaining=34) for _ in range(3)] == [1, 1, 1]  # the slow task's share
+
+
 def test_export_is_a_tvm_json_database_with_the_platform_times():
     wl, recs = rc.export_lines([_entry(1, 1e-3), _entry(2, 2e-3), _entry(3, 5e-4, wl="h2")])
     assert len(wl) == 2 and len(recs) == 3
@@ -169,6 +263,8 @@ def test_seeded_run_verifies_skips_and_refuses_a_poisoned_entry(tmp_path, cpu_ta
     verdicts = {v["task_index"]: v for v in rc.load_verification(work)["tasks"]}
     assert verdicts[0]["verified"] and verdicts[0]["source_run"] == 7
     assert not verdicts[1]["verified"] and verdicts[1]["stale_entry_ids"] == [9]
+    assert verdicts[1]["n_retimed"] == 1 and verdicts[0]["n_retimed"] == 0  # slow: timed a second time first
+    assert verdicts[0]["confirmed_entry_ids"] == [1]
     by_task = {0: [r for r in sink.records if r.task_index == 0], 1: [r for r in sink.records if r.task_index == 1]}
     assert len(by_task[0]) == 1  # the verification measurement only: its trials went to task 1
     assert len(by_task[1]) > 1 and all(min(r.run_secs) > 1e-7 for r in sink.records if r.run_secs)

@@ -34,3 +34,45 @@ def test_energy_page_counts_cache_savings_apart(user_owner, team_a):
                                verification="verified", trials_saved=5)
     html = _client(user_owner).get("/energy/").content.decode()
     assert "Saved by the record cache" in html and "5 trials, 10 J" in html and "estimated" in html
+
+
+# --- the team's cache setting on the team page -------------------------------------------------------------
+
+
+def _setting(team):
+    from recordcache.selectors import team_settings
+
+    s = team_settings(team.pk)
+    return s.publish, s.read
+
+
+def test_owner_turns_publish_and_read_off_and_on_from_the_team_page(user_owner, team_a, user_member):
+    owner = _client(user_owner)
+    page = owner.get(f"/teams/{team_a.pk}/").content.decode()
+    assert 'id="record-cache-form"' in page and 'name="publish"' in page and "checked" in page
+    resp = owner.post(f"/teams/{team_a.pk}/record-cache/", {"read": "on"}, follow=True)  # publish unchecked
+    assert resp.status_code == 200 and _setting(team_a) == (False, True)
+    assert any("do not publish" in str(m) for m in resp.context["messages"])
+    owner.post(f"/teams/{team_a.pk}/record-cache/", {})
+    assert _setting(team_a) == (False, False)
+    seen = _client(user_member).get(f"/teams/{team_a.pk}/").content.decode()  # members see it, no form
+    assert 'id="record-cache-form"' not in seen and "do not publish" in seen and "do not read" in seen
+    owner.post(f"/teams/{team_a.pk}/record-cache/", {"publish": "on", "read": "on"})
+    assert _setting(team_a) == (True, True)
+
+
+def test_cache_setting_refused_to_members_viewers_other_teams_and_without_csrf(user_owner, team_a, user_member,
+                                                                               user_viewer, user_other, team_b):
+    for user in (user_member, user_viewer):
+        resp = _client(user).post(f"/teams/{team_a.pk}/record-cache/", {}, follow=True)
+        assert resp.status_code == 200 and _setting(team_a) == (True, True)
+        assert any("Only the team's owners" in str(m) for m in resp.context["messages"])
+    # another team's owner: the team does not exist for them
+    assert _client(user_other).post(f"/teams/{team_a.pk}/record-cache/", {}).status_code == 404
+    assert _client(user_owner).post(f"/teams/{team_b.pk}/record-cache/", {}).status_code == 404
+    assert _setting(team_a) == (True, True) and _setting(team_b) == (True, True)
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(user_owner)
+    assert strict.post(f"/teams/{team_a.pk}/record-cache/", {}).status_code == 403
+    assert _client(user_owner).get(f"/teams/{team_a.pk}/record-cache/").status_code == 405
+    assert _setting(team_a) == (True, True)

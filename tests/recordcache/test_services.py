@@ -183,7 +183,7 @@ def test_verdicts_mark_stale_entries_and_count_trials_saved():
     assert rows[1].verification == "stale" and rows[1].trials_saved == 0
     good.refresh_from_db()
     bad.refresh_from_db()
-    assert good.status == "trusted" and bad.status == "stale"
+    assert good.status == "trusted" and bad.status == "trusted" and bad.strikes == 1  # one run: a strike
     run.energy_joules, run.trials_done = 100.0, 10
     s = selectors.run_cache_savings(run)
     assert s["trials_saved"] == 38 and s["energy_saved_joules"] == pytest.approx(380.0)
@@ -191,6 +191,37 @@ def test_verdicts_mark_stale_entries_and_count_trials_saved():
     run.save()
     assert selectors.team_cache_savings([run.team_id]) == {"trials_saved": 38, "energy_saved_joules": 380.0,
                                                            "source": "estimated"}
+
+
+def _stale_verdict(entry_ids, confirmed=()):
+    return {"task_index": 0, "task_name": "conv", "verified": not entry_ids, "cache_best_s": 1e-3,
+            "measured_best_s": 2e-3 if entry_ids else 1e-3, "n_seeds": 1, "stale_entry_ids": list(entry_ids),
+            "confirmed_entry_ids": list(confirmed), "reason": "slower on this host" if entry_ids else "verified",
+            "source_run": None}
+
+
+def _verify_in_a_new_run(verdict):
+    run = _run()
+    CacheLookup.objects.create(run=run, task_index=0, task_name="conv", workload_hash="111", hit=True, n_seeds=1)
+    _verification(run, [verdict])
+    services.apply_verification(run)
+
+
+def test_one_slow_run_is_a_strike_two_in_a_row_make_the_entry_stale_a_confirmation_clears_them():
+    entry = CacheEntryFactory(workload_hash="111")
+    key = {"target_key": entry.target_key, "hardware": entry.hardware, "tvm_version": entry.tvm_version}
+    _verify_in_a_new_run(_stale_verdict([entry.pk]))  # a busy host: slow even when timed twice
+    entry.refresh_from_db()
+    assert entry.status == "trusted" and entry.strikes == 1
+    assert [e["id"] for e in selectors.lookup(key, ["111"], 2)["111"]] == [entry.pk]  # still seeds runs
+    _verify_in_a_new_run(_stale_verdict([], confirmed=[entry.pk]))  # the next run: on time again
+    entry.refresh_from_db()
+    assert entry.status == "trusted" and entry.strikes == 0
+    _verify_in_a_new_run(_stale_verdict([entry.pk]))
+    _verify_in_a_new_run(_stale_verdict([entry.pk]))  # two runs in a row: stale, no longer looked up
+    entry.refresh_from_db()
+    assert entry.status == "stale" and entry.strikes == services.STALE_STRIKES
+    assert selectors.lookup(key, ["111"], 2) == {}
 
 
 def test_outcome_never_fails_a_run(monkeypatch):

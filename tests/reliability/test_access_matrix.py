@@ -555,6 +555,19 @@ NO_WEBHOOK = effect(REDIRECT, "no webhook was set", lambda w: not _has_webhook(w
 NOT_IMPORTED = effect(REDIRECT, "nothing was imported", lambda w: not _imported(w))
 
 
+def _cache_setting(w):
+    from recordcache.selectors import team_settings
+
+    s = team_settings(w.team_a.pk)
+    return s.publish, s.read
+
+
+CACHE_SET = effect(REDIRECT, "team A's runs no longer publish to the record cache",
+                   lambda w: _cache_setting(w) == (False, True))
+CACHE_UNCHANGED = effect(REDIRECT, "team A's record-cache setting is unchanged",
+                         lambda w: _cache_setting(w) == (True, True))
+
+
 def _left(role):
     return effect(REDIRECT, f"the {role} left", lambda w: _member_of_a(w, role) is None)
 
@@ -654,6 +667,9 @@ DASHBOARD_EXPECTED = {
     ("team-webhook", "GET"): POST_ONLY,
     ("team-webhook", "POST"): _profile(anon=LOGIN, viewer=NO_WEBHOOK, member=NO_WEBHOOK, owner=WEBHOOK_SET,
                                        other=HIDDEN, staff=HIDDEN),
+    ("team-record-cache", "GET"): POST_ONLY,
+    ("team-record-cache", "POST"): _profile(anon=LOGIN, viewer=CACHE_UNCHANGED, member=CACHE_UNCHANGED,
+                                            owner=CACHE_SET, other=HIDDEN, staff=HIDDEN),
     ("invitation-answer", "GET"): POST_ONLY,
     # world.invitation invites "other" (team B's owner) into team A: only they see and answer it
     ("invitation-answer", "POST"): _profile(anon=LOGIN, viewer=HIDDEN, member=HIDDEN, owner=HIDDEN, other=JOINED,
@@ -668,7 +684,7 @@ DASHBOARD_EXPECTED = {
 DASHBOARD_OBJECTS = {"model-detail": "model", "run-detail": "run", "simulation-detail": "simulation",
                      "simulation-progress": "simulation", "job-detail": "job", "job-cancel": "job",
                      "team-page": "team_a", "team-invite": "team_a", "team-leave": "team_a",
-                     "token-revoke": "token", "run-import-records": "run"}
+                     "token-revoke": "token", "run-import-records": "run", "team-record-cache": "team_a"}
 DASHBOARD_ACTIONS = {  # name -> (object, extra kwargs)
     "team-member": ("team_a", lambda w: {"member_pk": w.membership.pk, "action": "role"}),
     "team-webhook": ("team_a", lambda w: {"action": "set"}),
@@ -698,6 +714,8 @@ def dashboard_body(name: str, w, role: str | None = None):
         return {"role": "viewer"}
     if name == "team-webhook":
         return {"url": "http://127.0.0.1:9/hook"}  # the matrix test allow-lists it (no DNS here)
+    if name == "team-record-cache":
+        return {"read": "on"}  # publish unchecked
     if name == "run-import-records":
         return {"workloads": SimpleUploadedFile("database_workload.json", b"[1]\n"),
                 "records": SimpleUploadedFile("database_tuning_record.json", b"[1]\n")}
@@ -797,7 +815,7 @@ def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_ou
     # every dashboard view that accepts POST has a form somewhere, and we found it
     posted_names = {resolve(a.split("?")[0]).url_name for a in actions}
     assert {"login", "logout", "switch-team", "model-upload", "run-start", "run-control", "settings-tokens",
-            "token-revoke", "team-invite", "team-leave", "team-member", "team-webhook",
+            "token-revoke", "team-invite", "team-leave", "team-member", "team-webhook", "team-record-cache",
             "run-import-records", "job-new", "job-cancel", "simulation-new"} <= posted_names, posted_names
 
     def state():
@@ -806,7 +824,7 @@ def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_ou
         return (TuningRun.objects.filter(team=world.team_a).count(), _model_count(world), _run_status(world),
                 _invitations(world), _has_webhook(world), _imported(world), ApiToken.objects.filter(
                     revoked_at__isnull=True).count(), sorted(Membership.objects.values_list("pk", "role")),
-                _job_count(world), _job_state(world), _sim_count(world))
+                _job_count(world), _job_state(world), _sim_count(world), _cache_setting(world))
     before = state()
     for action in sorted(actions):
         name = resolve(action.split("?")[0]).url_name

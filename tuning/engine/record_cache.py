@@ -19,7 +19,9 @@ What this module does with entries:
   engine builds and measures serially on this host before the search, exactly like user imports
   (``remeasure.measure_imported``): their cached times are dropped, only this host's count;
 - :func:`verify_seeds` (called by the session after the seeds were measured): per task, the seeds' best
-  time on this host against the cache's best. Verified within ``tolerance``: the task needs no further
+  time on this host against the cache's best, allowing for the host's speed now (:func:`host_factor`: a
+  shared machine's load moves every seed's time, a bad record only its own; a seed that timed slow is
+  timed once more first). Verified within ``tolerance``: the task needs no further
   tuning, its trials go to the other tasks through Trimmer's share allocation
   (:func:`skip_verified_tasks`). Failed or slower: the hit is stale;
 - :func:`train_cost_model`: one XGBoost cost model (TVM's ``XGBModel``, MetaSchedule's program
@@ -42,7 +44,7 @@ from .events import ffi_to_py, trace_json
 
 __all__ = ["SEEDS_FILE", "VERIFY_FILE", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE", "tvm_version", "hardware_fingerprint",
            "cache_target_key", "trace_digest", "task_workloads", "entries_from_run", "publish_from_run",
-           "write_seeds", "verify_seeds",
+           "write_seeds", "verify_seeds", "host_factor", "suspect_seeds", "second_look",
            "load_verification", "skip_verified_tasks", "apply_seed_verification", "train_cost_model",
            "place_cost_model", "export_lines", "check_cache_import"]
 
@@ -50,6 +52,12 @@ SEEDS_FILE = "record_cache_seeds.json"
 VERIFY_FILE = "record_cache_verification.json"
 DEFAULT_TOP_K = 2  # cached records re-timed per task
 DEFAULT_TOLERANCE = 0.10  # a verified hit is at most this much slower than the cache's best
+# The host's speed now against when the cache's times were taken (a shared machine's load changes between
+# runs): the median measured / cached ratio of this run's seeds, from this many seeds on, counted only
+# upwards (a slower host now) and at most HOST_FACTOR_MAX (a record that is that much slower than all the
+# others is not load: it does not verify).
+HOST_FACTOR_MIN_SEEDS = 3
+HOST_FACTOR_MAX = 2.5
 
 
 # --------------------------------------------------------------------------- the key
@@ -254,12 +262,58 @@ def _slower(measured: float | None, cached: float | None, tolerance: float) -> b
     return measured is None or (cached is not None and measured > float(cached) * (1 + tolerance))
 
 
-def _task_verdict(index: int, name: str, want: dict, measured: dict[str, float | None], tolerance: float) -> dict:
+def host_factor(manifest: dict, measured: dict[int, dict[str, float | None]]) -> float:
+    """How much slower this host runs the cached records now than when the cache timed them: the median
+    of the seeds' measured / cached times over every seeded task (a load change moves them all; one bad
+    record moves only its own), at least ``HOST_FACTOR_MIN_SEEDS`` seeds, within [1, HOST_FACTOR_MAX]
+    (1: too few seeds to tell, or the host is as fast or faster). Verification allows the cache's times
+    this much more before calling a seed slower."""
+    ratios = []
+    for i, want in manifest.get("tasks", {}).items():
+        for digest, value in measured.get(int(i), {}).items():
+            cached = (want["entries"].get(digest) or {}).get("latency_s")
+            if value is not None and cached:
+                ratios.append(float(value) / float(cached))
+    if len(ratios) < HOST_FACTOR_MIN_SEEDS:
+        return 1.0
+    ratios.sort()
+    n = len(ratios)
+    median = ratios[n // 2] if n % 2 else (ratios[n // 2 - 1] + ratios[n // 2]) / 2
+    return min(HOST_FACTOR_MAX, max(1.0, median))
+
+
+def _allowed(tolerance: float, factor: float) -> float:
+    """The tolerance once the host factor is applied: slower than cached x (1 + tolerance) x factor."""
+    return (1 + tolerance) * factor - 1
+
+
+def suspect_seeds(manifest: dict, measured: dict[int, dict[str, float | None]],
+                  factor: float = 1.0) -> dict[int, list[str]]:
+    """task index -> digests of the seeds that ran but looked slower than their cached time allows (x the
+    ``factor`` of :func:`host_factor`) on their first re-time: on a busy host one slow sample is noise as
+    often as not, so these are re-timed once more before any verdict (a failure is not re-timed: it is no
+    timing noise)."""
+    tol = _allowed(float(manifest.get("tolerance", DEFAULT_TOLERANCE)), factor)
+    out: dict[int, list[str]] = {}
+    for i, want in manifest.get("tasks", {}).items():
+        for digest, value in measured.get(int(i), {}).items():
+            cached = (want["entries"].get(digest) or {}).get("latency_s")
+            if value is not None and _slower(value, cached, tol):
+                out.setdefault(int(i), []).append(digest)
+    return out
+
+
+def _task_verdict(index: int, name: str, want: dict, measured: dict[str, float | None], tolerance: float,
+                  retimed: int = 0) -> dict:
     best = min((v for v in measured.values() if v is not None), default=None)
     cache_best = want["cache_best_s"]
     verified = best is not None and cache_best is not None and best <= float(cache_best) * (1 + tolerance)
-    stale = [want["entries"][d]["id"] for d, v in measured.items()
-             if d in want["entries"] and _slower(v, want["entries"][d]["latency_s"], tolerance)]
+    slow = {d: _slower(v, want["entries"][d]["latency_s"], tolerance) for d, v in measured.items()
+            if d in want["entries"]}
+    stale = [want["entries"][d]["id"] for d, bad in slow.items() if bad]
+    # entries this host confirmed (ran within tolerance of their own cached time): their strikes reset
+    confirmed = [want["entries"][d]["id"] for d, bad in slow.items()
+                 if not bad and want["entries"][d].get("latency_s") is not None]
     winner = min(((v, d) for d, v in measured.items() if v is not None), default=(None, None))[1]
     if verified:
         reason = "verified"
@@ -271,35 +325,86 @@ def _task_verdict(index: int, name: str, want: dict, measured: dict[str, float |
         reason = f"slower on this host ({best * 1e6:.1f} us vs the cache's best {float(cache_best) * 1e6:.1f} us)"
     return {"task_index": index, "task_name": name, "workload_hash": want["workload_hash"],
             "cache_best_s": cache_best, "measured_best_s": best, "n_seeds": len(measured),
-            "verified": verified, "stale_entry_ids": [x for x in stale if x is not None], "reason": reason,
+            "verified": verified, "stale_entry_ids": [x for x in stale if x is not None],
+            "confirmed_entry_ids": [x for x in confirmed if x is not None], "n_retimed": int(retimed), "reason": reason,
             "source_run": (want["entries"].get(winner) or next(iter(want["entries"].values())))["source_run"]}
 
 
-def verify_seeds(work_dir: str, tasks, database) -> dict | None:
+def second_look(manifest: dict, measured: dict[int, dict[str, float | None]], second_times) -> dict[int, int]:
+    """Time the :func:`suspect_seeds` once more (``second_times(suspects)`` -> {(task index, digest):
+    latency or None}) and keep, for each, the faster of its two times, in ``measured``. Returns task
+    index -> seeds re-timed."""
+    suspects = suspect_seeds(manifest, measured, host_factor(manifest, measured))
+    if second_times is None or not suspects:
+        return {}
+    retimed: dict[int, int] = {}
+    for (i, digest), second in second_times(suspects).items():
+        if digest not in measured.get(i, {}):
+            continue
+        retimed[i] = retimed.get(i, 0) + 1
+        first = measured[i][digest]
+        if second is not None and first is not None:
+            measured[i][digest] = min(first, float(second))
+    return retimed
+
+
+def _seed_traces(tasks, database, wanted: dict[int, list[str]]) -> list[tuple[int, str, Any]]:
+    """(task index, digest, trace) of the ``wanted`` seeds, read back from the run's database."""
+    out, seen = [], set()
+    for i, recs in records_by_task(database, tasks).items():
+        for rec in recs:
+            digest = trace_digest(trace_json(rec.trace))
+            if digest in wanted.get(i, ()) and (i, digest) not in seen:
+                seen.add((i, digest))
+                out.append((i, digest, rec.trace))
+    return out
+
+
+def verify_seeds(work_dir: str, tasks, database, retime=None) -> dict | None:
     """Compare each seeded task's measured seeds (this host, serial) with the cache's best; write and
-    return ``{"tolerance", "tasks": [verdict, ...]}`` (``VERIFY_FILE``). None when the run was not seeded."""
+    return ``{"tolerance", "tasks": [verdict, ...]}`` (``VERIFY_FILE``). None when the run was not seeded.
+
+    ``retime(items)`` (the session's: build and time serially again; ``items`` = [(task index, trace)],
+    returns one latency or None each): a seed that looked slower than its cached time is timed once more
+    and keeps the faster of its two times (load on a shared host only ever adds time), so one slow
+    sample neither fails a verification nor counts against the entry."""
     manifest = _load_json(os.path.join(work_dir, SEEDS_FILE))
     if not manifest:
         return None
     tol = float(manifest.get("tolerance", DEFAULT_TOLERANCE))
     measured = _measured_seeds(work_dir, tasks, database)
-    verdicts = [_task_verdict(int(i), tasks[int(i)].name, want, measured.get(int(i), {}), tol)
+
+    def second_times(suspects: dict[int, list[str]]) -> dict[tuple[int, str], float | None]:
+        items = _seed_traces(tasks, database, suspects)
+        return dict(zip(((i, d) for i, d, _ in items), retime([(i, trace) for i, _, trace in items])))
+
+    retimed = second_look(manifest, measured, second_times if retime is not None else None)
+    factor = host_factor(manifest, measured)
+    allowed = _allowed(tol, factor)
+    verdicts = [_task_verdict(int(i), tasks[int(i)].name, want, measured.get(int(i), {}), allowed,
+                              retimed.get(int(i), 0))
                 for i, want in sorted(manifest["tasks"].items(), key=lambda kv: int(kv[0])) if int(i) < len(tasks)]
-    result = {"tolerance": tol, "tasks": verdicts}
+    result = {"tolerance": tol, "host_factor": factor, "allowed": allowed, "tasks": verdicts}
     Path(os.path.join(work_dir, VERIFY_FILE)).write_text(json.dumps(result))
     return result
 
 
 def skip_verified_tasks(state, infos, verified: dict[int, int], *, max_trials: int, per_round: int,
-                        seed: int | None) -> None:
+                        seed: int | None, seeded: dict[int, tuple[float | None, int]] | None = None) -> None:
     """Tasks whose cache hit verified get no further trials: Trimmer's runtime (a passive one, every
-    rule off, when the run has no Trimmer) treats them as pre-empted from the start, so the scheduler
-    terminates them before the first round and its share allocation gives their trials to the others.
-    Not reported as Trimmer's pre-emptions: the cache's savings are counted apart."""
+    rule off, when the run has no Trimmer) treats them as settled from the start (terminated before the
+    first round, never resumed: when every task is settled the run ends, its budget saved), and its share
+    allocation gives their trials to the others. Not reported as Trimmer's pre-emptions: the cache's
+    savings are counted apart.
+
+    ``seeded``: task index -> (its best seed time on this host, seeds measured), every seeded task,
+    verified or not. The allocator learns them as it learns a batch (best latency, trials spent), so the
+    freed trials are shared by the tasks' real latency shares from the first round, not by a guess, and
+    a Trimmer judges a seeded task's search against the seed it started from."""
     from .trimmer import TrimmerConfig
     from .trimmer_hooks import TrimmerRuntime
 
-    if not verified:
+    if not verified and state.trimmer is None:
         return
     if state.trimmer is None:
         passive = TrimmerConfig(enabled=False, filter_enabled=False)
@@ -307,20 +412,34 @@ def skip_verified_tasks(state, infos, verified: dict[int, int], *, max_trials: i
         state.trimmer.per_round = max(1, per_round)
     tr = state.trimmer
     with tr.lock:
+        for i, (best, n) in (seeded or {}).items():
+            i = int(i)
+            if i not in tr.weights:
+                continue
+            if best is not None and best < tr.best.get(i, float("inf")):
+                tr.best[i] = float(best)
+                tr.tracker.best[i] = min(float(best), tr.tracker.best.get(i, float("inf")))
+            tr.tracker.trials[i] = tr.tracker.trials.get(i, 0) + int(n)
         for i, n in verified.items():
             tr.tracker.preempted[int(i)] = int(n)
+            tr.settled.add(int(i))
             tr.pending.add(int(i))
 
 
-def apply_seed_verification(run) -> None:
+def apply_seed_verification(run, retime=None) -> None:
     """The session's hook, after the imported seeds were measured: verify the cache's seeds (once; a
-    resumed run reads the verdicts back) and take the verified tasks out of the search."""
-    result = load_verification(run.work_dir) or verify_seeds(run.work_dir, run.tasks, run.database)
+    resumed run reads the verdicts back; ``retime``: see :func:`verify_seeds`) and take the verified tasks
+    out of the search."""
+    result = load_verification(run.work_dir) or verify_seeds(run.work_dir, run.tasks, run.database, retime)
     if not result or run.state is None:
         return
     verified = {v["task_index"]: v["n_seeds"] for v in result["tasks"] if v["verified"]}
+    fresh = not getattr(run, "n_existing", 0)  # a resumed run's allocator counted the seeds from its database
+    seeded = {v["task_index"]: (v["measured_best_s"], int(v["n_seeds"]) + int(v.get("n_retimed", 0)) if fresh else 0)
+              for v in result["tasks"]}
     skip_verified_tasks(run.state, run.infos, verified, max_trials=int(run.cfg.max_trials),
-                        per_round=min(int(run.cfg.trials_per_round), run.remaining or 1), seed=run.cfg.seed)
+                        per_round=min(int(run.cfg.trials_per_round), run.remaining or 1), seed=run.cfg.seed,
+                        seeded=seeded)
 
 
 # --------------------------------------------------------------------------- cost model

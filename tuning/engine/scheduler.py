@@ -83,8 +83,8 @@ class ControlledScheduler(PyTaskScheduler):
             for tid in pending:
                 self._join(outer, tid)  # its last batch is kept (and may pre-empt others)
                 # a pre-empted task is only parked (Trimmer may resume it); one whose search space
-                # ran out is done
-                if tid in tr.exhausted and not tasks[tid].is_terminated:
+                # ran out, or that a verified record-cache hit settled, is done
+                if tid in tr.finished and not tasks[tid].is_terminated:
                     outer.terminate_task(tid)
         if tr.stop_reason:
             self._join_all(outer)

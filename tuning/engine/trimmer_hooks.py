@@ -76,6 +76,9 @@ class TrimmerRuntime:
         # (see _tunable_estimate); the target latency is checked on the full estimate
         self.stopper = ModelStopper(dataclasses.replace(config, target_latency_s=None))
         self.exhausted: set[int] = set()  # the search had fewer new candidates than a round
+        # settled before the search (a verified record-cache hit): done like an exhausted task (terminated,
+        # never resumed, a constant share of the estimate), reported apart
+        self.settled: set[int] = set()
         self.state = TrimmerState()
         self.lock = threading.Lock()
         self.rng = random.Random(seed)
@@ -150,7 +153,7 @@ class TrimmerRuntime:
         of it would otherwise dwarf the gains the windowed stop rule looks for."""
         if self.estimate() is None:
             return None
-        vals = [self.weights[i] * b for i, b in self.best.items() if i not in self.exhausted]
+        vals = [self.weights[i] * b for i, b in self.best.items() if i not in self.finished]
         return sum(vals) if vals else None
 
     def _check_target(self) -> None:
@@ -215,10 +218,15 @@ class TrimmerRuntime:
 
     def _min_share_met(self) -> bool:
         """Every task that can still be tuned has had its minimum share of trials."""
-        return all(self.tracker.trials.get(i, 0) >= self.min_trials for i in self.weights if i not in self.exhausted)
+        return all(self.tracker.trials.get(i, 0) >= self.min_trials for i in self.weights if i not in self.finished)
 
     def _spent(self) -> int:
         return sum(self.tracker.trials.values())
+
+    @property
+    def finished(self) -> set[int]:
+        """Tasks no tuning changes any more: search space exhausted, or settled before the search."""
+        return self.exhausted | self.settled
 
     def _judging(self) -> bool:
         """Whether plateaus count yet (see ``TrimmerConfig.judge_after_trials``)."""
@@ -306,7 +314,7 @@ class TrimmerRuntime:
         the largest share of end-to-end latency (None when there is none to resume)."""
         if remaining <= 0 or self.stop_reason is not None:
             return None
-        parked = [i for i in alive if i not in self.exhausted and self.tracker.can_resume(i)]
+        parked = [i for i in alive if i not in self.finished and self.tracker.can_resume(i)]
         if not parked:
             return None
         shares = self._shares(parked)
@@ -323,7 +331,7 @@ class TrimmerRuntime:
         with self.lock:
             if self.stop_reason is None:
                 return 0
-            if all(i in self.exhausted for i in self.weights):
+            if all(i in self.finished for i in self.weights):
                 return 0
             return max(0, self.max_trials - self._spent())
 
@@ -351,6 +359,7 @@ class TrimmerRuntime:
             d["min_trials_before_preemption"] = self.min_trials
             d["judging_from_trial"] = self.judging_from_trial
             d["exhausted_tasks"] = sorted(self.exhausted)
+            d["settled_tasks"] = sorted(self.settled)
             d["config"] = self.config.to_dict()
         d["trials_saved"] = self.trials_saved()
         return d
