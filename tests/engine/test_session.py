@@ -187,3 +187,21 @@ def test_cuda_candidates_build_here_and_ship_to_a_gpu_queue(tmp_path):
     assert p["device_type"] == "cuda" and p["device_index"] == 1 and p["queue"] == "measure.gpuhost.gpu1"
     assert base64.b64decode(p["artifact_b64"])[:4] == b"\x7fELF"  # a shared object, runtime-loadable
     assert p["evaluator"] == {"number": 10, "repeat": 3, "min_repeat_ms": 50, "enable_cpu_cache_flush": False}
+
+
+def test_rounds_are_lowered_so_the_budget_reaches_every_task():
+    from tuning.engine.workloads import round_size
+
+    assert round_size(32, 640, 33) == 19  # 33 rounds of 32 would need 1,056 trials: 13 tasks never measured
+    assert round_size(32, 640, 5) == 32  # room for everyone's first round: unchanged
+    assert round_size(32, 16, 1) == 16  # never above the budget
+    assert round_size(32, 0, 4) == 1
+
+
+def test_every_task_gets_measured_when_rounds_would_overrun_the_budget(tmp_path, cpu_target):
+    """The engine fits the round to the budget itself (the bench and the CLI call it directly, not only
+    the platform's start service): 5 tasks, 20 trials, 8 asked per round -> every task measured."""
+    sink = ListSink()
+    s = run_tuning(tiny_cnn_onnx(), _cfg(cpu_target, tmp_path, 20, trials_per_round=8, search_population=32), sink)
+    assert s.status == "succeeded" and len(s.tasks) == 5
+    assert {r.task_index for r in sink.records if not r.error} == set(range(5))

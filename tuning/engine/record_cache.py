@@ -41,6 +41,7 @@ from typing import Any
 from .database import (COST_MODEL_FILE, IMPORTED_DONE_DIR, DB_RECORDS, DB_WORKLOAD, open_json_db, record_latency,
                        records_by_task, write_imported)
 from .events import ffi_to_py, trace_json
+from .workloads import round_size
 
 __all__ = ["SEEDS_FILE", "VERIFY_FILE", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE", "tvm_version", "hardware_fingerprint",
            "cache_target_key", "trace_digest", "task_workloads", "entries_from_run", "publish_from_run",
@@ -438,7 +439,7 @@ def apply_seed_verification(run, retime=None) -> None:
     seeded = {v["task_index"]: (v["measured_best_s"], int(v["n_seeds"]) + int(v.get("n_retimed", 0)) if fresh else 0)
               for v in result["tasks"]}
     skip_verified_tasks(run.state, run.infos, verified, max_trials=int(run.cfg.max_trials),
-                        per_round=min(int(run.cfg.trials_per_round), run.remaining or 1), seed=run.cfg.seed,
+                        per_round=round_size(run.cfg.trials_per_round, run.remaining, len(run.tasks)), seed=run.cfg.seed,
                         seeded=seeded)
 
 

@@ -20,7 +20,7 @@ from .runner import is_infrastructure_failure
 from .scheduler import ControlledScheduler
 from .trimmer_hooks import TrimmerRuntime, make_filtered_search
 from .tvm_compat import ensure_tensor_intrin
-from .workloads import Task
+from .workloads import Task, round_size
 
 # a session.TuningConfig (not imported: the session imports this module)
 TuningConfig = Any
@@ -127,7 +127,7 @@ def search(tasks: list[Task], target, cfg: TuningConfig, *, state: EngineState, 
         task_weights=[t.weight for t in tasks],
         max_trials_global=budget,
         max_trials_per_task=min(int(cfg.max_trials_per_task or budget), budget),
-        num_trials_per_iter=max(1, min(int(cfg.trials_per_round), budget)),
+        num_trials_per_iter=round_size(cfg.trials_per_round, budget, len(tasks)),
         builder=builder,
         runner=runner,
         measure_callbacks=callbacks,

@@ -53,7 +53,7 @@ from .relax_pipeline import compile_model, make_target, random_inputs, run_and_t
 from .timer import EvaluatorConfig
 from .trimmer import TrimmerConfig
 from .trimmer_hooks import TrimmerRuntime
-from .workloads import Task, collect_tasks
+from .workloads import Task, collect_tasks, round_size
 
 logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
 log = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ def _trimmer_runtime(run: _Run, existing: dict[int, list]) -> TrimmerRuntime | N
         preempted=load_trimmer_preempted(run.work_dir) if run.n_existing else None,
         seed=cfg.seed,
     )
-    trimmer.per_round = max(1, min(int(cfg.trials_per_round), run.remaining or 1))
+    trimmer.per_round = round_size(cfg.trials_per_round, run.remaining, len(run.tasks))
     return trimmer
 
 
