@@ -227,7 +227,7 @@ def commit_streamed(work_dir: str, db, tasks, target) -> int:
     them and TVM's join); returns how many. Records are keyed like the sink's (task, trace)."""
     from tvm.s_tir import meta_schedule as ms  # TVM: see the module doc
 
-    from .events import candidate_key
+    from .events import candidate_key, canonical_trace_text
 
     lines = [line for line in _journal_lines(work_dir) if "record" in line and isinstance(line.get("task"), int)]
     if not lines:
@@ -239,7 +239,7 @@ def commit_streamed(work_dir: str, db, tasks, target) -> int:
         if not 0 <= i < len(tasks):
             continue
         try:  # the key from the trace's JSON (as trace_json writes it): no replay for what the db has
-            key = (i, candidate_key(tasks[i].name, json.dumps(line["record"][0], sort_keys=True, separators=(",", ":"))))
+            key = (i, candidate_key(tasks[i].name, canonical_trace_text(line["record"][0])))
         except (TypeError, IndexError, KeyError, ValueError):
             continue
         if key in have:

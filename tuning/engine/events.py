@@ -19,6 +19,7 @@ __all__ = [
     "candidate_key",
     "trace_json",
     "ffi_to_py",
+    "canonical_trace_text",
 ]
 
 
@@ -198,7 +199,12 @@ def ffi_to_py(obj: Any) -> Any:
 
 def trace_json(trace) -> str:
     """Canonical JSON text of a ``tvm.s_tir.schedule.Trace`` (with decisions)."""
-    return json.dumps(ffi_to_py(trace.as_json()), sort_keys=True, separators=(",", ":"))
+    return canonical_trace_text(ffi_to_py(trace.as_json()))
+
+
+def canonical_trace_text(trace_obj) -> str:
+    """:func:`trace_json` of a trace already in JSON form (e.g. a stored record's first element)."""
+    return json.dumps(trace_obj, sort_keys=True, separators=(",", ":"))
 
 
 def candidate_key(task_name: str, trace_or_json) -> str:

@@ -484,20 +484,18 @@ def compile_and_compare(
     describe neither)."""
     try:
         check_measurable_here(target, check_cores=False)
+        why = None
     except TargetMismatch as exc:
-        tuned = compile_model(model, target, database=open_database(database_dir))
-        compile_model(model, target, database=None)  # the untuned build must compile too
-        if export_path:
-            tuned.export_library(export_path)
         why = f"compiled, not timed or compared on this host: {exc}"
-        return {"tuned_latency_s": None, "untuned_latency_s": None, "speedup": None, "max_abs_diff": None,
-                "outputs_match": None, "threads": threads, "onnxruntime": None,
-                "not_measured_here": why, "onnxruntime_error": why}
-    inputs = random_inputs(model, seed=seed)
     tuned = compile_model(model, target, database=open_database(database_dir))
     untuned = compile_model(model, target, database=None)
     if export_path:
         tuned.export_library(export_path)
+    if why is not None:
+        return {"tuned_latency_s": None, "untuned_latency_s": None, "speedup": None, "max_abs_diff": None,
+                "outputs_match": None, "threads": threads, "onnxruntime": None,
+                "not_measured_here": why, "onnxruntime_error": why}
+    inputs = random_inputs(model, seed=seed)
     out_t, lat_t = run_and_time(tuned, inputs, target, number=number, repeat=repeat, threads=threads)
     out_u, lat_u = run_and_time(untuned, inputs, target, number=number, repeat=repeat, threads=threads)
     diffs = [float(np.max(np.abs(a.astype("float64") - b.astype("float64")))) if a.size else 0.0 for a, b in zip(out_t, out_u)]
