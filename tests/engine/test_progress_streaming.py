@@ -36,32 +36,44 @@ class _EventSink(ListSink):
             self.events.append(("joined", info.task_index))
 
 
-@pytest.fixture
-def gated_builder():
-    """The persistent builder, except that the second batch (the next task of the first round robin,
-    while nothing has been joined) is built only once the sink has results of the first."""
+def _register_wrapped_builder(name, on_build):
+    """Register builder ``name``: the persistent builder, with ``on_build(call_number, build_inputs)``
+    called first on every batch (its non-None answer replaces the build)."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.builder import PyBuilder
 
-    seen = {"calls": 0, "opened_before_second_build": None}
-    gate = {"sink": None}
+    calls = {"n": 0}
 
     @derived_object
-    class GatedBuilder(PyBuilder):
+    class WrappedBuilder(PyBuilder):
         def __init__(self, inner):
             super().__init__()
             self.inner = inner
 
         def build(self, build_inputs):
-            seen["calls"] += 1
-            if seen["calls"] == 2:
-                seen["opened_before_second_build"] = gate["sink"].first_results.wait(GATE_WAIT_S)
-            return self.inner.build(build_inputs)
+            calls["n"] += 1
+            answer = on_build(calls["n"], build_inputs)
+            return self.inner.build(build_inputs) if answer is None else answer
 
         def shutdown(self):
             self.inner.shutdown()
 
-    plugins.register_builder("gated-test")(lambda ctx: GatedBuilder(plugins.make_builder("persistent", ctx)))
+    plugins.register_builder(name)(lambda ctx: WrappedBuilder(plugins.make_builder("persistent", ctx)))
+    return calls
+
+
+@pytest.fixture
+def gated_builder():
+    """The persistent builder, except that the second batch (the next task of the first round robin,
+    while nothing has been joined) is built only once the sink has results of the first."""
+    seen = {"opened_before_second_build": None}
+    gate = {"sink": None}
+
+    def on_build(n, _inputs):
+        if n == 2:
+            seen["opened_before_second_build"] = gate["sink"].first_results.wait(GATE_WAIT_S)
+
+    _register_wrapped_builder("gated-test", on_build)
     yield seen, gate
     plugins._BUILDERS.pop("gated-test", None)
 
@@ -129,28 +141,12 @@ def test_results_streamed_before_a_kill_are_in_the_resumed_database(tmp_path, cp
 @pytest.fixture
 def failing_second_build():
     """The persistent builder, except that every candidate of the second batch fails to build."""
-    from tvm.ir.utils import derived_object
-    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+    from tvm.s_tir.meta_schedule.builder import BuilderResult
 
-    calls = {"n": 0}
+    def on_build(n, inputs):
+        return [BuilderResult(None, "injected build failure") for _ in inputs] if n == 2 else None
 
-    @derived_object
-    class FailingBuilder(PyBuilder):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def build(self, build_inputs):
-            calls["n"] += 1
-            if calls["n"] == 2:
-                return [BuilderResult(None, "injected build failure") for _ in build_inputs]
-            return self.inner.build(build_inputs)
-
-        def shutdown(self):
-            self.inner.shutdown()
-
-    plugins.register_builder("failing-test")(lambda ctx: FailingBuilder(plugins.make_builder("persistent", ctx)))
-    yield calls
+    yield _register_wrapped_builder("failing-test", on_build)
     plugins._BUILDERS.pop("failing-test", None)
 
 
