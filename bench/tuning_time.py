@@ -25,8 +25,13 @@ alternating rounds); ONNX models are compiled end to end with each database.
 Kernel winners are timed as MetaSchedule times them (weight-layout rewrite
 block removed, i.e. pre-laid-out weights); ONNX models run end to end.
 Ablation: the mechanisms switched on in turn (on every TIR workload; with
---quick only "persistent builder + target-specific intrinsics, TVM's
-LocalRunner" on the first workload, to stay under 10 minutes). Search is not
+--quick on the first workload, "persistent builder + target-specific
+intrinsics, TVM's LocalRunner" as its first step, to stay under 10 minutes):
++ async pooled runner (DOP 1), + deferred cost model (XGBoost trained only
+when its booster is used, search.train_when_needed), then ours (+ DOP auto and
+the final re-measure). Parallel measurement on its own: the same engine at
+T = 1, DOP auto against DOP 1, with two ablations of DOP auto (DOPpler's
+serial first round; DOPpler's fixed 20 % serial sample every round). Search is not
 deterministic across processes even with a seed (multi-threaded sampling), so
 each run visits different candidates: ``cand.s`` (sum of the measured
 candidates' latencies) shows how much of a wall-time difference the
@@ -64,18 +69,27 @@ WORKLOADS = {
 
 ABLATION = {
     # label -> TuningConfig overrides (all on top of mode="doppler")
-    "persistent_builder": dict(builder="persistent", runner="local", light_intrinsics=False, final_remeasure=False),
-    "+light_intrinsics": dict(builder="persistent", runner="local", light_intrinsics=True, final_remeasure=False),
-    "+async_pooled_runner": dict(builder="persistent", runner="pooled", dop=1, light_intrinsics=True, final_remeasure=False),
+    "persistent_builder": dict(builder="persistent", runner="local", light_intrinsics=False, final_remeasure=False,
+                               deferred_cost_model=False),
+    "+light_intrinsics": dict(builder="persistent", runner="local", light_intrinsics=True, final_remeasure=False,
+                              deferred_cost_model=False),
+    "+async_pooled_runner": dict(builder="persistent", runner="pooled", dop=1, light_intrinsics=True, final_remeasure=False,
+                                 deferred_cost_model=False),
+    # XGBoost trained only when its booster is used (search.train_when_needed), still DOP 1
+    "+deferred_cost_model": dict(builder="persistent", runner="pooled", dop=1, light_intrinsics=True, final_remeasure=False),
     "+dop_auto+final_remeasure": dict(),  # = ours
 }
 # parallel measurement on its own: the same engine at a deployment thread count that leaves room for
 # DOP > 1 (T = PARALLEL_THREADS: one slot per core), DOP 1 against DOPpler's auto DOP
 PARALLEL_THREADS = 1
-# DOP auto as the platform runs it (the first round probes a parallel DOP), DOPpler's published start
-# (the first round serial at DOP 1: the ablation of the probe start), and the same engine at DOP 1
+# DOP auto as the platform runs it (the first round probes a parallel DOP, calm rounds sample less),
+# the same engine at DOP 1, and two ablations of DOP auto: DOPpler's published start (the first round
+# serial at DOP 1) and DOPpler's fixed 20 % serial sample every round
 PARALLEL_SIDES = {"dop1": dict(dop=1), "dop_auto": dict(dop="auto"),
-                  "dop_auto_serial_start": dict(dop="auto", dop_start="serial")}
+                  "dop_auto_serial_start": dict(dop="auto", dop_start="serial"),
+                  "dop_auto_fixed_sample": dict(dop="auto", dop_sample="fixed")}
+# the ablation sides, with the overall keys' suffix
+PARALLEL_ABLATIONS = {"dop_auto_serial_start": "serial_start", "dop_auto_fixed_sample": "fixed_sample"}
 
 
 # --------------------------------------------------------------------------- workloads
@@ -281,9 +295,8 @@ def _parallel_pairs(args, names, spec, root: Path) -> list[dict]:
     core is a measurement slot); interleaved so drifting machine load hits both sides alike."""
     target = {"kind": "llvm", "num-cores": PARALLEL_THREADS}
     tir = [n for n in names if WORKLOADS.get(n, ("onnx",))[0] == "tir"]
-    # --quick: two workloads, 16 a round (DOPpler starts every run at DOP 1: 2 rounds would leave it
-    # one round at a higher DOP)
-    per_round = 16 if args.quick else 32
+    # the platform's round size (TuningConfig.trials_per_round), --quick too: two rounds of 32
+    per_round = 32
     pairs = []
     for i, name in enumerate(tir[:2] if args.quick else tir):
         sides = list(PARALLEL_SIDES) if i % 2 == 0 else list(reversed(list(PARALLEL_SIDES)))
@@ -315,15 +328,16 @@ def _remeasure_parallel(pairs: list[dict], target: dict, root: Path) -> None:
         ta = (p["dop_auto"].get("phase_secs") or {}).get("measure_rounds")
         p["measure_phase_ratio"] = ta / t1 if t1 and ta else None
         p["error_at_final_dop"] = _error_at_final_dop(p["dop_auto"])
-        ss = p.get("dop_auto_serial_start")
-        if ss:
-            ts = (ss.get("phase_secs") or {}).get("measure_rounds")
-            p["serial_start"] = {
-                "wall_ratio": ss["wall_s"] / p["dop1"]["wall_s"],
-                "latency_ratio": m["dop_auto_serial_start"] / m["dop1"] if m.get("dop_auto_serial_start") and m.get("dop1") else None,
-                "measure_phase_ratio": ts / t1 if t1 and ts else None,
-                "final_dop": ss.get("final_dop"),
-            }
+        for side, key in PARALLEL_ABLATIONS.items():
+            ss = p.get(side)
+            if ss:
+                ts = (ss.get("phase_secs") or {}).get("measure_rounds")
+                p[key] = {
+                    "wall_ratio": ss["wall_s"] / p["dop1"]["wall_s"],
+                    "latency_ratio": m[side] / m["dop1"] if m.get(side) and m.get("dop1") else None,
+                    "measure_phase_ratio": ts / t1 if t1 and ts else None,
+                    "final_dop": ss.get("final_dop"),
+                }
 
 
 def _error_at_final_dop(res: dict) -> float | None:
@@ -339,7 +353,7 @@ def _parallel_overall(pairs: list[dict]) -> dict:
     errs = [p["error_at_final_dop"] for p in pairs if p.get("error_at_final_dop") is not None]
     dops = [p["dop_auto"].get("final_dop") for p in pairs if p["dop_auto"].get("final_dop") is not None]
     phase = [p["measure_phase_ratio"] for p in pairs if p.get("measure_phase_ratio")]
-    return {
+    out = {
         "parallel_threads": PARALLEL_THREADS,
         "parallel_wall_ratio": geomean(p["wall_ratio"] for p in pairs),
         "parallel_latency_ratio": geomean(p["latency_ratio"] for p in pairs if p["latency_ratio"]),
@@ -353,14 +367,16 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         "parallel_measure_share_dop1": geomean(
             p["dop1"]["phase_secs"]["measure_rounds"] / p["dop1"]["wall_s"] for p in pairs
             if (p["dop1"].get("phase_secs") or {}).get("measure_rounds")) if pairs else None,
-        # ablation: DOPpler's published start (first round serial) instead of the probe start
-        "parallel_wall_ratio_serial_start": geomean(p["serial_start"]["wall_ratio"] for p in pairs if p.get("serial_start")),
-        "parallel_measure_phase_ratio_serial_start": geomean(
-            p["serial_start"]["measure_phase_ratio"] for p in pairs
-            if p.get("serial_start") and p["serial_start"]["measure_phase_ratio"]),
-        "parallel_latency_ratio_serial_start": geomean(
-            p["serial_start"]["latency_ratio"] for p in pairs if p.get("serial_start") and p["serial_start"]["latency_ratio"]),
     }
+    # ablations: DOPpler's published start (first round serial) instead of the probe start, and its
+    # fixed 20 % serial sample instead of the adaptive one
+    for key in PARALLEL_ABLATIONS.values():
+        rows = [p[key] for p in pairs if p.get(key)]
+        out[f"parallel_wall_ratio_{key}"] = geomean(r["wall_ratio"] for r in rows) if rows else None
+        out[f"parallel_measure_phase_ratio_{key}"] = geomean(
+            r["measure_phase_ratio"] for r in rows if r["measure_phase_ratio"]) if rows else None
+        out[f"parallel_latency_ratio_{key}"] = geomean(r["latency_ratio"] for r in rows if r["latency_ratio"]) if rows else None
+    return out
 
 
 def _share_above_dop1(pairs: list[dict]) -> float | None:
@@ -376,11 +392,12 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
         print(f"  {p['workload']:18s} dop1 {p['dop1']['wall_s']:7.1f} s  auto {p['dop_auto']['wall_s']:7.1f} s  "
               f"wall x{p['wall_ratio']:.3f}  measure x{(mr or float('nan')):.3f}  lat x{(lr or float('nan')):.3f}  "
               f"final DOP {p['dop_auto'].get('final_dop')}  err {(e if e is not None else float('nan')):.3f}")
-        ss = p.get("serial_start")
-        if ss:
-            print(f"  {'':18s} serial start: wall x{ss['wall_ratio']:.3f}  "
-                  f"measure x{(ss['measure_phase_ratio'] or float('nan')):.3f}  "
-                  f"lat x{(ss['latency_ratio'] or float('nan')):.3f}  final DOP {ss['final_dop']}")
+        for key in PARALLEL_ABLATIONS.values():
+            ss = p.get(key)
+            if ss:
+                print(f"  {'':18s} {key.replace('_', ' ') + ':':13s} wall x{ss['wall_ratio']:.3f}  "
+                      f"measure x{(ss['measure_phase_ratio'] or float('nan')):.3f}  "
+                      f"lat x{(ss['latency_ratio'] or float('nan')):.3f}  final DOP {ss['final_dop']}")
     print(f"  {'overall':18s} wall x{overall['parallel_wall_ratio']:.3f}  "
           f"measure x{(overall['parallel_measure_phase_ratio'] or float('nan')):.3f}  "
           f"lat x{(overall['parallel_latency_ratio'] or float('nan')):.3f}  "
@@ -473,7 +490,7 @@ def main(argv=None) -> int:
     if not (args.no_ablation or args.only_parallel):
         abl_names = [n for n in names if WORKLOADS.get(n, ("onnx",))[0] == "tir"]
         abl_names = abl_names[:1] if args.quick else abl_names
-        labels = ["+light_intrinsics", "+async_pooled_runner"] if args.quick else list(ABLATION)[:-1]
+        labels = ["+light_intrinsics", "+async_pooled_runner", "+deferred_cost_model"] if args.quick else list(ABLATION)[:-1]
         for name in abl_names:
             row = next(r for r in rows if r["workload"] == name)
             ablation.append({"workload": name, "config": "stock", "wall_s": row["stock"]["wall_s"], "wall_ratio": 1.0,

@@ -147,3 +147,46 @@ def test_fixed_dop_records_error_but_does_not_adapt():
     d = c.update([1.0], [0.5])
     assert c.dop == 2 and d.mean_error == pytest.approx(0.5) and not d.backed_off
     assert c.history[-1].n_sampled == 1
+
+
+def _good_count(c: DOPController, n: int = 32) -> int:
+    return len(c.select_for_serial_remeasure([1.0 + 0.001 * i for i in range(n)]))
+
+
+def test_adaptive_sample_shrinks_after_calm_rounds_and_restores_after_a_noisy_one():
+    c = DOPController(max_dop=2, start="probe", sample="adaptive")
+    assert c.dop == 2 and _good_count(c) == 7  # ceil(0.2 x 32): DOPpler's share on a fresh DOP
+    c.update([1.0, 1.0], [0.99, 1.0])  # error 0.5 %: calm, DOP stays at the 2-slot maximum
+    assert c.history[-1].sample_share == pytest.approx(0.2)
+    assert _good_count(c) == 4  # halved: ceil(0.1 x 32), the floor
+    c.update([1.0, 1.0], [0.99, 1.0])
+    assert _good_count(c) == 4  # never under min_sample_share
+    c.update([1.0, 1.0], [0.96, 0.96])  # 4 %: under the 5 % threshold, not calm (over half of it)
+    assert c.dop == 2 and not c.history[-1].dop_after < 2
+    assert _good_count(c) == 7  # restored
+    c.update([1.0, 1.0], [0.99, 1.0])
+    c.update([1.0, 1.0], [0.8, 0.8])  # 20 %: back-off to DOP 1
+    assert c.dop == 1 and _good_count(c) == 7
+
+
+def test_adaptive_sample_does_not_shrink_while_the_dop_still_moves():
+    c = DOPController(max_dop=16, start="probe", sample="adaptive")
+    d0 = c.dop
+    c.update([1.0] * 4, [1.0] * 4)  # calm, but the DOP grows: the next round is a new DOP
+    assert c.dop > d0 and c.share == pytest.approx(0.2)
+
+
+def test_fixed_sample_is_doppler_twenty_percent_every_round():
+    c = DOPController(max_dop=2, start="probe", sample="fixed")
+    for _ in range(3):
+        c.update([1.0, 1.0], [1.0, 1.0])
+        assert _good_count(c) == 7
+    with pytest.raises(ValueError):
+        DOPController(sample="sometimes")
+
+
+def test_for_dop_builds_an_adaptive_or_a_fixed_controller():
+    auto = DOPController.for_dop("auto", 4, start="serial", sample="fixed")
+    assert auto.adaptive and auto.dop == 1 and auto.sample == "fixed"
+    fixed = DOPController.for_dop(3, 4)
+    assert not fixed.adaptive and fixed.dop == 3

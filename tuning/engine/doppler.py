@@ -24,6 +24,12 @@ The rule (DOPpler, IEEE TPDS 2023; Conductor's ``doppler_bic``):
 Every parallel worker measures at the deployment thread count T on a slot of its own (slots.py),
 and the serial reference is slot 0 at T threads while the other slots idle, so the error measures
 interference only, never thread scaling; max DOP = the number of slots (floor(cores / T)).
+With ``sample="adaptive"`` (the platform's default, see ``DOP_SAMPLES``) a round whose sample showed
+an error below half the threshold, at a DOP that stays, lets the next round at that DOP sample half as
+many good candidates (never under ``min_sample_share``; outliers, failures and the fastest are always
+re-measured); any other round restores ``sample_share``. DOPpler samples 20 % every round, which keeps
+a DOP 2 round at 0.5 + 0.2 of a serial one however calm the host.
+
 A back-off to DOP 1 (one noisy probe on a loaded host) is not final: parallelism is re-probed after
 ``reprobe_after`` rounds, then twice as many, at most ``max_reprobes`` times (RoundStat.reprobe).
 """
@@ -38,13 +44,16 @@ from collections.abc import Sequence
 from .procpool import available_cpus
 from .parallel_error import summarize_parallel_error
 
-__all__ = ["DOPController", "RoundDecision", "RoundStat", "robust_z_scores", "default_max_dop", "DOP_STARTS"]
+__all__ = ["DOPController", "RoundDecision", "RoundStat", "robust_z_scores", "default_max_dop", "DOP_STARTS",
+           "DOP_SAMPLES"]
 
 # "serial": DOPpler as published, the first round at DOP 1 (a whole round measured serially to learn
 # nothing about parallel error). "probe": start at the DOP that serial round would have led to, and
 # let the first round's probe (rounds.py: a spread sample measured in parallel, then serially,
 # before the rest of the round) decide whether to keep it; a bad probe measures the rest serially.
 DOP_STARTS = ("probe", "serial")
+# "fixed": DOPpler's sample_share every round. "adaptive": halve it after a calm round (module doc).
+DOP_SAMPLES = ("adaptive", "fixed")
 
 FAILED = 1e9  # latencies >= this (or None / inf / nan) count as failures
 
@@ -96,6 +105,7 @@ class RoundStat:
     mean_signed_error: float | None = None
     adapted: bool = True
     reprobe: bool = False  # this round's decision re-opened parallelism after a back-off to 1
+    sample_share: float | None = None  # the share of good candidates this round re-measured serially
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -137,6 +147,8 @@ class DOPController:
         reprobe_after: int = 2,
         max_reprobes: int = 3,
         start: str = "serial",
+        sample: str = "fixed",
+        min_sample_share: float = 0.1,
     ) -> None:
         self.cap = float(cap)
         self.initial_cap = float(cap)
@@ -158,10 +170,23 @@ class DOPController:
         if start not in DOP_STARTS:
             raise ValueError(f"start must be one of {', '.join(DOP_STARTS)}, not {start!r}")
         self.start = start
+        if sample not in DOP_SAMPLES:
+            raise ValueError(f"sample must be one of {', '.join(DOP_SAMPLES)}, not {sample!r}")
+        self.sample = sample
+        self.min_sample_share = min(float(min_sample_share), self.sample_share)
+        self.share = self.sample_share  # this round's (adaptive: shrinks after calm rounds)
         self.dop = self._clamp(initial_dop)
         if start == "probe" and self.adaptive and initial_dop == 1:
             self.dop = self._clamp(min(self.cap, 1 + self._step(1)))
         self.history: list[RoundStat] = []
+
+    @classmethod
+    def for_dop(cls, dop: str | int, max_dop: int, *, start: str = "probe", sample: str = "adaptive") -> "DOPController":
+        """The controller a runner uses for a run's ``dop`` setting: "auto" adapts (from ``start``,
+        sampling as ``sample`` says), a number is fixed."""
+        if dop == "auto":
+            return cls(max_dop=max_dop, start=start, sample=sample)
+        return cls(max_dop=max_dop, initial_dop=int(dop), adaptive=False)
 
     # ------------------------------------------------------------------ helpers
     def _step(self, dop: int) -> float:
@@ -191,7 +216,7 @@ class DOPController:
         z = robust_z_scores([latencies[i] for i in idx])
         outliers = [i for i, zi in zip(idx, z) if abs(zi) > self.z_threshold]
         good = sorted((i for i, zi in zip(idx, z) if abs(zi) <= self.z_threshold), key=lambda i: latencies[i])
-        k = min(len(good), math.ceil(self.sample_share * len(good))) if good else 0
+        k = min(len(good), math.ceil(self.share * len(good))) if good else 0
         picks: list[int] = []
         if k > 0:
             if k == 1:
@@ -249,6 +274,8 @@ class DOPController:
             reprobe = self._schedule_reprobe(dop_before, backed_off)
         else:
             reprobe = False
+        share_used = self.share if parallel else None
+        self._next_share(dop_before, mean_error, backed_off)
         decision = RoundDecision(
             dop_before=dop_before,
             dop_after=self.dop,
@@ -275,9 +302,17 @@ class DOPController:
                 mean_signed_error=mean_signed,
                 adapted=self.adaptive,
                 reprobe=reprobe,
+                sample_share=share_used,
             )
         )
         return decision
+
+    def _next_share(self, dop_before: int, mean_error: float | None, backed_off: bool) -> None:
+        """Adaptive sampling: a calm round (sampled error under half the threshold) at a DOP > 1 that
+        stays halves the next round's share, down to min_sample_share; any other round restores it."""
+        calm = (self.sample == "adaptive" and not backed_off and mean_error is not None and dop_before > 1
+                and self.dop == dop_before and mean_error <= self.error_threshold / 2)
+        self.share = max(self.min_sample_share, self.share / 2) if calm else self.sample_share
 
     def _schedule_reprobe(self, dop_before: int, backed_off: bool) -> bool:
         """Keep a back-off to DOP 1 from lasting the whole run: when it happens, plan a re-probe

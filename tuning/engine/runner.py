@@ -231,6 +231,7 @@ class PooledAsyncRunner(PyRunner):
         start_timeout: float = 180.0,
         worker_env: dict[str, str] | None = None,
         dop_start: str = "probe",
+        dop_sample: str = "adaptive",
     ) -> None:
         super().__init__()
         self.evaluator = EvaluatorConfig.from_any(evaluator)
@@ -241,10 +242,7 @@ class PooledAsyncRunner(PyRunner):
         self.slots: list[Slot] = list(slots) if slots else plan_slots(read_topology(affinity=self.cores), int(threads or len(self.cores)))
         self.threads = self.slots[0].threads
         if controller is None:
-            if dop == "auto":
-                controller = DOPController(max_dop=len(self.slots), start=dop_start)
-            else:
-                controller = DOPController(max_dop=len(self.slots), initial_dop=int(dop), adaptive=False)
+            controller = DOPController.for_dop(dop, len(self.slots), start=dop_start, sample=dop_sample)
         self.controller = controller
         self.controller.max_dop = min(self.controller.max_dop, len(self.slots))
         self.controller.dop = max(1, min(self.controller.dop, self.controller.max_dop))
@@ -540,6 +538,7 @@ class DistributedRunner(PyRunner):
         wait_timeout_sec: float | None = None,
         target_device_type: str | None = None,
         dop_start: str = "probe",
+        dop_sample: str = "adaptive",
     ) -> None:
         super().__init__()
         self.submit = submit
@@ -556,8 +555,7 @@ class DistributedRunner(PyRunner):
         self.ledger = ledger or MeasureLedger()
         self.target_device_type = target_device_type
         self.slots = dict(queue_slots) if queue_slots else {q: self._describe_slots(q) for q in self.queues}
-        self.controllers = {q: (DOPController(max_dop=self.slots[q], start=dop_start) if dop == "auto" else
-                                DOPController(max_dop=self.slots[q], initial_dop=int(dop), adaptive=False))
+        self.controllers = {q: DOPController.for_dop(dop, self.slots[q], start=dop_start, sample=dop_sample)
                             for q in self.queues}
         self.controller = self.controllers[self.queues[0]]  # the session reports the first queue's DOP
         self._validated: dict[str, set[int]] = {q: set() for q in self.queues}

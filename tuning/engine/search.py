@@ -25,7 +25,7 @@ from .workloads import Task, round_size
 # a session.TuningConfig (not imported: the session imports this module)
 TuningConfig = Any
 
-__all__ = ["search", "skip_infrastructure_failures"]
+__all__ = ["search", "skip_infrastructure_failures", "train_when_needed"]
 
 _STATUS = {"cancel": "cancelled", "pause": "paused"}
 
@@ -95,8 +95,46 @@ def skip_infrastructure_failures(cost_model):
     return cost_model
 
 
-def _cost_model(num_cores: int, path: str, resumed: bool):
+def train_when_needed(cost_model):
+    """Defer XGBModel's training to when a booster is used. Stock XGBModel retrains after every batch,
+    but predicts at random until it holds ``num_warmup_samples`` results (MetaSchedule's warm-up), so the
+    trainings before then are never used (a fifth of a small run's wall time on 2 cores). Deferred: the
+    last training asked for runs at the first prediction that uses the booster, or before ``save`` (a
+    resumed run and the record cache load a trained model). Past the warm-up it trains as stock does."""
+    inst = cost_model._inst
+    train, predict, save = inst._train, inst.predict, inst.save
+    pending: dict[str, tuple] = {}
+
+    def deferred_train(xs, ys):
+        if inst.data_size >= inst.num_warmup_samples:
+            pending.clear()
+            return train(xs=xs, ys=ys)
+        pending["args"] = (xs, ys)
+        return None
+
+    def flush() -> None:
+        if "args" in pending:
+            xs, ys = pending.pop("args")
+            train(xs=xs, ys=ys)
+
+    def predict_when_trained(context, candidates):
+        if inst.data_size >= inst.num_warmup_samples:
+            flush()
+        return predict(context, candidates)
+
+    def save_trained(path):
+        flush()
+        return save(path)
+
+    inst._train, inst.predict, inst.save = deferred_train, predict_when_trained, save_trained
+    cost_model.pending_training = lambda: "args" in pending  # tests and diagnostics
+    return cost_model
+
+
+def _cost_model(num_cores: int, path: str, resumed: bool, deferred: bool = True):
     cost_model = skip_infrastructure_failures(ms.cost_model.XGBModel(num_tuning_cores=num_cores, tree_method="auto"))
+    if deferred:
+        cost_model = train_when_needed(cost_model)
     if os.path.exists(path):  # a resumed run's own, or the record cache's for a fresh run (record_cache)
         with contextlib.suppress(Exception), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -115,7 +153,7 @@ def search(tasks: list[Task], target, cfg: TuningConfig, *, state: EngineState, 
         ensure_tensor_intrin(target)
     contexts = _tune_contexts(tasks, target, cfg, trimmer)
     cm_path = os.path.join(work_dir, COST_MODEL_FILE)
-    cost_model = _cost_model(contexts[0].num_threads, cm_path, resumed)
+    cost_model = _cost_model(contexts[0].num_threads, cm_path, resumed, deferred=bool(cfg.deferred_cost_model))
     if trimmer is not None:
         trimmer.cost_model = cost_model  # the filter scores with the tuner's own model
     callbacks = list(ms.MeasureCallback.create("default")) + [StreamingMeasureCallback(state)]

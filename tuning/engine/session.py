@@ -45,7 +45,7 @@ from .database import (
     save_round_offset,
     write_imported,
 )
-from .doppler import DOP_STARTS, DOPController
+from .doppler import DOP_SAMPLES, DOP_STARTS, DOPController
 from .events import MeasurementRecord, NullSink, TaskInfo, TuningSink, candidate_key
 from .procpool import available_cpus, unpin_current_thread
 from .targets import TargetMismatch, check_measurable_here
@@ -90,6 +90,7 @@ class TuningConfig:
     mode: str = "doppler"
     dop: str | int = "auto"
     dop_start: str = "probe"  # DOP "auto": "probe" (first round probes a parallel DOP) or "serial" (DOPpler's DOP 1)
+    dop_sample: str = "adaptive"  # DOP "auto": "adaptive" (calm rounds sample less) or "fixed" (DOPpler's 20 %)
     threads: int | None = None  # deployment/measurement thread count (default: all cores)
     work_dir: str = "tuning_work"
     seed: int | None = None
@@ -111,6 +112,7 @@ class TuningConfig:
     max_trials_per_task: int | None = None
     controller: DOPController | None = None
     light_intrinsics: bool | None = None  # default: True in doppler mode (see tvm_compat)
+    deferred_cost_model: bool | None = None  # default: True in doppler mode (search.train_when_needed)
     # Trimmer (per-task pre-emption, whole-model stop, ML candidate filter): a
     # TrimmerConfig or its dict; None or enabled=False = off
     trimmer: Any = None
@@ -120,6 +122,8 @@ class TuningConfig:
             raise ValueError("mode must be 'stock' or 'doppler'")
         if self.dop_start not in DOP_STARTS:
             raise ValueError(f"dop_start must be one of {', '.join(DOP_STARTS)}")
+        if self.dop_sample not in DOP_SAMPLES:
+            raise ValueError(f"dop_sample must be one of {', '.join(DOP_SAMPLES)}")
         self.evaluator = EvaluatorConfig.from_any(self.evaluator)
         if isinstance(self.trimmer, dict):
             self.trimmer = TrimmerConfig.from_dict(self.trimmer)
@@ -134,6 +138,8 @@ class TuningConfig:
             self.final_remeasure = self.mode == "doppler"
         if self.light_intrinsics is None:
             self.light_intrinsics = self.mode == "doppler"
+        if self.deferred_cost_model is None:
+            self.deferred_cost_model = self.mode == "doppler"
 
 
 @dataclasses.dataclass
