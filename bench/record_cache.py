@@ -11,8 +11,8 @@
            workload hash under the same key (target key, hardware fingerprint, TVM version), the hits
            (top-k per task) are seeded through the imported-record path, re-timed serially on this host,
            verified against the cache's best (tolerance ``DEFAULT_TOLERANCE``); a verified task whose
-           record is converged (``record_cache.convergence``: A spent at least the trials B would give
-           it, or A's search had plateaued) gets no further trials (Trimmer's share allocation gives them
+           record is converged (``record_cache.convergence``: A's search had plateaued or run out, or
+           two runs agree) gets no further trials (Trimmer's share allocation gives them
            to the rest), the others are searched on from their seeds (plateau-judged after their share);
            the cost model is loaded.
 

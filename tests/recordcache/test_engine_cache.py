@@ -232,17 +232,19 @@ def test_a_record_from_an_under_tuned_source_does_not_settle_its_task():
     v, _ = _seeded_verdicts({"source_trials": 16, "source_converged": False})
     assert v["verified"] and not v["converged"] and not v["settled"]
     assert v["share_trials"] > 16 and "searched on" in v["reason"]
+    # trials alone prove nothing: a source that spent more than this run's share had not plateaued
+    long, _ = _seeded_verdicts({"source_trials": 96})
+    assert not long["settled"] and long["share_trials"] < 96
     legacy, _ = _seeded_verdicts({})  # an entry that does not say how far it was tuned
     assert not legacy["settled"] and "unknown" in legacy["convergence"]
 
 
 def test_a_converged_record_settles_its_task():
-    for source, agreeing in (({"source_trials": 96}, 1),  # the source spent at least this run's share
-                             ({"source_trials": 16, "source_converged": True}, 1),  # its search had plateaued
+    for source, agreeing in (({"source_trials": 16, "source_converged": True}, 1),  # its search had plateaued
                              ({"source_trials": 16}, 2)):  # two independent runs agree on the best
         v, _ = _seeded_verdicts(source, agreeing_runs=agreeing)
         assert v["converged"] and v["settled"], (source, agreeing)
-    stale, _ = _seeded_verdicts({"source_trials": 96}, verified=False)
+    stale, _ = _seeded_verdicts({"source_trials": 96, "source_converged": True}, verified=False)
     assert stale["converged"] and not stale["settled"]  # converged, but not on this host: never settled
 
 

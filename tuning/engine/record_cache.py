@@ -26,9 +26,9 @@ What this module does with entries:
   that spent a few trials on the task leaves a poor record that verifies all the same. So a verified task
   is *settled* (no further tuning, its trials go to the other tasks through Trimmer's share allocation,
   :func:`skip_verified_tasks`) only when its record is a converged result (:func:`convergence`: the
-  source's search had plateaued or run out, two source runs agree, or the source spent at least the
-  trials this run would give the task); otherwise the task is searched on from its seeds, judged by
-  Trimmer's plateau rule from the seed's time once it has had that share here;
+  source's search had plateaued or run out, or two source runs agree); otherwise the task is searched
+  on from its seeds, judged by Trimmer's plateau rule from the seed's time once it has had its share of
+  this run's budget (:func:`fair_shares`) here;
 - :func:`train_cost_model`: one XGBoost cost model (TVM's ``XGBModel``, MetaSchedule's program
   features) trained on entries, saved where ``search`` loads a run's cost model.
 
@@ -438,22 +438,24 @@ def fair_shares(infos, seeded_best: dict[int, float | None], max_trials: int) ->
 
 
 def convergence(want: dict, share: int) -> tuple[bool, str]:
-    """Whether a task's cached record is a converged result, one this run could not expect to beat with
-    the trials it would give the task (``share``, :func:`fair_shares`), and why. A verified time says
-    nothing of that: a source run that spent a few trials leaves a poor record that verifies all the same.
-    Converged: the source's search had plateaued (Trimmer's rule) or ran out, or two independent runs
-    agree on the best, or the source spent at least ``share`` trials on it. Entries that do not say how
-    far they were tuned (published before that was recorded) are not converged."""
+    """Whether a task's cached record is a converged result, one this run could not expect to beat by
+    searching, and why. A verified time says nothing of that: a source run that spent a few trials
+    leaves a poor record that verifies all the same. Converged: the source's search had plateaued
+    (Trimmer's rule, or the plateau rule of a cache-seeded search) or ran out of candidates, or two
+    independent runs agree on the best. The trials the source spent are no proof: measured
+    (bench/record_cache.py --quick), records from a source that spent 16 trials on a task, more than this
+    run's latency share of it (``share``, :func:`fair_shares`) and what a cold run gives it, settled the
+    task at a coin flip against a cold run's own 16 trials, and three such tasks left the warm model 4 %
+    slower than cold. Entries that do not say how far they were tuned (published before that was
+    recorded) are not converged."""
     trials = want.get("source_trials")
+    spent = "an unknown number of" if trials is None else str(int(trials))
     if want.get("source_converged"):
-        return True, "converged: the source run's search had plateaued or run out"
+        return True, f"converged: the source run's search had plateaued or run out (after {spent} trials)"
     if int(want.get("agreeing_runs") or 0) >= 2:
         return True, f"converged: {want['agreeing_runs']} source runs agree on the best"
-    if trials is not None and int(trials) >= int(share):
-        return True, f"converged: the source spent {int(trials)} trials, this run's share is {int(share)}"
-    spent = "an unknown number of" if trials is None else str(int(trials))
-    return False, (f"not converged (the source spent {spent} trials, this run's share is {int(share)}): "
-                   f"searched on from its seeds")
+    return False, (f"not converged (the source spent {spent} trials and had not plateaued; this run's share "
+                   f"is {int(share)}): searched on from its seeds")
 
 
 def settle_decisions(result: dict, manifest: dict, infos, max_trials: int) -> dict:
