@@ -10,8 +10,11 @@
   B warm   the same B, same budget and seed, with the cache filled by A: each task is looked up by its
            workload hash under the same key (target key, hardware fingerprint, TVM version), the hits
            (top-k per task) are seeded through the imported-record path, re-timed serially on this host,
-           verified against the cache's best (tolerance ``DEFAULT_TOLERANCE``), and verified tasks get
-           no further trials (Trimmer's share allocation gives them to the rest); the cost model is loaded.
+           verified against the cache's best (tolerance ``DEFAULT_TOLERANCE``); a verified task whose
+           record is converged (``record_cache.convergence``: A's search had plateaued or run out, or
+           two runs agree) gets no further trials (Trimmer's share allocation gives them
+           to the rest), the others are searched on from their seeds (plateau-judged after their share);
+           the cost model is loaded.
 
 Every run: the platform's engine (``run_tuning``, DOPpler mode: persistent builder, pooled runner,
 final serial re-measure), one fresh interpreter each, same threads, search and budget. Curves: the
@@ -221,9 +224,12 @@ def main(argv=None) -> int:
         n, wall = to_match(res["curve"], goal) if label != "A cold" else (None, None)
         ver = (res.get("verification") or {}).get("tasks") or []
         rows[label] = {"tasks_with_hits": (res.get("seeding") or {}).get("hits", 0),
-                       "verified": sum(1 for v in ver if v["verified"]), "trials_to_match": n, "wall_to_match_s": wall,
+                       "verified": sum(1 for v in ver if v["verified"]),
+                       "settled": sum(1 for v in ver if v.get("settled", v["verified"])),
+                       "trials_to_match": n, "wall_to_match_s": wall,
                        "trials": res["n_measured"], "wall_s": res["wall_s"], "estimate_s": res["estimated_latency_s"]}
-        print(f"  {label:7s} hits {rows[label]['tasks_with_hits']} (verified {rows[label]['verified']})  trials "
+        print(f"  {label:7s} hits {rows[label]['tasks_with_hits']} (verified {rows[label]['verified']}, settled "
+              f"{rows[label]['settled']})  trials "
               f"{res['n_measured']:4d}  wall {res['wall_s']:6.1f} s  to match: {n} trials, {fmt_s(wall)} s  "
               f"estimate {fmt_s(res['estimated_latency_s'], 'ms')} ms", flush=True)
     final = {"cold": rm["cold"], "warm": rm["warm"]}
@@ -235,7 +241,8 @@ def main(argv=None) -> int:
     for v in (warm.get("verification") or {}).get("tasks") or []:
         print(f"    {v['task_name']:28s} cache {fmt_s(v['cache_best_s'], 'us')} us  here "
               f"{fmt_s(v['measured_best_s'], 'us')} us  {'verified' if v['verified'] else 'not verified'}  "
-              f"(re-timed {v.get('n_retimed', 0)})")
+              f"(re-timed {v.get('n_retimed', 0)})  {'settled' if v.get('settled') else 'searched'}: "
+              f"{v.get('convergence', '')}")
     overall = {
         "trials_to_match_ratio": _ratio(rows["B warm"]["trials_to_match"], rows["B cold"]["trials_to_match"]),
         "wall_to_match_ratio": _ratio(rows["B warm"]["wall_to_match_s"], rows["B cold"]["wall_to_match_s"]),
@@ -243,6 +250,7 @@ def main(argv=None) -> int:
         "final_latency_paired_ratio": statistics.median(paired) if paired else None,
         "trials_total_ratio": _ratio(rows["B warm"]["trials"], rows["B cold"]["trials"]),
         "tasks_with_hits": rows["B warm"]["tasks_with_hits"], "tasks_verified": rows["B warm"]["verified"],
+        "tasks_settled": rows["B warm"]["settled"],
     }
     print("# overall (warm / cold): " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                                   for k, v in overall.items()))

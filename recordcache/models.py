@@ -32,6 +32,10 @@ class CacheEntry(models.Model):
     source_run = models.ForeignKey(TuningRun, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="published_cache_entries")
     source_team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    source_trials = models.PositiveIntegerField(
+        null=True, blank=True, help_text="trials the source run(s) spent on the workload (null: not recorded)")
+    source_converged = models.BooleanField(
+        default=False, help_text="the source's search had plateaued (Trimmer's rule) or run out of candidates")
     hits = models.PositiveIntegerField(default=0)
     strikes = models.PositiveSmallIntegerField(
         default=0, help_text="runs in a row in which it did not verify (twice re-timed); stale at STALE_STRIKES")

@@ -8,7 +8,7 @@ from tuning.models import TuningRun
 from .models import CacheEntry, CacheLookup, CostModelFile, TeamCacheSettings
 
 ENTRY_FIELDS = ("id", "workload_hash", "workload_json", "record_json", "trace_digest", "latency_s", "run_secs",
-                "task_name", "status")
+                "task_name", "status", "source_trials", "source_converged")
 
 
 def team_settings(team_id: int) -> TeamCacheSettings:

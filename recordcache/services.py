@@ -132,7 +132,7 @@ def apply_verification(run: TuningRun) -> None:
             CacheLookup.objects.filter(run=run, task_index=v["task_index"]).update(
                 verification=verdict, cache_best_s=v["cache_best_s"], measured_best_s=v["measured_best_s"],
                 reason=fit_to_field(CacheLookup, "reason", v["reason"]),
-                trials_saved=_trials_saved(v) if v["verified"] else 0)
+                trials_saved=_trials_saved(v) if v.get("settled", v["verified"]) else 0)  # searched on: none
             _strike(v["stale_entry_ids"])
             CacheEntry.objects.filter(id__in=v.get("confirmed_entry_ids") or [], status=CacheEntry.Status.TRUSTED
                                       ).update(strikes=0)
@@ -178,16 +178,29 @@ def publish_run(*, run: TuningRun, model_proto) -> int:
     out = adapters.publish_from_run(model_proto, run, selectors.trusted_entries(key), tmp)
     with transaction.atomic():
         for e in out["entries"]:
+            effort = _source_effort(key, e)
             CacheEntry.objects.update_or_create(
                 **key, workload_hash=e["workload_hash"], trace_digest=e["trace_digest"],
                 defaults={"task_name": fit_to_field(CacheEntry, "task_name", e["task_name"]),
                           "workload_json": e["workload_json"], "record_json": e["record_json"],
                           "args_info": e["args_info"], "run_secs": e["run_secs"], "latency_s": e["latency_s"],
                           "status": CacheEntry.Status.TRUSTED, "strikes": 0, "source_run": run,
-                          "source_team_id": run.team_id})
+                          "source_team_id": run.team_id, **effort})
     if out.get("cost_model_records") and tmp.exists():
         _save_cost_model(key, tmp, out["cost_model_records"], run.pk)
     return len(out["entries"])
+
+
+def _source_effort(key: dict, entry: dict) -> dict:
+    """How far the entry's workload was tuned (``record_cache.source_effort``); a schedule already cached
+    keeps the larger of its two histories: another run that found it again does not make it less tuned."""
+    trials, converged = entry.get("source_trials"), bool(entry.get("source_converged"))
+    old = (CacheEntry.objects.filter(**key, workload_hash=entry["workload_hash"], trace_digest=entry["trace_digest"])
+           .values("source_trials", "source_converged").first())
+    if old:
+        known = [int(x) for x in (trials, old["source_trials"]) if x is not None]
+        trials, converged = (max(known) if known else None), converged or old["source_converged"]
+    return {"source_trials": trials, "source_converged": converged}
 
 
 def _save_cost_model(key: dict, path, n_records: int, run_id: int) -> None:

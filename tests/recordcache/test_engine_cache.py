@@ -215,6 +215,86 @@ def test_seed_times_feed_the_allocator_so_freed_trials_follow_the_real_shares():
     assert [tr.choose([0, 1, 2], remaining=34) for _ in range(3)] == [1, 1, 1]  # the slow task's share
 
 
+def _seeded_verdicts(source, *, agreeing_runs=1, verified=True):
+    """A run of two tasks of 96 trials: task 0 was seeded from the cache (``source``: how far its source
+    run tuned it), task 1 is a miss (the mean share: half the budget each)."""
+    manifest = {"tolerance": 0.1, "tasks": {"0": {"workload_hash": "h0", "cache_best_s": 1e-3, "entries": {},
+                                                  "agreeing_runs": agreeing_runs, **source}}}
+    result = {"tasks": [{"task_index": 0, "task_name": "conv", "verified": verified, "measured_best_s": 1e-3,
+                         "cache_best_s": 1e-3, "n_seeds": 2, "reason": "verified" if verified else "slower"}]}
+    infos = [TaskInfo(0, "conv", 1.0, 1.0), TaskInfo(1, "dense", 1.0, 1.0)]
+    return rc.settle_decisions(result, manifest, infos, max_trials=96)["tasks"][0], infos
+
+
+def test_a_record_from_an_under_tuned_source_does_not_settle_its_task():
+    """The source spent 16 trials on the task; this run would give it most of its 96 (its latency share):
+    the record verifies (this host runs it as fast as the cache says) but is no converged result."""
+    v, _ = _seeded_verdicts({"source_trials": 16, "source_converged": False})
+    assert v["verified"] and not v["converged"] and not v["settled"]
+    assert v["share_trials"] > 16 and "searched on" in v["reason"]
+    # trials alone prove nothing: a source that spent more than this run's share had not plateaued
+    long, _ = _seeded_verdicts({"source_trials": 96})
+    assert not long["settled"] and long["share_trials"] < 96
+    legacy, _ = _seeded_verdicts({})  # an entry that does not say how far it was tuned
+    assert not legacy["settled"] and "unknown" in legacy["convergence"]
+
+
+def test_a_converged_record_settles_its_task():
+    for source, agreeing in (({"source_trials": 16, "source_converged": True}, 1),  # its search had plateaued
+                             ({"source_trials": 16}, 2)):  # two independent runs agree on the best
+        v, _ = _seeded_verdicts(source, agreeing_runs=agreeing)
+        assert v["converged"] and v["settled"], (source, agreeing)
+    stale, _ = _seeded_verdicts({"source_trials": 96, "source_converged": True}, verified=False)
+    assert stale["converged"] and not stale["settled"]  # converged, but not on this host: never settled
+
+
+def test_agreeing_runs_count_distinct_source_runs_within_tolerance_of_the_best(tmp_path):
+    near = [_entry(1, 1e-3) | {"source_run": 3}, _entry(2, 1.05e-3) | {"source_run": 4}]
+    rc.write_seeds(str(tmp_path / "a"), {0: near}, tolerance=0.1)
+    far = [_entry(1, 1e-3) | {"source_run": 3}, _entry(2, 2e-3) | {"source_run": 4}]
+    rc.write_seeds(str(tmp_path / "b"), {0: far}, tolerance=0.1)
+    same = [_entry(1, 1e-3) | {"source_run": 3}, _entry(2, 1e-3) | {"source_run": 3}]
+    rc.write_seeds(str(tmp_path / "c"), {0: same}, tolerance=0.1)
+    got = {d: json.loads((tmp_path / d / rc.SEEDS_FILE).read_text())["tasks"]["0"]["agreeing_runs"] for d in "abc"}
+    assert got == {"a": 2, "b": 1, "c": 1}
+
+
+def test_an_unconverged_seed_is_searched_and_stopped_by_the_plateau_rule_after_its_share():
+    """Trimmer off: the seeded task still gets trials (not settled), is judged from the seed's time, and is
+    parked only once it has had its share and two rounds no longer beat the seed; the parking is the
+    cache's, not a Trimmer pre-emption."""
+    v, infos = _seeded_verdicts({"source_trials": 16})
+    st = _State()
+    rc.skip_verified_tasks(st, infos, {}, max_trials=96, per_round=16, seed=0, seeded={0: (1e-3, 2)},
+                           searched={0: v["share_trials"]})
+    tr = st.trimmer
+    assert tr is not None and not tr.config.enabled and tr.settled == set() and not tr.is_preempted(0)
+    assert tr.tracker.best[0] == 1e-3 and tr.tracker.judged == {0: v["share_trials"]}
+    n = 2
+    while n + 16 < v["share_trials"]:  # no gain over the seed, but the share is not reached yet
+        tr.observe_batch(0, [1.2e-3] * 16, round_index=0)
+        n += 16
+        assert not tr.is_preempted(0)
+    for _ in range(2):
+        tr.observe_batch(0, [1.2e-3] * 16, round_index=1)
+    assert tr.is_preempted(0) and 0 in tr.cache_parked and tr.to_dict()["preempted_tasks"] == {}
+    for _ in range(5):
+        tr.observe_batch(1, [1e-4] * 16, round_index=2)  # the task Trimmer does not judge: never parked
+    assert not tr.is_preempted(1)
+
+
+def test_an_unconverged_seed_that_the_search_beats_keeps_its_trials():
+    v, infos = _seeded_verdicts({"source_trials": 16})
+    st = _State()
+    rc.skip_verified_tasks(st, infos, {}, max_trials=96, per_round=16, seed=0, seeded={0: (1e-3, 2)},
+                           searched={0: v["share_trials"]})
+    tr, best = st.trimmer, 1e-3
+    for _ in range(8):
+        best *= 0.9  # every round beats the seed by 10 %
+        tr.observe_batch(0, [best] * 16, round_index=0)
+    assert not tr.is_preempted(0)
+
+
 def test_export_is_a_tvm_json_database_with_the_platform_times():
     wl, recs = rc.export_lines([_entry(1, 1e-3), _entry(2, 2e-3), _entry(3, 5e-4, wl="h2")])
     assert len(wl) == 2 and len(recs) == 3
@@ -251,6 +331,8 @@ def test_seeded_run_verifies_skips_and_refuses_a_poisoned_entry(tmp_path, cpu_ta
 
     model = tvm.IRModule({"a": matmul_primfunc(64), "b": matmul_primfunc(32)})
     ok = final_entries(str(tmp_path / "src0"), model, cpu_target, run_secs=(1.0,), task_index=0, first_id=1)
+    for e in ok:  # a converged source (its search had plateaued): a verified hit settles the task
+        e["source_converged"] = True
     poisoned = final_entries(str(tmp_path / "src1"), model, cpu_target, run_secs=(1e-9,), task_index=1, first_id=9)
     work = str(tmp_path / "run")
     assert rc.write_seeds(work, {0: ok, 1: poisoned}) == 2
@@ -288,3 +370,26 @@ def test_publish_reads_only_the_final_database_and_trains_a_loadable_cost_model(
     out = rc.publish_from_run(str(tmp_path), model, cpu_target, [], path)
     assert len(out["entries"]) == 3 and out["cost_model_records"] == 3
     ms.cost_model.XGBModel(num_tuning_cores=1).load(path)  # what search() loads at a run's start
+
+
+@pytest.mark.slow
+def test_published_entries_say_how_far_the_source_tuned_their_task(tmp_path, cpu_target):
+    """A run's entries carry its trials on the task (its own records plus the trials behind the seeds it
+    started from) and whether its search had converged (Trimmer state, or a settled cache verdict)."""
+    from pathlib import Path
+
+    from tuning.engine.database import DB_WORKLOAD, TRIMMER_STATE
+    from tuning.engine.testing import matmul_primfunc, tuning_database
+
+    from .cachedata import final_entries
+
+    model = matmul_primfunc(64)
+    wl, rec = tuning_database(model, cpu_target, run_secs=(2e-3,), n_records=3)
+    Path(tmp_path, DB_WORKLOAD).write_bytes(wl)  # the run's own database: 3 trials on the task
+    Path(tmp_path, DB_RECORDS).write_bytes(rec)
+    entries = final_entries(str(tmp_path), model, cpu_target, run_secs=(2e-3,))
+    assert [(e["source_trials"], e["source_converged"]) for e in entries] == [(3, False)]
+    (tmp_path / rc.SEEDS_FILE).write_text(json.dumps({"tasks": {"0": {"source_trials": 40}}}))
+    (tmp_path / TRIMMER_STATE).write_text(json.dumps({"exhausted_tasks": [0]}))
+    entries = rc.entries_from_run(str(tmp_path), model, cpu_target)
+    assert [(e["source_trials"], e["source_converged"]) for e in entries] == [(43, True)]

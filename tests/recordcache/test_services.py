@@ -112,10 +112,10 @@ def test_a_run_with_user_imported_records_is_neither_seeded_nor_published(tasks,
     assert services.publish_run(run=run, model_proto=None) == 0
 
 
-def _published(run, monkeypatch, latency=2e-3):
+def _published(run, monkeypatch, latency=2e-3, **effort):
     entry = {"task_index": 0, "task_name": "conv", "workload_hash": "111", "workload_json": "{}",
              "record_json": "[]", "trace_digest": "ab" * 20, "args_info": [], "run_secs": [latency],
-             "latency_s": latency}
+             "latency_s": latency, **effort}
     monkeypatch.setattr(adapters, "publish_from_run",
                         lambda model_proto, r, cached, path: {"entries": [entry], "cost_model_records": 0})
     give_final_database(run)
@@ -157,6 +157,33 @@ def test_republishing_a_stale_schedule_takes_the_new_platform_measurement(monkey
     _published(run, monkeypatch, latency=3e-3)
     e = CacheEntry.objects.get()
     assert e.status == "trusted" and e.latency_s == 3e-3
+
+
+def test_an_entry_keeps_how_far_its_workload_was_tuned_and_a_rediscovery_does_not_lower_it(monkeypatch):
+    run = TuningRunFactory(succeeded=True, target_key=KEY, outputs_match=True)
+    _published(run, monkeypatch, source_trials=48, source_converged=True)
+    e = CacheEntry.objects.get()
+    assert (e.source_trials, e.source_converged) == (48, True)
+    assert selectors.lookup(adapters.cache_key_of(run), ["111"], 2)["111"][0]["source_trials"] == 48
+    _published(TuningRunFactory(succeeded=True, target_key=KEY, outputs_match=True, team=run.team), monkeypatch,
+               source_trials=16, source_converged=False)  # a short run found the same schedule again
+    e.refresh_from_db()
+    assert (e.source_trials, e.source_converged) == (48, True)
+
+
+def test_a_verified_hit_searched_on_saves_no_trials():
+    src = TuningRunFactory(succeeded=True)
+    TuningTaskFactory(run=src, index=0, name="conv", trials=40)
+    CacheEntryFactory(workload_hash="111")
+    run = _run()
+    CacheLookup.objects.create(run=run, task_index=0, task_name="conv", workload_hash="111", hit=True, n_seeds=2)
+    _verification(run, [
+        {"task_index": 0, "task_name": "conv", "verified": True, "settled": False, "cache_best_s": 1e-3,
+         "measured_best_s": 1e-3, "n_seeds": 2, "stale_entry_ids": [], "source_run": src.pk,
+         "reason": "verified; not converged (the source spent 40 trials, this run's share is 70): searched on"}])
+    services.apply_verification(run)
+    row = selectors.lookups_of_run(run).get()
+    assert row.verification == "verified" and row.trials_saved == 0 and "searched on" in row.reason
 
 
 def _verification(run, verdicts):

@@ -21,9 +21,14 @@ What this module does with entries:
 - :func:`verify_seeds` (called by the session after the seeds were measured): per task, the seeds' best
   time on this host against the cache's best, allowing for the host's speed now (:func:`host_factor`: a
   shared machine's load moves every seed's time, a bad record only its own; a seed that timed slow is
-  timed once more first). Verified within ``tolerance``: the task needs no further
-  tuning, its trials go to the other tasks through Trimmer's share allocation
-  (:func:`skip_verified_tasks`). Failed or slower: the hit is stale;
+  timed once more first). Failed or slower: the hit is stale. Verified within ``tolerance`` says only
+  that this host runs the record as fast as the cache says, not that the record is any good: a source run
+  that spent a few trials on the task leaves a poor record that verifies all the same. So a verified task
+  is *settled* (no further tuning, its trials go to the other tasks through Trimmer's share allocation,
+  :func:`skip_verified_tasks`) only when its record is a converged result (:func:`convergence`: the
+  source's search had plateaued or run out, or two source runs agree); otherwise the task is searched
+  on from its seeds, judged by Trimmer's plateau rule from the seed's time once it has had its share of
+  this run's budget (:func:`fair_shares`) here;
 - :func:`train_cost_model`: one XGBoost cost model (TVM's ``XGBModel``, MetaSchedule's program
   features) trained on entries, saved where ``search`` loads a run's cost model.
 
@@ -38,14 +43,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .database import (COST_MODEL_FILE, IMPORTED_DONE_DIR, DB_RECORDS, DB_WORKLOAD, open_json_db, record_latency,
-                       records_by_task, write_imported)
+from .database import (COST_MODEL_FILE, IMPORTED_DONE_DIR, DB_RECORDS, DB_WORKLOAD, TRIMMER_STATE, open_json_db,
+                       record_latency, records_by_task, write_imported)
 from .events import ffi_to_py, trace_json
+from .trimmer import allocate_trials
 from .workloads import round_size
 
 __all__ = ["SEEDS_FILE", "VERIFY_FILE", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE", "tvm_version", "hardware_fingerprint",
            "cache_target_key", "trace_digest", "task_workloads", "entries_from_run", "publish_from_run",
-           "write_seeds", "verify_seeds", "host_factor", "suspect_seeds", "second_look",
+           "write_seeds", "verify_seeds", "host_factor", "source_effort", "convergence", "fair_shares",
+           "settle_decisions", "suspect_seeds", "second_look",
            "load_verification", "skip_verified_tasks", "apply_seed_verification", "train_cost_model",
            "place_cost_model", "export_lines", "check_cache_import"]
 
@@ -153,6 +160,28 @@ def task_workloads(model, target) -> list[dict]:
             for i, t in enumerate(tasks)]
 
 
+def source_effort(work_dir: str, tasks) -> dict[int, tuple[int, bool]]:
+    """task index -> (trials the run spent on it, whether its search had converged), what a published entry
+    says of how far its record was tuned. Trials: the task's records in the run's database, plus, for a
+    task the run was seeded on, the trials behind its seeds (a re-published seed keeps its history).
+    Converged: Trimmer's plateau rule pre-empted it, its search space ran out, or the record cache
+    settled it as converged (saved Trimmer state and verification of the run)."""
+    trials = {i: len(recs) for i, recs in records_by_task(open_json_db(work_dir), tasks).items()}
+    converged: set[int] = set()
+    state = _load_json(os.path.join(work_dir, TRIMMER_STATE)) or {}
+    for key in ("preempted_tasks", "cache_parked_tasks"):
+        converged |= {int(k) for k in (state.get(key) or {})}
+    converged |= {int(k) for k in state.get("exhausted_tasks") or []}
+    manifest = _load_json(os.path.join(work_dir, SEEDS_FILE)) or {}
+    for i, want in (manifest.get("tasks") or {}).items():
+        if int(i) in trials:
+            trials[int(i)] += int(want.get("source_trials") or 0)
+    for v in (load_verification(work_dir) or {}).get("tasks") or []:
+        if v.get("settled"):
+            converged.add(int(v["task_index"]))
+    return {i: (n, i in converged) for i, n in trials.items()}
+
+
 def _entry(task, index: int, rec) -> dict | None:
     from tvm.s_tir import meta_schedule as ms
 
@@ -172,7 +201,9 @@ def _entry(task, index: int, rec) -> dict | None:
 def entries_from_run(work_dir: str, model, target) -> list[dict]:
     """The run's trusted cache entries: every record of its ``final`` database (serial re-measures by
     this platform, DOPpler's last stage), with the workload, the record without its times (what a seed
-    is made of), its args info and the serial run times. Empty when the run had no final re-measure."""
+    is made of), its args info, the serial run times, and how far the source tuned the task
+    (``source_trials``, ``source_converged``: :func:`source_effort`). Empty when the run had no final
+    re-measure."""
     from .relax_pipeline import make_target
     from .workloads import collect_tasks
 
@@ -180,12 +211,14 @@ def entries_from_run(work_dir: str, model, target) -> list[dict]:
     if not (os.path.exists(final) and os.path.getsize(final)):
         return []
     tasks = collect_tasks(model, make_target(target))
+    effort = source_effort(work_dir, tasks)
     out = []
     for i, recs in records_by_task(open_json_db(work_dir, final=True), tasks).items():
         for rec in recs:
             e = _entry(tasks[i], i, rec)
             if e is not None:
-                out.append(e)
+                n, converged = effort.get(i, (0, False))
+                out.append(e | {"source_trials": n, "source_converged": converged})
     return out
 
 
@@ -205,7 +238,7 @@ def publish_from_run(work_dir: str, model, target, cached: list[dict], cost_mode
 def write_seeds(work_dir: str, hits: dict[int, list[dict]], *, tolerance: float = DEFAULT_TOLERANCE) -> int:
     """Make cache hits the run's seeds. ``hits``: task index -> entries (``workload_json``,
     ``record_json``, ``trace_digest``, ``latency_s``, ``workload_hash``, and the cache's ``id`` /
-    ``source_run``), at most top-k each. The records go through the imported-seed path (built and
+    ``source_run`` / ``source_trials`` / ``source_converged``), at most top-k each. The records go through the imported-seed path (built and
     measured serially on this host before the search, their cached times not kept); the manifest
     (``SEEDS_FILE``) keeps what verification compares with. Returns the number of seeds."""
     wl_lines, rec_lines, manifest = [], [], {"tolerance": float(tolerance), "tasks": {}}
@@ -217,9 +250,16 @@ def write_seeds(work_dir: str, hits: dict[int, list[dict]], *, tolerance: float 
             body = json.loads(e["record_json"])
             body[1] = None  # no cached time reaches the run: the platform measures the seed here
             rec_lines.append(json.dumps([len(wl_lines) - 1, body]))
+        cache_best = min((float(e["latency_s"]) for e in entries if e.get("latency_s")), default=None)
+        trials = [int(e["source_trials"]) for e in entries if e.get("source_trials") is not None]
+        # independent runs whose records of this workload agree with the cache's best (within tolerance)
+        agreeing = {e.get("source_run") for e in entries if e.get("source_run") is not None and cache_best
+                    and e.get("latency_s") and float(e["latency_s"]) <= cache_best * (1 + tolerance)}
         manifest["tasks"][str(task_index)] = {
-            "workload_hash": entries[0]["workload_hash"],
-            "cache_best_s": min((float(e["latency_s"]) for e in entries if e.get("latency_s")), default=None),
+            "workload_hash": entries[0]["workload_hash"], "cache_best_s": cache_best,
+            "source_trials": max(trials) if trials else None,
+            "source_converged": any(bool(e.get("source_converged")) for e in entries),
+            "agreeing_runs": len(agreeing),
             "entries": {e["trace_digest"]: {"id": e.get("id"), "source_run": e.get("source_run"),
                                             "latency_s": e.get("latency_s")} for e in entries}}
     if not rec_lines:
@@ -390,8 +430,52 @@ def verify_seeds(work_dir: str, tasks, database, retime=None) -> dict | None:
     return result
 
 
+def fair_shares(infos, seeded_best: dict[int, float | None], max_trials: int) -> dict[int, int]:
+    """The trials this run would give each task out of its whole budget by Trimmer's share allocation
+    (weight x latency; the seeds' times here for the seeded tasks, the mean share for the others)."""
+    shares = {t.index: (float(t.weight or 1.0), seeded_best.get(t.index)) for t in infos}
+    return allocate_trials(int(max_trials), shares, list(shares))
+
+
+def convergence(want: dict, share: int) -> tuple[bool, str]:
+    """Whether a task's cached record is a converged result, one this run could not expect to beat by
+    searching, and why. A verified time says nothing of that: a source run that spent a few trials
+    leaves a poor record that verifies all the same. Converged: the source's search had plateaued
+    (Trimmer's rule, or the plateau rule of a cache-seeded search) or ran out of candidates, or two
+    independent runs agree on the best. The trials the source spent are no proof: measured
+    (bench/record_cache.py --quick), records from a source that spent 16 trials on a task, more than this
+    run's latency share of it (``share``, :func:`fair_shares`) and what a cold run gives it, settled the
+    task at a coin flip against a cold run's own 16 trials, and three such tasks left the warm model 4 %
+    slower than cold. Entries that do not say how far they were tuned (published before that was
+    recorded) are not converged."""
+    trials = want.get("source_trials")
+    spent = "an unknown number of" if trials is None else str(int(trials))
+    if want.get("source_converged"):
+        return True, f"converged: the source run's search had plateaued or run out (after {spent} trials)"
+    if int(want.get("agreeing_runs") or 0) >= 2:
+        return True, f"converged: {want['agreeing_runs']} source runs agree on the best"
+    return False, (f"not converged (the source spent {spent} trials and had not plateaued; this run's share "
+                   f"is {int(share)}): searched on from its seeds")
+
+
+def settle_decisions(result: dict, manifest: dict, infos, max_trials: int) -> dict:
+    """Add to each verdict of ``result`` whether its task is settled (verified and converged: no further
+    trials) and its ``share_trials``, ``converged`` and ``convergence`` reason (:func:`convergence`)."""
+    shares = fair_shares(infos, {int(v["task_index"]): v["measured_best_s"] for v in result["tasks"]}, max_trials)
+    for v in result["tasks"]:
+        want = manifest.get("tasks", {}).get(str(v["task_index"])) or {}
+        share = shares.get(int(v["task_index"]), 0)
+        converged, why = convergence(want, share)
+        v.update(share_trials=share, source_trials=want.get("source_trials"), converged=converged,
+                 convergence=why, settled=bool(v["verified"] and converged))
+        if v["verified"]:
+            v["reason"] = f"verified; {why}"
+    return result
+
+
 def skip_verified_tasks(state, infos, verified: dict[int, int], *, max_trials: int, per_round: int,
-                        seed: int | None, seeded: dict[int, tuple[float | None, int]] | None = None) -> None:
+                        seed: int | None, seeded: dict[int, tuple[float | None, int]] | None = None,
+                        searched: dict[int, int] | None = None) -> None:
     """Tasks whose cache hit verified get no further trials: Trimmer's runtime (a passive one, every
     rule off, when the run has no Trimmer) treats them as settled from the start (terminated before the
     first round, never resumed: when every task is settled the run ends, its budget saved), and its share
@@ -401,11 +485,16 @@ def skip_verified_tasks(state, infos, verified: dict[int, int], *, max_trials: i
     ``seeded``: task index -> (its best seed time on this host, seeds measured), every seeded task,
     verified or not. The allocator learns them as it learns a batch (best latency, trials spent), so the
     freed trials are shared by the tasks' real latency shares from the first round, not by a guess, and
-    a Trimmer judges a seeded task's search against the seed it started from."""
+    a Trimmer judges a seeded task's search against the seed it started from.
+
+    ``searched``: task index -> trials: verified tasks whose record was not converged (``verified`` holds
+    the settled ones only). They are searched on from their seeds, and judged by Trimmer's plateau rule
+    from the seed's time (even when Trimmer is off) once they have had that many trials: a search that no
+    longer beats the seed stops there, its trials to the others."""
     from .trimmer import TrimmerConfig
     from .trimmer_hooks import TrimmerRuntime
 
-    if not verified and state.trimmer is None:
+    if not verified and not searched and state.trimmer is None:
         return
     if state.trimmer is None:
         passive = TrimmerConfig(enabled=False, filter_enabled=False)
@@ -425,22 +514,31 @@ def skip_verified_tasks(state, infos, verified: dict[int, int], *, max_trials: i
             tr.tracker.preempted[int(i)] = int(n)
             tr.settled.add(int(i))
             tr.pending.add(int(i))
+        for i, floor in (searched or {}).items():
+            if int(i) in tr.weights and int(i) not in tr.settled:
+                tr.tracker.judged[int(i)] = max(1, int(floor))
 
 
 def apply_seed_verification(run, retime=None) -> None:
     """The session's hook, after the imported seeds were measured: verify the cache's seeds (once; a
-    resumed run reads the verdicts back; ``retime``: see :func:`verify_seeds`) and take the verified tasks
-    out of the search."""
+    resumed run reads the verdicts back; ``retime``: see :func:`verify_seeds`), take the verified tasks
+    whose record converged out of the search (:func:`settle_decisions`) and search the other verified
+    ones on from their seeds, judged by the plateau rule after their share of the budget."""
     result = load_verification(run.work_dir) or verify_seeds(run.work_dir, run.tasks, run.database, retime)
     if not result or run.state is None:
         return
-    verified = {v["task_index"]: v["n_seeds"] for v in result["tasks"] if v["verified"]}
+    if any("settled" not in v for v in result["tasks"]):
+        manifest = _load_json(os.path.join(run.work_dir, SEEDS_FILE)) or {}
+        result = settle_decisions(result, manifest, run.infos, int(run.cfg.max_trials))
+        Path(os.path.join(run.work_dir, VERIFY_FILE)).write_text(json.dumps(result))
+    verified = {v["task_index"]: v["n_seeds"] for v in result["tasks"] if v["settled"]}
+    searched = {v["task_index"]: v["share_trials"] for v in result["tasks"] if v["verified"] and not v["settled"]}
     fresh = not getattr(run, "n_existing", 0)  # a resumed run's allocator counted the seeds from its database
     seeded = {v["task_index"]: (v["measured_best_s"], int(v["n_seeds"]) + int(v.get("n_retimed", 0)) if fresh else 0)
               for v in result["tasks"]}
     skip_verified_tasks(run.state, run.infos, verified, max_trials=int(run.cfg.max_trials),
                         per_round=round_size(run.cfg.trials_per_round, run.remaining, len(run.tasks)), seed=run.cfg.seed,
-                        seeded=seeded)
+                        seeded=seeded, searched=searched)
 
 
 # --------------------------------------------------------------------------- cost model

@@ -93,6 +93,10 @@ class TaskPlateauTracker:
         self.trials: dict[int, int] = {}
         self.preempted: dict[int, int] = {}  # task -> trials it had when pre-empted
         self.resumes: dict[int, int] = {}  # task -> times it was resumed after a pre-emption
+        # tasks judged by the plateau rule even when Trimmer is off, each never before its own number of
+        # trials (a record-cache seed whose source was not converged: searched on from the seed, stopped
+        # once the search no longer beats it)
+        self.judged: dict[int, int] = {}
 
     def observe(self, task: int, batch_latencies: Sequence[float | None]) -> bool:
         """Record one measured batch of a task; returns True when the task is (now) pre-empted."""
@@ -108,8 +112,10 @@ class TaskPlateauTracker:
             self.stale_rounds[task] = self.stale_rounds.get(task, 0) + 1
         if batch_best is not None and (previous is None or batch_best < previous):
             self.best[task] = batch_best
-        if (self.config.enabled and self.stale_rounds[task] >= self.config.plateau_rounds
-                and self.trials[task] >= self.min_trials):
+        floor = self.judged.get(task)
+        need = self.min_trials if floor is None else max(self.min_trials, floor)
+        if ((self.config.enabled or floor is not None) and self.stale_rounds[task] >= self.config.plateau_rounds
+                and self.trials[task] >= need):
             self.preempted[task] = self.trials[task]
             return True
         return False

@@ -79,6 +79,9 @@ class TrimmerRuntime:
         # settled before the search (a verified record-cache hit): done like an exhausted task (terminated,
         # never resumed, a constant share of the estimate), reported apart
         self.settled: set[int] = set()
+        # parked by the plateau rule of a cache-seeded task while Trimmer itself is off (task -> trials):
+        # the cache's doing, so neither a Trimmer pre-emption nor a Trimmer saving
+        self.cache_parked: dict[int, int] = {}
         self.state = TrimmerState()
         self.lock = threading.Lock()
         self.rng = random.Random(seed)
@@ -165,7 +168,11 @@ class TrimmerRuntime:
             self.state.model_stop_reason = probe.reason
 
     def _preempt(self, task: int, round_index: int, reason: str) -> None:
-        self.state.preempted_tasks[task] = self.tracker.preempted[task]
+        if self.config.enabled:
+            self.state.preempted_tasks[task] = self.tracker.preempted[task]
+        else:  # only a cache-seeded task is judged when Trimmer is off (TaskPlateauTracker.judged)
+            self.cache_parked[task] = self.tracker.preempted[task]
+            reason = "plateau after a record-cache seed"
         self.pending.add(task)
         self._record_reallocation(task, round_index, reason)
 
@@ -321,6 +328,7 @@ class TrimmerRuntime:
         task = max(parked, key=lambda i: (shares[i][0] * shares[i][1]) if shares[i][1] else 0.0)
         self.tracker.resume(task)
         self.state.preempted_tasks.pop(task, None)
+        self.cache_parked.pop(task, None)
         self.resumptions.append({"task": task, "task_name": self.names.get(task), "at_trial": self._spent(),
                                  "remaining_budget": remaining})
         return task
@@ -360,6 +368,8 @@ class TrimmerRuntime:
             d["judging_from_trial"] = self.judging_from_trial
             d["exhausted_tasks"] = sorted(self.exhausted)
             d["settled_tasks"] = sorted(self.settled)
+            d["cache_parked_tasks"] = dict(self.cache_parked)
+            d["cache_judged_tasks"] = dict(self.tracker.judged)
             d["config"] = self.config.to_dict()
         d["trials_saved"] = self.trials_saved()
         return d
