@@ -98,7 +98,7 @@ def test_a_partner_avoids_a_gangs_gpu_it_would_slow():
     put(s, "gang", [0, 2, 3, 4], pred_util=50.0, pred_mem=2000)
     put(s, "solo", [1], pred_util=50.0, pred_mem=2000)
     incoming = view("c", util=50.0, mem=2000)
-    assert UsageFGD().place(incoming, s.view(), 0.0) == [0]  # gang_aware is off by default
+    assert UsageFGD(gang_aware=False).place(incoming, s.view(), 0.0) == [0]
     assert UsageFGD(gang_aware=True).place(incoming, s.view(), 0.0) == [1]
 
 
@@ -113,7 +113,7 @@ def test_a_slowed_gang_has_its_partner_migrated_on_telemetry():
 
     busy = state(90.0)
     assert UsageFGD(gang_aware=True).rebalance(busy.view(), 3600.0) == [("partner", [2])]
-    assert UsageFGD().rebalance(busy.view(), 3600.0) == []
+    assert UsageFGD(gang_aware=False).rebalance(busy.view(), 3600.0) == []
     assert UsageFGD(gang_aware=True).rebalance(state(2.0).view(), 3600.0) == []
 
 
