@@ -22,13 +22,24 @@ of FGD (the target workload, node CPU/memory/GPU-type terms, the least-growth ru
   telemetry shows slowed below ``min_speed_gang`` (the fitted model on the jobs' sampled
   per-process utilizations) has its single-GPU partner of highest predicted utilization migrated
   (at most ``max_migrations`` times per job) to an idle GPU, or to a GPU without a gang where every
-  job keeps ``min_speed_whole``. OFF by default (``gang_aware=False``): on the bench's Philly slice
-  (seeds 0-2) it gives 104.7 / 108.2 / 132.0 days (default 108.5 / 115.7 / 122.5; horus_migrate
-  102.0 / 103.7 / 110.6) at 24.5-25.4 days' wait, worse on seed 2 where the gang is mispredicted
-  (6 % vs 99 %), and its migration scan makes a replay ~7x slower. On Philly gangs hold 87 % of the GPU time and the makespan is set by
+  job keeps ``min_speed_whole``. ON by default (``gang_aware``); it makes a replay several times
+  slower (the migration scan). On Philly gangs hold 87 % of the GPU time and the makespan is set by
   one 8-GPU, 54-day job: without (a) and (b) it ran up to 2x slower than alone.
+* **Running jobs by telemetry** (``telemetry_utils``, on): a RUNNING job is judged by its sampled
+  per-process utilization read back to a standalone one through the fitted model
+  (:func:`standalone_from_telemetry`), not by its prediction: a mispredicted gang (seed 2: predicted
+  6 %, truly 99 %) is seen as busy once it runs. Only the incoming job is a prediction.
+* **Look-ahead** over the first 5 waiting jobs, as Horus's authors run Horus (``queue_lookahead``).
 
-The policy sees predictions (and, for migrations, telemetry) only; the simulator runs the jobs' true utilizations, so a wrong
+Measured on the bench's quick Philly slice (10,000 jobs, 96 GPUs, seeds 0-2, through the bench's
+experiment path): predictions + no gang terms 108.5 / 115.7 / 122.5 days; telemetry only
+103.1 / 112.8 / 123.4; telemetry + look-ahead 98.5 / 106.4 / 120.7; all three (default)
+101.2 / 109.2 / 102.3 at 25.5 / 27.2 / 26.1 days' mean wait (horus_migrate 102.0 / 103.7 / 110.6 at
+30.6 / 32.9 / 34.2; horus 26.9 / 26.5 / 27.8). Tried and dropped: large gangs on idle GPUs only
+(136 days: under FIFO they wait for 8 idle GPUs) and a speed floor for gangs at placement
+(108-110 days at 36-38 days' wait).
+
+The policy sees predictions (of the incoming job) and telemetry (of running jobs) only; the simulator runs the jobs' true utilizations, so a wrong
 prediction costs real interference (``bench/scheduling.py`` sweeps the prediction error).
 """
 
