@@ -22,13 +22,24 @@ of FGD (the target workload, node CPU/memory/GPU-type terms, the least-growth ru
   telemetry shows slowed below ``min_speed_gang`` (the fitted model on the jobs' sampled
   per-process utilizations) has its single-GPU partner of highest predicted utilization migrated
   (at most ``max_migrations`` times per job) to an idle GPU, or to a GPU without a gang where every
-  job keeps ``min_speed_whole``. OFF by default (``gang_aware=False``): on the bench's Philly slice
-  (seeds 0-2) it gives 104.7 / 108.2 / 132.0 days (default 108.5 / 115.7 / 122.5; horus_migrate
-  102.0 / 103.7 / 110.6) at 24.5-25.4 days' wait, worse on seed 2 where the gang is mispredicted
-  (6 % vs 99 %), and its migration scan makes a replay ~7x slower. On Philly gangs hold 87 % of the GPU time and the makespan is set by
+  job keeps ``min_speed_whole``. ON by default (``gang_aware``); it makes a replay several times
+  slower (the migration scan). On Philly gangs hold 87 % of the GPU time and the makespan is set by
   one 8-GPU, 54-day job: without (a) and (b) it ran up to 2x slower than alone.
+* **Running jobs by telemetry** (``telemetry_utils``, on): a RUNNING job is judged by its sampled
+  per-process utilization read back to a standalone one through the fitted model
+  (:func:`standalone_from_telemetry`), not by its prediction: a mispredicted gang (seed 2: predicted
+  6 %, truly 99 %) is seen as busy once it runs. Only the incoming job is a prediction.
+* **Look-ahead** over the first 5 waiting jobs, as Horus's authors run Horus (``queue_lookahead``).
 
-The policy sees predictions (and, for migrations, telemetry) only; the simulator runs the jobs' true utilizations, so a wrong
+Measured on the bench's quick Philly slice (10,000 jobs, 96 GPUs, seeds 0-2, through the bench's
+experiment path): predictions + no gang terms 108.5 / 115.7 / 122.5 days; telemetry only
+103.1 / 112.8 / 123.4; telemetry + look-ahead 98.5 / 106.4 / 120.7; all three (default)
+101.2 / 109.2 / 102.3 at 25.5 / 27.2 / 26.1 days' mean wait (horus_migrate 102.0 / 103.7 / 110.6 at
+30.6 / 32.9 / 34.2; horus 26.9 / 26.5 / 27.8). Tried and dropped: large gangs on idle GPUs only
+(136 days: under FIFO they wait for 8 idle GPUs) and a speed floor for gangs at placement
+(108-110 days at 36-38 days' wait).
+
+The policy sees predictions (of the incoming job) and telemetry (of running jobs) only; the simulator runs the jobs' true utilizations, so a wrong
 prediction costs real interference (``bench/scheduling.py`` sweeps the prediction error).
 """
 
@@ -43,7 +54,7 @@ import numpy as np
 
 from .cluster import MILLI, ClusterView, JobView, WorkloadType
 from .interference import FittedInterference
-from .policies import FGD, HORUS_HEADROOM_MB, _base_mask, _NodeFrag
+from .policies import FGD, HORUS_HEADROOM_MB, HORUS_QUEUE_LOOKAHEAD, _base_mask, _NodeFrag
 
 __all__ = ["UsageFGD", "held_milli"]
 
@@ -74,8 +85,9 @@ class UsageFGD(FGD):
 
     def __init__(self, *, margin: float = 0.25, floor_milli: int = 50, min_speed: float = 0.75,
                  max_jobs_per_gpu: int = 4, headroom_mb: float = HORUS_HEADROOM_MB, max_checked: int = 12,
-                 min_speed_whole: float = 0.5, frag_weight: float = 0.5, gang_aware: bool = False,
-                 min_speed_gang: float = 0.75, max_migrations: int = 3):
+                 min_speed_whole: float = 0.5, frag_weight: float = 0.5, gang_aware: bool = True,
+                 min_speed_gang: float = 0.75, max_migrations: int = 3, telemetry_utils: bool = True,
+                 queue_lookahead: int = HORUS_QUEUE_LOOKAHEAD):
         super().__init__()
         if not 0.0 < min_speed <= 1.0:
             raise ValueError("min_speed must be in (0, 1]")
@@ -99,6 +111,10 @@ class UsageFGD(FGD):
         self.min_speed_gang = float(min_speed_gang)
         #: migrations per job at most
         self.max_migrations = int(max_migrations)
+        #: judge a RUNNING job by its sampled per-process utilization (telemetry) instead of its prediction
+        self.telemetry_utils = bool(telemetry_utils)
+        #: waiting jobs offered per pass (1: strict FIFO; Horus's authors use 5)
+        self.queue_lookahead = max(1, int(queue_lookahead))
 
     # ------------------------------------------------------------------ what is held
     def held(self, job: JobView) -> int:
@@ -113,7 +129,8 @@ class UsageFGD(FGD):
         predicted utilization of the jobs placed."""
         nf = cluster.node_free_milli()
         if not cluster.enforce_milli:
-            used = np.ceil(np.asarray(cluster.pred_util_pct) * 10.0 * (1.0 + self.margin))
+            util = cluster.demand_util_pct if self.telemetry_utils else cluster.pred_util_pct
+            used = np.ceil(np.asarray(util) * 10.0 * (1.0 + self.margin))
             free = np.maximum(0, MILLI - np.where(cluster.n_jobs > 0, np.maximum(used, self.floor_milli), 0))
             nf = nf.copy()
             nf[cluster.gpu_node, cluster.gpu_slot] = free.astype(np.int64)
@@ -148,7 +165,16 @@ class UsageFGD(FGD):
         """Shared GPUs with fewer than ``max_jobs`` jobs and the job's predicted memory free (+ headroom)."""
         shared = _base_mask(job, cv, respect_milli=False) & (cv.n_jobs > 0) & (cv.n_jobs < self.max_jobs)
         jmem = max(job.pred_mem_mb, job.mem_floor_mb)
-        return shared & (cv.mem_cap_mb - (np.maximum(cv.pred_mem_mb, cv.meas_mem_mb) + jmem) >= self.headroom_mb)
+        shared &= cv.mem_cap_mb - (np.maximum(cv.pred_mem_mb, cv.meas_mem_mb) + jmem) >= self.headroom_mb
+        return shared
+
+    def _utils_on(self, cv: ClusterView, gpu: int) -> tuple[float, ...]:
+        """What the policy takes the utilizations of the jobs on ``gpu`` to be: their predictions, or
+        with ``telemetry_utils`` their sampled per-process utilizations (a job alone shows its standalone
+        value; a slowed one more, so this errs towards caution)."""
+        if not self.telemetry_utils:
+            return cv.pred_utils_on(gpu)
+        return standalone_from_telemetry(cv.meas_utils_on(gpu), cv.gpu_model[gpu])
 
     def _pick_by_gain(self, job: JobView, cv: ClusterView, nf: np.ndarray, empty: np.ndarray, shared: np.ndarray,
                       frag: _NodeFrag, need: int) -> int | None:
@@ -167,7 +193,7 @@ class UsageFGD(FGD):
         models = cv.gpu_model
         for i in np.flatnonzero(~empty[cand]):
             g = int(cand[i])
-            utils = cv.pred_utils_on(g)
+            utils = self._utils_on(cv, g)
             gain[i], slowest = _gain(_key_of(utils), ju, models[g])
             ok[i] = slowest >= self.min_speed_whole
             if self.gang_aware:
@@ -282,8 +308,33 @@ class UsageFGD(FGD):
                 "min_speed_whole": self.min_speed_whole, "frag_weight": self.frag_weight,
                 "max_jobs_per_gpu": self.max_jobs, "headroom_mb": self.headroom_mb,
                 "gang_aware": self.gang_aware, "min_speed_gang": self.min_speed_gang,
-                "max_migrations": self.max_migrations,
+                "max_migrations": self.max_migrations, "telemetry_utils": self.telemetry_utils,
+                "queue_lookahead": self.queue_lookahead,
                 "interference": "fitted (Gavel pairs), on predicted utilizations (migrations: on telemetry)"}
+
+
+def standalone_from_telemetry(meas_pct: Sequence[float], gpu_model: str) -> tuple[float, ...]:
+    """The standalone utilizations (%) of the jobs on one GPU read back from their sampled per-process
+    ones: telemetry shows ``m = 1 - (1 - u) / slowdown`` (:func:`~.replay.measured_util`), and the
+    fitted model gives the slowdown of utilizations ``u``, so ``u = 1 - (1 - m) x slowdown(u)`` is
+    solved by a few fixed-point steps from ``u = m`` (a job alone: ``u = m``). In placement order."""
+    if len(meas_pct) <= 1:
+        return tuple(meas_pct)
+    return _destretch(tuple(round(min(max(m, 0.0), 100.0)) for m in meas_pct), gpu_model)
+
+
+@lru_cache(maxsize=1 << 16)
+def _destretch(meas_pct: tuple[int, ...], gpu_model: str) -> tuple[float, ...]:
+    m = np.array(meas_pct, dtype=float) / 100.0
+    u = m.copy()
+    for _ in range(8):
+        speeds = np.array(_fitted().speeds(list(u), gpu_type=gpu_model))
+        u_next = np.clip(1.0 - (1.0 - m) / speeds, 0.0, m)
+        if np.max(np.abs(u_next - u)) < 1e-3:
+            u = u_next
+            break
+        u = 0.5 * (u + u_next)  # damped: the slowdown falls as u does
+    return tuple(float(x) * 100.0 for x in u)
 
 
 def min_predicted_speed(utils_pct: Sequence[float], gpu_model: str) -> float:

@@ -98,7 +98,7 @@ def test_a_partner_avoids_a_gangs_gpu_it_would_slow():
     put(s, "gang", [0, 2, 3, 4], pred_util=50.0, pred_mem=2000)
     put(s, "solo", [1], pred_util=50.0, pred_mem=2000)
     incoming = view("c", util=50.0, mem=2000)
-    assert UsageFGD().place(incoming, s.view(), 0.0) == [0]  # gang_aware is off by default
+    assert UsageFGD(gang_aware=False).place(incoming, s.view(), 0.0) == [0]
     assert UsageFGD(gang_aware=True).place(incoming, s.view(), 0.0) == [1]
 
 
@@ -113,7 +113,7 @@ def test_a_slowed_gang_has_its_partner_migrated_on_telemetry():
 
     busy = state(90.0)
     assert UsageFGD(gang_aware=True).rebalance(busy.view(), 3600.0) == [("partner", [2])]
-    assert UsageFGD().rebalance(busy.view(), 3600.0) == []
+    assert UsageFGD(gang_aware=False).rebalance(busy.view(), 3600.0) == []
     assert UsageFGD(gang_aware=True).rebalance(state(2.0).view(), 3600.0) == []
 
 
@@ -123,3 +123,30 @@ def test_gang_relief_keeps_the_physics_and_moves_jobs_at_most_max_migrations_tim
     r = simulate(jobs, ClusterSpec.uniform(1, 3), UsageFGD(gang_aware=True, max_migrations=1), check_invariants=True, record_jobs=True)
     assert r.unschedulable_jobs == 0 and r.util_mean_pct <= 100.0 + 1e-9
     assert r.migrations <= 6
+
+
+def test_running_jobs_are_judged_by_telemetry_not_by_their_prediction():
+    """Both GPUs hold a job predicted at 20 %; telemetry shows the one on GPU 0 at 95 % (mispredicted):
+    a light job goes beside the truly light one, where predictions alone could not tell them apart."""
+    s = ClusterState(ClusterSpec.uniform(1, 2))
+    put(s, "hidden", [0], pred_util=20.0, pred_mem=2000, true_util=95.0)
+    put(s, "light", [1], pred_util=20.0, pred_mem=2000)
+    incoming = view("c", util=20.0, mem=2000)
+    assert UsageFGD(telemetry_utils=True).place(incoming, s.view(), 0.0) == [1]
+    assert UsageFGD(telemetry_utils=False).place(incoming, s.view(), 0.0) == [0]
+
+
+@pytest.mark.parametrize("utils", [(50.0, 50.0), (99.0, 6.0), (30.0, 20.0, 10.0)])
+def test_telemetry_is_read_back_to_standalone_utilizations(utils):
+    """Sampled per-process utilization is stretched while jobs share; inverting it through the fitted
+    model recovers the standalone values (within a point)."""
+    from scheduling.horus.replay import measured_util
+    from scheduling.horus.usage_fgd import job_speeds, standalone_from_telemetry
+
+    meas = [measured_util(u, 1.0 / sp) for u, sp in zip(utils, job_speeds(utils, "V100"))]
+    assert max(m - u for m, u in zip(meas, utils)) > 1.0  # telemetry alone over-reads them
+    assert standalone_from_telemetry(meas, "V100") == pytest.approx(utils, abs=1.0)
+
+
+def test_looks_ahead_like_horus_by_default():
+    assert UsageFGD().queue_lookahead == 5 and UsageFGD(queue_lookahead=1).queue_lookahead == 1
