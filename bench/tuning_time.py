@@ -295,8 +295,9 @@ def _parallel_pairs(args, names, spec, root: Path) -> list[dict]:
     core is a measurement slot); interleaved so drifting machine load hits both sides alike."""
     target = {"kind": "llvm", "num-cores": PARALLEL_THREADS}
     tir = [n for n in names if WORKLOADS.get(n, ("onnx",))[0] == "tir"]
-    # the platform's round size (TuningConfig.trials_per_round), --quick too: two rounds of 32
-    per_round = 32
+    # --quick: 16 a round, four rounds of 64 trials (two rounds of 32 leave the controller no round to
+    # recover in after a noisy probe: it re-probes two rounds after a back-off)
+    per_round = 16 if args.quick else 32
     pairs = []
     for i, name in enumerate(tir[:2] if args.quick else tir):
         sides = list(PARALLEL_SIDES) if i % 2 == 0 else list(reversed(list(PARALLEL_SIDES)))
