@@ -30,8 +30,10 @@ intrinsics, TVM's LocalRunner" as its first step, to stay under 10 minutes):
 + async pooled runner (DOP 1), + deferred cost model (XGBoost trained only
 when its booster is used, search.train_when_needed), then ours (+ DOP auto and
 the final re-measure). Parallel measurement on its own: the same engine at
-T = 1, DOP auto against DOP 1, with two ablations of DOP auto (DOPpler's
-serial first round; DOPpler's fixed 20 % serial sample every round). Search is not
+T = 1, DOP auto against DOP 1, with three ablations of DOP auto (DOPpler's
+serial first round; DOPpler's fixed 20 % serial sample every round; DOPpler's
+error threshold against one serial timing taken as exact, instead of above the
+host's measured serial noise). Search is not
 deterministic across processes even with a seed (multi-threaded sampling), so
 each run visits different candidates: ``cand.s`` (sum of the measured
 candidates' latencies) shows how much of a wall-time difference the
@@ -82,14 +84,17 @@ ABLATION = {
 # parallel measurement on its own: the same engine at a deployment thread count that leaves room for
 # DOP > 1 (T = PARALLEL_THREADS: one slot per core), DOP 1 against DOPpler's auto DOP
 PARALLEL_THREADS = 1
-# DOP auto as the platform runs it (the first round probes a parallel DOP, calm rounds sample less),
-# the same engine at DOP 1, and two ablations of DOP auto: DOPpler's published start (the first round
-# serial at DOP 1) and DOPpler's fixed 20 % serial sample every round
+# DOP auto as the platform runs it (the first round probes a parallel DOP, calm rounds sample less, the
+# error threshold counts above the host's measured serial noise), the same engine at DOP 1, and three
+# ablations of DOP auto: DOPpler's published start (the first round serial at DOP 1), DOPpler's fixed
+# 20 % serial sample every round, and DOPpler's threshold against one serial timing taken as exact
 PARALLEL_SIDES = {"dop1": dict(dop=1), "dop_auto": dict(dop="auto"),
                   "dop_auto_serial_start": dict(dop="auto", dop_start="serial"),
-                  "dop_auto_fixed_sample": dict(dop="auto", dop_sample="fixed")}
+                  "dop_auto_fixed_sample": dict(dop="auto", dop_sample="fixed"),
+                  "dop_auto_dopplers_threshold": dict(dop="auto", dop_noise="none")}
 # the ablation sides, with the overall keys' suffix
-PARALLEL_ABLATIONS = {"dop_auto_serial_start": "serial_start", "dop_auto_fixed_sample": "fixed_sample"}
+PARALLEL_ABLATIONS = {"dop_auto_serial_start": "serial_start", "dop_auto_fixed_sample": "fixed_sample",
+                      "dop_auto_dopplers_threshold": "dopplers_threshold"}
 
 
 # --------------------------------------------------------------------------- workloads
@@ -359,6 +364,8 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         "parallel_wall_ratio": geomean(p["wall_ratio"] for p in pairs),
         "parallel_latency_ratio": geomean(p["latency_ratio"] for p in pairs if p["latency_ratio"]),
         "parallel_final_dop": statistics.median(dops) if dops else None,
+        # the host's serial noise DOP auto measured (mean |serial - serial again| / serial of its repeats)
+        "parallel_serial_noise": _mean_or_none(_last_noise(p["dop_auto"]) for p in pairs),
         "parallel_error": statistics.mean(errs) if errs else None,
         "parallel_measure_phase_ratio": geomean(phase) if phase else None,
         # share of DOP auto's rounds measured at DOP > 1 (the final DOP is where the controller ended,
@@ -378,6 +385,16 @@ def _parallel_overall(pairs: list[dict]) -> dict:
             r["measure_phase_ratio"] for r in rows if r["measure_phase_ratio"]) if rows else None
         out[f"parallel_latency_ratio_{key}"] = geomean(r["latency_ratio"] for r in rows if r["latency_ratio"]) if rows else None
     return out
+
+
+def _last_noise(res: dict) -> float | None:
+    noise = [h["serial_noise"] for h in res.get("dop_history") or [] if h.get("serial_noise") is not None]
+    return noise[-1] if noise else None
+
+
+def _mean_or_none(values) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.mean(vals) if vals else None
 
 
 def _share_above_dop1(pairs: list[dict]) -> float | None:
@@ -402,7 +419,8 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
     print(f"  {'overall':18s} wall x{overall['parallel_wall_ratio']:.3f}  "
           f"measure x{(overall['parallel_measure_phase_ratio'] or float('nan')):.3f}  "
           f"lat x{(overall['parallel_latency_ratio'] or float('nan')):.3f}  "
-          f"median final DOP {overall['parallel_final_dop']}  error {overall['parallel_error']}")
+          f"median final DOP {overall['parallel_final_dop']}  error {overall['parallel_error']}  "
+          f"serial noise {overall['parallel_serial_noise']}")
 
 
 # --------------------------------------------------------------------------- driver

@@ -190,3 +190,36 @@ def test_for_dop_builds_an_adaptive_or_a_fixed_controller():
     assert auto.adaptive and auto.dop == 1 and auto.sample == "fixed"
     fixed = DOPController.for_dop(3, 4)
     assert not fixed.adaptive and fixed.dop == 3
+
+
+def test_serial_noise_is_the_mean_of_recent_serial_repeats_and_ignores_failures():
+    ctrl = DOPController(max_dop=4, noise="measured", noise_window=3)
+    assert ctrl.serial_noise is None and ctrl.allowed_error() == ctrl.error_threshold
+    ctrl.record_serial_repeat([1.0, 1.0, None, 2.0], [1.1, 0.8, 1.0, 1e10])  # the last two pairs are failures
+    assert ctrl.noise_errors == pytest.approx([0.1, 0.2])
+    ctrl.record_serial_repeat([1.0, 1.0], [1.3, 1.0])
+    assert ctrl.noise_errors == pytest.approx([0.2, 0.3, 0.0])  # the window keeps the last 3
+    assert ctrl.serial_noise == pytest.approx(0.5 / 3)
+    assert ctrl.allowed_error() == pytest.approx(0.05 + 0.5 / 3)
+    ctrl.record_serial_repeat([1.0] * 3, [2.0] * 3)  # a wild host: never past the correction limit
+    assert ctrl.allowed_error() == ctrl.correction_limit
+
+
+def test_dopplers_rule_ignores_serial_noise_and_the_platform_default_measures_it():
+    plain = DOPController(max_dop=4)
+    plain.record_serial_repeat([1.0], [1.5])
+    assert plain.serial_noise is None and plain.noise_pairs_wanted() == 0
+    assert DOPController.for_dop("auto", 4).noise == "measured"
+    assert DOPController.for_dop(2, 4).noise_pairs_wanted() == 0  # a fixed DOP decides nothing
+    with pytest.raises(ValueError, match="noise"):
+        DOPController(noise="loud")
+
+
+def test_a_round_within_threshold_above_the_noise_keeps_its_dop_and_says_so():
+    ctrl = DOPController(max_dop=4, initial_dop=2, noise="measured")
+    ctrl.record_serial_repeat([1.0] * 4, [1.1] * 4)  # serial noise 10 %
+    dec = ctrl.update([1.0] * 4, [0.88] * 4)  # 12 % parallel-vs-serial: within 5 % above the noise
+    assert not dec.backed_off and ctrl.dop > 2 and dec.serial_noise == pytest.approx(0.1)
+    assert ctrl.history[-1].serial_noise == pytest.approx(0.1)
+    dec = ctrl.update([1.0] * 4, [0.8] * 4)  # 20 %: 10 % above the noise
+    assert dec.backed_off

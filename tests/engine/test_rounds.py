@@ -132,3 +132,59 @@ def test_dop_start_names_are_checked():
         DOPController(max_dop=2, start="eager")
     assert DOPController(max_dop=16, start="probe").dop == 8  # 1 + the rule's largest step (7)
     assert DOPController(max_dop=16, start="probe", adaptive=False).dop == 1  # a fixed DOP stays fixed
+
+
+class JitteryMeasure(FakeMeasure):
+    """Like FakeMeasure, but a job's serial timings alternate base x (1 + jitter), base x (1 - jitter):
+    a host where one serial timing differs from the next by about 2 x jitter."""
+
+    def __init__(self, base, *, jitter, **kw):
+        super().__init__(base, **kw)
+        self.jitter, self.serial_count = jitter, {}
+
+    def __call__(self, jobs, dop):
+        out = super().__call__(jobs, dop)
+        if dop > 1:
+            return out
+        for k, j in enumerate(jobs):
+            n = self.serial_count[j] = self.serial_count.get(j, 0) + 1
+            secs = self.base[j] * (1 + self.jitter if n % 2 else 1 - self.jitter)
+            out[k] = (MeasureOutcome([secs, secs], None, "w-d1"), 0.02)
+        return out
+
+
+def _noisy_round(noise, slowdown):
+    ctrl = DOPController(max_dop=4, initial_dop=2, noise=noise)
+    fake = JitteryMeasure([1e-3 * (1 + 0.01 * i) for i in range(16)], jitter=0.08, slowdown=slowdown)
+    res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout, probe_first=False)
+    return ctrl, fake, res
+
+
+def test_measured_serial_noise_keeps_a_dop_whose_timings_are_no_worse_than_serial_repeats():
+    # parallel timings are exact, serial ones jitter by 8 %: DOPpler's rule blames parallelism
+    ctrl, fake, res = _noisy_round("none", slowdown=1.0)
+    assert res.decision.mean_error > 0.05 and res.decision.backed_off and ctrl.dop == 1
+    ctrl, fake, res = _noisy_round("measured", slowdown=1.0)
+    assert not res.decision.backed_off and ctrl.dop >= 2 and 2 in res.validated
+    noise = ctrl.history[-1].serial_noise
+    assert abs(noise - 0.16 / 1.08) < 1e-9 and res.decision.serial_noise == noise
+    # one sampled candidate, the fastest, was timed serially twice and keeps both timings
+    sampled = [i for i, c in enumerate(res.candidates) if c.remeasured]
+    twice = [j for j in set(fake.measured_at(1)) if fake.measured_at(1).count(j) == 2]
+    assert twice == [min(sampled, key=lambda i: res.candidates[i].serial_latency_s)]
+    assert len(res.candidates[twice[0]].final_secs) == 4
+
+
+def test_measured_serial_noise_still_backs_off_on_real_interference():
+    ctrl, fake, res = _noisy_round("measured", slowdown=1.5)  # 50 % slower in parallel
+    assert ctrl.serial_noise is not None
+    assert res.decision.mean_error > ctrl.allowed_error() and res.decision.backed_off and ctrl.dop == 1
+
+
+def test_a_probe_times_two_of_its_candidates_twice_serially():
+    ctrl = DOPController(max_dop=2, initial_dop=2, noise="measured")
+    fake = JitteryMeasure([1e-3] * 12, jitter=0.08)
+    res = measure_round(list(range(12)), fake, ctrl, is_serial_config=parallel_layout)
+    probe = fake.calls[0][0]  # the first call: the probe, in parallel
+    assert len(ctrl.noise_errors) == 2 and len(probe) == 4
+    assert not res.decision.backed_off and 2 in res.validated

@@ -30,6 +30,16 @@ many good candidates (never under ``min_sample_share``; outliers, failures and t
 re-measured); any other round restores ``sample_share``. DOPpler samples 20 % every round, which keeps
 a DOP 2 round at 0.5 + 0.2 of a serial one however calm the host.
 
+With ``noise="measured"`` (the platform's default, see ``DOP_NOISES``) the threshold is judged against
+the serial measurement's own repeatability on this host: each parallel round re-measures serially a
+second time the fastest of its sample (two of a probe), the relative difference of the two serial
+timings is the host's *serial noise*, and a round backs off only when its parallel-vs-serial error
+exceeds the mean serial noise (last ``noise_window`` pairs) by more than ``error_threshold``. DOPpler's
+rule compares against one serial timing as if it were exact; where one serial timing differs from the
+next by more than 5 % (measured on a 2-core VM: 6-10 % mean, number=3, repeat=1, min_repeat_ms=100),
+every round of any DOP "fails" and parallelism never engages, though parallel timings are no further
+from the serial ones than serial timings are from each other. ``noise="none"`` is DOPpler's rule.
+
 A back-off to DOP 1 (one noisy probe on a loaded host) is not final: parallelism is re-probed after
 ``reprobe_after`` rounds, then twice as many, at most ``max_reprobes`` times (RoundStat.reprobe).
 """
@@ -45,7 +55,7 @@ from .procpool import available_cpus
 from .parallel_error import summarize_parallel_error
 
 __all__ = ["DOPController", "RoundDecision", "RoundStat", "robust_z_scores", "default_max_dop", "DOP_STARTS",
-           "DOP_SAMPLES"]
+           "DOP_SAMPLES", "DOP_NOISES"]
 
 # "serial": DOPpler as published, the first round at DOP 1 (a whole round measured serially to learn
 # nothing about parallel error). "probe": start at the DOP that serial round would have led to, and
@@ -54,6 +64,9 @@ __all__ = ["DOPController", "RoundDecision", "RoundStat", "robust_z_scores", "de
 DOP_STARTS = ("probe", "serial")
 # "fixed": DOPpler's sample_share every round. "adaptive": halve it after a calm round (module doc).
 DOP_SAMPLES = ("adaptive", "fixed")
+# "measured": the error threshold is counted above the host's measured serial noise (module doc).
+# "none": DOPpler's rule, the serial timing taken as exact.
+DOP_NOISES = ("measured", "none")
 
 FAILED = 1e9  # latencies >= this (or None / inf / nan) count as failures
 
@@ -106,6 +119,7 @@ class RoundStat:
     adapted: bool = True
     reprobe: bool = False  # this round's decision re-opened parallelism after a back-off to 1
     sample_share: float | None = None  # the share of good candidates this round re-measured serially
+    serial_noise: float | None = None  # the host's serial noise this round's decision allowed for
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -125,6 +139,7 @@ class RoundDecision:
     corrected_latencies: list[float] | None = None
     correction_applied: bool = False
     errors: list[float] = dataclasses.field(default_factory=list)
+    serial_noise: float | None = None
 
 
 class DOPController:
@@ -149,6 +164,8 @@ class DOPController:
         start: str = "serial",
         sample: str = "fixed",
         min_sample_share: float = 0.1,
+        noise: str = "none",
+        noise_window: int = 16,
     ) -> None:
         self.cap = float(cap)
         self.initial_cap = float(cap)
@@ -174,6 +191,11 @@ class DOPController:
             raise ValueError(f"sample must be one of {', '.join(DOP_SAMPLES)}, not {sample!r}")
         self.sample = sample
         self.min_sample_share = min(float(min_sample_share), self.sample_share)
+        if noise not in DOP_NOISES:
+            raise ValueError(f"noise must be one of {', '.join(DOP_NOISES)}, not {noise!r}")
+        self.noise = noise
+        self.noise_window = max(1, int(noise_window))
+        self.noise_errors: list[float] = []  # |serial_1 - serial_2| / serial_1 of repeated serial timings
         self.share = self.sample_share  # this round's (adaptive: shrinks after calm rounds)
         self.dop = self._clamp(initial_dop)
         if start == "probe" and self.adaptive and initial_dop == 1:
@@ -181,11 +203,12 @@ class DOPController:
         self.history: list[RoundStat] = []
 
     @classmethod
-    def for_dop(cls, dop: str | int, max_dop: int, *, start: str = "probe", sample: str = "adaptive") -> "DOPController":
+    def for_dop(cls, dop: str | int, max_dop: int, *, start: str = "probe", sample: str = "adaptive",
+                noise: str = "measured") -> "DOPController":
         """The controller a runner uses for a run's ``dop`` setting: "auto" adapts (from ``start``,
-        sampling as ``sample`` says), a number is fixed."""
+        sampling as ``sample`` says, judging errors as ``noise`` says), a number is fixed."""
         if dop == "auto":
-            return cls(max_dop=max_dop, start=start, sample=sample)
+            return cls(max_dop=max_dop, start=start, sample=sample, noise=noise)
         return cls(max_dop=max_dop, initial_dop=int(dop), adaptive=False)
 
     # ------------------------------------------------------------------ helpers
@@ -226,6 +249,33 @@ class DOPController:
                 picks = sorted({good[round(j * step)] for j in range(k)})
         return sorted(set(outliers) | set(picks))
 
+    # ------------------------------------------------------------------ serial noise
+    def noise_pairs_wanted(self, probe: bool = False) -> int:
+        """How many sampled candidates this round should time serially a second time (0: none)."""
+        if self.noise != "measured" or not self.adaptive:
+            return 0
+        return 2 if probe else 1
+
+    def record_serial_repeat(self, first: Sequence[float | None], second: Sequence[float | None]) -> None:
+        """Two serial timings of the same candidates: their relative differences are the host's serial noise."""
+        for a, b in zip(first, second):
+            if _valid(a) and _valid(b) and a > 0:
+                self.noise_errors.append(abs(a - b) / a)
+        del self.noise_errors[:-self.noise_window]
+
+    @property
+    def serial_noise(self) -> float | None:
+        """Mean relative difference of repeated serial timings (recent ``noise_window``); None before any."""
+        if self.noise != "measured" or not self.noise_errors:
+            return None
+        return sum(self.noise_errors) / len(self.noise_errors)
+
+    def allowed_error(self) -> float:
+        """The mean parallel-vs-serial error a round may show and keep its DOP: DOPpler's threshold,
+        above the serial noise when that is measured, never beyond ``correction_limit`` (past it the
+        round's timings could not be corrected anyway)."""
+        return min(self.error_threshold + (self.serial_noise or 0.0), max(self.error_threshold, self.correction_limit))
+
     # ------------------------------------------------------------------ rule
     def correct(self, latencies: Sequence[float], mean_error: float | None) -> list[float]:
         """Scale latencies by (1 - mean_error) when |mean_error| < correction_limit."""
@@ -262,8 +312,10 @@ class DOPController:
 
         dop_before, cap_before = self.dop, self.cap
         backed_off = False
+        noise = self.serial_noise if parallel else None
+        allowed = self.allowed_error()
         if self.adaptive:
-            too_noisy = mean_error is not None and mean_error > self.error_threshold
+            too_noisy = mean_error is not None and mean_error > allowed
             too_many_failures = dop_before > 1 and failures > self.failure_threshold * dop_before
             if too_noisy or too_many_failures:
                 backed_off = True
@@ -275,7 +327,7 @@ class DOPController:
         else:
             reprobe = False
         share_used = self.share if parallel else None
-        self._next_share(dop_before, mean_error, backed_off)
+        self._next_share(dop_before, None if mean_error is None else mean_error - (noise or 0.0), backed_off)
         decision = RoundDecision(
             dop_before=dop_before,
             dop_after=self.dop,
@@ -287,6 +339,7 @@ class DOPController:
             cap_before=cap_before,
             cap_after=self.cap,
             errors=errors,
+            serial_noise=noise,
         )
         if latencies is not None:
             decision.corrected_latencies = self.correct(latencies, mean_signed)
@@ -303,13 +356,15 @@ class DOPController:
                 adapted=self.adaptive,
                 reprobe=reprobe,
                 sample_share=share_used,
+                serial_noise=noise,
             )
         )
         return decision
 
     def _next_share(self, dop_before: int, mean_error: float | None, backed_off: bool) -> None:
-        """Adaptive sampling: a calm round (sampled error under half the threshold) at a DOP > 1 that
-        stays halves the next round's share, down to min_sample_share; any other round restores it."""
+        """Adaptive sampling: a calm round (sampled error, above the serial noise when measured, under
+        half the threshold) at a DOP > 1 that stays halves the next round's share, down to
+        min_sample_share; any other round restores it."""
         calm = (self.sample == "adaptive" and not backed_off and mean_error is not None and dop_before > 1
                 and self.dop == dop_before and mean_error <= self.error_threshold / 2)
         self.share = max(self.min_sample_share, self.share / 2) if calm else self.sample_share

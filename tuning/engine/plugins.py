@@ -135,7 +135,7 @@ def _pooled_runner(ctx: PlugContext):
         cpu_ids=ctx.cores,
         dop=cfg.dop,
         dop_start=cfg.dop_start,
-        dop_sample=cfg.dop_sample,
+        dop_sample=cfg.dop_sample, dop_noise=cfg.dop_noise,
         controller=cfg.controller,
         timeout_sec=cfg.timeout_sec,
         ledger=ctx.ledger,
@@ -163,7 +163,7 @@ def _gpu_runner(ctx: PlugContext):
     runners = [
         PooledAsyncRunner(evaluator=_evaluator_for(ctx), threads=1, cpu_ids=ctx.cores,
                           dop=cfg.dop if group.max_dop > 1 else 1, dop_start=cfg.dop_start,
-                          dop_sample=cfg.dop_sample, timeout_sec=cfg.timeout_sec,
+                          dop_sample=cfg.dop_sample, dop_noise=cfg.dop_noise, timeout_sec=cfg.timeout_sec,
                           ledger=ctx.ledger, slots=gpu_worker_slots(group, ctx.cores), worker_env=group.env,
                           worker_limits=sandbox.default_limits(gpu=True), device_index=0)
         for group in gpu_slots.gpu_slot_groups(gpus, mps)
@@ -178,7 +178,7 @@ def _distributed_runner(ctx: PlugContext) -> DistributedRunner:
         raise ValueError("distributed runner needs distributed_submit and device_queue")
     return DistributedRunner(cfg.distributed_submit, cfg.device_queue, evaluator=_evaluator_for(ctx),
                              threads=cfg.threads, ledger=ctx.ledger, dop=cfg.dop, dop_start=cfg.dop_start,
-                             dop_sample=cfg.dop_sample, target_device_type=ctx.device_type)
+                             dop_sample=cfg.dop_sample, dop_noise=cfg.dop_noise, target_device_type=ctx.device_type)
 
 
 @register_runner("local")

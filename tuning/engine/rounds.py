@@ -108,6 +108,24 @@ class _Round:
             c.final_secs = out.run_secs if not out.error else None
             c.final_error = out.error
 
+    def serial_repeat(self, idx: Sequence[int], ctrl: DOPController) -> None:
+        """Time candidates already timed serially once more, serially: the pair tells the controller
+        the host's serial noise; the candidate keeps both timings' samples."""
+        idx = [i for i in idx if self.results[i].serial_latency_s is not None and self.results[i].final_secs]
+        if not idx:
+            return
+        outs = self.measure([self.jobs[i] for i in idx], 1)
+        seconds = [None if out.error else latency_of(out.run_secs) for out, _ in outs]
+        ctrl.record_serial_repeat([self.results[i].serial_latency_s for i in idx], seconds)
+        for i, (out, _), sec in zip(idx, outs, seconds):
+            if sec is not None:
+                self.results[i].final_secs = list(self.results[i].final_secs) + list(out.run_secs)
+
+    def fastest_serial(self, idx: Sequence[int], k: int) -> list[int]:
+        """The ``k`` candidates of ``idx`` with the fastest serial timings (the ones ranking matters most for)."""
+        timed = [i for i in idx if self.results[i].serial_latency_s is not None]
+        return sorted(timed, key=lambda i: self.results[i].serial_latency_s)[:max(0, k)]
+
     def latencies(self, idx: Sequence[int]) -> list[float | None]:
         return [self.results[i].latency_s for i in idx]
 
@@ -131,6 +149,7 @@ def _probe_then_rest(rnd: _Round, ctrl: DOPController, dop: int, n_probe: int, v
     plat = rnd.latencies(probe)
     failed = [i for i in probe if rnd.results[i].first_failed]
     rnd.serial(probe, count_as_remeasure=True)
+    rnd.serial_repeat(rnd.fastest_serial(probe, ctrl.noise_pairs_wanted(probe=True)), ctrl)
     decision = ctrl.update(plat, [rnd.results[i].serial_latency_s for i in probe],
                            rnd.failures_due_to_parallelism(failed))
     in_probe = set(probe)
@@ -163,6 +182,7 @@ def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[in
     sample = ctrl.select_for_serial_remeasure(lat)
     failed = [i for i in range(n) if rnd.results[i].first_failed]
     rnd.serial(sorted(set(sample) | set(failed)), count_as_remeasure=True)
+    rnd.serial_repeat(rnd.fastest_serial(sample, ctrl.noise_pairs_wanted()), ctrl)
     decision = ctrl.update([lat[i] for i in sample], [rnd.results[i].serial_latency_s for i in sample],
                            rnd.failures_due_to_parallelism(failed))
     if not decision.backed_off:

@@ -232,6 +232,7 @@ class PooledAsyncRunner(PyRunner):
         worker_env: dict[str, str] | None = None,
         dop_start: str = "probe",
         dop_sample: str = "adaptive",
+        dop_noise: str = "measured",
     ) -> None:
         super().__init__()
         self.evaluator = EvaluatorConfig.from_any(evaluator)
@@ -242,7 +243,8 @@ class PooledAsyncRunner(PyRunner):
         self.slots: list[Slot] = list(slots) if slots else plan_slots(read_topology(affinity=self.cores), int(threads or len(self.cores)))
         self.threads = self.slots[0].threads
         if controller is None:
-            controller = DOPController.for_dop(dop, len(self.slots), start=dop_start, sample=dop_sample)
+            controller = DOPController.for_dop(dop, len(self.slots), start=dop_start, sample=dop_sample,
+                                                    noise=dop_noise)
         self.controller = controller
         self.controller.max_dop = min(self.controller.max_dop, len(self.slots))
         self.controller.dop = max(1, min(self.controller.dop, self.controller.max_dop))
@@ -539,6 +541,7 @@ class DistributedRunner(PyRunner):
         target_device_type: str | None = None,
         dop_start: str = "probe",
         dop_sample: str = "adaptive",
+        dop_noise: str = "measured",
     ) -> None:
         super().__init__()
         self.submit = submit
@@ -555,7 +558,8 @@ class DistributedRunner(PyRunner):
         self.ledger = ledger or MeasureLedger()
         self.target_device_type = target_device_type
         self.slots = dict(queue_slots) if queue_slots else {q: self._describe_slots(q) for q in self.queues}
-        self.controllers = {q: DOPController.for_dop(dop, self.slots[q], start=dop_start, sample=dop_sample)
+        self.controllers = {q: DOPController.for_dop(dop, self.slots[q], start=dop_start, sample=dop_sample,
+                                                  noise=dop_noise)
                             for q in self.queues}
         self.controller = self.controllers[self.queues[0]]  # the session reports the first queue's DOP
         self._validated: dict[str, set[int]] = {q: set() for q in self.queues}

@@ -45,7 +45,7 @@ from .database import (
     save_round_offset,
     write_imported,
 )
-from .doppler import DOP_SAMPLES, DOP_STARTS, DOPController
+from .doppler import DOP_NOISES, DOP_SAMPLES, DOP_STARTS, DOPController
 from .events import MeasurementRecord, NullSink, TaskInfo, TuningSink, candidate_key
 from .procpool import available_cpus, unpin_current_thread
 from .targets import TargetMismatch, check_measurable_here
@@ -91,6 +91,9 @@ class TuningConfig:
     dop: str | int = "auto"
     dop_start: str = "probe"  # DOP "auto": "probe" (first round probes a parallel DOP) or "serial" (DOPpler's DOP 1)
     dop_sample: str = "adaptive"  # DOP "auto": "adaptive" (calm rounds sample less) or "fixed" (DOPpler's 20 %)
+    # DOP "auto": "measured" (the error threshold counts above the host's measured serial noise) or
+    # "none" (DOPpler's rule: one serial timing taken as exact)
+    dop_noise: str = "measured"
     threads: int | None = None  # deployment/measurement thread count (default: all cores)
     work_dir: str = "tuning_work"
     seed: int | None = None
@@ -124,6 +127,8 @@ class TuningConfig:
             raise ValueError(f"dop_start must be one of {', '.join(DOP_STARTS)}")
         if self.dop_sample not in DOP_SAMPLES:
             raise ValueError(f"dop_sample must be one of {', '.join(DOP_SAMPLES)}")
+        if self.dop_noise not in DOP_NOISES:
+            raise ValueError(f"dop_noise must be one of {', '.join(DOP_NOISES)}")
         self.evaluator = EvaluatorConfig.from_any(self.evaluator)
         if isinstance(self.trimmer, dict):
             self.trimmer = TrimmerConfig.from_dict(self.trimmer)
