@@ -90,6 +90,7 @@ class ExperimentParams:
     interference: str = "fitted"  # a name in simulator.INTERFERENCE_MODELS (share_penalty/capped: sensitivities)
     timeseries_points: int = 200  # replay: points of the downsampled time series
     horus_lookahead: int = 5  # waiting jobs horus/horus_migrate consider per pass (authors: 5; 1 = strict FIFO)
+    telemetry_delay_s: float = 60.0  # replay: how long after a job starts (or its speed changes) policies see it in telemetry
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "ExperimentParams":
@@ -138,6 +139,7 @@ class ExperimentParams:
             (self.interference in hsim.INTERFERENCE_MODELS, "interference",
              f"interference must be one of {', '.join(hsim.INTERFERENCE_MODELS)}"),
             (2 <= self.timeseries_points <= 2000, "timeseries_points", "timeseries_points must be between 2 and 2000"),
+            (0 <= self.telemetry_delay_s <= 86_400, "telemetry_delay_s", "telemetry_delay_s must be between 0 and 86400"),
             (1 <= self.horus_lookahead <= 1000, "horus_lookahead", "horus_lookahead must be between 1 and 1000"),
         ]
 
@@ -389,7 +391,7 @@ def _run_policy(name: str, prep: Prepared, p: ExperimentParams, seed: int) -> di
     else:
         res = hsim.simulate(prep.jobs, prep.cluster, policy, seed=seed, predictor_error=p.predictor_error,
                             backfill=p.backfill, interference=hsim.make_interference(p.interference),
-                            timeseries_points=p.timeseries_points)
+                            timeseries_points=p.timeseries_points, telemetry_delay_s=p.telemetry_delay_s)
     return res.to_dict()
 
 

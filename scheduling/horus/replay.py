@@ -172,13 +172,15 @@ class SimulationResult:
 
 
 # ------------------------------------------------------------------------------------------ parts
-FINISH, ARRIVAL = 0, 1
+FINISH, ARRIVAL, TELEMETRY = 0, 1, 2
 RETRY = -1  # the version of an arrival event that is an out-of-memory retry
 
 
 class EventQueue:
-    """``(time, kind, seq, job, version)`` in time order; finishes before arrivals at the same time, then
-    in push order. A finish whose version is not the job's current one is stale (its rate changed)."""
+    """``(time, kind, seq, job, version)`` in time order; finishes before arrivals (then telemetry
+    samples) at the same time, then in push order. A finish whose version is not the job's current one
+    is stale (its rate changed); a telemetry sample whose version is not the job's current start is
+    stale (the job finished or was restarted since)."""
 
     def __init__(self, submit: Sequence[float]):
         self._heap = [(t, ARRIVAL, i, i, 0) for i, t in enumerate(submit)]
@@ -224,6 +226,7 @@ class ReplayJobs:
         self.rate = [0.0] * n
         self.last = [0.0] * n
         self.version = [0] * n
+        self.epoch = [0] * n  # starts so far (a telemetry sample belongs to one start)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -346,12 +349,17 @@ class Replay:
     def __init__(self, jobs: Sequence[Job], spec: ClusterSpec, policy: PlacementPolicy, *, seed: int = 0,
                  interference: InterferenceModel = DEFAULT_INTERFERENCE, predictor_error: float = 0.0,
                  backfill: int = 1, migration_cost_s: float = 60.0, oom_penalty_s: float = 60.0,
-                 frag_samples: int = 256, check_invariants: bool = False):
+                 frag_samples: int = 256, check_invariants: bool = False, telemetry_delay_s: float = 60.0):
         validate_jobs(jobs)
         self.spec, self.policy, self.seed = spec, policy, seed
         self.interference = interference
         self.predictor_error = predictor_error
         self.migration_cost_s, self.oom_penalty_s = migration_cost_s, oom_penalty_s
+        #: telemetry lags: a job's per-process utilization (NVML samples it over a period) reaches the
+        #: policy this long after it starts or its speed changes; until its first sample the policy sees
+        #: its prediction. 0: telemetry is exact and instant (a job placed in a scheduling pass would
+        #: show its TRUE utilization to the next job's placement in the same pass)
+        self.telemetry_delay_s = float(telemetry_delay_s)
         self.check_invariants = check_invariants
         self.state = state = ClusterState(spec)
         biggest = float(state.mem_cap.max())
@@ -403,6 +411,8 @@ class Replay:
                 if version == self.jobs.version[i]:
                     self._finish(i, t)
                     departed = True
+            elif kind == TELEMETRY:
+                self._sample_telemetry(i, version)
             elif version == RETRY:  # after an out-of-memory crash: back to the head of the queue
                 self.queue.appendleft(i)
                 self.dirty = True
@@ -438,7 +448,10 @@ class Replay:
 
     def _start(self, i: int, gpus: Sequence[int], now: float) -> None:
         J, state = self.jobs, self.state
-        state.add(J.views[i], gpus, true_util=self._true_util(i, gpus), true_mem=J.true_mem[i], now=now)
+        J.epoch[i] += 1
+        # no telemetry before its first sample: the policy sees what it predicted
+        state.add(J.views[i], gpus, true_util=self._true_util(i, gpus), true_mem=J.true_mem[i], now=now,
+                  meas_util=None if self.telemetry_delay_s <= 0 else J.views[i].pred_util_pct)
         if math.isnan(J.start[i]):
             J.start[i] = now
             J.remaining[i] = J.duration[i]
@@ -483,9 +496,21 @@ class Replay:
                 J.version[i] += 1
                 self.events.push(now + max(J.remaining[i], 0.0) / r, FINISH, i, J.version[i])
                 touched.update(self.state.running[job_id].gpus)
-                self.state.set_measured_util(job_id, measured_util(self.state.running[job_id].true_util_pct, s))
+                if self.telemetry_delay_s <= 0:
+                    self.state.set_measured_util(job_id, measured_util(self.state.running[job_id].true_util_pct, s))
+                else:
+                    self.events.push(now + self.telemetry_delay_s, TELEMETRY, i, J.epoch[i])
         for g in touched:
             self.acct.refresh_delivered(g, self._delivered_on(g))
+
+    def _sample_telemetry(self, i: int, epoch: int) -> None:
+        """A telemetry sample of job ``i`` (of its start ``epoch``): its per-process utilization at its
+        current speed becomes what policies see."""
+        J = self.jobs
+        rj = self.state.running.get(J.jobs[i].job_id)
+        if rj is None or epoch != J.epoch[i] or J.rate[i] <= 0:
+            return
+        self.state.set_measured_util(rj.view.job_id, measured_util(rj.true_util_pct, 1.0 / J.rate[i]))
 
     def _delivered_on(self, g: int) -> float:
         """Standalone-equivalent work GPU ``g`` does now, in % of one GPU: its jobs' true util x rate."""
@@ -551,10 +576,11 @@ class Replay:
     def _move(self, i: int, old: Sequence[int], new: list[int], now: float, migrations: int) -> None:
         J, state = self.jobs, self.state
         J.progress(i, now)
-        state.remove(J.jobs[i].job_id)
+        was = state.remove(J.jobs[i].job_id)
         self._refresh(old)
+        # telemetry shows its last sample until the next one on its new GPUs
         state.add(J.views[i], new, true_util=self._true_util(i, new), true_mem=J.true_mem[i], now=now,
-                  migrations=migrations)
+                  migrations=migrations, meas_util=None if self.telemetry_delay_s <= 0 else was.meas_util_pct)
         J.remaining[i] += self.migration_cost_s  # checkpoint + restore, as extra work
         J.rate[i] = 0.0
         self._refresh(new)
@@ -578,6 +604,7 @@ class Replay:
             "backfill": self.window,
             "migration_cost_s": self.migration_cost_s,
             "oom_penalty_s": self.oom_penalty_s,
+            "telemetry_delay_s": self.telemetry_delay_s,
         }
 
 

@@ -115,6 +115,7 @@ def simulate(
     frag_samples: int = 256,
     record_jobs: bool = False,
     check_invariants: bool = False,
+    telemetry_delay_s: float = 60.0,
 ) -> SimulationResult:
     """Replay ``jobs`` on ``cluster_spec`` under ``policy``.
 
@@ -126,13 +127,15 @@ def simulate(
     dropped when nothing else is left to run (``unschedulable_jobs``; without
     this a strict FIFO queue would wait forever). ``record_jobs`` keeps per-job submit/start/finish;
     ``check_invariants`` asserts memory and time invariants at every event
-    (slower; for tests).
+    (slower; for tests). ``telemetry_delay_s``: how long after a job starts (or its speed changes)
+    policies see its sampled utilization (until its first sample, its prediction); 0 = exact, instant
+    telemetry.
     """
     t_wall = time.perf_counter()
     replay = Replay(jobs, cluster_spec, policy, seed=seed, interference=interference,
                     predictor_error=predictor_error, backfill=backfill, migration_cost_s=migration_cost_s,
                     oom_penalty_s=oom_penalty_s, frag_samples=frag_samples,
-                    check_invariants=check_invariants).run()
+                    check_invariants=check_invariants, telemetry_delay_s=telemetry_delay_s).run()
     return summarize(replay, wall_s=time.perf_counter() - t_wall, timeseries_points=timeseries_points,
                      record_jobs=record_jobs)
 

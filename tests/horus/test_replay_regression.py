@@ -9,7 +9,9 @@ Horus is pinned in its old configuration (``state="predicted"``, strict FIFO) an
 figures to the last bit. Gandiva and horus_migrate read measured utilization, which is telemetry now
 (per-process utilization stretched while sharing, issue 15 item 4) instead of the jobs' true values:
 their figures were re-recorded then, as was the experiment path (Horus's default is now the authors'
-configuration: sampled load, 5-job look-ahead)."""
+configuration: sampled load, 5-job look-ahead). Telemetry is pinned exact and instant
+(``telemetry_delay_s=0``), as it was when these figures were recorded; the default now lags a sampling
+period (tests/horus/test_horus_faithful.py)."""
 
 from __future__ import annotations
 
@@ -52,9 +54,10 @@ def test_replay_figures_unchanged(name, capped):
     jobs = random_jobs(300, 1)
     policy = make_policy(name, state="predicted", queue_lookahead=1) if name == "horus" else make_policy(name)
     if capped:
-        r = simulate(jobs, SPEC, policy, seed=3, predictor_error=0.3, backfill=8, interference=CAPPED)
+        r = simulate(jobs, SPEC, policy, seed=3, predictor_error=0.3, backfill=8, interference=CAPPED,
+                     telemetry_delay_s=0)
     else:
-        r = simulate(jobs, SPEC, policy, seed=3, interference=OLD_DEFAULT)
+        r = simulate(jobs, SPEC, policy, seed=3, interference=OLD_DEFAULT, telemetry_delay_s=0)
     got = r.to_dict()
     assert {k: got[k] for k in REPLAY[name, capped]} == REPLAY[name, capped]
 
@@ -64,7 +67,7 @@ def test_experiment_path_figures_unchanged():
     profiles = load_profiles()
     philly = run_experiment(trace="philly", policies=["horus", "horus_migrate"], seed=1, profiles=profiles,
                             params={"jobs": 2000, "start": 1000, "gpus": 32, "predictions": "oracle", "backfill": 4,
-                                    "interference": "share_penalty"})
+                                    "interference": "share_penalty", "telemetry_delay_s": 0})
     fill = run_experiment(trace="alibaba", policies=["best_fit", "fgd"], seed=1, profiles=profiles,
                           params={"scale": 0.05, "predictions": "oracle"})
     h, m = philly["policies"]["horus"], philly["policies"]["horus_migrate"]

@@ -110,13 +110,14 @@ def test_oom_is_caught_and_job_still_runs():
 def test_migration_happens_and_jobs_finish():
     spec = ClusterSpec.uniform(1, 2)
     # a and b predicted light but truly heavy, so Horus packs them on GPU 1; x's departure frees GPU 0
-    jobs = [job("x", 0, 50, util=10), job("a", 1, 5000, util=70, pred_util=20), job("b", 2, 5000, util=70, pred_util=20)]
+    # after telemetry has sampled them (60 s after they start)
+    jobs = [job("x", 0, 200, util=10), job("a", 1, 5000, util=70, pred_util=20), job("b", 2, 5000, util=70, pred_util=20)]
     pol = make_policy("horus_migrate", min_runtime_s=0, admit_util_pct=None)
     r = simulate(jobs, spec, pol, record_jobs=True, check_invariants=True)
     assert r.migrations == 1
     assert not any(math.isnan(f) for f in r.jobs["finish"])
     # after the move both run alone: done well before 2 x 5000 x 1.2 x 1.4
-    assert max(r.jobs["finish"]) < 5000 + 60 + 60 * 1.68 + 10
+    assert max(r.jobs["finish"]) < 5000 + 200 + 60 + 60 * 1.68 + 10
 
 
 def test_bad_policy_is_rejected():
