@@ -169,6 +169,9 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
             status = getattr(summary, "status", "succeeded")
             _add_wall(run.pk, lease, time.perf_counter() - started)
             sink.flush()
+            if run.attempts > 1:  # what the resumed engine committed from its journal, stored too
+                reconcile_with_database(sink, model_proto, run, work_dir)
+                sink.flush()
             if status in ("cancelled", "paused"):
                 return finish_interrupted(run.pk, lease, status, reason=sink.stop_reason)
             finish_succeeded(run.pk, lease, model_proto, summary, work_dir)
@@ -207,9 +210,10 @@ def reconcile_with_database(sink: DatabaseSink, model_proto, run: TuningRun, wor
     executor died between TVM's commit and ours). Returns how many were added."""
     if not (work_dir / "database_tuning_record.json").exists():
         return 0
-    known = set(Measurement.objects.filter(run_id=run.pk).values_list("candidate_key", flat=True))
+    # a candidate is unique per task: the same schedule key can belong to two tasks of one model
+    known = set(Measurement.objects.filter(run_id=run.pk).values_list("task__index", "candidate_key"))
     records = adapters.database_records(model_proto, work_dir, run)
-    missing = [r for r in records if r.candidate_key not in known]
+    missing = [r for r in records if (r.task_index, r.candidate_key) not in known]
     for r in missing:
         r.round_index = 0
     if missing:
