@@ -237,4 +237,7 @@ class SimulationCreateSerializer(serializers.Serializer):
             self.initial_data.get("parameters"), dict) else set()
         if extra:
             raise serializers.ValidationError(f"Unknown parameter(s): {', '.join(sorted(extra))}.")
-        return value
+        # every experiment parameter is accepted, documented above or not: the ones the shape does not
+        # list pass to the service as sent (it validates them all), instead of being dropped unseen
+        raw = self.initial_data.get("parameters")
+        return {**raw, **value} if isinstance(raw, dict) else value

@@ -71,6 +71,7 @@ def test_experiment_path_figures_unchanged():
     fill = run_experiment(trace="alibaba", policies=["best_fit", "fgd"], seed=1, profiles=profiles,
                           params={"scale": 0.05, "predictions": "oracle"})
     h, m = philly["policies"]["horus"], philly["policies"]["horus_migrate"]
+    assert h["params"]["telemetry_delay_s"] == 0.0  # the experiment's parameter reaches the replay
     assert (h["makespan_s"], h["mean_wait_s"], h["occupancy_pct"], h["events"]) == (
         2369498.8666666667, 408959.72959999996, 50.355263085878335, 4099)
     assert (m["makespan_s"], m["mean_wait_s"], m["migrations"], m["events"]) == (

@@ -151,10 +151,13 @@ def test_simulations_are_team_scoped_and_run_by_a_task(api_owner, api_other, tea
     with django_capture_on_commit_callbacks(execute=True):
         resp = api_owner.post("/api/simulations/", {
             "team": team_a.pk, "trace": "philly", "policies": ["horus", "fifo_exclusive"], "seed": 3,
-            "parameters": {"jobs": 60, "start": 2000, "gpus": 8, "predictions": "oracle"}}, format="json")
+            "parameters": {"jobs": 60, "start": 2000, "gpus": 8, "predictions": "oracle",
+                           "telemetry_delay_s": 0, "horus_lookahead": 1}}, format="json")
     assert resp.status_code == 201, resp.json()
     sim = resp.json()
     assert sim["status"] == "queued" and sim["parameters"]["gpus"] == 8 and sim["parameters"]["method"] == "replay"
+    # parameters the documented shape does not list reach the run too (they were once dropped unseen)
+    assert sim["parameters"]["telemetry_delay_s"] == 0 and sim["parameters"]["horus_lookahead"] == 1
     _no_celery.assert_called_once_with(sim["id"])
 
     run = services.execute_simulation(run_id=sim["id"])  # what the task does
@@ -179,6 +182,10 @@ def test_simulation_parameters_are_validated(api_owner, team_a):
     assert bad.status_code == 400 and "nope" in bad.json()["detail"]
     bad = api_owner.post("/api/simulations/", {"team": team_a.pk, "trace": "nowhere"}, format="json")
     assert bad.status_code == 400 and bad.json()["errors"] == {"trace": [bad.json()["detail"]]}
+    for delay in (-1, 1e9, "soon", "nan"):  # the telemetry lag: a number of seconds within a day
+        bad = api_owner.post("/api/simulations/", {"team": team_a.pk, "trace": "philly",
+                                                   "parameters": {"telemetry_delay_s": delay}}, format="json")
+        assert bad.status_code == 400 and "telemetry_delay_s" in bad.json()["detail"], delay
     assert not SimulationRun.objects.exists()
 
 
