@@ -103,7 +103,7 @@ def _seed_from_cache(spec: dict, model) -> dict:
     return {"hits": len(hits), "seeds": n, "tasks": len(tasks)}
 
 
-def _publish(spec: dict, model) -> None:
+def _publish(spec: dict, model) -> dict:
     """What the platform publishes after A: its final (serial) records and a cost model trained on them."""
     from tuning.engine import record_cache as rc
 
@@ -115,24 +115,30 @@ def _publish(spec: dict, model) -> None:
     key = {"hardware": rc.hardware_fingerprint(spec["target"]), "tvm_version": rc.tvm_version()}
     Path(spec["publish"]).write_text(json.dumps({"key": key, "entries": entries,
                                                  "cost_model": cm if n_cm else None}))
+    tasks = sorted({e["task_index"] for e in entries})
+    return {"entries": len(entries), "tasks": len(tasks),
+            "converged_tasks": sorted({e["task_index"] for e in entries if e.get("source_converged")}),
+            "source_trials": {i: max(e["source_trials"] for e in entries if e["task_index"] == i) for i in tasks}}
 
 
 def _job_tune(spec: dict) -> dict:
     from tuning.engine import record_cache as rc
     from tuning.engine.session import run_tuning
+    from tuning.engine.trimmer import TrimmerConfig
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     model = make_model(spec["pair"], spec["model"])
     t0 = time.perf_counter()
     seeding = _seed_from_cache(spec, model) if spec.get("cache") else None
     sink = _CurveSink(t0)
-    s = run_tuning(model, tuning_config(spec), sink)
+    trimmer = TrimmerConfig.from_dict(spec["trimmer"]) if spec.get("trimmer") is not None else None
+    s = run_tuning(model, tuning_config(spec, trimmer=trimmer), sink)
     wall = time.perf_counter() - t0
-    if spec.get("publish"):
-        _publish(spec, model)
+    published = _publish(spec, model) if spec.get("publish") else None
     return {"wall_s": wall, "status": s.status, "n_measured": s.n_measurements + s.n_duplicates,
             "estimated_latency_s": s.best_latency_s, "seeding": seeding,
             "verification": rc.load_verification(spec["work_dir"]), "curve": sink.curve,
+            "stop_reason": s.stop_reason, "published": published,
             "tasks": [{"name": t.name, "records": t.n_records, "best_s": t.best_latency_s} for t in s.tasks]}
 
 

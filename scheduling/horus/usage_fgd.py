@@ -37,7 +37,12 @@ experiment path): predictions + no gang terms 108.5 / 115.7 / 122.5 days; teleme
 101.2 / 109.2 / 102.3 at 25.5 / 27.2 / 26.1 days' mean wait (horus_migrate 102.0 / 103.7 / 110.6 at
 30.6 / 32.9 / 34.2; horus 26.9 / 26.5 / 27.8). Tried and dropped: large gangs on idle GPUs only
 (136 days: under FIFO they wait for 8 idle GPUs) and a speed floor for gangs at placement
-(108-110 days at 36-38 days' wait).
+(108-110 days at 36-38 days' wait). With telemetry lag (60 s, the default since) seed 0 ran 118 days: one
+8-GPU, 54-day gang predicted at 69 % (truly 86 %) was joined all its life by single-GPU jobs and another
+heavy gang, because where every option loses work the gain rule still takes the least bad one. Refusing
+shared placements whose predicted gain, gangs' losses counted, is below -1 GPU (or 0) fixed seed 0
+(99.8 days) but cost every seed 3-8 days of mean wait (seeds 0-2: 99.8 / 103.7 / 108.6 days at
+29.9 / 31.6 / 34.4 days' wait; 0: 102.6 at 33.9), so it was dropped.
 
 The policy sees predictions (of the incoming job) and telemetry (of running jobs) only; the simulator runs the jobs' true utilizations, so a wrong
 prediction costs real interference (``bench/scheduling.py`` sweeps the prediction error).
