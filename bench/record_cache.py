@@ -124,15 +124,13 @@ def _publish(spec: dict, model) -> dict:
 def _job_tune(spec: dict) -> dict:
     from tuning.engine import record_cache as rc
     from tuning.engine.session import run_tuning
-    from tuning.engine.trimmer import TrimmerConfig
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     model = make_model(spec["pair"], spec["model"])
     t0 = time.perf_counter()
     seeding = _seed_from_cache(spec, model) if spec.get("cache") else None
     sink = _CurveSink(t0)
-    trimmer = TrimmerConfig.from_dict(spec["trimmer"]) if spec.get("trimmer") is not None else None
-    s = run_tuning(model, tuning_config(spec, trimmer=trimmer), sink)
+    s = run_tuning(model, tuning_config(spec, trimmer=spec.get("trimmer")), sink)  # TuningConfig parses the dict
     wall = time.perf_counter() - t0
     published = _publish(spec, model) if spec.get("publish") else None
     return {"wall_s": wall, "status": s.status, "n_measured": s.n_measurements + s.n_duplicates,
