@@ -333,6 +333,12 @@ def _remeasure_parallel(pairs: list[dict], target: dict, root: Path) -> None:
         t1 = (p["dop1"].get("phase_secs") or {}).get("measure_rounds")
         ta = (p["dop_auto"].get("phase_secs") or {}).get("measure_rounds")
         p["measure_phase_ratio"] = ta / t1 if t1 and ta else None
+        # DOP auto's measuring time split against DOP 1's: the measure calls at the rounds' DOP (what
+        # approaches 1/DOP) and DOPpler's serial re-measures (sample, failures, serial-noise repeats)
+        ph = p["dop_auto"].get("phase_secs") or {}
+        tp, tser = ph.get("measure_parallel"), ph.get("measure_serial")
+        p["measure_at_dop_ratio"] = tp / t1 if t1 and tp else None
+        p["serial_sample_ratio"] = tser / t1 if t1 and tser is not None else None
         p["error_at_final_dop"] = _error_at_final_dop(p["dop_auto"])
         for side, key in PARALLEL_ABLATIONS.items():
             ss = p.get(side)
@@ -368,6 +374,10 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         "parallel_serial_noise": _mean_or_none(_last_noise(p["dop_auto"]) for p in pairs),
         "parallel_error": statistics.mean(errs) if errs else None,
         "parallel_measure_phase_ratio": geomean(phase) if phase else None,
+        # of that phase: DOP auto's measure calls at its DOP / DOP 1's measuring (-> 1/DOP when the
+        # slots do not interfere), and its serial re-measures / DOP 1's measuring (the sample's cost)
+        "parallel_measure_at_dop_ratio": _geomean_or_none(p.get("measure_at_dop_ratio") for p in pairs),
+        "parallel_serial_sample_ratio": _mean_or_none(p.get("serial_sample_ratio") for p in pairs),
         # share of DOP auto's rounds measured at DOP > 1 (the final DOP is where the controller ended,
         # after the last round)
         "parallel_rounds_above_dop1": _share_above_dop1(pairs),
@@ -392,6 +402,11 @@ def _last_noise(res: dict) -> float | None:
     return noise[-1] if noise else None
 
 
+def _geomean_or_none(values) -> float | None:
+    vals = [v for v in values if v]
+    return geomean(vals) if vals else None
+
+
 def _mean_or_none(values) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.mean(vals) if vals else None
@@ -410,6 +425,9 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
         print(f"  {p['workload']:18s} dop1 {p['dop1']['wall_s']:7.1f} s  auto {p['dop_auto']['wall_s']:7.1f} s  "
               f"wall x{p['wall_ratio']:.3f}  measure x{(mr or float('nan')):.3f}  lat x{(lr or float('nan')):.3f}  "
               f"final DOP {p['dop_auto'].get('final_dop')}  err {(e if e is not None else float('nan')):.3f}")
+        if p.get("measure_at_dop_ratio"):
+            print(f"  {'':18s} of DOP 1's measuring: at DOP x{p['measure_at_dop_ratio']:.3f} "
+                  f"+ serial sample x{(p.get('serial_sample_ratio') or 0.0):.3f}")
         for key in PARALLEL_ABLATIONS.values():
             ss = p.get(key)
             if ss:
@@ -421,6 +439,9 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
           f"lat x{(overall['parallel_latency_ratio'] or float('nan')):.3f}  "
           f"median final DOP {overall['parallel_final_dop']}  error {overall['parallel_error']}  "
           f"serial noise {overall['parallel_serial_noise']}")
+    if overall.get("parallel_measure_at_dop_ratio"):
+        print(f"  {'':18s} of DOP 1's measuring: at DOP x{overall['parallel_measure_at_dop_ratio']:.3f} "
+              f"+ serial sample x{(overall.get('parallel_serial_sample_ratio') or 0.0):.3f}")
 
 
 # --------------------------------------------------------------------------- driver

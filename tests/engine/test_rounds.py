@@ -188,3 +188,29 @@ def test_a_probe_times_two_of_its_candidates_twice_serially():
     probe = fake.calls[0][0]  # the first call: the probe, in parallel
     assert len(ctrl.noise_errors) == 2 and len(probe) == 4
     assert not res.decision.backed_off and 2 in res.validated
+
+
+def test_round_wall_time_is_split_between_its_dop_and_the_serial_sample(monkeypatch):
+    """The round's measuring time is booked to the DOP it measured at or to the serial re-measures,
+    call by call (a fake clock: one second per job measured serially, half a second in parallel)."""
+    import tuning.engine.rounds as rounds
+
+    clock = [0.0]
+    monkeypatch.setattr(rounds.time, "perf_counter", lambda: clock[0])
+
+    class Clocked(FakeMeasure):
+        def __call__(self, jobs, dop):
+            clock[0] += len(jobs) * (1.0 if dop == 1 else 0.5)
+            return super().__call__(jobs, dop)
+
+    ctrl = DOPController(max_dop=4, initial_dop=2)
+    fake = Clocked([1e-3 * (1 + 0.01 * i) for i in range(10)], slowdown=1.02)
+    res = measure_round(list(range(10)), fake, ctrl, is_serial_config=parallel_layout, probe_first=False)
+    serial_jobs = len(fake.measured_at(1))
+    assert serial_jobs > 0
+    assert res.parallel_wall_s == 10 * 0.5
+    assert res.serial_wall_s == serial_jobs * 1.0
+
+    ctrl1 = DOPController(max_dop=1)
+    res1 = measure_round([0, 1, 2], Clocked([1e-3] * 3), ctrl1, is_serial_config=lambda d: True)
+    assert res1.parallel_wall_s == 3.0 and res1.serial_wall_s == 0.0  # a DOP 1 round has no sample

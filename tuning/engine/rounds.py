@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,6 +72,8 @@ class RoundResult:
     correction_applied: bool
     validated: set[int]  # DOPs validated (by a probe or a good round) after this round
     warm_dop: int | None = None  # the next round's parallel configuration, to start now
+    parallel_wall_s: float = 0.0  # wall time of the round's measure calls at its DOP (DOP 1 rounds: all)
+    serial_wall_s: float = 0.0  # wall time of its serial re-measures (sample, failures, noise repeats)
 
     @property
     def n_remeasured(self) -> int:
@@ -89,16 +92,29 @@ class _Round:
         self.measure = measure
         self.results = [CandidateResult() for _ in self.jobs]
         self.correction_applied = False
+        self.parallel_wall_s = 0.0
+        self.serial_wall_s = 0.0
+
+    def _timed(self, idx: Sequence[int], dop: int, *, serial: bool) -> Sequence[tuple[MeasureOutcome, float | None]]:
+        t0 = time.perf_counter()
+        outs = self.measure([self.jobs[i] for i in idx], dop)
+        if serial:
+            self.serial_wall_s += time.perf_counter() - t0
+        else:
+            self.parallel_wall_s += time.perf_counter() - t0
+        return outs
 
     def parallel(self, idx: Sequence[int], dop: int) -> None:
-        for i, (out, wall) in zip(idx, self.measure([self.jobs[i] for i in idx], dop)):
+        for i, (out, wall) in zip(idx, self._timed(idx, dop, serial=False)):
             c = self.results[i]
             c.dop, c.outcome, c.wall_secs = dop, out, wall
             c.final_secs = out.run_secs if not out.error else None
             c.final_error = out.error
 
     def serial(self, idx: Sequence[int], *, count_as_remeasure: bool) -> None:
-        for i, (out, _) in zip(idx, self.measure([self.jobs[i] for i in idx], 1)):
+        """Measure serially: a re-measure (``count_as_remeasure``) or the only measurement of these
+        candidates (the rest of a round a probe sent back to DOP 1), timed as parallel work then."""
+        for i, (out, _) in zip(idx, self._timed(idx, 1, serial=count_as_remeasure)):
             c = self.results[i]
             if c.outcome is None:  # first and only measurement of this candidate
                 c.outcome = out
@@ -114,7 +130,7 @@ class _Round:
         idx = [i for i in idx if self.results[i].serial_latency_s is not None and self.results[i].final_secs]
         if not idx:
             return
-        outs = self.measure([self.jobs[i] for i in idx], 1)
+        outs = self._timed(idx, 1, serial=True)
         seconds = [None if out.error else latency_of(out.run_secs) for out, _ in outs]
         ctrl.record_serial_repeat([self.results[i].serial_latency_s for i in idx], seconds)
         for i, (out, _), sec in zip(idx, outs, seconds):
@@ -229,4 +245,5 @@ def measure_round(
         if decision.dop_after != dop:
             warm_dop = decision.dop_after
     return RoundResult(dop=dop, decision=decision, candidates=rnd.results,
-                       correction_applied=rnd.correction_applied, validated=validated, warm_dop=warm_dop)
+                       correction_applied=rnd.correction_applied, validated=validated, warm_dop=warm_dop,
+                       parallel_wall_s=rnd.parallel_wall_s, serial_wall_s=rnd.serial_wall_s)

@@ -111,6 +111,8 @@ class RoundReport:
     n_failures: int
     wall_secs: float
     correction_applied: bool = False
+    parallel_wall_secs: float | None = None  # of wall_secs: measuring at the round's DOP
+    serial_wall_secs: float | None = None  # of wall_secs: serial re-measures (DOPpler's sample)
 
 
 class MeasureLedger:
@@ -447,6 +449,8 @@ class PooledAsyncRunner(PyRunner):
             n_failures=result.n_failures,
             wall_secs=time.perf_counter() - t0,
             correction_applied=result.correction_applied,
+            parallel_wall_secs=result.parallel_wall_s,
+            serial_wall_secs=result.serial_wall_s,
         )
         self.ledger.add_round(report)
         for job, c in zip(jobs, result.candidates):

@@ -379,6 +379,9 @@ def _tune(run: _Run) -> None:
                     state.scheduler = None
             save_round_offset(run.work_dir, state.round_offset + ledger.rounds_numbered + state.own_rounds)
             run.phases["measure_rounds"] = sum(r.wall_secs for r in ledger.rounds.values())  # DOPpler rounds' wall time
+            # of which: measuring at the rounds' DOP, and DOPpler's serial re-measures
+            run.phases["measure_parallel"] = sum(r.parallel_wall_secs or 0.0 for r in ledger.rounds.values())
+            run.phases["measure_serial"] = sum(r.serial_wall_secs or 0.0 for r in ledger.rounds.values())
             # DOPpler's final stage: serial re-measure of the top share per task
             if run.status == "succeeded" and cfg.final_remeasure and parallel:
                 t0 = time.perf_counter()
