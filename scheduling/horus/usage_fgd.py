@@ -42,7 +42,14 @@ experiment path): predictions + no gang terms 108.5 / 115.7 / 122.5 days; teleme
 heavy gang, because where every option loses work the gain rule still takes the least bad one. Refusing
 shared placements whose predicted gain, gangs' losses counted, is below -1 GPU (or 0) fixed seed 0
 (99.8 days) but cost every seed 3-8 days of mean wait (seeds 0-2: 99.8 / 103.7 / 108.6 days at
-29.9 / 31.6 / 34.4 days' wait; 0: 102.6 at 33.9), so it was dropped.
+29.9 / 31.6 / 34.4 days' wait; 0: 102.6 at 33.9), so it was dropped. Over seeds 0-4 the default
+runs 118.0 / 103.9 / 104.1 / 118.9 / 94.1 days at 25.5 / 27.3 / 26.4 / 27.5 / 22.8 days' wait (horus_migrate
+100.9 / 105.5 / 105.0 / 105.9 / 103.5 at 30.4-34.0; horus 106.9-113.2 at 26.5-27.8): ahead on the medians, behind
+by up to 17 % on 2 of 5 seeds, each time one long 8-GPU gang stretched 1.7-1.9x. Also tried and dropped:
+refusing a shared GPU whose resident gang telemetry already shows below ``min_speed_gang`` (seeds 0-4:
+100.4 / 104.8 / 116.9 / 117.4 / 93.0 days: it moves the loss from seed 0 to seed 2, where the 54-day gang is
+predicted at 6 % and truly 99 %), and keeping incoming gangs off GPUs holding a gang of 50 % or more
+(104.8 / 107.9 / 109.1 days at 34.6-36.6 days' wait).
 
 The policy sees predictions (of the incoming job) and telemetry (of running jobs) only; the simulator runs the jobs' true utilizations, so a wrong
 prediction costs real interference (``bench/scheduling.py`` sweeps the prediction error).
