@@ -54,6 +54,17 @@ def test_other_teams_model_and_run_are_invisible(api_other, api_owner, model_a):
     assert api_other.get("/api/runs/").json()["count"] == 0
 
 
+def test_dop_rounds_show_where_the_measuring_time_went(api_owner, api_other, model_a):
+    from tests.factories import DopRoundFactory
+
+    run = TuningRun.objects.get(pk=start(api_owner, model_a).json()["id"])
+    DopRoundFactory(run=run, dop=2, wall_secs=3.0, parallel_wall_secs=2.0, serial_wall_secs=1.0)
+    body = api_owner.get(f"/api/runs/{run.pk}/dop-rounds/").json()
+    rows = body["results"] if isinstance(body, dict) else body
+    assert [(r["dop"], r["wall_secs"], r["parallel_wall_secs"], r["serial_wall_secs"]) for r in rows] == [(2, 3.0, 2.0, 1.0)]
+    assert api_other.get(f"/api/runs/{run.pk}/dop-rounds/").status_code == 404  # another team's run
+
+
 def test_viewer_cannot_start_or_cancel(user_viewer, api_owner, model_a):
     viewer = client_for(user_viewer)
     assert start(viewer, model_a).status_code == 403
@@ -138,7 +149,8 @@ def test_sink_stores_each_candidate_once_and_tracks_best(model_a, user_owner):
                           _record(0, "c", [], error="build failed")])
     sink.on_measurements([_record(0, "a", [9.0]), _record(0, "d", [1e-3])])  # "a" again: resumed run
     sink.on_round(RoundInfo(round_index=0, task_index=0, dop=2, mean_error=0.03, n_candidates=4,
-                            n_remeasured=1, n_failures=0))
+                            n_remeasured=1, n_failures=0, wall_secs=1.5, parallel_wall_secs=1.0,
+                            serial_wall_secs=0.5))
     assert Measurement.objects.filter(run=run).count() == 4
     assert Measurement.objects.get(run=run, candidate_key="a").latency_s == pytest.approx(3e-3)
     conv = TuningTask.objects.get(run=run, index=0)
@@ -146,7 +158,10 @@ def test_sink_stores_each_candidate_once_and_tracks_best(model_a, user_owner):
     run.refresh_from_db()
     assert run.trials_done == 4
     assert run.estimated_latency_s == pytest.approx(1e-3 * 1.0 + 1e-3 * 2.0)
-    assert run.dop_rounds.get().mean_error == pytest.approx(0.03)
+    rnd = run.dop_rounds.get()
+    assert rnd.mean_error == pytest.approx(0.03)
+    # where the round's measuring time went is kept: at its DOP and in DOPpler's serial sample
+    assert (rnd.wall_secs, rnd.parallel_wall_secs, rnd.serial_wall_secs) == (1.5, 1.0, 0.5)
 
 
 def test_best_so_far_curve_is_monotone_and_downsampled(model_a, user_owner):

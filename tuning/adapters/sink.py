@@ -197,7 +197,10 @@ class DatabaseSink:
                 defaults={"task_index": info.task_index, "dop": info.dop, "mean_error": info.mean_error,
                           "n_candidates": info.n_candidates, "n_remeasured": info.n_remeasured,
                           "n_failures": info.n_failures, "n_generated": getattr(info, "n_generated", None),
-                          "n_filtered": getattr(info, "n_filtered", None)})
+                          "n_filtered": getattr(info, "n_filtered", None),
+                          "wall_secs": getattr(info, "wall_secs", None),
+                          "parallel_wall_secs": getattr(info, "parallel_wall_secs", None),
+                          "serial_wall_secs": getattr(info, "serial_wall_secs", None)})
             self._touch_run()
 
     def _touch_run(self) -> None:

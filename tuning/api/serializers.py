@@ -118,7 +118,7 @@ class DopRoundSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     class Meta:
         model = DopRound
         fields = ["round_index", "task_index", "dop", "mean_error", "n_candidates", "n_remeasured", "n_failures",
-                  "created_at"]
+                  "wall_secs", "parallel_wall_secs", "serial_wall_secs", "created_at"]
         read_only_fields = fields
 
 

@@ -327,6 +327,8 @@ class StreamingMeasureCallback(PyMeasureCallback):
                 n_failures=rep.n_failures if rep else 0,
                 dop_after=rep.dop_after if rep else None,
                 wall_secs=rep.wall_secs if rep else None,
+                parallel_wall_secs=rep.parallel_wall_secs if rep else None,
+                serial_wall_secs=rep.serial_wall_secs if rep else None,
             ))
         return infos
 

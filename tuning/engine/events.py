@@ -68,6 +68,8 @@ class RoundInfo:
     n_failures: int
     dop_after: int | None = None
     wall_secs: float | None = None
+    parallel_wall_secs: float | None = None  # of wall_secs: measuring at the round's DOP
+    serial_wall_secs: float | None = None  # of wall_secs: the serial re-measures
     # Trimmer's candidate filter: candidates the search generated for this batch and
     # how many of them the filter dropped (n_candidates = the ones measured)
     n_generated: int | None = None
