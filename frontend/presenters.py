@@ -279,7 +279,18 @@ def run_dop_figure(run: TuningRun, rounds: list[dict] | None = None) -> dict:
 
 def _round_rows(rounds: list[dict]) -> list[dict]:
     return [{**r, "display": {"mean_error": fmt_number(r["mean_error"] * 100 if r["mean_error"] is not None
-                                                      else None, 2, " %")}} for r in rounds]
+                                                      else None, 2, " %"),
+                              "measuring": _measuring_time(r)}} for r in rounds]
+
+
+def _measuring_time(r: dict) -> str:
+    """A round's measuring wall time and where it went: at its DOP, and DOPpler's serial re-measures."""
+    wall, par, ser = r.get("wall_secs"), r.get("parallel_wall_secs"), r.get("serial_wall_secs")
+    if wall is None:
+        return DASH
+    if par is None or ser is None:
+        return fmt_number(wall, 2, " s")
+    return f"{fmt_number(wall, 2, ' s')} ({fmt_number(par, 2)} at DOP + {fmt_number(ser, 2)} serial)"
 
 
 def run_live_payload(run: TuningRun, *, include_figures: bool = True) -> dict:

@@ -69,9 +69,13 @@ def tasks_of_run(run: TuningRun) -> list[TuningTask]:
     return list(tuning_selectors.tasks_of_run(run))
 
 
+#: the columns of a DOP round the run page and its live JSON show
+DOP_ROUND_FIELDS = ("round_index", "task_index", "dop", "mean_error", "n_candidates", "n_remeasured", "n_failures",
+                    "wall_secs", "parallel_wall_secs", "serial_wall_secs")
+
+
 def dop_rounds_of_run(run: TuningRun) -> list[dict]:
-    return list(tuning_selectors.dop_rounds_of_run(run).values(
-        "round_index", "task_index", "dop", "mean_error", "n_candidates", "n_remeasured", "n_failures"))
+    return list(tuning_selectors.dop_rounds_of_run(run).values(*DOP_ROUND_FIELDS))
 
 
 def task_rows(tasks: list[TuningTask]) -> list[dict]:
@@ -233,8 +237,7 @@ def dop_round_count(run: TuningRun) -> int:
 
 def dop_rounds_from(run: TuningRun, start: int) -> list[dict]:
     """The run's DOP rounds with round_index >= start (what a live poll has not listed yet)."""
-    return list(tuning_selectors.dop_rounds_of_run(run).filter(round_index__gte=start).values(
-        "round_index", "task_index", "dop", "mean_error", "n_candidates", "n_remeasured", "n_failures"))
+    return list(tuning_selectors.dop_rounds_of_run(run).filter(round_index__gte=start).values(*DOP_ROUND_FIELDS))
 
 
 def dop_round_stats(run: TuningRun) -> tuple[int, int | None]:

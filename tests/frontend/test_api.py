@@ -58,6 +58,19 @@ def test_curve_is_downsampled(api_owner, user_owner, model_a, roomy_quota):
     assert api_owner.get(f"/api/charts/runs/{run.pk}/curve/?max_points=abc").status_code == 400
 
 
+def test_rounds_show_where_their_measuring_time_went(api_owner, owner_client, user_owner, model_a, roomy_quota):
+    """The live JSON and the run page say how long each round measured, at its DOP and serially."""
+    from tests.factories import DopRoundFactory
+
+    run, _ = make_running_run(actor=user_owner, model=model_a, max_trials=64, n_tasks=1, rounds=0, per_round=16)
+    DopRoundFactory(run=run, round_index=0, dop=2, wall_secs=3.0, parallel_wall_secs=2.0, serial_wall_secs=1.0)
+    DopRoundFactory(run=run, round_index=1, dop=1)  # a round recorded before the split existed
+    rows = api_owner.get(f"/api/charts/runs/{run.pk}/live/").json()["dop_rounds"]
+    assert [r["display"]["measuring"] for r in rows] == ["3.00 s (2.00 at DOP + 1.00 serial)", "—"]
+    page = owner_client.get(f"/runs/{run.pk}/")
+    assert page.status_code == 200 and "3.00 s (2.00 at DOP + 1.00 serial)" in page.content.decode()
+
+
 def test_live_endpoint_and_stamp(api_owner, run_a):
     body = api_owner.get(f"/api/charts/runs/{run_a.pk}/live/").json()
     assert set(body) >= {"run", "tasks", "dop_rounds", "figures", "stamp"}

@@ -89,7 +89,8 @@
 
   function roundRow(r) {
     var tr = document.createElement("tr");
-    [r.round_index, r.task_index, r.dop, r.display.mean_error, r.n_candidates, r.n_remeasured, r.n_failures]
+    [r.round_index, r.task_index, r.dop, r.display.mean_error, r.n_candidates, r.n_remeasured, r.n_failures,
+     r.display.measuring]
       .forEach(function (v) { tr.appendChild(td(v, "num")); });
     return tr;
   }
