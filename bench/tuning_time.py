@@ -376,7 +376,7 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         "parallel_measure_phase_ratio": geomean(phase) if phase else None,
         # of that phase: DOP auto's measure calls at its DOP / DOP 1's measuring (-> 1/DOP when the
         # slots do not interfere), and its serial re-measures / DOP 1's measuring (the sample's cost)
-        "parallel_measure_at_dop_ratio": _geomean_or_none(p.get("measure_at_dop_ratio") for p in pairs),
+        "parallel_measure_at_dop_ratio": geomean(p.get("measure_at_dop_ratio") for p in pairs),
         "parallel_serial_sample_ratio": _mean_or_none(p.get("serial_sample_ratio") for p in pairs),
         # share of DOP auto's rounds measured at DOP > 1 (the final DOP is where the controller ended,
         # after the last round)
@@ -400,11 +400,6 @@ def _parallel_overall(pairs: list[dict]) -> dict:
 def _last_noise(res: dict) -> float | None:
     noise = [h["serial_noise"] for h in res.get("dop_history") or [] if h.get("serial_noise") is not None]
     return noise[-1] if noise else None
-
-
-def _geomean_or_none(values) -> float | None:
-    vals = [v for v in values if v]
-    return geomean(vals) if vals else None
 
 
 def _mean_or_none(values) -> float | None:
