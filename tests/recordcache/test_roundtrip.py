@@ -13,7 +13,7 @@ from recordcache import adapters, selectors, services
 from recordcache.models import CacheEntry
 from tests.factories import TuningRunFactory
 from tests.helpers import client_for
-from tuning.engine.testing import matmul_primfunc, tuning_database
+from tuning.engine.testing import design_space_database, matmul_primfunc, tuning_database
 
 from .cachedata import final_entries, give_final_database
 
@@ -56,3 +56,12 @@ def test_hostile_import_refused_by_tvm_nothing_written(user_staff, cpu_target):
     r = _upload(client_for(user_staff), wl, rec, cpu_target)
     assert r.status_code == 400 and "pragma_import_llvm" in r.json()["detail"]
     assert not CacheEntry.objects.exists()
+
+
+def test_staff_import_accepts_the_records_metaschedule_writes(user_staff, cpu_target):
+    """Real traces (sampled tiles, compute locations, unroll steps: FloatImm probabilities, IntImm
+    extents, sampled variables) pass the checker, not only the hand-made ones of the other tests."""
+    wl, rec = design_space_database(matmul_primfunc(64), cpu_target, n_records=3)
+    r = _upload(client_for(user_staff), wl, rec, cpu_target)
+    assert r.status_code == 200, r.json()
+    assert r.json() == {"imported": 3, "status": "pending"} and CacheEntry.objects.count() == 3

@@ -758,6 +758,82 @@ def test_import_refuses_code_or_paths_in_allowed_annotation_values(import_run):
     assert "not a plain name" in resp.json()["detail"] and _nothing_written(run)
 
 
+@pytest.mark.parametrize("key,value,reason", [
+    ("meta_schedule.unroll_explicit", 16, "SampleCategorical"),
+    ("meta_schedule.unroll_implicit", 16, "SampleCategorical"),
+    ("meta_schedule.parallel", "x", "integer constant")])
+def test_import_refuses_a_record_the_search_could_not_mutate(import_run, key, value, reason):
+    """A literal unroll step (MetaSchedule samples it) or a non-integer parallel extent replays fine but
+    makes the search's mutator throw, which fails the whole run's search: refused at import."""
+    from tuning.engine.testing import tuning_database
+
+    client, run, data = import_run
+    wl, rec = tuning_database(_onnx(data), run.target, annotations=((key, value),))
+    resp = _post_import(client, run, wl, rec)
+    assert resp.status_code == 400, resp.content[:300]
+    assert "Tuning record line 1" in resp.json()["detail"] and reason in resp.json()["detail"]
+    assert _nothing_written(run)
+
+
+def test_records_the_checker_accepts_are_ones_metaschedule_can_mutate():
+    """The checker's rule against TVM itself: after a JSON round trip (how seeds and imports reach the
+    search), MutateUnroll and MutateParallel apply to an accepted record and throw on the refused ones."""
+    import json
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.record_check import check_trace
+    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.testing import matmul_primfunc, tuning_database
+
+    target = {"kind": "llvm", "num-cores": 1}
+    tgt = make_target(target)
+
+    def traces(annotations):
+        wl, rec = tuning_database(matmul_primfunc(32), target, annotations=annotations)
+        mod = ms.database.Workload.from_json(json.loads(wl.decode())).mod
+        body = json.loads(rec.decode())[1]
+        return mod, ms.database.TuningRecord.from_json(body, ms.database.Workload(mod)).trace
+
+    def mutate(mod, trace):
+        ctx = ms.TuneContext(mod=mod, target=tgt, space_generator="post-order-apply", num_threads=1)
+        for m in (ms.mutator.MutateUnroll(), ms.mutator.MutateParallel(max_jobs_per_core=16)):
+            m._initialize_with_tune_context(ctx)
+            for _ in range(40):  # each apply picks one annotation at random: all of them get picked
+                m.apply(trace)
+
+    mod, good = traces((("meta_schedule.parallel", 16),))
+    check_trace(good)
+    mutate(mod, good)
+    for annotations in ((("meta_schedule.unroll_explicit", 16),), (("meta_schedule.parallel", "x"),)):
+        mod, bad = traces(annotations)
+        with pytest.raises(ValueError):
+            check_trace(bad)
+        with pytest.raises(Exception):  # noqa: B017 - TVM's own error, whatever its class
+            mutate(mod, bad)
+
+
+def test_import_accepts_the_records_metaschedule_writes(import_run):
+    """What a user really brings: a tuning run's records (MetaSchedule's sampled traces), not only the
+    hand-made traces of the refusal tests."""
+    import json
+
+    from tuning import services as tuning_services
+    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.testing import design_space_database
+    from tuning.engine.workloads import collect_tasks
+
+    client, run, data = import_run
+    tasks = collect_tasks(_onnx(data), make_target(run.target))
+    conv = next(i for i, t in enumerate(tasks) if "conv" in t.name)  # tiled: sampled tiles and unroll steps
+    wl, rec = design_space_database(_onnx(data), run.target, task_index=conv, n_records=2)
+    resp = _post_import(client, run, wl, rec)
+    assert resp.status_code == 200, resp.content[:300]
+    work = tuning_services.run_work_dir(run.pk)
+    stored = (work / "imported" / "database_tuning_record.json").read_text().splitlines()
+    assert len(stored) == 2 and all(json.loads(x)[1][1] is None for x in stored)
+
+
 def test_import_refuses_a_workload_that_is_not_one_of_the_runs_tasks(import_run):
     from tuning.engine.testing import matmul_primfunc, tuning_database
 
@@ -823,10 +899,11 @@ def test_import_trusts_nothing_the_checker_returns(import_run, monkeypatch):
     good[1][1] = None
     hostile = json.loads(json.dumps(good).replace("meta_schedule.unroll_explicit", "pragma_import_llvm"))
     with_path = json.loads(json.dumps(good).replace("meta_schedule.unroll_explicit", "/tmp/x.ll"))
+    quoted_path = json.loads(json.dumps(good).replace("meta_schedule.unroll_explicit", '\\"/tmp/x.ll\\"'))
     with_latency = json.loads(json.dumps(good))
     with_latency[1][1] = [1e-9]
     for bad, reason in ((hostile, "pragma_import_llvm"), (with_path, "not a plain name"),
-                        (with_latency, "latency")):
+                        (quoted_path, "not a plain name"), (with_latency, "latency")):
         monkeypatch.setattr(procpool, "run_isolated",
                             lambda *a, bad=bad, **k: {"workloads": [wl.decode().splitlines()[0]],
                                                       "records": [json.dumps(bad)]})

@@ -9,6 +9,8 @@ constructor runs when the library is loaded. So a record is accepted only when
 - every instruction of its trace is one of MetaSchedule's own kinds (:data:`ALLOWED_KINDS`);
 - every annotation key is MetaSchedule's (``meta_schedule.*`` or :data:`ALLOWED_ANNOTATIONS`: what
   its schedule rules and postprocessors emit for llvm and cuda), so never ``pragma_import_*``;
+- the annotations MetaSchedule's mutators rewrite (unroll, parallel) have the form they read, since a
+  record the search cannot mutate fails the whole run's search;
 - every string in it is a short identifier (block, function, scope and intrinsic names), so it
   carries no code and no file path, and every expression is plain index arithmetic;
 - it replays on the task's module.
@@ -146,6 +148,8 @@ def recheck_output(record_lines: list[str]) -> None:
         if len(body) > 1 and body[1] is not None:
             raise RecordError(where, "the checker returned a record with a latency")
         for text in _strings(trace):
+            if len(text) > 2 and text[0] == text[-1] == '"':
+                text = text[1:-1]  # a string input: TVM's trace JSON quotes it to tell it from an RV name
             if not IDENTIFIER.fullmatch(text):
                 raise RecordError(where, f"the checker returned a string that is not a plain name: {text[:60]!r}")
             if text.startswith("pragma_") and not annotation_allowed(text):
@@ -158,6 +162,8 @@ _EXPR_FIELDS = {"Add": ("a", "b"), "Sub": ("a", "b"), "Mul": ("a", "b"), "Div": 
                 "EQ": ("a", "b"), "NE": ("a", "b"), "LT": ("a", "b"), "LE": ("a", "b"), "GT": ("a", "b"),
                 "GE": ("a", "b"), "And": ("a", "b"), "Or": ("a", "b"), "Not": ("a",), "Cast": ("value",),
                 "Select": ("condition", "true_value", "false_value"), "IntImm": (), "FloatImm": (), "Var": ()}
+
+_EXPR_MODULES = ("tvm.ir.prim.expr", "tvm.ir.expr")  # TIR's expressions and variables (ExprRV), not Relax's
 
 
 def _check_value(v, depth: int = 0) -> None:
@@ -178,7 +184,7 @@ def _check_value(v, depth: int = 0) -> None:
             _check_value(e, depth + 1)
         return
     name = type(v).__name__
-    if name in _EXPR_FIELDS and hasattr(v, "dtype"):
+    if name in _EXPR_FIELDS and type(v).__module__ in _EXPR_MODULES:
         for f in _EXPR_FIELDS[name]:
             _check_value(getattr(v, f), depth + 1)
         return
@@ -215,6 +221,38 @@ def check_trace(trace) -> None:
             _check_value(decision)
         except ValueError as exc:
             raise ValueError(f"decision of {inst.kind.name}: {exc}") from None
+    _check_mutable(trace)
+
+
+UNROLL_ANNOTATIONS = ("meta_schedule.unroll_explicit", "meta_schedule.unroll_implicit")
+
+
+def _check_mutable(trace) -> None:
+    """The annotations MetaSchedule's mutators rewrite must have the form they read: the search mutates
+    imported records, and one that breaks a mutator's assumption fails the whole run's search
+    (``parallel_for_dynamic error``), not just its own candidate. ``MutateUnroll`` reads an unroll
+    annotation's value as a variable sampled by a ``SampleCategorical`` of the trace; ``MutateParallel``
+    reads ``meta_schedule.parallel`` as an integer constant (what the schedule rules emit)."""
+    from tvm.tirx import IntImm
+
+    sampled = []
+    for i, inst in enumerate(trace.insts):
+        if inst.kind.name == "SampleCategorical":
+            sampled.extend(inst.outputs)
+        if inst.kind.name != "Annotate" or len(inst.inputs) != 2:
+            continue
+        key, value = str(inst.attrs[0]), inst.inputs[1]
+        if key in UNROLL_ANNOTATIONS and not any(_same(value, v) for v in sampled):
+            raise ValueError(f"instruction {i} annotates {key} with a value that is not a SampleCategorical "
+                             "variable of the trace (MetaSchedule's unroll mutator needs one)")
+        if key == "meta_schedule.parallel" and (isinstance(value, bool) or not isinstance(value, (int, IntImm))):
+            raise ValueError(f"instruction {i} annotates {key} with a value that is not an integer constant "
+                             "(MetaSchedule's parallel mutator needs one)")
+
+
+def _same(a, b) -> bool:
+    same = getattr(a, "same_as", None)
+    return bool(same and same(b))
 
 
 def _task_modules(model_bytes: bytes, target) -> list:

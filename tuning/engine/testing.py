@@ -113,6 +113,9 @@ def depthwise_conv2d_primfunc(
     return te.create_prim_func([data, kernel, out]).with_attr("global_symbol", "main")
 
 
+UNROLL_STEPS = [0, 16, 64, 512]
+
+
 def tuning_database(model, target, *, annotations=(("meta_schedule.parallel", 16),), on_loop=False,
                     run_secs=(1e-3,), task_index: int = 0, n_records: int = 1) -> tuple[bytes, bytes]:
     """A TVM JSON database (workload file, record file) for one task of ``model``, made with TVM's
@@ -130,7 +133,29 @@ def tuning_database(model, target, *, annotations=(("meta_schedule.parallel", 16
         where = sch.get_loops(sch.get_child_blocks(root)[0])[0] if on_loop else root
         for key, value in annotations:
             sch.annotate(where, key, value)
-        sch.annotate(root, "meta_schedule.unroll_explicit", n)  # distinct candidates
+        # distinct candidates, unrolled the way MetaSchedule's rule writes it (its mutator reads the sample)
+        step = sch.sample_categorical(UNROLL_STEPS, [1 / len(UNROLL_STEPS)] * len(UNROLL_STEPS),
+                                      decision=n % len(UNROLL_STEPS))
+        sch.annotate(root, "meta_schedule.unroll_explicit", step)
+        rec = ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), list(run_secs), tgt,
+                                       ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+        lines.append(json.dumps([0, ffi_to_py(rec.as_json())]))
+    workload = json.dumps(ffi_to_py(ms.database.Workload(mod).as_json()))
+    return (workload + "\n").encode(), ("\n".join(lines) + "\n").encode()
+
+
+def design_space_database(model, target, *, task_index: int = 0, n_records: int = 1,
+                          run_secs=(1e-3,)) -> tuple[bytes, bytes]:
+    """A TVM JSON database of what a tuning run really writes: MetaSchedule's own design-space traces
+    of one task (tiles, compute locations and unroll steps sampled by its rules), at most ``n_records``."""
+    from tvm.s_tir import meta_schedule as ms
+
+    tgt = make_target(target)
+    mod = collect_tasks(model, tgt)[task_index].mod
+    ctx = ms.TuneContext(mod=mod, target=tgt, space_generator="post-order-apply", num_threads=1)
+    spaces = ctx.space_generator.generate_design_space(mod)
+    lines = []
+    for sch in spaces[:n_records]:
         rec = ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), list(run_secs), tgt,
                                        ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
         lines.append(json.dumps([0, ffi_to_py(rec.as_json())]))
