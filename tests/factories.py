@@ -133,10 +133,15 @@ class ZooModel:
 def zoo_model(name: str = "small_cnn") -> ZooModel:
     """A zoo model's ONNX bytes and what the registry's validation found in them: built and validated
     once per test process, with the platform's limits (tuning tasks are not counted in tests)."""
+    from django.test.utils import override_settings
+
     from core.onnx_models import zoo
 
     data = zoo.build_model(name).SerializeToString()
-    return ZooModel(data, core_services.validate_model_bytes(data=data, filename=f"{name}.onnx"))
+    # cached for the process: whatever the first caller's settings, never counted (a test that switched
+    # counting on would otherwise hand every later factory model its task count and budget minimum)
+    with override_settings(ONNX_COUNT_TUNING_TASKS=False):
+        return ZooModel(data, core_services.validate_model_bytes(data=data, filename=f"{name}.onnx"))
 
 
 class DLModelFactory(DjangoModelFactory):
