@@ -99,7 +99,7 @@ class UsageFGD(FGD):
                  max_jobs_per_gpu: int = 4, headroom_mb: float = HORUS_HEADROOM_MB, max_checked: int = 12,
                  min_speed_whole: float = 0.5, frag_weight: float = 0.5, gang_aware: bool = True,
                  min_speed_gang: float = 0.75, max_migrations: int = 3, telemetry_utils: bool = True,
-                 queue_lookahead: int = HORUS_QUEUE_LOOKAHEAD):
+                 queue_lookahead: int = HORUS_QUEUE_LOOKAHEAD, move_gangs: bool = True):
         super().__init__()
         if not 0.0 < min_speed <= 1.0:
             raise ValueError("min_speed must be in (0, 1]")
@@ -123,6 +123,8 @@ class UsageFGD(FGD):
         self.min_speed_gang = float(min_speed_gang)
         #: migrations per job at most
         self.max_migrations = int(max_migrations)
+        #: where no single-GPU partner can leave a slowed gang's GPU, move a gang on it whole to idle GPUs
+        self.move_gangs = bool(move_gangs)
         #: judge a RUNNING job by its sampled per-process utilization (telemetry) instead of its prediction
         self.telemetry_utils = bool(telemetry_utils)
         #: waiting jobs offered per pass (1: strict FIFO; Horus's authors use 5)
@@ -264,7 +266,41 @@ class UsageFGD(FGD):
                     moves.append((rj.view.job_id, [t]))
                     taken.update((g, t))
                     break
+            else:
+                if self.move_gangs:
+                    self._move_a_gang(g, cv, taken, moves)
         return moves
+
+    def _move_a_gang(self, g: int, cv: ClusterView, taken: set[int], moves: list) -> None:
+        """No single-GPU partner could go: move one gang on ``g`` whole to idle GPUs (the smallest gang
+        first, it needs the fewest), where it runs alone; nothing if no gang fits on idle GPUs."""
+        gangs = sorted((rj for rj in cv.jobs_on(g) if rj.view.num_gpus > 1 and rj.migrations < self.max_migrations
+                        and not taken.intersection(rj.gpus)),
+                       key=lambda rj: (rj.view.num_gpus, -rj.view.pred_util_pct, rj.view.job_id))
+        for rj in gangs:
+            dest = self._idle_gpus_for(rj.view, cv, exclude=taken)
+            if dest is not None:
+                moves.append((rj.view.job_id, dest))
+                taken.update(rj.gpus)
+                taken.update(dest)
+                return
+
+    def _idle_gpus_for(self, job: JobView, cv: ClusterView, exclude: set[int]) -> list[int] | None:
+        """``job.num_gpus`` idle GPUs that meet its constraints (one node if it must: the node with the
+        fewest idle GPUs that still fit it, so large idle blocks stay whole), or None."""
+        mask = _base_mask(job, cv, respect_milli=False) & (np.asarray(cv.n_jobs) == 0)
+        if exclude:
+            mask[list(exclude)] = False
+        idle = np.flatnonzero(mask)
+        if len(idle) < job.num_gpus:
+            return None
+        if not job.single_node:
+            return [int(x) for x in idle[:job.num_gpus]]
+        by_node: dict[int, list[int]] = {}
+        for x in idle:
+            by_node.setdefault(int(cv.gpu_node[x]), []).append(int(x))
+        fits = [gs for gs in by_node.values() if len(gs) >= job.num_gpus]
+        return min(fits, key=lambda gs: (len(gs), gs[0]))[:job.num_gpus] if fits else None
 
     def _refuge(self, rj, cv: ClusterView, exclude: set[int]) -> int | None:
         """Where a partner moved off a gang's GPU goes: the lowest-index idle GPU, else the GPU with no
@@ -320,7 +356,8 @@ class UsageFGD(FGD):
                 "min_speed_whole": self.min_speed_whole, "frag_weight": self.frag_weight,
                 "max_jobs_per_gpu": self.max_jobs, "headroom_mb": self.headroom_mb,
                 "gang_aware": self.gang_aware, "min_speed_gang": self.min_speed_gang,
-                "max_migrations": self.max_migrations, "telemetry_utils": self.telemetry_utils,
+                "max_migrations": self.max_migrations, "move_gangs": self.move_gangs,
+                "telemetry_utils": self.telemetry_utils,
                 "queue_lookahead": self.queue_lookahead,
                 "interference": "fitted (Gavel pairs), on predicted utilizations (migrations: on telemetry)"}
 

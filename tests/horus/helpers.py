@@ -14,9 +14,9 @@ def view(job_id: str = "j", *, util: float = 50.0, mem: float = 1000.0, num_gpus
 
 
 def put(state: ClusterState, job_id: str, gpus, *, pred_util: float, pred_mem: float, true_util: float | None = None,
-        true_mem: float | None = None, milli: int = 1000, now: float = 0.0):
+        true_mem: float | None = None, milli: int = 1000, now: float = 0.0, single_node: bool = False):
     """Place a job directly on a state (as the simulator would)."""
-    v = view(job_id, util=pred_util, mem=pred_mem, num_gpus=len(gpus), milli=milli)
+    v = view(job_id, util=pred_util, mem=pred_mem, num_gpus=len(gpus), milli=milli, single_node=single_node)
     return state.add(v, list(gpus), true_util=pred_util if true_util is None else true_util,
                      true_mem=pred_mem if true_mem is None else true_mem, now=now)
 

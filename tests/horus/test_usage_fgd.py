@@ -117,6 +117,40 @@ def test_a_slowed_gang_has_its_partner_migrated_on_telemetry():
     assert UsageFGD(gang_aware=True).rebalance(state(2.0).view(), 3600.0) == []
 
 
+def test_two_slowed_gangs_on_one_gpu_are_parted_by_moving_the_smaller_to_idle_gpus():
+    """No single-GPU partner to move: a 2-GPU gang shares GPU 0 with a busy 3-GPU gang, so the smaller
+    gang moves whole to idle GPUs of one node (the node where they fit most tightly); with no room for
+    it, or with ``move_gangs`` off, nothing moves."""
+    def state(nodes: int) -> ClusterState:
+        s = ClusterState(ClusterSpec.uniform(nodes, 4))
+        put(s, "big", [0, 1, 2], pred_util=90.0, pred_mem=2000)
+        put(s, "small", [0, 3], pred_util=90.0, pred_mem=2000, single_node=True)
+        return s
+
+    s = state(3)  # node 1 (GPUs 4-7) all idle, node 2 two idle after x and y: the tighter fit
+    put(s, "x", [8], pred_util=50.0, pred_mem=2000)
+    put(s, "y", [9], pred_util=50.0, pred_mem=2000)
+    assert UsageFGD().rebalance(s.view(), 3600.0) == [("small", [10, 11])]
+    assert UsageFGD(move_gangs=False).rebalance(s.view(), 3600.0) == []
+    assert UsageFGD().rebalance(state(1).view(), 3600.0) == []  # no idle GPU at all
+    r = state(2)
+    assert UsageFGD().rebalance(r.view(), 3600.0) == [("small", [4, 5])]
+
+
+def test_gang_moves_keep_the_physics():
+    """Three saturated gangs (mispredicted light) on 4 GPUs: two share. Once the short one leaves, one
+    of the sharing gangs moves to the freed GPUs; the GPUs never deliver more than one GPU of work each,
+    and the move shortens the makespan."""
+    jobs = [replace(job("g1", 0, 4 * HOUR, util=95.0, mem=2000, pred_util=10.0), num_gpus=2),
+            replace(job("g2", 0, 4 * HOUR, util=95.0, mem=2000, pred_util=10.0), num_gpus=2),
+            replace(job("blocker", 0, HOUR, util=95.0, mem=2000, pred_util=10.0), num_gpus=2)]
+    r = simulate(jobs, ClusterSpec.uniform(1, 4), UsageFGD(), check_invariants=True, record_jobs=True)
+    assert r.unschedulable_jobs == 0 and r.util_mean_pct <= 100.0 + 1e-9
+    assert r.migrations >= 1 and r.makespan_s >= 4 * HOUR * (1 - 1e-9)
+    stayed = simulate(jobs, ClusterSpec.uniform(1, 4), UsageFGD(move_gangs=False), check_invariants=True)
+    assert stayed.migrations == 0 and r.makespan_s < stayed.makespan_s  # simulated hours: 6.0 vs 9.0
+
+
 def test_gang_relief_keeps_the_physics_and_moves_jobs_at_most_max_migrations_times():
     jobs = [replace(job("gang", 0, 4 * HOUR, util=95.0, mem=2000), num_gpus=2)] + [
         job(f"s{i}", 60.0 * i, HOUR, util=95.0, mem=2000, pred_util=10.0) for i in range(6)]
