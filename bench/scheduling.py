@@ -1,6 +1,6 @@
 """Scheduling benchmark: Horus vs the baselines on the Philly and Alibaba-2023 traces.
 
-    python bench/scheduling.py --quick            # ~7 min on 2 cores (402 s measured, another job on the other core)
+    python bench/scheduling.py --quick            # ~30 min on 2 cores (1,232 s before the gang-move ablation)
     python bench/scheduling.py --json out.json    # full run, over an hour
 
 Every policy runs in the same process on the same jobs, cluster and seed, through the same
@@ -13,7 +13,8 @@ Experiments (scale stated in each table's header):
   submit times on 256 GPUs; ``--quick``: the first 10,000 jobs on 96 GPUs
   (the same contention, stated in the table). ``overall`` = Horus / FIFO
   exclusive on seed 0, and ``usage_fgd`` / the best sharing baseline (median
-  over the seeds).
+  over the seeds; ``--quick``: seeds 0-4), with the ablation that switches off
+  its gang moves alone (``no_gang_moves_*``, ``gang_moves_*_ratio``).
 * ``alibaba-fill``: the ATC'23 fill method on the real 1,213-node cluster
   (6,212 GPUs), CPU-only pods included, several seeds: every policy, FGD /
   best-fit unallocated GPUs, the allocation curve beside the one FGD's artifact
@@ -248,6 +249,35 @@ def ours_vs_sharing(per_seed: list[list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
+def gang_move_ablation(bench: Bench, seeds: tuple[int, ...], per_seed: list[list[dict[str, Any]]],
+                       best_mk: str, best_wt: str) -> dict[str, Any]:
+    """``usage_fgd`` with its gang moves switched off (the one mechanism changed), on the same seeds,
+    against the same best sharing baselines: what the gang moves are worth."""
+    log(f"\n== Ablation: {OURS} without gang moves (usage_fgd_gang_moves=False), same Philly slice and seeds")
+    log(f"   {'seed':<6}{'on: makespan':>14}{'off':>9}{best_mk:>15}{'on: wait':>10}{'off':>9}{best_wt:>10}")
+    on_mk, off_mk, off_wt, on_wt, b_mk, b_wt, wins = [], [], [], [], [], [], []
+    for sd, rs in zip(seeds, per_seed):
+        out, res = bench.run("philly", [OURS], seed=sd, **{**PHILLY, "usage_fgd_gang_moves": False})
+        off, on = res[0], next(r for r in rs if r["label"] == OURS)
+        bm, bw = (next(r for r in rs if r["label"] == n) for n in (best_mk, best_wt))
+        bench.record(f"philly-seed{sd}-no-gang-moves", out, [{**off, "label": f"{OURS} no gang moves"}], seed=sd,
+                     ablation="usage_fgd_gang_moves=False")
+        on_mk.append(on["makespan_s"]), off_mk.append(off["makespan_s"]), b_mk.append(bm["makespan_s"])
+        on_wt.append(on["mean_wait_s"]), off_wt.append(off["mean_wait_s"]), b_wt.append(bw["mean_wait_s"])
+        wins.append(off["makespan_s"] < bm["makespan_s"])
+        log(f"   {sd:<6}{_fmt_t(on['makespan_s']):>14}{_fmt_t(off['makespan_s']):>9}{_fmt_t(bm['makespan_s']):>15}"
+            f"{_fmt_t(on['mean_wait_s']):>10}{_fmt_t(off['mean_wait_s']):>9}{_fmt_t(bw['mean_wait_s']):>10}")
+    out = {"no_gang_moves_vs_best_sharing_makespan": _median(off_mk) / _median(b_mk),
+           "no_gang_moves_vs_best_sharing_wait": _median(off_wt) / _median(b_wt),
+           "no_gang_moves_makespan_wins_seeds": f"{sum(wins)}/{len(wins)}",
+           "gang_moves_makespan_ratio": _median([a / b for a, b in zip(on_mk, off_mk)]),
+           "gang_moves_wait_ratio": _median([a / b for a, b in zip(on_wt, off_wt)])}
+    log(f"   without gang moves: makespan / {best_mk} = {out['no_gang_moves_vs_best_sharing_makespan']:.3f} (ahead on "
+        f"{out['no_gang_moves_makespan_wins_seeds']} seeds), wait / {best_wt} = {out['no_gang_moves_vs_best_sharing_wait']:.3f}; "
+        f"gang moves on / off (median per seed): makespan {out['gang_moves_makespan_ratio']:.3f}, wait {out['gang_moves_wait_ratio']:.3f}")
+    return out
+
+
 def fill_table(title: str, scale: str, fill: list[dict[str, Any]]) -> None:
     log(f"\n== {title}")
     log(f"   scale: {scale}")
@@ -473,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     res, headline_rmsle, per_seed = philly_seeds(bench, seeds)
     base = next(r for r in res if r["label"] == BASE)
     ours_philly = ours_vs_sharing(per_seed)
+    ours_philly.update(gang_move_ablation(bench, seeds, per_seed, ours_philly["best_sharing_makespan_policy"],
+                                          ours_philly["best_sharing_wait_policy"]))
     # Sensitivity: the old flat model (Horus's simulator, +20 % while sharing whatever the load; not
     # work-conserving), what the headline used to report. Beside the headline, never instead of it.
     _, flat = bench.replay("philly-share-penalty",

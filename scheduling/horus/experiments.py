@@ -91,6 +91,7 @@ class ExperimentParams:
     timeseries_points: int = 200  # replay: points of the downsampled time series
     horus_lookahead: int = 5  # waiting jobs horus/horus_migrate consider per pass (authors: 5; 1 = strict FIFO)
     telemetry_delay_s: float = 60.0  # replay: how long after a job starts (or its speed changes) policies see it in telemetry
+    usage_fgd_gang_moves: bool = True  # usage_fgd moves a gang off another gang's GPU to idle GPUs (False: the ablation)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "ExperimentParams":
@@ -104,7 +105,8 @@ class ExperimentParams:
         for name, value in data.items():
             default = getattr(out, name)
             try:
-                setattr(out, name, type(default)(value) if value is not None else default)
+                setattr(out, name, default if value is None else _as_bool(value) if isinstance(default, bool)
+                        else type(default)(value))
             except (TypeError, ValueError):
                 raise ExperimentError(f"{name} must be a {type(default).__name__}, got {value!r}", field=name) from None
         return out
@@ -145,6 +147,19 @@ class ExperimentParams:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _as_bool(value: Any) -> bool:
+    """A flag from JSON or a form: true/false, 1/0 or their strings; anything else is refused (``bool("false")``
+    would be True)."""
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("true", "1", "on", "yes"):
+        return True
+    if text in ("false", "0", "off", "no"):
+        return False
+    raise ValueError(value)
 
 
 def parameter_choices() -> dict[str, dict[str, Any]]:
@@ -377,9 +392,11 @@ def _check_request(kind: str, policies: Sequence[str], params: ExperimentParams 
 
 
 def policy_options(name: str, p: ExperimentParams) -> dict[str, Any]:
-    """The options an experiment's parameters give a policy (Horus's queue look-ahead)."""
+    """The options an experiment's parameters give a policy (Horus's queue look-ahead, usage_fgd's gang moves)."""
     if name in ("horus", "horus_migrate"):
         return {"queue_lookahead": p.horus_lookahead}
+    if name == "usage_fgd":
+        return {"move_gangs": p.usage_fgd_gang_moves}
     return {}
 
 

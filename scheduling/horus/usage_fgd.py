@@ -22,8 +22,9 @@ of FGD (the target workload, node CPU/memory/GPU-type terms, the least-growth ru
   telemetry shows slowed below ``min_speed_gang`` (the fitted model on the jobs' sampled
   per-process utilizations) has its single-GPU partner of highest predicted utilization migrated
   (at most ``max_migrations`` times per job) to an idle GPU, or to a GPU without a gang where every
-  job keeps ``min_speed_whole``. ON by default (``gang_aware``); it makes a replay several times
-  slower (the migration scan). On Philly gangs hold 87 % of the GPU time and the makespan is set by
+  job keeps ``min_speed_whole``; where no single-GPU partner can go (the partner is another gang),
+  the smallest gang on that GPU moves whole to idle GPUs (``move_gangs``, one node where it must).
+  ON by default (``gang_aware``); it makes a replay several times slower (the migration scan). On Philly gangs hold 87 % of the GPU time and the makespan is set by
   one 8-GPU, 54-day job: without (a) and (b) it ran up to 2x slower than alone.
 * **Running jobs by telemetry** (``telemetry_utils``, on): a RUNNING job is judged by its sampled
   per-process utilization read back to a standalone one through the fitted model
@@ -50,6 +51,10 @@ refusing a shared GPU whose resident gang telemetry already shows below ``min_sp
 100.4 / 104.8 / 116.9 / 117.4 / 93.0 days: it moves the loss from seed 0 to seed 2, where the 54-day gang is
 predicted at 6 % and truly 99 %), and keeping incoming gangs off GPUs holding a gang of 50 % or more
 (104.8 / 107.9 / 109.1 days at 34.6-36.6 days' wait).
+
+Gang moves (``move_gangs``, 2026-12-02) are what fixed those two seeds: seeds 0-4 97.9 / 101.1 / 102.4 /
+103.5 / 91.1 days at 25.5 / 27.0 / 26.5 / 27.4 / 22.9 days' wait, ahead of horus_migrate on all five (median
+0.963) with the wait unchanged; ``bench/scheduling.py --quick`` runs the ablation (``usage_fgd_gang_moves``).
 
 The policy sees predictions (of the incoming job) and telemetry (of running jobs) only; the simulator runs the jobs' true utilizations, so a wrong
 prediction costs real interference (``bench/scheduling.py`` sweeps the prediction error).

@@ -186,7 +186,20 @@ def test_simulation_parameters_are_validated(api_owner, team_a):
         bad = api_owner.post("/api/simulations/", {"team": team_a.pk, "trace": "philly",
                                                    "parameters": {"telemetry_delay_s": delay}}, format="json")
         assert bad.status_code == 400 and "telemetry_delay_s" in bad.json()["detail"], delay
+    for flag in ("maybe", 2, [True]):  # a flag is true/false (bool("maybe") would have been True)
+        bad = api_owner.post("/api/simulations/", {"team": team_a.pk, "trace": "philly",
+                                                   "parameters": {"usage_fgd_gang_moves": flag}}, format="json")
+        assert bad.status_code == 400 and "usage_fgd_gang_moves" in bad.json()["detail"], flag
     assert not SimulationRun.objects.exists()
+
+
+def test_the_gang_move_ablation_reaches_usage_fgd():
+    from scheduling.horus.experiments import ExperimentParams, policy_options
+
+    for given, want in ((False, False), ("false", False), ("0", False), (True, True), ("on", True)):
+        p = ExperimentParams.from_dict({"usage_fgd_gang_moves": given})
+        assert policy_options("usage_fgd", p) == {"move_gangs": want}
+    assert ExperimentParams().usage_fgd_gang_moves and "move_gangs" not in policy_options("horus", ExperimentParams())
 
 
 def _upload(api, team, text, name="mytrace", filename="jobs.csv"):

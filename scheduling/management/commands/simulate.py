@@ -42,6 +42,8 @@ class Command(BaseCommand):
         parser.add_argument("--backfill", type=int, default=None, help="Queue window (1 = strict FIFO)")
         parser.add_argument("--horus-lookahead", type=int, default=None,
                             help="Waiting jobs horus/horus_migrate consider per pass (default 5, as its authors)")
+        parser.add_argument("--no-gang-moves", dest="usage_fgd_gang_moves", action="store_const", const=False,
+                            default=None, help="usage_fgd without gang moves (the ablation)")
         parser.add_argument("--interference", default=None,
                             help="Interference model: fitted (default), share_penalty or capped (sensitivities)")
         parser.add_argument("--predictor-error", type=float, default=None,
@@ -54,7 +56,8 @@ class Command(BaseCommand):
     OPTION_PARAMETERS = {"method": "method", "scale": "scale", "gpus": "gpus", "gpus_per_node": "gpus_per_node",
                          "gpu_model": "gpu_model", "jobs": "jobs", "start": "start", "compress": "compress",
                          "max_duration": "max_duration_s", "backfill": "backfill",
-                         "horus_lookahead": "horus_lookahead", "interference": "interference",
+                         "horus_lookahead": "horus_lookahead", "usage_fgd_gang_moves": "usage_fgd_gang_moves",
+                         "interference": "interference",
                          "predictor_error": "predictor_error", "predictions": "predictions", "until": "until"}
 
     def _params(self, opts) -> dict:
