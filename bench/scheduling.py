@@ -1,6 +1,6 @@
 """Scheduling benchmark: Horus vs the baselines on the Philly and Alibaba-2023 traces.
 
-    python bench/scheduling.py --quick            # ~30 min on 2 cores (1,232 s before the gang-move ablation)
+    python bench/scheduling.py --quick            # ~35 min on 2 cores (2,233 s measured, CI on the other core)
     python bench/scheduling.py --json out.json    # full run, over an hour
 
 Every policy runs in the same process on the same jobs, cluster and seed, through the same
