@@ -158,3 +158,20 @@ def test_the_compare_page_shows_the_onnxruntime_ratio(model_a, user_owner, clien
     client.force_login(user_owner)
     html = client.get(f"/runs/compare/?runs={slow.pk}&runs={fast.pk}").content.decode()
     assert "3.00× (slower than onnxruntime)" in html and "0.50×</td>" in html and "mcpu znver3" in html
+
+
+def test_the_tune_command_says_which_target_it_built_for():
+    """The text summary names the resolved target (the host's CPU as LLVM names it), not only the
+    request (``{"kind": "llvm"}`` names no CPU)."""
+    from tuning.management.commands.tune import Command
+
+    out = io.StringIO()
+    cmd = Command(stdout=out)
+    summary = {"run": 1, "status": "succeeded", "wall_seconds": 1.0, "measurements": 8, "final_dop": 1,
+               "resolved_target": {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}, "tasks": [],
+               "tuned_latency_ms": None, "onnxruntime_latency_ms": None, "onnxruntime_error": ""}
+    cmd._print(summary)
+    assert 'Target as built and measured: {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}' in out.getvalue()
+    out.truncate(0)
+    cmd._print({**summary, "resolved_target": None})
+    assert "Target as built" not in out.getvalue()

@@ -154,6 +154,8 @@ class Command(BaseCommand):
     def _print(self, s: dict) -> None:
         self.stdout.write(f"\nRun {s['run']} {s['status']} in {s['wall_seconds']} s, {s['measurements']} measurements, "
                           f"final DOP {s['final_dop']}")
+        if s["resolved_target"]:  # what the worker resolved the requested target to (its CPU, triple, threads)
+            self.stdout.write(f"Target as built and measured: {json.dumps(s['resolved_target'], sort_keys=True)}")
         for t in s["tasks"]:
             best = f"{t['best_latency_ms']:.4f} ms" if t["best_latency_ms"] else "-"
             self.stdout.write(f"  task {t['index']:>2} {t['name'][:48]:<48} {t['trials']:>5} trials  best {best}")
