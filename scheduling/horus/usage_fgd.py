@@ -71,7 +71,7 @@ import numpy as np
 
 from .cluster import MILLI, ClusterView, JobView, WorkloadType
 from .interference import FittedInterference
-from .policies import FGD, HORUS_HEADROOM_MB, HORUS_QUEUE_LOOKAHEAD, _base_mask, _NodeFrag
+from .policies import FGD, HORUS_HEADROOM_MB, HORUS_QUEUE_LOOKAHEAD, _base_mask, _choose, _NodeFrag
 
 __all__ = ["UsageFGD", "held_milli"]
 
@@ -296,16 +296,10 @@ class UsageFGD(FGD):
         mask = _base_mask(job, cv, respect_milli=False) & (np.asarray(cv.n_jobs) == 0)
         if exclude:
             mask[list(exclude)] = False
-        idle = np.flatnonzero(mask)
-        if len(idle) < job.num_gpus:
-            return None
-        if not job.single_node:
-            return [int(x) for x in idle[:job.num_gpus]]
-        by_node: dict[int, list[int]] = {}
-        for x in idle:
-            by_node.setdefault(int(cv.gpu_node[x]), []).append(int(x))
-        fits = [gs for gs in by_node.values() if len(gs) >= job.num_gpus]
-        return min(fits, key=lambda gs: (len(gs), gs[0]))[:job.num_gpus] if fits else None
+        cost = np.zeros(len(mask))  # across nodes: the lowest-index idle GPUs
+        if job.single_node:  # a GPU costs its node's idle count: the node whose k cost least fits most tightly
+            cost = np.bincount(cv.gpu_node[mask], minlength=cv.n_nodes)[cv.gpu_node].astype(float)
+        return _choose(job, cv, cost, mask)
 
     def _refuge(self, rj, cv: ClusterView, exclude: set[int]) -> int | None:
         """Where a partner moved off a gang's GPU goes: the lowest-index idle GPU, else the GPU with no

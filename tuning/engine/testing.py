@@ -121,12 +121,11 @@ def tuning_database(model, target, *, annotations=(("meta_schedule.parallel", 16
     """A TVM JSON database (workload file, record file) for one task of ``model``, made with TVM's
     own API: a trace that annotates the task's root block (or, ``on_loop``, its first loop) with
     ``annotations`` (key, value), e.g. ("pragma_import_llvm", "<IR>") for a hostile record."""
-    from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.schedule import Schedule
 
     tgt = make_target(target)
     mod = collect_tasks(model, tgt)[task_index].mod
-    lines = []
+    traces = []
     for n in range(n_records):
         sch = Schedule(mod)
         root = sch.get_sblock("root")
@@ -137,11 +136,8 @@ def tuning_database(model, target, *, annotations=(("meta_schedule.parallel", 16
         step = sch.sample_categorical(UNROLL_STEPS, [1 / len(UNROLL_STEPS)] * len(UNROLL_STEPS),
                                       decision=n % len(UNROLL_STEPS))
         sch.annotate(root, "meta_schedule.unroll_explicit", step)
-        rec = ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), list(run_secs), tgt,
-                                       ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
-        lines.append(json.dumps([0, ffi_to_py(rec.as_json())]))
-    workload = json.dumps(ffi_to_py(ms.database.Workload(mod).as_json()))
-    return (workload + "\n").encode(), ("\n".join(lines) + "\n").encode()
+        traces.append(sch.trace)
+    return _database_bytes(mod, tgt, traces, run_secs)
 
 
 def design_space_database(model, target, *, task_index: int = 0, n_records: int = 1,
@@ -154,10 +150,15 @@ def design_space_database(model, target, *, task_index: int = 0, n_records: int 
     mod = collect_tasks(model, tgt)[task_index].mod
     ctx = ms.TuneContext(mod=mod, target=tgt, space_generator="post-order-apply", num_threads=1)
     spaces = ctx.space_generator.generate_design_space(mod)
-    lines = []
-    for sch in spaces[:n_records]:
-        rec = ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), list(run_secs), tgt,
-                                       ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
-        lines.append(json.dumps([0, ffi_to_py(rec.as_json())]))
+    return _database_bytes(mod, tgt, [sch.trace for sch in spaces[:n_records]], run_secs)
+
+
+def _database_bytes(mod, tgt, traces, run_secs) -> tuple[bytes, bytes]:
+    """The workload file and record file of a TVM JSON database holding ``traces`` of one task."""
+    from tvm.s_tir import meta_schedule as ms
+
+    lines = [json.dumps([0, ffi_to_py(ms.database.TuningRecord(
+        trace, ms.database.Workload(mod), list(run_secs), tgt, ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    ).as_json())]) for trace in traces]
     workload = json.dumps(ffi_to_py(ms.database.Workload(mod).as_json()))
     return (workload + "\n").encode(), ("\n".join(lines) + "\n").encode()
