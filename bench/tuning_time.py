@@ -589,7 +589,21 @@ def main(argv=None) -> int:
         "bench_wall_s": time.perf_counter() - started,
     }
 
-    # -- table
+    # -- table (with --only-parallel the parallel section above is the whole result)
+    if rows:
+        _print_table(rows, overall, ablation)
+        if parallel:  # again, beside the table it is ablated from
+            _print_parallel(parallel, overall)
+    print(f"\nthreads={threads}; best latency = winners re-measured in one fresh process "
+          f"(number=3, repeat=5, min_repeat_ms=100, median of 3 alternating rounds); "
+          f"search population {population or 512}, genetic iters {genetic_iters or 4} on both sides; "
+          f"load average start {machine['loadavg']} end {machine['loadavg_end']}; bench {result['bench_wall_s']:.0f} s")
+
+    write_result(result, json_path=args.json, work_root=root, keep=args.keep)
+    return 0
+
+
+def _print_table(rows: list[dict], overall: dict, ablation: list[dict]) -> None:
     print()
     print(f"{'workload':18s} {'trials':>6s} {'stock s':>8s} {'ours s':>8s} {'wall x':>7s} "
           f"{'stock us':>10s} {'ours us':>10s} {'lat x':>6s} {'DOP':>4s} {'par.err':>7s}")
@@ -600,9 +614,8 @@ def main(argv=None) -> int:
               f"{fmt_s(r['ours']['best_latency_s'], 'us'):>10s} "
               f"{(r['latency_ratio'] or float('nan')):6.3f} {str(r.get('final_dop')):>4s} "
               f"{(pe if pe is not None else float('nan')):7.3f}")
-    if rows:
-        print(f"{'overall (geomean)':18s} {'':6s} {overall['stock_wall_s_total']:8.1f} {overall['ours_wall_s_total']:8.1f} "
-              f"{overall['wall_ratio']:7.3f} {'':>10s} {'':>10s} {(overall['latency_ratio'] or float('nan')):6.3f}")
+    print(f"{'overall (geomean)':18s} {'':6s} {overall['stock_wall_s_total']:8.1f} {overall['ours_wall_s_total']:8.1f} "
+          f"{overall['wall_ratio']:7.3f} {'':>10s} {'':>10s} {(overall['latency_ratio'] or float('nan')):6.3f}")
     if ablation:
         print("\nablation (wall time, ratio to stock; cand.s = sum of the measured candidates' latencies,"
               " i.e. how slow the programs this run's search happened to visit were):")
@@ -610,15 +623,6 @@ def main(argv=None) -> int:
             ct = a.get("candidate_time_s")
             print(f"  {a['workload']:18s} {a['config']:36s} {a['wall_s']:8.1f} s  x{a['wall_ratio']:.3f}"
                   f"  cand.s {ct if ct is None else round(ct, 2)}")
-    if parallel:
-        _print_parallel(parallel, overall)
-    print(f"\nthreads={threads}; best latency = winners re-measured in one fresh process "
-          f"(number=3, repeat=5, min_repeat_ms=100, median of 3 alternating rounds); "
-          f"search population {population or 512}, genetic iters {genetic_iters or 4} on both sides; "
-          f"load average start {machine['loadavg']} end {machine['loadavg_end']}; bench {result['bench_wall_s']:.0f} s")
-
-    write_result(result, json_path=args.json, work_root=root, keep=args.keep)
-    return 0
 
 
 if __name__ == "__main__":
