@@ -25,7 +25,7 @@ from .workloads import Task, round_size
 # a session.TuningConfig (not imported: the session imports this module)
 TuningConfig = Any
 
-__all__ = ["search", "skip_infrastructure_failures", "train_when_needed"]
+__all__ = ["search", "skip_infrastructure_failures", "train_when_needed", "load_cost_model"]
 
 _STATUS = {"cancel": "cancelled", "pause": "paused"}
 
@@ -99,8 +99,10 @@ def train_when_needed(cost_model):
     """Defer XGBModel's training to when a booster is used. Stock XGBModel retrains after every batch,
     but predicts at random until it holds ``num_warmup_samples`` results (MetaSchedule's warm-up), so the
     trainings before then are never used (a fifth of a small run's wall time on 2 cores). Deferred: the
-    last training asked for runs at the first prediction that uses the booster, or before ``save`` (a
-    resumed run and the record cache load a trained model). Past the warm-up it trains as stock does."""
+    last training asked for runs at the first prediction that uses the booster. Past the warm-up it
+    trains as stock does. ``save`` below the warm-up writes the data without training (training there
+    was 9 s of a 64-trial matmul run's 45 s on 2 cores, for a booster nothing would use): the model that
+    loads it (:func:`load_cost_model`) is still in its warm-up and trains when it leaves it."""
     inst = cost_model._inst
     train, predict, save = inst._train, inst.predict, inst.save
     pending: dict[str, tuple] = {}
@@ -122,13 +124,39 @@ def train_when_needed(cost_model):
             flush()
         return predict(context, candidates)
 
-    def save_trained(path):
-        flush()
+    def save_warm(path):
+        if inst.data_size >= inst.num_warmup_samples:
+            flush()
         return save(path)
 
-    inst._train, inst.predict, inst.save = deferred_train, predict_when_trained, save_trained
+    inst._train, inst.predict, inst.save = deferred_train, predict_when_trained, save_warm
     cost_model.pending_training = lambda: "args" in pending  # tests and diagnostics
     return cost_model
+
+
+def load_cost_model(cost_model, path: str) -> None:
+    """Load a saved XGBModel, also one saved in its warm-up with no booster (``train_when_needed``): TVM
+    0.27's ``XGBModel.load`` reads such a file's data, then fails on the missing ``model.bin``
+    (UnboundLocalError), losing the data. The file is the platform's own (a run's work dir, or the
+    record cache's model, built by the platform), never a user's: ``data.npy`` is a pickled object array."""
+    import tempfile
+    from collections import OrderedDict
+
+    import numpy as np
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
+    from tvm.support.tar import untar
+
+    inst = cost_model._inst
+    with tempfile.TemporaryDirectory() as tmp:
+        untar(path, tmp)
+        if os.path.exists(os.path.join(tmp, "model.bin")):
+            inst.load(path)  # TVM's own loader: data and booster
+            return
+        data, size = OrderedDict(), 0
+        for group_hash, features, costs in np.load(os.path.join(tmp, "data.npy"), allow_pickle=True):
+            data[group_hash] = FeatureGroup(group_hash=group_hash, features=list(features), costs=costs)
+            size += len(costs)
+    inst.data, inst.data_size, inst.booster = data, size, None
 
 
 def _cost_model(num_cores: int, path: str, resumed: bool, deferred: bool = True):
@@ -138,7 +166,7 @@ def _cost_model(num_cores: int, path: str, resumed: bool, deferred: bool = True)
     if os.path.exists(path):  # a resumed run's own, or the record cache's for a fresh run (record_cache)
         with contextlib.suppress(Exception), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            cost_model.load(path)
+            load_cost_model(cost_model, path)
     return cost_model
 
 
