@@ -378,7 +378,7 @@ def test_published_entries_say_how_far_the_source_tuned_their_task(tmp_path, cpu
     started from) and whether its search had converged (Trimmer state, or a settled cache verdict)."""
     from pathlib import Path
 
-    from tuning.engine.database import DB_WORKLOAD, TRIMMER_STATE
+    from tuning.engine.database import DB_WORKLOAD, TRIMMER_STATE, save_exhausted
     from tuning.engine.testing import matmul_primfunc, tuning_database
 
     from .cachedata import final_entries
@@ -393,3 +393,7 @@ def test_published_entries_say_how_far_the_source_tuned_their_task(tmp_path, cpu
     (tmp_path / TRIMMER_STATE).write_text(json.dumps({"exhausted_tasks": [0]}))
     entries = rc.entries_from_run(str(tmp_path), model, cpu_target)
     assert [(e["source_trials"], e["source_converged"]) for e in entries] == [(43, True)]
+    (tmp_path / TRIMMER_STATE).unlink()  # a run without Trimmer: its search's own record of exhaustion
+    assert not rc.entries_from_run(str(tmp_path), model, cpu_target)[0]["source_converged"]
+    save_exhausted(str(tmp_path), {0})
+    assert rc.entries_from_run(str(tmp_path), model, cpu_target)[0]["source_converged"]

@@ -75,6 +75,7 @@ class EngineState:
         self.sink_errors: list[str] = []
         self.lock = threading.Lock()
         self.trimmer = trimmer  # TrimmerRuntime when Trimmer is on (decides; the scheduler acts)
+        self.exhausted: set[int] = set()  # tasks whose search had nothing new (Trimmer or not)
         # streaming before the join (ProgressStreamer): the batch each task has in flight, one
         # entry per candidate in TVM's order; the task TVM is launching; its scheduler object
         self.batches: dict[int, list[_Entry]] = {}
@@ -248,6 +249,7 @@ class StreamingMeasureCallback(PyMeasureCallback):
             st.best_history[task_id].append(st.best.get(task_id, math.inf))
             st.in_flight.discard(task_id)
             st.batches.pop(task_id, None)
+            st.exhausted.add(task_id)
         if st.trimmer is not None:
             try:
                 st.trimmer.observe_batch(task_id, [], round_index=-1, exhausted=True)

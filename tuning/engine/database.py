@@ -21,7 +21,8 @@ __all__ = [
     "DB_WORKLOAD", "DB_RECORDS", "FINAL_DIR", "IMPORTED_DIR", "IMPORTED_DONE_DIR", "COST_MODEL_FILE",
     "open_json_db", "open_database", "imported_db", "write_imported", "has_imported", "database_paths",
     "records_by_task", "record_latency", "load_trimmer_preempted", "save_trimmer_state",
-    "next_round_offset", "save_round_offset", "StreamJournal", "commit_streamed",
+    "next_round_offset", "save_round_offset", "StreamJournal", "commit_streamed", "save_exhausted",
+    "load_exhausted",
 ]
 
 DB_WORKLOAD = "database_workload.json"
@@ -31,6 +32,7 @@ IMPORTED_DIR = "imported"  # checked, imported records: seeds the platform build
 IMPORTED_DONE_DIR = "imported_measured"
 COST_MODEL_FILE = "cost_model.xgb"
 TRIMMER_STATE = "trimmer_state.json"
+EXHAUSTED_FILE = "exhausted_tasks.json"  # tasks whose search space ran out (with or without Trimmer)
 ROUNDS_FILE = "rounds.txt"
 STREAM_JOURNAL = "streamed_records.jsonl"
 
@@ -142,6 +144,25 @@ def load_trimmer_preempted(work_dir: str) -> dict[int, int]:
 def save_trimmer_state(work_dir: str, report: dict) -> None:
     with contextlib.suppress(OSError, TypeError, ValueError):
         Path(os.path.join(work_dir, TRIMMER_STATE)).write_text(json.dumps(json_safe(report)))
+
+
+def load_exhausted(work_dir: str) -> set[int]:
+    """Tasks whose search had nothing new to measure in an earlier call on ``work_dir``."""
+    try:
+        return {int(i) for i in json.loads(Path(os.path.join(work_dir, EXHAUSTED_FILE)).read_text())}
+    except (OSError, ValueError, TypeError):
+        return set()
+
+
+def save_exhausted(work_dir: str, tasks: set[int]) -> None:
+    """Add ``tasks`` to the run's exhausted tasks (a resumed call keeps the earlier calls')."""
+    known = load_exhausted(work_dir)
+    if not tasks or tasks <= known:
+        return
+    with contextlib.suppress(OSError):
+        tmp = os.path.join(work_dir, EXHAUSTED_FILE + ".tmp")
+        Path(tmp).write_text(json.dumps(sorted(known | {int(i) for i in tasks})))
+        os.replace(tmp, os.path.join(work_dir, EXHAUSTED_FILE))
 
 
 def next_round_offset(work_dir: str) -> int:

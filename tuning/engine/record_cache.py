@@ -43,8 +43,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .database import (COST_MODEL_FILE, IMPORTED_DONE_DIR, DB_RECORDS, DB_WORKLOAD, TRIMMER_STATE, open_json_db,
-                       record_latency, records_by_task, write_imported)
+from .database import (COST_MODEL_FILE, IMPORTED_DONE_DIR, DB_RECORDS, DB_WORKLOAD, TRIMMER_STATE, load_exhausted,
+                       open_json_db, record_latency, records_by_task, write_imported)
 from .events import ffi_to_py, trace_json
 from .trimmer import allocate_trials
 from .workloads import round_size
@@ -164,14 +164,14 @@ def source_effort(work_dir: str, tasks) -> dict[int, tuple[int, bool]]:
     """task index -> (trials the run spent on it, whether its search had converged), what a published entry
     says of how far its record was tuned. Trials: the task's records in the run's database, plus, for a
     task the run was seeded on, the trials behind its seeds (a re-published seed keeps its history).
-    Converged: Trimmer's plateau rule pre-empted it, its search space ran out, or the record cache
+    Converged: Trimmer's plateau rule pre-empted it, its search space ran out (Trimmer on or off), or the record cache
     settled it as converged (saved Trimmer state and verification of the run)."""
     trials = {i: len(recs) for i, recs in records_by_task(open_json_db(work_dir), tasks).items()}
     converged: set[int] = set()
     state = _load_json(os.path.join(work_dir, TRIMMER_STATE)) or {}
     for key in ("preempted_tasks", "cache_parked_tasks"):
         converged |= {int(k) for k in (state.get(key) or {})}
-    converged |= {int(k) for k in state.get("exhausted_tasks") or []}
+    converged |= {int(k) for k in state.get("exhausted_tasks") or []} | load_exhausted(work_dir)
     manifest = _load_json(os.path.join(work_dir, SEEDS_FILE)) or {}
     for i, want in (manifest.get("tasks") or {}).items():
         if int(i) in trials:

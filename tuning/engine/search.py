@@ -15,7 +15,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.utils import fork_seed
 
 from .callbacks import EngineState, StreamingMeasureCallback
-from .database import COST_MODEL_FILE, save_trimmer_state
+from .database import COST_MODEL_FILE, save_exhausted, save_trimmer_state
 from .runner import is_infrastructure_failure
 from .scheduler import ControlledScheduler
 from .trimmer_hooks import TrimmerRuntime, make_filtered_search
@@ -201,6 +201,7 @@ def search(tasks: list[Task], target, cfg: TuningConfig, *, state: EngineState, 
         cost_model=cost_model,
     )
     phases["tune"] = time.perf_counter() - t0
+    save_exhausted(work_dir, state.exhausted)
     with contextlib.suppress(Exception), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cost_model.save(cm_path)
