@@ -15,10 +15,11 @@ IMPORT_CHECK_TIMEOUT_S = 600
 
 __all__ = ["RecordError", "WorkerError", "WorkerTimeout", "precheck", "cache_key_of", "task_workloads",
            "publish_from_run", "write_seeds", "load_verification", "place_cost_model", "export_lines",
-           "check_cache_import", "run_work_dir", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE"]
+           "check_cache_import", "recheck_cache_entries", "run_work_dir", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE"]
 
 DEFAULT_TOP_K, DEFAULT_TOLERANCE = engine.DEFAULT_TOP_K, engine.DEFAULT_TOLERANCE
 load_verification = engine.load_verification
+recheck_cache_entries = engine.recheck_cache_entries
 place_cost_model = engine.place_cost_model
 export_lines = engine.export_lines
 

@@ -242,9 +242,20 @@ def import_entries(*, actor: AbstractBaseUser, workloads: bytes, records: bytes,
         checked = adapters.check_cache_import(workloads, records, target, MAX_IMPORT_RECORDS)
     except (adapters.WorkerError, adapters.WorkerTimeout):
         raise ServiceError("The records could not be parsed by TVM; nothing was imported.", field="records") from None
+    if not isinstance(checked, dict):
+        checked = {"errors": ["the checker returned no answer"]}
     if checked.get("errors"):
-        raise ServiceError("Records refused, nothing was imported: " + "; ".join(checked["errors"][:5]),
+        errs = checked["errors"] if isinstance(checked["errors"], list) else ["refused"]
+        raise ServiceError("Records refused, nothing was imported: " + "; ".join(str(e)[:400] for e in errs[:5]),
                            field="records")
+    try:
+        # the checker parsed hostile bytes in C++: what it returns is checked again, as a run import's is
+        adapters.recheck_cache_entries(checked.get("entries") or [])
+        if not (isinstance(checked.get("target_key"), str) and len(checked["target_key"]) <= 800):
+            raise adapters.RecordError("Checked import", "the checker returned no target key")
+    except adapters.RecordError as exc:
+        log.error("record-cache import: the checker returned a refused entry: %s", exc)
+        raise ServiceError(f"Records refused, nothing was imported: {exc}.", field="records") from None
     key = {"target_key": checked["target_key"], "hardware": hardware, "tvm_version": tvm_version}
     with transaction.atomic():
         for e in checked["entries"]:

@@ -106,9 +106,10 @@ class ExperimentParams:
             default = getattr(out, name)
             try:
                 setattr(out, name, default if value is None else _as_bool(value) if isinstance(default, bool)
-                        else type(default)(value))
+                        else _as_int(value) if isinstance(default, int) else type(default)(value))
             except (TypeError, ValueError):
-                raise ExperimentError(f"{name} must be a {type(default).__name__}, got {value!r}", field=name) from None
+                kind = "whole number" if isinstance(default, int) and not isinstance(default, bool) else type(default).__name__
+                raise ExperimentError(f"{name} must be a {kind}, got {value!r}", field=name) from None
         return out
 
     def validate(self, kind: str) -> "ExperimentParams":
@@ -147,6 +148,18 @@ class ExperimentParams:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _as_int(value: Any) -> int:
+    """A whole number from JSON or a form: 3, 3.0, "3" or "3.0"; 2.9 is refused (``int`` would make it 2)."""
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, int):
+        return value
+    number = float(str(value).strip()) if isinstance(value, str) else float(value)
+    if not number.is_integer():
+        raise ValueError(value)
+    return int(number)
 
 
 def _as_bool(value: Any) -> bool:

@@ -22,7 +22,7 @@ FAST = EvaluatorConfig(number=3, repeat=1, min_repeat_ms=20)
 def test_imported_one_nanosecond_is_measured_by_the_platform_not_believed(tmp_path, cpu_target):
     model = matmul_primfunc(64)
     wl, rec = tuning_database(model, cpu_target, run_secs=(1e-9,), n_records=2)
-    write_imported(str(tmp_path), [wl.decode().strip()], rec.decode().strip().splitlines())
+    write_imported(str(tmp_path), rec.decode().strip().splitlines())  # task 0: [0, record] lines
     sink = ListSink()
     cfg = TuningConfig(target=cpu_target, max_trials=4, trials_per_round=2, work_dir=str(tmp_path), seed=1,
                        search_population=16, genetic_num_iters=1, evaluator=FAST)

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from tuning.engine import record_cache as rc
-from tuning.engine.database import DB_RECORDS, IMPORTED_DIR, has_imported
+from tuning.engine.database import DB_RECORDS, DB_WORKLOAD, IMPORTED_DIR, IMPORTED_RECORDS, has_imported
 from tuning.engine.events import TaskInfo
 
 CPUINFO = """processor\t: 0
@@ -62,7 +62,7 @@ def test_target_key_includes_the_pipeline_when_there_is_one():
 
 
 def _entry(eid, latency, digest=None, wl="h1"):
-    body = [[["trace"], []], [latency], {"kind": "llvm"}, []]
+    body = [[[["GetSBlock", [], ["root", "main"], ["b0"]]], []], [latency], {"kind": "llvm"}, []]
     return {"id": eid, "source_run": 3, "workload_hash": wl, "workload_json": '{"wl": 1}',
             "record_json": json.dumps(body), "trace_digest": digest or f"d{eid}", "latency_s": latency,
             "run_secs": [latency]}
@@ -71,10 +71,24 @@ def _entry(eid, latency, digest=None, wl="h1"):
 def test_seeds_carry_no_cached_time(tmp_path):
     n = rc.write_seeds(str(tmp_path), {0: [_entry(1, 1e-9), _entry(2, 2e-3)]})
     assert n == 2 and has_imported(str(tmp_path))
-    lines = [json.loads(x) for x in (tmp_path / IMPORTED_DIR / DB_RECORDS).read_text().splitlines()]
-    assert all(body[1] is None for _, body in lines)  # the platform times every seed itself
+    lines = [json.loads(x) for x in (tmp_path / IMPORTED_DIR / IMPORTED_RECORDS).read_text().splitlines()]
+    # the trace only, on the run's task: the platform times every seed itself, no stored workload is parsed
+    assert [i for i, _ in lines] == [0, 0] and all(body[1:] == [None, None, None] for _, body in lines)
+    assert not (tmp_path / IMPORTED_DIR / DB_WORKLOAD).exists()
     manifest = json.loads((tmp_path / rc.SEEDS_FILE).read_text())
     assert manifest["tasks"]["0"]["cache_best_s"] == 1e-9
+
+
+def test_a_seed_whose_trace_fails_the_check_is_left_out_alone(tmp_path):
+    """Cache entries are checked at import and again before a run uses them, one by one: a refused trace
+    (here an annotation off the allow-list) costs its own seed, not the task's others."""
+    bad = _entry(2, 2e-3)
+    bad["record_json"] = bad["record_json"].replace('["b0"]]]', '["b0"]], ["Annotate", ["b0", 1], '
+                                                    '["pragma_import_llvm"], []]]')
+    assert "pragma_import_llvm" in bad["record_json"]
+    assert rc.write_seeds(str(tmp_path), {0: [_entry(1, 1e-3), bad]}) == 1
+    lines = (tmp_path / IMPORTED_DIR / IMPORTED_RECORDS).read_text().splitlines()
+    assert len(lines) == 1 and "pragma_import" not in lines[0]
 
 
 def _verdict(measured, entries, tol=0.1):

@@ -58,6 +58,46 @@ def test_hostile_import_refused_by_tvm_nothing_written(user_staff, cpu_target):
     assert not CacheEntry.objects.exists()
 
 
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"1e400"])
+def test_import_of_a_number_tvm_cannot_load_back_is_refused(user_staff, cpu_target, number):
+    """A NaN in a staff import was stored pending, then seeded into every team's run of that workload,
+    whose imported database TVM could not load: each such run failed until staff purged the entry."""
+    wl, rec = tuning_database(matmul_primfunc(64), cpu_target)
+    line = json.loads(rec.decode().splitlines()[0])
+    line[1][0][0].append(["Annotate", ["b0", 7], ["meta_schedule.vectorize"], []])
+    rec = (json.dumps(line) + "\n").encode().replace(b'"b0", 7]', b'"b0", ' + number + b"]")
+    r = _upload(client_for(user_staff), wl, rec, cpu_target)
+    assert r.status_code == 400 and "Tuning record line 1" in r.json()["detail"], r.content[:300]
+    assert not CacheEntry.objects.exists()
+
+
+def test_import_trusts_nothing_the_checker_returns(monkeypatch, user_staff, cpu_target):
+    """The cache's checker parses hostile bytes in C++ too: a subverted one's entries are refused by the
+    parent's plain-Python check (trace, times, digests), nothing stored; a well-formed answer is stored."""
+    from tuning.engine import procpool
+
+    wl, rec = tuning_database(matmul_primfunc(64), cpu_target)
+    body = json.loads(rec.decode().splitlines()[0])[1]
+    good = {"task_name": "main", "workload_hash": "123", "workload_json": '["0x1", "AAAA"]',
+            "record_json": json.dumps([body[0], None, {"kind": "llvm"}, []]), "trace_digest": "a" * 40,
+            "args_info": [], "run_secs": [], "latency_s": None}
+    hostile = json.loads(json.dumps(good).replace("meta_schedule.parallel", "pragma_import_llvm"))
+    assert hostile != good
+    cases = [(hostile, "pragma_import_llvm"), (good | {"latency_s": 1e-9}, "times"),
+             (good | {"record_json": json.dumps([body[0], [1e-9], None, None])}, "run times"),
+             (good | {"trace_digest": "../../x"}, "sha1"), (good | {"workload_json": '{"type_key": "x"}'}, "workload"),
+             (good | {"record_json": "[" * 50_000 + "]" * 50_000}, "nested too deeply")]
+    for bad, reason in cases:
+        monkeypatch.setattr(procpool, "run_isolated",
+                            lambda *a, bad=bad, **k: {"entries": [bad], "target_key": '{"kind":"llvm"}'})
+        r = _upload(client_for(user_staff), wl, rec, cpu_target)
+        assert r.status_code == 400 and reason in r.json()["detail"], (reason, r.content[:300])
+        assert not CacheEntry.objects.exists()
+    monkeypatch.setattr(procpool, "run_isolated", lambda *a, **k: {"entries": [good], "target_key": '{"kind":"llvm"}'})
+    assert _upload(client_for(user_staff), wl, rec, cpu_target).status_code == 200
+    assert CacheEntry.objects.get().trace_digest == "a" * 40
+
+
 def test_staff_import_accepts_the_records_metaschedule_writes(user_staff, cpu_target):
     """Real traces (sampled tiles, compute locations, unroll steps: FloatImm probabilities, IntImm
     extents, sampled variables) pass the checker, not only the hand-made ones of the other tests."""

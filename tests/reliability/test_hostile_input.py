@@ -723,8 +723,19 @@ def _nothing_written(run) -> bool:
     from tuning.models import TuningRun
 
     work = tuning_services.run_work_dir(run.pk)
-    return not any(work.rglob("database_*.json")) and "imported_records" not in TuningRun.objects.get(
-        pk=run.pk).options
+    return not any(work.rglob("database_*.json")) and not any(work.rglob("*.jsonl")) and (
+        "imported_records" not in TuningRun.objects.get(pk=run.pk).options)
+
+
+def _stored_imports(run) -> list:
+    """The run's checked imported records: [task index, [trace, null, null, null]] lines (no workload file)."""
+    import json
+
+    from tuning import services as tuning_services
+
+    work = tuning_services.run_work_dir(run.pk) / "imported"
+    assert not (work / "database_workload.json").exists()  # nothing the checker returns is parsed as a TVM graph
+    return [json.loads(x) for x in (work / "records.jsonl").read_text().splitlines()]
 
 
 def _onnx(data: bytes):
@@ -829,9 +840,8 @@ def test_import_accepts_the_records_metaschedule_writes(import_run):
     wl, rec = design_space_database(_onnx(data), run.target, task_index=conv, n_records=2)
     resp = _post_import(client, run, wl, rec)
     assert resp.status_code == 200, resp.content[:300]
-    work = tuning_services.run_work_dir(run.pk)
-    stored = (work / "imported" / "database_tuning_record.json").read_text().splitlines()
-    assert len(stored) == 2 and all(json.loads(x)[1][1] is None for x in stored)
+    stored = _stored_imports(run)
+    assert len(stored) == 2 and all(r[0] == conv and r[1][1:] == [None, None, None] for r in stored)
 
 
 def test_import_refuses_a_workload_that_is_not_one_of_the_runs_tasks(import_run):
@@ -868,8 +878,9 @@ def test_import_keeps_only_checked_traces_as_seeds_without_their_latencies(impor
     assert resp.status_code == 200, resp.content[:300]
     work = tuning_services.run_work_dir(run.pk)
     assert not (work / "database_tuning_record.json").exists()
-    stored = [json.loads(x) for x in (work / "imported" / "database_tuning_record.json").read_text().splitlines()]
-    assert len(stored) == 2 and all(r[1][1] is None for r in stored)  # run_secs dropped
+    stored = _stored_imports(run)
+    assert len(stored) == 2 and all(r[1][1:] == [None, None, None] for r in stored)  # run_secs, target dropped
+    assert [r[1][0] for r in stored] == [json.loads(x)[1][0] for x in rec.decode().splitlines()]  # the traces
     assert resp.json()["trials_done"] == 0 and resp.json().get("estimated_latency_s") is None
     # a second import into the same run is a conflict
     assert _post_import(client, run, wl, rec).status_code == 409
@@ -895,18 +906,76 @@ def test_import_trusts_nothing_the_checker_returns(import_run, monkeypatch):
 
     client, run, data = import_run
     wl, rec = tuning_database(_onnx(data), run.target)
-    good = json.loads(rec.decode().splitlines()[0])
-    good[1][1] = None
+    trace = json.loads(rec.decode().splitlines()[0])[1][0]
+    good = [0, [trace, None, None, None]]
     hostile = json.loads(json.dumps(good).replace("meta_schedule.unroll_explicit", "pragma_import_llvm"))
-    with_path = json.loads(json.dumps(good).replace("meta_schedule.unroll_explicit", "/tmp/x.ll"))
-    quoted_path = json.loads(json.dumps(good).replace("meta_schedule.unroll_explicit", '\\"/tmp/x.ll\\"'))
-    with_latency = json.loads(json.dumps(good))
-    with_latency[1][1] = [1e-9]
-    for bad, reason in ((hostile, "pragma_import_llvm"), (with_path, "not a plain name"),
-                        (quoted_path, "not a plain name"), (with_latency, "latency")):
+    with_path = json.loads(json.dumps(good).replace('"root"', '"/tmp/x.ll"'))
+    quoted_path = json.loads(json.dumps(good).replace('"root"', '"\\"/tmp/x.ll\\""'))
+    assert with_path != good and quoted_path != good
+    with_latency = [0, [trace, [1e-9], None, None]]
+    with_target = [0, [trace, None, {"kind": "llvm", "libs": "/tmp/evil.so"}, None]]
+    unknown_kind = [0, [[trace[0] + [["PrintHello", [], [], []]], trace[1]], None, None, None]]
+    deep = "[0, [[" + "[" * 100_000 + "]" * 100_000 + ", []], null, null, null]]"
+    cases = [(json.dumps(hostile), "pragma_import_llvm"), (json.dumps(with_path), "not a plain name"),
+             (json.dumps(quoted_path), "not a plain name"), (json.dumps(with_latency), "latency"),
+             (json.dumps(with_target), "a target"), (json.dumps(unknown_kind), "PrintHello"),
+             (json.dumps([12345, good[1]]), "malformed"), (json.dumps([-1, good[1]]), "malformed"),
+             (json.dumps(good).replace("16", "NaN", 1), "malformed"), (deep, "nested too deeply")]
+    for bad, reason in cases:
+        # a workload line (a TVM graph) beside it is never written: the engine pairs traces with its own tasks
         monkeypatch.setattr(procpool, "run_isolated",
-                            lambda *a, bad=bad, **k: {"workloads": [wl.decode().splitlines()[0]],
-                                                      "records": [json.dumps(bad)]})
+                            lambda *a, bad=bad, **k: {"workloads": ['{"type_key": "attacker"}'], "records": [bad]})
         resp = _post_import(client, run, wl, rec)
-        assert resp.status_code == 400 and reason in resp.json()["detail"], resp.content[:300]
+        assert resp.status_code == 400 and reason in resp.json()["detail"], (reason, resp.content[:300])
+        assert _nothing_written(run)
+    monkeypatch.setattr(procpool, "run_isolated", lambda *a, **k: ["not", "a", "dict"])
+    resp = _post_import(client, run, wl, rec)
+    assert resp.status_code == 400 and _nothing_written(run)
+    monkeypatch.setattr(procpool, "run_isolated",
+                        lambda *a, **k: {"workloads": ['{"type_key": "attacker"}'], "records": [json.dumps(good)]})
+    assert _post_import(client, run, wl, rec).status_code == 200
+    assert _stored_imports(run) == [good]  # what was checked, and only that
+
+
+def _record_with_instruction(data, run, inst, *, annotations=(("meta_schedule.parallel", 16),)):
+    """A real record of the run's task (tuning_database) with one more instruction appended to its trace."""
+    import json
+
+    from tuning.engine.testing import tuning_database
+
+    wl, rec = tuning_database(_onnx(data), run.target, annotations=annotations)
+    line = json.loads(rec.decode().splitlines()[0])
+    line[1][0][0].append(inst)
+    return wl, (json.dumps(line) + "\n").encode()
+
+
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e400"])
+def test_import_refuses_numbers_tvm_cannot_load_back(import_run, number):
+    """Python's json accepts NaN and Infinity (and 1e400 parses to inf); TVM's database cannot load them
+    back, so a run that imported one failed after the user had been told it was imported: a 400 now."""
+    client, run, data = import_run
+    wl, rec = _record_with_instruction(data, run, ["Annotate", ["b0", 7], ["meta_schedule.vectorize"], []])
+    rec = rec.replace(b'"b0", 7]', b'"b0", ' + number + b"]")
+    resp = _post_import(client, run, wl, rec)
+    assert resp.status_code == 400, resp.content[:300]
+    detail = resp.json()["detail"]
+    assert "Tuning record line 1" in detail and ("finite" in detail or "not a number" in detail), detail
+    assert _nothing_written(run)
+
+
+def test_import_refuses_unroll_steps_past_metaschedules_largest(import_run):
+    """An unroll step of 2**31 built for minutes and gigabytes (one builder worker per candidate, and the
+    search's mutations keep the categorical): steps above 1024, sampled or literal, are refused."""
+    import json
+
+    client, run, data = import_run
+    for inst in (["SampleCategorical", [], [[0, 2147483647], [0.5, 0.5]], ["v90"]],
+                 ["Annotate", ["b0", 1 << 20], ["pragma_auto_unroll_max_step"], []]):
+        wl, rec = _record_with_instruction(data, run, inst)
+        if inst[0] == "SampleCategorical":  # the unroll annotation reads the sampled variable
+            line = json.loads(rec)
+            line[1][0][0].append(["Annotate", ["b0", "v90"], ["meta_schedule.unroll_explicit"], []])
+            rec = (json.dumps(line) + "\n").encode()
+        resp = _post_import(client, run, wl, rec)
+        assert resp.status_code == 400 and "unrolls by more than 1024" in resp.json()["detail"], resp.content[:300]
         assert _nothing_written(run)

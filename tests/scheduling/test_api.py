@@ -190,16 +190,24 @@ def test_simulation_parameters_are_validated(api_owner, team_a):
         bad = api_owner.post("/api/simulations/", {"team": team_a.pk, "trace": "philly",
                                                    "parameters": {"usage_fgd_gang_moves": flag}}, format="json")
         assert bad.status_code == 400 and "usage_fgd_gang_moves" in bad.json()["detail"], flag
+    for jobs in (2.9, "2.5", True):  # a count is a whole number
+        bad = api_owner.post("/api/simulations/", {"team": team_a.pk, "trace": "philly",
+                                                   "parameters": {"jobs": jobs}}, format="json")
+        assert bad.status_code == 400 and "jobs" in bad.json()["detail"], jobs
     assert not SimulationRun.objects.exists()
 
 
 def test_the_gang_move_ablation_reaches_usage_fgd():
-    from scheduling.horus.experiments import ExperimentParams, policy_options
+    from scheduling.horus.experiments import ExperimentError, ExperimentParams, policy_options
 
     for given, want in ((False, False), ("false", False), ("0", False), (True, True), ("on", True)):
         p = ExperimentParams.from_dict({"usage_fgd_gang_moves": given})
         assert policy_options("usage_fgd", p) == {"move_gangs": want}
     assert ExperimentParams().usage_fgd_gang_moves and "move_gangs" not in policy_options("horus", ExperimentParams())
+    assert ExperimentParams.from_dict({"jobs": "300", "gpus": 16.0, "start": "5.0"}).jobs == 300  # whole numbers pass
+    for jobs in (2.9, "2.5", True):  # the engine's own parse (CLI, stored experiments): int(2.9) ran 2 jobs
+        with pytest.raises(ExperimentError, match="jobs must be a whole number"):
+            ExperimentParams.from_dict({"jobs": jobs})
 
 
 def _upload(api, team, text, name="mytrace", filename="jobs.csv"):

@@ -15,11 +15,12 @@ import os
 import shutil
 from pathlib import Path
 
-from common.jsonsafe import json_safe
+from common.jsonsafe import json_safe, loads_finite
 
 __all__ = [
-    "DB_WORKLOAD", "DB_RECORDS", "FINAL_DIR", "IMPORTED_DIR", "IMPORTED_DONE_DIR", "COST_MODEL_FILE",
-    "open_json_db", "open_database", "imported_db", "write_imported", "has_imported", "database_paths",
+    "DB_WORKLOAD", "DB_RECORDS", "FINAL_DIR", "IMPORTED_DIR", "IMPORTED_DONE_DIR", "IMPORTED_RECORDS",
+    "COST_MODEL_FILE",
+    "open_json_db", "open_database", "imported_records", "write_imported", "has_imported", "database_paths",
     "records_by_task", "record_latency", "load_trimmer_preempted", "save_trimmer_state",
     "next_round_offset", "save_round_offset", "StreamJournal", "commit_streamed", "save_exhausted",
     "load_exhausted",
@@ -30,6 +31,7 @@ DB_RECORDS = "database_tuning_record.json"
 FINAL_DIR = "final"
 IMPORTED_DIR = "imported"  # checked, imported records: seeds the platform builds and measures first
 IMPORTED_DONE_DIR = "imported_measured"
+IMPORTED_RECORDS = "records.jsonl"  # in IMPORTED_DIR: one [task index, [trace, null, null, null]] a line
 COST_MODEL_FILE = "cost_model.xgb"
 TRIMMER_STATE = "trimmer_state.json"
 EXHAUSTED_FILE = "exhausted_tasks.json"  # tasks whose search space ran out (with or without Trimmer)
@@ -76,25 +78,48 @@ def database_paths(work_dir: str) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- imported records
-def write_imported(work_dir: str, workload_lines: list[str], record_lines: list[str]) -> None:
-    """Store checked imported records (see record_check) apart from the run's database: they
-    count and seed the search only once the platform has built and measured them itself."""
+def write_imported(work_dir: str, record_lines: list[str]) -> None:
+    """Store checked imported records (``record_check.recheck_output``'s lines: the index of the run's
+    task and the trace) apart from the run's database: they count and seed the search only once the
+    platform has built and measured them itself. No workload is stored: the engine pairs each trace with
+    its own task module, so nothing an import (or its checker) wrote is parsed as a TVM graph."""
     d = os.path.join(work_dir, IMPORTED_DIR)
     os.makedirs(d, exist_ok=True)
-    for name, lines in ((DB_WORKLOAD, workload_lines), (DB_RECORDS, record_lines)):
-        tmp = os.path.join(d, name + ".tmp")
-        Path(tmp).write_text("".join(line + "\n" for line in lines))
-        os.replace(tmp, os.path.join(d, name))
+    tmp = os.path.join(d, IMPORTED_RECORDS + ".tmp")
+    Path(tmp).write_text("".join(line + "\n" for line in record_lines))
+    os.replace(tmp, os.path.join(d, IMPORTED_RECORDS))
 
 
 def has_imported(work_dir: str) -> bool:
-    p = os.path.join(work_dir, IMPORTED_DIR, DB_RECORDS)
+    p = os.path.join(work_dir, IMPORTED_DIR, IMPORTED_RECORDS)
     return os.path.exists(p) and os.path.getsize(p) > 0
 
 
-def imported_db(work_dir: str):
-    d = os.path.join(work_dir, IMPORTED_DIR)
-    return _json_database(os.path.join(d, DB_WORKLOAD), os.path.join(d, DB_RECORDS))
+def imported_records(work_dir: str, tasks, *, measured: bool = False) -> dict[int, list]:
+    """task index -> the imported records of that task (TVM TuningRecords on the task's own module):
+    those waiting to be measured, or (``measured``) those the run measured already. A line that names no
+    task of the run or does not parse on its task is skipped, with a warning."""
+    import logging
+
+    from tvm.s_tir import meta_schedule as ms  # TVM: see the module doc
+
+    path = os.path.join(work_dir, IMPORTED_DONE_DIR if measured else IMPORTED_DIR, IMPORTED_RECORDS)
+    out: dict[int, list] = {i: [] for i in range(len(tasks))}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            index, body = loads_finite(line)
+            if not (type(index) is int and 0 <= index < len(tasks)):
+                raise ValueError(f"task index {index!r} is not one of the run's {len(tasks)} tasks")
+            out[index].append(ms.database.TuningRecord.from_json(body, ms.database.Workload(tasks[index].mod)))
+        except Exception as exc:  # noqa: BLE001 - one unusable line loses that line only
+            logging.getLogger(__name__).warning("imported record line %d skipped: %s", n, str(exc)[:300])
+    return out
 
 
 def retire_imported(work_dir: str) -> None:

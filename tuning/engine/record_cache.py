@@ -39,13 +39,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from .database import (COST_MODEL_FILE, IMPORTED_DONE_DIR, DB_RECORDS, DB_WORKLOAD, TRIMMER_STATE, load_exhausted,
-                       open_json_db, record_latency, records_by_task, write_imported)
+from common.jsonsafe import loads_finite
+
+from .database import (COST_MODEL_FILE, DB_RECORDS, TRIMMER_STATE, imported_records, load_exhausted, open_json_db,
+                       record_latency, records_by_task, write_imported)
 from .events import ffi_to_py, trace_json
+from .record_check import MAX_RECORD_LINE, MAX_WORKLOAD_LINE, RecordError, check_trace_json, recheck_output
 from .trimmer import allocate_trials
 from .workloads import round_size
 
@@ -54,7 +59,9 @@ __all__ = ["SEEDS_FILE", "VERIFY_FILE", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE", "t
            "write_seeds", "verify_seeds", "host_factor", "source_effort", "convergence", "fair_shares",
            "settle_decisions", "suspect_seeds", "second_look",
            "load_verification", "skip_verified_tasks", "apply_seed_verification", "train_cost_model",
-           "place_cost_model", "export_lines", "check_cache_import"]
+           "place_cost_model", "export_lines", "check_cache_import", "recheck_cache_entries"]
+
+log = logging.getLogger(__name__)
 
 SEEDS_FILE = "record_cache_seeds.json"
 VERIFY_FILE = "record_cache_verification.json"
@@ -241,15 +248,14 @@ def write_seeds(work_dir: str, hits: dict[int, list[dict]], *, tolerance: float 
     ``source_run`` / ``source_trials`` / ``source_converged``), at most top-k each. The records go through the imported-seed path (built and
     measured serially on this host before the search, their cached times not kept); the manifest
     (``SEEDS_FILE``) keeps what verification compares with. Returns the number of seeds."""
-    wl_lines, rec_lines, manifest = [], [], {"tolerance": float(tolerance), "tasks": {}}
+    rec_lines, manifest = [], {"tolerance": float(tolerance), "tasks": {}}
     for task_index, entries in sorted(hits.items()):
         if not entries:
             continue
-        wl_lines.append(entries[0]["workload_json"])
         for e in entries:
-            body = json.loads(e["record_json"])
-            body[1] = None  # no cached time reaches the run: the platform measures the seed here
-            rec_lines.append(json.dumps([len(wl_lines) - 1, body]))
+            # the trace only, on the run's own task: no cached time reaches the run (the platform measures
+            # the seed here), no stored workload is parsed
+            rec_lines.append(json.dumps([int(task_index), [json.loads(e["record_json"])[0], None, None, None]]))
         cache_best = min((float(e["latency_s"]) for e in entries if e.get("latency_s")), default=None)
         trials = [int(e["source_trials"]) for e in entries if e.get("source_trials") is not None]
         # independent runs whose records of this workload agree with the cache's best (within tolerance)
@@ -262,11 +268,17 @@ def write_seeds(work_dir: str, hits: dict[int, list[dict]], *, tolerance: float 
             "agreeing_runs": len(agreeing),
             "entries": {e["trace_digest"]: {"id": e.get("id"), "source_run": e.get("source_run"),
                                             "latency_s": e.get("latency_s")} for e in entries}}
-    if not rec_lines:
+    checked = []
+    for line in rec_lines:  # checked at the cache's import, and again before a run uses them: one by one
+        try:
+            checked.extend(recheck_output([line]))
+        except RecordError as exc:
+            log.warning("a record-cache seed refused: %s", exc)
+    if not checked:
         return 0
-    write_imported(work_dir, wl_lines, rec_lines)
+    write_imported(work_dir, checked)
     Path(os.path.join(work_dir, SEEDS_FILE)).write_text(json.dumps(manifest))
-    return len(rec_lines)
+    return len(checked)
 
 
 def _load_json(path: str) -> dict | None:
@@ -283,10 +295,7 @@ def load_verification(work_dir: str) -> dict | None:
 
 def _measured_seeds(work_dir: str, tasks, database) -> dict[int, dict[str, float | None]]:
     """task index -> {trace digest: this host's serial time (None: failed)} of the measured seeds."""
-    from .database import _json_database
-
-    d = os.path.join(work_dir, IMPORTED_DONE_DIR)
-    seeds = records_by_task(_json_database(os.path.join(d, DB_WORKLOAD), os.path.join(d, DB_RECORDS)), tasks)
+    seeds = imported_records(work_dir, tasks, measured=True)
     digests = {i: {trace_json(r.trace): trace_digest(trace_json(r.trace)) for r in recs} for i, recs in seeds.items()}
     out: dict[int, dict[str, float | None]] = {i: {dg: None for dg in m.values()} for i, m in digests.items() if m}
     for i, recs in records_by_task(database, tasks).items():
@@ -602,6 +611,39 @@ def export_lines(entries: list[dict]) -> tuple[list[str], list[str]]:
 
 
 
+def recheck_cache_entries(entries: list[dict]) -> None:
+    """Plain-Python check, in the parent, of the entries :func:`check_cache_import`'s sandboxed worker
+    returned (it parsed hostile input in C++: trust nothing it hands back): each record's trace passes
+    ``record_check.check_trace_json``, it holds no run times, its workload is strict JSON, and the keys the
+    cache indexes by are what the platform writes. Raises RecordError."""
+    for n, e in enumerate(entries, 1):
+        where = f"Checked cache entry {n}"
+        try:
+            if not isinstance(e, dict):
+                raise ValueError("not an entry")
+            rec, wl = e.get("record_json"), e.get("workload_json")
+            if not (isinstance(rec, str) and len(rec) <= MAX_RECORD_LINE and isinstance(wl, str)
+                    and len(wl) <= MAX_WORKLOAD_LINE):
+                raise ValueError("record or workload missing or too long")
+            body = loads_finite(rec)
+            if not (isinstance(body, list) and len(body) == 4 and body[1] is None):
+                raise ValueError("not a record without run times")
+            check_trace_json(body[0])
+            workload = loads_finite(wl)  # TVM's Workload JSON: [structural hash, base64 of the module]
+            if not (isinstance(workload, list) and len(workload) == 2 and all(isinstance(x, str) for x in workload)):
+                raise ValueError("the workload is not TVM's [hash, module] pair")
+            if not (isinstance(e.get("workload_hash"), str) and re.fullmatch(r"-?[0-9]{1,24}", e["workload_hash"])):
+                raise ValueError("workload_hash is not a structural hash")
+            if not (isinstance(e.get("trace_digest"), str) and re.fullmatch(r"[0-9a-f]{40}", e["trace_digest"])):
+                raise ValueError("trace_digest is not a sha1 digest")
+            if e.get("run_secs") or e.get("latency_s") is not None or not isinstance(e.get("task_name"), str):
+                raise ValueError("an imported entry carries times, or no task name")
+        except RecursionError:
+            raise RecordError(where, "the checker returned an entry nested too deeply") from None
+        except ValueError as exc:
+            raise RecordError(where, f"the checker returned a refused entry: {exc}") from None
+
+
 def check_cache_import(workloads: bytes, records: bytes, target, max_records: int) -> dict:
     """A staff import into the cache, checked as a run's import is (``record_check``: bounds, MetaSchedule's
     own instructions and annotations, plain names, replay) against the records' own workloads (a cache
@@ -610,7 +652,7 @@ def check_cache_import(workloads: bytes, records: bytes, target, max_records: in
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.schedule import Schedule
 
-    from .record_check import RecordError, check_trace, precheck
+    from .record_check import check_trace, precheck
     from .relax_pipeline import make_target
 
     try:

@@ -15,28 +15,36 @@ constructor runs when the library is loaded. So a record is accepted only when
   carries no code and no file path, and every expression is plain index arithmetic;
 - it replays on the task's module.
 
-What is kept is the trace only: the workload written is the platform's own task module, the
-target and argument info the run's, and the imported ``run_secs`` are dropped (the platform
-measures imported candidates itself before they count). :func:`precheck` is pure Python (no TVM)
-and bounds the input; :func:`check_import` parses with TVM and must run in a sandboxed worker
-(``procpool``), since TVM's JSON loaders are C++ fed with hostile input. TVM is imported inside the
-functions that parse: the web process runs :func:`precheck` on an upload without importing it.
+What is kept is the trace only, with the index of the run's task it schedules: no workload (the
+engine pairs each trace with its own task module), no target or argument info (the run's), no
+``run_secs`` (the platform measures imported candidates itself before they count). Numbers are
+finite (``NaN``/``Infinity`` are refused: TVM's database cannot load them back), and unroll steps are
+at most :data:`MAX_UNROLL_STEP` (a step of 2**31 builds for minutes and gigabytes).
+:func:`precheck` is pure Python (no TVM) and bounds the input, and checks each trace's JSON as
+:func:`check_trace_json` does; :func:`check_import` parses with TVM and must run in a sandboxed worker
+(``procpool``), since TVM's JSON loaders are C++ fed with hostile input; :func:`recheck_output`
+(pure Python, in the parent) checks what that worker returns as if it were hostile too and returns
+the lines to write. TVM is imported inside the functions that parse: the web process runs
+:func:`precheck` on an upload without importing it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 import onnx
+
+from common.jsonsafe import NonFiniteNumber, loads_finite
 
 from .events import ffi_to_py as _plain
 from .relax_pipeline import make_target
 from .workloads import collect_tasks
 
 __all__ = ["ALLOWED_KINDS", "ALLOWED_ANNOTATIONS", "RecordError", "precheck", "check_import", "annotation_allowed",
-           "recheck_output"]
+           "recheck_output", "check_trace_json", "MAX_UNROLL_STEP"]
 
 ALLOWED_KINDS = frozenset({
     "GetSBlock", "GetLoops", "GetChildBlocks", "GetProducers", "GetConsumers", "GetOutputBlocks",
@@ -58,6 +66,12 @@ IDENTIFIER = re.compile(r"[A-Za-z0-9_.]{1,128}")
 MAX_WORKLOAD_LINE = 64 * 1024 * 1024
 MAX_RECORD_LINE = 1024 * 1024
 MAX_WORKLOADS = 10_000
+MAX_TASKS = 10_000  # a checked record's task index is below this (a run has far fewer tasks)
+MAX_DEPTH = 32  # nesting of a trace's JSON (real ones: 4-6)
+# MetaSchedule's largest unroll step (its llvm rule samples 0/16/64/512, cuda's up to 1024); an unroll
+# step is the budget of statements the unroller may emit, so 2**31 builds for minutes and gigabytes
+MAX_UNROLL_STEP = 1024
+UNROLL_KEYS = ("meta_schedule.unroll_explicit", "meta_schedule.unroll_implicit", "pragma_auto_unroll_max_step")
 
 
 class RecordError(ValueError):
@@ -88,9 +102,11 @@ def _lines(data: bytes, what: str, limit: int, max_count: int, too_many: str) ->
         if len(line) > limit:
             raise RecordError(f"{what} line {n}", f"longer than {limit} characters")
         try:
-            out.append((n, json.loads(line)))
+            out.append((n, loads_finite(line)))
         except json.JSONDecodeError as exc:
             raise RecordError(f"{what} line {n}", f"not JSON ({exc})") from None
+        except NonFiniteNumber as exc:
+            raise RecordError(f"{what} line {n}", str(exc)) from None
         except RecursionError:  # json's C scanner recurses per nesting level: [[[[...]]]] overflows
             raise RecordError(f"{what} line {n}", "JSON nested too deeply") from None
         except ValueError as exc:  # an integer past sys.get_int_max_str_digits() (not a JSONDecodeError)
@@ -115,45 +131,118 @@ def precheck(workloads: bytes, records: bytes, *, max_records: int) -> tuple[lis
         if not (isinstance(body, list) and body and isinstance(body[0], list) and len(body[0]) == 2
                 and isinstance(body[0][0], list)):
             raise RecordError(where, "expected a MetaSchedule record [[instructions, decisions], ...]")
-        for inst in body[0][0]:
-            kind = inst[0] if isinstance(inst, list) and inst and isinstance(inst[0], str) else None
-            if kind not in ALLOWED_KINDS:
-                raise RecordError(where, f"instruction {str(kind)[:60]!r} is not one of MetaSchedule's own")
+        try:
+            check_trace_json(body[0])
+        except ValueError as exc:
+            raise RecordError(where, str(exc)) from None
     return wl, recs
 
 
-def _strings(value):
+def _unquoted(text: str) -> str:
+    """A string input of a trace without the quotes TVM's trace JSON puts around it (to tell it from an
+    RV name); one layer only."""
+    return text[1:-1] if len(text) > 2 and text[0] == text[-1] == '"' else text
+
+
+def _check_plain(value, depth: int = 0) -> None:
+    """Every string a plain name (one layer of quotes allowed), every number finite, nesting bounded."""
+    if depth > MAX_DEPTH:
+        raise ValueError("nested too deeply")
     if isinstance(value, str):
-        yield value
+        text = _unquoted(value)
+        if not IDENTIFIER.fullmatch(text):
+            raise ValueError(f"string {text[:60]!r} is not a plain name (code and paths are refused)")
+        if text.startswith("pragma_") and not annotation_allowed(text):
+            raise ValueError(f"annotation {text[:60]!r} is not on the allow-list")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value} is not a finite number")
     elif isinstance(value, list):
         for item in value:
-            yield from _strings(item)
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield k
-            yield from _strings(v)
+            _check_plain(item, depth + 1)
+    elif not (value is None or isinstance(value, (bool, int))):
+        raise ValueError(f"a {type(value).__name__} is not allowed in a trace")
 
 
-def recheck_output(record_lines: list[str]) -> None:
+def _unroll_step_ok(step) -> bool:
+    return type(step) is int and 0 <= step <= MAX_UNROLL_STEP
+
+
+def check_trace_json(trace) -> None:
+    """Pure-Python check of a trace as TVM's JSON writes it (``[instructions, decisions]``, an instruction
+    ``[kind, inputs, attrs, outputs]``): MetaSchedule's own kinds and annotation keys, plain names and
+    finite numbers only, unroll steps at most ``MAX_UNROLL_STEP`` (literal, or every candidate of the
+    ``SampleCategorical`` that samples them). Raises ValueError naming the first problem."""
+    if not (isinstance(trace, list) and len(trace) == 2 and isinstance(trace[0], list)
+            and isinstance(trace[1], list)):
+        raise ValueError("expected a trace [instructions, decisions]")
+    categorical: dict[str, list] = {}  # output RV name -> its SampleCategorical's candidates
+    for i, inst in enumerate(trace[0]):
+        if not (isinstance(inst, list) and len(inst) == 4 and isinstance(inst[0], str)
+                and all(isinstance(x, list) for x in inst[1:])):
+            raise ValueError(f"instruction {i} is not [kind, inputs, attrs, outputs]")
+        kind, inputs, attrs, outputs = inst
+        if kind not in ALLOWED_KINDS:
+            raise ValueError(f"instruction {i} ({kind[:60]!r}) is not one of MetaSchedule's own")
+        key = None
+        if kind == "Annotate":  # (Unannotate only removes one: MetaSchedule's own traces unannotate schedule_rule)
+            key = _unquoted(attrs[0]) if attrs and isinstance(attrs[0], str) else None
+            if key is None or not annotation_allowed(key):
+                raise ValueError(f"instruction {i} annotates {str(key)[:60]!r}, which is not on the allow-list "
+                                 "(meta_schedule.*, " + ", ".join(sorted(ALLOWED_ANNOTATIONS)) + ")")
+        try:
+            _check_plain(inst)
+        except ValueError as exc:
+            raise ValueError(f"instruction {i} ({kind}): {exc}") from None
+        if kind == "SampleCategorical" and attrs and isinstance(attrs[0], list):
+            for name in outputs:
+                categorical[str(name)] = attrs[0]
+        if kind == "Annotate" and key in UNROLL_KEYS and len(inputs) == 2:
+            value = inputs[1]
+            steps = categorical.get(value, [value]) if isinstance(value, str) else [value]
+            if not all(_unroll_step_ok(x) for x in steps):
+                raise ValueError(f"instruction {i} unrolls by more than {MAX_UNROLL_STEP} steps (or not by an "
+                                 "integer): MetaSchedule's largest step is 1024")
+    for d in trace[1]:
+        if not (isinstance(d, list) and len(d) == 2 and type(d[0]) is int and 0 <= d[0] < len(trace[0])):
+            raise ValueError("a decision does not name an instruction of the trace")
+        try:
+            _check_plain(d[1], 2)
+        except ValueError as exc:
+            raise ValueError(f"decision of instruction {d[0]}: {exc}") from None
+
+
+def recheck_output(record_lines: list[str]) -> list[str]:
     """Plain-Python check, in the parent, of the records the TVM checker returned: it parsed hostile
-    input in C++, so what it hands back is not trusted either. Every string of every trace must be a
-    plain name, no annotation key outside the allow-list, no latency kept. Raises RecordError."""
+    input in C++, so what it hands back is not trusted either. Each must be ``[task index, [trace, null,
+    null, null]]`` (no latency, target or argument info kept) with a trace that passes
+    :func:`check_trace_json`. Returns the lines to write, re-serialized from what was checked (so no
+    parser differential separates the two). Raises RecordError."""
+    if not isinstance(record_lines, list) or not record_lines:
+        raise RecordError("Checked import", "the checker returned no records")
+    out = []
     for n, line in enumerate(record_lines, 1):
         where = f"Checked record {n}"
         try:
-            index, body = json.loads(line)
-            trace = body[0]
-        except (ValueError, TypeError, IndexError, KeyError):
+            value = loads_finite(line) if isinstance(line, str) else None
+        except RecursionError:
+            raise RecordError(where, "the checker returned a record nested too deeply") from None
+        except ValueError:
             raise RecordError(where, "the checker returned a malformed record") from None
-        if len(body) > 1 and body[1] is not None:
-            raise RecordError(where, "the checker returned a record with a latency")
-        for text in _strings(trace):
-            if len(text) > 2 and text[0] == text[-1] == '"':
-                text = text[1:-1]  # a string input: TVM's trace JSON quotes it to tell it from an RV name
-            if not IDENTIFIER.fullmatch(text):
-                raise RecordError(where, f"the checker returned a string that is not a plain name: {text[:60]!r}")
-            if text.startswith("pragma_") and not annotation_allowed(text):
-                raise RecordError(where, f"the checker returned the annotation {text!r}")
+        if not (isinstance(value, list) and len(value) == 2 and type(value[0]) is int
+                and 0 <= value[0] < MAX_TASKS and isinstance(value[1], list) and len(value[1]) == 4):
+            raise RecordError(where, "the checker returned a malformed record")
+        index, body = value
+        if body[1:] != [None, None, None]:
+            raise RecordError(where, "the checker returned a record with a latency, a target or argument info")
+        try:
+            check_trace_json(body[0])
+        except RecursionError:
+            raise RecordError(where, "the checker returned a record nested too deeply") from None
+        except ValueError as exc:
+            raise RecordError(where, f"the checker returned a refused trace: {exc}") from None
+        out.append(json.dumps([index, [body[0], None, None, None]]))
+    return out
 
 
 # --------------------------------------------------------------------------- with TVM
@@ -173,6 +262,8 @@ def _check_value(v, depth: int = 0) -> None:
 
     if depth > 32:
         raise ValueError("value nested too deeply")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"{v} is not a finite number")
     if v is None or isinstance(v, (bool, int, float, SBlockRV, LoopRV)):
         return
     if isinstance(v, str):
@@ -185,6 +276,8 @@ def _check_value(v, depth: int = 0) -> None:
         return
     name = type(v).__name__
     if name in _EXPR_FIELDS and type(v).__module__ in _EXPR_MODULES:
+        if name == "FloatImm" and not math.isfinite(float(v.value)):
+            raise ValueError(f"{v.value} is not a finite number")
         for f in _EXPR_FIELDS[name]:
             _check_value(getattr(v, f), depth + 1)
         return
@@ -280,8 +373,8 @@ def _match_workloads(wl_lines, task_mods) -> dict[int, int]:
 
 
 def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, max_records: int) -> dict:
-    """Run in a sandboxed worker. Returns {"errors": [message, ...]} or the database to write:
-    {"workloads": [line, ...], "records": [line, ...]} (platform workloads, checked traces only)."""
+    """Run in a sandboxed worker. Returns {"errors": [message, ...]} or {"records": [line, ...]}: each
+    ``[index of the run's task, [trace, null, null, null]]``, the checked trace as TVM writes it."""
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.schedule import Schedule
 
@@ -291,8 +384,7 @@ def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, m
         return {"errors": [str(exc)]}
     task_mods = _task_modules(model_bytes, target)
     matched = _match_workloads(wl_lines, task_mods)
-    tgt = make_target(target)
-    errors, out_records, used_tasks = [], [], {}
+    errors, out_records = [], []
     for n, (wi, body) in rec_lines:
         where = f"Tuning record line {n}"
         ti = matched.get(wi)
@@ -309,13 +401,8 @@ def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, m
             text = str(exc).strip()
             errors.append(f"{where}: {text.splitlines()[-1][:300] if text else type(exc).__name__}")
             continue
-        index = used_tasks.setdefault(ti, len(used_tasks))
-        clean = ms.database.TuningRecord(rec.trace, ms.database.Workload(mod), None, tgt,
-                                         ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
-        out_records.append(json.dumps([index, _plain(clean.as_json())]))
+        out_records.append(json.dumps([ti, [_plain(rec.as_json())[0], None, None, None]]))  # the trace only
     if errors:
         return {"errors": errors}
-    workloads_out = [json.dumps(_plain(ms.database.Workload(task_mods[ti]).as_json()))
-                     for ti, _ in sorted(used_tasks.items(), key=lambda kv: kv[1])]
-    return {"workloads": workloads_out, "records": out_records}
+    return {"records": out_records}
 

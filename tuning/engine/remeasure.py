@@ -14,7 +14,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Schedule
 
 from .callbacks import EngineState
-from .database import FINAL_DIR, imported_db, open_json_db, record_latency, records_by_task, retire_imported
+from .database import FINAL_DIR, imported_records, open_json_db, record_latency, records_by_task, retire_imported
 from .events import MeasurementRecord, candidate_key
 from .measure import MeasureOutcome, _jsonable
 from .plugins import build_all, measure_serially
@@ -42,7 +42,7 @@ def _remove_artifact(path: str) -> None:
 def _imported_plan(work_dir: str, tasks: list[Task], known_keys: set[str], budget: int) -> list[tuple]:
     """(task index, trace, candidate key, scheduled module) of the imported records to measure."""
     plan = []
-    for i, recs in records_by_task(imported_db(work_dir), tasks).items():
+    for i, recs in imported_records(work_dir, tasks).items():
         for rec in recs:
             key = candidate_key(tasks[i].name, rec.trace)
             if key in known_keys or len(plan) >= budget:

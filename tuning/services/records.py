@@ -40,14 +40,15 @@ def import_database(*, actor: AbstractBaseUser, run: TuningRun, workloads: bytes
     with transaction.atomic():
         run = locked(run)
         _check_importable(run)
-        adapters.write_imported(str(adapters.run_work_dir(run.pk)), checked["workloads"], checked["records"])
-        run.options = {**run.options, "imported_records": len(checked["records"])}
+        adapters.write_imported(str(adapters.run_work_dir(run.pk)), checked)
+        run.options = {**run.options, "imported_records": len(checked)}
         run.save(update_fields=["options"])
-    return len(checked["records"])
+    return len(checked)
 
 
-def _checked_by_tvm(run: TuningRun, workloads: bytes, records: bytes, budget: int) -> dict:
-    """The records TVM's checker accepts, re-checked here; ServiceError (nothing imported) otherwise."""
+def _checked_by_tvm(run: TuningRun, workloads: bytes, records: bytes, budget: int) -> list[str]:
+    """The record lines to write: what TVM's checker accepts, re-checked here (``recheck_output``: task
+    index and trace only); ServiceError (nothing imported) otherwise."""
     with run.model.file.open("rb") as f:
         model_bytes = f.read()
     try:
@@ -56,17 +57,22 @@ def _checked_by_tvm(run: TuningRun, workloads: bytes, records: bytes, budget: in
         log.warning("run %s: record import check failed: %s", run.pk, str(exc)[-500:])
         raise ServiceError("The tuning records could not be parsed by TVM (the checker failed on them); "
                            "nothing was imported.", field="records") from None
+    if not isinstance(checked, dict):
+        checked = {"errors": ["the checker returned no answer"]}
     if checked.get("errors"):
-        errs = checked["errors"]
+        errs = [str(e)[:400] for e in checked["errors"]] if isinstance(checked["errors"], list) else ["refused"]
         more = f" (and {len(errs) - MAX_LISTED_ERRORS} more)" if len(errs) > MAX_LISTED_ERRORS else ""
         raise ServiceError("Records refused, nothing was imported: " + "; ".join(errs[:MAX_LISTED_ERRORS]) + more,
                            field="records")
     try:
-        adapters.recheck_output(checked["records"])  # the checker parsed hostile bytes in C++: trust nothing it returns
+        # the checker parsed hostile bytes in C++: trust nothing it returns
+        lines = adapters.recheck_output(checked.get("records"))
+        if len(lines) > budget:
+            raise adapters.RecordError("Checked import", "the checker returned more records than the budget")
     except adapters.RecordError as exc:
         log.error("run %s: the record checker returned a refused record: %s", run.pk, exc)
         raise ServiceError(f"Records refused, nothing was imported: {exc}.", field="records") from None
-    return checked
+    return lines
 
 
 def _check_importable(run: TuningRun) -> None:
