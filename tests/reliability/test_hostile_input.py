@@ -970,12 +970,15 @@ def test_import_refuses_unroll_steps_past_metaschedules_largest(import_run):
 
     client, run, data = import_run
     for inst in (["SampleCategorical", [], [[0, 2147483647], [0.5, 0.5]], ["v90"]],
-                 ["Annotate", ["b0", 1 << 20], ["pragma_auto_unroll_max_step"], []]):
+                 ["Annotate", ["b0", 1 << 20], ["pragma_auto_unroll_max_step"], []],
+                 # a name sampled as [16], then redefined by a tile of 4096: TVM reads the latest definition
+                 ["SampleCategorical", [], [[16], [1.0]], ["b0"]]):
         wl, rec = _record_with_instruction(data, run, inst)
         if inst[0] == "SampleCategorical":  # the unroll annotation reads the sampled variable
             line = json.loads(rec)
             line[1][0][0].append(["Annotate", ["b0", "v90"], ["meta_schedule.unroll_explicit"], []])
             rec = (json.dumps(line) + "\n").encode()
         resp = _post_import(client, run, wl, rec)
-        assert resp.status_code == 400 and "unrolls by more than 1024" in resp.json()["detail"], resp.content[:300]
+        reason = "redefines" if inst[3] == ["b0"] else "unrolls by more than 1024"
+        assert resp.status_code == 400 and reason in resp.json()["detail"], resp.content[:300]
         assert _nothing_written(run)

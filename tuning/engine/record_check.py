@@ -177,6 +177,7 @@ def check_trace_json(trace) -> None:
             and isinstance(trace[1], list)):
         raise ValueError("expected a trace [instructions, decisions]")
     categorical: dict[str, list] = {}  # output RV name -> its SampleCategorical's candidates
+    defined: set = set()
     for i, inst in enumerate(trace[0]):
         if not (isinstance(inst, list) and len(inst) == 4 and isinstance(inst[0], str)
                 and all(isinstance(x, list) for x in inst[1:])):
@@ -194,6 +195,10 @@ def check_trace_json(trace) -> None:
             _check_plain(inst)
         except ValueError as exc:
             raise ValueError(f"instruction {i} ({kind}): {exc}") from None
+        for name in outputs:  # TVM writes each RV once; a redefined name could launder an unroll step
+            if name in defined:
+                raise ValueError(f"instruction {i} redefines {str(name)[:60]!r}")
+            defined.add(name)
         if kind == "SampleCategorical" and attrs and isinstance(attrs[0], list):
             for name in outputs:
                 categorical[str(name)] = attrs[0]
