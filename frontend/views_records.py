@@ -18,15 +18,12 @@ from tuning.api.views import IMPORT_RECORDS_MAX_BYTES, IMPORT_WORKLOADS_MAX_BYTE
 from . import queries
 from .forms_account import RecordImportForm
 
-REFUSED_PREFIX = "Records refused, nothing was imported: "
-
-
 def refusal_lines(message: str) -> list[str]:
-    """A refusal's reasons, one a line (the service joins them with '; ' after REFUSED_PREFIX)."""
-    if not message.startswith(REFUSED_PREFIX):
+    """A refusal's reasons, one a line (the service joins them with '; ' after IMPORT_REFUSED_PREFIX)."""
+    if not message.startswith(tuning_services.IMPORT_REFUSED_PREFIX):
         return [message]
     return ["Records refused, nothing was imported:"] + [
-        reason.strip() for reason in message[len(REFUSED_PREFIX):].split("; ") if reason.strip()]
+        reason.strip() for reason in message[len(tuning_services.IMPORT_REFUSED_PREFIX):].split("; ") if reason.strip()]
 
 
 @login_required

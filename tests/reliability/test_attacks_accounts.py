@@ -301,8 +301,11 @@ HOSTILE_RECORDS = [
 @pytest.mark.parametrize("records", HOSTILE_RECORDS, ids=range(len(HOSTILE_RECORDS)))
 def test_hostile_record_files_are_refused_with_a_message(import_run, user_owner, records):
     url = reverse("run-import-records", args=[import_run.pk])
-    resp = logged_in(user_owner).post(url, _upload(b'{"not": "a workload"}\n', records))
-    assert resp.status_code == 302
+    resp = logged_in(user_owner).post(url, _upload(b'{"not": "a workload"}\n', records), follow=True)
+    assert [code for _, code in resp.redirect_chain] == [302]
+    shown = page_messages(resp)
+    # every refusal, the cheap pre-check's too, reads the same: what was refused and that nothing was imported
+    assert shown[0] == "Records refused, nothing was imported:" and len(shown) >= 2, shown
     import_run.refresh_from_db()
     assert "imported_records" not in import_run.options
 

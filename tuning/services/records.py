@@ -17,6 +17,8 @@ from .runs import CONTROL_RUNS, locked
 log = logging.getLogger(__name__)
 
 MAX_LISTED_ERRORS = 5
+# every refusal starts so (the dashboard lists the reasons after it, one a line)
+IMPORT_REFUSED_PREFIX = "Records refused, nothing was imported: "
 
 
 def import_database(*, actor: AbstractBaseUser, run: TuningRun, workloads: bytes, records: bytes) -> int:
@@ -35,7 +37,7 @@ def import_database(*, actor: AbstractBaseUser, run: TuningRun, workloads: bytes
     try:
         adapters.precheck(workloads, records, max_records=budget)  # cheap bounds before TVM sees anything
     except adapters.RecordError as exc:
-        raise ServiceError(f"{exc}.", field="records") from None
+        raise ServiceError(f"{IMPORT_REFUSED_PREFIX}{exc}.", field="records") from None
     checked = _checked_by_tvm(run, workloads, records, budget)
     with transaction.atomic():
         run = locked(run)
@@ -62,7 +64,7 @@ def _checked_by_tvm(run: TuningRun, workloads: bytes, records: bytes, budget: in
     if checked.get("errors"):
         errs = [str(e)[:400] for e in checked["errors"]] if isinstance(checked["errors"], list) else ["refused"]
         more = f" (and {len(errs) - MAX_LISTED_ERRORS} more)" if len(errs) > MAX_LISTED_ERRORS else ""
-        raise ServiceError("Records refused, nothing was imported: " + "; ".join(errs[:MAX_LISTED_ERRORS]) + more,
+        raise ServiceError(IMPORT_REFUSED_PREFIX + "; ".join(errs[:MAX_LISTED_ERRORS]) + more,
                            field="records")
     try:
         # the checker parsed hostile bytes in C++: trust nothing it returns
@@ -71,7 +73,7 @@ def _checked_by_tvm(run: TuningRun, workloads: bytes, records: bytes, budget: in
             raise adapters.RecordError("Checked import", "the checker returned more records than the budget")
     except adapters.RecordError as exc:
         log.error("run %s: the record checker returned a refused record: %s", run.pk, exc)
-        raise ServiceError(f"Records refused, nothing was imported: {exc}.", field="records") from None
+        raise ServiceError(f"{IMPORT_REFUSED_PREFIX}{exc}.", field="records") from None
     return lines
 
 
