@@ -120,6 +120,14 @@ def test_onnx_model_tune_and_compare(tmp_path, cpu_target):
     assert res["onnxruntime"]["threads"] == 1 and res["onnxruntime_latency_s"] > 0, res
     assert res["onnxruntime_outputs_agree"] is True and res["faster_engine"] in ("tvm", "onnxruntime")
     assert res["ratio_to_onnxruntime"] == pytest.approx(res["tuned_latency_s"] / res["onnxruntime_latency_s"])
+    # what MetaSchedule really writes (postprocessors' Parallel/Vectorize/Unroll included) passes the
+    # import check, bounds on unrolling and vectorizing included: the check refuses attacks, not records
+    from tuning.engine.record_check import check_import
+
+    records = (tmp_path / "database_tuning_record.json").read_bytes()
+    checked = check_import(model.SerializeToString(), cpu_target, (tmp_path / "database_workload.json").read_bytes(),
+                           records, max_records=100)
+    assert not checked.get("errors") and len(checked["records"]) == len(records.splitlines()) >= 20, checked
 
 
 def test_compare_for_another_hosts_cpu_compiles_and_says_why_nothing_was_timed(tmp_path, cpu_target):

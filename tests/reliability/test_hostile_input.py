@@ -982,3 +982,19 @@ def test_import_refuses_unroll_steps_past_metaschedules_largest(import_run):
         reason = "redefines" if inst[3] == ["b0"] else "unrolls by more than 1024"
         assert resp.status_code == 400 and reason in resp.json()["detail"], resp.content[:300]
         assert _nothing_written(run)
+
+
+@pytest.mark.parametrize("kind,reason", [("unroll", "unrolls loops 8192 times over"),
+                                         ("vectorize", "vectorizes a loop of 8192 lanes")])
+def test_import_refuses_traces_that_unroll_or_vectorize_past_metaschedules_bounds(import_run, kind, reason):
+    """Unroll and Vectorize are MetaSchedule's own instructions, but a trace that fully unrolls a task's
+    loop nest built for 147 s and 366 MB, and a 4096-lane vector for more than 200 s: every seed of them
+    would time out a builder. The checker replays the trace and refuses what unrolls more than 1024 copies
+    or vectorizes more than 64 lanes (real records: llvm's largest vector is 64 lanes)."""
+    from tuning.engine.testing import loop_kind_database
+
+    client, run, data = import_run
+    wl, rec = loop_kind_database(_onnx(data), run.target, kind)  # small_cnn's first task: 8192 iterations
+    resp = _post_import(client, run, wl, rec)
+    assert resp.status_code == 400 and reason in resp.json()["detail"], resp.content[:300]
+    assert _nothing_written(run)

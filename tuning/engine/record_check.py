@@ -13,7 +13,8 @@ constructor runs when the library is loaded. So a record is accepted only when
   record the search cannot mutate fails the whole run's search;
 - every string in it is a short identifier (block, function, scope and intrinsic names), so it
   carries no code and no file path, and every expression is plain index arithmetic;
-- it replays on the task's module.
+- it replays on the task's module, and the program it gives unrolls and vectorizes no more than
+  MetaSchedule does (:func:`check_loops`: a fully unrolled loop nest builds for minutes).
 
 What is kept is the trace only, with the index of the run's task it schedules: no workload (the
 engine pairs each trace with its own task module), no target or argument info (the run's), no
@@ -72,6 +73,12 @@ MAX_DEPTH = 32  # nesting of a trace's JSON (real ones: 4-6)
 # step is the budget of statements the unroller may emit, so 2**31 builds for minutes and gigabytes
 MAX_UNROLL_STEP = 1024
 UNROLL_KEYS = ("meta_schedule.unroll_explicit", "meta_schedule.unroll_implicit", "pragma_auto_unroll_max_step")
+# The same bound for explicit Unroll instructions: the product of the extents of nested unrolled loops
+# (how many copies of their body the compiler emits). A fully unrolled 32**3 matmul built for 147 s.
+MAX_UNROLLED_EXTENT = MAX_UNROLL_STEP
+# MetaSchedule vectorizes at most 64 lanes (llvm's max_vectorize_extent; cuda's cooperative fetch: 4);
+# a 4096-lane vector built for more than 200 s.
+MAX_VECTOR_LANES = 64
 
 
 class RecordError(ValueError):
@@ -265,7 +272,7 @@ def _check_value(v, depth: int = 0) -> None:
     from tvm.s_tir.schedule import LoopRV, SBlockRV
     from tvm.tirx import IndexMap
 
-    if depth > 32:
+    if depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
     if isinstance(v, float) and not math.isfinite(v):
         raise ValueError(f"{v} is not a finite number")
@@ -348,6 +355,33 @@ def _check_mutable(trace) -> None:
                              "(MetaSchedule's parallel mutator needs one)")
 
 
+_STMT_CHILDREN = ("body", "seq", "then_case", "else_case", "block", "init")
+
+
+def check_loops(stmt, unrolled: int = 1) -> None:
+    """The scheduled program a replayed trace gives must build in bounded time: nested explicitly unrolled
+    loops copy their body at most MAX_UNROLLED_EXTENT times, a vectorized loop has at most
+    MAX_VECTOR_LANES lanes (MetaSchedule's own kinds, but on long loops they build for minutes)."""
+    from tvm.tirx import For, ForKind, IntImm
+
+    if isinstance(stmt, For):
+        extent = int(stmt.extent.value) if isinstance(stmt.extent, IntImm) else None
+        if stmt.kind == ForKind.UNROLLED and extent:
+            unrolled *= extent
+            if unrolled > MAX_UNROLLED_EXTENT:
+                raise ValueError(f"it unrolls loops {unrolled} times over (at most {MAX_UNROLLED_EXTENT}: "
+                                 "such a candidate builds for minutes)")
+        if stmt.kind == ForKind.VECTORIZED and (extent is None or extent > MAX_VECTOR_LANES):
+            raise ValueError(f"it vectorizes a loop of {extent if extent else 'unknown'} lanes (at most "
+                             f"{MAX_VECTOR_LANES}, MetaSchedule's largest)")
+    for field in _STMT_CHILDREN:
+        child = getattr(stmt, field, None)
+        if child is None:
+            continue
+        for item in (child if isinstance(child, (list, tuple)) or type(child).__name__ == "Array" else [child]):
+            check_loops(item, unrolled)
+
+
 def _same(a, b) -> bool:
     same = getattr(a, "same_as", None)
     return bool(same and same(b))
@@ -401,7 +435,10 @@ def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, m
         try:
             rec = ms.database.TuningRecord.from_json(body, ms.database.Workload(mod))
             check_trace(rec.trace)
-            rec.trace.apply_to_schedule(Schedule(mod), remove_postproc=False)
+            sch = Schedule(mod)
+            rec.trace.apply_to_schedule(sch, remove_postproc=False)
+            for _, func in sch.mod.functions.items():
+                check_loops(func.body)
         except Exception as exc:  # noqa: BLE001 - any parse/replay failure refuses the line
             text = str(exc).strip()
             errors.append(f"{where}: {text.splitlines()[-1][:300] if text else type(exc).__name__}")

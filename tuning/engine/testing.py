@@ -140,6 +140,28 @@ def tuning_database(model, target, *, annotations=(("meta_schedule.parallel", 16
     return _database_bytes(mod, tgt, traces, run_secs)
 
 
+def loop_kind_database(model, target, kind: str, *, task_index: int = 0) -> tuple[bytes, bytes]:
+    """A TVM JSON database whose one trace applies MetaSchedule's own ``Unroll`` (``kind="unroll"``: every
+    loop of the task's first block, so its body is copied once per iteration) or ``Vectorize``
+    (``kind="vectorize"``: that block's spatial loops fused into one vector) instructions to the whole
+    of one task: what a hostile record uses to make a candidate build for minutes."""
+    from tvm.s_tir.schedule import Schedule
+
+    tgt = make_target(target)
+    mod = collect_tasks(model, tgt)[task_index].mod
+    sch = Schedule(mod)
+    block = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    loops = sch.get_loops(block)
+    if kind == "unroll":
+        for loop in loops:
+            sch.unroll(loop)
+    elif kind == "vectorize":
+        sch.vectorize(sch.fuse(*loops))
+    else:
+        raise ValueError(f"unknown loop kind {kind!r}")
+    return _database_bytes(mod, tgt, [sch.trace], (1e-3,))
+
+
 def design_space_database(model, target, *, task_index: int = 0, n_records: int = 1,
                           run_secs=(1e-3,)) -> tuple[bytes, bytes]:
     """A TVM JSON database of what a tuning run really writes: MetaSchedule's own design-space traces
