@@ -58,6 +58,17 @@ def test_hostile_import_refused_by_tvm_nothing_written(user_staff, cpu_target):
     assert not CacheEntry.objects.exists()
 
 
+def test_import_of_a_trace_that_unrolls_a_whole_loop_nest_is_refused(user_staff, cpu_target):
+    """The cache's checker replays as a run's import does: a fully unrolled 64^3 matmul (refused at its second loop: 64 x 64; its seed would
+    time out every builder that tried it) is refused, nothing stored."""
+    from tuning.engine.testing import loop_kind_database
+
+    wl, rec = loop_kind_database(matmul_primfunc(64), cpu_target, "unroll")
+    r = _upload(client_for(user_staff), wl, rec, cpu_target)
+    assert r.status_code == 400 and "unrolls loops 4096 times over" in r.json()["detail"], r.content[:300]
+    assert not CacheEntry.objects.exists()
+
+
 @pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"1e400"])
 def test_import_of_a_number_tvm_cannot_load_back_is_refused(user_staff, cpu_target, number):
     """A NaN in a staff import was stored pending, then seeded into every team's run of that workload,

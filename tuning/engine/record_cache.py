@@ -650,9 +650,8 @@ def check_cache_import(workloads: bytes, records: bytes, target, max_records: in
     has no model). Run in a sandboxed worker. Returns ``{"errors": [...]}`` or ``{"entries": [...]}``:
     entries without run times, ``latency_s`` None: untrusted until a run measures them."""
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.schedule import Schedule
 
-    from .record_check import check_trace, precheck
+    from .record_check import check_and_replay, precheck
     from .relax_pipeline import make_target
 
     try:
@@ -664,8 +663,7 @@ def check_cache_import(workloads: bytes, records: bytes, target, max_records: in
         try:
             mod = ms.database.Workload.from_json(wl_lines[wi][1]).mod
             rec = ms.database.TuningRecord.from_json(body, ms.database.Workload(mod))
-            check_trace(rec.trace)
-            rec.trace.apply_to_schedule(Schedule(mod), remove_postproc=False)
+            check_and_replay(rec.trace, mod)
         except Exception as exc:  # noqa: BLE001 - any parse/check/replay failure refuses the line
             text = str(exc).strip()
             errors.append(f"Tuning record line {n}: {text.splitlines()[-1][:300] if text else type(exc).__name__}")

@@ -45,7 +45,7 @@ from .relax_pipeline import make_target
 from .workloads import collect_tasks
 
 __all__ = ["ALLOWED_KINDS", "ALLOWED_ANNOTATIONS", "RecordError", "precheck", "check_import", "annotation_allowed",
-           "recheck_output", "check_trace_json", "MAX_UNROLL_STEP"]
+           "recheck_output", "check_trace_json", "check_and_replay", "check_loops", "MAX_UNROLL_STEP"]
 
 ALLOWED_KINDS = frozenset({
     "GetSBlock", "GetLoops", "GetChildBlocks", "GetProducers", "GetConsumers", "GetOutputBlocks",
@@ -382,6 +382,19 @@ def check_loops(stmt, unrolled: int = 1) -> None:
             check_loops(item, unrolled)
 
 
+def check_and_replay(trace, mod):
+    """``check_trace``, then replay on ``mod`` and ``check_loops`` on the program it gives; the schedule.
+    Raises (ValueError, or TVM's error when the trace does not replay)."""
+    from tvm.s_tir.schedule import Schedule
+
+    check_trace(trace)
+    sch = Schedule(mod)
+    trace.apply_to_schedule(sch, remove_postproc=False)
+    for _, func in sch.mod.functions.items():
+        check_loops(func.body)
+    return sch
+
+
 def _same(a, b) -> bool:
     same = getattr(a, "same_as", None)
     return bool(same and same(b))
@@ -415,7 +428,6 @@ def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, m
     """Run in a sandboxed worker. Returns {"errors": [message, ...]} or {"records": [line, ...]}: each
     ``[index of the run's task, [trace, null, null, null]]``, the checked trace as TVM writes it."""
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.schedule import Schedule
 
     try:
         wl_lines, rec_lines = precheck(workloads, records, max_records=max_records)
@@ -434,11 +446,7 @@ def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, m
         mod = task_mods[ti]
         try:
             rec = ms.database.TuningRecord.from_json(body, ms.database.Workload(mod))
-            check_trace(rec.trace)
-            sch = Schedule(mod)
-            rec.trace.apply_to_schedule(sch, remove_postproc=False)
-            for _, func in sch.mod.functions.items():
-                check_loops(func.body)
+            check_and_replay(rec.trace, mod)
         except Exception as exc:  # noqa: BLE001 - any parse/replay failure refuses the line
             text = str(exc).strip()
             errors.append(f"{where}: {text.splitlines()[-1][:300] if text else type(exc).__name__}")
