@@ -114,6 +114,10 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         {"timeout": 30, "transaction_mode": "IMMEDIATE",
          "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
     )
+    # Tests on a file too, as the deployment runs: Django's default in-memory test database is in
+    # shared-cache mode, whose table locks fail a reader at once ("database table is locked") while a
+    # live-server test's worker thread writes, instead of waiting like WAL readers.
+    DATABASES["default"].setdefault("TEST", {}).setdefault("NAME", f"{DATABASES['default']['NAME']}-test")
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
