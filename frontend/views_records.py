@@ -18,12 +18,13 @@ from tuning.api.views import IMPORT_RECORDS_MAX_BYTES, IMPORT_WORKLOADS_MAX_BYTE
 from . import queries
 from .forms_account import RecordImportForm
 
+
 def refusal_lines(message: str) -> list[str]:
     """A refusal's reasons, one a line (the service joins them with '; ' after IMPORT_REFUSED_PREFIX)."""
-    if not message.startswith(tuning_services.IMPORT_REFUSED_PREFIX):
+    prefix = tuning_services.IMPORT_REFUSED_PREFIX
+    if not message.startswith(prefix):
         return [message]
-    return ["Records refused, nothing was imported:"] + [
-        reason.strip() for reason in message[len(tuning_services.IMPORT_REFUSED_PREFIX):].split("; ") if reason.strip()]
+    return [prefix.strip()] + [reason.strip() for reason in message[len(prefix):].split("; ") if reason.strip()]
 
 
 @login_required

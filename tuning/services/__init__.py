@@ -45,9 +45,9 @@ from .runs import (
 
 
 __all__ = [
-    "IMPORT_REFUSED_PREFIX", "SUPPORTED_TARGET_KINDS", "DatabaseSink", "LeaseLost", "NoMeasurement", "cancel_run", "check_run_quota",
-    "claim_run", "delete_run_files_on_commit", "energy_joules_this_month", "enqueue_run", "execute_run",
-    "finish_interrupted", "finish_succeeded", "import_database", "joules_per_trial_estimate",
+    "IMPORT_REFUSED_PREFIX", "SUPPORTED_TARGET_KINDS", "DatabaseSink", "LeaseLost", "NoMeasurement", "cancel_run",
+    "check_run_quota", "claim_run", "delete_run_files_on_commit", "energy_joules_this_month", "enqueue_run",
+    "execute_run", "finish_interrupted", "finish_succeeded", "import_database", "joules_per_trial_estimate",
     "make_energy_meter", "pause_run", "public_json", "public_text", "reconcile_with_database",
     "recover_stale_runs", "resume_run", "run_deleted", "run_energy_model", "run_work_dir",
     "seconds_until_next_stale", "start_run", "trials_reserved", "trials_used_this_month",
