@@ -206,6 +206,7 @@ def _job_ours(spec: dict) -> dict:
         "dop_history": s.dop_history,
         "mean_parallel_error": s.mean_parallel_error,
         "phase_secs": s.phase_secs,
+        "serial_by_reason": s.serial_by_reason,
         "final_remeasured": len(s.final_remeasure),
         "status": s.status,
     }
@@ -339,6 +340,9 @@ def _remeasure_parallel(pairs: list[dict], target: dict, root: Path) -> None:
         tp, tser = ph.get("measure_parallel"), ph.get("measure_serial")
         p["measure_at_dop_ratio"] = tp / t1 if t1 and tp else None
         p["serial_sample_ratio"] = tser / t1 if t1 and tser is not None else None
+        # ... and that serial share by why it was spent (probe, sample, noise pairs, uncorrectable rounds)
+        p["serial_ratio_by_reason"] = {reason: row["secs"] / t1 for reason, row in
+                                       (p["dop_auto"].get("serial_by_reason") or {}).items()} if t1 else {}
         p["error_at_final_dop"] = _error_at_final_dop(p["dop_auto"])
         for side, key in PARALLEL_ABLATIONS.items():
             ss = p.get(side)
@@ -378,6 +382,10 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         # slots do not interfere), and its serial re-measures / DOP 1's measuring (the sample's cost)
         "parallel_measure_at_dop_ratio": geomean(p.get("measure_at_dop_ratio") for p in pairs),
         "parallel_serial_sample_ratio": _mean_or_none(p.get("serial_sample_ratio") for p in pairs),
+        # ... split by why it was spent (rounds.SERIAL_REASONS; a reason a pair never paid for counts 0)
+        "parallel_serial_ratio_by_reason": {
+            reason: statistics.mean((p.get("serial_ratio_by_reason") or {}).get(reason, 0.0) for p in pairs)
+            for reason in sorted({r for p in pairs for r in (p.get("serial_ratio_by_reason") or {})})},
         # share of DOP auto's rounds measured at DOP > 1 (the final DOP is where the controller ended,
         # after the last round)
         "parallel_rounds_above_dop1": _share_above_dop1(pairs),
@@ -423,6 +431,12 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
         if p.get("measure_at_dop_ratio"):
             print(f"  {'':18s} of DOP 1's measuring: at DOP x{p['measure_at_dop_ratio']:.3f} "
                   f"+ serial sample x{(p.get('serial_sample_ratio') or 0.0):.3f}")
+        by = p["dop_auto"].get("serial_by_reason") or {}
+        if by:
+            print(f"  {'':18s} serial timings: " + ", ".join(
+                f"{reason} {row['n']} x{p['serial_ratio_by_reason'].get(reason, 0.0):.3f}"
+                + (f" ({row['failed']} failed in parallel)" if row.get("failed") else "")
+                for reason, row in sorted(by.items())))
         for key in PARALLEL_ABLATIONS.values():
             ss = p.get(key)
             if ss:
@@ -437,6 +451,9 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
     if overall.get("parallel_measure_at_dop_ratio"):
         print(f"  {'':18s} of DOP 1's measuring: at DOP x{overall['parallel_measure_at_dop_ratio']:.3f} "
               f"+ serial sample x{(overall.get('parallel_serial_sample_ratio') or 0.0):.3f}")
+    if overall.get("parallel_serial_ratio_by_reason"):
+        print(f"  {'':18s} serial sample by reason: " + ", ".join(
+            f"{reason} x{ratio:.3f}" for reason, ratio in overall["parallel_serial_ratio_by_reason"].items()))
 
 
 # --------------------------------------------------------------------------- driver

@@ -214,3 +214,37 @@ def test_round_wall_time_is_split_between_its_dop_and_the_serial_sample(monkeypa
     ctrl1 = DOPController(max_dop=1)
     res1 = measure_round([0, 1, 2], Clocked([1e-3] * 3), ctrl1, is_serial_config=lambda d: True)
     assert res1.parallel_wall_s == 3.0 and res1.serial_wall_s == 0.0  # a DOP 1 round has no sample
+
+
+def test_serial_time_is_booked_to_why_it_was_spent(monkeypatch):
+    """The serial share of a round says what it paid for: DOPpler's sample (with the parallel failures
+    among it), the noise pairs, the probe, or the rest of a round whose error was past correction_limit.
+    A fake clock: one second per job measured serially, half a second in parallel."""
+    import tuning.engine.rounds as rounds
+
+    clock = [0.0]
+    monkeypatch.setattr(rounds.time, "perf_counter", lambda: clock[0])
+
+    class Clocked(FakeMeasure):
+        def __call__(self, jobs, dop):
+            clock[0] += len(jobs) * (1.0 if dop == 1 else 0.5)
+            return super().__call__(jobs, dop)
+
+    # a validated DOP whose parallel timings are 40 % slow: past correction_limit 0.25, the whole rest
+    # of the round is timed serially too
+    ctrl = DOPController(max_dop=2, initial_dop=2, noise="measured", adaptive=True)
+    fake = Clocked([1e-3 * (1 + 0.01 * i) for i in range(10)], slowdown=1.0 / 0.6, fail_parallel={9})
+    res = measure_round(list(range(10)), fake, ctrl, is_serial_config=parallel_layout, probe_first=False)
+    by = res.serial_by_reason
+    assert set(by) == {"sample", "noise", "uncorrectable"}, by
+    assert by["sample"]["failed"] == 1  # job 9 was re-timed because it failed in parallel
+    assert by["noise"]["n"] == 1
+    assert by["sample"]["n"] + by["uncorrectable"]["n"] == 10  # every candidate timed serially once
+    assert sum(row["secs"] for row in by.values()) == res.serial_wall_s == sum(row["n"] for row in by.values())
+
+    # a probe of a DOP not validated yet books its serial timings to "probe"; the totals add up over rounds
+    ctrl2 = DOPController(max_dop=2, initial_dop=2, noise="measured")
+    res2 = measure_round(list(range(12)), Clocked([1e-3] * 12), ctrl2, is_serial_config=parallel_layout)
+    assert res2.serial_by_reason["probe"]["n"] == 4 and res2.serial_by_reason["noise"]["n"] == 2
+    total = rounds.serial_totals([res, res2])
+    assert total["noise"]["n"] == 3 and total["sample"]["failed"] == 1 and total["probe"]["secs"] == 4.0

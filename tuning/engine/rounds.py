@@ -24,9 +24,13 @@ from typing import Any
 from .doppler import DOPController, RoundDecision, robust_z_scores
 from .measure import MeasureOutcome
 
-__all__ = ["CandidateResult", "RoundResult", "Measure", "measure_round", "latency_of"]
+__all__ = ["CandidateResult", "RoundResult", "Measure", "measure_round", "latency_of", "SERIAL_REASONS", "serial_totals"]
 
 _FAILED = 1e10
+# Why a round timed candidates serially: the probe of a DOP not validated yet, DOPpler's sample (outliers,
+# rank-spread picks and parallel failures), the noise pairs (a sampled candidate timed serially again),
+# and the rest of a round whose error was past correction_limit.
+SERIAL_REASONS = ("probe", "sample", "noise", "uncorrectable")
 
 # measure(jobs, dop) -> one (outcome, wall seconds or None) per job, measured DOP at a time
 # (dop 1: the serial worker at the deployment thread count)
@@ -74,6 +78,8 @@ class RoundResult:
     warm_dop: int | None = None  # the next round's parallel configuration, to start now
     parallel_wall_s: float = 0.0  # wall time of the round's measure calls at its DOP (DOP 1 rounds: all)
     serial_wall_s: float = 0.0  # wall time of its serial re-measures (sample, failures, noise repeats)
+    # of serial_wall_s, by why they were timed serially (SERIAL_REASONS): {reason: {"n": timings, "secs": wall}}
+    serial_by_reason: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     @property
     def n_remeasured(self) -> int:
@@ -94,27 +100,33 @@ class _Round:
         self.correction_applied = False
         self.parallel_wall_s = 0.0
         self.serial_wall_s = 0.0
+        self.serial_by_reason: dict[str, dict] = {}
 
-    def _timed(self, idx: Sequence[int], dop: int, *, serial: bool) -> Sequence[tuple[MeasureOutcome, float | None]]:
+    def _timed(self, idx: Sequence[int], dop: int, *, serial: str | None) -> Sequence[tuple[MeasureOutcome, float | None]]:
+        """``serial``: why these are re-measured serially (one of SERIAL_REASONS), None for first timings."""
         t0 = time.perf_counter()
         outs = self.measure([self.jobs[i] for i in idx], dop)
+        wall = time.perf_counter() - t0
         if serial:
-            self.serial_wall_s += time.perf_counter() - t0
+            self.serial_wall_s += wall
+            row = self.serial_by_reason.setdefault(serial, {"n": 0, "secs": 0.0})
+            row["n"] += len(idx)
+            row["secs"] += wall
         else:
-            self.parallel_wall_s += time.perf_counter() - t0
+            self.parallel_wall_s += wall
         return outs
 
     def parallel(self, idx: Sequence[int], dop: int) -> None:
-        for i, (out, wall) in zip(idx, self._timed(idx, dop, serial=False)):
+        for i, (out, wall) in zip(idx, self._timed(idx, dop, serial=None)):
             c = self.results[i]
             c.dop, c.outcome, c.wall_secs = dop, out, wall
             c.final_secs = out.run_secs if not out.error else None
             c.final_error = out.error
 
-    def serial(self, idx: Sequence[int], *, count_as_remeasure: bool) -> None:
-        """Measure serially: a re-measure (``count_as_remeasure``) or the only measurement of these
-        candidates (the rest of a round a probe sent back to DOP 1), timed as parallel work then."""
-        for i, (out, _) in zip(idx, self._timed(idx, 1, serial=count_as_remeasure)):
+    def serial(self, idx: Sequence[int], *, count_as_remeasure: bool, reason: str = "sample") -> None:
+        """Measure serially: a re-measure (``count_as_remeasure``, for ``reason``) or the only measurement
+        of these candidates (the rest of a round a probe sent back to DOP 1), timed as parallel work then."""
+        for i, (out, _) in zip(idx, self._timed(idx, 1, serial=reason if count_as_remeasure else None)):
             c = self.results[i]
             if c.outcome is None:  # first and only measurement of this candidate
                 c.outcome = out
@@ -130,7 +142,7 @@ class _Round:
         idx = [i for i in idx if self.results[i].serial_latency_s is not None and self.results[i].final_secs]
         if not idx:
             return
-        outs = self._timed(idx, 1, serial=True)
+        outs = self._timed(idx, 1, serial="noise")
         seconds = [None if out.error else latency_of(out.run_secs) for out, _ in outs]
         ctrl.record_serial_repeat([self.results[i].serial_latency_s for i in idx], seconds)
         for i, (out, _), sec in zip(idx, outs, seconds):
@@ -164,7 +176,7 @@ def _probe_then_rest(rnd: _Round, ctrl: DOPController, dop: int, n_probe: int, v
     rnd.parallel(probe, dop)
     plat = rnd.latencies(probe)
     failed = [i for i in probe if rnd.results[i].first_failed]
-    rnd.serial(probe, count_as_remeasure=True)
+    rnd.serial(probe, count_as_remeasure=True, reason="probe")
     rnd.serial_repeat(rnd.fastest_serial(probe, ctrl.noise_pairs_wanted(probe=True)), ctrl)
     decision = ctrl.update(plat, [rnd.results[i].serial_latency_s for i in probe],
                            rnd.failures_due_to_parallelism(failed))
@@ -183,7 +195,7 @@ def _probe_then_rest(rnd: _Round, ctrl: DOPController, dop: int, n_probe: int, v
     z = robust_z_scores(rnd.latencies(valid))
     outliers = [i for i, zi in zip(valid, z) if abs(zi) > ctrl.z_threshold]
     rest_failed = [i for i in rest if rnd.results[i].first_failed]
-    rnd.serial(sorted(set(outliers) | set(rest_failed)), count_as_remeasure=True)
+    rnd.serial(sorted(set(outliers) | set(rest_failed)), count_as_remeasure=True, reason="sample")
     rnd.correct([i for i in rest if not rnd.results[i].remeasured and rnd.results[i].final_secs],
                 ctrl, decision.mean_signed_error)
     return decision
@@ -198,6 +210,8 @@ def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[in
     sample = ctrl.select_for_serial_remeasure(lat)
     failed = [i for i in range(n) if rnd.results[i].first_failed]
     rnd.serial(sorted(set(sample) | set(failed)), count_as_remeasure=True)
+    if failed:  # of the "sample" timings, those re-timed only because they failed in parallel
+        rnd.serial_by_reason["sample"]["failed"] = len(set(failed) - set(sample))
     rnd.serial_repeat(rnd.fastest_serial(sample, ctrl.noise_pairs_wanted()), ctrl)
     decision = ctrl.update([lat[i] for i in sample], [rnd.results[i].serial_latency_s for i in sample],
                            rnd.failures_due_to_parallelism(failed))
@@ -208,8 +222,20 @@ def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[in
     if rest and ctrl.can_correct(err):
         rnd.correct(rest, ctrl, err)
     elif rest and err is not None and remeasure_on_large_error:
-        rnd.serial(rest, count_as_remeasure=True)
+        rnd.serial(rest, count_as_remeasure=True, reason="uncorrectable")
     return decision
+
+
+def serial_totals(reports) -> dict[str, dict]:
+    """Rounds' serial timings summed by reason: {reason: {"n": timings, "secs": wall, "failed": n}}, from
+    objects carrying ``serial_by_reason`` (RoundResult, the runner's RoundReport)."""
+    out: dict[str, dict] = {}
+    for r in reports:
+        for reason, row in (getattr(r, "serial_by_reason", None) or {}).items():
+            tot = out.setdefault(reason, {"n": 0, "secs": 0.0})
+            for k, v in row.items():
+                tot[k] = tot.get(k, 0) + v
+    return out
 
 
 def measure_round(
@@ -246,4 +272,5 @@ def measure_round(
             warm_dop = decision.dop_after
     return RoundResult(dop=dop, decision=decision, candidates=rnd.results,
                        correction_applied=rnd.correction_applied, validated=validated, warm_dop=warm_dop,
-                       parallel_wall_s=rnd.parallel_wall_s, serial_wall_s=rnd.serial_wall_s)
+                       parallel_wall_s=rnd.parallel_wall_s, serial_wall_s=rnd.serial_wall_s,
+                       serial_by_reason=rnd.serial_by_reason)

@@ -113,6 +113,7 @@ class RoundReport:
     correction_applied: bool = False
     parallel_wall_secs: float | None = None  # of wall_secs: measuring at the round's DOP
     serial_wall_secs: float | None = None  # of wall_secs: serial re-measures (DOPpler's sample)
+    serial_by_reason: dict | None = None  # of serial_wall_secs: {reason: {"n", "secs"}} (rounds.SERIAL_REASONS)
 
 
 class MeasureLedger:
@@ -451,6 +452,7 @@ class PooledAsyncRunner(PyRunner):
             correction_applied=result.correction_applied,
             parallel_wall_secs=result.parallel_wall_s,
             serial_wall_secs=result.serial_wall_s,
+            serial_by_reason=result.serial_by_reason,
         )
         self.ledger.add_round(report)
         for job, c in zip(jobs, result.candidates):

@@ -50,6 +50,7 @@ from .events import MeasurementRecord, NullSink, TaskInfo, TuningSink, candidate
 from .procpool import available_cpus, unpin_current_thread
 from .targets import TargetMismatch, check_measurable_here
 from .relax_pipeline import compile_model, make_target, random_inputs, run_and_time, target_device_type
+from .rounds import serial_totals
 from .timer import EvaluatorConfig
 from .trimmer import TrimmerConfig
 from .trimmer_hooks import TrimmerRuntime
@@ -176,6 +177,8 @@ class TuningSummary:
     mode: str = "doppler"
     n_duplicates: int = 0  # measured again by TVM but already stored: not re-reported
     phase_secs: dict[str, float] = dataclasses.field(default_factory=dict)
+    # of phase_secs["measure_serial"]: {reason: {"n": timings, "secs": wall}} (rounds.SERIAL_REASONS)
+    serial_by_reason: dict[str, dict] = dataclasses.field(default_factory=dict)
     sink_errors: list[str] = dataclasses.field(default_factory=list)
     # Trimmer's report (TrimmerRuntime.to_dict(): pre-empted tasks with their trial
     # count at pre-emption, model_stop_reason, generated/filtered/measured totals,
@@ -221,6 +224,7 @@ class _Run:
     remaining: int  # budget this call may spend
     trimmer: TrimmerRuntime | None = None
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    serial_by_reason: dict[str, dict] = dataclasses.field(default_factory=dict)
     state: Any = None  # callbacks.EngineState, once the builder and runner exist
     controller: DOPController | None = None
     status: str = "succeeded"
@@ -382,6 +386,7 @@ def _tune(run: _Run) -> None:
             # of which: measuring at the rounds' DOP, and DOPpler's serial re-measures
             run.phases["measure_parallel"] = sum(r.parallel_wall_secs or 0.0 for r in ledger.rounds.values())
             run.phases["measure_serial"] = sum(r.serial_wall_secs or 0.0 for r in ledger.rounds.values())
+            run.serial_by_reason = serial_totals(ledger.rounds.values())
             # DOPpler's final stage: serial re-measure of the top share per task
             if run.status == "succeeded" and cfg.final_remeasure and parallel:
                 t0 = time.perf_counter()
@@ -433,6 +438,7 @@ def _summary(run: _Run, wall_secs: float) -> TuningSummary:
         mode=cfg.mode,
         n_duplicates=state.n_duplicates if state else 0,
         phase_secs=run.phases,
+        serial_by_reason=run.serial_by_reason,
         sink_errors=list(state.sink_errors) if state else [],
         trimmer=trimmer.to_dict() if trimmer is not None else None,
         stop_reason=trimmer.stop_reason if (trimmer is not None and run.status == "succeeded") else None,
