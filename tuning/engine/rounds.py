@@ -24,7 +24,8 @@ from typing import Any
 from .doppler import DOPController, RoundDecision, robust_z_scores
 from .measure import MeasureOutcome
 
-__all__ = ["CandidateResult", "RoundResult", "Measure", "measure_round", "latency_of", "SERIAL_REASONS", "serial_totals"]
+__all__ = ["CandidateResult", "RoundResult", "Measure", "measure_round", "latency_of", "SERIAL_REASONS",
+           "serial_totals"]
 
 _FAILED = 1e10
 # Why a round timed candidates serially: the probe of a DOP not validated yet, DOPpler's sample (outliers,
@@ -102,7 +103,8 @@ class _Round:
         self.serial_wall_s = 0.0
         self.serial_by_reason: dict[str, dict] = {}
 
-    def _timed(self, idx: Sequence[int], dop: int, *, serial: str | None) -> Sequence[tuple[MeasureOutcome, float | None]]:
+    def _timed(self, idx: Sequence[int], dop: int, *,
+               serial: str | None) -> Sequence[tuple[MeasureOutcome, float | None]]:
         """``serial``: why these are re-measured serially (one of SERIAL_REASONS), None for first timings."""
         t0 = time.perf_counter()
         outs = self.measure([self.jobs[i] for i in idx], dop)
