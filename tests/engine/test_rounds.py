@@ -1,5 +1,7 @@
 """``rounds.measure_round`` driven by a fake ``measure`` and a real DOP controller: no processes, no TVM."""
 
+import pytest
+
 from tuning.engine.doppler import DOPController
 from tuning.engine.measure import MeasureOutcome
 from tuning.engine.rounds import measure_round
@@ -190,9 +192,9 @@ def test_a_probe_times_two_of_its_candidates_twice_serially():
     assert not res.decision.backed_off and 2 in res.validated
 
 
-def test_round_wall_time_is_split_between_its_dop_and_the_serial_sample(monkeypatch):
-    """The round's measuring time is booked to the DOP it measured at or to the serial re-measures,
-    call by call (a fake clock: one second per job measured serially, half a second in parallel)."""
+@pytest.fixture
+def clocked(monkeypatch):
+    """A FakeMeasure class on a fake clock: one second per job measured serially, half a second in parallel."""
     import tuning.engine.rounds as rounds
 
     clock = [0.0]
@@ -203,6 +205,13 @@ def test_round_wall_time_is_split_between_its_dop_and_the_serial_sample(monkeypa
             clock[0] += len(jobs) * (1.0 if dop == 1 else 0.5)
             return super().__call__(jobs, dop)
 
+    return Clocked
+
+
+def test_round_wall_time_is_split_between_its_dop_and_the_serial_sample(clocked):
+    """The round's measuring time is booked to the DOP it measured at or to the serial re-measures,
+    call by call (on the fake clock)."""
+    Clocked = clocked
     ctrl = DOPController(max_dop=4, initial_dop=2)
     fake = Clocked([1e-3 * (1 + 0.01 * i) for i in range(10)], slowdown=1.02)
     res = measure_round(list(range(10)), fake, ctrl, is_serial_config=parallel_layout, probe_first=False)
@@ -216,20 +225,13 @@ def test_round_wall_time_is_split_between_its_dop_and_the_serial_sample(monkeypa
     assert res1.parallel_wall_s == 3.0 and res1.serial_wall_s == 0.0  # a DOP 1 round has no sample
 
 
-def test_serial_time_is_booked_to_why_it_was_spent(monkeypatch):
+def test_serial_time_is_booked_to_why_it_was_spent(clocked):
     """The serial share of a round says what it paid for: DOPpler's sample (with the parallel failures
-    among it), the noise pairs, the probe, or the rest of a round whose error was past correction_limit.
-    A fake clock: one second per job measured serially, half a second in parallel."""
+    among it), the noise pairs, the probe, or the rest of a round whose error was past correction_limit
+    (on the fake clock)."""
     import tuning.engine.rounds as rounds
 
-    clock = [0.0]
-    monkeypatch.setattr(rounds.time, "perf_counter", lambda: clock[0])
-
-    class Clocked(FakeMeasure):
-        def __call__(self, jobs, dop):
-            clock[0] += len(jobs) * (1.0 if dop == 1 else 0.5)
-            return super().__call__(jobs, dop)
-
+    Clocked = clocked
     # a validated DOP whose parallel timings are 40 % slow: past correction_limit 0.25, the whole rest
     # of the round is timed serially too
     ctrl = DOPController(max_dop=2, initial_dop=2, noise="measured", adaptive=True)

@@ -79,7 +79,8 @@ class RoundResult:
     warm_dop: int | None = None  # the next round's parallel configuration, to start now
     parallel_wall_s: float = 0.0  # wall time of the round's measure calls at its DOP (DOP 1 rounds: all)
     serial_wall_s: float = 0.0  # wall time of its serial re-measures (sample, failures, noise repeats)
-    # of serial_wall_s, by why they were timed serially (SERIAL_REASONS): {reason: {"n": timings, "secs": wall}}
+    # of serial_wall_s, by why they were timed serially (SERIAL_REASONS): {reason: {"n": timings, "secs": wall,
+    # "failed": of those, candidates re-timed after failing in parallel (when any)}}
     serial_by_reason: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     @property
@@ -114,6 +115,9 @@ class _Round:
             row = self.serial_by_reason.setdefault(serial, {"n": 0, "secs": 0.0})
             row["n"] += len(idx)
             row["secs"] += wall
+            failed = sum(1 for i in idx if self.results[i].first_failed)  # re-timed after failing in parallel
+            if failed:
+                row["failed"] = row.get("failed", 0) + failed
         else:
             self.parallel_wall_s += wall
         return outs
@@ -212,8 +216,6 @@ def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[in
     sample = ctrl.select_for_serial_remeasure(lat)
     failed = [i for i in range(n) if rnd.results[i].first_failed]
     rnd.serial(sorted(set(sample) | set(failed)), count_as_remeasure=True)
-    if failed:  # of the "sample" timings, those re-timed only because they failed in parallel
-        rnd.serial_by_reason["sample"]["failed"] = len(set(failed) - set(sample))
     rnd.serial_repeat(rnd.fastest_serial(sample, ctrl.noise_pairs_wanted()), ctrl)
     decision = ctrl.update([lat[i] for i in sample], [rnd.results[i].serial_latency_s for i in sample],
                            rnd.failures_due_to_parallelism(failed))
