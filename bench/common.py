@@ -6,9 +6,11 @@ import json
 import math
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -51,13 +53,35 @@ def machine_info(**extra) -> dict:
     return info
 
 
+def machine_cpu_secs() -> dict[str, float]:
+    """This machine's CPU seconds so far, all cores together, from ``/proc/stat``: ``busy`` (user, nice,
+    system, irq, softirq) and ``steal`` (taken by the hypervisor); empty where there is no /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return {}
+    ticks = [int(x) for x in fields] + [0] * 8
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    user, nice, system, _idle, _iowait, irq, softirq, steal = ticks[:8]
+    return {"busy": (user + nice + system + irq + softirq) / hz, "steal": steal / hz}
+
+
+def children_cpu_secs() -> float:
+    """CPU seconds (user + system) of this process's finished children and everything they waited for."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def run_child(script: str, spec: dict, *, timeout: float, env: dict | None = None) -> dict:
     """Run ``python script --job <json>`` in a fresh interpreter; the child
-    writes its result JSON to ``spec["out"]``."""
+    writes its result JSON to ``spec["out"]``. The result gets ``cpu``: the CPU seconds the child and
+    its processes used, and the whole machine's busy and stolen CPU seconds over the same wall time
+    (``busy_cores`` = the child's CPU seconds / wall: how many cores it kept busy on average)."""
     child_env = dict(os.environ)
     child_env["PYTHONPATH"] = str(ROOT) + (os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else "")
     if env:
         child_env.update({k: str(v) for k, v in env.items()})
+    cpu0, machine0, t0 = children_cpu_secs(), machine_cpu_secs(), time.perf_counter()
     proc = subprocess.run(
         [sys.executable, script, "--job", json.dumps(spec)],
         env=child_env,
@@ -71,7 +95,14 @@ def run_child(script: str, spec: dict, *, timeout: float, env: dict | None = Non
         raise RuntimeError(
             f"child job {spec.get('label')} failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
         )
-    return json.loads(out.read_text())
+    wall = time.perf_counter() - t0
+    cpu = children_cpu_secs() - cpu0
+    machine1 = machine_cpu_secs()
+    result = json.loads(out.read_text())
+    if isinstance(result, dict):
+        result["cpu"] = {"wall_s": wall, "cpu_s": cpu, "busy_cores": cpu / wall if wall > 0 else None,
+                         **{f"machine_{k}_s": machine1[k] - machine0[k] for k in machine1 if k in machine0}}
+    return result
 
 
 def tuning_config(spec: dict, **extra):

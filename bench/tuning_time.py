@@ -30,10 +30,13 @@ intrinsics, TVM's LocalRunner" as its first step, to stay under 10 minutes):
 + async pooled runner (DOP 1), + deferred cost model (XGBoost trained only
 when its booster is used, search.train_when_needed), then ours (+ DOP auto and
 the final re-measure). Parallel measurement on its own: the same engine at
-T = 1, DOP auto against DOP 1, with three ablations of DOP auto (DOPpler's
+T = 1, DOP auto against DOP 1, with four ablations of DOP auto (DOPpler's
 serial first round; DOPpler's fixed 20 % serial sample every round; DOPpler's
 error threshold against one serial timing taken as exact, instead of above the
-host's measured serial noise). Search is not
+host's measured serial noise; DOPpler's serial re-measure of every outlier,
+instead of leaving slow ones past DOP x the round's median as measured), and
+the least wall ratio the machine allows (measuring at the most DOP with no
+serial sample; DOP 1's CPU seconds spread over all cores). Search is not
 deterministic across processes even with a seed (multi-threaded sampling), so
 each run visits different candidates: ``cand.s`` (sum of the measured
 candidates' latencies) shows how much of a wall-time difference the
@@ -91,10 +94,11 @@ PARALLEL_THREADS = 1
 PARALLEL_SIDES = {"dop1": dict(dop=1), "dop_auto": dict(dop="auto"),
                   "dop_auto_serial_start": dict(dop="auto", dop_start="serial"),
                   "dop_auto_fixed_sample": dict(dop="auto", dop_sample="fixed"),
-                  "dop_auto_dopplers_threshold": dict(dop="auto", dop_noise="none")}
-# the ablation sides, with the overall keys' suffix
+                  "dop_auto_dopplers_threshold": dict(dop="auto", dop_noise="none"),
+                  "dop_auto_all_outliers": dict(dop="auto", dop_outliers="all")}
+# the ablation sides (each puts back one of DOPpler's published choices), with the overall keys' suffix
 PARALLEL_ABLATIONS = {"dop_auto_serial_start": "serial_start", "dop_auto_fixed_sample": "fixed_sample",
-                      "dop_auto_dopplers_threshold": "dopplers_threshold"}
+                      "dop_auto_dopplers_threshold": "dopplers_threshold", "dop_auto_all_outliers": "all_outliers"}
 
 
 # --------------------------------------------------------------------------- workloads
@@ -344,6 +348,8 @@ def _remeasure_parallel(pairs: list[dict], target: dict, root: Path) -> None:
         p["serial_ratio_by_reason"] = {reason: row["secs"] / t1 for reason, row in
                                        (p["dop_auto"].get("serial_by_reason") or {}).items()} if t1 else {}
         p["error_at_final_dop"] = _error_at_final_dop(p["dop_auto"])
+        p["wall_ratio_floor"] = _wall_ratio_floor(p["dop1"], len(os.sched_getaffinity(0)))
+        p["busy_cores"] = {side: (p[side].get("cpu") or {}).get("busy_cores") for side in PARALLEL_SIDES}
         for side, key in PARALLEL_ABLATIONS.items():
             ss = p.get(side)
             if ss:
@@ -354,6 +360,21 @@ def _remeasure_parallel(pairs: list[dict], target: dict, root: Path) -> None:
                     "measure_phase_ratio": ts / t1 if t1 and ts else None,
                     "final_dop": ss.get("final_dop"),
                 }
+
+
+def _wall_ratio_floor(dop1: dict, cores: int) -> dict:
+    """The least wall ratio any DOP could give against this DOP 1 run on this machine (estimates):
+    ``amdahl``, measuring at the most DOP (one slot a core) with no serial sample, everything else as
+    long as at DOP 1; ``cpu``, the same CPU seconds spread over all cores (a DOP 1 run that already keeps
+    the cores busy searching and building next to its measuring leaves parallel measuring nothing to
+    use); ``floor``, the larger."""
+    max_dop = max(1, cores // PARALLEL_THREADS)
+    t1 = (dop1.get("phase_secs") or {}).get("measure_rounds")
+    amdahl = 1.0 - (t1 / dop1["wall_s"]) * (1.0 - 1.0 / max_dop) if t1 and dop1.get("wall_s") else None
+    cpu = dop1.get("cpu") or {}
+    cpu_floor = cpu["cpu_s"] / (cores * cpu["wall_s"]) if cpu.get("cpu_s") and cpu.get("wall_s") else None
+    known = [v for v in (amdahl, cpu_floor) if v is not None]
+    return {"amdahl": amdahl, "cpu": cpu_floor, "floor": max(known) if known else None}
 
 
 def _error_at_final_dop(res: dict) -> float | None:
@@ -389,6 +410,12 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         # share of DOP auto's rounds measured at DOP > 1 (the final DOP is where the controller ended,
         # after the last round)
         "parallel_rounds_above_dop1": _share_above_dop1(pairs),
+        # the least wall ratio this machine allows (_wall_ratio_floor) and the cores each side kept busy
+        "parallel_wall_ratio_floor": geomean((p.get("wall_ratio_floor") or {}).get("floor") for p in pairs),
+        "parallel_wall_ratio_floor_amdahl": geomean((p.get("wall_ratio_floor") or {}).get("amdahl") for p in pairs),
+        "parallel_wall_ratio_floor_cpu": geomean((p.get("wall_ratio_floor") or {}).get("cpu") for p in pairs),
+        "parallel_busy_cores": {side: _mean_or_none((p.get("busy_cores") or {}).get(side) for p in pairs)
+                                for side in PARALLEL_SIDES},
         # the measuring share of DOP 1's run: the most DOP auto can save is this share x (1 - 1/DOP - sample)
         "parallel_measure_share_dop1": geomean(
             p["dop1"]["phase_secs"]["measure_rounds"] / p["dop1"]["wall_s"] for p in pairs
@@ -433,10 +460,16 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
                   f"+ serial sample x{(p.get('serial_sample_ratio') or 0.0):.3f}")
         by = p["dop_auto"].get("serial_by_reason") or {}
         if by:
+            skipped = sum(h.get("outliers_skipped") or 0 for h in p["dop_auto"].get("dop_history") or [])
             print(f"  {'':18s} serial timings: " + ", ".join(
                 f"{reason} {row['n']} x{p['serial_ratio_by_reason'].get(reason, 0.0):.3f}"
                 + (f" ({row['failed']} failed in parallel)" if row.get("failed") else "")
-                for reason, row in sorted(by.items())))
+                for reason, row in sorted(by.items())) + f"; slow outliers left as measured: {skipped}")
+        fl, busy = p.get("wall_ratio_floor") or {}, p.get("busy_cores") or {}
+        if fl.get("floor"):
+            print(f"  {'':18s} least wall ratio here x{fl['floor']:.3f} (amdahl x{fl['amdahl'] or float('nan'):.3f}, "
+                  f"cores x{fl['cpu'] or float('nan'):.3f}); busy cores: " + ", ".join(
+                      f"{side} {v:.2f}" for side, v in busy.items() if v is not None))
         for key in PARALLEL_ABLATIONS.values():
             ss = p.get(key)
             if ss:
@@ -451,6 +484,10 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
     if overall.get("parallel_measure_at_dop_ratio"):
         print(f"  {'':18s} of DOP 1's measuring: at DOP x{overall['parallel_measure_at_dop_ratio']:.3f} "
               f"+ serial sample x{(overall.get('parallel_serial_sample_ratio') or 0.0):.3f}")
+    if overall.get("parallel_wall_ratio_floor"):
+        print(f"  {'':18s} least wall ratio this machine allows x{overall['parallel_wall_ratio_floor']:.3f} "
+              f"(measuring at the most DOP with no sample x{overall['parallel_wall_ratio_floor_amdahl'] or float('nan'):.3f}, "
+              f"DOP 1's CPU seconds on all cores x{overall['parallel_wall_ratio_floor_cpu'] or float('nan'):.3f})")
     if overall.get("parallel_serial_ratio_by_reason"):
         print(f"  {'':18s} serial sample by reason: " + ", ".join(
             f"{reason} x{ratio:.3f}" for reason, ratio in overall["parallel_serial_ratio_by_reason"].items()))

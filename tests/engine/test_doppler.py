@@ -142,6 +142,24 @@ def test_select_outliers_plus_twenty_percent_of_good():
     assert c.select_for_serial_remeasure([]) == []
 
 
+def test_rankable_outliers_leave_far_slow_ones_as_measured():
+    lat = [1.0 + 0.01 * i for i in range(20)] + [0.2, 1.8, 50.0]  # a fast outlier, a near and a far slow one
+    c = DOPController(outliers="rankable")
+    keep, skip = c.split_outliers(lat, dop=2)
+    assert keep == [20, 21] and skip == [22]  # 50 is past 2 x the median (about 1.1): ranked out either way
+    assert 22 not in c.select_for_serial_remeasure(lat, dop=2)
+    assert {20, 21} <= set(c.select_for_serial_remeasure(lat, dop=2))
+    # a higher DOP could have slowed a candidate more, so the bound grows with it
+    assert c.split_outliers([1.0] * 10 + [3.0], dop=2) == ([], [10])
+    assert c.split_outliers([1.0] * 10 + [3.0], dop=4) == ([10], [])
+    # at DOP 1 there is no interference to rank out, and DOPpler's rule re-measures every outlier
+    assert c.split_outliers(lat, dop=1) == ([20, 21, 22], [])
+    assert DOPController(outliers="all").split_outliers(lat, dop=2) == ([20, 21, 22], [])
+    assert DOPController.for_dop("auto", 2).outliers == "rankable"
+    with pytest.raises(ValueError, match="outliers must be one of"):
+        DOPController(outliers="some")
+
+
 def test_fixed_dop_records_error_but_does_not_adapt():
     c = DOPController(initial_dop=2, adaptive=False, max_dop=4)
     d = c.update([1.0], [0.5])

@@ -81,8 +81,7 @@ def test_one_slot_group_per_gpu_with_mps(tmp_path, monkeypatch):
 def _fake_ctx(dop="auto"):
     from tuning.engine.timer import EvaluatorConfig
 
-    cfg = types.SimpleNamespace(dop=dop, timeout_sec=30.0, evaluator=EvaluatorConfig(), controller=None, dop_start="probe",
-                                dop_sample="adaptive", dop_noise="measured")
+    cfg = types.SimpleNamespace(dop=dop, timeout_sec=30.0, evaluator=EvaluatorConfig(), controller=None, dop_rule={})
     return types.SimpleNamespace(config=cfg, device_type="cuda", cores=[0, 1], ledger=None, work_dir="/tmp")
 
 

@@ -91,6 +91,36 @@ def test_failures_caused_by_parallelism_are_remeasured_and_counted():
     assert res.n_failures == 1
 
 
+@pytest.mark.parametrize("outliers", ["rankable", "all"])
+def test_far_slow_outliers_are_not_timed_serially_unless_dopplers_rule_says_so(outliers):
+    """A candidate 40x the round's median costs 40x the serial time and ranks last either way: the
+    "rankable" rule leaves it as measured (corrected like the rest) and books it on the round's row."""
+    ctrl = DOPController(max_dop=2, initial_dop=2, outliers=outliers)
+    base = [1e-3 * (1 + 0.01 * i) for i in range(15)] + [40e-3]
+    fake = FakeMeasure(base)
+    res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout, validated={2})
+    assert fake.calls[0] == (list(range(16)), 2)
+    slow = res.candidates[15]
+    if outliers == "rankable":
+        assert 15 not in fake.measured_at(1) and not slow.remeasured
+        assert slow.final_secs == pytest.approx([40e-3] * 2)  # kept (error 0: corrected by nothing)
+        assert ctrl.history[-1].outliers_skipped == 1
+    else:
+        assert 15 in fake.measured_at(1) and slow.remeasured
+        assert ctrl.history[-1].outliers_skipped == 0
+    assert 0 in fake.measured_at(1)  # the fastest is always re-measured
+
+
+def test_a_probes_rest_leaves_far_slow_outliers_as_measured():
+    ctrl = DOPController(max_dop=2, initial_dop=2, outliers="rankable")
+    base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
+    base[13] = 40e-3  # not in the probe (0, 4, 8, 12)
+    fake = FakeMeasure(base)
+    res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout)
+    assert fake.calls[0] == ([0, 4, 8, 12], 2) and 2 in res.validated
+    assert 13 not in fake.measured_at(1) and ctrl.history[-1].outliers_skipped == 1
+
+
 def test_validated_dop_skips_the_probe_and_the_input_set_is_left_alone():
     ctrl = DOPController(max_dop=4, initial_dop=2)
     fake = FakeMeasure([1e-3] * 12)

@@ -188,7 +188,7 @@ def test_distributed_runner_sends_payloads(matmul_artifacts):
 
     queues = [queue_name("hostA", "cpu"), queue_name("hostB", "cpu")]
     # DOPpler's serial start: the first round measures each host's serial reference (DOP 1)
-    runner = DistributedRunner(submit, queues, evaluator=FAST, threads=1, dop_start="serial")
+    runner = DistributedRunner(submit, queues, evaluator=FAST, threads=1, dop_rule={"start": "serial"})
     futs = runner.run([RunnerInput(p, "cpu", infos) for p in paths])
     results = [f.result() for f in futs]
     pool.shutdown()

@@ -40,6 +40,15 @@ next by more than 5 % (measured on a 2-core VM: 6-10 % mean, number=3, repeat=1,
 every round of any DOP "fails" and parallelism never engages, though parallel timings are no further
 from the serial ones than serial timings are from each other. ``noise="none"`` is DOPpler's rule.
 
+With ``outliers="rankable"`` (the platform's default, see ``DOP_OUTLIERS``) a *slow* outlier is re-measured
+serially only when its parallel latency is at most DOP x the round's median: DOP measurements sharing
+its core could have made that much of a candidate in the round's faster half. A slower one ranks after
+the round's median whatever its true latency, so its serial timing cannot change what the search keeps,
+and it is the dearest timing of the round (the evaluator runs a candidate ``number`` times at least: a
+candidate 30x the median costs 30x as much as the median's minimum repeat). Fast outliers and failures
+are always re-measured. On a 2-core host the slow outliers were most of DOPpler's serial time (session
+15: 11 sample timings of 0.8 s each against 0.24 s for the probe's). ``outliers="all"`` is DOPpler's.
+
 A back-off to DOP 1 (one noisy probe on a loaded host) is not final: parallelism is re-probed after
 ``reprobe_after`` rounds, then twice as many, at most ``max_reprobes`` times (RoundStat.reprobe).
 """
@@ -55,7 +64,7 @@ from .procpool import available_cpus
 from .parallel_error import summarize_parallel_error
 
 __all__ = ["DOPController", "RoundDecision", "RoundStat", "robust_z_scores", "default_max_dop", "DOP_STARTS",
-           "DOP_SAMPLES", "DOP_NOISES"]
+           "DOP_SAMPLES", "DOP_NOISES", "DOP_OUTLIERS"]
 
 # "serial": DOPpler as published, the first round at DOP 1 (a whole round measured serially to learn
 # nothing about parallel error). "probe": start at the DOP that serial round would have led to, and
@@ -67,6 +76,9 @@ DOP_SAMPLES = ("adaptive", "fixed")
 # "measured": the error threshold is counted above the host's measured serial noise (module doc).
 # "none": DOPpler's rule, the serial timing taken as exact.
 DOP_NOISES = ("measured", "none")
+# "rankable": slow outliers past DOP x the round's median are not re-measured serially (module doc).
+# "all": DOPpler's rule, every outlier is.
+DOP_OUTLIERS = ("rankable", "all")
 
 FAILED = 1e9  # latencies >= this (or None / inf / nan) count as failures
 
@@ -120,6 +132,7 @@ class RoundStat:
     reprobe: bool = False  # this round's decision re-opened parallelism after a back-off to 1
     sample_share: float | None = None  # the share of good candidates this round re-measured serially
     serial_noise: float | None = None  # the host's serial noise this round's decision allowed for
+    outliers_skipped: int = 0  # slow outliers not re-measured serially (outliers="rankable")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -166,6 +179,7 @@ class DOPController:
         min_sample_share: float = 0.1,
         noise: str = "none",
         noise_window: int = 16,
+        outliers: str = "all",
     ) -> None:
         self.cap = float(cap)
         self.initial_cap = float(cap)
@@ -194,6 +208,9 @@ class DOPController:
         if noise not in DOP_NOISES:
             raise ValueError(f"noise must be one of {', '.join(DOP_NOISES)}, not {noise!r}")
         self.noise = noise
+        if outliers not in DOP_OUTLIERS:
+            raise ValueError(f"outliers must be one of {', '.join(DOP_OUTLIERS)}, not {outliers!r}")
+        self.outliers = outliers
         self.noise_window = max(1, int(noise_window))
         self.noise_errors: list[float] = []  # |serial_1 - serial_2| / serial_1 of repeated serial timings
         self.share = self.sample_share  # this round's (adaptive: shrinks after calm rounds)
@@ -204,11 +221,12 @@ class DOPController:
 
     @classmethod
     def for_dop(cls, dop: str | int, max_dop: int, *, start: str = "probe", sample: str = "adaptive",
-                noise: str = "measured") -> "DOPController":
+                noise: str = "measured", outliers: str = "rankable") -> "DOPController":
         """The controller a runner uses for a run's ``dop`` setting: "auto" adapts (from ``start``,
-        sampling as ``sample`` says, judging errors as ``noise`` says), a number is fixed."""
+        sampling as ``sample`` says, judging errors as ``noise`` says, re-measuring the outliers
+        ``outliers`` says), a number is fixed."""
         if dop == "auto":
-            return cls(max_dop=max_dop, start=start, sample=sample, noise=noise)
+            return cls(max_dop=max_dop, start=start, sample=sample, noise=noise, outliers=outliers)
         return cls(max_dop=max_dop, initial_dop=int(dop), adaptive=False)
 
     # ------------------------------------------------------------------ helpers
@@ -228,16 +246,30 @@ class DOPController:
         return lat if _valid(lat) else None
 
     # ------------------------------------------------------------------ sampling
-    def select_for_serial_remeasure(self, latencies: Sequence[float | None]) -> list[int]:
-        """Indices to re-measure serially: every outlier (|robust z| >
-        z_threshold) plus ceil(sample_share x #good) good candidates, spread
+    def split_outliers(self, latencies: Sequence[float | None], dop: int = 1) -> tuple[list[int], list[int]]:
+        """The outliers (|robust z| > z_threshold) among the valid ``latencies``, measured at ``dop``:
+        (the ones to re-measure serially, the slow ones ``outliers="rankable"`` leaves as they are: past
+        DOP x the median of the valid latencies)."""
+        idx = [i for i, x in enumerate(latencies) if _valid(x)]
+        if not idx:
+            return [], []
+        z = robust_z_scores([latencies[i] for i in idx])
+        outliers = [i for i, zi in zip(idx, z) if abs(zi) > self.z_threshold]
+        if self.outliers == "all" or dop <= 1:
+            return outliers, []
+        bound = max(1, int(dop)) * statistics.median(latencies[i] for i in idx)
+        return ([i for i in outliers if latencies[i] <= bound], [i for i in outliers if latencies[i] > bound])
+
+    def select_for_serial_remeasure(self, latencies: Sequence[float | None], dop: int = 1) -> list[int]:
+        """Indices to re-measure serially: the outliers (|robust z| > z_threshold) worth it at ``dop``
+        (:meth:`split_outliers`) plus ceil(sample_share x #good) good candidates, spread
         evenly over the good ones' ranks and always including the fastest.
         Failed candidates (None / inf / >= 1e9) are not selected here."""
         idx = [i for i, x in enumerate(latencies) if _valid(x)]
         if not idx:
             return []
         z = robust_z_scores([latencies[i] for i in idx])
-        outliers = [i for i, zi in zip(idx, z) if abs(zi) > self.z_threshold]
+        outliers, _ = self.split_outliers(latencies, dop)
         good = sorted((i for i, zi in zip(idx, z) if abs(zi) <= self.z_threshold), key=lambda i: latencies[i])
         k = min(len(good), math.ceil(self.share * len(good))) if good else 0
         picks: list[int] = []

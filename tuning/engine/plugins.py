@@ -134,8 +134,7 @@ def _pooled_runner(ctx: PlugContext):
         threads=ctx.threads,
         cpu_ids=ctx.cores,
         dop=cfg.dop,
-        dop_start=cfg.dop_start,
-        dop_sample=cfg.dop_sample, dop_noise=cfg.dop_noise,
+        dop_rule=cfg.dop_rule,
         controller=cfg.controller,
         timeout_sec=cfg.timeout_sec,
         ledger=ctx.ledger,
@@ -162,8 +161,7 @@ def _gpu_runner(ctx: PlugContext):
     mps = gpu_slots.ensure_mps(os.path.join("/tmp", f"dlopt-mps-{os.getuid()}"))
     runners = [
         PooledAsyncRunner(evaluator=_evaluator_for(ctx), threads=1, cpu_ids=ctx.cores,
-                          dop=cfg.dop if group.max_dop > 1 else 1, dop_start=cfg.dop_start,
-                          dop_sample=cfg.dop_sample, dop_noise=cfg.dop_noise, timeout_sec=cfg.timeout_sec,
+                          dop=cfg.dop if group.max_dop > 1 else 1, dop_rule=cfg.dop_rule, timeout_sec=cfg.timeout_sec,
                           ledger=ctx.ledger, slots=gpu_worker_slots(group, ctx.cores), worker_env=group.env,
                           worker_limits=sandbox.default_limits(gpu=True), device_index=0)
         for group in gpu_slots.gpu_slot_groups(gpus, mps)
@@ -177,8 +175,8 @@ def _distributed_runner(ctx: PlugContext) -> DistributedRunner:
     if cfg.distributed_submit is None or not cfg.device_queue:
         raise ValueError("distributed runner needs distributed_submit and device_queue")
     return DistributedRunner(cfg.distributed_submit, cfg.device_queue, evaluator=_evaluator_for(ctx),
-                             threads=cfg.threads, ledger=ctx.ledger, dop=cfg.dop, dop_start=cfg.dop_start,
-                             dop_sample=cfg.dop_sample, dop_noise=cfg.dop_noise, target_device_type=ctx.device_type)
+                             threads=cfg.threads, ledger=ctx.ledger, dop=cfg.dop, dop_rule=cfg.dop_rule,
+                             target_device_type=ctx.device_type)
 
 
 @register_runner("local")

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .doppler import DOPController, RoundDecision, robust_z_scores
+from .doppler import DOPController, RoundDecision
 from .measure import MeasureOutcome
 
 __all__ = ["CandidateResult", "RoundResult", "Measure", "measure_round", "latency_of", "SERIAL_REASONS",
@@ -103,6 +103,7 @@ class _Round:
         self.parallel_wall_s = 0.0
         self.serial_wall_s = 0.0
         self.serial_by_reason: dict[str, dict] = {}
+        self.outliers_skipped = 0  # slow outliers left as measured (DOPController.split_outliers)
 
     def _timed(self, idx: Sequence[int], dop: int, *,
                serial: str | None) -> Sequence[tuple[MeasureOutcome, float | None]]:
@@ -197,9 +198,9 @@ def _probe_then_rest(rnd: _Round, ctrl: DOPController, dop: int, n_probe: int, v
         return decision
     validated.add(dop)
     rnd.parallel(rest, dop)
-    valid = [i for i in rest if rnd.results[i].latency_s is not None]
-    z = robust_z_scores(rnd.latencies(valid))
-    outliers = [i for i, zi in zip(valid, z) if abs(zi) > ctrl.z_threshold]
+    keep, skip = ctrl.split_outliers(rnd.latencies(rest), dop)
+    outliers = [rest[k] for k in keep]
+    rnd.outliers_skipped += len(skip)
     rest_failed = [i for i in rest if rnd.results[i].first_failed]
     rnd.serial(sorted(set(outliers) | set(rest_failed)), count_as_remeasure=True, reason="sample")
     rnd.correct([i for i in rest if not rnd.results[i].remeasured and rnd.results[i].final_secs],
@@ -213,7 +214,8 @@ def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[in
     n = len(rnd.jobs)
     rnd.parallel(list(range(n)), dop)
     lat = rnd.latencies(range(n))
-    sample = ctrl.select_for_serial_remeasure(lat)
+    sample = ctrl.select_for_serial_remeasure(lat, dop)
+    rnd.outliers_skipped += len(ctrl.split_outliers(lat, dop)[1])
     failed = [i for i in range(n) if rnd.results[i].first_failed]
     rnd.serial(sorted(set(sample) | set(failed)), count_as_remeasure=True)
     rnd.serial_repeat(rnd.fastest_serial(sample, ctrl.noise_pairs_wanted()), ctrl)
@@ -274,6 +276,8 @@ def measure_round(
             validated.discard(dop)
         if decision.dop_after != dop:
             warm_dop = decision.dop_after
+        if ctrl.history:
+            ctrl.history[-1].outliers_skipped = rnd.outliers_skipped  # this round's row
     return RoundResult(dop=dop, decision=decision, candidates=rnd.results,
                        correction_applied=rnd.correction_applied, validated=validated, warm_dop=warm_dop,
                        parallel_wall_s=rnd.parallel_wall_s, serial_wall_s=rnd.serial_wall_s,

@@ -33,7 +33,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tvm.ir.utils import derived_object
@@ -212,7 +212,8 @@ class PooledAsyncRunner(PyRunner):
 
     ``threads``: deployment thread count = the serial reference (default: all
     measuring cores). ``cpu_ids``: cores to measure on (default: this
-    process's affinity set). ``dop``: ``"auto"`` (DOPpler) or a fixed int.
+    process's affinity set). ``dop``: ``"auto"`` (DOPpler) or a fixed int; ``dop_rule``: the auto rule's
+    choices (``DOPController.for_dop``'s keywords; default: the platform's).
     """
 
     def __init__(
@@ -233,9 +234,7 @@ class PooledAsyncRunner(PyRunner):
         slots: Sequence[Slot] | None = None,
         start_timeout: float = 180.0,
         worker_env: dict[str, str] | None = None,
-        dop_start: str = "probe",
-        dop_sample: str = "adaptive",
-        dop_noise: str = "measured",
+        dop_rule: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.evaluator = EvaluatorConfig.from_any(evaluator)
@@ -246,8 +245,7 @@ class PooledAsyncRunner(PyRunner):
         self.slots: list[Slot] = list(slots) if slots else plan_slots(read_topology(affinity=self.cores), int(threads or len(self.cores)))
         self.threads = self.slots[0].threads
         if controller is None:
-            controller = DOPController.for_dop(dop, len(self.slots), start=dop_start, sample=dop_sample,
-                                                    noise=dop_noise)
+            controller = DOPController.for_dop(dop, len(self.slots), **(dop_rule or {}))
         self.controller = controller
         self.controller.max_dop = min(self.controller.max_dop, len(self.slots))
         self.controller.dop = max(1, min(self.controller.dop, self.controller.max_dop))
@@ -545,9 +543,7 @@ class DistributedRunner(PyRunner):
         queue_slots: dict[str, int] | None = None,
         wait_timeout_sec: float | None = None,
         target_device_type: str | None = None,
-        dop_start: str = "probe",
-        dop_sample: str = "adaptive",
-        dop_noise: str = "measured",
+        dop_rule: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.submit = submit
@@ -564,9 +560,7 @@ class DistributedRunner(PyRunner):
         self.ledger = ledger or MeasureLedger()
         self.target_device_type = target_device_type
         self.slots = dict(queue_slots) if queue_slots else {q: self._describe_slots(q) for q in self.queues}
-        self.controllers = {q: DOPController.for_dop(dop, self.slots[q], start=dop_start, sample=dop_sample,
-                                                  noise=dop_noise)
-                            for q in self.queues}
+        self.controllers = {q: DOPController.for_dop(dop, self.slots[q], **(dop_rule or {})) for q in self.queues}
         self.controller = self.controllers[self.queues[0]]  # the session reports the first queue's DOP
         self._validated: dict[str, set[int]] = {q: set() for q in self.queues}
         # one thread per queue: its rounds run in order, the queues side by side

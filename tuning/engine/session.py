@@ -45,7 +45,7 @@ from .database import (
     save_round_offset,
     write_imported,
 )
-from .doppler import DOP_NOISES, DOP_SAMPLES, DOP_STARTS, DOPController
+from .doppler import DOP_NOISES, DOP_OUTLIERS, DOP_SAMPLES, DOP_STARTS, DOPController
 from .events import MeasurementRecord, NullSink, TaskInfo, TuningSink, candidate_key
 from .procpool import available_cpus, unpin_current_thread
 from .targets import TargetMismatch, check_measurable_here
@@ -95,6 +95,9 @@ class TuningConfig:
     # DOP "auto": "measured" (the error threshold counts above the host's measured serial noise) or
     # "none" (DOPpler's rule: one serial timing taken as exact)
     dop_noise: str = "measured"
+    # DOP "auto": "rankable" (slow outliers past DOP x the round's median are not re-timed serially) or
+    # "all" (DOPpler's rule: every outlier is)
+    dop_outliers: str = "rankable"
     threads: int | None = None  # deployment/measurement thread count (default: all cores)
     work_dir: str = "tuning_work"
     seed: int | None = None
@@ -124,12 +127,10 @@ class TuningConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("stock", "doppler"):
             raise ValueError("mode must be 'stock' or 'doppler'")
-        if self.dop_start not in DOP_STARTS:
-            raise ValueError(f"dop_start must be one of {', '.join(DOP_STARTS)}")
-        if self.dop_sample not in DOP_SAMPLES:
-            raise ValueError(f"dop_sample must be one of {', '.join(DOP_SAMPLES)}")
-        if self.dop_noise not in DOP_NOISES:
-            raise ValueError(f"dop_noise must be one of {', '.join(DOP_NOISES)}")
+        for name, allowed in (("dop_start", DOP_STARTS), ("dop_sample", DOP_SAMPLES), ("dop_noise", DOP_NOISES),
+                              ("dop_outliers", DOP_OUTLIERS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}")
         self.evaluator = EvaluatorConfig.from_any(self.evaluator)
         if isinstance(self.trimmer, dict):
             self.trimmer = TrimmerConfig.from_dict(self.trimmer)
@@ -146,6 +147,12 @@ class TuningConfig:
             self.light_intrinsics = self.mode == "doppler"
         if self.deferred_cost_model is None:
             self.deferred_cost_model = self.mode == "doppler"
+
+    @property
+    def dop_rule(self) -> dict[str, str]:
+        """The DOP "auto" rule's choices, as ``DOPController.for_dop`` takes them."""
+        return {"start": self.dop_start, "sample": self.dop_sample, "noise": self.dop_noise,
+                "outliers": self.dop_outliers}
 
 
 @dataclasses.dataclass
