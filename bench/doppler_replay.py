@@ -1,0 +1,281 @@
+#!/usr/bin/env python
+"""DOPpler's measuring on its own: the same candidates measured at DOP 1 and at DOP auto.
+
+``bench/tuning_time.py`` compares whole tuning runs, whose search visits different candidates on each
+side (the measured latencies steer it), so a run's search, build and cost-model time moves by +-30 %
+with its trajectory and hides a measuring gain of at most 1 - 1/DOP of the measuring share. Here the
+trajectory is taken out: N candidates of one workload (MetaSchedule's design space, decisions sampled
+at random, MetaSchedule's postprocessors) are built once, then measured in rounds of R through the
+engine's own ``PooledAsyncRunner`` (its slots, worker pools and DOPpler rounds) at DOP 1, at DOP auto,
+and at DOP auto with one of DOPpler's published choices put back, the sides alternating, K times each.
+
+Per side it reports the measuring wall time (median over its K passes; each pass on a fresh runner
+whose workers have started), the ratio to DOP 1, the final DOP and the rounds run above DOP 1, the
+serial timings by reason, and how faithful its numbers are to the reference (per candidate, the
+median of its DOP 1 timings): the Spearman rank correlation over all candidates, and the regret of
+its pick (the reference latency of the candidate it timed fastest over the reference's best) and of
+the fastest tenth it times (``regret_top10``: the engine re-measures that tenth serially at the end of
+a run, so this is what a run's pick can lose).
+
+    .venv/bin/python bench/doppler_replay.py [--workload matmul512] [--candidates 64] [--per-round 16]
+        [--passes 3] [--json bench/results/doppler_replay.json]
+
+``overall``: ``replay_measure_ratio`` (DOP auto / DOP 1 measuring wall, median of pass ratios),
+``replay_final_dop``, ``replay_spearman`` and ``replay_regret`` (DOP auto), the same keys suffixed
+with each ablation's name, and ``replay_spearman_dop1`` (one DOP 1 pass against the others' median:
+the host's own repeatability, the best any side can do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import machine_info  # noqa: E402
+
+THREADS = 1  # each core a measurement slot (as bench/tuning_time.py's parallel pairs)
+SIDES = {
+    "dop1": dict(dop=1),
+    "dop_auto": dict(dop="auto"),
+    "all_outliers": dict(dop="auto", dop_rule={"outliers": "all"}),
+    "dopplers_threshold": dict(dop="auto", dop_rule={"noise": "none"}),
+}
+
+
+def sample_candidates(func, target, n: int, seed: int) -> list:
+    """Up to ``n`` distinct schedules of ``func``: MetaSchedule's design spaces, each generated with a
+    fresh random state (its sampling instructions draw new tiles, unroll steps and compute locations),
+    post-processed as the tuner does; the ones a postprocessor rejects are skipped."""
+    from tvm.s_tir import meta_schedule as ms
+
+    mods, seen = [], set()
+    for k in range(n * 8):
+        if len(mods) >= n:
+            break
+        ctx = ms.TuneContext(mod=func, target=target, space_generator="post-order-apply", num_threads=1,
+                             rand_state=seed * 100003 + k)
+        for sch in ctx.space_generator.generate_design_space(ctx.mod):
+            if not all(p.apply(sch) for p in ctx.space_generator.postprocs):
+                continue
+            key = str(sch.trace)
+            if key in seen:
+                continue
+            seen.add(key)
+            mods.append(sch.mod)
+            if len(mods) >= n:
+                break
+    return mods
+
+
+def build(mods, target, artifact_dir: str) -> list:
+    """The candidates exported as ``.so`` by the engine's persistent builder (failed builds dropped)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.builder import PersistentBuilder
+
+    builder = PersistentBuilder(artifact_dir=artifact_dir)
+    try:
+        paths = builder.build_many(mods, target)
+    finally:
+        builder.shutdown(remove_artifacts=False)
+    out = []
+    for mod, path in zip(mods, paths):
+        if path:
+            out.append((path, ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+    return out
+
+
+def measure_pass(cands, per_round: int, side: dict) -> dict:
+    """One pass over every candidate, R a round, on a fresh runner: wall of the rounds, each
+    candidate's latency as the runner reports it, and what the DOPpler rounds did."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.rounds import serial_totals
+    from tuning.engine.runner import PooledAsyncRunner
+
+    runner = PooledAsyncRunner(threads=THREADS, dop=side["dop"], dop_rule=side.get("dop_rule"))
+    try:
+        for pool in list(runner._pools.values()):  # workers up (TVM imported) before the clock starts
+            pool.wait_ready()
+        lat: list[float | None] = []
+        t0 = time.perf_counter()
+        for start in range(0, len(cands), per_round):
+            batch = cands[start:start + per_round]
+            futs = runner.run([ms.runner.RunnerInput(path, "cpu", args) for path, args in batch])
+            for f in futs:
+                res = f.result()
+                secs = [float(getattr(x, "value", x)) for x in res.run_secs] if res.run_secs is not None and not res.error_msg else []
+                lat.append(statistics.mean(secs) if secs else None)
+        wall = time.perf_counter() - t0
+        hist = runner.controller.history_dicts()
+        return {
+            "wall_s": wall,
+            "latencies": lat,
+            "final_dop": runner.controller.dop,
+            "dops": [h["dop"] for h in hist],
+            "rounds_above_dop1": sum(1 for h in hist if h["dop"] > 1),
+            "serial_by_reason": serial_totals(runner.ledger.rounds.values()),
+            "outliers_skipped": sum(h.get("outliers_skipped") or 0 for h in hist),
+            "errors": [h["mean_error"] for h in hist if h.get("n_sampled")],
+        }
+    finally:
+        runner.shutdown()
+
+
+def spearman(a, b) -> float | None:
+    pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+    if len(pairs) < 3:
+        return None
+
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        for rank, i in enumerate(order):
+            r[i] = float(rank)
+        return r
+
+    ra, rb = ranks([p[0] for p in pairs]), ranks([p[1] for p in pairs])
+    ma, mb = statistics.mean(ra), statistics.mean(rb)
+    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    den = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return num / den if den else None
+
+
+def regret(lat, ref) -> float | None:
+    """Reference latency of the candidate ``lat`` times fastest, over the reference's best, minus 1."""
+    timed = [i for i, x in enumerate(lat) if x is not None and ref[i] is not None]
+    if not timed:
+        return None
+    pick = min(timed, key=lambda i: lat[i])
+    return ref[pick] / min(ref[i] for i in timed) - 1.0
+
+
+def regret_of_top(lat, ref, share: float = 0.1) -> float | None:
+    """The regret after the engine's final re-measure: the best reference latency among the ``share``
+    of candidates ``lat`` times fastest (what the final serial re-measure picks from), over the best."""
+    timed = [i for i, x in enumerate(lat) if x is not None and ref[i] is not None]
+    if not timed:
+        return None
+    top = sorted(timed, key=lambda i: lat[i])[:max(1, math.ceil(len(timed) * share))]
+    return min(ref[i] for i in top) / min(ref[i] for i in timed) - 1.0
+
+
+def reference(passes: list[dict]) -> list[float | None]:
+    n = len(passes[0]["latencies"])
+    out = []
+    for i in range(n):
+        vals = [p["latencies"][i] for p in passes if p["latencies"][i] is not None]
+        out.append(statistics.median(vals) if vals else None)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", default="matmul512", choices=["matmul512", "conv3x3_resnet", "dwconv_mobilenet"])
+    ap.add_argument("--candidates", type=int, default=64)
+    ap.add_argument("--per-round", type=int, default=16)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    import tempfile
+
+    from bench.tuning_time import make_workload
+    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.targets import resolve_cpu_target
+
+    cores = len(os.sched_getaffinity(0))
+    target = make_target(resolve_cpu_target(num_cores=THREADS))
+    print(f"# doppler_replay: {args.workload}, {args.candidates} candidates, {args.per_round} a round, "
+          f"{args.passes} passes a side, T={THREADS}, cores={cores}, target {target}", flush=True)
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="doppler_replay_") as tmp:
+        t0 = time.perf_counter()
+        mods = sample_candidates(make_workload(args.workload), target, args.candidates, args.seed)
+        cands = build(mods, target, tmp)
+        print(f"  {len(cands)} candidates built in {time.perf_counter() - t0:.1f} s", flush=True)
+        runs: dict[str, list[dict]] = {s: [] for s in SIDES}
+        for k in range(args.passes):
+            order = list(SIDES) if k % 2 == 0 else list(reversed(list(SIDES)))
+            for side in order:
+                r = measure_pass(cands, args.per_round, SIDES[side])
+                runs[side].append(r)
+                print(f"  pass {k + 1} {side:18s} wall {r['wall_s']:6.1f} s  DOPs {r['dops']}  "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)
+
+    ref = reference(runs["dop1"])
+    sides_out = {}
+    for side, passes in runs.items():
+        ratios = [p["wall_s"] / d["wall_s"] for p, d in zip(passes, runs["dop1"])]
+        rhos = [spearman(p["latencies"], ref) for p in passes]
+        regs = [regret(p["latencies"], ref) for p in passes]
+        regs_top = [regret_of_top(p["latencies"], ref) for p in passes]
+        serial = {}
+        for p in passes:
+            for reason, row in p["serial_by_reason"].items():
+                tot = serial.setdefault(reason, {"n": 0, "secs": 0.0})
+                tot["n"] += row["n"] / len(passes)
+                tot["secs"] += row["secs"] / len(passes)
+        sides_out[side] = {
+            "wall_s": statistics.median(p["wall_s"] for p in passes),
+            "measure_ratio": statistics.median(ratios),
+            "final_dop": statistics.median(p["final_dop"] for p in passes),
+            "rounds_above_dop1": statistics.mean(p["rounds_above_dop1"] for p in passes),
+            "spearman": statistics.median(r for r in rhos if r is not None) if any(r is not None for r in rhos) else None,
+            "regret": statistics.median(r for r in regs if r is not None) if any(r is not None for r in regs) else None,
+            "regret_top10": (statistics.median(r for r in regs_top if r is not None)
+                             if any(r is not None for r in regs_top) else None),
+            "serial_by_reason": serial,
+            "outliers_skipped": statistics.mean(p["outliers_skipped"] for p in passes),
+            "passes": passes,
+        }
+    # the host's own repeatability: each DOP 1 pass against the median of the other DOP 1 passes
+    d1 = runs["dop1"]
+    self_rho = [spearman(p["latencies"], reference([q for q in d1 if q is not p])) for p in d1] if len(d1) > 1 else []
+    overall = {
+        "replay_measure_ratio": sides_out["dop_auto"]["measure_ratio"],
+        "replay_final_dop": sides_out["dop_auto"]["final_dop"],
+        "replay_spearman": sides_out["dop_auto"]["spearman"],
+        "replay_regret": sides_out["dop_auto"]["regret"],
+        "replay_regret_top10": sides_out["dop_auto"]["regret_top10"],
+        "replay_spearman_dop1": statistics.median(r for r in self_rho if r is not None) if self_rho else None,
+    }
+    for side in SIDES:
+        if side not in ("dop1", "dop_auto"):
+            for key in ("measure_ratio", "final_dop", "spearman", "regret", "regret_top10"):
+                overall[f"replay_{key}_{side}"] = sides_out[side][key]
+
+    print(f"\nthe same {len(ref)} candidates, {args.per_round} a round, median of {args.passes} passes "
+          f"(ratios against the DOP 1 pass of the same turn; reference = median DOP 1 timing):")
+    for side, s in sides_out.items():
+        ser = ", ".join(f"{reason} {row['n']:.0f} {row['secs']:.1f} s" for reason, row in sorted(s["serial_by_reason"].items()))
+        print(f"  {side:18s} wall {s['wall_s']:6.1f} s  x{s['measure_ratio']:.3f}  final DOP {s['final_dop']}  "
+              f"rounds > DOP 1 {s['rounds_above_dop1']:.1f}  spearman {s['spearman'] if s['spearman'] is None else round(s['spearman'], 3)}  "
+              f"regret {s['regret'] if s['regret'] is None else round(s['regret'], 3)} "
+              f"(top 10 % {s['regret_top10'] if s['regret_top10'] is None else round(s['regret_top10'], 3)})"
+              + (f"  serial: {ser}; slow outliers left {s['outliers_skipped']:.1f}" if ser else ""))
+    print(f"  DOP 1 against itself: spearman {overall['replay_spearman_dop1']}")
+    print(f"  bench {time.perf_counter() - t_all:.0f} s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({
+            "benchmark": "doppler_replay", "overall": overall, "sides": sides_out,
+            "settings": {"workload": args.workload, "candidates": len(ref), "per_round": args.per_round,
+                         "passes": args.passes, "seed": args.seed, "threads": THREADS},
+            "machine": machine_info(),
+        }, indent=1, default=str))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
