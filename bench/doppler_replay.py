@@ -177,6 +177,68 @@ def reference(passes: list[dict]) -> list[float | None]:
     return out
 
 
+def _median(values) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarize(runs: dict[str, list[dict]]) -> tuple[dict, dict]:
+    """(per side, overall) from every side's passes (``measure_pass`` results, in turn order)."""
+    ref = reference(runs["dop1"])
+    sides_out = {}
+    for side, passes in runs.items():
+        serial: dict[str, dict] = {}
+        for p in passes:
+            for reason, row in p["serial_by_reason"].items():
+                tot = serial.setdefault(reason, {"n": 0, "secs": 0.0})
+                tot["n"] += row["n"] / len(passes)
+                tot["secs"] += row["secs"] / len(passes)
+        sides_out[side] = {
+            "wall_s": statistics.median(p["wall_s"] for p in passes),
+            "measure_ratio": statistics.median(p["wall_s"] / d["wall_s"] for p, d in zip(passes, runs["dop1"])),
+            "final_dop": statistics.median(p["final_dop"] for p in passes),
+            "rounds_above_dop1": statistics.mean(p["rounds_above_dop1"] for p in passes),
+            "spearman": _median(spearman(p["latencies"], ref) for p in passes),
+            "regret": _median(regret(p["latencies"], ref) for p in passes),
+            "regret_top10": _median(regret_of_top(p["latencies"], ref) for p in passes),
+            "serial_by_reason": serial,
+            "outliers_skipped": statistics.mean(p["outliers_skipped"] for p in passes),
+            "passes": passes,
+        }
+    # the host's own repeatability: each DOP 1 pass against the median of the other DOP 1 passes
+    d1 = runs["dop1"]
+    self_rho = [spearman(p["latencies"], reference([q for q in d1 if q is not p])) for p in d1] if len(d1) > 1 else []
+    overall = {
+        "replay_measure_ratio": sides_out["dop_auto"]["measure_ratio"],
+        "replay_final_dop": sides_out["dop_auto"]["final_dop"],
+        "replay_spearman": sides_out["dop_auto"]["spearman"],
+        "replay_regret": sides_out["dop_auto"]["regret"],
+        "replay_regret_top10": sides_out["dop_auto"]["regret_top10"],
+        "replay_spearman_dop1": _median(self_rho),
+    }
+    for side in runs:
+        if side not in ("dop1", "dop_auto"):
+            for key in ("measure_ratio", "final_dop", "spearman", "regret", "regret_top10"):
+                overall[f"replay_{key}_{side}"] = sides_out[side][key]
+    return sides_out, overall
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def print_report(sides_out: dict, overall: dict, settings: dict) -> None:
+    print(f"\nthe same {settings['candidates']} candidates, {settings['per_round']} a round, median of "
+          f"{settings['passes']} passes (ratios against the DOP 1 pass of the same turn; reference = median DOP 1 timing):")
+    for side, s in sides_out.items():
+        ser = ", ".join(f"{reason} {row['n']:.0f} {row['secs']:.1f} s" for reason, row in sorted(s["serial_by_reason"].items()))
+        print(f"  {side:18s} wall {s['wall_s']:6.1f} s  x{s['measure_ratio']:.3f}  final DOP {s['final_dop']}  "
+              f"rounds > DOP 1 {s['rounds_above_dop1']:.1f}  spearman {_fmt(s['spearman'])}  "
+              f"regret {_fmt(s['regret'])} (top 10 % {_fmt(s['regret_top10'])})"
+              + (f"  serial: {ser}; slow outliers left {s['outliers_skipped']:.1f}" if ser else ""))
+    print(f"  DOP 1 against itself: spearman {_fmt(overall['replay_spearman_dop1'])}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="matmul512", choices=["matmul512", "conv3x3_resnet", "dwconv_mobilenet"])
@@ -185,7 +247,19 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--report", default=None, metavar="JSON",
+                    help="measure nothing: summarize a JSON this script wrote again (its passes), into --json or itself")
     args = ap.parse_args(argv)
+
+    if args.report:
+        saved = json.loads(Path(args.report).read_text())
+        runs = {side: s["passes"] for side, s in saved["sides"].items()}
+        sides_out, overall = summarize(runs)
+        print_report(sides_out, overall, saved["settings"])
+        out = Path(args.json or args.report)
+        out.write_text(json.dumps({**saved, "overall": overall, "sides": sides_out}, indent=1, default=str))
+        print(f"wrote {out}")
+        return 0
 
     import tempfile
 
@@ -212,65 +286,15 @@ def main(argv=None) -> int:
                 print(f"  pass {k + 1} {side:18s} wall {r['wall_s']:6.1f} s  DOPs {r['dops']}  "
                       f"load {os.getloadavg()[0]:.1f}", flush=True)
 
-    ref = reference(runs["dop1"])
-    sides_out = {}
-    for side, passes in runs.items():
-        ratios = [p["wall_s"] / d["wall_s"] for p, d in zip(passes, runs["dop1"])]
-        rhos = [spearman(p["latencies"], ref) for p in passes]
-        regs = [regret(p["latencies"], ref) for p in passes]
-        regs_top = [regret_of_top(p["latencies"], ref) for p in passes]
-        serial = {}
-        for p in passes:
-            for reason, row in p["serial_by_reason"].items():
-                tot = serial.setdefault(reason, {"n": 0, "secs": 0.0})
-                tot["n"] += row["n"] / len(passes)
-                tot["secs"] += row["secs"] / len(passes)
-        sides_out[side] = {
-            "wall_s": statistics.median(p["wall_s"] for p in passes),
-            "measure_ratio": statistics.median(ratios),
-            "final_dop": statistics.median(p["final_dop"] for p in passes),
-            "rounds_above_dop1": statistics.mean(p["rounds_above_dop1"] for p in passes),
-            "spearman": statistics.median(r for r in rhos if r is not None) if any(r is not None for r in rhos) else None,
-            "regret": statistics.median(r for r in regs if r is not None) if any(r is not None for r in regs) else None,
-            "regret_top10": (statistics.median(r for r in regs_top if r is not None)
-                             if any(r is not None for r in regs_top) else None),
-            "serial_by_reason": serial,
-            "outliers_skipped": statistics.mean(p["outliers_skipped"] for p in passes),
-            "passes": passes,
-        }
-    # the host's own repeatability: each DOP 1 pass against the median of the other DOP 1 passes
-    d1 = runs["dop1"]
-    self_rho = [spearman(p["latencies"], reference([q for q in d1 if q is not p])) for p in d1] if len(d1) > 1 else []
-    overall = {
-        "replay_measure_ratio": sides_out["dop_auto"]["measure_ratio"],
-        "replay_final_dop": sides_out["dop_auto"]["final_dop"],
-        "replay_spearman": sides_out["dop_auto"]["spearman"],
-        "replay_regret": sides_out["dop_auto"]["regret"],
-        "replay_regret_top10": sides_out["dop_auto"]["regret_top10"],
-        "replay_spearman_dop1": statistics.median(r for r in self_rho if r is not None) if self_rho else None,
-    }
-    for side in SIDES:
-        if side not in ("dop1", "dop_auto"):
-            for key in ("measure_ratio", "final_dop", "spearman", "regret", "regret_top10"):
-                overall[f"replay_{key}_{side}"] = sides_out[side][key]
-
-    print(f"\nthe same {len(ref)} candidates, {args.per_round} a round, median of {args.passes} passes "
-          f"(ratios against the DOP 1 pass of the same turn; reference = median DOP 1 timing):")
-    for side, s in sides_out.items():
-        ser = ", ".join(f"{reason} {row['n']:.0f} {row['secs']:.1f} s" for reason, row in sorted(s["serial_by_reason"].items()))
-        print(f"  {side:18s} wall {s['wall_s']:6.1f} s  x{s['measure_ratio']:.3f}  final DOP {s['final_dop']}  "
-              f"rounds > DOP 1 {s['rounds_above_dop1']:.1f}  spearman {s['spearman'] if s['spearman'] is None else round(s['spearman'], 3)}  "
-              f"regret {s['regret'] if s['regret'] is None else round(s['regret'], 3)} "
-              f"(top 10 % {s['regret_top10'] if s['regret_top10'] is None else round(s['regret_top10'], 3)})"
-              + (f"  serial: {ser}; slow outliers left {s['outliers_skipped']:.1f}" if ser else ""))
-    print(f"  DOP 1 against itself: spearman {overall['replay_spearman_dop1']}")
+    settings = {"workload": args.workload, "candidates": len(cands), "per_round": args.per_round,
+                "passes": args.passes, "seed": args.seed, "threads": THREADS}
+    sides_out, overall = summarize(runs)
+    print_report(sides_out, overall, settings)
     print(f"  bench {time.perf_counter() - t_all:.0f} s")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({
-            "benchmark": "doppler_replay", "overall": overall, "sides": sides_out,
-            "settings": {"workload": args.workload, "candidates": len(ref), "per_round": args.per_round,
-                         "passes": args.passes, "seed": args.seed, "threads": THREADS},
+            "benchmark": "doppler_replay", "overall": overall, "sides": sides_out, "settings": settings,
             "machine": machine_info(),
         }, indent=1, default=str))
         print(f"wrote {args.json}")
