@@ -251,25 +251,25 @@ class DOPController:
         (the ones to re-measure serially, the slow ones ``outliers="rankable"`` leaves as they are: past
         DOP x the median of the valid latencies)."""
         idx = [i for i, x in enumerate(latencies) if _valid(x)]
-        if not idx:
-            return [], []
-        z = robust_z_scores([latencies[i] for i in idx])
+        return self._split_outliers(latencies, idx, robust_z_scores([latencies[i] for i in idx]), dop)
+
+    def _split_outliers(self, latencies, idx: list[int], z: list[float], dop: int) -> tuple[list[int], list[int]]:
         outliers = [i for i, zi in zip(idx, z) if abs(zi) > self.z_threshold]
-        if self.outliers == "all" or dop <= 1:
+        if not idx or self.outliers == "all" or dop <= 1:
             return outliers, []
         bound = max(1, int(dop)) * statistics.median(latencies[i] for i in idx)
         return ([i for i in outliers if latencies[i] <= bound], [i for i in outliers if latencies[i] > bound])
 
-    def select_for_serial_remeasure(self, latencies: Sequence[float | None], dop: int = 1) -> list[int]:
-        """Indices to re-measure serially: the outliers (|robust z| > z_threshold) worth it at ``dop``
-        (:meth:`split_outliers`) plus ceil(sample_share x #good) good candidates, spread
+    def sample_for_serial(self, latencies: Sequence[float | None], dop: int = 1) -> tuple[list[int], list[int]]:
+        """(indices to re-measure serially, slow outliers left as measured): the outliers worth it at
+        ``dop`` (:meth:`split_outliers`) plus ceil(sample_share x #good) good candidates, spread
         evenly over the good ones' ranks and always including the fastest.
         Failed candidates (None / inf / >= 1e9) are not selected here."""
         idx = [i for i, x in enumerate(latencies) if _valid(x)]
         if not idx:
-            return []
+            return [], []
         z = robust_z_scores([latencies[i] for i in idx])
-        outliers, _ = self.split_outliers(latencies, dop)
+        outliers, skipped = self._split_outliers(latencies, idx, z, dop)
         good = sorted((i for i, zi in zip(idx, z) if abs(zi) <= self.z_threshold), key=lambda i: latencies[i])
         k = min(len(good), math.ceil(self.share * len(good))) if good else 0
         picks: list[int] = []
@@ -279,7 +279,11 @@ class DOPController:
             else:
                 step = (len(good) - 1) / (k - 1)
                 picks = sorted({good[round(j * step)] for j in range(k)})
-        return sorted(set(outliers) | set(picks))
+        return sorted(set(outliers) | set(picks)), skipped
+
+    def select_for_serial_remeasure(self, latencies: Sequence[float | None], dop: int = 1) -> list[int]:
+        """The indices :meth:`sample_for_serial` re-measures serially."""
+        return self.sample_for_serial(latencies, dop)[0]
 
     # ------------------------------------------------------------------ serial noise
     def noise_pairs_wanted(self, probe: bool = False) -> int:

@@ -214,8 +214,8 @@ def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[in
     n = len(rnd.jobs)
     rnd.parallel(list(range(n)), dop)
     lat = rnd.latencies(range(n))
-    sample = ctrl.select_for_serial_remeasure(lat, dop)
-    rnd.outliers_skipped += len(ctrl.split_outliers(lat, dop)[1])
+    sample, skipped = ctrl.sample_for_serial(lat, dop)
+    rnd.outliers_skipped += len(skipped)
     failed = [i for i in range(n) if rnd.results[i].first_failed]
     rnd.serial(sorted(set(sample) | set(failed)), count_as_remeasure=True)
     rnd.serial_repeat(rnd.fastest_serial(sample, ctrl.noise_pairs_wanted()), ctrl)
