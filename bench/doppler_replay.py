@@ -131,22 +131,14 @@ def measure_pass(cands, per_round: int, side: dict) -> dict:
 
 
 def spearman(a, b) -> float | None:
+    """Spearman rank correlation over the candidates both timed (scipy's: ties share a rank)."""
+    from scipy.stats import spearmanr
+
     pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
     if len(pairs) < 3:
         return None
-
-    def ranks(v):
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        for rank, i in enumerate(order):
-            r[i] = float(rank)
-        return r
-
-    ra, rb = ranks([p[0] for p in pairs]), ranks([p[1] for p in pairs])
-    ma, mb = statistics.mean(ra), statistics.mean(rb)
-    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    den = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return num / den if den else None
+    rho = float(spearmanr([p[0] for p in pairs], [p[1] for p in pairs]).statistic)
+    return None if math.isnan(rho) else rho
 
 
 def regret(lat, ref) -> float | None:
