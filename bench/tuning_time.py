@@ -460,11 +460,14 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
                   f"+ serial sample x{(p.get('serial_sample_ratio') or 0.0):.3f}")
         by = p["dop_auto"].get("serial_by_reason") or {}
         if by:
-            skipped = sum(h.get("outliers_skipped") or 0 for h in p["dop_auto"].get("dop_history") or [])
+            hist = p["dop_auto"].get("dop_history") or []
+            skipped = sum(h.get("outliers_skipped") or 0 for h in hist)
+            topped = sum(h.get("sample_topped_up") or 0 for h in hist)
             print(f"  {'':18s} serial timings: " + ", ".join(
                 f"{reason} {row['n']} x{p['serial_ratio_by_reason'].get(reason, 0.0):.3f}"
                 + (f" ({row['failed']} failed in parallel)" if row.get("failed") else "")
-                for reason, row in sorted(by.items())) + f"; slow outliers left as measured: {skipped}")
+                for reason, row in sorted(by.items())) + f"; slow outliers left as measured: {skipped}"
+                + f"; sample topped up by {topped}")
         fl, busy = p.get("wall_ratio_floor") or {}, p.get("busy_cores") or {}
         if fl.get("floor"):
             print(f"  {'':18s} least wall ratio here x{fl['floor']:.3f} (amdahl x{fl['amdahl'] or float('nan'):.3f}, "

@@ -280,3 +280,68 @@ def test_serial_time_is_booked_to_why_it_was_spent(clocked):
     assert res2.serial_by_reason["probe"]["n"] == 4 and res2.serial_by_reason["noise"]["n"] == 2
     total = rounds.serial_totals([res, res2])
     assert total["noise"]["n"] == 3 and total["sample"]["failed"] == 1 and total["probe"]["secs"] == 4.0
+
+
+@pytest.mark.parametrize("outliers", ["rankable", "all"])
+def test_an_uncorrectable_round_times_its_rest_serially_but_for_far_slow_candidates(outliers):
+    """Parallel timings 40 % slow (past correction_limit): the rest of the round is timed serially, except,
+    under "rankable", the candidates past DOP x the round's median, which rank last whatever they take."""
+    ctrl = DOPController(max_dop=2, initial_dop=2, outliers=outliers)
+    base = [1e-3 * (1 + 0.01 * i) for i in range(14)] + [40e-3, 50e-3]
+    fake = FakeMeasure(base, slowdown=1.0 / 0.6)
+    res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout, validated={2})
+    assert res.decision.backed_off and not res.correction_applied
+    assert res.serial_by_reason["uncorrectable"]["n"] > 0
+    timed = set(fake.measured_at(1))
+    assert set(range(14)) <= timed  # every candidate that could rank before the median has a serial timing
+    if outliers == "rankable":
+        assert not timed & {14, 15} and ctrl.history[-1].outliers_skipped == 2
+        assert res.candidates[15].final_secs == pytest.approx([50e-3 / 0.6] * 2)  # as measured in parallel
+    else:
+        assert {14, 15} <= timed and ctrl.history[-1].outliers_skipped == 0
+
+
+class GlitchMeasure(FakeMeasure):
+    """Like FakeMeasure, but job ``glitch``'s first serial timing comes out ``factor`` x slow."""
+
+    def __init__(self, base, *, glitch, factor, **kw):
+        super().__init__(base, **kw)
+        self.glitch, self.factor, self.glitched = glitch, factor, False
+
+    def __call__(self, jobs, dop):
+        out = super().__call__(jobs, dop)
+        if dop == 1 and self.glitch in jobs and not self.glitched:
+            self.glitched = True
+            secs = self.base[self.glitch] * self.factor
+            out[list(jobs).index(self.glitch)] = (MeasureOutcome([secs, secs], None, "w-d1"), 0.02)
+        return out
+
+
+def _calm_then(fake2, sample="adaptive"):
+    """A calm round that shrinks the adaptive sample, then a round measured by ``fake2``."""
+    ctrl = DOPController(max_dop=2, initial_dop=2, sample=sample, noise="measured")
+    base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
+    measure_round(list(range(16)), FakeMeasure(base), ctrl, is_serial_config=parallel_layout, validated={2})
+    shrunk = ctrl.share
+    res = measure_round(list(range(16)), fake2(base), ctrl, is_serial_config=parallel_layout, validated={2})
+    return ctrl, shrunk, res
+
+
+def test_a_shrunk_sample_with_an_uncorrectable_error_is_topped_up_before_the_round_decides():
+    # one glitched serial timing (1.8x) in a 2-candidate sample reads as a -0.4 error: past correction
+    # limit; topped up to 4 candidates it is -0.2, and the rest is corrected instead of timed serially
+    ctrl, shrunk, res = _calm_then(lambda b: GlitchMeasure(b, glitch=0, factor=1.8))
+    assert shrunk < ctrl.sample_share
+    assert ctrl.history[-1].sample_topped_up == 2 and res.decision.n_sampled == 4
+    assert res.decision.mean_signed_error == pytest.approx(-0.2)
+    assert "uncorrectable" not in res.serial_by_reason and res.correction_applied
+    assert res.serial_by_reason["sample"]["n"] == 4
+
+    # a real error survives the top-up: the rest is still timed serially
+    ctrl, _, res = _calm_then(lambda b: FakeMeasure(b, slowdown=1.0 / 0.6))
+    assert ctrl.history[-1].sample_topped_up == 2
+    assert res.serial_by_reason["uncorrectable"]["n"] == 16 - 4 and not res.correction_applied
+
+    # DOPpler's fixed sample never shrinks, so there is nothing to top up
+    ctrl, shrunk, res = _calm_then(lambda b: GlitchMeasure(b, glitch=0, factor=1.8), sample="fixed")
+    assert shrunk == ctrl.sample_share and ctrl.history[-1].sample_topped_up == 0

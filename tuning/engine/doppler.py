@@ -27,7 +27,10 @@ interference only, never thread scaling; max DOP = the number of slots (floor(co
 With ``sample="adaptive"`` (the platform's default, see ``DOP_SAMPLES``) a round whose sample showed
 an error below half the threshold, at a DOP that stays, lets the next round at that DOP sample half as
 many good candidates (never under ``min_sample_share``; outliers, failures and the fastest are always
-re-measured); any other round restores ``sample_share``. DOPpler samples 20 % every round, which keeps
+re-measured); any other round restores ``sample_share``. A shrunk sample whose error is past
+``correction_limit`` is topped up to ``sample_share`` before the round decides (``top_up_sample``): past
+that limit the round times its whole rest serially, and two timings (one of them possibly a serial
+glitch: session 15 saw a -0.62 error from two) are too little evidence to pay for that. DOPpler samples 20 % every round, which keeps
 a DOP 2 round at 0.5 + 0.2 of a serial one however calm the host.
 
 With ``noise="measured"`` (the platform's default, see ``DOP_NOISES``) the threshold is judged against
@@ -47,7 +50,9 @@ the round's median whatever its true latency, so its serial timing cannot change
 and it is the dearest timing of the round (the evaluator runs a candidate ``number`` times at least: a
 candidate 30x the median costs 30x as much as the median's minimum repeat). Fast outliers and failures
 are always re-measured. On a 2-core host the slow outliers were most of DOPpler's serial time (session
-15: 11 sample timings of 0.8 s each against 0.24 s for the probe's). ``outliers="all"`` is DOPpler's.
+15: 11 sample timings of 0.8 s each against 0.24 s for the probe's). The same bound (``rankable_bound``,
+widened by the error when serial timings came out slower) spares the candidates past it when a round's
+error is too large to correct and its rest is timed serially. ``outliers="all"`` is DOPpler's.
 
 A back-off to DOP 1 (one noisy probe on a loaded host) is not final: parallelism is re-probed after
 ``reprobe_after`` rounds, then twice as many, at most ``max_reprobes`` times (RoundStat.reprobe).
@@ -132,7 +137,8 @@ class RoundStat:
     reprobe: bool = False  # this round's decision re-opened parallelism after a back-off to 1
     sample_share: float | None = None  # the share of good candidates this round re-measured serially
     serial_noise: float | None = None  # the host's serial noise this round's decision allowed for
-    outliers_skipped: int = 0  # slow outliers not re-measured serially (outliers="rankable")
+    outliers_skipped: int = 0  # slow candidates left as measured, not timed serially (outliers="rankable")
+    sample_topped_up: int = 0  # candidates added to a shrunk sample whose error was past correction (top_up_sample)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -253,12 +259,38 @@ class DOPController:
         idx = [i for i, x in enumerate(latencies) if _valid(x)]
         return self._split_outliers(latencies, idx, robust_z_scores([latencies[i] for i in idx]), dop)
 
+    def rankable_bound(self, latencies: Sequence[float | None], dop: int,
+                       mean_signed_error: float | None = None) -> float | None:
+        """The parallel latency past which a candidate measured at ``dop`` ranks after the round's median
+        whatever its serial timing (``outliers="rankable"``; None: DOPpler's rule, or DOP 1): DOP x the
+        median of the valid ``latencies``, widened by (1 - error) when the round's serial timings came
+        out slower than its parallel ones (a negative signed error)."""
+        valid = [x for x in latencies if _valid(x)]
+        if not valid or self.outliers == "all" or dop <= 1:
+            return None
+        widen = max(1.0, 1.0 - mean_signed_error) if mean_signed_error is not None else 1.0
+        return max(1, int(dop)) * statistics.median(valid) * widen
+
     def _split_outliers(self, latencies, idx: list[int], z: list[float], dop: int) -> tuple[list[int], list[int]]:
         outliers = [i for i, zi in zip(idx, z) if abs(zi) > self.z_threshold]
-        if not idx or self.outliers == "all" or dop <= 1:
+        bound = self.rankable_bound(latencies, dop) if idx else None
+        if bound is None:
             return outliers, []
-        bound = max(1, int(dop)) * statistics.median(latencies[i] for i in idx)
         return ([i for i in outliers if latencies[i] <= bound], [i for i in outliers if latencies[i] > bound])
+
+    def _spread_picks(self, good: list[int], share: float) -> list[int]:
+        """ceil(share x #good) of ``good`` (sorted fastest first), spread evenly over its ranks, the fastest
+        always among them."""
+        k = min(len(good), math.ceil(share * len(good))) if good else 0
+        if k <= 0:
+            return []
+        if k == 1:
+            return [good[0]]
+        step = (len(good) - 1) / (k - 1)
+        return sorted({good[round(j * step)] for j in range(k)})
+
+    def _good_sorted(self, latencies, idx: list[int], z: list[float]) -> list[int]:
+        return sorted((i for i, zi in zip(idx, z) if abs(zi) <= self.z_threshold), key=lambda i: latencies[i])
 
     def sample_for_serial(self, latencies: Sequence[float | None], dop: int = 1) -> tuple[list[int], list[int]]:
         """(indices to re-measure serially, slow outliers left as measured): the outliers worth it at
@@ -270,16 +302,27 @@ class DOPController:
             return [], []
         z = robust_z_scores([latencies[i] for i in idx])
         outliers, skipped = self._split_outliers(latencies, idx, z, dop)
-        good = sorted((i for i, zi in zip(idx, z) if abs(zi) <= self.z_threshold), key=lambda i: latencies[i])
-        k = min(len(good), math.ceil(self.share * len(good))) if good else 0
-        picks: list[int] = []
-        if k > 0:
-            if k == 1:
-                picks = [good[0]]
-            else:
-                step = (len(good) - 1) / (k - 1)
-                picks = sorted({good[round(j * step)] for j in range(k)})
+        picks = self._spread_picks(self._good_sorted(latencies, idx, z), self.share)
         return sorted(set(outliers) | set(picks)), skipped
+
+    def top_up_sample(self, latencies: Sequence[float | None], sample: Sequence[int],
+                      serial: Sequence[float | None]) -> list[int]:
+        """Good candidates to time serially on top of ``sample`` (whose serial timings are ``serial``)
+        before the round decides: with ``sample="adaptive"``, a sample this round shrank (after calm
+        rounds) that shows an error past ``correction_limit`` is brought back to ``sample_share``. Two
+        timings are too few to send a whole round back to serial timing (the uncorrectable branch);
+        the top-up candidates are ones that branch would time anyway, so it costs nothing when the error
+        holds. Empty when the sample was full, the error correctable, or the rule is DOPpler's."""
+        if not (self.adaptive and self.sample == "adaptive") or self.share >= self.sample_share:
+            return []
+        err = self.sample_error([latencies[i] for i in sample], serial)
+        if err is None or self.can_correct(err):
+            return []
+        idx = [i for i, x in enumerate(latencies) if _valid(x)]
+        z = robust_z_scores([latencies[i] for i in idx])
+        taken = set(sample)
+        return [i for i in self._spread_picks(self._good_sorted(latencies, idx, z), self.sample_share)
+                if i not in taken]
 
     def select_for_serial_remeasure(self, latencies: Sequence[float | None], dop: int = 1) -> list[int]:
         """The indices :meth:`sample_for_serial` re-measures serially."""
@@ -313,6 +356,18 @@ class DOPController:
         return min(self.error_threshold + (self.serial_noise or 0.0), max(self.error_threshold, self.correction_limit))
 
     # ------------------------------------------------------------------ rule
+    @staticmethod
+    def _signed_errors(parallel: Sequence[float | None], serial: Sequence[float | None]) -> list[float]:
+        """(parallel - serial) / parallel of each valid pair."""
+        if len(parallel) != len(serial):
+            raise ValueError("parallel and serial must be paired")
+        return [(p - s) / p for p, s in zip(parallel, serial) if _valid(p) and _valid(s) and p > 0]
+
+    def sample_error(self, parallel: Sequence[float | None], serial: Sequence[float | None]) -> float | None:
+        """The signed mean error of paired timings (what :meth:`update` corrects by); None without a pair."""
+        signed = self._signed_errors(parallel, serial)
+        return sum(signed) / len(signed) if signed else None
+
     def correct(self, latencies: Sequence[float], mean_error: float | None) -> list[float]:
         """Scale latencies by (1 - mean_error) when |mean_error| < correction_limit."""
         if mean_error is None or abs(mean_error) >= self.correction_limit:
@@ -335,14 +390,8 @@ class DOPController:
         either side are skipped); ``failures`` counts candidates that failed in
         parallel but not serially. With ``latencies``, also returns them
         corrected by the round's mean (signed) error."""
-        if len(parallel) != len(serial):
-            raise ValueError("parallel and serial must be paired")
-        errors: list[float] = []
-        signed: list[float] = []
-        for p, s in zip(parallel, serial):
-            if _valid(p) and _valid(s) and p > 0:
-                errors.append(abs(p - s) / p)
-                signed.append((p - s) / p)
+        signed = self._signed_errors(parallel, serial)
+        errors = [abs(e) for e in signed]
         mean_error = sum(errors) / len(errors) if errors else None
         mean_signed = sum(signed) / len(signed) if signed else None
 

@@ -10,7 +10,9 @@ A round (see ``runner`` for the whole picture):
 * a DOP not validated yet (``probe_first``): measure an evenly spread probe in parallel, re-measure
   it serially, and decide before spending the whole round at that DOP;
 * else: measure everything in parallel, re-measure the controller's sample and the failures
-  serially, then correct the rest by the mean error (or re-measure it when too large to correct).
+  serially (a sample the adaptive rule shrank is topped up to the full share when it shows an error
+  past correction), then correct the rest by the mean error, or, when that is too large to correct,
+  re-measure the rest serially but for the candidates that rank after the round's median anyway.
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ class _Round:
         self.parallel_wall_s = 0.0
         self.serial_wall_s = 0.0
         self.serial_by_reason: dict[str, dict] = {}
-        self.outliers_skipped = 0  # slow outliers left as measured (DOPController.split_outliers)
+        self.outliers_skipped = 0  # slow candidates left as measured (DOPController.rankable_bound)
+        self.sample_topped_up = 0  # candidates a shrunk sample was topped up with (DOPController.top_up_sample)
 
     def _timed(self, idx: Sequence[int], dop: int, *,
                serial: str | None) -> Sequence[tuple[MeasureOutcome, float | None]]:
@@ -218,6 +221,11 @@ def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[in
     rnd.outliers_skipped += len(skipped)
     failed = [i for i in range(n) if rnd.results[i].first_failed]
     rnd.serial(sorted(set(sample) | set(failed)), count_as_remeasure=True)
+    extra = ctrl.top_up_sample(lat, sample, [rnd.results[i].serial_latency_s for i in sample])
+    if extra:  # a shrunk sample showed an uncorrectable error: decide on the full share first
+        rnd.serial(extra, count_as_remeasure=True)
+        rnd.sample_topped_up += len(extra)
+        sample = sorted(set(sample) | set(extra))
     rnd.serial_repeat(rnd.fastest_serial(sample, ctrl.noise_pairs_wanted()), ctrl)
     decision = ctrl.update([lat[i] for i in sample], [rnd.results[i].serial_latency_s for i in sample],
                            rnd.failures_due_to_parallelism(failed))
@@ -228,7 +236,12 @@ def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[in
     if rest and ctrl.can_correct(err):
         rnd.correct(rest, ctrl, err)
     elif rest and err is not None and remeasure_on_large_error:
-        rnd.serial(rest, count_as_remeasure=True, reason="uncorrectable")
+        # past correction: time the rest serially, but for the candidates that rank after the round's
+        # median whatever their serial timing (DOPController.rankable_bound), left as measured
+        bound = ctrl.rankable_bound(lat, dop, err)
+        rankable = [i for i in rest if bound is None or lat[i] is None or lat[i] <= bound]
+        rnd.outliers_skipped += len(set(rest) - set(rankable) - set(skipped))  # the sample's were counted
+        rnd.serial(rankable, count_as_remeasure=True, reason="uncorrectable")
     return decision
 
 
@@ -278,6 +291,7 @@ def measure_round(
             warm_dop = decision.dop_after
         if ctrl.history:
             ctrl.history[-1].outliers_skipped = rnd.outliers_skipped  # this round's row
+            ctrl.history[-1].sample_topped_up = rnd.sample_topped_up
     return RoundResult(dop=dop, decision=decision, candidates=rnd.results,
                        correction_applied=rnd.correction_applied, validated=validated, warm_dop=warm_dop,
                        parallel_wall_s=rnd.parallel_wall_s, serial_wall_s=rnd.serial_wall_s,
