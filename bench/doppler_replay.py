@@ -103,8 +103,7 @@ def measure_pass(cands, per_round: int, side: dict) -> dict:
 
     runner = PooledAsyncRunner(threads=THREADS, dop=side["dop"], dop_rule=side.get("dop_rule"))
     try:
-        for pool in list(runner._pools.values()):  # workers up (TVM imported) before the clock starts
-            pool.wait_ready()
+        runner.wait_ready()  # workers up (TVM imported) before the clock starts
         lat: list[float | None] = []
         t0 = time.perf_counter()
         for start in range(0, len(cands), per_round):

@@ -128,6 +128,8 @@ def test_a_parallel_pool_reuses_the_serial_worker_on_slot_0():
         serial, parallel = runner._pools[1], runner._pools[2]
         assert len(parallel) == 2 and parallel.workers[0] is serial.workers[0]
         assert parallel.workers[1].spec.cpu_ids == [1]
+        runner.wait_ready()  # what a benchmark waits on before its clock starts
+        assert all(w._ready and w.alive for w in parallel.workers)
         runner.retire_pools({1})
         assert set(runner._pools) == {1}
         assert serial.workers[0].alive and not parallel.workers[1].alive

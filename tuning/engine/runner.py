@@ -353,6 +353,15 @@ class PooledAsyncRunner(PyRunner):
                                                timeout=timeout)
             return bool(done) and self._pending == 0
 
+    def wait_ready(self) -> None:
+        """Block until the workers started so far (the serial one, the first round's) have imported TVM
+        and said hello, each within its start timeout (WorkerError past it): a benchmark that times
+        rounds starts its clock after this."""
+        with self._pool_lock:
+            pools = list(self._pools.values())
+        for pool in pools:
+            pool.wait_ready()
+
     def shutdown(self) -> None:
         if self._closed:
             return
