@@ -30,8 +30,8 @@ many good candidates (never under ``min_sample_share``; outliers, failures and t
 re-measured); any other round restores ``sample_share``. A shrunk sample whose error is past
 ``correction_limit`` is topped up to ``sample_share`` before the round decides (``top_up_sample``): past
 that limit the round times its whole rest serially, and two timings (one of them possibly a serial
-glitch: session 15 saw a -0.62 error from two) are too little evidence to pay for that. DOPpler samples 20 % every round, which keeps
-a DOP 2 round at 0.5 + 0.2 of a serial one however calm the host.
+glitch: session 15 saw a -0.62 error from two) are too little evidence to pay for that. DOPpler
+samples 20 % every round, which keeps a DOP 2 round at 0.5 + 0.2 of a serial one however calm the host.
 
 With ``noise="measured"`` (the platform's default, see ``DOP_NOISES``) the threshold is judged against
 the serial measurement's own repeatability on this host: each parallel round re-measures serially a
