@@ -40,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine_info  # noqa: E402
+from bench.tuning_time import TIR_WORKLOADS  # noqa: E402
 
 THREADS = 1  # each core a measurement slot (as bench/tuning_time.py's parallel pairs)
 SIDES = {
@@ -232,7 +233,7 @@ def print_report(sides_out: dict, overall: dict, settings: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", default="matmul512", choices=["matmul512", "conv3x3_resnet", "dwconv_mobilenet"])
+    ap.add_argument("--workload", default="matmul512", choices=TIR_WORKLOADS)
     ap.add_argument("--candidates", type=int, default=64)
     ap.add_argument("--per-round", type=int, default=16)
     ap.add_argument("--passes", type=int, default=3)

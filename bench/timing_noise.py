@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine_info  # noqa: E402
 from bench.doppler_replay import SIDES, build, measure_pass, sample_candidates  # noqa: E402
+from bench.tuning_time import TIR_WORKLOADS  # noqa: E402
 
 CONDITIONS = [("idle", 0, 0), ("load1_nice0", 1, 0), ("load1_nice19", 1, 19), ("load2_nice0", 2, 0),
               ("load2_nice19", 2, 19)]
@@ -61,7 +62,7 @@ def summarize(runs: dict[str, list[tuple[list, list]]]) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", default="matmul512", choices=["matmul512", "conv3x3_resnet", "dwconv_mobilenet"])
+    ap.add_argument("--workload", default="matmul512", choices=TIR_WORKLOADS)
     ap.add_argument("--candidates", type=int, default=32)
     ap.add_argument("--per-round", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2)

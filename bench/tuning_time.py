@@ -71,6 +71,7 @@ WORKLOADS = {
     "dwconv_mobilenet": ("tir", "depthwise conv2d NCHW 1x128x56x56, 3x3, pad 1 (MobileNet)"),
     "small_cnn": ("onnx", "zoo small_cnn through Relax (5 tasks)"),
 }
+TIR_WORKLOADS = [name for name, (kind, _) in WORKLOADS.items() if kind == "tir"]  # single PrimFuncs
 
 ABLATION = {
     # label -> TuningConfig overrides (all on top of mode="doppler")
