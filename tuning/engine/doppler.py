@@ -256,8 +256,7 @@ class DOPController:
         """The outliers (|robust z| > z_threshold) among the valid ``latencies``, measured at ``dop``:
         (the ones to re-measure serially, the slow ones ``outliers="rankable"`` leaves as they are: past
         DOP x the median of the valid latencies)."""
-        idx = [i for i, x in enumerate(latencies) if _valid(x)]
-        return self._split_outliers(latencies, idx, robust_z_scores([latencies[i] for i in idx]), dop)
+        return self._split_outliers(latencies, *self._scored(latencies), dop)
 
     def rankable_bound(self, latencies: Sequence[float | None], dop: int,
                        mean_signed_error: float | None = None) -> float | None:
@@ -289,6 +288,12 @@ class DOPController:
         step = (len(good) - 1) / (k - 1)
         return sorted({good[round(j * step)] for j in range(k)})
 
+    @staticmethod
+    def _scored(latencies: Sequence[float | None]) -> tuple[list[int], list[float]]:
+        """The indices of the valid ``latencies`` and their robust z-scores."""
+        idx = [i for i, x in enumerate(latencies) if _valid(x)]
+        return idx, robust_z_scores([latencies[i] for i in idx])
+
     def _good_sorted(self, latencies, idx: list[int], z: list[float]) -> list[int]:
         return sorted((i for i, zi in zip(idx, z) if abs(zi) <= self.z_threshold), key=lambda i: latencies[i])
 
@@ -297,10 +302,9 @@ class DOPController:
         ``dop`` (:meth:`split_outliers`) plus ceil(sample_share x #good) good candidates, spread
         evenly over the good ones' ranks and always including the fastest.
         Failed candidates (None / inf / >= 1e9) are not selected here."""
-        idx = [i for i, x in enumerate(latencies) if _valid(x)]
+        idx, z = self._scored(latencies)
         if not idx:
             return [], []
-        z = robust_z_scores([latencies[i] for i in idx])
         outliers, skipped = self._split_outliers(latencies, idx, z, dop)
         picks = self._spread_picks(self._good_sorted(latencies, idx, z), self.share)
         return sorted(set(outliers) | set(picks)), skipped
@@ -318,8 +322,7 @@ class DOPController:
         err = self.sample_error([latencies[i] for i in sample], serial)
         if err is None or self.can_correct(err):
             return []
-        idx = [i for i, x in enumerate(latencies) if _valid(x)]
-        z = robust_z_scores([latencies[i] for i in idx])
+        idx, z = self._scored(latencies)
         taken = set(sample)
         return [i for i in self._spread_picks(self._good_sorted(latencies, idx, z), self.sample_share)
                 if i not in taken]
