@@ -6,6 +6,8 @@ import pytest
 
 from tuning.engine.doppler import DOPController, robust_z_scores
 
+HALF_NORMAL_SD = math.sqrt(math.pi / 2 - 1)  # sd / mean of the absolute value of a centred normal
+
 
 def test_starts_at_one_and_grows_by_clamped_step():
     c = DOPController(max_dop=64)
@@ -218,9 +220,29 @@ def test_serial_noise_is_the_mean_of_recent_serial_repeats_and_ignores_failures(
     ctrl.record_serial_repeat([1.0, 1.0], [1.3, 1.0])
     assert ctrl.noise_errors == pytest.approx([0.2, 0.3, 0.0])  # the window keeps the last 3
     assert ctrl.serial_noise == pytest.approx(0.5 / 3)
-    assert ctrl.allowed_error() == pytest.approx(0.05 + 0.5 / 3)
-    ctrl.record_serial_repeat([1.0] * 3, [2.0] * 3)  # a wild host: never past the correction limit
-    assert ctrl.allowed_error() == ctrl.correction_limit
+    # the noise, the threshold, and one standard error of the noise's mean over its 3 pairs
+    assert ctrl.allowed_error() == pytest.approx(0.5 / 3 + 0.05 + HALF_NORMAL_SD * (0.5 / 3) / math.sqrt(3))
+    ctrl.record_serial_repeat([1.0] * 3, [2.0] * 3)  # a wild host: the excess allowed never passes the limit
+    assert ctrl.allowed_error([0.5] * 2) == pytest.approx(1.0 + ctrl.correction_limit)
+
+
+def test_the_allowed_excess_over_the_noise_narrows_as_the_pairs_add_up():
+    # 20 % parallel-vs-serial against 10 % serial noise: from 4 and 4 pairs the 10 % excess is within one
+    # standard error of DOPpler's 5 %, from 16 and 16 it is not
+    few = DOPController(max_dop=4, initial_dop=2, noise="measured")
+    few.record_serial_repeat([1.0] * 4, [1.1] * 4)
+    se = HALF_NORMAL_SD * math.sqrt(0.2 ** 2 / 4 + 0.1 ** 2 / 4)
+    assert few.allowed_error([0.2] * 4) == pytest.approx(0.1 + 0.05 + se) and 0.1 + 0.05 + se > 0.2
+    assert not few.update([1.0] * 4, [0.8] * 4).backed_off
+    assert few.history[-1].allowed_error == pytest.approx(0.1 + 0.05 + se)
+    many = DOPController(max_dop=4, initial_dop=2, noise="measured")
+    many.record_serial_repeat([1.0] * 16, [1.1] * 16)
+    assert many.allowed_error([0.2] * 16) < 0.2 and many.update([1.0] * 16, [0.8] * 16).backed_off
+    # noise_z = 0 is the point rule: the threshold above the mean noise, whatever the sample size
+    point = DOPController(max_dop=4, initial_dop=2, noise="measured", noise_z=0)
+    point.record_serial_repeat([1.0] * 4, [1.1] * 4)
+    assert point.allowed_error([0.2] * 4) == pytest.approx(0.15) and point.update([1.0] * 4, [0.8] * 4).backed_off
+    assert point.would_back_off([1.0, 1.0], [0.8, 0.8]) and not few.would_back_off([1.0, 1.0], [0.9, 0.9])
 
 
 def test_dopplers_rule_ignores_serial_noise_and_the_platform_default_measures_it():
@@ -239,5 +261,5 @@ def test_a_round_within_threshold_above_the_noise_keeps_its_dop_and_says_so():
     dec = ctrl.update([1.0] * 4, [0.88] * 4)  # 12 % parallel-vs-serial: within 5 % above the noise
     assert not dec.backed_off and ctrl.dop > 2 and dec.serial_noise == pytest.approx(0.1)
     assert ctrl.history[-1].serial_noise == pytest.approx(0.1)
-    dec = ctrl.update([1.0] * 4, [0.8] * 4)  # 20 %: 10 % above the noise
+    dec = ctrl.update([1.0] * 4, [0.7] * 4)  # 30 %: 20 % above the noise, past the threshold + one standard error
     assert dec.backed_off
