@@ -301,9 +301,10 @@ def child_main(spec: dict) -> None:
 
 
 # --------------------------------------------------------------------------- parallel measurement alone
-def _parallel_pairs(args, names, spec, root: Path) -> list[dict]:
-    """DOP 1 vs DOP auto, the same engine, workloads, trials and seed, at T = PARALLEL_THREADS (so each
-    core is a measurement slot); interleaved so drifting machine load hits both sides alike."""
+def _parallel_pairs(args, names, spec, root: Path, seed: int, sides: list[str]) -> list[dict]:
+    """DOP 1 vs DOP auto (and the ``sides`` ablations), the same engine, workloads, trials and ``seed``, at
+    T = PARALLEL_THREADS (so each core is a measurement slot); interleaved so drifting machine load hits
+    both sides alike."""
     target = {"kind": "llvm", "num-cores": PARALLEL_THREADS}
     tir = [n for n in names if WORKLOADS.get(n, ("onnx",))[0] == "tir"]
     # --quick: 16 a round, four rounds of 64 trials (two rounds of 32 leave the controller no round to
@@ -311,28 +312,34 @@ def _parallel_pairs(args, names, spec, root: Path) -> list[dict]:
     per_round = 16 if args.quick else 32
     pairs = []
     for i, name in enumerate(tir[:2] if args.quick else tir):
-        sides = list(PARALLEL_SIDES) if i % 2 == 0 else list(reversed(list(PARALLEL_SIDES)))
-        pair = {"workload": name, "threads": PARALLEL_THREADS}
-        for side in sides:
-            sp = spec("ours", name, f"par_{side}", overrides=PARALLEL_SIDES[side], threads=PARALLEL_THREADS,
-                      target=target, per_round=per_round)
+        pair = {"workload": name, "threads": PARALLEL_THREADS, "seed": seed}
+        for side in (sides if i % 2 == 0 else list(reversed(sides))):
+            sp = spec("ours", name, f"par_s{seed}_{side}", overrides=PARALLEL_SIDES[side], threads=PARALLEL_THREADS,
+                      target=target, per_round=per_round, seed=seed)
             pair[side] = run_child(SCRIPT, sp, timeout=1800)
             pair[side]["work_dir"] = sp["work_dir"]
-            print(f"  {name:18s} T={PARALLEL_THREADS} {side:8s} wall {pair[side]['wall_s']:7.1f} s  "
+            print(f"  {name:18s} seed {seed} T={PARALLEL_THREADS} {side:8s} wall {pair[side]['wall_s']:7.1f} s  "
                   f"final DOP {pair[side].get('final_dop')}  load {os.getloadavg()[0]:.1f}", flush=True)
         pairs.append(pair)
     return pairs
 
 
+def _sides(pair: dict) -> list[str]:
+    """The PARALLEL_SIDES a pair ran."""
+    return [side for side in PARALLEL_SIDES if side in pair]
+
+
 def _remeasure_parallel(pairs: list[dict], target: dict, root: Path) -> None:
-    """Both winners of every pair re-measured in one fresh process at the pair's thread count."""
-    items = {p["workload"]: {side: p[side]["work_dir"] for side in PARALLEL_SIDES} for p in pairs}
-    rm = run_child(SCRIPT, {"kind": "remeasure", "label": "remeasure_parallel",
+    """The winners of every side of a seed's pairs re-measured in one fresh process at the pairs' thread count."""
+    items = {p["workload"]: {side: p[side]["work_dir"] for side in _sides(p)} for p in pairs}
+    tag = "_".join(sorted({f"s{p['seed']}" for p in pairs}))
+    rm = run_child(SCRIPT, {"kind": "remeasure", "label": f"remeasure_parallel_{tag}",
                             "target": {**target, "num-cores": PARALLEL_THREADS}, "threads": PARALLEL_THREADS,
-                            "items": items, "rounds": 3, "out": str(root / "remeasure_parallel.json")}, timeout=1800)
+                            "items": items, "rounds": 3, "out": str(root / f"remeasure_parallel_{tag}.json")},
+                   timeout=1800)
     for p in pairs:
         m = rm.get(p["workload"], {})
-        for side in PARALLEL_SIDES:
+        for side in _sides(p):
             p[side]["best_latency_s"] = m.get(side)
         p["wall_ratio"] = p["dop_auto"]["wall_s"] / p["dop1"]["wall_s"]
         p["latency_ratio"] = m["dop_auto"] / m["dop1"] if m.get("dop_auto") and m.get("dop1") else None
@@ -350,7 +357,7 @@ def _remeasure_parallel(pairs: list[dict], target: dict, root: Path) -> None:
                                        (p["dop_auto"].get("serial_by_reason") or {}).items()} if t1 else {}
         p["error_at_final_dop"] = _error_at_final_dop(p["dop_auto"])
         p["wall_ratio_floor"] = _wall_ratio_floor(p["dop1"], len(os.sched_getaffinity(0)))
-        p["busy_cores"] = {side: (p[side].get("cpu") or {}).get("busy_cores") for side in PARALLEL_SIDES}
+        p["busy_cores"] = {side: (p[side].get("cpu") or {}).get("busy_cores") for side in _sides(p)}
         for side, key in PARALLEL_ABLATIONS.items():
             ss = p.get(side)
             if ss:
@@ -416,7 +423,7 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         "parallel_wall_ratio_floor_amdahl": geomean((p.get("wall_ratio_floor") or {}).get("amdahl") for p in pairs),
         "parallel_wall_ratio_floor_cpu": geomean((p.get("wall_ratio_floor") or {}).get("cpu") for p in pairs),
         "parallel_busy_cores": {side: _mean_or_none((p.get("busy_cores") or {}).get(side) for p in pairs)
-                                for side in PARALLEL_SIDES},
+                                for side in PARALLEL_SIDES if any(side in p for p in pairs)},
         # the measuring share of DOP 1's run: the most DOP auto can save is this share x (1 - 1/DOP - sample)
         "parallel_measure_share_dop1": geomean(
             p["dop1"]["phase_secs"]["measure_rounds"] / p["dop1"]["wall_s"] for p in pairs
@@ -430,6 +437,31 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         out[f"parallel_measure_phase_ratio_{key}"] = geomean(
             r["measure_phase_ratio"] for r in rows if r["measure_phase_ratio"]) if rows else None
         out[f"parallel_latency_ratio_{key}"] = geomean(r["latency_ratio"] for r in rows if r["latency_ratio"]) if rows else None
+    return out
+
+
+# the ratios a run over several seeds reports as the median of each seed's own (the search's trajectory moves
+# a single seed's wall and latency by tens of percent: bench/README.md)
+SEED_MEDIAN_KEYS = ("parallel_wall_ratio", "parallel_latency_ratio", "parallel_measure_phase_ratio",
+                    "parallel_measure_at_dop_ratio", "parallel_serial_sample_ratio", "parallel_wall_ratio_floor",
+                    *(f"parallel_{kind}_ratio_{key}" for key in PARALLEL_ABLATIONS.values()
+                      for kind in ("wall", "measure_phase", "latency")))
+
+
+def _parallel_over_seeds(pairs: list[dict]) -> dict:
+    """``_parallel_overall`` of every (seed, workload) pair; over several seeds, the SEED_MEDIAN_KEYS are the
+    median of each seed's own figure instead, each seed's kept under ``parallel_by_seed``."""
+    seeds = sorted({p["seed"] for p in pairs})
+    out = _parallel_overall(pairs)
+    out["parallel_seeds"] = seeds
+    if len(seeds) > 1:
+        by_seed = {seed: _parallel_overall([p for p in pairs if p["seed"] == seed]) for seed in seeds}
+        for key in SEED_MEDIAN_KEYS:
+            vals = [by_seed[seed].get(key) for seed in seeds if by_seed[seed].get(key) is not None]
+            out[key] = statistics.median(vals) if vals else None
+        out["parallel_by_seed"] = {str(seed): {key: by_seed[seed].get(key) for key in SEED_MEDIAN_KEYS}
+                                   for seed in seeds}
+        out["parallel_aggregate"] = f"median over {len(seeds)} seeds of each seed's geomean over its workloads"
     return out
 
 
@@ -453,7 +485,7 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
           "measure = wall time of the DOPpler rounds):")
     for p in pairs:
         lr, mr, e = p.get("latency_ratio"), p.get("measure_phase_ratio"), p.get("error_at_final_dop")
-        print(f"  {p['workload']:18s} dop1 {p['dop1']['wall_s']:7.1f} s  auto {p['dop_auto']['wall_s']:7.1f} s  "
+        print(f"  {p['workload'][:12]:12s} s{p['seed']:<3d} dop1 {p['dop1']['wall_s']:7.1f} s  auto {p['dop_auto']['wall_s']:7.1f} s  "
               f"wall x{p['wall_ratio']:.3f}  measure x{(mr or float('nan')):.3f}  lat x{(lr or float('nan')):.3f}  "
               f"final DOP {p['dop_auto'].get('final_dop')}  err {(e if e is not None else float('nan')):.3f}")
         if p.get("measure_at_dop_ratio"):
@@ -497,6 +529,18 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
             f"{reason} x{ratio:.3f}" for reason, ratio in overall["parallel_serial_ratio_by_reason"].items()))
 
 
+def _print_seeds(overall: dict) -> None:
+    print(f"\nparallel measurement over seeds {overall['parallel_seeds']} ({overall['parallel_aggregate']}):")
+    for seed, row in overall["parallel_by_seed"].items():
+        print(f"  seed {seed:>3s}  wall x{row['parallel_wall_ratio']:.3f}  "
+              f"measure x{(row['parallel_measure_phase_ratio'] or float('nan')):.3f}  "
+              f"lat x{(row['parallel_latency_ratio'] or float('nan')):.3f}")
+    print(f"  {'median':9s} wall x{overall['parallel_wall_ratio']:.3f}  "
+          f"measure x{(overall['parallel_measure_phase_ratio'] or float('nan')):.3f}  "
+          f"lat x{(overall['parallel_latency_ratio'] or float('nan')):.3f}  "
+          f"final DOP (median of all pairs) {overall['parallel_final_dop']}")
+
+
 # --------------------------------------------------------------------------- driver
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -509,6 +553,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-parallel", action="store_true", help="skip the DOP auto vs DOP 1 pair at T=1")
     ap.add_argument("--only-parallel", action="store_true", help="only the DOP auto vs DOP 1 pair at T=1")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seeds", default=None,
+                    help="comma list of seeds for the DOP auto vs DOP 1 pairs (paired by seed; the ratios are "
+                         "the median of each seed's); default: --seed")
+    ap.add_argument("--parallel-sides", default=",".join(PARALLEL_SIDES),
+                    help=f"comma list of the parallel pair's sides (dop1 and dop_auto always; default all: "
+                         f"{', '.join(PARALLEL_SIDES)})")
     ap.add_argument("--population", type=int, default=None, help="evolutionary population, both sides (quick: 128, else TVM's 512)")
     ap.add_argument("--genetic-iters", type=int, default=None, help="genetic iterations, both sides (quick: 2, else TVM's 4)")
     ap.add_argument("--json", default=None, help="write the result JSON here")
@@ -518,6 +568,12 @@ def main(argv=None) -> int:
         child_main(json.loads(args.job))
         return 0
 
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    sides = [side for side in args.parallel_sides.split(",") if side]
+    unknown = sorted(set(sides) - set(PARALLEL_SIDES))
+    if unknown:
+        ap.error(f"unknown --parallel-sides {', '.join(unknown)} (choose from {', '.join(PARALLEL_SIDES)})")
+    sides = [side for side in PARALLEL_SIDES if side in {"dop1", "dop_auto", *sides}]
     cores = len(os.sched_getaffinity(0))
     threads = args.threads or cores
     target = {"kind": "llvm", "num-cores": cores}
@@ -561,10 +617,14 @@ def main(argv=None) -> int:
         }
 
     # parallel measurement alone first (on a shared machine the load drifts: its figures come early)
-    parallel = [] if args.no_parallel else _parallel_pairs(args, names, spec, root)
-    if parallel:
-        _remeasure_parallel(parallel, target, root)
-        _print_parallel(parallel, _parallel_overall(parallel))
+    parallel: list[dict] = []
+    for seed in [] if args.no_parallel else seeds:
+        pairs = _parallel_pairs(args, names, spec, root, seed, sides)
+        _remeasure_parallel(pairs, target, root)
+        _print_parallel(pairs, _parallel_overall(pairs))
+        parallel += pairs
+    if len(seeds) > 1 and parallel:
+        _print_seeds(_parallel_over_seeds(parallel))
     rows = []
     for i, name in enumerate([] if args.only_parallel else names):
         order = ["stock", "ours"] if i % 2 == 0 else ["ours", "stock"]
@@ -625,7 +685,7 @@ def main(argv=None) -> int:
         "ours_wall_s_total": sum(r["ours"]["wall_s"] for r in rows),
     }
     if parallel:
-        overall.update(_parallel_overall(parallel))
+        overall.update(_parallel_over_seeds(parallel))
     machine["loadavg_end"] = list(os.getloadavg())
     result = {
         "benchmark": "tuning_time",
@@ -643,6 +703,8 @@ def main(argv=None) -> int:
             "evaluator_remeasure": {"number": 3, "repeat": 5, "min_repeat_ms": 100, "rounds": 3},
             "search": {"population": population or 512, "genetic_iters": genetic_iters or 4, "same_on_both_sides": True},
             "seed": args.seed,
+            "parallel_seeds": seeds,
+            "parallel_sides": sides,
         },
         "bench_wall_s": time.perf_counter() - started,
     }

@@ -158,6 +158,7 @@ def test_rankable_outliers_leave_far_slow_ones_as_measured():
     assert c.split_outliers(lat, dop=1) == ([20, 21, 22], [])
     assert DOPController(outliers="all").split_outliers(lat, dop=2) == ([20, 21, 22], [])
     assert DOPController.for_dop("auto", 2).outliers == "rankable"
+    assert DOPController.for_dop("auto", 2).sample == "pooled"  # the platform's sample rule
     with pytest.raises(ValueError, match="outliers must be one of"):
         DOPController(outliers="some")
 

@@ -355,3 +355,58 @@ def test_a_shrunk_sample_with_an_uncorrectable_error_is_topped_up_before_the_rou
     # DOPpler's fixed sample never shrinks, so there is nothing to top up
     ctrl, shrunk, res = _calm_then(lambda b: GlitchMeasure(b, glitch=0, factor=1.8), sample="fixed")
     assert shrunk == ctrl.sample_share and ctrl.history[-1].sample_topped_up == 0
+
+
+def _pooled_after_probe(fake):
+    """A calm probe round (4 pairs, 1 noise pair) under sample="pooled", then a round measured by ``fake``."""
+    ctrl = DOPController(max_dop=2, start="probe", sample="pooled", noise="measured")
+    base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
+    first = measure_round(list(range(16)), FakeMeasure(base), ctrl, is_serial_config=parallel_layout)
+    assert ctrl.history[-1].n_pooled == 4 and len(ctrl.pairs) == 4 and ctrl.share == 0.0
+    assert first.serial_by_reason["noise"]["n"] == 1
+    fake = fake(base)
+    res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout, validated=first.validated)
+    return ctrl, fake, res
+
+
+def test_a_pooled_round_re_times_its_fastest_and_decides_on_the_recent_rounds_pairs():
+    ctrl, fake, res = _pooled_after_probe(lambda b: FakeMeasure(b, slowdown=1.02))
+    assert fake.calls[0] == (list(range(16)), 2)  # the whole round in parallel
+    # the fastest alone, timed twice: 1 noise pair known after the probe, 2 wanted
+    assert fake.measured_at(1) == [0, 0] and ctrl.history[-1].n_sampled == 1
+    assert ctrl.history[-1].n_pooled == 5 and res.decision.n_sampled == 1
+    # pooled mean error: the probe's four exact pairs and this round's 2 % one
+    assert res.decision.mean_error == pytest.approx(0.02 / 1.02 / 5)
+    assert not res.decision.backed_off and ctrl.dop == 2 and res.correction_applied
+    # one round later: two noise pairs known, so the fastest is timed serially once
+    res2 = measure_round(list(range(16)), FakeMeasure(list(fake.base), slowdown=1.02), ctrl,
+                         is_serial_config=parallel_layout, validated=res.validated)
+    assert res2.serial_by_reason == {"sample": {"n": 1, "secs": pytest.approx(res2.serial_wall_s)}}
+    assert ctrl.history[-1].n_pooled == 6
+
+
+def test_a_pooled_round_whose_own_pair_shows_real_interference_tops_up_and_decides_alone():
+    ctrl, fake, res = _pooled_after_probe(lambda b: FakeMeasure(b, slowdown=1.0 / 0.6))  # 40 % slow now
+    assert ctrl.history[-1].sample_topped_up == 3 and res.decision.n_sampled == 4
+    assert ctrl.history[-1].n_pooled == 4  # the probe's calm pairs were dropped, not averaged in
+    assert res.decision.backed_off and ctrl.dop == 1 and ctrl.pairs == []
+    assert "uncorrectable" in res.serial_by_reason and not res.correction_applied
+    assert ctrl.share == ctrl.sample_share  # the next parallel round samples in full again
+
+
+def test_a_pooled_round_whose_own_pair_glitched_is_topped_up_and_kept_by_the_pooled_pairs():
+    # the fastest's serial timing glitches 1.28x: past correction on its own; topped up, the round's own
+    # four pairs stay within the allowance, and the decision pools them with the probe's four
+    ctrl, fake, res = _pooled_after_probe(lambda b: GlitchMeasure(b, glitch=0, factor=1.28))
+    assert ctrl.history[-1].sample_topped_up == 3 and ctrl.history[-1].n_pooled == 8
+    assert res.decision.mean_signed_error == pytest.approx(-0.28 / 8)
+    assert not res.decision.backed_off and ctrl.dop == 2 and res.correction_applied
+    assert "uncorrectable" not in res.serial_by_reason and len(ctrl.pairs) == 8
+
+
+def test_pooled_pairs_restart_when_the_dop_changes():
+    ctrl = DOPController(max_dop=16, start="probe", sample="pooled", noise="measured")
+    assert ctrl.dop == 8
+    res = measure_round(list(range(32)), FakeMeasure([1e-3] * 32), ctrl, is_serial_config=parallel_layout)
+    assert not res.decision.backed_off and ctrl.dop > 8  # a calm probe raises the DOP
+    assert ctrl.pairs == [] and ctrl.share == ctrl.sample_share  # pairs of DOP 8 say nothing about DOP 12

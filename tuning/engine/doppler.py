@@ -24,7 +24,7 @@ The rule (DOPpler, IEEE TPDS 2023; Conductor's ``doppler_bic``):
 Every parallel worker measures at the deployment thread count T on a slot of its own (slots.py),
 and the serial reference is slot 0 at T threads while the other slots idle, so the error measures
 interference only, never thread scaling; max DOP = the number of slots (floor(cores / T)).
-With ``sample="adaptive"`` (the platform's default, see ``DOP_SAMPLES``) a round whose sample showed
+With ``sample="adaptive"`` (see ``DOP_SAMPLES``) a round whose sample showed
 an error below half the threshold, at a DOP that stays, lets the next round at that DOP sample half as
 many good candidates (never under ``min_sample_share``; outliers, failures and the fastest are always
 re-measured); any other round restores ``sample_share``. A shrunk sample whose error is past
@@ -32,6 +32,18 @@ re-measured); any other round restores ``sample_share``. A shrunk sample whose e
 that limit the round times its whole rest serially, and two timings (one of them possibly a serial
 glitch: session 15 saw a -0.62 error from two) are too little evidence to pay for that. DOPpler
 samples 20 % every round, which keeps a DOP 2 round at 0.5 + 0.2 of a serial one however calm the host.
+
+With ``sample="pooled"`` (the platform's default) the error a round decides on is pooled with the recent
+rounds' at the same DOP (the last ``pair_window`` pairs; emptied when the DOP changes or backs off): once
+that window holds ``min_pooled_pairs`` pairs, a round re-times serially only its fastest candidate (plus
+its fast outliers and failures), and a noise pair (one of a probe) only while fewer than
+``min_noise_pairs`` are known or when the decision hinges on it. A round whose own pairs are :meth:`~DOPController.contested` (they would
+back off alone, or their error is past the pooled allowance) is topped up to ``sample_share`` and, if its
+own evidence still backs off, decides alone. Interference is a property of the host and the DOP that
+drifts slowly (a change shows as a contested round), so the pooled pairs give the decision as many pairs
+as DOPpler's 20 % of a round at a fraction of the serial timings, and the serial share no longer caps the
+gain of a large DOP: DOPpler's 20 % keeps a round
+at DOP 16 at 1/16 + 0.2 of a serial one (x0.26), the fastest alone at 1/16 + 1/n.
 
 With ``noise="measured"`` (the platform's default, see ``DOP_NOISES``) the threshold is judged against
 the serial measurement's own repeatability on this host: each parallel round re-measures serially a
@@ -84,7 +96,9 @@ __all__ = ["DOPController", "RoundDecision", "RoundStat", "robust_z_scores", "de
 # before the rest of the round) decide whether to keep it; a bad probe measures the rest serially.
 DOP_STARTS = ("probe", "serial")
 # "fixed": DOPpler's sample_share every round. "adaptive": halve it after a calm round (module doc).
-DOP_SAMPLES = ("adaptive", "fixed")
+# "pooled": once recent rounds at the DOP hold min_pooled_pairs pairs, a round re-times only its fastest
+# (and its outliers and failures) and decides on the pooled pairs (module doc).
+DOP_SAMPLES = ("pooled", "adaptive", "fixed")
 # "measured": the error threshold is counted above the host's measured serial noise (module doc).
 # "none": DOPpler's rule, the serial timing taken as exact.
 DOP_NOISES = ("measured", "none")
@@ -147,6 +161,7 @@ class RoundStat:
     serial_noise: float | None = None  # the host's serial noise this round's decision allowed for
     outliers_skipped: int = 0  # slow candidates left as measured, not timed serially (outliers="rankable")
     sample_topped_up: int = 0  # candidates added to a shrunk sample whose error was past correction (top_up_sample)
+    n_pooled: int | None = None  # the pairs this round's decision used (sample="pooled": recent rounds' too)
     allowed_error: float | None = None  # the mean error this round could show and keep its DOP (allowed_error)
 
     def to_dict(self) -> dict:
@@ -196,6 +211,9 @@ class DOPController:
         noise_window: int = 16,
         noise_z: float = 1.0,
         outliers: str = "all",
+        pair_window: int = 12,
+        min_pooled_pairs: int = 4,
+        min_noise_pairs: int = 2,
     ) -> None:
         self.cap = float(cap)
         self.initial_cap = float(cap)
@@ -230,6 +248,11 @@ class DOPController:
         self.noise_window = max(1, int(noise_window))
         self.noise_z = max(0.0, float(noise_z))
         self.noise_errors: list[float] = []  # |serial_1 - serial_2| / serial_1 of repeated serial timings
+        # sample="pooled": signed errors of recent pairs at the current DOP (emptied when the DOP changes)
+        self.pair_window = max(1, int(pair_window))
+        self.min_pooled_pairs = max(1, int(min_pooled_pairs))
+        self.min_noise_pairs = max(1, int(min_noise_pairs))
+        self.pairs: list[float] = []
         self.share = self.sample_share  # this round's (adaptive: shrinks after calm rounds)
         self.dop = self._clamp(initial_dop)
         if start == "probe" and self.adaptive and initial_dop == 1:
@@ -237,7 +260,7 @@ class DOPController:
         self.history: list[RoundStat] = []
 
     @classmethod
-    def for_dop(cls, dop: str | int, max_dop: int, *, start: str = "probe", sample: str = "adaptive",
+    def for_dop(cls, dop: str | int, max_dop: int, *, start: str = "probe", sample: str = "pooled",
                 noise: str = "measured", outliers: str = "rankable") -> "DOPController":
         """The controller a runner uses for a run's ``dop`` setting: "auto" adapts (from ``start``,
         sampling as ``sample`` says, judging errors as ``noise`` says, re-measuring the outliers
@@ -290,8 +313,8 @@ class DOPController:
 
     def _spread_picks(self, good: list[int], share: float) -> list[int]:
         """ceil(share x #good) of ``good`` (sorted fastest first), spread evenly over its ranks, the fastest
-        always among them."""
-        k = min(len(good), math.ceil(share * len(good))) if good else 0
+        always among them (share 0: the fastest alone)."""
+        k = min(len(good), max(1, math.ceil(share * len(good)))) if good else 0
         if k <= 0:
             return []
         if k == 1:
@@ -323,15 +346,16 @@ class DOPController:
     def top_up_sample(self, latencies: Sequence[float | None], sample: Sequence[int],
                       serial: Sequence[float | None]) -> list[int]:
         """Good candidates to time serially on top of ``sample`` (whose serial timings are ``serial``)
-        before the round decides: with ``sample="adaptive"``, a sample this round shrank (after calm
-        rounds) that shows an error that would back the DOP off (past ``allowed_error``, or a bias past
-        ``correction_limit``) is brought back to ``sample_share``. Two timings are too few to send a whole round back to serial
+        before the round decides: with ``sample="adaptive"`` or ``"pooled"``, a sample this round shrank
+        (after calm rounds, or to its fastest once pairs were pooled) that is :meth:`contested` (an error
+        that would back the DOP off, a bias past ``correction_limit``, or, pooled, an error past the
+        pooled pairs' allowance) is brought back to ``sample_share``. Two timings are too few to send a whole round back to serial
         timing (the uncorrectable branch) or the next rounds to DOP 1; the top-up candidates are ones
         that branch would time anyway, and a few of those cost less than a serial round. Empty when the
         sample was full, its error neither uncorrectable nor too large, or the rule is DOPpler's."""
-        if not (self.adaptive and self.sample == "adaptive") or self.share >= self.sample_share:
+        if not (self.adaptive and self.sample in ("adaptive", "pooled")) or self.share >= self.sample_share:
             return []
-        if not self.would_back_off([latencies[i] for i in sample], serial):
+        if not self.contested([latencies[i] for i in sample], serial):
             return []
         idx, z = self._scored(latencies)
         taken = set(sample)
@@ -343,11 +367,19 @@ class DOPController:
         return self.sample_for_serial(latencies, dop)[0]
 
     # ------------------------------------------------------------------ serial noise
-    def noise_pairs_wanted(self, probe: bool = False) -> int:
-        """How many sampled candidates this round should time serially a second time (0: none)."""
+    def noise_pairs_wanted(self, probe: bool = False, contested: bool = False) -> int:
+        """How many sampled candidates this round should time serially a second time (0: none): two of a
+        probe, one of any other round. With ``sample="pooled"`` one of a probe, and a round after it adds
+        one only while fewer than ``min_noise_pairs`` are known or when its decision hinges on the noise
+        (``contested``, see :meth:`contested`): the standard-error term of :meth:`allowed_error` already
+        widens the allowance of a noise estimate from few pairs."""
         if self.noise != "measured" or not self.adaptive:
             return 0
-        return 2 if probe else 1
+        if not self.pooling:
+            return 2 if probe else 1
+        if probe or contested or len(self.noise_errors) < self.min_noise_pairs:
+            return 1
+        return 0
 
     def record_serial_repeat(self, first: Sequence[float | None], second: Sequence[float | None]) -> None:
         """Two serial timings of the same candidates: their relative differences are the host's serial noise."""
@@ -385,6 +417,33 @@ class DOPController:
     def would_back_off(self, parallel: Sequence[float | None], serial: Sequence[float | None]) -> bool:
         """Whether these paired timings alone would make :meth:`update` back off for their error."""
         return self._error_too_large(self._signed_errors(parallel, serial))
+
+    @property
+    def pooling(self) -> bool:
+        """Whether rounds decide on recent rounds' pairs too (``sample="pooled"``, DOP auto)."""
+        return self.adaptive and self.sample == "pooled"
+
+    def contested(self, parallel: Sequence[float | None], serial: Sequence[float | None]) -> bool:
+        """Whether a round's own pairs disagree with what its DOP may show: they would back off on their
+        own, or (``sample="pooled"``) their mean error is past the allowance of the pooled pairs (the
+        host may have changed: the round's sample is topped up and, past the allowance on its own
+        evidence, decides alone)."""
+        signed = self._signed_errors(parallel, serial)
+        if self._error_too_large(signed):
+            return True
+        if not (self.pooling and signed and self.pairs):
+            return False
+        pooled = [abs(e) for e in self.pairs + signed]
+        return sum(abs(e) for e in signed) / len(signed) > self.allowed_error(pooled)
+
+    def _decision_errors(self, signed: list[float]) -> list[float]:
+        """The signed errors a round decides on: its own, or (``sample="pooled"``) its own after the recent
+        rounds' at this DOP, unless its own would back off (then the pooled pairs are dropped)."""
+        if not self.pooling or not signed:
+            return signed
+        if self._error_too_large(signed):
+            self.pairs = []
+        return self.pairs + signed
 
     def _error_too_large(self, signed: Sequence[float]) -> bool:
         """A round's sampled error is too large to keep its DOP: the mean absolute error is past
@@ -431,7 +490,8 @@ class DOPController:
         either side are skipped); ``failures`` counts candidates that failed in
         parallel but not serially. With ``latencies``, also returns them
         corrected by the round's mean (signed) error."""
-        signed = self._signed_errors(parallel, serial)
+        own = self._signed_errors(parallel, serial)
+        signed = self._decision_errors(own)
         errors = [abs(e) for e in signed]
         mean_error = sum(errors) / len(errors) if errors else None
         mean_signed = sum(signed) / len(signed) if signed else None
@@ -453,6 +513,9 @@ class DOPController:
         else:
             reprobe = False
         share_used = self.share if parallel else None
+        if self.pooling:  # the window holds pairs of the DOP the next round measures at
+            keep = signed and not backed_off and self.dop == dop_before
+            self.pairs = signed[-self.pair_window:] if keep else []
         self._next_share(dop_before, None if mean_error is None else mean_error - (noise or 0.0), backed_off)
         decision = RoundDecision(
             dop_before=dop_before,
@@ -484,6 +547,7 @@ class DOPController:
                 sample_share=share_used,
                 serial_noise=noise,
                 allowed_error=allowed if errors else None,
+                n_pooled=len(signed) if self.pooling and parallel else None,
             )
         )
         return decision
@@ -492,6 +556,9 @@ class DOPController:
         """Adaptive sampling: a calm round (sampled error, above the serial noise when measured, under
         half the threshold) at a DOP > 1 that stays halves the next round's share, down to
         min_sample_share; any other round restores it."""
+        if self.pooling:  # the fastest alone once the window holds enough pairs of this DOP
+            self.share = 0.0 if len(self.pairs) >= self.min_pooled_pairs else self.sample_share
+            return
         calm = (self.sample == "adaptive" and not backed_off and mean_error is not None and dop_before > 1
                 and self.dop == dop_before and mean_error <= self.error_threshold / 2)
         self.share = max(self.min_sample_share, self.share / 2) if calm else self.sample_share

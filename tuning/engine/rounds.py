@@ -226,9 +226,10 @@ def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[in
         rnd.serial(extra, count_as_remeasure=True)
         rnd.sample_topped_up += len(extra)
         sample = sorted(set(sample) | set(extra))
-    rnd.serial_repeat(rnd.fastest_serial(sample, ctrl.noise_pairs_wanted()), ctrl)
-    decision = ctrl.update([lat[i] for i in sample], [rnd.results[i].serial_latency_s for i in sample],
-                           rnd.failures_due_to_parallelism(failed))
+    sampled_serial = [rnd.results[i].serial_latency_s for i in sample]
+    contested = ctrl.contested([lat[i] for i in sample], sampled_serial)
+    rnd.serial_repeat(rnd.fastest_serial(sample, ctrl.noise_pairs_wanted(contested=contested)), ctrl)
+    decision = ctrl.update([lat[i] for i in sample], sampled_serial, rnd.failures_due_to_parallelism(failed))
     if not decision.backed_off:
         validated.add(dop)
     rest = [i for i in range(n) if not rnd.results[i].remeasured and rnd.results[i].final_secs]

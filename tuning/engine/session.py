@@ -91,7 +91,9 @@ class TuningConfig:
     mode: str = "doppler"
     dop: str | int = "auto"
     dop_start: str = "probe"  # DOP "auto": "probe" (first round probes a parallel DOP) or "serial" (DOPpler's DOP 1)
-    dop_sample: str = "adaptive"  # DOP "auto": "adaptive" (calm rounds sample less) or "fixed" (DOPpler's 20 %)
+    # DOP "auto": "pooled" (once recent rounds hold enough pairs, a round re-times its fastest and decides on
+    # the pooled pairs), "adaptive" (calm rounds sample half as much) or "fixed" (DOPpler's 20 % every round)
+    dop_sample: str = "pooled"
     # DOP "auto": "measured" (the error threshold counts above the host's measured serial noise) or
     # "none" (DOPpler's rule: one serial timing taken as exact)
     dop_noise: str = "measured"
