@@ -37,13 +37,13 @@ With ``sample="pooled"`` (the platform's default) the error a round decides on i
 rounds' at the same DOP (the last ``pair_window`` pairs; emptied when the DOP changes or backs off): once
 that window holds ``min_pooled_pairs`` pairs, a round re-times serially only its fastest candidate (plus
 its fast outliers and failures), and a noise pair (one of a probe) only while fewer than
-``min_noise_pairs`` are known or when the decision hinges on it. A round whose own pairs are :meth:`~DOPController.contested` (they would
-back off alone, or their error is past the pooled allowance) is topped up to ``sample_share`` and, if its
-own evidence still backs off, decides alone. Interference is a property of the host and the DOP that
-drifts slowly (a change shows as a contested round), so the pooled pairs give the decision as many pairs
-as DOPpler's 20 % of a round at a fraction of the serial timings, and the serial share no longer caps the
-gain of a large DOP: DOPpler's 20 % keeps a round
-at DOP 16 at 1/16 + 0.2 of a serial one (x0.26), the fastest alone at 1/16 + 1/n.
+``min_noise_pairs`` are known or when the decision hinges on it. A round whose own pairs are
+:meth:`~DOPController.contested` (they would back off alone, or their error is past the pooled
+allowance) is topped up to ``sample_share`` and, if its own evidence still backs off, decides alone.
+Interference is a property of the host and the DOP that drifts slowly (a change shows as a contested
+round), so the pooled pairs give the decision as many pairs as DOPpler's 20 % of a round at a fraction
+of the serial timings, and the serial share no longer caps the gain of a large DOP: DOPpler's 20 % keeps
+a round at DOP 16 at 1/16 + 0.2 of a serial one (x0.26), the fastest alone at 1/16 + 1/n.
 
 With ``noise="measured"`` (the platform's default, see ``DOP_NOISES``) the threshold is judged against
 the serial measurement's own repeatability on this host: each parallel round re-measures serially a
@@ -349,8 +349,9 @@ class DOPController:
         before the round decides: with ``sample="adaptive"`` or ``"pooled"``, a sample this round shrank
         (after calm rounds, or to its fastest once pairs were pooled) that is :meth:`contested` (an error
         that would back the DOP off, a bias past ``correction_limit``, or, pooled, an error past the
-        pooled pairs' allowance) is brought back to ``sample_share``. Two timings are too few to send a whole round back to serial
-        timing (the uncorrectable branch) or the next rounds to DOP 1; the top-up candidates are ones
+        pooled pairs' allowance) is brought back to ``sample_share``. Two timings are too few to send a
+        whole round back to serial timing (the uncorrectable branch) or the next rounds to DOP 1; the
+        top-up candidates are ones
         that branch would time anyway, and a few of those cost less than a serial round. Empty when the
         sample was full, its error neither uncorrectable nor too large, or the rule is DOPpler's."""
         if not (self.adaptive and self.sample in ("adaptive", "pooled")) or self.share >= self.sample_share:
@@ -439,10 +440,8 @@ class DOPController:
     def _decision_errors(self, signed: list[float]) -> list[float]:
         """The signed errors a round decides on: its own, or (``sample="pooled"``) its own after the recent
         rounds' at this DOP, unless its own would back off (then the pooled pairs are dropped)."""
-        if not self.pooling or not signed:
+        if not self.pooling or not signed or self._error_too_large(signed):
             return signed
-        if self._error_too_large(signed):
-            self.pairs = []
         return self.pairs + signed
 
     def _error_too_large(self, signed: Sequence[float]) -> bool:
@@ -490,8 +489,7 @@ class DOPController:
         either side are skipped); ``failures`` counts candidates that failed in
         parallel but not serially. With ``latencies``, also returns them
         corrected by the round's mean (signed) error."""
-        own = self._signed_errors(parallel, serial)
-        signed = self._decision_errors(own)
+        signed = self._decision_errors(self._signed_errors(parallel, serial))
         errors = [abs(e) for e in signed]
         mean_error = sum(errors) / len(errors) if errors else None
         mean_signed = sum(signed) / len(signed) if signed else None
