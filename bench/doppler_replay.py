@@ -48,6 +48,7 @@ SIDES = {
     "dop_auto": dict(dop="auto"),
     "all_outliers": dict(dop="auto", dop_rule={"outliers": "all"}),
     "dopplers_threshold": dict(dop="auto", dop_rule={"noise": "none"}),
+    "fixed_sample": dict(dop="auto", dop_rule={"sample": "fixed"}),
 }
 
 
