@@ -43,6 +43,8 @@ candidates' latencies) shows how much of a wall-time difference the
 trajectory alone explains.
 
     .venv/bin/python bench/tuning_time.py [--quick] [--threads 2] [--json bench/results/tuning_time.json]
+    .venv/bin/python bench/tuning_time.py --quick --only-parallel --seeds 1,2,3 \
+        [--parallel-sides dop1,dop_auto,dop_auto_fixed_sample]   # the pairs over seeds: medians of each seed's
 """
 
 from __future__ import annotations
@@ -441,7 +443,7 @@ def _parallel_overall(pairs: list[dict]) -> dict:
 
 
 # the ratios a run over several seeds reports as the median of each seed's own (the search's trajectory moves
-# a single seed's wall and latency by tens of percent: bench/README.md)
+# a single seed's wall and latency by tens of percent: the README's DOPpler section)
 SEED_MEDIAN_KEYS = ("parallel_wall_ratio", "parallel_latency_ratio", "parallel_measure_phase_ratio",
                     "parallel_measure_at_dop_ratio", "parallel_serial_sample_ratio", "parallel_wall_ratio_floor",
                     *(f"parallel_{kind}_ratio_{key}" for key in PARALLEL_ABLATIONS.values()
