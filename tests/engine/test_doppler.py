@@ -264,3 +264,26 @@ def test_a_round_within_threshold_above_the_noise_keeps_its_dop_and_says_so():
     assert ctrl.history[-1].serial_noise == pytest.approx(0.1)
     dec = ctrl.update([1.0] * 4, [0.7] * 4)  # 30 %: 20 % above the noise, past the threshold + one standard error
     assert dec.backed_off
+
+
+def test_pooled_noise_pairs_only_while_few_are_known_or_when_the_round_is_contested():
+    c = DOPController(max_dop=2, initial_dop=2, sample="pooled", noise="measured")
+    assert c.noise_pairs_wanted(probe=True) == 1 and c.noise_pairs_wanted() == 1  # none known yet
+    c.record_serial_repeat([1.0, 1.0], [1.01, 0.99])
+    assert c.noise_pairs_wanted() == 0  # two known: the standard-error term covers the rest
+    assert c.noise_pairs_wanted(contested=True) == 1  # the decision hinges on the noise: one more
+    fixed = DOPController(max_dop=2, initial_dop=2, sample="fixed", noise="measured")
+    fixed.record_serial_repeat([1.0, 1.0], [1.01, 0.99])
+    assert fixed.noise_pairs_wanted(probe=True) == 2 and fixed.noise_pairs_wanted() == 1  # every round
+
+
+def test_a_contested_pair_is_one_past_the_pooled_allowance_or_one_that_would_back_off_alone():
+    c = DOPController(max_dop=2, initial_dop=2, sample="pooled", noise="measured")
+    c.record_serial_repeat([1.0, 1.0], [1.01, 0.99])  # serial noise 1 %
+    c.pairs = [0.02, -0.01, 0.03, 0.01]  # calm rounds at this DOP
+    assert not c.contested([1.03], [1.0])  # 3 % off: within what the pool allows
+    assert c.contested([1.15], [1.0])  # 13 % off: past the pooled allowance, though not past its own
+    assert not c.would_back_off([1.15], [1.0])
+    assert c.contested([1.5], [1.0])  # 33 % off: past the correction limit on its own
+    c.pairs = []  # nothing pooled yet (a probe): only its own evidence counts
+    assert not c.contested([1.15], [1.0])
