@@ -351,9 +351,9 @@ class DOPController:
         that would back the DOP off, a bias past ``correction_limit``, or, pooled, an error past the
         pooled pairs' allowance) is brought back to ``sample_share``. Two timings are too few to send a
         whole round back to serial timing (the uncorrectable branch) or the next rounds to DOP 1; the
-        top-up candidates are ones
-        that branch would time anyway, and a few of those cost less than a serial round. Empty when the
-        sample was full, its error neither uncorrectable nor too large, or the rule is DOPpler's."""
+        top-up candidates are ones that branch would time anyway, and a few of those cost less than a
+        serial round. Empty when the sample was full, its error neither uncorrectable nor too large, or
+        the rule is DOPpler's."""
         if not (self.adaptive and self.sample in ("adaptive", "pooled")) or self.share >= self.sample_share:
             return []
         if not self.contested([latencies[i] for i in sample], serial):

@@ -226,10 +226,11 @@ def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[in
         rnd.serial(extra, count_as_remeasure=True)
         rnd.sample_topped_up += len(extra)
         sample = sorted(set(sample) | set(extra))
+    sampled_parallel = [lat[i] for i in sample]
     sampled_serial = [rnd.results[i].serial_latency_s for i in sample]
-    contested = ctrl.contested([lat[i] for i in sample], sampled_serial)
+    contested = ctrl.contested(sampled_parallel, sampled_serial)
     rnd.serial_repeat(rnd.fastest_serial(sample, ctrl.noise_pairs_wanted(contested=contested)), ctrl)
-    decision = ctrl.update([lat[i] for i in sample], sampled_serial, rnd.failures_due_to_parallelism(failed))
+    decision = ctrl.update(sampled_parallel, sampled_serial, rnd.failures_due_to_parallelism(failed))
     if not decision.backed_off:
         validated.add(dop)
     rest = [i for i in range(n) if not rnd.results[i].remeasured and rnd.results[i].final_secs]
