@@ -49,6 +49,7 @@ SIDES = {
     "all_outliers": dict(dop="auto", dop_rule={"outliers": "all"}),
     "dopplers_threshold": dict(dop="auto", dop_rule={"noise": "none"}),
     "fixed_sample": dict(dop="auto", dop_rule={"sample": "fixed"}),
+    "immediate_back_off": dict(dop="auto", dop_rule={"back_off": "immediate"}),
 }
 
 

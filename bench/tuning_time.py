@@ -30,11 +30,13 @@ intrinsics, TVM's LocalRunner" as its first step, to stay under 10 minutes):
 + async pooled runner (DOP 1), + deferred cost model (XGBoost trained only
 when its booster is used, search.train_when_needed), then ours (+ DOP auto and
 the final re-measure). Parallel measurement on its own: the same engine at
-T = 1, DOP auto against DOP 1, with four ablations of DOP auto (DOPpler's
+T = 1, DOP auto against DOP 1, with five ablations of DOP auto (DOPpler's
 serial first round; DOPpler's fixed 20 % serial sample every round; DOPpler's
 error threshold against one serial timing taken as exact, instead of above the
 host's measured serial noise; DOPpler's serial re-measure of every outlier,
-instead of leaving slow ones past DOP x the round's median as measured), and
+instead of leaving slow ones past DOP x the round's median as measured;
+DOPpler's immediate back-off on the first serial timings, instead of a second
+serial look at the sample of a round about to back off), and
 the least wall ratio the machine allows (measuring at the most DOP with no
 serial sample; DOP 1's CPU seconds spread over all cores). Search is not
 deterministic across processes even with a seed (multi-threaded sampling), so
@@ -91,17 +93,20 @@ ABLATION = {
 # DOP > 1 (T = PARALLEL_THREADS: one slot per core), DOP 1 against DOPpler's auto DOP
 PARALLEL_THREADS = 1
 # DOP auto as the platform runs it (the first round probes a parallel DOP, calm rounds sample less, the
-# error threshold counts above the host's measured serial noise), the same engine at DOP 1, and three
-# ablations of DOP auto: DOPpler's published start (the first round serial at DOP 1), DOPpler's fixed
-# 20 % serial sample every round, and DOPpler's threshold against one serial timing taken as exact
+# error threshold counts above the host's measured serial noise), the same engine at DOP 1, and ablations
+# of DOP auto that each put back one of DOPpler's published choices: its start (the first round serial at
+# DOP 1), its fixed 20 % serial sample every round, its threshold against one serial timing taken as exact,
+# its serial re-measure of every outlier, and its back-off on the first serial timings
 PARALLEL_SIDES = {"dop1": dict(dop=1), "dop_auto": dict(dop="auto"),
                   "dop_auto_serial_start": dict(dop="auto", dop_start="serial"),
                   "dop_auto_fixed_sample": dict(dop="auto", dop_sample="fixed"),
                   "dop_auto_dopplers_threshold": dict(dop="auto", dop_noise="none"),
-                  "dop_auto_all_outliers": dict(dop="auto", dop_outliers="all")}
+                  "dop_auto_all_outliers": dict(dop="auto", dop_outliers="all"),
+                  "dop_auto_immediate_back_off": dict(dop="auto", dop_back_off="immediate")}
 # the ablation sides (each puts back one of DOPpler's published choices), with the overall keys' suffix
 PARALLEL_ABLATIONS = {"dop_auto_serial_start": "serial_start", "dop_auto_fixed_sample": "fixed_sample",
-                      "dop_auto_dopplers_threshold": "dopplers_threshold", "dop_auto_all_outliers": "all_outliers"}
+                      "dop_auto_dopplers_threshold": "dopplers_threshold", "dop_auto_all_outliers": "all_outliers",
+                      "dop_auto_immediate_back_off": "immediate_back_off"}
 
 
 # --------------------------------------------------------------------------- workloads

@@ -287,3 +287,26 @@ def test_a_contested_pair_is_one_past_the_pooled_allowance_or_one_that_would_bac
     assert c.contested([1.5], [1.0])  # 33 % off: past the correction limit on its own
     c.pairs = []  # nothing pooled yet (a probe): only its own evidence counts
     assert not c.contested([1.15], [1.0])
+
+
+def test_confirm_wanted_only_when_the_rule_would_back_off_on_the_error():
+    ctrl = DOPController.for_dop("auto", 2)
+    assert ctrl.back_off == "confirmed"  # the platform's default
+    ctrl.record_serial_repeat([1.0], [1.02])
+    assert not ctrl.confirm_wanted([1.0, 1.0], [0.99, 1.01])  # calm: no second look
+    assert ctrl.confirm_wanted([1.0, 1.0], [0.6, 0.6])  # 40 % bias: look again before backing off
+    assert ctrl.confirm_wanted([1.0, 1.0], [0.6, 0.6]) == ctrl.would_back_off([1.0, 1.0], [0.6, 0.6])
+    assert not DOPController.for_dop("auto", 2, back_off="immediate").confirm_wanted([1.0], [0.5])
+    assert not DOPController.for_dop(2, 2).confirm_wanted([1.0], [0.5])  # a fixed DOP decides nothing
+    with pytest.raises(ValueError, match="back_off"):
+        DOPController(back_off="never")
+
+
+def test_a_runs_dop_rule_carries_its_back_off_choice():
+    from tuning.engine.session import TuningConfig
+
+    assert TuningConfig(target="llvm", max_trials=8).dop_rule["back_off"] == "confirmed"
+    assert DOPController.for_dop("auto", 2, **TuningConfig(target="llvm", max_trials=8,
+                                                           dop_back_off="immediate").dop_rule).back_off == "immediate"
+    with pytest.raises(ValueError, match="dop_back_off must be one of"):
+        TuningConfig(target="llvm", max_trials=8, dop_back_off="never")

@@ -410,3 +410,70 @@ def test_pooled_pairs_restart_when_the_dop_changes():
     res = measure_round(list(range(32)), FakeMeasure([1e-3] * 32), ctrl, is_serial_config=parallel_layout)
     assert not res.decision.backed_off and ctrl.dop > 8  # a calm probe raises the DOP
     assert ctrl.pairs == [] and ctrl.share == ctrl.sample_share  # pairs of DOP 8 say nothing about DOP 12
+
+
+class FirstSerialSlow(FakeMeasure):
+    """Like FakeMeasure, but the first serial timing of each job in ``slow`` comes out ``slow[job]`` x slow
+    (a serial timing glitched by the host, not by parallelism)."""
+
+    def __init__(self, base, *, slow, **kw):
+        super().__init__(base, **kw)
+        self.slow, self.timed_serially = dict(slow), set()
+
+    def __call__(self, jobs, dop):
+        out = super().__call__(jobs, dop)
+        if dop == 1:
+            for k, j in enumerate(jobs):
+                if j in self.slow and j not in self.timed_serially:
+                    secs = self.base[j] * self.slow[j]
+                    out[k] = (MeasureOutcome([secs, secs], None, "w-d1"), 0.02)
+                self.timed_serially.add(j)
+        return out
+
+
+@pytest.mark.parametrize("back_off", ["confirmed", "immediate"])
+def test_a_probe_about_to_back_off_on_glitched_serial_timings_times_them_again_first(back_off):
+    """Two of the probe's four first serial timings come out 1.8x slow (the host, not parallelism): a -0.4
+    bias, past correction_limit. Confirmed (the platform's rule), the probe is timed serially once more,
+    the references become the mean of two timings (-0.2 bias, noise pairs of 0.44) and DOP 2 stays;
+    DOPpler's immediate rule backs off to DOP 1."""
+    ctrl = DOPController.for_dop("auto", 2, back_off=back_off)
+    base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
+    fake = FirstSerialSlow(base, slow={4: 1.8, 8: 1.8})
+    res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout)
+    assert fake.calls[0] == ([0, 4, 8, 12], 2)
+    if back_off == "confirmed":
+        # the noise pair (the fastest, job 0) already has its second timing: the other three get theirs
+        assert res.serial_by_reason["confirm"]["n"] == 3 and len(ctrl.noise_errors) == 4
+        assert res.candidates[4].serial_reference_s == pytest.approx(1.4 * base[4])
+        assert res.decision.mean_signed_error == pytest.approx(-0.2)
+        assert not res.decision.backed_off and ctrl.dop == 2 and 2 in res.validated and res.correction_applied
+        assert len(res.candidates[4].final_secs) == 4  # both serial timings' samples
+    else:
+        assert "confirm" not in res.serial_by_reason and res.decision.mean_signed_error == pytest.approx(-0.4)
+        assert res.decision.backed_off and ctrl.dop == 1 and 2 not in res.validated
+
+
+def test_real_interference_backs_off_after_the_second_look():
+    """Parallel timings 40 % slow stay slow however often the serial ones are taken: the probe, and a
+    sampled round of a validated DOP, back off after their second serial look."""
+    base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
+    ctrl = DOPController.for_dop("auto", 2)
+    res = measure_round(list(range(16)), FakeMeasure(base, slowdown=1.0 / 0.6), ctrl, is_serial_config=parallel_layout)
+    assert res.serial_by_reason["confirm"]["n"] == 3
+    assert res.decision.mean_signed_error == pytest.approx(0.4) and res.decision.backed_off and ctrl.dop == 1
+
+    ctrl = DOPController.for_dop("auto", 2)
+    fake = FakeMeasure(base, slowdown=1.0 / 0.6)
+    res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout, validated={2})
+    sample = [i for i, c in enumerate(res.candidates) if c.serial_repeat_s is not None]
+    assert len(sample) == res.decision.n_sampled == 4  # 20 % of the good ones, each timed serially twice
+    assert res.serial_by_reason["confirm"]["n"] == 3 and res.serial_by_reason["noise"]["n"] == 1
+    assert res.decision.backed_off and ctrl.dop == 1 and "uncorrectable" in res.serial_by_reason
+
+
+def test_a_calm_round_takes_no_second_look():
+    ctrl = DOPController.for_dop("auto", 2)
+    res = measure_round(list(range(16)), FakeMeasure([1e-3] * 16, slowdown=1.02), ctrl,
+                        is_serial_config=parallel_layout)
+    assert "confirm" not in res.serial_by_reason and not res.decision.backed_off

@@ -73,6 +73,18 @@ are always re-measured. On a 2-core host the slow outliers were most of DOPpler'
 widened by the error when serial timings came out slower) spares the candidates past it when a round's
 error is too large to correct and its rest is timed serially. ``outliers="all"`` is DOPpler's.
 
+With ``back_off="confirmed"`` (the platform's default, see ``DOP_BACK_OFFS``) a round about to back off for
+its error (a probe's, or a round's own pairs deciding alone) first times its sampled candidates serially
+once more (:meth:`~DOPController.confirm_wanted`): each candidate's two serial timings are a noise pair and
+their mean its serial reference, and the round decides on that. A single serial timing on a shared host
+is itself off by 30-50 % now and then (session 18, 48 candidates timed alone on each core, in parallel
+pairs and alone again: serial-vs-serial differences of 0.11 mean, 0.51 at most, parallel-vs-serial 0.14),
+and one probe's four pairs and one noise pair are then read as interference: replayed over those timings
+the immediate rule backs off 29 % of probes with no interference at all, the confirmed one 3.6 %. A real
+interference keeps the parallel timings slow, so the confirmed round backs off all the same, for the
+price of a few serial timings, where a wrong back-off costs rounds at DOP 1 and a re-probe.
+``back_off="immediate"`` decides on the first serial timings (DOPpler's rule).
+
 A back-off to DOP 1 (one noisy probe on a loaded host) is not final: parallelism is re-probed after
 ``reprobe_after`` rounds, then twice as many, at most ``max_reprobes`` times (RoundStat.reprobe).
 """
@@ -88,7 +100,7 @@ from .procpool import available_cpus
 from .parallel_error import summarize_parallel_error
 
 __all__ = ["DOPController", "RoundDecision", "RoundStat", "robust_z_scores", "default_max_dop", "DOP_STARTS",
-           "DOP_SAMPLES", "DOP_NOISES", "DOP_OUTLIERS"]
+           "DOP_SAMPLES", "DOP_NOISES", "DOP_OUTLIERS", "DOP_BACK_OFFS"]
 
 # "serial": DOPpler as published, the first round at DOP 1 (a whole round measured serially to learn
 # nothing about parallel error). "probe": start at the DOP that serial round would have led to, and
@@ -105,6 +117,9 @@ DOP_NOISES = ("measured", "none")
 # "rankable": slow outliers past DOP x the round's median are not re-measured serially (module doc).
 # "all": DOPpler's rule, every outlier is.
 DOP_OUTLIERS = ("rankable", "all")
+# "confirmed": a round about to back off for its error times its sample serially once more and decides on
+# the mean of the two serial timings (module doc). "immediate": DOPpler's rule, it decides on the first.
+DOP_BACK_OFFS = ("confirmed", "immediate")
 
 FAILED = 1e9  # latencies >= this (or None / inf / nan) count as failures
 _HALF_NORMAL_SD = math.sqrt(math.pi / 2 - 1)  # sd / mean of |N(0, s)|
@@ -214,6 +229,7 @@ class DOPController:
         pair_window: int = 12,
         min_pooled_pairs: int = 4,
         min_noise_pairs: int = 2,
+        back_off: str = "immediate",
     ) -> None:
         self.cap = float(cap)
         self.initial_cap = float(cap)
@@ -245,6 +261,9 @@ class DOPController:
         if outliers not in DOP_OUTLIERS:
             raise ValueError(f"outliers must be one of {', '.join(DOP_OUTLIERS)}, not {outliers!r}")
         self.outliers = outliers
+        if back_off not in DOP_BACK_OFFS:
+            raise ValueError(f"back_off must be one of {', '.join(DOP_BACK_OFFS)}, not {back_off!r}")
+        self.back_off = back_off
         self.noise_window = max(1, int(noise_window))
         self.noise_z = max(0.0, float(noise_z))
         self.noise_errors: list[float] = []  # |serial_1 - serial_2| / serial_1 of repeated serial timings
@@ -261,12 +280,14 @@ class DOPController:
 
     @classmethod
     def for_dop(cls, dop: str | int, max_dop: int, *, start: str = "probe", sample: str = "pooled",
-                noise: str = "measured", outliers: str = "rankable") -> "DOPController":
+                noise: str = "measured", outliers: str = "rankable",
+                back_off: str = "confirmed") -> "DOPController":
         """The controller a runner uses for a run's ``dop`` setting: "auto" adapts (from ``start``,
         sampling as ``sample`` says, judging errors as ``noise`` says, re-measuring the outliers
-        ``outliers`` says), a number is fixed."""
+        ``outliers`` says, backing off as ``back_off`` says), a number is fixed."""
         if dop == "auto":
-            return cls(max_dop=max_dop, start=start, sample=sample, noise=noise, outliers=outliers)
+            return cls(max_dop=max_dop, start=start, sample=sample, noise=noise, outliers=outliers,
+                       back_off=back_off)
         return cls(max_dop=max_dop, initial_dop=int(dop), adaptive=False)
 
     # ------------------------------------------------------------------ helpers
@@ -418,6 +439,15 @@ class DOPController:
     def would_back_off(self, parallel: Sequence[float | None], serial: Sequence[float | None]) -> bool:
         """Whether these paired timings alone would make :meth:`update` back off for their error."""
         return self._error_too_large(self._signed_errors(parallel, serial))
+
+    def confirm_wanted(self, parallel: Sequence[float | None], serial: Sequence[float | None]) -> bool:
+        """Whether a round whose sampled pairs are these should time its sample serially once more before it
+        decides (``back_off="confirmed"``, DOP auto): the error it would decide on is too large to keep its
+        DOP. Failures caused by parallelism back off without a second look: a second serial timing does
+        not change them."""
+        if not (self.adaptive and self.back_off == "confirmed"):
+            return False
+        return self._error_too_large(self._decision_errors(self._signed_errors(parallel, serial)))
 
     @property
     def pooling(self) -> bool:

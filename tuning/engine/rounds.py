@@ -13,6 +13,9 @@ A round (see ``runner`` for the whole picture):
   serially (a sample the adaptive rule shrank is topped up to the full share when it shows an error
   past correction), then correct the rest by the mean error, or, when that is too large to correct,
   re-measure the rest serially but for the candidates that rank after the round's median anyway.
+
+Before either kind of round backs off for its error, its sample is timed serially once more when the
+controller asks (``DOPController.confirm_wanted``): the round decides on the mean of two serial timings.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ __all__ = ["CandidateResult", "RoundResult", "Measure", "measure_round", "latenc
 _FAILED = 1e10
 # Why a round timed candidates serially: the probe of a DOP not validated yet, DOPpler's sample (outliers,
 # rank-spread picks and parallel failures), the noise pairs (a sampled candidate timed serially again),
-# and the rest of a round whose error was past correction_limit.
-SERIAL_REASONS = ("probe", "sample", "noise", "uncorrectable")
+# the second look of a round about to back off (its sample timed serially again), and the rest of a
+# round whose error was past correction_limit.
+SERIAL_REASONS = ("probe", "sample", "noise", "confirm", "uncorrectable")
 
 # measure(jobs, dop) -> one (outcome, wall seconds or None) per job, measured DOP at a time
 # (dop 1: the serial worker at the deployment thread count)
@@ -57,6 +61,7 @@ class CandidateResult:
     dop: int = 1  # DOP the first measurement ran at
     remeasured: bool = False  # re-measured serially after a parallel measurement
     serial_latency_s: float | None = None  # that serial re-measurement's latency
+    serial_repeat_s: float | None = None  # a second serial timing (a noise pair, or a back-off's second look)
     final_secs: list[float] | None = None  # what the runner answers (corrected or serial); None = failed
     final_error: str | None = None
 
@@ -65,6 +70,12 @@ class CandidateResult:
         """Latency of the first measurement (None when it failed or did not happen)."""
         o = self.outcome
         return None if (o is None or o.error) else latency_of(o.run_secs)
+
+    @property
+    def serial_reference_s(self) -> float | None:
+        """What the round judges its parallel timing against: the mean of its serial timings."""
+        timed = [x for x in (self.serial_latency_s, self.serial_repeat_s) if x is not None]
+        return sum(timed) / len(timed) if timed else None
 
     @property
     def first_failed(self) -> bool:
@@ -146,18 +157,34 @@ class _Round:
             c.final_secs = out.run_secs if not out.error else None
             c.final_error = out.error
 
-    def serial_repeat(self, idx: Sequence[int], ctrl: DOPController) -> None:
-        """Time candidates already timed serially once more, serially: the pair tells the controller
-        the host's serial noise; the candidate keeps both timings' samples."""
-        idx = [i for i in idx if self.results[i].serial_latency_s is not None and self.results[i].final_secs]
+    def serial_repeat(self, idx: Sequence[int], ctrl: DOPController, reason: str = "noise") -> None:
+        """Time candidates timed serially once (not twice) once more, serially: the pair tells the
+        controller the host's serial noise; the candidate keeps both timings' samples, and their mean
+        is its serial reference."""
+        idx = [i for i in idx if self.results[i].serial_latency_s is not None and self.results[i].final_secs
+               and self.results[i].serial_repeat_s is None]
         if not idx:
             return
-        outs = self._timed(idx, 1, serial="noise")
+        outs = self._timed(idx, 1, serial=reason)
         seconds = [None if out.error else latency_of(out.run_secs) for out, _ in outs]
         ctrl.record_serial_repeat([self.results[i].serial_latency_s for i in idx], seconds)
         for i, (out, _), sec in zip(idx, outs, seconds):
             if sec is not None:
+                self.results[i].serial_repeat_s = sec
                 self.results[i].final_secs = list(self.results[i].final_secs) + list(out.run_secs)
+
+    def references(self, idx: Sequence[int]) -> list[float | None]:
+        return [self.results[i].serial_reference_s for i in idx]
+
+    def confirmed_references(self, idx: Sequence[int], parallel: Sequence[float | None],
+                             ctrl: DOPController) -> list[float | None]:
+        """The serial references of the sampled ``idx`` (parallel timings ``parallel``), after a second
+        serial timing of each when the controller is about to back off on them (confirm_wanted)."""
+        refs = self.references(idx)
+        if ctrl.confirm_wanted(parallel, refs):
+            self.serial_repeat(idx, ctrl, reason="confirm")
+            refs = self.references(idx)
+        return refs
 
     def fastest_serial(self, idx: Sequence[int], k: int) -> list[int]:
         """The ``k`` candidates of ``idx`` with the fastest serial timings (the ones ranking matters most for)."""
@@ -188,7 +215,7 @@ def _probe_then_rest(rnd: _Round, ctrl: DOPController, dop: int, n_probe: int, v
     failed = [i for i in probe if rnd.results[i].first_failed]
     rnd.serial(probe, count_as_remeasure=True, reason="probe")
     rnd.serial_repeat(rnd.fastest_serial(probe, ctrl.noise_pairs_wanted(probe=True)), ctrl)
-    decision = ctrl.update(plat, [rnd.results[i].serial_latency_s for i in probe],
+    decision = ctrl.update(plat, rnd.confirmed_references(probe, plat, ctrl),
                            rnd.failures_due_to_parallelism(failed))
     in_probe = set(probe)
     rest = [i for i in range(n) if i not in in_probe]
@@ -227,10 +254,10 @@ def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[in
         rnd.sample_topped_up += len(extra)
         sample = sorted(set(sample) | set(extra))
     sampled_parallel = [lat[i] for i in sample]
-    sampled_serial = [rnd.results[i].serial_latency_s for i in sample]
-    contested = ctrl.contested(sampled_parallel, sampled_serial)
+    contested = ctrl.contested(sampled_parallel, rnd.references(sample))
     rnd.serial_repeat(rnd.fastest_serial(sample, ctrl.noise_pairs_wanted(contested=contested)), ctrl)
-    decision = ctrl.update(sampled_parallel, sampled_serial, rnd.failures_due_to_parallelism(failed))
+    decision = ctrl.update(sampled_parallel, rnd.confirmed_references(sample, sampled_parallel, ctrl),
+                           rnd.failures_due_to_parallelism(failed))
     if not decision.backed_off:
         validated.add(dop)
     rest = [i for i in range(n) if not rnd.results[i].remeasured and rnd.results[i].final_secs]

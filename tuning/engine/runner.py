@@ -446,7 +446,7 @@ class PooledAsyncRunner(PyRunner):
             self.ledger.put(job.path, CandidateMeta(
                 round_index=rnd, dop=c.dop, worker=c.outcome.worker if c.outcome is not None else None,
                 run_wall_secs=c.wall_secs, parallel_secs=c.latency_s if c.dop > 1 else None,
-                remeasured_serially=c.remeasured, serial_secs=c.serial_latency_s))
+                remeasured_serially=c.remeasured, serial_secs=c.serial_reference_s))
         report = RoundReport(
             round_index=rnd,
             dop=result.dop,
@@ -664,7 +664,7 @@ class DistributedRunner(PyRunner):
             self.ledger.put(job.path, CandidateMeta(
                 round_index=rnd, dop=c.dop, worker=c.outcome.worker if c.outcome is not None else q,
                 run_wall_secs=c.wall_secs, parallel_secs=c.latency_s if c.dop > 1 else None,
-                remeasured_serially=c.remeasured, serial_secs=c.serial_latency_s))
+                remeasured_serially=c.remeasured, serial_secs=c.serial_reference_s))
         self._add_part(rnd, RoundReport(
             round_index=rnd, dop=result.dop, dop_after=result.decision.dop_after,
             mean_error=result.decision.mean_error, n_candidates=len(jobs), n_remeasured=result.n_remeasured,
