@@ -18,7 +18,7 @@ the fastest tenth it times (``regret_top10``: the engine re-measures that tenth 
 a run, so this is what a run's pick can lose).
 
     .venv/bin/python bench/doppler_replay.py [--workload matmul512] [--candidates 64] [--per-round 16]
-        [--passes 3] [--json bench/results/doppler_replay.json]
+        [--passes 3] [--sides dop1,dop_auto,immediate_back_off] [--json bench/results/doppler_replay.json]
 
 ``overall``: ``replay_measure_ratio`` (DOP auto / DOP 1 measuring wall, median of pass ratios),
 ``replay_final_dop``, ``replay_spearman`` and ``replay_regret`` (DOP auto), the same keys suffixed
@@ -241,6 +241,8 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sides", default=",".join(SIDES),
+                    help=f"comma list of the sides to measure (dop1 always; default all: {', '.join(SIDES)})")
     ap.add_argument("--report", default=None, metavar="JSON",
                     help="measure nothing: summarize a JSON this script wrote again (its passes), into --json or itself")
     args = ap.parse_args(argv)
@@ -261,6 +263,10 @@ def main(argv=None) -> int:
     from tuning.engine.relax_pipeline import make_target
     from tuning.engine.targets import resolve_cpu_target
 
+    unknown = sorted(set(args.sides.split(",")) - set(SIDES))
+    if unknown:
+        ap.error(f"unknown --sides {', '.join(unknown)} (choose from {', '.join(SIDES)})")
+    sides = [side for side in SIDES if side in {"dop1", *args.sides.split(",")}]
     cores = len(os.sched_getaffinity(0))
     target = make_target(resolve_cpu_target(num_cores=THREADS))
     print(f"# doppler_replay: {args.workload}, {args.candidates} candidates, {args.per_round} a round, "
@@ -271,9 +277,9 @@ def main(argv=None) -> int:
         mods = sample_candidates(make_workload(args.workload), target, args.candidates, args.seed)
         cands = build(mods, target, tmp)
         print(f"  {len(cands)} candidates built in {time.perf_counter() - t0:.1f} s", flush=True)
-        runs: dict[str, list[dict]] = {s: [] for s in SIDES}
+        runs: dict[str, list[dict]] = {s: [] for s in sides}
         for k in range(args.passes):
-            order = list(SIDES) if k % 2 == 0 else list(reversed(list(SIDES)))
+            order = sides if k % 2 == 0 else list(reversed(sides))
             for side in order:
                 r = measure_pass(cands, args.per_round, SIDES[side])
                 runs[side].append(r)
