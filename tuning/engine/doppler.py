@@ -77,12 +77,14 @@ With ``back_off="confirmed"`` (the platform's default, see ``DOP_BACK_OFFS``) a 
 its error (a probe's, or a round's own pairs deciding alone) first times its sampled candidates serially
 once more (:meth:`~DOPController.confirm_wanted`): each candidate's two serial timings are a noise pair and
 their mean its serial reference, and the round decides on that. A single serial timing on a shared host
-is itself off by 30-50 % now and then (session 18, 48 candidates timed alone on each core, in parallel
-pairs and alone again: serial-vs-serial differences of 0.11 mean, 0.51 at most, parallel-vs-serial 0.14),
-and one probe's four pairs and one noise pair are then read as interference: replayed over those timings
-the immediate rule backs off 29 % of probes with no interference at all, the confirmed one 3.6 %. A real
-interference keeps the parallel timings slow, so the confirmed round backs off all the same, for the
-price of a few serial timings, where a wrong back-off costs rounds at DOP 1 and a re-probe.
+is itself off by tens of percent now and then (``bench/probe_back_offs.py``, session 18: a serial repeat
+differed by 0.10-0.13 on average and by 0.47-0.56 at most on a 2-core VM), and one probe's four pairs and
+one noise pair then read as interference: the engine's probe round replayed over such timings backed off
+31-42 % of the time under the immediate rule, 7-10 % confirmed, for about one more serial timing a probe.
+A real interference keeps the parallel timings slow, so the confirmed round backs off all the same (a bias
+past ``correction_limit`` whatever the noise), where a wrong back-off costs rounds at DOP 1 and a re-probe.
+The second timings join the serial-noise window like any repeat; taken when timings disagreed, they
+widen the allowance of the next rounds for a while (at most to ``correction_limit`` above the noise).
 ``back_off="immediate"`` decides on the first serial timings (DOPpler's rule).
 
 A back-off to DOP 1 (one noisy probe on a loaded host) is not final: parallelism is re-probed after
