@@ -96,6 +96,21 @@ def build(mods, target, artifact_dir: str) -> list:
     return out
 
 
+def slot_target():
+    """The target candidates are built for: the host's CPU, one core a measuring slot (T = THREADS)."""
+    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.targets import resolve_cpu_target
+
+    return make_target(resolve_cpu_target(num_cores=THREADS))
+
+
+def built_candidates(workload: str, n: int, seed: int, target, artifact_dir: str) -> list:
+    """Up to ``n`` schedules of ``workload`` (:func:`sample_candidates`), built (:func:`build`)."""
+    from bench.tuning_time import make_workload
+
+    return build(sample_candidates(make_workload(workload), target, n, seed), target, artifact_dir)
+
+
 def measure_pass(cands, per_round: int, side: dict) -> dict:
     """One pass over every candidate, R a round, on a fresh runner: wall of the rounds, each
     candidate's latency as the runner reports it, and what the DOPpler rounds did."""
@@ -259,23 +274,18 @@ def main(argv=None) -> int:
 
     import tempfile
 
-    from bench.tuning_time import make_workload
-    from tuning.engine.relax_pipeline import make_target
-    from tuning.engine.targets import resolve_cpu_target
-
     unknown = sorted(set(args.sides.split(",")) - set(SIDES))
     if unknown:
         ap.error(f"unknown --sides {', '.join(unknown)} (choose from {', '.join(SIDES)})")
     sides = [side for side in SIDES if side in {"dop1", *args.sides.split(",")}]
     cores = len(os.sched_getaffinity(0))
-    target = make_target(resolve_cpu_target(num_cores=THREADS))
+    target = slot_target()
     print(f"# doppler_replay: {args.workload}, {args.candidates} candidates, {args.per_round} a round, "
           f"{args.passes} passes a side, T={THREADS}, cores={cores}, target {target}", flush=True)
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="doppler_replay_") as tmp:
         t0 = time.perf_counter()
-        mods = sample_candidates(make_workload(args.workload), target, args.candidates, args.seed)
-        cands = build(mods, target, tmp)
+        cands = built_candidates(args.workload, args.candidates, args.seed, target, tmp)
         print(f"  {len(cands)} candidates built in {time.perf_counter() - t0:.1f} s", flush=True)
         runs: dict[str, list[dict]] = {s: [] for s in sides}
         for k in range(args.passes):

@@ -45,8 +45,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine_info  # noqa: E402
-from bench.doppler_replay import build, sample_candidates  # noqa: E402
-from bench.tuning_time import TIR_WORKLOADS, make_workload  # noqa: E402
+from bench.doppler_replay import built_candidates, slot_target  # noqa: E402
+from bench.tuning_time import TIR_WORKLOADS  # noqa: E402
 
 EVALUATOR = {"number": 3, "repeat": 1, "min_repeat_ms": 100}  # the tuning evaluator (bench/tuning_time.py)
 ROUND = 16  # candidates a replayed round (the quick bench's rounds)
@@ -148,7 +148,8 @@ def replay_probes(rows: list[dict], rule: str, replays: int, seed: int) -> dict:
         res = measure_round(list(range(len(picked))), ReplayMeasure(picked), ctrl, is_serial_config=lambda d: d <= 1)
         backed += res.decision.backed_off
         serial.append(sum(row["n"] for reason, row in res.serial_by_reason.items()))
-    return {"back_off_share": backed / replays, "serial_timings_mean": statistics.mean(serial), "replays": replays}
+    return {"back_off_share": backed / replays, "serial_timings_mean": statistics.mean(serial), "replays": replays,
+            "round": min(ROUND, len(usable))}
 
 
 def main(argv=None) -> int:
@@ -162,18 +163,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from tuning.engine.procpool import available_cpus
-    from tuning.engine.relax_pipeline import make_target
-    from tuning.engine.targets import resolve_cpu_target
 
     if len(available_cpus()) < 2:
         print("probe_back_offs: needs 2 cores in this process's affinity set (one measuring slot each)")
         return 2
-    target = make_target(resolve_cpu_target(num_cores=1))
+    target = slot_target()
     print(f"# probe_back_offs: {args.workload}, {args.candidates} candidates, {args.passes} passes, target {target}",
           flush=True)
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="probe_back_offs_") as tmp:
-        cands = build(sample_candidates(make_workload(args.workload), target, args.candidates, args.seed), target, tmp)
+        cands = built_candidates(args.workload, args.candidates, args.seed, target, tmp)
         rows = time_on_slots(cands, args.passes)
     diffs = differences(rows)
     rules = {rule: replay_probes(rows, rule, args.replays, args.seed) for rule in ("confirmed", "immediate")}
@@ -182,7 +181,9 @@ def main(argv=None) -> int:
     for name, d in diffs.items():
         if d:
             print(f"  {name:24s} {d['signed_median']:+13.3f} {d['abs_mean']:9.3f} {d['abs_max']:8.3f}")
-    print(f"\n  probe rounds replayed ({args.replays} of {ROUND} candidates, DOP 2, nothing but these timings):")
+    size = rules["confirmed"]["round"]
+    print(f"\n  {'probe ' if size > 4 else ''}rounds replayed ({args.replays} of {size} candidates, DOP 2, "
+          f"nothing but these timings{'' if size > 4 else '; too few candidates for a probe'}):")
     for rule, r in rules.items():
         print(f"  back_off={rule:10s} backs off {r['back_off_share']:6.1%}   serial timings a probe round "
               f"{r['serial_timings_mean']:.2f}")

@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine_info  # noqa: E402
-from bench.doppler_replay import SIDES, build, measure_pass, sample_candidates  # noqa: E402
+from bench.doppler_replay import SIDES, built_candidates, measure_pass, slot_target  # noqa: E402
 from bench.tuning_time import TIR_WORKLOADS  # noqa: E402
 
 CONDITIONS = [("idle", 0, 0), ("load1_nice0", 1, 0), ("load1_nice19", 1, 19), ("load2_nice0", 2, 0),
@@ -70,17 +70,13 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from bench.tuning_time import make_workload
-    from tuning.engine.relax_pipeline import make_target
-    from tuning.engine.targets import resolve_cpu_target
-
-    target = make_target(resolve_cpu_target(num_cores=1))
+    target = slot_target()
     print(f"# timing_noise: {args.workload}, {args.candidates} candidates, T=1, cores={len(os.sched_getaffinity(0))}",
           flush=True)
     t_all = time.perf_counter()
     runs: dict[str, list] = {}
     with tempfile.TemporaryDirectory(prefix="timing_noise_") as tmp:
-        cands = build(sample_candidates(make_workload(args.workload), target, args.candidates, args.seed), target, tmp)
+        cands = built_candidates(args.workload, args.candidates, args.seed, target, tmp)
         print(f"  {len(cands)} candidates built", flush=True)
         for rep in range(args.repeats):
             for name, n, nice in (CONDITIONS if rep % 2 == 0 else CONDITIONS[::-1]):
