@@ -163,9 +163,12 @@ def test_pooled_runner_measures_on_slots(matmul_artifacts, n_cores):
             assert {m.dop for m in metas} == {dop}
             assert any(m.remeasured_serially for m in metas)
             assert runner.controller.history and runner.controller.history[0].n_sampled >= 1
-        # worker processes keep their affinity
+        # worker processes keep their affinity, and measure on TVM's runtime library alone (no compiler)
         for w in pool_workers:
             assert set(os.sched_getaffinity(w.pid)) == set(w.spec.cpu_ids)
+            with open(f"/proc/{w.pid}/maps") as fh:
+                libs = {os.path.basename(line.split()[-1]) for line in fh if ".so" in line}
+            assert "libtvm_runtime.so" in libs and "libtvm_compiler.so" not in libs, sorted(libs)
         assert runner.wait_idle(timeout=5)
     finally:
         runner.shutdown()
