@@ -24,6 +24,17 @@ def geomean(values: Iterable[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
 
 
+def chosen_sides(ap, option: str, value: str, known: Iterable[str], always: Iterable[str]) -> list[str]:
+    """The sides a comma list ``value`` of ``option`` names, plus the ``always`` ones, in ``known``'s order;
+    an unknown name is an argparse error (``ap``)."""
+    known = list(known)
+    names = {name for name in value.split(",") if name}
+    unknown = sorted(names - set(known))
+    if unknown:
+        ap.error(f"unknown {option} {', '.join(unknown)} (choose from {', '.join(known)})")
+    return [side for side in known if side in names | set(always)]
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

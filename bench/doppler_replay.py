@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import machine_info  # noqa: E402
+from bench.common import chosen_sides, machine_info  # noqa: E402
 from bench.tuning_time import TIR_WORKLOADS  # noqa: E402
 
 THREADS = 1  # each core a measurement slot (as bench/tuning_time.py's parallel pairs)
@@ -274,10 +274,7 @@ def main(argv=None) -> int:
 
     import tempfile
 
-    unknown = sorted(set(args.sides.split(",")) - set(SIDES))
-    if unknown:
-        ap.error(f"unknown --sides {', '.join(unknown)} (choose from {', '.join(SIDES)})")
-    sides = [side for side in SIDES if side in {"dop1", *args.sides.split(",")}]
+    sides = chosen_sides(ap, "--sides", args.sides, SIDES, ("dop1",))
     cores = len(os.sched_getaffinity(0))
     target = slot_target()
     print(f"# doppler_replay: {args.workload}, {args.candidates} candidates, {args.per_round} a round, "

@@ -147,7 +147,7 @@ def replay_probes(rows: list[dict], rule: str, replays: int, seed: int) -> dict:
         ctrl = DOPController.for_dop("auto", 2, back_off=rule)
         res = measure_round(list(range(len(picked))), ReplayMeasure(picked), ctrl, is_serial_config=lambda d: d <= 1)
         backed += res.decision.backed_off
-        serial.append(sum(row["n"] for reason, row in res.serial_by_reason.items()))
+        serial.append(sum(row["n"] for row in res.serial_by_reason.values()))
     return {"back_off_share": backed / replays, "serial_timings_mean": statistics.mean(serial), "replays": replays,
             "round": min(ROUND, len(usable))}
 

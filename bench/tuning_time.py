@@ -64,7 +64,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import fmt_s, geomean, machine_info, run_child, tuning_config, write_result  # noqa: E402
+from bench.common import chosen_sides, fmt_s, geomean, machine_info, run_child, tuning_config, write_result  # noqa: E402
 
 SCRIPT = str(Path(__file__).resolve())
 
@@ -576,11 +576,7 @@ def main(argv=None) -> int:
         return 0
 
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
-    sides = [side for side in args.parallel_sides.split(",") if side]
-    unknown = sorted(set(sides) - set(PARALLEL_SIDES))
-    if unknown:
-        ap.error(f"unknown --parallel-sides {', '.join(unknown)} (choose from {', '.join(PARALLEL_SIDES)})")
-    sides = [side for side in PARALLEL_SIDES if side in {"dop1", "dop_auto", *sides}]
+    sides = chosen_sides(ap, "--parallel-sides", args.parallel_sides, PARALLEL_SIDES, ("dop1", "dop_auto"))
     cores = len(os.sched_getaffinity(0))
     threads = args.threads or cores
     target = {"kind": "llvm", "num-cores": cores}
