@@ -61,13 +61,17 @@ def test_mps_is_started_when_not_running_and_checked(tmp_path):
     assert again.running and not again.started_here
 
 
-def test_without_mps_each_gpu_measures_serially(tmp_path, monkeypatch):
+def test_without_mps_a_gpu_measures_in_parallel_only_inside_its_timing_window(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     drv = FakeDriver(mps_installed=False)
     st = ensure_mps(str(tmp_path), drv.query())
     assert not st.running and "not found" in st.reason
-    groups = gpu_slot_groups(list_gpus(drv.query()), st)
-    assert [g.max_dop for g in groups] == [1, 1]
+    groups = gpu_slot_groups(list_gpus(drv.query()), st, max_dop_per_gpu=4)
+    assert [g.max_dop for g in groups] == [4, 4]
+    assert all("DLOPT_TIMING_LOCK" in g.env and "CUDA_MPS_PIPE_DIRECTORY" not in g.env for g in groups)
+    # timed concurrently, time-sliced contexts would time each other's kernels: serial only
+    concurrent = gpu_slot_groups(list_gpus(drv.query()), st, max_dop_per_gpu=4, exclusive_timing=False)
+    assert [g.max_dop for g in concurrent] == [1, 1]
 
 
 def test_one_slot_group_per_gpu_with_mps(tmp_path, monkeypatch):
@@ -75,7 +79,12 @@ def test_one_slot_group_per_gpu_with_mps(tmp_path, monkeypatch):
     drv = FakeDriver()
     groups = gpu_slot_groups(list_gpus(drv.query()), ensure_mps(str(tmp_path), drv.query()), max_dop_per_gpu=4)
     assert [(g.gpu.index, g.max_dop, g.mps) for g in groups] == [(0, 4, True), (1, 4, True)]
-    assert groups[1].env == {"CUDA_VISIBLE_DEVICES": "GPU-bbb", "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)}
+    assert groups[1].env == {"CUDA_VISIBLE_DEVICES": "GPU-bbb", "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path),
+                             "DLOPT_TIMING_LOCK": gpu_slots.timing_lock_path(groups[1].gpu)}
+    # one timing lock per GPU: two devices' workers never wait on each other
+    assert groups[0].env["DLOPT_TIMING_LOCK"] != groups[1].env["DLOPT_TIMING_LOCK"]
+    concurrent = gpu_slot_groups(list_gpus(drv.query()), ensure_mps(str(tmp_path), drv.query()), exclusive_timing=False)
+    assert all("DLOPT_TIMING_LOCK" not in g.env for g in concurrent)
 
 
 def _fake_ctx(dop="auto"):

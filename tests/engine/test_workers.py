@@ -249,6 +249,75 @@ def test_measure_needs_only_the_runtime(matmul_artifacts):
     assert res == {"err": None, "n": 1, "compiler": False}
 
 
+def _lock_is_free(path) -> bool:
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_candidates_are_timed_inside_the_devices_timing_window(matmul_artifacts, tmp_path, monkeypatch):
+    """With a slot group's timing lock set, measure_path holds it while timing, and only then:
+    another worker of the group can load and prepare meanwhile, but not time."""
+    from tuning.engine import measure
+
+    paths, args = matmul_artifacts
+    lock = tmp_path / "gpu0.lock"
+    monkeypatch.setenv("DLOPT_TIMING_LOCK", str(lock))
+    seen = []
+    real_time_module = measure.time_module
+
+    def spy(*a, **kw):
+        seen.append(_lock_is_free(lock))
+        return real_time_module(*a, **kw)
+
+    monkeypatch.setattr(measure, "time_module", spy)
+    out = measure_path(paths[0], device_type="cpu", args_info_json=args, evaluator=FAST, threads=1)
+    assert out.error is None and len(out.run_secs) == FAST.repeat
+    assert seen == [False]  # held while timing
+    assert _lock_is_free(lock)  # and released after
+
+    monkeypatch.delenv("DLOPT_TIMING_LOCK")
+    seen.clear()
+    measure_path(paths[0], device_type="cpu", args_info_json=args, evaluator=FAST, threads=1)
+    assert seen == [True]  # no slot-group lock: nothing held
+
+
+def test_runtime_only_worker_loads_the_cuda_runtime():
+    """A runtime-only import (TVM_USE_RUNTIME_LIB=1) loads no device backend, so a
+    GPU worker would find no CUDA device API at all: check_device loads TVM's CUDA
+    sidecar itself. With CUDA present the device API is then registered; without,
+    the error names the sidecar and the library the loader missed."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, tvm_ffi\n"
+        "from tuning.engine.timer import DeviceUnavailable, check_device\n"
+        "err = None\n"
+        "try:\n"
+        "    check_device('cuda')\n"
+        "except DeviceUnavailable as exc:\n"
+        "    err = str(exc)\n"
+        "print(json.dumps({'err': err, 'api': bool(tvm_ffi.get_global_func('device_api.cuda', allow_missing=True))}))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if res["api"]:
+        return  # a CUDA host: the sidecar registered the device API
+    assert "libtvm_runtime_cuda.so" in res["err"] and ".so" in res["err"].split("cannot be loaded", 1)[1]
+
+
 def test_probe_first_validates_a_new_dop(matmul_artifacts, n_cores):
     """A DOP not validated yet is tried on a probe (measured in parallel, then
     serially) before the rest of the round is spent at it."""

@@ -1,26 +1,30 @@
-"""GPU measurement slots: several candidates on one GPU at once through CUDA MPS.
+"""GPU measurement slots: several candidates on one GPU at once, timed one at a time.
 
-Mechanism chosen: **CUDA MPS** (Multi-Process Service), not several streams in one process, because
+Mechanism: **a timing window per GPU**. A GPU's DOP measuring workers (processes) load candidates,
+allocate and fill their arguments and warm up in parallel; the timing itself (``time_evaluator``,
+CUDA events) runs under the GPU's file lock (``measure.timing_window``), one candidate at a time.
+On an H200 (``bench/gpu_check.sh``, ``bench/results/gpu_check_h200_s19.json``, 18 candidates, each
+against its own serial timing, serial-vs-serial noise 0.1 %):
 
-* our measuring workers already are processes (sandboxed, RLIMITed, killed with their process group on
-  a timeout): with MPS each parallel candidate stays in its own worker, and a candidate that faults
-  (illegal address, a hung kernel) takes down its own MPS client, not the other candidates' CUDA
-  context, as it would with streams sharing one context;
-* TVM 0.27's ``time_evaluator`` times on the device's current stream and synchronizes the device: with
-  several streams in one process each candidate's timing would wait for the others' kernels;
-* without MPS, DOP processes on one GPU are time-sliced by the driver, so each one's CUDA-event
-  timings include the other processes' kernels. Under MPS their kernels share the SMs concurrently;
-  what that contention still does to the timings is exactly what DOPpler's parallel-vs-serial error
-  sampling measures, per device, and the controller lowers DOP when it is too large.
+* timed *concurrently*, the errors made any DOP > 1 useless: mean 39-143 % at DOP 2-8 under CUDA MPS,
+  46-228 % without it (kernels that fill the GPU share its SMs, or are time-sliced, and each
+  candidate's events time the others' kernels too);
+* with the window the mean error stayed 0.2-0.4 % (max 2.6 %) at DOP 2/4/8, with or without MPS, and
+  measuring ran x1.25 / x1.98 / x2.15 faster than serial under MPS (x1.30 / x2.09 / x2.01 without):
+  the host-side work of one candidate overlaps another's timing.
 
-Requirement (documented in the README): ``nvidia-cuda-mps-control`` on PATH (it ships with the CUDA
-driver utilities) and permission to start it for the devices the worker owns; without it a GPU gets a
-slot group of one (DOP 1, serial measurement, no contention error at all).
+So MPS is optional: with it the workers share one GPU context (less memory, no context switches),
+without it each has its own; ``ensure_mps`` starts it where ``nvidia-cuda-mps-control`` is on PATH.
+Several streams in one process were not chosen: TVM 0.27's ``time_evaluator`` synchronizes the whole
+device, and our measuring workers already are processes (sandboxed, RLIMITed, killed with their
+process group on a timeout), so a candidate that faults takes down its own worker only.
+``exclusive_timing=False`` (concurrent timing) remains for the ablation; it is allowed DOP > 1 only
+under MPS, as before.
 
-One slot group per GPU: its DOP and error are its own (see :class:`GpuSlotGroup`); the target ``arch``
-comes from the device's compute capability. Everything that talks to the driver goes through
-:class:`DeviceQuery` (``nvidia-smi`` and ``nvidia-cuda-mps-control`` subprocesses), so tests replace
-that layer only. Nothing here imports TVM.
+One slot group per GPU: its DOP, error samples and timing lock are its own (see
+:class:`GpuSlotGroup`); the target ``arch`` comes from the device's compute capability. Everything that
+talks to the driver goes through :class:`DeviceQuery` (``nvidia-smi`` and ``nvidia-cuda-mps-control``
+subprocesses), so tests replace that layer only. Nothing here imports TVM.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Sequence
 
 __all__ = ["NeedsGPU", "GpuInfo", "MpsStatus", "GpuSlotGroup", "DeviceQuery", "list_gpus", "ensure_mps",
@@ -36,6 +41,7 @@ __all__ = ["NeedsGPU", "GpuInfo", "MpsStatus", "GpuSlotGroup", "DeviceQuery", "l
 
 MAX_DOP_PER_GPU = 8
 MPS_CONTROL = "nvidia-cuda-mps-control"
+TIMING_LOCK_VAR = "DLOPT_TIMING_LOCK"  # the lock file measure.timing_window holds while timing
 
 
 class NeedsGPU(RuntimeError):
@@ -66,7 +72,7 @@ class MpsStatus:
 
 @dataclasses.dataclass(frozen=True)
 class GpuSlotGroup:
-    """The measurement slots of one GPU: ``max_dop`` MPS clients (1 without MPS)."""
+    """The measurement slots of one GPU: ``max_dop`` workers (MPS clients where MPS runs)."""
 
     gpu: GpuInfo
     max_dop: int
@@ -173,12 +179,23 @@ def stop_mps(status: MpsStatus, query: DeviceQuery | None = None) -> None:
             pass
 
 
-def gpu_slot_groups(gpus: Sequence[GpuInfo], mps: MpsStatus, max_dop_per_gpu: int = MAX_DOP_PER_GPU) -> list[GpuSlotGroup]:
-    """One slot group per GPU; each worker sees only its GPU (as device 0) and, with MPS, the daemon."""
+def timing_lock_path(gpu: GpuInfo) -> str:
+    """The file whose lock a GPU's measuring workers hold while timing (measure.timing_window)."""
+    return os.path.join(tempfile.gettempdir(), f"dlopt-timing-{os.getuid()}-{gpu.uuid or gpu.index}.lock")
+
+
+def gpu_slot_groups(gpus: Sequence[GpuInfo], mps: MpsStatus, max_dop_per_gpu: int = MAX_DOP_PER_GPU,
+                    exclusive_timing: bool = True) -> list[GpuSlotGroup]:
+    """One slot group per GPU; each worker sees only its GPU (as device 0) and, with MPS, the daemon.
+    ``exclusive_timing``: the group's workers time one candidate at a time (module doc); False
+    times them concurrently, the ablation gpu_check.sh measures."""
     groups = []
     for gpu in gpus:
         env = {"CUDA_VISIBLE_DEVICES": gpu.uuid or str(gpu.index)}
         if mps.running and mps.pipe_dir:
             env["CUDA_MPS_PIPE_DIRECTORY"] = mps.pipe_dir
-        groups.append(GpuSlotGroup(gpu, max(1, int(max_dop_per_gpu)) if mps.running else 1, mps.running, env))
+        if exclusive_timing:
+            env[TIMING_LOCK_VAR] = timing_lock_path(gpu)
+        parallel = exclusive_timing or mps.running
+        groups.append(GpuSlotGroup(gpu, max(1, int(max_dop_per_gpu)) if parallel else 1, mps.running, env))
     return groups

@@ -19,7 +19,9 @@ import this module, and a measuring worker pays for TVM once, when it first meas
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
+import fcntl
 import os
 import socket
 import tempfile
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from . import sandbox
+from .gpu_slots import TIMING_LOCK_VAR
 from .procpool import WorkerError, WorkerProcess, WorkerSpec, WorkerTimeout
 from .timer import DeviceUnavailable, EvaluatorConfig, check_device, time_module
 from .targets import measurable_refusal
@@ -120,6 +123,26 @@ def configure_process(threads: int | None, cpu_ids: Sequence[int] | None) -> Non
             _STATE["threads"] = threads
 
 
+@contextlib.contextmanager
+def timing_window():
+    """Hold the device's timing lock while a candidate is timed, when this worker's slot group has
+    one (``DLOPT_TIMING_LOCK``: a GPU's, see gpu_slots.py). Its DOP workers load and prepare
+    candidates in parallel but time them one at a time: kernels timed concurrently on one GPU read
+    30-360 % slow at DOP 2-8, even under MPS (H200, bench/results/gpu_check_h200_s19.json). The
+    wait has no timeout of its own: the parent's per-candidate timeout kills a worker stuck here,
+    and the kernel drops a dead holder's lock with its file descriptor."""
+    path = os.environ.get(TIMING_LOCK_VAR)
+    if not path:
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _alloc_args(device, args_info_json: Sequence[Any]) -> list[Any]:
     import tvm
     import tvm_ffi
@@ -173,7 +196,8 @@ def measure_path(
         rt_mod = tvm.runtime.load_module(artifact_path)
         args = _alloc_args(dev, args_info_json)
         _STATE["pool_started"] = True
-        secs = time_module(rt_mod, dev, args, evaluator)
+        with timing_window():
+            secs = time_module(rt_mod, dev, args, evaluator)
         del args
         return MeasureOutcome(secs, None, who, time.perf_counter() - t0)
     except DeviceUnavailable as exc:

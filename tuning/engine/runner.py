@@ -243,7 +243,9 @@ class PooledAsyncRunner(PyRunner):
         # (measure.py): on the runtime library alone a DOP-auto runner's workers were ready in 1.5 s against
         # 2.1 s and hold 86 MB against 194 MB each (2-core VM, session 18); a DOP change or a recycled
         # worker pays that start again, on cores the search and builds are using
-        self.worker_env = {"TVM_USE_RUNTIME_LIB": "1", **dict(worker_env or {})}
+        # worker; TVM_FFI_DISABLE_TORCH_C_DLPACK: where PyTorch is installed (GPU hosts often), tvm_ffi's
+        # import would otherwise import torch and JIT-build a DLPack extension in each worker
+        self.worker_env = {"TVM_USE_RUNTIME_LIB": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1", **dict(worker_env or {})}
         self.cores = list(cpu_ids) if cpu_ids else available_cpus()
         # slots of `threads` cores each (SMT- and NUMA-aware, see slots.py); slot 0 is the serial reference
         self.slots: list[Slot] = list(slots) if slots else plan_slots(read_topology(affinity=self.cores), int(threads or len(self.cores)))

@@ -14,17 +14,21 @@ busy host does not enter the number. This is the DOPpler requirement that
 makes parallel measurement on a shared host safe.
 
 Importable with TVM's runtime only (``TVM_USE_RUNTIME_LIB=1``): nothing here
-touches the compiler library.
+touches the compiler library. That import skips TVM's device backends, whose
+runtime parts live in sidecar libraries (``libtvm_runtime_cuda.so``: the CUDA
+device API, module loader and event timer), so :func:`check_device` loads the
+sidecar a GPU needs before anything is loaded onto it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import socket
+from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["EvaluatorConfig", "default_evaluator", "time_module", "check_device", "DeviceUnavailable"]
+__all__ = ["EvaluatorConfig", "default_evaluator", "time_module", "check_device", "load_device_runtime", "DeviceUnavailable"]
 
 
 class DeviceUnavailable(RuntimeError):
@@ -87,11 +91,43 @@ def default_evaluator(device_type: str) -> EvaluatorConfig:
     return EvaluatorConfig(number=10, repeat=3, min_repeat_ms=50, enable_cpu_cache_flush=False)
 
 
+def load_device_runtime(device_type: str) -> None:
+    """Make TVM's runtime for ``device_type`` usable in this process.
+
+    A full ``import tvm`` loads the device sidecars itself (silently skipping one
+    whose own libraries are missing); a runtime-only import loads none. Raises
+    :class:`DeviceUnavailable` with the loader's reason (e.g. ``libcudart.so.13``
+    not on the library path) when the device's API cannot be registered."""
+    import tvm  # noqa: F401 - loads libtvm_runtime
+    import tvm_ffi
+    from tvm.base import _LOADED_LIBS
+
+    if device_type in ("cpu", "llvm") or tvm_ffi.get_global_func(f"device_api.{device_type}", allow_missing=True):
+        return
+    sidecar = f"tvm_runtime_{device_type}"
+    runtime_dir = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
+    if not (runtime_dir / f"lib{sidecar}.so").exists():
+        return  # built into libtvm_runtime, or not built at all: device() says which
+    from tvm_ffi.libinfo import load_lib_ctypes
+
+    try:
+        _LOADED_LIBS[sidecar] = load_lib_ctypes(
+            package="tvm", target_name=sidecar, extra_lib_paths=[runtime_dir], mode="RTLD_LOCAL"
+        )
+    except (OSError, RuntimeError) as exc:
+        raise DeviceUnavailable(
+            f"TVM's {device_type} runtime (lib{sidecar}.so) cannot be loaded on host "
+            f"{socket.gethostname()}: {str(exc).strip()[:300]}; a {device_type} gpu worker needs the "
+            f"driver and the toolkit's runtime libraries on its library path"
+        ) from None
+
+
 def check_device(device_type: str, index: int = 0):
     """Return ``tvm.runtime.device(device_type, index)`` or raise a clear
     :class:`DeviceUnavailable` when it is not present on this host."""
     import tvm  # runtime only (module doc); lazy: the session and web processes import this module
 
+    load_device_runtime(device_type)
     dev = tvm.runtime.device(device_type, index)
     if device_type not in ("cpu", "llvm") and not dev.exist:
         raise DeviceUnavailable(
@@ -99,6 +135,11 @@ def check_device(device_type: str, index: int = 0):
             f"this target can be built here but must be measured by a worker on a machine with "
             f"that GPU (queue measure.<host>.gpu<i>)"
         )
+    if device_type == "cuda":
+        # TVM 0.27 compiles a candidate's CUDA source when it is loaded (cuda_binaries' doc)
+        from .cuda_binaries import install_runtime_compiler
+
+        install_runtime_compiler("sm_" + dev.compute_version.replace(".", ""))
     return dev
 
 
