@@ -4,6 +4,7 @@
 #   bench/gpu_check.sh                       # on a host with an NVIDIA GPU: build (or use prebuilt) CUDA
 #                                            # candidates, measure serially and at DOP 2/4/8, print the
 #                                            # error and speed-up per DOP, NVML energy, PASS/FAIL
+#   bench/gpu_check.sh --window-only         # the platform's ways only (no concurrent ablation): ~half the time
 #   bench/gpu_check.sh --prepare [--arch sm_90]
 #                                            # on any host with TVM's compiler and nvcc: prebuild the
 #                                            # candidates into bench/gpu_candidates/ (< 2 MiB) so the GPU
@@ -27,11 +28,13 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 MODE=check
 ARCH=""
+WAYS=all
 while [ $# -gt 0 ]; do
   case "$1" in
     --prepare) MODE=prepare ;;
     --arch) ARCH="$2"; shift ;;
-    *) echo "usage: $0 [--prepare [--arch sm_XY]]" >&2; exit 2 ;;
+    --window-only) WAYS=window ;;
+    *) echo "usage: $0 [--prepare [--arch sm_XY]] [--window-only]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -60,11 +63,11 @@ if [ "$MODE" = check ]; then
     done
   fi
 fi
-exec timeout 470 "$PY" - "$MODE" "$ARCH" <<'PYEOF'
+exec timeout 470 "$PY" - "$MODE" "$ARCH" "$WAYS" <<'PYEOF'
 import json, os, statistics, sys, time
 from pathlib import Path
 
-MODE, ARCH = sys.argv[1], sys.argv[2] or None
+MODE, ARCH, WAYS = sys.argv[1], sys.argv[2] or None, sys.argv[3]
 CAND = Path("bench/gpu_candidates")
 DOPS = [2, 4, 8]
 
@@ -148,7 +151,8 @@ def check():
         meter = None
         print(f"  NVML energy: unavailable ({exc})")
     # Workers serve each kernel from the binaries built with the candidates; what they must compile here
-    # (nvcc, the device's arch) lands in a fresh cache, counted below
+    # (nvcc, the device's arch) lands in a fresh cache, counted below (both reach the sandboxed workers:
+    # DLOPT_CUDA_* is on the sandbox's allow-list)
     from tuning.engine.cuda_binaries import BINARY_DIRS_VAR, CACHE_DIR_VAR
     import tempfile
     compiled_here = Path(tempfile.mkdtemp(prefix="gpu-check-nvcc-"))
@@ -225,15 +229,17 @@ def check():
     # way, prepared in parallel and timed one at a time under the GPU's timing lock.
     plain = {"CUDA_VISIBLE_DEVICES": gpus[0].uuid or str(gpus[0].index)}
     windowed = dict(plain, **{TIMING_LOCK_VAR: timing_lock_path(gpus[0])})
+    concurrent_too = WAYS == "all"  # --window-only: the platform's ways alone (a shorter run)
     results = {"no-mps": measure_setting("no MPS", [
-        ("no MPS, concurrent", GpuSlotGroup(gpus[0], max(DOPS), False, plain)),
+        *([("no MPS, concurrent", GpuSlotGroup(gpus[0], max(DOPS), False, plain))] if concurrent_too else []),
         ("no MPS, window", GpuSlotGroup(gpus[0], max(DOPS), False, windowed))], DOPS)}
     mps = ensure_mps(os.path.join("/tmp", f"dlopt-mps-{os.getuid()}"))
     print(f"  MPS: {'on (' + mps.reason + ')' if mps.running else 'OFF: ' + mps.reason}")
     try:
         if mps.running:
             results["mps"] = measure_setting("MPS", [
-                ("MPS, concurrent", gpu_slot_groups(gpus[:1], mps, max(DOPS), exclusive_timing=False)[0]),
+                *([("MPS, concurrent", gpu_slot_groups(gpus[:1], mps, max(DOPS), exclusive_timing=False)[0])]
+                  if concurrent_too else []),
                 ("MPS, window", gpu_slot_groups(gpus[:1], mps, max(DOPS))[0])], DOPS)
     finally:
         stop_mps(mps)  # a daemon this check started goes with it

@@ -1,6 +1,8 @@
 """GPU slot groups (CUDA MPS) with a fake device-query layer: no GPU is needed, none is used."""
 
+import os
 import subprocess
+import tempfile
 import types
 
 import pytest
@@ -80,7 +82,11 @@ def test_one_slot_group_per_gpu_with_mps(tmp_path, monkeypatch):
     groups = gpu_slot_groups(list_gpus(drv.query()), ensure_mps(str(tmp_path), drv.query()), max_dop_per_gpu=4)
     assert [(g.gpu.index, g.max_dop, g.mps) for g in groups] == [(0, 4, True), (1, 4, True)]
     assert groups[1].env == {"CUDA_VISIBLE_DEVICES": "GPU-bbb", "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path),
-                             "DLOPT_TIMING_LOCK": gpu_slots.timing_lock_path(groups[1].gpu)}
+                             "DLOPT_TIMING_LOCK": gpu_slots.timing_lock_path(groups[1].gpu),
+                             "DLOPT_CUDA_CACHE_DIR": gpu_slots.cache_dir()}
+    # shared by the group's workers (whose own TMPDIRs are private), in this user's private directory
+    private = os.path.join(tempfile.gettempdir(), f"dlopt-{os.getuid()}") + os.sep
+    assert all(v.startswith(private) for k, v in groups[1].env.items() if k.startswith("DLOPT_"))
     # one timing lock per GPU: two devices' workers never wait on each other
     assert groups[0].env["DLOPT_TIMING_LOCK"] != groups[1].env["DLOPT_TIMING_LOCK"]
     concurrent = gpu_slot_groups(list_gpus(drv.query()), ensure_mps(str(tmp_path), drv.query()), exclusive_timing=False)

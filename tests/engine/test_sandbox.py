@@ -164,3 +164,33 @@ def test_the_engine_childs_answer_cannot_run_code_in_the_celery_worker(tmp_path)
     with pytest.raises(EngineCrashed, match="refused answer"):
         call_isolated("tests.engine.test_sandbox:hostile_answer", str(marker), what="probing", scrub=True)
     assert not marker.exists()
+
+
+def test_the_shared_runtime_directory_is_private_and_a_planted_one_is_refused(tmp_path, monkeypatch):
+    """Workers share compiled CUDA kernels and a GPU's timing lock through <tmp>/dlopt-<uid>/: made
+    0700, and refused when another user could write there (planted kernels would be loaded)."""
+    import stat
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path = sandbox.user_runtime_dir("cuda")
+    root = tmp_path / f"dlopt-{os.getuid()}"
+    assert Path(path) == root / "cuda" and stat.S_IMODE(root.stat().st_mode) == 0o700
+
+    root.chmod(0o777)  # as if someone else had made it, world-writable
+    with pytest.raises(sandbox.UnsafeDirectory, match="only this user can write"):
+        sandbox.user_runtime_dir("cuda")
+    root.chmod(0o700)
+    root.rename(tmp_path / "elsewhere")
+    root.symlink_to(tmp_path / "elsewhere")  # a link to a directory of the attacker's choice
+    with pytest.raises(sandbox.UnsafeDirectory):
+        sandbox.user_runtime_dir("cuda")
+
+
+def test_workers_get_the_kernel_cache_and_timing_lock_but_no_other_dlopt_settings(monkeypatch):
+    monkeypatch.setenv("DLOPT_CUDA_CACHE_DIR", "/x/cuda")
+    monkeypatch.setenv("DLOPT_TIMING_LOCK", "/x/lock")
+    monkeypatch.setenv("DLOPT_WEBHOOK_SECRET", "s3cret")
+    kept = sandbox.scrub_env()
+    assert kept["DLOPT_CUDA_CACHE_DIR"] == "/x/cuda" and kept["DLOPT_TIMING_LOCK"] == "/x/lock"
+    assert "DLOPT_WEBHOOK_SECRET" not in kept

@@ -29,8 +29,9 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-from .cuda_binaries import precompile_kernels
+from .cuda_binaries import CACHE_DIR_VAR, cache_dir, precompile_kernels
 from .procpool import ProcessPool, WorkerError, WorkerSpec, WorkerTimeout, available_cpus
+from .sandbox import UnsafeDirectory
 
 __all__ = ["PersistentBuilder", "build_in_worker"]
 
@@ -46,6 +47,15 @@ def _cuda_env() -> dict[str, str]:
             env["PATH"] = os.path.join(cand, "bin") + os.pathsep + os.environ.get("PATH", "")
             break
     return env
+
+
+def _kernel_cache_env() -> dict[str, str]:
+    """Where build workers leave compiled CUDA kernels for this host's measuring workers; none
+    (kernels compiled at load instead) when the shared directory is unsafe."""
+    try:
+        return {CACHE_DIR_VAR: cache_dir()}
+    except (UnsafeDirectory, OSError):
+        return {}
 
 
 def build_in_worker(mod_json: str, target_json: str, out_dir: str) -> tuple[str, float]:
@@ -114,7 +124,7 @@ class PersistentBuilder(PyBuilder):
         self.artifact_dir = artifact_dir or tempfile.mkdtemp(prefix="ms_artifacts_")
         os.makedirs(self.artifact_dir, exist_ok=True)
         self.before_build = before_build
-        env = {"TVM_NUM_THREADS": "1", "TVM_BIND_THREADS": "0", **_cuda_env()}
+        env = {"TVM_NUM_THREADS": "1", "TVM_BIND_THREADS": "0", **_cuda_env(), **_kernel_cache_env()}
         cpus = list(cpu_ids) if cpu_ids else available_cpus()  # explicit: never inherit a pinned mask
         specs = [
             WorkerSpec(name=f"build{i}", cpu_ids=cpus, threads=None, env=env) for i in range(self.max_workers)

@@ -12,8 +12,9 @@ failed to load (seen on an H200, session 19). This module is the worker's callba
    writes them next to the candidates) or in the cache (the persistent builder
    compiles each CUDA candidate's kernels there when this host has nvcc);
 2. else ``nvcc`` on this host, for the device's own arch, with TVM's flags; the
-   result is cached on disk (``DLOPT_CUDA_CACHE_DIR``), so a candidate measured
-   serially and then in parallel is compiled once.
+   result is cached on disk (``DLOPT_CUDA_CACHE_DIR``, which the parent resolves to
+   this user's private ``<tmp>/dlopt-<uid>/cuda``), so a candidate measured serially
+   and then in parallel is compiled once.
 
 Importable with TVM's runtime only: nothing here touches the compiler library.
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 
 __all__ = [
     "BINARY_DIRS_VAR", "CACHE_DIR_VAR", "CudaCompileError", "binary_name", "compile_source",
-    "install_runtime_compiler", "lookup", "precompile", "precompile_kernels",
+    "cache_dir", "install_runtime_compiler", "lookup", "precompile", "precompile_kernels",
 ]
 
 BINARY_DIRS_VAR = "DLOPT_CUDA_BINARY_DIRS"
@@ -104,9 +105,9 @@ def precompile_kernels(rt_mod, arch: str, out_dir: str | os.PathLike | None = No
     loads a binary and compiles nothing. Returns how many were compiled; 0 without nvcc here (a GPU
     host elsewhere compiles on load). nvcc refusing a kernel raises :class:`CudaCompileError`:
     the candidate would fail to load anyway, so it fails as a build error, without a measurement."""
-    if _nvcc() is None or not arch:
-        return 0
     target_dir = Path(out_dir) if out_dir is not None else _cache_dir()
+    if _nvcc() is None or not arch or target_dir is None:
+        return 0
     n = 0
     for device_mod in getattr(rt_mod, "mod", rt_mod).imports:
         if device_mod.kind != "cuda":
@@ -122,8 +123,20 @@ def _dirs_from_env() -> list[Path]:
     return [Path(d) for d in os.environ.get(BINARY_DIRS_VAR, "").split(os.pathsep) if d]
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_DIR_VAR) or Path(tempfile.gettempdir(), f"dlopt-cuda-{os.getuid()}"))
+def cache_dir() -> str:
+    """The kernel cache a parent hands its build and measuring workers (``DLOPT_CUDA_CACHE_DIR``):
+    the variable's value, else this user's private runtime directory (sandbox.user_runtime_dir;
+    raises :class:`~tuning.engine.sandbox.UnsafeDirectory` when another user could write there)."""
+    from .sandbox import user_runtime_dir
+
+    return os.environ.get(CACHE_DIR_VAR) or user_runtime_dir("cuda")
+
+
+def _cache_dir() -> Path | None:
+    """A worker's cache: only what its parent passed. A worker's own TMPDIR is private to it, so
+    a default there would be a cache nobody else reads."""
+    value = os.environ.get(CACHE_DIR_VAR)
+    return Path(value) if value else None
 
 
 def lookup(code: str, arch: str, dirs: Iterable[str | os.PathLike]) -> bytes | None:
@@ -148,11 +161,12 @@ def install_runtime_compiler(arch: str) -> bool:
     def callback(code: str, *_: object) -> bytes:
         code = str(code)
         cache = _cache_dir()
-        found = lookup(code, arch, [*_dirs_from_env(), cache])
+        found = lookup(code, arch, [*_dirs_from_env(), *([cache] if cache else [])])
         if found is not None:
             return found
         data = compile_source(code, arch)
-        _store(cache, binary_name(code, arch), data)
+        if cache is not None:
+            _store(cache, binary_name(code, arch), data)
         return data
 
     tvm_ffi.register_global_func(CALLBACK, callback, override=True)

@@ -1,30 +1,34 @@
-"""GPU measurement slots: several candidates on one GPU at once, timed one at a time.
+"""GPU measurement slots: several measuring workers per GPU, candidates timed one at a time.
 
-Mechanism: **a timing window per GPU**. A GPU's DOP measuring workers (processes) load candidates,
-allocate and fill their arguments and warm up in parallel; the timing itself (``time_evaluator``,
-CUDA events) runs under the GPU's file lock (``measure.timing_window``), one candidate at a time.
-On an H200 (``bench/gpu_check.sh``, ``bench/results/gpu_check_h200_s19.json``, 18 candidates, each
-against its own serial timing, serial-vs-serial noise 0.1 %):
+Mechanism: **a timing window per GPU**. A GPU's DOP measuring workers (processes) load candidates and
+allocate and fill their arguments in parallel; the timing itself (``time_evaluator``, CUDA events)
+runs under the GPU's file lock (``measure.timing_window``), one candidate at a time. Measured on an
+H200 by ``bench/gpu_check.sh`` (18 candidates, each against its own serial timing, serial-vs-serial
+noise 0.1 %):
 
-* timed *concurrently*, the errors made any DOP > 1 useless: mean 39-143 % at DOP 2-8 under CUDA MPS,
-  46-228 % without it (kernels that fill the GPU share its SMs, or are time-sliced, and each
-  candidate's events time the others' kernels too);
-* with the window the mean error stayed 0.2-0.4 % (max 2.6 %) at DOP 2/4/8, with or without MPS, and
-  measuring ran x1.25 / x1.98 / x2.15 faster than serial under MPS (x1.30 / x2.09 / x2.01 without):
-  the host-side work of one candidate overlaps another's timing.
+* timed *concurrently*, the errors make any DOP > 1 useless: mean 39-143 % at DOP 2-8 under CUDA MPS,
+  46-228 % without it (kernels that fill the GPU share its SMs or are time-sliced, and each
+  candidate's events time the others' kernels too; ``gpu_check_h200_s19_compile_at_load.json``);
+* in the window the mean error stays 0.5-1.1 % (max 12.7 %), but measuring is only x1.02-x1.15 faster
+  than serial at DOP 2-8 (``gpu_check_h200_s19_prebuilt_window.json``): with the kernels compiled
+  ahead, a candidate's measurement is almost all GPU timing (3 repeats of >= 50 ms), and one GPU
+  times one candidate at a time. What remains to overlap is loading and argument set-up.
 
-So MPS is optional: with it the workers share one GPU context (less memory, no context switches),
-without it each has its own; ``ensure_mps`` starts it where ``nvidia-cuda-mps-control`` is on PATH.
-Several streams in one process were not chosen: TVM 0.27's ``time_evaluator`` synchronizes the whole
-device, and our measuring workers already are processes (sandboxed, RLIMITed, killed with their
-process group on a timeout), so a candidate that faults takes down its own worker only.
-``exclusive_timing=False`` (concurrent timing) remains for the ablation; it is allowed DOP > 1 only
-under MPS, as before.
+So the GPU levers are elsewhere: kernels compiled by the builder, not at load time in the measuring
+worker (cuda_binaries.py: the serial measuring wall of those 18 candidates fell from 9.0 to 4.4 s),
+and one slot group per GPU, each with its own DOP controller, error samples and timing lock.
+``MAX_DOP_PER_GPU`` is 4: with exclusive timing a worker only needs to be ready when the window
+frees, and more per GPU measured no faster. MPS is optional (the workers then share one GPU
+context instead of each holding its own); ``ensure_mps`` starts it where ``nvidia-cuda-mps-control``
+is on PATH. Several streams in one process were not chosen: TVM 0.27's ``time_evaluator``
+synchronizes the whole device, and our measuring workers already are processes (sandboxed,
+RLIMITed, killed with their process group on a timeout), so a faulting candidate takes down its own
+worker only. ``exclusive_timing=False`` (concurrent timing) remains for the ablation, at DOP > 1
+only under MPS.
 
-One slot group per GPU: its DOP, error samples and timing lock are its own (see
-:class:`GpuSlotGroup`); the target ``arch`` comes from the device's compute capability. Everything that
-talks to the driver goes through :class:`DeviceQuery` (``nvidia-smi`` and ``nvidia-cuda-mps-control``
-subprocesses), so tests replace that layer only. Nothing here imports TVM.
+The target ``arch`` comes from the device's compute capability. Everything that talks to the driver
+goes through :class:`DeviceQuery` (``nvidia-smi`` and ``nvidia-cuda-mps-control`` subprocesses), so
+tests replace that layer only. Nothing here imports TVM.
 """
 
 from __future__ import annotations
@@ -33,13 +37,15 @@ import dataclasses
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Sequence
+
+from .cuda_binaries import CACHE_DIR_VAR, cache_dir
+from .sandbox import user_runtime_dir
 
 __all__ = ["NeedsGPU", "GpuInfo", "MpsStatus", "GpuSlotGroup", "DeviceQuery", "list_gpus", "ensure_mps",
            "gpu_slot_groups", "require_gpus", "MAX_DOP_PER_GPU"]
 
-MAX_DOP_PER_GPU = 8
+MAX_DOP_PER_GPU = 4  # module doc: with exclusive timing more workers per GPU measured no faster
 MPS_CONTROL = "nvidia-cuda-mps-control"
 TIMING_LOCK_VAR = "DLOPT_TIMING_LOCK"  # the lock file measure.timing_window holds while timing
 
@@ -180,8 +186,9 @@ def stop_mps(status: MpsStatus, query: DeviceQuery | None = None) -> None:
 
 
 def timing_lock_path(gpu: GpuInfo) -> str:
-    """The file whose lock a GPU's measuring workers hold while timing (measure.timing_window)."""
-    return os.path.join(tempfile.gettempdir(), f"dlopt-timing-{os.getuid()}-{gpu.uuid or gpu.index}.lock")
+    """The file whose lock a GPU's measuring workers hold while timing (measure.timing_window), in
+    this user's private runtime directory (another user's file could not be opened, or held)."""
+    return os.path.join(user_runtime_dir("locks"), f"timing-{gpu.uuid or gpu.index}.lock")
 
 
 def gpu_slot_groups(gpus: Sequence[GpuInfo], mps: MpsStatus, max_dop_per_gpu: int = MAX_DOP_PER_GPU,
@@ -196,6 +203,7 @@ def gpu_slot_groups(gpus: Sequence[GpuInfo], mps: MpsStatus, max_dop_per_gpu: in
             env["CUDA_MPS_PIPE_DIRECTORY"] = mps.pipe_dir
         if exclusive_timing:
             env[TIMING_LOCK_VAR] = timing_lock_path(gpu)
+        env[CACHE_DIR_VAR] = cache_dir()  # kernels the builder compiled, or a worker compiled once
         parallel = exclusive_timing or mps.running
         groups.append(GpuSlotGroup(gpu, max(1, int(max_dop_per_gpu)) if parallel else 1, mps.running, env))
     return groups

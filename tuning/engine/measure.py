@@ -126,11 +126,11 @@ def configure_process(threads: int | None, cpu_ids: Sequence[int] | None) -> Non
 @contextlib.contextmanager
 def timing_window():
     """Hold the device's timing lock while a candidate is timed, when this worker's slot group has
-    one (``DLOPT_TIMING_LOCK``: a GPU's, see gpu_slots.py). Its DOP workers load and prepare
+    one (``DLOPT_TIMING_LOCK``: a GPU's, see gpu_slots.py). The group's workers load and prepare
     candidates in parallel but time them one at a time: kernels timed concurrently on one GPU read
-    30-360 % slow at DOP 2-8, even under MPS (H200, bench/results/gpu_check_h200_s19.json). The
-    wait has no timeout of its own: the parent's per-candidate timeout kills a worker stuck here,
-    and the kernel drops a dead holder's lock with its file descriptor."""
+    39-228 % slow at DOP 2-8, with or without MPS (H200, bench/results/gpu_check_h200_s19_*.json).
+    The wait has no timeout of its own: the parent's per-candidate timeout kills a worker stuck
+    here, and the kernel drops a dead holder's lock with its file descriptor."""
     path = os.environ.get(TIMING_LOCK_VAR)
     if not path:
         yield

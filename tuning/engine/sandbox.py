@@ -23,18 +23,20 @@ import ctypes
 import os
 import resource
 import shutil
+import stat
 import tempfile
 
 __all__ = ["ENV_ALLOW", "ENV_ALLOW_PREFIXES", "scrub_env", "default_limits", "limits_env", "apply_limits",
-           "apply_limits_from_env", "private_dir", "scrubbed_environ", "stock_worker_init", "protect_secrets",
-           "is_dumpable"]
+           "apply_limits_from_env", "private_dir", "user_runtime_dir", "UnsafeDirectory", "scrubbed_environ",
+           "stock_worker_init", "protect_secrets", "is_dumpable"]
 
 # Variables a builder / measuring worker needs (compilers, libraries, locale, TVM and thread knobs).
 ENV_ALLOW = frozenset({
     "PATH", "LANG", "LANGUAGE", "TERM", "TZ", "CC", "CXX", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHASHSEED",
     "PYTHONDONTWRITEBYTECODE", "VIRTUAL_ENV", "ENGINE_WORKER_STDERR",
 })
-ENV_ALLOW_PREFIXES = ("LC_", "TVM_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "NVIDIA_", "DLOPT_SANDBOX_")
+ENV_ALLOW_PREFIXES = ("LC_", "TVM_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "NVIDIA_", "DLOPT_SANDBOX_", "DLOPT_CUDA_",
+                      "DLOPT_TIMING_")
 LIMITS_VAR = "ENGINE_WORKER_RLIMITS"
 DEFAULT_AS_MB = 8192
 DEFAULT_CPU_S = 4 * 3600  # a persistent worker's lifetime CPU; each call also has a wall-clock timeout
@@ -89,6 +91,29 @@ def apply_limits_from_env() -> None:
 
 def private_dir() -> str:
     return tempfile.mkdtemp(prefix="dlopt-sandbox-")
+
+
+class UnsafeDirectory(RuntimeError):
+    """A shared directory another local user could write to (or redirect with a link)."""
+
+
+def user_runtime_dir(name: str) -> str:
+    """``<tmp>/dlopt-<uid>/<name>``: what this user's workers share across their private TMPDIRs
+    (compiled CUDA kernels, a GPU's timing lock). Resolved in the parent, passed to workers by env.
+    The top directory must be a real directory of this user that nobody else can write: another
+    local user who made it first could plant kernel binaries a worker would load."""
+    root = os.path.join(tempfile.gettempdir(), f"dlopt-{os.getuid()}")
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise UnsafeDirectory(f"{root} is not a directory only this user can write (owner uid {st.st_uid}, "
+                              f"mode {stat.filemode(st.st_mode)}): remove it or set TMPDIR elsewhere")
+    path = os.path.join(root, name)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
 
 
 def remove_dir(path: str | None) -> None:
