@@ -145,3 +145,14 @@ def test_multi_device_runner_deals_by_each_devices_dop():
     futs = MultiDeviceRunner([a, b])._inst.run(list(range(8)))  # the Python side TVM calls into
     assert futs == [f"fut-{i}" for i in range(8)]  # in the caller's order
     assert (len(a.got), len(b.got)) == (6, 2)
+
+
+def test_a_queue_worker_and_a_local_runner_on_one_gpu_share_its_timing_lock(monkeypatch):
+    """Whichever measures a GPU (a run's local runner, a remote queue's worker), the timing lock is
+    the GPU's own (named by its UUID), so their candidates are never timed at the same time."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    drv = FakeDriver()
+    group = gpu_slot_groups(list_gpus(drv.query()), MpsStatus(False))[1]
+    env = gpu_slots.queue_worker_env(1, drv.query())
+    assert env["DLOPT_TIMING_LOCK"] == group.env["DLOPT_TIMING_LOCK"] and "GPU-bbb" in env["DLOPT_TIMING_LOCK"]
+    assert env["DLOPT_CUDA_CACHE_DIR"] == group.env["DLOPT_CUDA_CACHE_DIR"] and env["TVM_USE_RUNTIME_LIB"] == "1"

@@ -74,10 +74,28 @@ def test_celery_measure_task_measures_in_a_sandboxed_subprocess(secrets_in_env):
                            threads=1)
     out = measure_candidate.run(payload)
     assert out["error"] and out["worker"].split(":")[1] != str(os.getpid())
-    worker = measure._ISOLATED[(False, 0)]  # (gpu, slot): the host's slot-0 worker
+    worker = measure._ISOLATED[(False, 0, 0)]  # (gpu, device, slot): the host's slot-0 worker
     assert worker.alive and worker.pid != os.getpid()
     info = worker.call("tuning.engine.sandbox:describe_process", timeout=60)
     _assert_sandboxed(info, worker.pid)
+
+
+def test_a_queue_workers_gpu_slots_share_the_gpus_timing_lock(secrets_in_env, monkeypatch):
+    """A remote queue's GPU worker (one per device and slot) runs on TVM's runtime only, with that
+    GPU's timing lock and the shared kernel cache, and still without the host's secrets."""
+    from tuning.engine import gpu_slots, measure
+    from tuning.engine.measure import make_payload, measure_payload_isolated
+
+    monkeypatch.setattr(gpu_slots, "list_gpus", lambda query=None: [])  # no GPU here: locks by index
+    payload = make_payload(b"not a shared library", device_type="cuda", args_info_json=[], evaluator=None,
+                           threads=None, device_index=1)
+    out = measure_payload_isolated(dict(payload, slot=1))
+    assert out["error"]  # nothing to measure on here, but the worker was made
+    worker = measure._ISOLATED[(True, 1, 1)]
+    env = dict(item.split(b"=", 1) for item in Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0") if item)
+    assert env[b"DLOPT_TIMING_LOCK"].decode() == gpu_slots.queue_worker_env(1)["DLOPT_TIMING_LOCK"]
+    assert env[b"DLOPT_TIMING_LOCK"].endswith(b"timing-1.lock") and env[b"TVM_USE_RUNTIME_LIB"] == b"1"
+    assert b"DLOPT_CUDA_CACHE_DIR" in env and not set(SECRETS) & {k.decode() for k in env}
 
 
 def test_stock_mode_workers_get_the_sandbox_too(secrets_in_env):

@@ -43,7 +43,7 @@ from .cuda_binaries import CACHE_DIR_VAR, cache_dir
 from .sandbox import user_runtime_dir
 
 __all__ = ["NeedsGPU", "GpuInfo", "MpsStatus", "GpuSlotGroup", "DeviceQuery", "list_gpus", "ensure_mps",
-           "gpu_slot_groups", "require_gpus", "MAX_DOP_PER_GPU"]
+           "gpu_slot_groups", "require_gpus", "MAX_DOP_PER_GPU", "queue_worker_env", "timing_lock_path"]
 
 MAX_DOP_PER_GPU = 4  # module doc: with exclusive timing more workers per GPU measured no faster
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -187,8 +187,20 @@ def stop_mps(status: MpsStatus, query: DeviceQuery | None = None) -> None:
 
 def timing_lock_path(gpu: GpuInfo) -> str:
     """The file whose lock a GPU's measuring workers hold while timing (measure.timing_window), in
-    this user's private runtime directory (another user's file could not be opened, or held)."""
+    this user's private runtime directory (another user's file could not be opened, or held).
+    Named by the GPU's UUID, so every runner and queue worker of this user measuring that GPU
+    shares it, whatever CUDA_VISIBLE_DEVICES renumbered."""
     return os.path.join(user_runtime_dir("locks"), f"timing-{gpu.uuid or gpu.index}.lock")
+
+
+def queue_worker_env(device_index: int, query: DeviceQuery | None = None) -> dict[str, str]:
+    """The environment of a remote queue's sandboxed measuring worker for GPU ``device_index``
+    (measure.measure_payload_isolated): TVM's runtime only, the GPU's timing lock (the host's
+    DOP slots on that GPU time one candidate at a time) and the shared kernel cache."""
+    gpu = next((g for g in list_gpus(query) if g.index == int(device_index)), None)
+    lock = timing_lock_path(gpu) if gpu else os.path.join(user_runtime_dir("locks"), f"timing-{int(device_index)}.lock")
+    return {"TVM_USE_RUNTIME_LIB": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1", TIMING_LOCK_VAR: lock,
+            CACHE_DIR_VAR: cache_dir()}
 
 
 def gpu_slot_groups(gpus: Sequence[GpuInfo], mps: MpsStatus, max_dop_per_gpu: int = MAX_DOP_PER_GPU,

@@ -314,7 +314,7 @@ def measure_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     return outcome.to_dict()
 
 
-_ISOLATED: dict[tuple[bool, int], Any] = {}
+_ISOLATED: dict[tuple[bool, int, int], Any] = {}  # (gpu, device index, slot)
 _ISOLATED_LOCK = threading.Lock()
 
 
@@ -323,18 +323,24 @@ def _isolated_worker(payload: Mapping[str, Any]) -> WorkerProcess:
     side, each pinned to its slot's cores; slot 0 is the host's serial reference)."""
     gpu = str(payload.get("device_type") or "cpu") not in ("cpu", "llvm")
     slot = max(0, int(payload.get("slot") or 0))
+    device = max(0, int(payload.get("device_index") or 0)) if gpu else 0
+    key = (gpu, device, slot)
     with _ISOLATED_LOCK:
-        worker = _ISOLATED.get((gpu, slot))
+        worker = _ISOLATED.get(key)
         if worker is None:
-            cpus, threads = None, None
-            if not gpu:
+            cpus, threads, env = None, None, {}
+            if gpu:
+                from .gpu_slots import queue_worker_env
+
+                env = queue_worker_env(device)  # one GPU's slots time one candidate at a time
+            else:
                 from .slots import cpu_slots
 
                 host_slots = cpu_slots(int(payload.get("threads") or 0) or len(os.sched_getaffinity(0)))
                 cpus, threads = host_slots[slot % len(host_slots)].as_layout()
-            worker = _ISOLATED[(gpu, slot)] = WorkerProcess(
-                WorkerSpec(name=f"measure-isolated-{'gpu' if gpu else 'cpu'}-s{slot}", cpu_ids=cpus, threads=threads,
-                           limits=sandbox.default_limits(gpu=gpu)),
+            worker = _ISOLATED[key] = WorkerProcess(
+                WorkerSpec(name=f"measure-isolated-{f'gpu{device}' if gpu else 'cpu'}-s{slot}", cpu_ids=cpus,
+                           threads=threads, limits=sandbox.default_limits(gpu=gpu), env=env),
                 initializer="tuning.engine.measure:warmup", max_uses=500)
         return worker
 
