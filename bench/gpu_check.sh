@@ -150,13 +150,12 @@ def check():
     except Exception as exc:  # noqa: BLE001
         meter = None
         print(f"  NVML energy: unavailable ({exc})")
-    # Workers serve each kernel from the binaries built with the candidates; what they must compile here
-    # (nvcc, the device's arch) lands in a fresh cache, counted below (both reach the sandboxed workers:
-    # DLOPT_CUDA_* is on the sandbox's allow-list)
-    from tuning.engine.cuda_binaries import BINARY_DIRS_VAR, CACHE_DIR_VAR
+    # Workers load each kernel from the binaries built beside the candidates (cuda_bin/); what they must
+    # compile here (nvcc, the device's arch) lands in a fresh cache, counted below (DLOPT_CUDA_* is on
+    # the sandbox's allow-list, so the variable reaches the workers)
+    from tuning.engine.cuda_binaries import CACHE_DIR_VAR
     import tempfile
     compiled_here = Path(tempfile.mkdtemp(prefix="gpu-check-nvcc-"))
-    os.environ[BINARY_DIRS_VAR] = str((CAND / "cuda_bin").resolve())
     os.environ[CACHE_DIR_VAR] = str(compiled_here)
     jobs = [MeasureJob(path=str(Path(c["path"]).resolve()), device_type="cuda", args_info=c["args_info"]) for c in manifest["candidates"]]
     cores = sorted(os.sched_getaffinity(0))

@@ -2,6 +2,8 @@
 distributed runner, ONNX end to end."""
 
 import concurrent.futures
+import os
+import shutil
 
 import pytest
 
@@ -194,6 +196,9 @@ def test_cuda_candidates_build_here_and_ship_to_a_gpu_queue(tmp_path):
     p = next(x for x in sent if x.get("kind") != "describe")  # after the host's slot report
     assert p["device_type"] == "cuda" and p["device_index"] == 1 and p["queue"] == "measure.gpuhost.gpu1"
     assert base64.b64decode(p["artifact_b64"])[:4] == b"\x7fELF"  # a shared object, runtime-loadable
+    if shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc"):
+        # the kernels compiled by the builder travel with it: the GPU host needs no nvcc
+        assert p["kernel_binaries_b64"] and all(n.endswith(".sm_90.fatbin") for n in p["kernel_binaries_b64"])
     assert p["evaluator"] == {"number": 10, "repeat": 3, "min_repeat_ms": 50, "enable_cpu_cache_flush": False}
 
 

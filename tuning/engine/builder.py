@@ -29,9 +29,8 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-from .cuda_binaries import CACHE_DIR_VAR, cache_dir, precompile_kernels
+from .cuda_binaries import beside, precompile_kernels
 from .procpool import ProcessPool, WorkerError, WorkerSpec, WorkerTimeout, available_cpus
-from .sandbox import UnsafeDirectory
 
 __all__ = ["PersistentBuilder", "build_in_worker"]
 
@@ -49,15 +48,6 @@ def _cuda_env() -> dict[str, str]:
     return env
 
 
-def _kernel_cache_env() -> dict[str, str]:
-    """Where build workers leave compiled CUDA kernels for this host's measuring workers; none
-    (kernels compiled at load instead) when the shared directory is unsafe."""
-    try:
-        return {CACHE_DIR_VAR: cache_dir()}
-    except (UnsafeDirectory, OSError):
-        return {}
-
-
 def build_in_worker(mod_json: str, target_json: str, out_dir: str) -> tuple[str, float]:
     """Worker side: build one scheduled IRModule and export it as a ``.so``.
     Returns (artifact path, build seconds). Does *not* import
@@ -73,8 +63,8 @@ def build_in_worker(mod_json: str, target_json: str, out_dir: str) -> tuple[str,
     rt_mod.export_library(path)
     if target.kind.name == "cuda":
         # TVM keeps CUDA kernels as source, compiled at load: compile them here, in parallel build
-        # workers, so measuring workers (runtime-only) load binaries and time without nvcc
-        precompile_kernels(rt_mod, str(target.attrs.get("arch", "")))
+        # workers, beside the candidate, so measuring workers (runtime-only) load binaries
+        precompile_kernels(rt_mod, str(target.attrs.get("arch", "")), beside(path))
     return path, time.perf_counter() - t0
 
 
@@ -124,7 +114,7 @@ class PersistentBuilder(PyBuilder):
         self.artifact_dir = artifact_dir or tempfile.mkdtemp(prefix="ms_artifacts_")
         os.makedirs(self.artifact_dir, exist_ok=True)
         self.before_build = before_build
-        env = {"TVM_NUM_THREADS": "1", "TVM_BIND_THREADS": "0", **_cuda_env(), **_kernel_cache_env()}
+        env = {"TVM_NUM_THREADS": "1", "TVM_BIND_THREADS": "0", **_cuda_env()}
         cpus = list(cpu_ids) if cpu_ids else available_cpus()  # explicit: never inherit a pinned mask
         specs = [
             WorkerSpec(name=f"build{i}", cpu_ids=cpus, threads=None, env=env) for i in range(self.max_workers)

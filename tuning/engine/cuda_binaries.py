@@ -7,10 +7,11 @@ needs TVM's compiler library (it reads ``Target.current()``), which a runtime-on
 GPU worker (``TVM_USE_RUNTIME_LIB=1``) does not have: there every CUDA candidate
 failed to load (seen on an H200, session 19). This module is the worker's callback:
 
-1. a binary compiled ahead, found by the source's SHA-256 and the device's arch in
-   the folders ``DLOPT_CUDA_BINARY_DIRS`` names (``bench/gpu_check.sh --prepare``
-   writes them next to the candidates) or in the cache (the persistent builder
-   compiles each CUDA candidate's kernels there when this host has nvcc);
+1. a binary compiled ahead, found by the source's SHA-256 and the device's arch
+   in ``cuda_bin/`` beside the library being loaded (the persistent builder
+   compiles each CUDA candidate's kernels there when its host has nvcc, a payload
+   to a remote GPU worker carries them, ``bench/gpu_check.sh --prepare`` writes
+   them next to its candidates) or in the cache;
 2. else ``nvcc`` on this host, for the device's own arch, with TVM's flags; the
    result is cached on disk (``DLOPT_CUDA_CACHE_DIR``, which the parent resolves to
    this user's private ``<tmp>/dlopt-<uid>/cuda``), so a candidate measured serially
@@ -21,8 +22,10 @@ Importable with TVM's runtime only: nothing here touches the compiler library.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -30,11 +33,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 __all__ = [
-    "BINARY_DIRS_VAR", "CACHE_DIR_VAR", "CudaCompileError", "binary_name", "compile_source",
-    "cache_dir", "install_runtime_compiler", "lookup", "precompile", "precompile_kernels",
+    "CACHE_DIR_VAR", "CudaCompileError", "binary_name", "compile_source",
+    "beside", "binaries_beside", "cache_dir", "install_runtime_compiler", "loading", "lookup", "precompile",
+    "precompile_kernels", "write_beside",
 ]
 
-BINARY_DIRS_VAR = "DLOPT_CUDA_BINARY_DIRS"
 CACHE_DIR_VAR = "DLOPT_CUDA_CACHE_DIR"
 CALLBACK = "tvm_callback_cuda_compile"
 # TVM 0.27's own nvcc flags (tvm.support.nvcc._compile_cuda_nvcc), so a kernel compiles as TVM would
@@ -68,7 +71,7 @@ def compile_source(code: str, arch: str, *, timeout: float = 300.0) -> bytes:
     nvcc = _nvcc()
     if nvcc is None:
         raise CudaCompileError(f"no nvcc on this host to compile CUDA source for {arch}; install the CUDA "
-                               f"toolkit or ship compiled binaries in {BINARY_DIRS_VAR}")
+                               f"toolkit, or build candidates where nvcc is (their kernels travel with them)")
     suffix = arch.split("_", 1)[-1]
     with tempfile.TemporaryDirectory(prefix="dlopt-nvcc-") as tmp:
         src, out = Path(tmp, "kernel.cu"), Path(tmp, "kernel.fatbin")
@@ -99,28 +102,62 @@ def precompile(code: str, arch: str, out_dir: str | os.PathLike) -> Path:
     return _store(Path(out_dir), binary_name(code, arch), compile_source(code, arch))
 
 
-def precompile_kernels(rt_mod, arch: str, out_dir: str | os.PathLike | None = None) -> int:
+def precompile_kernels(rt_mod, arch: str, out_dir: str | os.PathLike) -> int:
     """Builder side: compile each CUDA kernel a freshly built module holds (as source) into
-    ``out_dir`` (default: the cache this host's measuring workers read), so a worker on this host
-    loads a binary and compiles nothing. Returns how many were compiled; 0 without nvcc here (a GPU
-    host elsewhere compiles on load). nvcc refusing a kernel raises :class:`CudaCompileError`:
+    ``out_dir`` (the builder: beside the exported candidate, where its measuring worker looks
+    first and whence a payload carries them). Returns how many were compiled; 0 without nvcc
+    here (the GPU host compiles on load). nvcc refusing a kernel raises :class:`CudaCompileError`:
     the candidate would fail to load anyway, so it fails as a build error, without a measurement."""
-    target_dir = Path(out_dir) if out_dir is not None else _cache_dir()
-    if _nvcc() is None or not arch or target_dir is None:
+    if _nvcc() is None or not arch:
         return 0
     n = 0
     for device_mod in getattr(rt_mod, "mod", rt_mod).imports:
         if device_mod.kind != "cuda":
             continue
         code = device_mod.inspect_source("cuda")
-        if not (target_dir / binary_name(code, arch)).exists():
-            precompile(code, arch, target_dir)
+        if not (Path(out_dir) / binary_name(code, arch)).exists():
+            precompile(code, arch, out_dir)
             n += 1
     return n
 
 
-def _dirs_from_env() -> list[Path]:
-    return [Path(d) for d in os.environ.get(BINARY_DIRS_VAR, "").split(os.pathsep) if d]
+BESIDE = "cuda_bin"  # the folder next to an exported candidate that holds its kernels' binaries
+_NAME = re.compile(r"^[0-9a-f]{64}\.sm_[0-9]{2,3}a?\.fatbin$")
+MAX_BINARY_BYTES = 64 * 1024 * 1024
+_loading: list[Path] = []  # the folder beside the library being loaded (measure_path, one at a time)
+
+
+def beside(artifact_path: str | os.PathLike) -> Path:
+    return Path(artifact_path).parent / BESIDE
+
+
+@contextlib.contextmanager
+def loading(artifact_path: str | os.PathLike):
+    """While ``artifact_path`` is loaded, the callback looks beside it first (the binaries the
+    builder compiled for this candidate, or that a payload carried)."""
+    _loading.append(beside(artifact_path))
+    try:
+        yield
+    finally:
+        _loading.pop()
+
+
+def binaries_beside(artifact_path: str | os.PathLike) -> dict[str, bytes]:
+    """The kernel binaries next to a candidate, for a payload to a remote GPU worker."""
+    folder = beside(artifact_path)
+    if not folder.is_dir():
+        return {}
+    return {f.name: f.read_bytes() for f in sorted(folder.iterdir()) if _NAME.match(f.name) and f.is_file()}
+
+
+def write_beside(artifact_path: str | os.PathLike, binaries: dict[str, bytes]) -> None:
+    """Receiving side of a payload: only well-formed names (no path can be smuggled in), bounded sizes."""
+    for name, data in binaries.items():
+        if not _NAME.match(str(name)):
+            raise ValueError(f"refused kernel binary name {str(name)[:80]!r}")
+        if len(data) > MAX_BINARY_BYTES:
+            raise ValueError(f"kernel binary {name} is over {MAX_BINARY_BYTES} bytes")
+        _store(beside(artifact_path), name, data)
 
 
 def cache_dir() -> str:
@@ -161,7 +198,7 @@ def install_runtime_compiler(arch: str) -> bool:
     def callback(code: str, *_: object) -> bytes:
         code = str(code)
         cache = _cache_dir()
-        found = lookup(code, arch, [*_dirs_from_env(), *([cache] if cache else [])])
+        found = lookup(code, arch, [*_loading[-1:], *([cache] if cache else [])])
         if found is not None:
             return found
         data = compile_source(code, arch)

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import fcntl
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from . import sandbox
+from . import cuda_binaries, sandbox
 from .gpu_slots import TIMING_LOCK_VAR
 from .procpool import WorkerError, WorkerProcess, WorkerSpec, WorkerTimeout
 from .timer import DeviceUnavailable, EvaluatorConfig, check_device, time_module
@@ -193,7 +194,8 @@ def measure_path(
         import tvm
 
         dev = check_device("cpu" if device_type == "llvm" else device_type, device_index)
-        rt_mod = tvm.runtime.load_module(artifact_path)
+        with cuda_binaries.loading(artifact_path):  # kernels TVM compiles at load: binaries beside it first
+            rt_mod = tvm.runtime.load_module(artifact_path)
         args = _alloc_args(dev, args_info_json)
         _STATE["pool_started"] = True
         with timing_window():
@@ -215,12 +217,17 @@ def measure_artifact(
     threads: int | None = None,
     cpu_ids: list[int] | None = None,
     device_index: int = 0,
+    kernel_binaries: Mapping[str, bytes] | None = None,
 ) -> MeasureOutcome:
-    """Time a candidate given as the bytes of its exported ``.so``."""
-    fd, path = tempfile.mkstemp(suffix=".so", prefix="ms_cand_")
+    """Time a candidate given as the bytes of its exported ``.so`` (and, for CUDA, its kernels'
+    binaries, written beside it where the load looks first: cuda_binaries)."""
+    folder = tempfile.mkdtemp(prefix="ms_cand_")
+    path = os.path.join(folder, "candidate.so")
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with open(path, "wb") as fh:
             fh.write(artifact_bytes)
+        if kernel_binaries:
+            cuda_binaries.write_beside(path, dict(kernel_binaries))
         return measure_path(
             path,
             device_type=device_type,
@@ -230,11 +237,10 @@ def measure_artifact(
             cpu_ids=cpu_ids,
             device_index=device_index,
         )
+    except ValueError as exc:  # a refused kernel binary
+        return MeasureOutcome([], f"refused payload: {exc}", worker_id(device_type, device_index, cpu_ids), 0.0)
     finally:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def make_payload(
@@ -248,11 +254,14 @@ def make_payload(
     device_index: int = 0,
     queue: str | None = None,
     candidate: str | None = None,
+    kernel_binaries: Mapping[str, bytes] | None = None,
 ) -> dict[str, Any]:
     """The JSON-able message a distributed runner sends for one candidate."""
     return {
         "artifact_b64": base64.b64encode(artifact_bytes).decode("ascii"),
         "artifact_format": "so",
+        "kernel_binaries_b64": {name: base64.b64encode(data).decode("ascii")
+                                for name, data in (kernel_binaries or {}).items()},
         "device_type": device_type,
         "device_index": int(device_index),
         "args_info": [list(_jsonable(a)) for a in args_info_json],
@@ -302,6 +311,12 @@ def measure_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     refusal = measurable_refusal(payload.get("target"), device_index=int(payload.get("device_index") or 0))
     if refusal:  # built for another CPU/GPU: its timing would describe neither machine
         return MeasureOutcome([], refusal, socket.gethostname(), 0.0).to_dict()
+    try:
+        kernels = {str(name): base64.b64decode(data, validate=True)
+                   for name, data in dict(payload.get("kernel_binaries_b64") or {}).items()}
+    except (ValueError, TypeError) as exc:
+        return MeasureOutcome([], f"refused payload: kernel binaries are not base64 ({exc})",
+                              socket.gethostname(), 0.0).to_dict()
     outcome = measure_artifact(
         base64.b64decode(payload["artifact_b64"]),
         device_type=payload["device_type"],
@@ -310,6 +325,7 @@ def measure_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
         threads=payload.get("threads"),
         cpu_ids=payload.get("cpu_ids"),
         device_index=int(payload.get("device_index") or 0),
+        kernel_binaries=kernels,
     )
     return outcome.to_dict()
 

@@ -39,6 +39,7 @@ from typing import Any
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerInput, RunnerResult
 
+from .cuda_binaries import binaries_beside
 from .doppler import DOPController
 from .measure import MeasureOutcome, _jsonable, make_payload
 from .procpool import ProcessPool, WorkerError, WorkerSpec, WorkerTimeout, available_cpus
@@ -617,7 +618,8 @@ class DistributedRunner(PyRunner):
         payload = make_payload(data, device_type=job.device_type, args_info_json=job.args_info,
                                evaluator=self.evaluator, threads=self.threads, cpu_ids=self.cpu_ids,
                                device_index=device_index_from_queue(q), queue=q,
-                               candidate=os.path.basename(os.path.dirname(job.path)))
+                               candidate=os.path.basename(os.path.dirname(job.path)),
+                               kernel_binaries=binaries_beside(job.path) if job.device_type == "cuda" else None)
         payload["slot"] = int(slot)
         return payload
 
