@@ -64,7 +64,10 @@ if [ "$MODE" = check ]; then
   fi
 fi
 exec timeout 470 "$PY" - "$MODE" "$ARCH" "$WAYS" <<'PYEOF'
-import json, os, statistics, sys, time
+import json, os, signal, statistics, sys, time
+
+# `timeout` ends this with SIGTERM: unwind, so the finally blocks stop the MPS daemon and the workers
+signal.signal(signal.SIGTERM, lambda *_: sys.exit("gpu_check: stopped by its time limit"))
 from pathlib import Path
 
 MODE, ARCH, WAYS = sys.argv[1], sys.argv[2] or None, sys.argv[3]
@@ -130,8 +133,8 @@ def energy_j(meter):
 
 def check():
     from tuning.engine import sandbox
-    from tuning.engine.gpu_slots import (TIMING_LOCK_VAR, GpuSlotGroup, ensure_mps, gpu_slot_groups, require_gpus,
-                                         stop_mps, timing_lock_path)
+    from tuning.engine.gpu_slots import (TIMING_LOCK_VAR, GpuSlotGroup, ensure_mps, gpu_slot_groups, mps_pipe_dir,
+                                         require_gpus, stop_mps, timing_lock_path)
     from tuning.engine.plugins import gpu_worker_slots
     from tuning.engine.runner import MeasureJob, PooledAsyncRunner
     from tuning.engine.timer import default_evaluator
@@ -232,7 +235,7 @@ def check():
     results = {"no-mps": measure_setting("no MPS", [
         *([("no MPS, concurrent", GpuSlotGroup(gpus[0], max(DOPS), False, plain))] if concurrent_too else []),
         ("no MPS, window", GpuSlotGroup(gpus[0], max(DOPS), False, windowed))], DOPS)}
-    mps = ensure_mps(os.path.join("/tmp", f"dlopt-mps-{os.getuid()}"))
+    mps = ensure_mps(mps_pipe_dir())
     print(f"  MPS: {'on (' + mps.reason + ')' if mps.running else 'OFF: ' + mps.reason}")
     try:
         if mps.running:

@@ -43,13 +43,13 @@ def _run_callback(sources, env_extra, loading=""):
 def test_a_runtime_only_worker_serves_the_binary_beside_the_candidate(tmp_path):
     beside = tmp_path / "cand" / "cuda_bin"
     beside.mkdir(parents=True)
-    (beside / binary_name(KERNEL, "sm_90")).write_bytes(b"BESIDE")
-    (beside / binary_name(KERNEL, "sm_80")).write_bytes(b"OTHER-ARCH")
+    (beside / binary_name(KERNEL, "sm_90")).write_bytes(FATBIN_MAGIC + b"BESIDE")
+    (beside / binary_name(KERNEL, "sm_80")).write_bytes(FATBIN_MAGIC + b"OTHER-ARCH")
     res = _run_callback([KERNEL], {"DLOPT_CUDA_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/nonexistent"},
                         loading=tmp_path / "cand" / "candidate.so")
     # TVM's own callback is registered by a runtime-only import too, and fails there: ours replaces it
     assert res["installed"] is True
-    assert bytes.fromhex(res["out"][0]) == b"BESIDE"
+    assert bytes.fromhex(res["out"][0]) == FATBIN_MAGIC + b"BESIDE"
     assert not (tmp_path / "cache").exists()  # nothing compiled
 
 
@@ -120,3 +120,22 @@ def test_a_payload_carries_the_kernels_and_a_hostile_name_is_refused():
         assert measure_payload(bad)["error"].startswith("refused payload: refused kernel binary name")
     bad = dict(ok, kernel_binaries_b64={name: "not base64!"})
     assert "not base64" in measure_payload(bad)["error"]
+
+
+def test_the_parent_reads_no_link_and_nothing_but_fatbins_from_beside_a_candidate(tmp_path):
+    """The payload's binaries are read by the secret-holding tuning process from a folder a build
+    worker wrote: a link (say to /proc/self/environ) or a non-fatbin file never goes into a payload."""
+    from tuning.engine.cuda_binaries import binaries_beside
+
+    cand = tmp_path / "cand_x"
+    (cand / "cuda_bin").mkdir(parents=True)
+    good, linked, junk = (binary_name(k, "sm_90") for k in (KERNEL, KERNEL + " ", KERNEL + "  "))
+    (cand / "cuda_bin" / good).write_bytes(FATBIN_MAGIC + b"ok")
+    (cand / "cuda_bin" / linked).symlink_to("/proc/self/environ")
+    (cand / "cuda_bin" / junk).write_bytes(b"DJANGO_SECRET_KEY=x")
+    (cand / "cuda_bin" / (good[:-7] + ".fatbin\n")).write_bytes(FATBIN_MAGIC)  # a name with a newline
+    assert binaries_beside(cand / "candidate.so") == {good: FATBIN_MAGIC + b"ok"}
+    # a folder that is itself a link is not followed either
+    (tmp_path / "cand_y").mkdir()
+    (tmp_path / "cand_y" / "cuda_bin").symlink_to(cand / "cuda_bin")
+    assert binaries_beside(tmp_path / "cand_y" / "candidate.so") == {}

@@ -2,12 +2,11 @@
 
 import os
 import subprocess
-import tempfile
 import types
 
 import pytest
 
-from tuning.engine import gpu_slots
+from tuning.engine import gpu_slots, sandbox
 from tuning.engine.gpu_slots import DeviceQuery, MpsStatus, NeedsGPU, ensure_mps, gpu_slot_groups, list_gpus
 
 SMI = "0, NVIDIA H200, GPU-aaa, 9.0, 143771\n1, NVIDIA A100-SXM4-80GB, GPU-bbb, 8.0, 81920\n"
@@ -82,11 +81,9 @@ def test_one_slot_group_per_gpu_with_mps(tmp_path, monkeypatch):
     groups = gpu_slot_groups(list_gpus(drv.query()), ensure_mps(str(tmp_path), drv.query()), max_dop_per_gpu=4)
     assert [(g.gpu.index, g.max_dop, g.mps) for g in groups] == [(0, 4, True), (1, 4, True)]
     assert groups[1].env == {"CUDA_VISIBLE_DEVICES": "GPU-bbb", "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path),
-                             "DLOPT_TIMING_LOCK": gpu_slots.timing_lock_path(groups[1].gpu),
-                             "DLOPT_CUDA_CACHE_DIR": gpu_slots.cache_dir()}
-    # shared by the group's workers (whose own TMPDIRs are private), in this user's private directory
-    private = os.path.join(tempfile.gettempdir(), f"dlopt-{os.getuid()}") + os.sep
-    assert all(v.startswith(private) for k, v in groups[1].env.items() if k.startswith("DLOPT_"))
+                             "DLOPT_TIMING_LOCK": gpu_slots.timing_lock_path(groups[1].gpu)}
+    # shared by the group's workers (whose own TMPDIRs are private), in this user's runtime directory
+    assert groups[1].env["DLOPT_TIMING_LOCK"].startswith(sandbox.runtime_root() + os.sep)
     # one timing lock per GPU: two devices' workers never wait on each other
     assert groups[0].env["DLOPT_TIMING_LOCK"] != groups[1].env["DLOPT_TIMING_LOCK"]
     concurrent = gpu_slot_groups(list_gpus(drv.query()), ensure_mps(str(tmp_path), drv.query()), exclusive_timing=False)
@@ -155,4 +152,26 @@ def test_a_queue_worker_and_a_local_runner_on_one_gpu_share_its_timing_lock(monk
     group = gpu_slot_groups(list_gpus(drv.query()), MpsStatus(False))[1]
     env = gpu_slots.queue_worker_env(1, drv.query())
     assert env["DLOPT_TIMING_LOCK"] == group.env["DLOPT_TIMING_LOCK"] and "GPU-bbb" in env["DLOPT_TIMING_LOCK"]
-    assert env["DLOPT_CUDA_CACHE_DIR"] == group.env["DLOPT_CUDA_CACHE_DIR"] and env["TVM_USE_RUNTIME_LIB"] == "1"
+    assert env["TVM_USE_RUNTIME_LIB"] == "1"
+
+
+def test_a_runner_in_a_timing_window_waits_for_the_others_and_keeps_its_own_kernel_cache(tmp_path):
+    """Workers of a GPU's slot group time one at a time: a call's (and a round's) deadline allows for
+    the pool's other windows, and the workers share a kernel cache of their own, gone at shutdown."""
+    from tuning.engine.runner import PooledAsyncRunner
+    from tuning.engine.slots import Slot
+
+    slots = [Slot(k, (0,), 1) for k in range(4)]
+    plain = PooledAsyncRunner._cls(threads=1, slots=slots, timeout_sec=10.0)
+    windowed = PooledAsyncRunner._cls(threads=1, slots=slots, timeout_sec=10.0,
+                                      worker_env={"DLOPT_TIMING_LOCK": str(tmp_path / "gpu.lock")})
+    try:
+        assert not plain.exclusive_timing and "DLOPT_CUDA_CACHE_DIR" not in plain.worker_env
+        cache = windowed.worker_env["DLOPT_CUDA_CACHE_DIR"]
+        assert os.path.isdir(cache) and oct(os.stat(cache).st_mode & 0o777) == "0o700"
+        assert windowed.round_timeout(8, 4) > plain.round_timeout(8, 4)
+        assert windowed.round_timeout(8, 1) == plain.round_timeout(8, 1)  # alone, nobody to wait for
+    finally:
+        plain.shutdown()
+        windowed.shutdown()
+    assert not os.path.exists(cache)

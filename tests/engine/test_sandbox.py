@@ -82,7 +82,7 @@ def test_celery_measure_task_measures_in_a_sandboxed_subprocess(secrets_in_env):
 
 def test_a_queue_workers_gpu_slots_share_the_gpus_timing_lock(secrets_in_env, monkeypatch):
     """A remote queue's GPU worker (one per device and slot) runs on TVM's runtime only, with that
-    GPU's timing lock and the shared kernel cache, and still without the host's secrets."""
+    GPU's timing lock, without a kernel cache and without the host's secrets."""
     from tuning.engine import gpu_slots, measure
     from tuning.engine.measure import make_payload, measure_payload_isolated
 
@@ -95,7 +95,8 @@ def test_a_queue_workers_gpu_slots_share_the_gpus_timing_lock(secrets_in_env, mo
     env = dict(item.split(b"=", 1) for item in Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0") if item)
     assert env[b"DLOPT_TIMING_LOCK"].decode() == gpu_slots.queue_worker_env(1)["DLOPT_TIMING_LOCK"]
     assert env[b"DLOPT_TIMING_LOCK"].endswith(b"timing-1.lock") and env[b"TVM_USE_RUNTIME_LIB"] == b"1"
-    assert b"DLOPT_CUDA_CACHE_DIR" in env and not set(SECRETS) & {k.decode() for k in env}
+    assert b"DLOPT_CUDA_CACHE_DIR" not in env  # a queue worker measures every team's candidates: no shared cache
+    assert not set(SECRETS) & {k.decode() for k in env}
 
 
 def test_stock_mode_workers_get_the_sandbox_too(secrets_in_env):
@@ -185,24 +186,31 @@ def test_the_engine_childs_answer_cannot_run_code_in_the_celery_worker(tmp_path)
 
 
 def test_the_shared_runtime_directory_is_private_and_a_planted_one_is_refused(tmp_path, monkeypatch):
-    """Workers share compiled CUDA kernels and a GPU's timing lock through <tmp>/dlopt-<uid>/: made
-    0700, and refused when another user could write there (planted kernels would be loaded)."""
+    """A GPU's timing lock lives in this user's runtime directory (not a guessable /tmp name):
+    made 0700, and refused when it, or the folder in it, is a link or writable by others."""
     import stat
-    import tempfile
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    path = sandbox.user_runtime_dir("cuda")
-    root = tmp_path / f"dlopt-{os.getuid()}"
-    assert Path(path) == root / "cuda" and stat.S_IMODE(root.stat().st_mode) == 0o700
+    monkeypatch.delenv("DLOPT_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    root = tmp_path / "dlopt"
+    assert sandbox.runtime_root() == str(root)
+    path = sandbox.user_runtime_dir("locks")
+    assert Path(path) == root / "locks" and stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert stat.S_IMODE((root / "locks").stat().st_mode) == 0o700
 
-    root.chmod(0o777)  # as if someone else had made it, world-writable
+    (root / "locks").chmod(0o777)  # the folder, world-writable
     with pytest.raises(sandbox.UnsafeDirectory, match="only this user can write"):
-        sandbox.user_runtime_dir("cuda")
-    root.chmod(0o700)
-    root.rename(tmp_path / "elsewhere")
-    root.symlink_to(tmp_path / "elsewhere")  # a link to a directory of the attacker's choice
+        sandbox.user_runtime_dir("locks")
+    (root / "locks").rmdir()
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (root / "locks").symlink_to(tmp_path / "elsewhere")  # a link to a directory of someone's choice
     with pytest.raises(sandbox.UnsafeDirectory):
-        sandbox.user_runtime_dir("cuda")
+        sandbox.user_runtime_dir("locks")
+    root.chmod(0o777)
+    with pytest.raises(sandbox.UnsafeDirectory):
+        sandbox.user_runtime_dir("other")
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert sandbox.runtime_root() == os.path.join(os.path.expanduser("~"), ".cache", "dlopt")
 
 
 def test_workers_get_the_kernel_cache_and_timing_lock_but_no_other_dlopt_settings(monkeypatch):
@@ -212,3 +220,11 @@ def test_workers_get_the_kernel_cache_and_timing_lock_but_no_other_dlopt_setting
     kept = sandbox.scrub_env()
     assert kept["DLOPT_CUDA_CACHE_DIR"] == "/x/cuda" and kept["DLOPT_TIMING_LOCK"] == "/x/lock"
     assert "DLOPT_WEBHOOK_SECRET" not in kept
+
+
+def test_a_payload_cannot_make_a_queue_host_start_workers_without_bound():
+    from tuning.engine.measure import make_payload, measure_payload_isolated
+
+    payload = make_payload(b"x", device_type="cuda", args_info_json=[], evaluator=None, threads=None)
+    for bad in ({"slot": 10**6}, {"device_index": 10**6}, {"slot": -1}, {"slot": "many"}):
+        assert measure_payload_isolated(dict(payload, **bad))["error"].startswith("refused payload")

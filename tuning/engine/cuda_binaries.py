@@ -12,10 +12,11 @@ failed to load (seen on an H200, session 19). This module is the worker's callba
    compiles each CUDA candidate's kernels there when its host has nvcc, a payload
    to a remote GPU worker carries them, ``bench/gpu_check.sh --prepare`` writes
    them next to its candidates) or in the cache;
-2. else ``nvcc`` on this host, for the device's own arch, with TVM's flags; the
-   result is cached on disk (``DLOPT_CUDA_CACHE_DIR``, which the parent resolves to
-   this user's private ``<tmp>/dlopt-<uid>/cuda``), so a candidate measured serially
-   and then in parallel is compiled once.
+2. else ``nvcc`` on this host, for the device's own arch, with TVM's flags; a local
+   runner's workers share a cache of what they compiled (``DLOPT_CUDA_CACHE_DIR``, a
+   fresh private folder per runner), so a candidate measured serially and then in
+   parallel is compiled once. A remote queue's workers, which measure every team's
+   candidates, keep no cache: their payloads carry the builder's binaries.
 
 Importable with TVM's runtime only: nothing here touches the compiler library.
 """
@@ -27,6 +28,8 @@ import hashlib
 import os
 import re
 import shutil
+import signal
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterable
@@ -34,7 +37,7 @@ from pathlib import Path
 
 __all__ = [
     "CACHE_DIR_VAR", "CudaCompileError", "binary_name", "compile_source",
-    "beside", "binaries_beside", "cache_dir", "install_runtime_compiler", "loading", "lookup", "precompile",
+    "beside", "binaries_beside", "new_cache_dir", "install_runtime_compiler", "loading", "lookup", "precompile",
     "precompile_kernels", "write_beside",
 ]
 
@@ -76,14 +79,21 @@ def compile_source(code: str, arch: str, *, timeout: float = 300.0) -> bytes:
     with tempfile.TemporaryDirectory(prefix="dlopt-nvcc-") as tmp:
         src, out = Path(tmp, "kernel.cu"), Path(tmp, "kernel.fatbin")
         src.write_text(code)
+        # run in the temporary folder with relative names and TMPDIR there: its messages name no
+        # server path, and what nvcc's own children leave goes with the folder
         cmd = [nvcc, "--fatbin", "-gencode", f"arch=compute_{suffix},code=sm_{suffix}", *_NVCC_FLAGS,
-               "-o", str(out), str(src)]
+               "-o", out.name, src.name]
+        proc = subprocess.Popen(cmd, cwd=tmp, env=dict(os.environ, TMPDIR=tmp), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            text, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # nvcc's children (cicc, ptxas) too
+            proc.communicate()
             raise CudaCompileError(f"nvcc took over {timeout:.0f} s") from None
-        if done.returncode != 0 or not out.exists():
-            raise CudaCompileError(f"nvcc failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-600:]}")
+        if proc.returncode != 0 or not out.exists():
+            raise CudaCompileError(f"nvcc failed ({proc.returncode}): {text.replace(tmp, '.').strip()[-600:]}")
         return out.read_bytes()
 
 
@@ -122,8 +132,10 @@ def precompile_kernels(rt_mod, arch: str, out_dir: str | os.PathLike) -> int:
 
 
 BESIDE = "cuda_bin"  # the folder next to an exported candidate that holds its kernels' binaries
-_NAME = re.compile(r"^[0-9a-f]{64}\.sm_[0-9]{2,3}a?\.fatbin$")
-MAX_BINARY_BYTES = 64 * 1024 * 1024
+_NAME = re.compile(r"[0-9a-f]{64}\.sm_[0-9]{2,3}a?\.fatbin")  # fullmatch: no path, no newline
+FATBIN_MAGIC = bytes.fromhex("50ed55ba")
+MAX_BINARY_BYTES = 16 * 1024 * 1024
+MAX_BINARIES = 64  # one candidate's kernels; a payload with more is refused
 _loading: list[Path] = []  # the folder beside the library being loaded (measure_path, one at a time)
 
 
@@ -142,31 +154,55 @@ def loading(artifact_path: str | os.PathLike):
         _loading.pop()
 
 
+def _read_binary(folder_fd: int, name: str) -> bytes | None:
+    """A regular file of at most MAX_BINARY_BYTES that starts like a fatbin, opened without
+    following links: the reader may be the secret-holding parent and the writer a build worker
+    (a link to ``/proc/self/environ`` would otherwise ship the parent's environment)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BINARY_BYTES:
+            return None
+        data = fh.read(MAX_BINARY_BYTES + 1)
+    return data if data.startswith(FATBIN_MAGIC) and len(data) <= MAX_BINARY_BYTES else None
+
+
 def binaries_beside(artifact_path: str | os.PathLike) -> dict[str, bytes]:
-    """The kernel binaries next to a candidate, for a payload to a remote GPU worker."""
-    folder = beside(artifact_path)
-    if not folder.is_dir():
+    """The kernel binaries next to a candidate, for a payload to a remote GPU worker: well-named
+    regular files only, at most MAX_BINARIES, none read through a link."""
+    try:
+        folder_fd = os.open(beside(artifact_path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
         return {}
-    return {f.name: f.read_bytes() for f in sorted(folder.iterdir()) if _NAME.match(f.name) and f.is_file()}
+    try:
+        names = sorted(n for n in os.listdir(folder_fd) if _NAME.fullmatch(n))[:MAX_BINARIES]
+        found = {n: _read_binary(folder_fd, n) for n in names}
+    finally:
+        os.close(folder_fd)
+    return {n: data for n, data in found.items() if data is not None}
 
 
 def write_beside(artifact_path: str | os.PathLike, binaries: dict[str, bytes]) -> None:
-    """Receiving side of a payload: only well-formed names (no path can be smuggled in), bounded sizes."""
+    """Receiving side of a payload: only well-formed names (no path can be smuggled in), bounded
+    count and sizes."""
+    if len(binaries) > MAX_BINARIES:
+        raise ValueError(f"{len(binaries)} kernel binaries (at most {MAX_BINARIES})")
     for name, data in binaries.items():
-        if not _NAME.match(str(name)):
+        if not _NAME.fullmatch(str(name)):
             raise ValueError(f"refused kernel binary name {str(name)[:80]!r}")
         if len(data) > MAX_BINARY_BYTES:
             raise ValueError(f"kernel binary {name} is over {MAX_BINARY_BYTES} bytes")
         _store(beside(artifact_path), name, data)
 
 
-def cache_dir() -> str:
-    """The kernel cache a parent hands its build and measuring workers (``DLOPT_CUDA_CACHE_DIR``):
-    the variable's value, else this user's private runtime directory (sandbox.user_runtime_dir;
-    raises :class:`~tuning.engine.sandbox.UnsafeDirectory` when another user could write there)."""
-    from .sandbox import user_runtime_dir
-
-    return os.environ.get(CACHE_DIR_VAR) or user_runtime_dir("cuda")
+def new_cache_dir() -> str:
+    """A kernel cache for one runner's measuring workers (``DLOPT_CUDA_CACHE_DIR``): a fresh
+    private folder (``mkdtemp``: 0700, a name nobody can guess ahead), so kernels compiled by one
+    run's workers are never loaded by another run's, and no other user can plant one."""
+    return tempfile.mkdtemp(prefix="dlopt-cuda-")
 
 
 def _cache_dir() -> Path | None:
@@ -179,9 +215,16 @@ def _cache_dir() -> Path | None:
 def lookup(code: str, arch: str, dirs: Iterable[str | os.PathLike]) -> bytes | None:
     name = binary_name(code, arch)
     for d in dirs:
-        path = Path(d, name)
-        if path.is_file():
-            return path.read_bytes()
+        try:
+            folder_fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            found = _read_binary(folder_fd, name)
+        finally:
+            os.close(folder_fd)
+        if found is not None:
+            return found
     return None
 
 

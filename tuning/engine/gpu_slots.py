@@ -39,11 +39,10 @@ import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 
-from .cuda_binaries import CACHE_DIR_VAR, cache_dir
 from .sandbox import user_runtime_dir
 
 __all__ = ["NeedsGPU", "GpuInfo", "MpsStatus", "GpuSlotGroup", "DeviceQuery", "list_gpus", "ensure_mps",
-           "gpu_slot_groups", "require_gpus", "MAX_DOP_PER_GPU", "queue_worker_env", "timing_lock_path"]
+           "gpu_slot_groups", "require_gpus", "MAX_DOP_PER_GPU", "queue_worker_env", "timing_lock_path", "mps_pipe_dir"]
 
 MAX_DOP_PER_GPU = 4  # module doc: with exclusive timing more workers per GPU measured no faster
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -150,6 +149,12 @@ def require_gpus(query: DeviceQuery | None = None) -> list[GpuInfo]:
     return gpus
 
 
+def mps_pipe_dir() -> str:
+    """The MPS daemon's pipe directory for this user's workers: in the private runtime directory,
+    not a /tmp name another local user could make first (and answer on)."""
+    return user_runtime_dir("mps")
+
+
 def _mps_env(pipe_dir: str) -> dict[str, str]:
     env = dict(os.environ)
     env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
@@ -195,12 +200,12 @@ def timing_lock_path(gpu: GpuInfo) -> str:
 
 def queue_worker_env(device_index: int, query: DeviceQuery | None = None) -> dict[str, str]:
     """The environment of a remote queue's sandboxed measuring worker for GPU ``device_index``
-    (measure.measure_payload_isolated): TVM's runtime only, the GPU's timing lock (the host's
-    DOP slots on that GPU time one candidate at a time) and the shared kernel cache."""
+    (measure.measure_payload_isolated): TVM's runtime only and the GPU's timing lock (the host's
+    DOP slots on that GPU time one candidate at a time). No kernel cache: these workers measure
+    every team's candidates, whose payloads carry their kernels (cuda_binaries)."""
     gpu = next((g for g in list_gpus(query) if g.index == int(device_index)), None)
     lock = timing_lock_path(gpu) if gpu else os.path.join(user_runtime_dir("locks"), f"timing-{int(device_index)}.lock")
-    return {"TVM_USE_RUNTIME_LIB": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1", TIMING_LOCK_VAR: lock,
-            CACHE_DIR_VAR: cache_dir()}
+    return {"TVM_USE_RUNTIME_LIB": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1", TIMING_LOCK_VAR: lock}
 
 
 def gpu_slot_groups(gpus: Sequence[GpuInfo], mps: MpsStatus, max_dop_per_gpu: int = MAX_DOP_PER_GPU,
@@ -215,7 +220,6 @@ def gpu_slot_groups(gpus: Sequence[GpuInfo], mps: MpsStatus, max_dop_per_gpu: in
             env["CUDA_MPS_PIPE_DIRECTORY"] = mps.pipe_dir
         if exclusive_timing:
             env[TIMING_LOCK_VAR] = timing_lock_path(gpu)
-        env[CACHE_DIR_VAR] = cache_dir()  # kernels the builder compiled, or a worker compiled once
         parallel = exclusive_timing or mps.running
         groups.append(GpuSlotGroup(gpu, max(1, int(max_dop_per_gpu)) if parallel else 1, mps.running, env))
     return groups

@@ -297,7 +297,7 @@ def describe_host(threads: int | None, device_type: str = "cpu") -> dict[str, An
         return {"kind": "describe", "slots": len(cpu), "threads": cpu[0].threads,
                 "cpus": [list(s.cpus) for s in cpu], "worker": worker_id()}
     gpus = gpu_slots.list_gpus()
-    mps = gpu_slots.ensure_mps(os.path.join("/tmp", f"dlopt-mps-{os.getuid()}")) if gpus else gpu_slots.MpsStatus(False)
+    mps = gpu_slots.ensure_mps(gpu_slots.mps_pipe_dir()) if gpus else gpu_slots.MpsStatus(False)
     groups = gpu_slots.gpu_slot_groups(gpus, mps)
     return {"kind": "describe", "slots": groups[0].max_dop if groups else 0, "mps": mps.running,
             "gpus": [{"index": g.gpu.index, "arch": g.gpu.arch, "max_dop": g.max_dop} for g in groups],
@@ -311,9 +311,13 @@ def measure_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     refusal = measurable_refusal(payload.get("target"), device_index=int(payload.get("device_index") or 0))
     if refusal:  # built for another CPU/GPU: its timing would describe neither machine
         return MeasureOutcome([], refusal, socket.gethostname(), 0.0).to_dict()
+    encoded = dict(payload.get("kernel_binaries_b64") or {})
+    if len(encoded) > cuda_binaries.MAX_BINARIES or any(
+            len(str(v)) > cuda_binaries.MAX_BINARY_BYTES * 4 // 3 + 4 for v in encoded.values()):
+        return MeasureOutcome([], "refused payload: too many or too large kernel binaries",
+                              socket.gethostname(), 0.0).to_dict()
     try:
-        kernels = {str(name): base64.b64decode(data, validate=True)
-                   for name, data in dict(payload.get("kernel_binaries_b64") or {}).items()}
+        kernels = {str(name): base64.b64decode(data, validate=True) for name, data in encoded.items()}
     except (ValueError, TypeError) as exc:
         return MeasureOutcome([], f"refused payload: kernel binaries are not base64 ({exc})",
                               socket.gethostname(), 0.0).to_dict()
@@ -330,6 +334,7 @@ def measure_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
     return outcome.to_dict()
 
 
+MAX_QUEUE_SLOTS = 64  # per device: a queue host's sandboxed workers are kept, one per (device, slot)
 _ISOLATED: dict[tuple[bool, int, int], Any] = {}  # (gpu, device index, slot)
 _ISOLATED_LOCK = threading.Lock()
 
@@ -368,6 +373,13 @@ def measure_payload_isolated(payload: Mapping[str, Any], *, timeout: float = 300
     outcome, and the next call starts a fresh worker."""
     if payload.get("kind") == "describe":  # no candidate code: answered here
         return describe_host(payload.get("threads"), str(payload.get("device_type") or "cpu"))
+    try:
+        device, slot = int(payload.get("device_index") or 0), int(payload.get("slot") or 0)
+    except (TypeError, ValueError):
+        device, slot = -1, -1
+    if not (0 <= device < MAX_QUEUE_SLOTS and 0 <= slot < MAX_QUEUE_SLOTS):  # each pair starts a worker
+        return MeasureOutcome([], f"refused payload: device_index and slot must be 0-{MAX_QUEUE_SLOTS - 1}",
+                              socket.gethostname(), 0.0).to_dict()
     worker = _isolated_worker(payload)
     t0 = time.perf_counter()
     try:

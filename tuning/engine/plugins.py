@@ -158,7 +158,7 @@ def _gpu_runner(ctx: PlugContext):
     error samples); several GPUs are fed by a MultiDeviceRunner. Raises NeedsGPU without a GPU."""
     cfg = ctx.config
     gpus = gpu_slots.require_gpus()
-    mps = gpu_slots.ensure_mps(os.path.join("/tmp", f"dlopt-mps-{os.getuid()}"))
+    mps = gpu_slots.ensure_mps(gpu_slots.mps_pipe_dir())
     runners = [
         PooledAsyncRunner(evaluator=_evaluator_for(ctx), threads=1, cpu_ids=ctx.cores,
                           dop=cfg.dop if group.max_dop > 1 else 1, dop_rule=cfg.dop_rule, timeout_sec=cfg.timeout_sec,

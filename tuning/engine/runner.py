@@ -31,6 +31,7 @@ import functools
 import os
 import queue
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,8 +40,9 @@ from typing import Any
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner, PyRunnerFuture, RunnerInput, RunnerResult
 
-from .cuda_binaries import binaries_beside
+from .cuda_binaries import CACHE_DIR_VAR, binaries_beside, new_cache_dir
 from .doppler import DOPController
+from .gpu_slots import TIMING_LOCK_VAR
 from .measure import MeasureOutcome, _jsonable, make_payload
 from .procpool import ProcessPool, WorkerError, WorkerSpec, WorkerTimeout, available_cpus
 from .rounds import latency_of, measure_round
@@ -247,6 +249,12 @@ class PooledAsyncRunner(PyRunner):
         # worker; TVM_FFI_DISABLE_TORCH_C_DLPACK: where PyTorch is installed (GPU hosts often), tvm_ffi's
         # import would otherwise import torch and JIT-build a DLPack extension in each worker
         self.worker_env = {"TVM_USE_RUNTIME_LIB": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1", **dict(worker_env or {})}
+        # a GPU slot group (timing lock): its workers time one at a time, so a call may wait for the
+        # others' windows before its own; and they share a private cache of kernels they compile
+        self.exclusive_timing = TIMING_LOCK_VAR in self.worker_env
+        self._own_kernel_cache = None
+        if self.exclusive_timing and CACHE_DIR_VAR not in self.worker_env and CACHE_DIR_VAR not in os.environ:
+            self._own_kernel_cache = self.worker_env[CACHE_DIR_VAR] = new_cache_dir()
         self.cores = list(cpu_ids) if cpu_ids else available_cpus()
         # slots of `threads` cores each (SMT- and NUMA-aware, see slots.py); slot 0 is the serial reference
         self.slots: list[Slot] = list(slots) if slots else plan_slots(read_topology(affinity=self.cores), int(threads or len(self.cores)))
@@ -347,7 +355,8 @@ class PooledAsyncRunner(PyRunner):
         """The longest ``n_jobs`` measured ``dop`` at a time may take: each call's own timeout,
         a worker start, and slack; past it the round ends with errors rather than waiting on."""
         waves = -(-max(1, n_jobs) // max(1, dop))
-        return waves * (self.timeout_sec + 5.0) + self.start_timeout
+        per_call = self.timeout_sec * (max(1, dop) if self.exclusive_timing else 1)  # _submit's
+        return waves * (per_call + 5.0) + self.start_timeout
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every submitted batch is measured; False when that did not happen in
@@ -378,6 +387,8 @@ class PooledAsyncRunner(PyRunner):
             pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             pool.shutdown()
+        if self._own_kernel_cache:
+            shutil.rmtree(self._own_kernel_cache, ignore_errors=True)
 
     # ------------------------------------------------------------------ rounds
     def _loop(self) -> None:
@@ -407,7 +418,9 @@ class PooledAsyncRunner(PyRunner):
             threads=None,  # the worker's environment already fixes threads and cores
             cpu_ids=None,
             device_index=self.device_index,
-            timeout=self.timeout_sec,
+            # in a timing window a call can wait for the pool's other workers' windows first: that
+            # wait is not the candidate's, so it does not count against the candidate's timeout
+            timeout=self.timeout_sec * (len(pool) if self.exclusive_timing else 1),
         )
 
     @staticmethod

@@ -27,7 +27,7 @@ import stat
 import tempfile
 
 __all__ = ["ENV_ALLOW", "ENV_ALLOW_PREFIXES", "scrub_env", "default_limits", "limits_env", "apply_limits",
-           "apply_limits_from_env", "private_dir", "user_runtime_dir", "UnsafeDirectory", "scrubbed_environ",
+           "apply_limits_from_env", "private_dir", "runtime_root", "user_runtime_dir", "UnsafeDirectory", "scrubbed_environ",
            "stock_worker_init", "protect_secrets", "is_dumpable"]
 
 # Variables a builder / measuring worker needs (compilers, libraries, locale, TVM and thread knobs).
@@ -97,22 +97,37 @@ class UnsafeDirectory(RuntimeError):
     """A shared directory another local user could write to (or redirect with a link)."""
 
 
+def _check_private(path: str) -> None:
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise UnsafeDirectory(f"{os.path.basename(path)!r} (a dlopt runtime directory) is not a directory only "
+                              f"this user can write (owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)})")
+
+
+def runtime_root() -> str:
+    """Where this user's processes keep what several of them share: ``DLOPT_RUNTIME_DIR``, else
+    ``$XDG_RUNTIME_DIR/dlopt``, else ``~/.cache/dlopt``; never a shared ``/tmp`` name, which another
+    local user could make first (or remove and remake) to plant files or block the platform."""
+    explicit = os.environ.get("DLOPT_RUNTIME_DIR")
+    if explicit:
+        return explicit
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return os.path.join(xdg, "dlopt") if xdg else os.path.join(os.path.expanduser("~"), ".cache", "dlopt")
+
+
 def user_runtime_dir(name: str) -> str:
-    """``<tmp>/dlopt-<uid>/<name>``: what this user's workers share across their private TMPDIRs
-    (compiled CUDA kernels, a GPU's timing lock). Resolved in the parent, passed to workers by env.
-    The top directory must be a real directory of this user that nobody else can write: another
-    local user who made it first could plant kernel binaries a worker would load."""
-    root = os.path.join(tempfile.gettempdir(), f"dlopt-{os.getuid()}")
+    """``<runtime root>/<name>`` (a GPU's timing-lock files), resolved in the parent and passed to
+    workers by env (their own HOME and TMPDIR are private). The root and the folder must be real
+    directories of this user that nobody else can write; otherwise :class:`UnsafeDirectory`."""
+    root = runtime_root()
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    _check_private(root)
+    path = os.path.join(root, name)
     try:
-        os.mkdir(root, 0o700)
+        os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    st = os.lstat(root)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise UnsafeDirectory(f"{root} is not a directory only this user can write (owner uid {st.st_uid}, "
-                              f"mode {stat.filemode(st.st_mode)}): remove it or set TMPDIR elsewhere")
-    path = os.path.join(root, name)
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    _check_private(path)
     return path
 
 

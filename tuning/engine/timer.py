@@ -117,7 +117,8 @@ def load_device_runtime(device_type: str) -> None:
     except (OSError, RuntimeError) as exc:
         raise DeviceUnavailable(
             f"TVM's {device_type} runtime (lib{sidecar}.so) cannot be loaded on host "
-            f"{socket.gethostname()}: {str(exc).strip()[:300]}; a {device_type} gpu worker needs the "
+            f"{socket.gethostname()}: {str(exc).replace(str(runtime_dir), '<tvm>/lib').strip()[:300]}; "
+            f"a {device_type} gpu worker needs the "
             f"driver and the toolkit's runtime libraries on its library path"
         ) from None
 
