@@ -52,7 +52,7 @@ def _inputs(tmp_path, n, device_type="cpu", start=0):
     for i in range(start, start + n):
         d = tmp_path / f"c{i}"
         d.mkdir(exist_ok=True)
-        (d / "mod.so").write_bytes(b"so")
+        (d / "mod.so").write_bytes(b"\x7fELF so")
         out.append(RunnerInput(str(d / "mod.so"), device_type, [TensorInfo("float32", [1])]))
     return out
 

@@ -228,3 +228,17 @@ def test_a_payload_cannot_make_a_queue_host_start_workers_without_bound():
     payload = make_payload(b"x", device_type="cuda", args_info_json=[], evaluator=None, threads=None)
     for bad in ({"slot": 10**6}, {"device_index": 10**6}, {"slot": -1}, {"slot": "many"}):
         assert measure_payload_isolated(dict(payload, **bad))["error"].startswith("refused payload")
+
+
+def test_the_tuning_process_ships_only_a_built_shared_object(tmp_path):
+    """A build worker names the artifact the secret-holding tuning process reads and ships: a link,
+    or a path to /proc/self/environ, is refused as the candidate's error, not sent."""
+    from tuning.engine.runner import read_artifact
+
+    real = tmp_path / "cand.so"
+    real.write_bytes(b"\x7fELF" + b"\0" * 60)
+    assert read_artifact(str(real)).startswith(b"\x7fELF")
+    (tmp_path / "link.so").symlink_to(real)
+    for hostile in (str(tmp_path / "link.so"), "/proc/self/environ", str(tmp_path)):
+        with pytest.raises((OSError, ValueError)):
+            read_artifact(hostile)

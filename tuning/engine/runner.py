@@ -32,6 +32,7 @@ import os
 import queue
 import re
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -497,6 +498,22 @@ def _weighted_error(parts: Sequence[RoundReport]) -> float | None:
     return sum(e * n for e, n in known) / total if total else None
 
 
+MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
+
+
+def read_artifact(path: str) -> bytes:
+    """A built candidate's bytes, as this (secret-holding) process ships them: the path came from a
+    build worker, so no link is followed and only a regular ELF shared object is read (a path to,
+    say, /proc/self/environ would otherwise put this process's environment in a payload)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        data = fh.read(MAX_ARTIFACT_BYTES + 1) if stat.S_ISREG(st.st_mode) else b""
+    if not data.startswith(b"\x7fELF") or len(data) > MAX_ARTIFACT_BYTES:
+        raise ValueError(f"{os.path.basename(path)!r} is not a built candidate (a regular shared object)")
+    return data
+
+
 def _inner(runner):
     """The Python object behind a ``derived_object`` runner (its ``run`` returns our own futures)."""
     return getattr(runner, "_inst", runner)
@@ -624,8 +641,7 @@ class DistributedRunner(PyRunner):
 
     # ------------------------------------------------------------------ one candidate
     def _payload(self, job: MeasureJob, q: str, slot: int) -> dict[str, Any]:
-        with open(job.path, "rb") as fh:
-            data = fh.read()
+        data = read_artifact(job.path)
         with self._lock:
             self.bytes_sent += len(data)
         payload = make_payload(data, device_type=job.device_type, args_info_json=job.args_info,
@@ -639,7 +655,11 @@ class DistributedRunner(PyRunner):
     def _one(self, q: str, job: MeasureJob, slot: int) -> tuple[MeasureOutcome, float | None]:
         t0 = time.perf_counter()
         try:
-            remote = self.submit(self._payload(job, q, slot))
+            payload = self._payload(job, q, slot)
+        except (OSError, ValueError) as exc:  # the candidate's, not the queue's: no infrastructure error
+            return MeasureOutcome([], f"candidate not shipped: {exc}", q), None
+        try:
+            remote = self.submit(payload)
             with self._lock:
                 self.n_sent += 1
         except Exception as exc:  # noqa: BLE001
