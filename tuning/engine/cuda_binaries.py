@@ -43,6 +43,12 @@ __all__ = [
 
 CACHE_DIR_VAR = "DLOPT_CUDA_CACHE_DIR"
 CALLBACK = "tvm_callback_cuda_compile"
+BESIDE = "cuda_bin"  # the folder next to an exported candidate that holds its kernels' binaries
+_NAME = re.compile(r"[0-9a-f]{64}\.sm_[0-9]{2,3}a?\.fatbin")  # fullmatch: no path, no newline
+FATBIN_MAGIC = bytes.fromhex("50ed55ba")
+MAX_BINARY_BYTES = 16 * 1024 * 1024
+MAX_BINARIES = 64  # one candidate's kernels; a payload with more is refused
+_loading: list[Path] = []  # the folder beside the library being loaded (measure_path, one at a time)
 # TVM 0.27's own nvcc flags (tvm.support.nvcc._compile_cuda_nvcc), so a kernel compiles as TVM would
 _NVCC_FLAGS = [
     "-O3", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_OPERATORS__",
@@ -129,14 +135,6 @@ def precompile_kernels(rt_mod, arch: str, out_dir: str | os.PathLike) -> int:
             precompile(code, arch, out_dir)
             n += 1
     return n
-
-
-BESIDE = "cuda_bin"  # the folder next to an exported candidate that holds its kernels' binaries
-_NAME = re.compile(r"[0-9a-f]{64}\.sm_[0-9]{2,3}a?\.fatbin")  # fullmatch: no path, no newline
-FATBIN_MAGIC = bytes.fromhex("50ed55ba")
-MAX_BINARY_BYTES = 16 * 1024 * 1024
-MAX_BINARIES = 64  # one candidate's kernels; a payload with more is refused
-_loading: list[Path] = []  # the folder beside the library being loaded (measure_path, one at a time)
 
 
 def beside(artifact_path: str | os.PathLike) -> Path:

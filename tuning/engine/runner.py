@@ -246,8 +246,8 @@ class PooledAsyncRunner(PyRunner):
         # e.g. a GPU slot group's CUDA_VISIBLE_DEVICES / MPS pipe. Measuring needs TVM's runtime only
         # (measure.py): on the runtime library alone a DOP-auto runner's workers were ready in 1.5 s against
         # 2.1 s and hold 86 MB against 194 MB each (2-core VM, session 18); a DOP change or a recycled
-        # worker pays that start again, on cores the search and builds are using
-        # worker; TVM_FFI_DISABLE_TORCH_C_DLPACK: where PyTorch is installed (GPU hosts often), tvm_ffi's
+        # worker pays that start again, on cores the search and builds are using.
+        # TVM_FFI_DISABLE_TORCH_C_DLPACK: where PyTorch is installed (GPU hosts often), tvm_ffi's
         # import would otherwise import torch and JIT-build a DLPack extension in each worker
         self.worker_env = {"TVM_USE_RUNTIME_LIB": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1", **dict(worker_env or {})}
         # a GPU slot group (timing lock): its workers time one at a time, so a call may wait for the
