@@ -106,10 +106,15 @@ def compile_source(code: str, arch: str, *, timeout: float = 300.0) -> bytes:
 def _store(directory: Path, name: str, data: bytes) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    path = directory / name
-    os.replace(tmp, path)  # atomic: parallel workers compiling the same kernel never read half a file
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        path = directory / name
+        os.replace(tmp, path)  # atomic: parallel workers compiling the same kernel never read half a file
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # a full disk leaves no half-written file behind
+        raise
     return path
 
 
