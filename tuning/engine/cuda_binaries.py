@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import tempfile
 from collections.abc import Iterable
@@ -158,19 +157,14 @@ def loading(artifact_path: str | os.PathLike):
 
 
 def _read_binary(folder_fd: int, name: str) -> bytes | None:
-    """A regular file of at most MAX_BINARY_BYTES that starts like a fatbin, opened without
-    following links: the reader may be the secret-holding parent and the writer a build worker
-    (a link to ``/proc/self/environ`` would otherwise ship the parent's environment)."""
+    """A fatbin of at most MAX_BINARY_BYTES, read as sandbox.read_untrusted_file reads: the reader may
+    be the secret-holding parent and the writer a build worker."""
+    from .sandbox import read_untrusted_file
+
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd)
+        return read_untrusted_file(name, dir_fd=folder_fd, max_bytes=MAX_BINARY_BYTES, magic=FATBIN_MAGIC)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BINARY_BYTES:
-            return None
-        data = fh.read(MAX_BINARY_BYTES + 1)
-    return data if data.startswith(FATBIN_MAGIC) and len(data) <= MAX_BINARY_BYTES else None
 
 
 def binaries_beside(artifact_path: str | os.PathLike) -> dict[str, bytes]:

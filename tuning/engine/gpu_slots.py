@@ -39,7 +39,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 
-from .sandbox import user_runtime_dir
+from .sandbox import RUNTIME_ONLY_ENV, user_runtime_dir
 
 __all__ = ["NeedsGPU", "GpuInfo", "MpsStatus", "GpuSlotGroup", "DeviceQuery", "list_gpus", "ensure_mps",
            "gpu_slot_groups", "require_gpus", "MAX_DOP_PER_GPU", "queue_worker_env", "timing_lock_path", "mps_pipe_dir"]
@@ -203,9 +203,9 @@ def queue_worker_env(device_index: int, query: DeviceQuery | None = None) -> dic
     (measure.measure_payload_isolated): TVM's runtime only and the GPU's timing lock (the host's
     DOP slots on that GPU time one candidate at a time). No kernel cache: these workers measure
     every team's candidates, whose payloads carry their kernels (cuda_binaries)."""
-    gpu = next((g for g in list_gpus(query) if g.index == int(device_index)), None)
-    lock = timing_lock_path(gpu) if gpu else os.path.join(user_runtime_dir("locks"), f"timing-{int(device_index)}.lock")
-    return {"TVM_USE_RUNTIME_LIB": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1", TIMING_LOCK_VAR: lock}
+    gpu = next((g for g in list_gpus(query) if g.index == int(device_index)),
+               GpuInfo(int(device_index), "", "", "", 0))  # not listed: its lock named by index
+    return {**RUNTIME_ONLY_ENV, TIMING_LOCK_VAR: timing_lock_path(gpu)}
 
 
 def gpu_slot_groups(gpus: Sequence[GpuInfo], mps: MpsStatus, max_dop_per_gpu: int = MAX_DOP_PER_GPU,

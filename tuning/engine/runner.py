@@ -32,7 +32,6 @@ import os
 import queue
 import re
 import shutil
-import stat
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +46,7 @@ from .gpu_slots import TIMING_LOCK_VAR
 from .measure import MeasureOutcome, _jsonable, make_payload
 from .procpool import ProcessPool, WorkerError, WorkerSpec, WorkerTimeout, available_cpus
 from .rounds import latency_of, measure_round
+from .sandbox import RUNTIME_ONLY_ENV, read_untrusted_file
 from .slots import Slot, plan_slots, read_topology
 from .timer import EvaluatorConfig
 
@@ -246,10 +246,8 @@ class PooledAsyncRunner(PyRunner):
         # e.g. a GPU slot group's CUDA_VISIBLE_DEVICES / MPS pipe. Measuring needs TVM's runtime only
         # (measure.py): on the runtime library alone a DOP-auto runner's workers were ready in 1.5 s against
         # 2.1 s and hold 86 MB against 194 MB each (2-core VM, session 18); a DOP change or a recycled
-        # worker pays that start again, on cores the search and builds are using.
-        # TVM_FFI_DISABLE_TORCH_C_DLPACK: where PyTorch is installed (GPU hosts often), tvm_ffi's
-        # import would otherwise import torch and JIT-build a DLPack extension in each worker
-        self.worker_env = {"TVM_USE_RUNTIME_LIB": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1", **dict(worker_env or {})}
+        # worker pays that start again, on cores the search and builds are using
+        self.worker_env = {**RUNTIME_ONLY_ENV, **dict(worker_env or {})}
         # a GPU slot group (timing lock): its workers time one at a time, so a call may wait for the
         # others' windows before its own; and they share a private cache of kernels they compile
         self.exclusive_timing = TIMING_LOCK_VAR in self.worker_env
@@ -503,13 +501,10 @@ MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
 
 def read_artifact(path: str) -> bytes:
     """A built candidate's bytes, as this (secret-holding) process ships them: the path came from a
-    build worker, so no link is followed and only a regular ELF shared object is read (a path to,
-    say, /proc/self/environ would otherwise put this process's environment in a payload)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        data = fh.read(MAX_ARTIFACT_BYTES + 1) if stat.S_ISREG(st.st_mode) else b""
-    if not data.startswith(b"\x7fELF") or len(data) > MAX_ARTIFACT_BYTES:
+    build worker, so only a regular ELF shared object is read, through no link
+    (sandbox.read_untrusted_file)."""
+    data = read_untrusted_file(path, max_bytes=MAX_ARTIFACT_BYTES, magic=b"\x7fELF")
+    if data is None:
         raise ValueError(f"{os.path.basename(path)!r} is not a built candidate (a regular shared object)")
     return data
 

@@ -28,7 +28,7 @@ import tempfile
 
 __all__ = ["ENV_ALLOW", "ENV_ALLOW_PREFIXES", "scrub_env", "default_limits", "limits_env", "apply_limits",
            "apply_limits_from_env", "private_dir", "runtime_root", "user_runtime_dir", "UnsafeDirectory", "scrubbed_environ",
-           "stock_worker_init", "protect_secrets", "is_dumpable"]
+           "stock_worker_init", "protect_secrets", "is_dumpable", "read_untrusted_file", "RUNTIME_ONLY_ENV"]
 
 # Variables a builder / measuring worker needs (compilers, libraries, locale, TVM and thread knobs).
 ENV_ALLOW = frozenset({
@@ -129,6 +129,26 @@ def user_runtime_dir(name: str) -> str:
         pass
     _check_private(path)
     return path
+
+
+# What a measuring worker needs of TVM: its runtime library alone (measure.py needs no compiler), and no
+# PyTorch DLPack extension (where PyTorch is installed, GPU hosts often, tvm_ffi's import would import
+# torch and JIT-build one in each worker)
+RUNTIME_ONLY_ENV = {"TVM_USE_RUNTIME_LIB": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1"}
+
+
+def read_untrusted_file(path: str | os.PathLike, *, max_bytes: int, magic: bytes, dir_fd: int | None = None) -> bytes | None:
+    """The bytes of a file a worker wrote or named, as a secret-holding parent may read them: opened
+    without following links (a link to ``/proc/self/environ`` would otherwise hand over this
+    process's environment), and None unless it is a regular file of at most ``max_bytes`` that
+    starts with ``magic``. An ``OSError`` from opening it propagates."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+            return None
+        data = fh.read(max_bytes + 1)
+    return data if data.startswith(magic) and len(data) <= max_bytes else None
 
 
 def remove_dir(path: str | None) -> None:

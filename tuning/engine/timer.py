@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 __all__ = ["EvaluatorConfig", "default_evaluator", "time_module", "check_device", "load_device_runtime", "DeviceUnavailable"]
