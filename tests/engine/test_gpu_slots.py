@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import sys
 import types
 
 import pytest
@@ -175,3 +176,32 @@ def test_a_runner_in_a_timing_window_waits_for_the_others_and_keeps_its_own_kern
         plain.shutdown()
         windowed.shutdown()
     assert not os.path.exists(cache)
+
+
+@pytest.mark.skipif(bool(__import__("shutil").which("nvidia-smi")), reason="a GPU host runs the real check")
+@pytest.mark.parametrize("args", [[], ["--budgets"]])
+def test_gpu_check_says_no_gpu_here_and_exits_0(args):
+    """bench/gpu_check.sh on a host without a GPU: a clear message, nothing measured, exit 0; and its
+    Python side, run as the module the script runs, reaches the same answer (its imports resolve)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = subprocess.run(["bash", "bench/gpu_check.sh", *args], cwd=root, capture_output=True, text=True, timeout=60)
+    assert script.returncode == 0 and "no GPU here" in script.stdout
+    module = subprocess.run([sys.executable, "-m", "bench.gpu_check", "check", "", "budgets" if args else "all"],
+                            cwd=root, capture_output=True, text=True, timeout=120)
+    assert module.returncode == 0 and "no GPU here" in module.stdout, module.stderr[-2000:]
+
+
+def test_gpu_check_budget_judgement():
+    """What --budgets reports for a budget: the rank correlation, and per task whether the budget keeps the
+    reference's fastest candidate and how much slower (by the reference) the one it picks is."""
+    from bench.gpu_check import pick_quality, spearman
+
+    names = ["mm_t32", "mm_t64", "mm_t128", "dw_t32", "dw_t64"]
+    reference = [3.0, 2.0, 2.1, 1.0, 5.0]
+    assert spearman(reference, reference) == pytest.approx(1.0)
+    assert spearman(reference, [-x for x in reference]) == pytest.approx(-1.0)
+    same = pick_quality([3.1, 2.05, 2.2, 1.1, 4.0], reference, names)
+    assert same == {"tasks": 2, "same_best": 2, "max_regret": 0.0}
+    swapped = pick_quality([3.0, 2.2, 2.1, 1.0, 5.0], reference, names)  # mm picks t128, 5 % slower
+    assert swapped["same_best"] == 1 and swapped["max_regret"] == pytest.approx(0.05)
+    assert pick_quality([None, 2.0, 2.1, 1.0, None], reference, names)["tasks"] == 2  # failures skipped

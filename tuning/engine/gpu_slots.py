@@ -9,16 +9,21 @@ noise 0.1 %):
 * timed *concurrently*, the errors make any DOP > 1 useless: mean 39-143 % at DOP 2-8 under CUDA MPS,
   46-228 % without it (kernels that fill the GPU share its SMs or are time-sliced, and each
   candidate's events time the others' kernels too; ``gpu_check_h200_s19_compile_at_load.json``);
-* in the window the mean error stays 0.5-1.1 % (max 12.7 %), but measuring is only x1.02-x1.15 faster
-  than serial at DOP 2-8 (``gpu_check_h200_s19_prebuilt_window.json``): with the kernels compiled
-  ahead, a candidate's measurement is almost all GPU timing (3 repeats of >= 50 ms), and one GPU
-  times one candidate at a time. What remains to overlap is loading and argument set-up.
+* in the window the mean error stays 0.2-1.1 % (max 12.7 %). Its speed-up depends on the share of a
+  candidate's measurement that is not GPU timing: with the GPU evaluator of 10 x 3 samples of >= 50 ms
+  it was x1.02-x1.15 at DOP 2-8 (``gpu_check_h200_s19_prebuilt_window.json``); with the present default
+  (3 samples of >= 5 ms, timer.default_evaluator: the same ranking and picks) it is x1.84 / x2.23 /
+  x2.51 at DOP 2 / 4 / 8 under MPS, error 0.19-0.34 % (x1.81-x2.53 and 0.56-0.89 % without MPS;
+  ``gpu_check_h200_s20_window_min5.json``). What overlaps is loading, argument set-up and the
+  evaluator's warm-up; one GPU still times one candidate at a time.
 
-So the GPU levers are elsewhere: kernels compiled by the builder, not at load time in the measuring
-worker (cuda_binaries.py: the serial measuring wall of those 18 candidates fell from 9.0 to 4.4 s),
-and one slot group per GPU, each with its own DOP controller, error samples and timing lock.
+The other GPU levers: kernels compiled by the builder, not at load time in the measuring worker
+(cuda_binaries.py: the serial measuring wall of those 18 candidates fell from 9.0 to 4.4 s), the
+evaluator's budget (4.8 s -> 1.05 s serial, ``gpu_check_h200_s20_budgets.json``), and one slot group
+per GPU, each with its own DOP controller, error samples and timing lock.
 ``MAX_DOP_PER_GPU`` is 4: with exclusive timing a worker only needs to be ready when the window
-frees, and more per GPU measured no faster. MPS is optional (the workers then share one GPU
+frees; DOP 8 measured x2.51 against x2.23 at DOP 4 (H200, MPS): 12 % more for twice the workers,
+each holding a CUDA context (without MPS, its own). MPS is optional (the workers then share one GPU
 context instead of each holding its own); ``ensure_mps`` starts it where ``nvidia-cuda-mps-control``
 is on PATH. Several streams in one process were not chosen: TVM 0.27's ``time_evaluator``
 synchronizes the whole device, and our measuring workers already are processes (sandboxed,
@@ -44,7 +49,7 @@ from .sandbox import RUNTIME_ONLY_ENV, user_runtime_dir
 __all__ = ["NeedsGPU", "GpuInfo", "MpsStatus", "GpuSlotGroup", "DeviceQuery", "list_gpus", "ensure_mps",
            "gpu_slot_groups", "require_gpus", "MAX_DOP_PER_GPU", "queue_worker_env", "timing_lock_path", "mps_pipe_dir"]
 
-MAX_DOP_PER_GPU = 4  # module doc: with exclusive timing more workers per GPU measured no faster
+MAX_DOP_PER_GPU = 4  # module doc: with exclusive timing, DOP 8 gained 12 % over DOP 4 for twice the workers
 MPS_CONTROL = "nvidia-cuda-mps-control"
 TIMING_LOCK_VAR = "DLOPT_TIMING_LOCK"  # the lock file measure.timing_window holds while timing
 
