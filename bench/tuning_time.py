@@ -38,7 +38,10 @@ instead of leaving slow ones past DOP x the round's median as measured;
 DOPpler's immediate back-off on the first serial timings, instead of a second
 serial look at the sample of a round about to back off), and
 the least wall ratio the machine allows (measuring at the most DOP with no
-serial sample; DOP 1's CPU seconds spread over all cores). Search is not
+serial sample; DOP 1's CPU seconds spread over all cores), and the whole-run
+ratio the measuring phase alone accounts for (``parallel_wall_ratio_mechanism``:
+the rest of each run taken as long as DOP 1's). The pairs run --parallel-trials
+(192 with --quick) in rounds of 32. Search is not
 deterministic across processes even with a seed (multi-threaded sampling), so
 each run visits different candidates: ``cand.s`` (sum of the measured
 candidates' latencies) shows how much of a wall-time difference the
@@ -314,15 +317,18 @@ def _parallel_pairs(args, names, spec, root: Path, seed: int, sides: list[str]) 
     both sides alike."""
     target = {"kind": "llvm", "num-cores": PARALLEL_THREADS}
     tir = [n for n in names if WORKLOADS.get(n, ("onnx",))[0] == "tir"]
-    # --quick: 16 a round, four rounds of 64 trials (two rounds of 32 leave the controller no round to
-    # recover in after a noisy probe: it re-probes two rounds after a back-off)
-    per_round = 16 if args.quick else 32
+    # 32 a round: six rounds of --quick's 192 trials (--parallel-trials), eight of 256. Fewer rounds (two of
+    # 64 trials) leave the controller no round to recover in after a noisy probe (it re-probes two rounds
+    # after a back-off), and its fixed costs (the probe, the first pooled pairs) a large share of its
+    # serial timings; smaller rounds pay the search's fixed cost a round more often and a pooled round's
+    # serial timing of its fastest (1/16 of a round's measuring at 16 a round) twice as often
+    per_round = args.parallel_per_round
     pairs = []
     for i, name in enumerate(tir[:2] if args.quick else tir):
         pair = {"workload": name, "threads": PARALLEL_THREADS, "seed": seed}
         for side in (sides if i % 2 == 0 else list(reversed(sides))):
             sp = spec("ours", name, f"par_s{seed}_{side}", overrides=PARALLEL_SIDES[side], threads=PARALLEL_THREADS,
-                      target=target, per_round=per_round, seed=seed)
+                      target=target, per_round=per_round, seed=seed, trials=args.parallel_trials)
             pair[side] = run_child(SCRIPT, sp, timeout=1800)
             pair[side]["work_dir"] = sp["work_dir"]
             print(f"  {name:18s} seed {seed} T={PARALLEL_THREADS} {side:8s} wall {pair[side]['wall_s']:7.1f} s  "
@@ -353,6 +359,11 @@ def _remeasure_parallel(pairs: list[dict], target: dict, root: Path) -> None:
         t1 = (p["dop1"].get("phase_secs") or {}).get("measure_rounds")
         ta = (p["dop_auto"].get("phase_secs") or {}).get("measure_rounds")
         p["measure_phase_ratio"] = ta / t1 if t1 and ta else None
+        # what that phase's saving alone makes of the whole run, the rest of the run as long as DOP 1's: the
+        # mechanism's share of wall_ratio (the rest of a pair's wall ratio is its search's trajectory and the
+        # host's moments, which move a pair's non-measuring time by +-35 %; README's DOPpler section)
+        p["wall_ratio_mechanism"] = (1.0 - (t1 / p["dop1"]["wall_s"]) * (1.0 - ta / t1)
+                                     if t1 and ta and p["dop1"].get("wall_s") else None)
         # DOP auto's measuring time split against DOP 1's: the measure calls at the rounds' DOP (what
         # approaches 1/DOP) and DOPpler's serial re-measures (sample, failures, serial-noise repeats)
         ph = p["dop_auto"].get("phase_secs") or {}
@@ -414,6 +425,7 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         "parallel_serial_noise": _mean_or_none(_last_noise(p["dop_auto"]) for p in pairs),
         "parallel_error": statistics.mean(errs) if errs else None,
         "parallel_measure_phase_ratio": geomean(phase) if phase else None,
+        "parallel_wall_ratio_mechanism": geomean(p.get("wall_ratio_mechanism") for p in pairs),
         # of that phase: DOP auto's measure calls at its DOP / DOP 1's measuring (-> 1/DOP when the
         # slots do not interfere), and its serial re-measures / DOP 1's measuring (the sample's cost)
         "parallel_measure_at_dop_ratio": geomean(p.get("measure_at_dop_ratio") for p in pairs),
@@ -450,6 +462,7 @@ def _parallel_overall(pairs: list[dict]) -> dict:
 # the ratios a run over several seeds reports as the median of each seed's own (the search's trajectory moves
 # a single seed's wall and latency by tens of percent: the README's DOPpler section)
 SEED_MEDIAN_KEYS = ("parallel_wall_ratio", "parallel_latency_ratio", "parallel_measure_phase_ratio",
+                    "parallel_wall_ratio_mechanism",
                     "parallel_measure_at_dop_ratio", "parallel_serial_sample_ratio", "parallel_wall_ratio_floor",
                     *(f"parallel_{kind}_ratio_{key}" for key in PARALLEL_ABLATIONS.values()
                       for kind in ("wall", "measure_phase", "latency")))
@@ -524,6 +537,9 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
           f"lat x{(overall['parallel_latency_ratio'] or float('nan')):.3f}  "
           f"median final DOP {overall['parallel_final_dop']}  error {overall['parallel_error']}  "
           f"serial noise {overall['parallel_serial_noise']}")
+    if overall.get("parallel_wall_ratio_mechanism"):
+        print(f"  {'':18s} wall the measuring phase accounts for x{overall['parallel_wall_ratio_mechanism']:.3f} "
+              "(the rest of each run as long as DOP 1's)")
     if overall.get("parallel_measure_at_dop_ratio"):
         print(f"  {'':18s} of DOP 1's measuring: at DOP x{overall['parallel_measure_at_dop_ratio']:.3f} "
               f"+ serial sample x{(overall.get('parallel_serial_sample_ratio') or 0.0):.3f}")
@@ -540,9 +556,11 @@ def _print_seeds(overall: dict) -> None:
     print(f"\nparallel measurement over seeds {overall['parallel_seeds']} ({overall['parallel_aggregate']}):")
     for seed, row in overall["parallel_by_seed"].items():
         print(f"  seed {seed:>3s}  wall x{row['parallel_wall_ratio']:.3f}  "
+              f"(mechanism x{(row['parallel_wall_ratio_mechanism'] or float('nan')):.3f})  "
               f"measure x{(row['parallel_measure_phase_ratio'] or float('nan')):.3f}  "
               f"lat x{(row['parallel_latency_ratio'] or float('nan')):.3f}")
     print(f"  {'median':9s} wall x{overall['parallel_wall_ratio']:.3f}  "
+          f"(mechanism x{(overall['parallel_wall_ratio_mechanism'] or float('nan')):.3f})  "
           f"measure x{(overall['parallel_measure_phase_ratio'] or float('nan')):.3f}  "
           f"lat x{(overall['parallel_latency_ratio'] or float('nan')):.3f}  "
           f"final DOP (median of all pairs) {overall['parallel_final_dop']}")
@@ -555,6 +573,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small budgets, ablation on one workload (< 10 min on 2 cores)")
     ap.add_argument("--threads", type=int, default=None, help="measurement/deployment threads (default: all cores)")
     ap.add_argument("--trials", type=int, default=None, help="trials per TIR workload (default 64 quick / 256 full)")
+    ap.add_argument("--parallel-trials", type=int, default=None,
+                    help="trials of each DOP auto / DOP 1 run (default: --trials if given, else 192 quick / 256 full)")
+    ap.add_argument("--parallel-per-round", type=int, default=32, help="trials a round in the DOP auto / DOP 1 runs (default 32)")
     ap.add_argument("--workloads", default=None, help="comma list (default: all)")
     ap.add_argument("--no-ablation", action="store_true")
     ap.add_argument("--no-parallel", action="store_true", help="skip the DOP auto vs DOP 1 pair at T=1")
@@ -581,6 +602,7 @@ def main(argv=None) -> int:
     threads = args.threads or cores
     target = {"kind": "llvm", "num-cores": cores}
     tir_trials = args.trials or (64 if args.quick else 256)
+    args.parallel_trials = args.parallel_trials or args.trials or (192 if args.quick else 256)
     per_round = 32 if args.quick else 64
     names = args.workloads.split(",") if args.workloads else list(WORKLOADS)
     # the same search on both sides; --quick shrinks it (as the platform's
@@ -701,6 +723,8 @@ def main(argv=None) -> int:
             "quick": args.quick,
             "threads": threads,
             "tir_trials": tir_trials,
+            "parallel_trials": args.parallel_trials,
+            "parallel_trials_per_round": args.parallel_per_round,
             "trials_per_round": per_round,
             "evaluator_tuning": {"number": 3, "repeat": 1, "min_repeat_ms": 100},
             "evaluator_remeasure": {"number": 3, "repeat": 5, "min_repeat_ms": 100, "rounds": 3},
