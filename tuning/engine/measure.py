@@ -339,12 +339,12 @@ _ISOLATED: dict[tuple[bool, int, int], Any] = {}  # (gpu, device index, slot)
 _ISOLATED_LOCK = threading.Lock()
 
 
-def _isolated_worker(payload: Mapping[str, Any]) -> WorkerProcess:
+def _isolated_worker(payload: Mapping[str, Any], device: int, slot: int) -> WorkerProcess:
     """The sandboxed worker of the payload's slot (one per slot, so DOP candidates measure side by
-    side, each pinned to its slot's cores; slot 0 is the host's serial reference)."""
+    side, each pinned to its slot's cores; slot 0 is the host's serial reference). ``device`` and
+    ``slot``: the payload's, parsed and range-checked by the caller."""
     gpu = str(payload.get("device_type") or "cpu") not in ("cpu", "llvm")
-    slot = max(0, int(payload.get("slot") or 0))
-    device = max(0, int(payload.get("device_index") or 0)) if gpu else 0
+    device = device if gpu else 0
     key = (gpu, device, slot)
     with _ISOLATED_LOCK:
         worker = _ISOLATED.get(key)
@@ -380,7 +380,7 @@ def measure_payload_isolated(payload: Mapping[str, Any], *, timeout: float = 300
     if not (0 <= device < MAX_QUEUE_SLOTS and 0 <= slot < MAX_QUEUE_SLOTS):  # each pair starts a worker
         return MeasureOutcome([], f"refused payload: device_index and slot must be 0-{MAX_QUEUE_SLOTS - 1}",
                               socket.gethostname(), 0.0).to_dict()
-    worker = _isolated_worker(payload)
+    worker = _isolated_worker(payload, device, slot)
     t0 = time.perf_counter()
     try:
         return worker.call("tuning.engine.measure:measure_payload", dict(payload), timeout=timeout)
