@@ -167,18 +167,28 @@ def _read_binary(folder_fd: int, name: str) -> bytes | None:
         return None
 
 
+@contextlib.contextmanager
+def _folder(path: str | os.PathLike):
+    """A descriptor of the folder ``path``, opened through no link; None when it cannot be opened."""
+    try:
+        folder_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        yield None
+        return
+    try:
+        yield folder_fd
+    finally:
+        os.close(folder_fd)
+
+
 def binaries_beside(artifact_path: str | os.PathLike) -> dict[str, bytes]:
     """The kernel binaries next to a candidate, for a payload to a remote GPU worker: well-named
     regular files only, at most MAX_BINARIES, none read through a link."""
-    try:
-        folder_fd = os.open(beside(artifact_path), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return {}
-    try:
+    with _folder(beside(artifact_path)) as folder_fd:
+        if folder_fd is None:
+            return {}
         names = sorted(n for n in os.listdir(folder_fd) if _NAME.fullmatch(n))[:MAX_BINARIES]
         found = {n: _read_binary(folder_fd, n) for n in names}
-    finally:
-        os.close(folder_fd)
     return {n: data for n, data in found.items() if data is not None}
 
 
@@ -212,14 +222,8 @@ def _cache_dir() -> Path | None:
 def lookup(code: str, arch: str, dirs: Iterable[str | os.PathLike]) -> bytes | None:
     name = binary_name(code, arch)
     for d in dirs:
-        try:
-            folder_fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            found = _read_binary(folder_fd, name)
-        finally:
-            os.close(folder_fd)
+        with _folder(d) as folder_fd:
+            found = _read_binary(folder_fd, name) if folder_fd is not None else None
         if found is not None:
             return found
     return None
