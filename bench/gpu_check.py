@@ -67,6 +67,22 @@ def energy_j(meter):
     return meter.read().joules if meter is not None else None
 
 
+def timed_pass(runner, jobs, dop, meter):
+    """One timed pass of ``jobs`` at ``dop`` through ``runner``: its outcomes, each candidate's mean
+    latency (None where it failed), the wall seconds and the NVML joules (None without a meter)."""
+    t0, e0 = time.perf_counter(), energy_j(meter)
+    outcomes = [o for o, _ in runner._measure(jobs, dop)]
+    wall, joules = time.perf_counter() - t0, (energy_j(meter) - e0) if meter else None
+    return outcomes, [statistics.mean(o.run_secs) if o.run_secs else None for o in outcomes], wall, joules
+
+
+def serial_pair(runs):
+    """Two serial passes' latencies: each candidate's mean (None unless both timed it) and the
+    serial-vs-serial noise of the candidates both timed."""
+    return ([statistics.mean(p) if all(p) else None for p in zip(*runs)],
+            [abs(a - b) / min(a, b) for a, b in zip(*runs) if a and b])
+
+
 def budgets():
     """Evaluator budgets to sweep, the longest first (the reference the others are judged against): the
     GPU default until session 20 (10 x 3 samples of at least 50 ms), TVM's own default, then shorter ones
@@ -129,15 +145,9 @@ def budget_sweep(jobs, names, make_runner, group, budget_configs, dops, meter=No
         runner = make_runner(evaluator, group)
         try:
             runner._measure(jobs[:1], 1)  # warm the serial worker
-            walls, runs, joules = [], [], []
-            for _ in range(2):
-                t0, e0 = time.perf_counter(), energy_j(meter)
-                outcomes = [o for o, _ in runner._measure(jobs, 1)]
-                walls.append(time.perf_counter() - t0)
-                joules.append((energy_j(meter) - e0) if meter else None)
-                runs.append([statistics.mean(o.run_secs) if o.run_secs and not o.error else None for o in outcomes])
-            ser = [statistics.mean(p) if all(p) else None for p in zip(*runs)]
-            noise = [abs(a - b) / min(a, b) for a, b in zip(*runs) if a and b]
+            passes = [timed_pass(runner, jobs, 1, meter) for _ in range(2)]
+            walls, joules = [w for _, _, w, _ in passes], [j for _, _, _, j in passes]
+            ser, noise = serial_pair([lat for _, lat, _, _ in passes])
             if reference is None:
                 reference = ser
             both = [(s, r) for s, r in zip(ser, reference) if s and r]
@@ -150,10 +160,7 @@ def budget_sweep(jobs, names, make_runner, group, budget_configs, dops, meter=No
                    "per_task_pick": pick_quality(ser, reference, names), "window": []}
             for dop in dops:
                 runner._measure(jobs[:dop], dop)  # start the DOP workers before timing
-                t0 = time.perf_counter()
-                par = [statistics.mean(o.run_secs) if o.run_secs and not o.error else None
-                       for o, _ in runner._measure(jobs, dop)]
-                wall = time.perf_counter() - t0
+                _, par, wall, _ = timed_pass(runner, jobs, dop, meter)
                 errs = [abs(p - s) / s for p, s in zip(par, ser) if p and s]
                 row["window"].append({"dop": dop, "wall_s": wall, "speedup": row["serial_s"] / wall,
                                       "error": statistics.mean(errs) if errs else None, "measured": len(errs)})
@@ -245,21 +252,18 @@ def check(ways):
         try:
             runner._measure(jobs[:1], 1)  # warm the serial worker (CUDA context, module loader)
             for _ in range(2):
-                t0, e0 = time.perf_counter(), energy_j(meter)
-                outcomes = [o for o, _ in runner._measure(jobs, 1)]
-                serial_walls.append(time.perf_counter() - t0)
-                e_serial = (energy_j(meter) - e0) if meter else None
+                outcomes, latencies, wall, e_serial = timed_pass(runner, jobs, 1, meter)
+                serial_walls.append(wall)
                 failed = [o.error for o in outcomes if o.error]
                 if failed:
                     print(f"  {setting} serial: {len(failed)} of {len(jobs)} candidates failed; first error:\n    "
                           + failed[0].strip().replace("\n", "\n    ")[-1500:])
                 if len(failed) == len(jobs):
                     return None
-                serial_runs.append([statistics.mean(o.run_secs) if o.run_secs else None for o in outcomes])
+                serial_runs.append(latencies)
         finally:
             runner.shutdown()
-        ser = [statistics.mean(pair) if all(pair) else None for pair in zip(*serial_runs)]
-        noise = [abs(a - b) / min(a, b) for a, b in zip(*serial_runs) if a and b]
+        ser, noise = serial_pair(serial_runs)
         t_serial = statistics.mean(serial_walls)
         print(f"  {setting:18s} serial  wall {t_serial:6.2f} s  serial-vs-serial {statistics.mean(noise):.2%} "
               f"(max {max(noise):.2%})  energy {e_serial if e_serial is None else round(e_serial, 1)} J")
@@ -269,9 +273,7 @@ def check(ways):
             try:
                 for dop in dops:
                     runner._measure(jobs[:dop], dop)  # start the DOP workers before timing
-                    t0, e0 = time.perf_counter(), energy_j(meter)
-                    par = [statistics.mean(o.run_secs) if o.run_secs else None for o, _ in runner._measure(jobs, dop)]
-                    wall, joules = time.perf_counter() - t0, (energy_j(meter) - e0) if meter else None
+                    _, par, wall, joules = timed_pass(runner, jobs, dop, meter)
                     per = {n: (p - s) / s for n, p, s in zip(names, par, ser) if p and s}
                     errs = [abs(v) for v in per.values()]
                     err = statistics.mean(errs) if errs else float("nan")
