@@ -477,3 +477,43 @@ def test_a_calm_round_takes_no_second_look():
     res = measure_round(list(range(16)), FakeMeasure([1e-3] * 16, slowdown=1.02), ctrl,
                         is_serial_config=parallel_layout)
     assert "confirm" not in res.serial_by_reason and not res.decision.backed_off
+
+
+@pytest.mark.parametrize("sample, max_dop, probed", [("pooled", 2, 4), ("pooled", 4, 8), ("fixed", 2, 7)])
+def test_a_pooled_probe_times_the_pairs_the_pooled_rule_decides_on_not_a_fifth_of_the_round(sample, max_dop, probed):
+    """A round of 32: DOPpler's probe is 20 % of it (7), the pooled rule's is its min_pooled_pairs (4), two
+    per slot at least (8 at DOP 4); the probe's pairs fill the window the next rounds add to."""
+    ctrl = DOPController(max_dop=max_dop, initial_dop=max_dop, start="probe", sample=sample, noise="measured")
+    fake = FakeMeasure([1e-3 * (1 + 0.01 * i) for i in range(32)])
+    res = measure_round(list(range(32)), fake, ctrl, is_serial_config=parallel_layout)
+    assert len(fake.calls[0][0]) == probed and fake.calls[0][1] == max_dop
+    assert res.serial_by_reason["probe"]["n"] == probed == res.decision.n_sampled
+    assert not res.decision.backed_off and max_dop in res.validated
+    if sample == "pooled" and max_dop == 2:
+        assert len(ctrl.pairs) == probed and ctrl.share == 0.0  # the next round re-times its fastest alone
+
+
+def _confirmed_pooled_after_probe(fake):
+    """The platform's controller (for_dop: pooled, measured noise, confirmed back-off) after a calm probe."""
+    ctrl = DOPController.for_dop("auto", 2)
+    base = [1e-3 * (1 + 0.01 * i) for i in range(32)]
+    first = measure_round(list(range(32)), FakeMeasure(base), ctrl, is_serial_config=parallel_layout)
+    assert ctrl.share == 0.0 and len(ctrl.pairs) == 4
+    return ctrl, measure_round(list(range(32)), fake(base), ctrl, is_serial_config=parallel_layout,
+                               validated=first.validated)
+
+
+def test_a_shrunk_sample_contested_by_one_glitched_serial_timing_takes_a_second_look_instead_of_a_top_up():
+    # the fastest's first serial timing comes out 1.28x (the host): alone it contests the round; its second
+    # serial timing (1.0x) is one timing where the top-up was 6, and the mean of the two no longer contests
+    ctrl, res = _confirmed_pooled_after_probe(lambda b: GlitchMeasure(b, glitch=0, factor=1.28))
+    assert res.serial_by_reason["confirm"]["n"] == 1 and res.serial_by_reason["sample"]["n"] == 1
+    assert ctrl.history[-1].sample_topped_up == 0 and ctrl.history[-1].n_pooled == 5
+    assert res.candidates[0].serial_reference_s == pytest.approx(1.14e-3)
+    assert not res.decision.backed_off and ctrl.dop == 2 and res.correction_applied
+
+
+def test_real_interference_survives_the_second_look_and_is_topped_up_and_backs_off():
+    ctrl, res = _confirmed_pooled_after_probe(lambda b: FakeMeasure(b, slowdown=1.0 / 0.6))  # 40 % slow now
+    assert res.serial_by_reason["confirm"]["n"] >= 1 and ctrl.history[-1].sample_topped_up > 0
+    assert res.decision.backed_off and ctrl.dop == 1 and "uncorrectable" in res.serial_by_reason

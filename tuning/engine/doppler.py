@@ -39,7 +39,11 @@ that window holds ``min_pooled_pairs`` pairs, a round re-times serially only its
 its fast outliers and failures), and a noise pair (one of a probe) only while fewer than
 ``min_noise_pairs`` are known or when the decision hinges on it. A round whose own pairs are
 :meth:`~DOPController.contested` (they would back off alone, or their error is past the pooled
-allowance) is topped up to ``sample_share`` and, if its own evidence still backs off, decides alone.
+allowance) first times them serially once more (``back_off="confirmed"``: one timing where the top-up is
+several, and a single glitched serial timing was what contested most such rounds), then, still contested,
+is topped up to ``sample_share`` and, if its own evidence still backs off, decides alone. A probe under
+this rule times ``min_pooled_pairs`` candidates (two per slot at least), the window's first pairs, not
+20 % of the round (:meth:`~DOPController.probe_size`).
 Interference is a property of the host and the DOP that drifts slowly (a change shows as a contested
 round), so the pooled pairs give the decision as many pairs as DOPpler's 20 % of a round at a fraction
 of the serial timings, and the serial share no longer caps the gain of a large DOP: DOPpler's 20 % keeps
@@ -385,6 +389,24 @@ class DOPController:
         taken = set(sample)
         return [i for i in self._spread_picks(self._good_sorted(latencies, idx, z), self.sample_share)
                 if i not in taken]
+
+    @property
+    def confirm_top_up(self) -> bool:
+        """Whether a shrunk sample that :meth:`top_up_sample` would top up first times its candidates
+        serially once more, and is topped up only if the mean of the two serial timings still contests the
+        round (``back_off="confirmed"``: the same second look a back-off gets)."""
+        return self.adaptive and self.back_off == "confirmed"
+
+    def probe_size(self, n_candidates: int, dop: int) -> int:
+        """How many of a round's ``n_candidates`` a probe of ``dop`` times in parallel, then serially: two per
+        slot at least, and DOPpler's ``sample_share`` of the round; with ``sample="pooled"`` the
+        ``min_pooled_pairs`` the pooled rule decides on instead of the share (the rounds after the probe add
+        their pairs to its window, so a probe of 7 pairs in a round of 32 bought 3 serial timings that no
+        decision needed)."""
+        floor = 2 * max(1, int(dop))
+        if self.pooling:
+            return max(floor, self.min_pooled_pairs)
+        return max(floor, math.ceil(self.sample_share * n_candidates))
 
     def select_for_serial_remeasure(self, latencies: Sequence[float | None], dop: int = 1) -> list[int]:
         """The indices :meth:`sample_for_serial` re-measures serially."""

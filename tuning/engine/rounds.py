@@ -10,9 +10,10 @@ A round (see ``runner`` for the whole picture):
 * a DOP not validated yet (``probe_first``): measure an evenly spread probe in parallel, re-measure
   it serially, and decide before spending the whole round at that DOP;
 * else: measure everything in parallel, re-measure the controller's sample and the failures
-  serially (a sample the adaptive rule shrank is topped up to the full share when it shows an error
-  past correction), then correct the rest by the mean error, or, when that is too large to correct,
-  re-measure the rest serially but for the candidates that rank after the round's median anyway.
+  serially (a sample the adaptive or pooled rule shrank is timed serially once more, then topped up to
+  the full share, when it contests the round's DOP), then correct the rest by the mean error, or, when
+  that is too large to correct, re-measure the rest serially but for the candidates that rank after the
+  round's median anyway.
 
 Before either kind of round backs off for its error, its sample is timed serially once more when the
 controller asks (``DOPController.confirm_wanted``): the round decides on the mean of two serial timings.
@@ -248,7 +249,11 @@ def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[in
     rnd.outliers_skipped += len(skipped)
     failed = [i for i in range(n) if rnd.results[i].first_failed]
     rnd.serial(sorted(set(sample) | set(failed)), count_as_remeasure=True)
-    extra = ctrl.top_up_sample(lat, sample, [rnd.results[i].serial_latency_s for i in sample])
+    if ctrl.confirm_top_up and ctrl.top_up_sample(lat, sample, rnd.references(sample)):
+        # a second serial timing of the shrunk sample is one timing a candidate where a top-up is several:
+        # a single glitched serial timing no longer buys the whole share
+        rnd.serial_repeat(sample, ctrl, reason="confirm")
+    extra = ctrl.top_up_sample(lat, sample, rnd.references(sample))
     if extra:  # a shrunk sample showed an uncorrectable error: decide on the full share first
         rnd.serial(extra, count_as_remeasure=True)
         rnd.sample_topped_up += len(extra)
@@ -309,7 +314,7 @@ def measure_round(
         rnd.parallel(list(range(n)), dop)
         decision = ctrl.update_serial_round(n)
     else:
-        n_probe = max(2 * dop, math.ceil(ctrl.sample_share * n))
+        n_probe = ctrl.probe_size(n, dop)
         if probe_first and dop not in validated and n > n_probe:
             decision = _probe_then_rest(rnd, ctrl, dop, n_probe, validated, is_serial_config)
         else:
