@@ -50,6 +50,7 @@ SIDES = {
     "dopplers_threshold": dict(dop="auto", dop_rule={"noise": "none"}),
     "fixed_sample": dict(dop="auto", dop_rule={"sample": "fixed"}),
     "immediate_back_off": dict(dop="auto", dop_rule={"back_off": "immediate"}),
+    "share_probe": dict(dop="auto", dop_rule={"probe": "share"}),
 }
 
 

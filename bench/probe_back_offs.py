@@ -26,6 +26,14 @@ sent a run to DOP 1 for nothing but the host's noise, at the serial timings it p
     .venv/bin/python bench/probe_back_offs.py [--workload matmul512] [--candidates 16] [--passes 3]
         [--replays 2000] [--json bench/results/probe_back_offs.json]
 
+Whole runs too (``--runs N``): N runs of ``--run-rounds`` rounds of ``--run-round`` candidates (6 x 32:
+the quick bench's parallel pairs) drawn from the timed rows, replayed through the same round and a
+controller that carries its state from round to round, for the platform's rule and each of DOPpler's
+choices put back (``RUN_RULES``): serial timings a run by reason and rounds above DOP 1, what the rule
+pays for its error control on this host's timings with no search trajectory in the way.
+``--rows-from FILE.json`` replays the rows an earlier run wrote instead of timing new ones (seconds, not
+minutes; no cores needed).
+
 ``overall``: ``serial_repeat_error`` / ``parallel_error`` / ``slot1_error`` (mean absolute relative
 differences), ``parallel_signed_median``, ``probe_back_off_share_<rule>`` and
 ``probe_serial_timings_<rule>`` (mean a probe round) for each rule.
@@ -50,6 +58,9 @@ from bench.tuning_time import TIR_WORKLOADS  # noqa: E402
 
 EVALUATOR = {"number": 3, "repeat": 1, "min_repeat_ms": 100}  # the tuning evaluator (bench/tuning_time.py)
 ROUND = 16  # candidates a replayed round (the quick bench's rounds)
+# whole-run replays: the platform's rule, and DOPpler's choices put back one at a time
+RUN_RULES = {"platform": {}, "share_probe": {"probe": "share"}, "fixed_sample": {"sample": "fixed"},
+             "immediate_back_off": {"back_off": "immediate"}}
 COMPARISONS = {  # name -> (timing, reference)
     "slot1_error": ("s1", "s0"),
     "serial_repeat_error": ("s0b", "s0"),
@@ -152,6 +163,35 @@ def replay_probes(rows: list[dict], rule: str, replays: int, seed: int) -> dict:
             "round": min(ROUND, len(usable))}
 
 
+def replay_runs(rows: list[dict], rule: dict, runs: int, rounds: int, per_round: int, seed: int) -> dict:
+    """``runs`` whole runs of ``rounds`` rounds of ``per_round`` rows drawn at random (with replacement), each
+    run's controller (``DOPController.for_dop("auto", 2, **rule)``) carried from round to round."""
+    from tuning.engine.doppler import DOPController
+    from tuning.engine.rounds import measure_round, serial_totals
+
+    usable = [r for r in rows if all(r[k] for k in ("s0", "s0b", "p0", "p1"))]
+    rng = random.Random(seed)
+    serial, above, final, by_reason = [], [], [], {}
+    for _ in range(runs):
+        ctrl, validated, results = DOPController.for_dop("auto", 2, **rule), set(), []
+        for _ in range(rounds):
+            picked = [rng.choice(usable) for _ in range(per_round)]
+            res = measure_round(list(range(per_round)), ReplayMeasure(picked), ctrl, is_serial_config=lambda d: d <= 1,
+                                validated=validated)
+            validated = res.validated
+            results.append(res)
+        totals = serial_totals(results)
+        for reason, row in totals.items():
+            by_reason[reason] = by_reason.get(reason, 0) + row["n"]
+        serial.append(sum(row["n"] for row in totals.values()))
+        above.append(sum(1 for r in results if r.dop > 1))
+        final.append(ctrl.dop)
+    return {"serial_timings_mean": statistics.mean(serial), "rounds_above_dop1_mean": statistics.mean(above),
+            "final_dop_median": statistics.median(final),
+            "serial_timings_by_reason": {k: v / runs for k, v in sorted(by_reason.items())},
+            "runs": runs, "rounds": rounds, "per_round": per_round}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="matmul512", choices=TIR_WORKLOADS)
@@ -159,21 +199,32 @@ def main(argv=None) -> int:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--replays", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=400, help="whole runs replayed per rule (0: none)")
+    ap.add_argument("--run-rounds", type=int, default=6)
+    ap.add_argument("--run-round", type=int, default=32)
+    ap.add_argument("--rows-from", default=None, help="replay the rows of an earlier --json instead of timing")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from tuning.engine.procpool import available_cpus
-
-    if len(available_cpus()) < 2:
-        print("probe_back_offs: needs 2 cores in this process's affinity set (one measuring slot each)")
-        return 2
-    target = slot_target()
-    print(f"# probe_back_offs: {args.workload}, {args.candidates} candidates, {args.passes} passes, target {target}",
-          flush=True)
     t_all = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="probe_back_offs_") as tmp:
-        cands = built_candidates(args.workload, args.candidates, args.seed, target, tmp)
-        rows = time_on_slots(cands, args.passes)
+    if args.rows_from:
+        earlier = json.loads(Path(args.rows_from).read_text())
+        rows, workload = earlier["rows"], earlier["settings"]["workload"]
+        n_cands = earlier["settings"]["candidates"]
+        print(f"# probe_back_offs: the {len(rows)} rows of {args.rows_from} ({workload}), replayed", flush=True)
+    else:
+        from tuning.engine.procpool import available_cpus
+
+        if len(available_cpus()) < 2:
+            print("probe_back_offs: needs 2 cores in this process's affinity set (one measuring slot each)")
+            return 2
+        target, workload = slot_target(), args.workload
+        print(f"# probe_back_offs: {workload}, {args.candidates} candidates, {args.passes} passes, target {target}",
+              flush=True)
+        with tempfile.TemporaryDirectory(prefix="probe_back_offs_") as tmp:
+            cands = built_candidates(workload, args.candidates, args.seed, target, tmp)
+            rows = time_on_slots(cands, args.passes)
+        n_cands = len(cands)
     diffs = differences(rows)
     rules = {rule: replay_probes(rows, rule, args.replays, args.seed) for rule in ("confirmed", "immediate")}
 
@@ -196,13 +247,25 @@ def main(argv=None) -> int:
         **{f"probe_back_off_share_{rule}": r["back_off_share"] for rule, r in rules.items()},
         **{f"probe_serial_timings_{rule}": r["serial_timings_mean"] for rule, r in rules.items()},
     }
+    runs = {name: replay_runs(rows, rule, args.runs, args.run_rounds, args.run_round, args.seed)
+            for name, rule in RUN_RULES.items()} if args.runs > 0 else {}
+    if runs:
+        print(f"\n  whole runs replayed ({args.runs} of {args.run_rounds} rounds of {args.run_round}, DOP auto on 2 slots):")
+        for name, r in runs.items():
+            reasons = " ".join(f"{k} {v:.1f}" for k, v in r["serial_timings_by_reason"].items())
+            print(f"  {name:20s} serial timings a run {r['serial_timings_mean']:5.1f} ({reasons})   rounds above "
+                  f"DOP 1 {r['rounds_above_dop1_mean']:.2f}   final DOP {r['final_dop_median']:g}")
+        overall.update({f"run_serial_timings_{name}": r["serial_timings_mean"] for name, r in runs.items()})
+        overall.update({f"run_rounds_above_dop1_{name}": r["rounds_above_dop1_mean"] for name, r in runs.items()})
     print(f"  bench {time.perf_counter() - t_all:.0f} s")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({
-            "benchmark": "probe_back_offs", "overall": overall, "differences": diffs, "rules": rules, "rows": rows,
-            "settings": {"workload": args.workload, "candidates": len(cands), "passes": args.passes,
-                         "replays": args.replays, "seed": args.seed, "evaluator": EVALUATOR, "round": ROUND},
+            "benchmark": "probe_back_offs", "overall": overall, "differences": diffs, "rules": rules, "runs": runs,
+            "rows": rows,
+            "settings": {"workload": workload, "candidates": n_cands, "passes": args.passes,
+                         "replays": args.replays, "seed": args.seed, "evaluator": EVALUATOR, "round": ROUND,
+                         "rows_from": args.rows_from},
             "machine": machine_info(),
         }, indent=1, default=str))
         print(f"wrote {args.json}")

@@ -99,17 +99,19 @@ PARALLEL_THREADS = 1
 # error threshold counts above the host's measured serial noise), the same engine at DOP 1, and ablations
 # of DOP auto that each put back one of DOPpler's published choices: its start (the first round serial at
 # DOP 1), its fixed 20 % serial sample every round, its threshold against one serial timing taken as exact,
-# its serial re-measure of every outlier, and its back-off on the first serial timings
+# its serial re-measure of every outlier, its back-off on the first serial timings, and its probe of 20 % of a
+# round (the pooled rule's probes the 4 pairs it decides on)
 PARALLEL_SIDES = {"dop1": dict(dop=1), "dop_auto": dict(dop="auto"),
                   "dop_auto_serial_start": dict(dop="auto", dop_start="serial"),
                   "dop_auto_fixed_sample": dict(dop="auto", dop_sample="fixed"),
                   "dop_auto_dopplers_threshold": dict(dop="auto", dop_noise="none"),
                   "dop_auto_all_outliers": dict(dop="auto", dop_outliers="all"),
-                  "dop_auto_immediate_back_off": dict(dop="auto", dop_back_off="immediate")}
+                  "dop_auto_immediate_back_off": dict(dop="auto", dop_back_off="immediate"),
+                  "dop_auto_share_probe": dict(dop="auto", dop_probe="share")}
 # the ablation sides (each puts back one of DOPpler's published choices), with the overall keys' suffix
 PARALLEL_ABLATIONS = {"dop_auto_serial_start": "serial_start", "dop_auto_fixed_sample": "fixed_sample",
                       "dop_auto_dopplers_threshold": "dopplers_threshold", "dop_auto_all_outliers": "all_outliers",
-                      "dop_auto_immediate_back_off": "immediate_back_off"}
+                      "dop_auto_immediate_back_off": "immediate_back_off", "dop_auto_share_probe": "share_probe"}
 
 
 # --------------------------------------------------------------------------- workloads

@@ -310,3 +310,17 @@ def test_a_runs_dop_rule_carries_its_back_off_choice():
                                                            dop_back_off="immediate").dop_rule).back_off == "immediate"
     with pytest.raises(ValueError, match="dop_back_off must be one of"):
         TuningConfig(target="llvm", max_trials=8, dop_back_off="never")
+
+
+def test_a_runs_dop_rule_carries_its_probe_choice():
+    from tuning.engine.session import TuningConfig
+
+    assert TuningConfig(target="llvm", max_trials=8).dop_rule["probe"] == "pairs"
+    platform = DOPController.for_dop("auto", 2, **TuningConfig(target="llvm", max_trials=8).dop_rule)
+    dopplers = DOPController.for_dop("auto", 2, **TuningConfig(target="llvm", max_trials=8, dop_probe="share").dop_rule)
+    assert (platform.probe_size(32, 2), dopplers.probe_size(32, 2)) == (4, 7)
+    assert DOPController.for_dop("auto", 2, sample="fixed").probe_size(32, 2) == 7  # pairs only pool when pooled
+    with pytest.raises(ValueError, match="dop_probe must be one of"):
+        TuningConfig(target="llvm", max_trials=8, dop_probe="none")
+    with pytest.raises(ValueError, match="probe must be one of"):
+        DOPController(probe="none")

@@ -479,17 +479,20 @@ def test_a_calm_round_takes_no_second_look():
     assert "confirm" not in res.serial_by_reason and not res.decision.backed_off
 
 
-@pytest.mark.parametrize("sample, max_dop, probed", [("pooled", 2, 4), ("pooled", 4, 8), ("fixed", 2, 7)])
-def test_a_pooled_probe_times_the_pairs_the_pooled_rule_decides_on_not_a_fifth_of_the_round(sample, max_dop, probed):
+@pytest.mark.parametrize("sample, probe, max_dop, probed", [
+    ("pooled", "pairs", 2, 4), ("pooled", "pairs", 4, 8), ("pooled", "share", 2, 7), ("fixed", "pairs", 2, 7)])
+def test_a_pooled_probe_times_the_pairs_the_pooled_rule_decides_on_not_a_fifth_of_the_round(sample, probe, max_dop,
+                                                                                           probed):
     """A round of 32: DOPpler's probe is 20 % of it (7), the pooled rule's is its min_pooled_pairs (4), two
     per slot at least (8 at DOP 4); the probe's pairs fill the window the next rounds add to."""
-    ctrl = DOPController(max_dop=max_dop, initial_dop=max_dop, start="probe", sample=sample, noise="measured")
+    ctrl = DOPController(max_dop=max_dop, initial_dop=max_dop, start="probe", sample=sample, noise="measured",
+                         probe=probe)
     fake = FakeMeasure([1e-3 * (1 + 0.01 * i) for i in range(32)])
     res = measure_round(list(range(32)), fake, ctrl, is_serial_config=parallel_layout)
     assert len(fake.calls[0][0]) == probed and fake.calls[0][1] == max_dop
     assert res.serial_by_reason["probe"]["n"] == probed == res.decision.n_sampled
     assert not res.decision.backed_off and max_dop in res.validated
-    if sample == "pooled" and max_dop == 2:
+    if probed == 4:
         assert len(ctrl.pairs) == probed and ctrl.share == 0.0  # the next round re-times its fastest alone
 
 
@@ -517,3 +520,24 @@ def test_real_interference_survives_the_second_look_and_is_topped_up_and_backs_o
     ctrl, res = _confirmed_pooled_after_probe(lambda b: FakeMeasure(b, slowdown=1.0 / 0.6))  # 40 % slow now
     assert res.serial_by_reason["confirm"]["n"] >= 1 and ctrl.history[-1].sample_topped_up > 0
     assert res.decision.backed_off and ctrl.dop == 1 and "uncorrectable" in res.serial_by_reason
+
+
+def test_the_whole_run_replay_charges_the_platform_rule_fewer_serial_timings_than_dopplers_sample(tmp_path):
+    """bench/probe_back_offs.py --rows-from: recorded per-slot timings (here: a calm host, parallel 1 % slow)
+    replayed as whole runs through the engine's round and controller, each of DOPpler's choices put back."""
+    import json
+
+    from bench import probe_back_offs
+
+    rows = [{"pass": 0, "candidate": i, "t": 0.0, "s0": 1e-3 * (1 + 0.02 * i), "s1": 1e-3 * (1 + 0.02 * i),
+             "p0": 1.01e-3 * (1 + 0.02 * i), "p1": 1.01e-3 * (1 + 0.02 * i), "s0b": 1.002e-3 * (1 + 0.02 * i)}
+            for i in range(16)]
+    src, out = tmp_path / "rows.json", tmp_path / "out.json"
+    src.write_text(json.dumps({"rows": rows, "settings": {"workload": "matmul512", "candidates": 16}}))
+    assert probe_back_offs.main(["--rows-from", str(src), "--runs", "3", "--replays", "10", "--json", str(out)]) == 0
+    overall = json.loads(out.read_text())["overall"]
+    assert overall["run_rounds_above_dop1_platform"] == 6 == overall["run_rounds_above_dop1_fixed_sample"]
+    # the platform's: a probe of 4 (+1 noise pair), then the fastest of each round (+1 noise pair): 4+1+5+1
+    assert overall["run_serial_timings_platform"] == 11
+    assert overall["run_serial_timings_share_probe"] == 11 + 3  # DOPpler's probe: 7 of 32
+    assert overall["run_serial_timings_fixed_sample"] > 2 * overall["run_serial_timings_platform"]

@@ -43,7 +43,7 @@ allowance) first times them serially once more (``back_off="confirmed"``: one ti
 several, and a single glitched serial timing was what contested most such rounds), then, still contested,
 is topped up to ``sample_share`` and, if its own evidence still backs off, decides alone. A probe under
 this rule times ``min_pooled_pairs`` candidates (two per slot at least), the window's first pairs, not
-20 % of the round (:meth:`~DOPController.probe_size`).
+20 % of the round (``probe="pairs"``, :meth:`~DOPController.probe_size`; ``"share"``: DOPpler's 20 %).
 Interference is a property of the host and the DOP that drifts slowly (a change shows as a contested
 round), so the pooled pairs give the decision as many pairs as DOPpler's 20 % of a round at a fraction
 of the serial timings, and the serial share no longer caps the gain of a large DOP: DOPpler's 20 % keeps
@@ -106,7 +106,7 @@ from .procpool import available_cpus
 from .parallel_error import summarize_parallel_error
 
 __all__ = ["DOPController", "RoundDecision", "RoundStat", "robust_z_scores", "default_max_dop", "DOP_STARTS",
-           "DOP_SAMPLES", "DOP_NOISES", "DOP_OUTLIERS", "DOP_BACK_OFFS"]
+           "DOP_SAMPLES", "DOP_NOISES", "DOP_OUTLIERS", "DOP_BACK_OFFS", "DOP_PROBES"]
 
 # "serial": DOPpler as published, the first round at DOP 1 (a whole round measured serially to learn
 # nothing about parallel error). "probe": start at the DOP that serial round would have led to, and
@@ -126,6 +126,9 @@ DOP_OUTLIERS = ("rankable", "all")
 # "confirmed": a round about to back off for its error times its sample serially once more and decides on
 # the mean of the two serial timings (module doc). "immediate": DOPpler's rule, it decides on the first.
 DOP_BACK_OFFS = ("confirmed", "immediate")
+# "pairs": with sample="pooled", a probe times the min_pooled_pairs the pooled rule decides on (two per slot
+# at least; module doc). "share": DOPpler's sample_share of the round (any sample rule but pooled does).
+DOP_PROBES = ("pairs", "share")
 
 FAILED = 1e9  # latencies >= this (or None / inf / nan) count as failures
 _HALF_NORMAL_SD = math.sqrt(math.pi / 2 - 1)  # sd / mean of |N(0, s)|
@@ -236,6 +239,7 @@ class DOPController:
         min_pooled_pairs: int = 4,
         min_noise_pairs: int = 2,
         back_off: str = "immediate",
+        probe: str = "share",
     ) -> None:
         self.cap = float(cap)
         self.initial_cap = float(cap)
@@ -270,6 +274,9 @@ class DOPController:
         if back_off not in DOP_BACK_OFFS:
             raise ValueError(f"back_off must be one of {', '.join(DOP_BACK_OFFS)}, not {back_off!r}")
         self.back_off = back_off
+        if probe not in DOP_PROBES:
+            raise ValueError(f"probe must be one of {', '.join(DOP_PROBES)}, not {probe!r}")
+        self.probe = probe
         self.noise_window = max(1, int(noise_window))
         self.noise_z = max(0.0, float(noise_z))
         self.noise_errors: list[float] = []  # |serial_1 - serial_2| / serial_1 of repeated serial timings
@@ -287,13 +294,13 @@ class DOPController:
     @classmethod
     def for_dop(cls, dop: str | int, max_dop: int, *, start: str = "probe", sample: str = "pooled",
                 noise: str = "measured", outliers: str = "rankable",
-                back_off: str = "confirmed") -> "DOPController":
+                back_off: str = "confirmed", probe: str = "pairs") -> "DOPController":
         """The controller a runner uses for a run's ``dop`` setting: "auto" adapts (from ``start``,
         sampling as ``sample`` says, judging errors as ``noise`` says, re-measuring the outliers
-        ``outliers`` says, backing off as ``back_off`` says), a number is fixed."""
+        ``outliers`` says, backing off as ``back_off`` says, probing as ``probe`` says), a number is fixed."""
         if dop == "auto":
             return cls(max_dop=max_dop, start=start, sample=sample, noise=noise, outliers=outliers,
-                       back_off=back_off)
+                       back_off=back_off, probe=probe)
         return cls(max_dop=max_dop, initial_dop=int(dop), adaptive=False)
 
     # ------------------------------------------------------------------ helpers
@@ -399,12 +406,12 @@ class DOPController:
 
     def probe_size(self, n_candidates: int, dop: int) -> int:
         """How many of a round's ``n_candidates`` a probe of ``dop`` times in parallel, then serially: two per
-        slot at least, and DOPpler's ``sample_share`` of the round; with ``sample="pooled"`` the
-        ``min_pooled_pairs`` the pooled rule decides on instead of the share (the rounds after the probe add
-        their pairs to its window, so a probe of 7 pairs in a round of 32 bought 3 serial timings that no
-        decision needed)."""
+        slot at least, and DOPpler's ``sample_share`` of the round; with ``sample="pooled"`` and
+        ``probe="pairs"`` the ``min_pooled_pairs`` the pooled rule decides on instead of the share (the rounds
+        after the probe add their pairs to its window, so a probe of 7 pairs in a round of 32 bought 3 serial
+        timings that no decision needed)."""
         floor = 2 * max(1, int(dop))
-        if self.pooling:
+        if self.pooling and self.probe == "pairs":
             return max(floor, self.min_pooled_pairs)
         return max(floor, math.ceil(self.sample_share * n_candidates))
 

@@ -45,7 +45,7 @@ from .database import (
     save_round_offset,
     write_imported,
 )
-from .doppler import DOP_BACK_OFFS, DOP_NOISES, DOP_OUTLIERS, DOP_SAMPLES, DOP_STARTS, DOPController
+from .doppler import DOP_BACK_OFFS, DOP_NOISES, DOP_OUTLIERS, DOP_PROBES, DOP_SAMPLES, DOP_STARTS, DOPController
 from .events import MeasurementRecord, NullSink, TaskInfo, TuningSink, candidate_key
 from .procpool import available_cpus, unpin_current_thread
 from .targets import TargetMismatch, check_measurable_here
@@ -103,6 +103,9 @@ class TuningConfig:
     # DOP "auto": "confirmed" (a round about to back off for its error times its sample serially once more
     # and decides on both timings) or "immediate" (DOPpler's rule: it decides on the first)
     dop_back_off: str = "confirmed"
+    # DOP "auto" with dop_sample "pooled": "pairs" (a probe times the pairs the pooled rule decides on, 4 at
+    # DOP 2) or "share" (DOPpler's 20 % of the round)
+    dop_probe: str = "pairs"
     threads: int | None = None  # deployment/measurement thread count (default: all cores)
     work_dir: str = "tuning_work"
     seed: int | None = None
@@ -133,7 +136,8 @@ class TuningConfig:
         if self.mode not in ("stock", "doppler"):
             raise ValueError("mode must be 'stock' or 'doppler'")
         for name, allowed in (("dop_start", DOP_STARTS), ("dop_sample", DOP_SAMPLES), ("dop_noise", DOP_NOISES),
-                              ("dop_outliers", DOP_OUTLIERS), ("dop_back_off", DOP_BACK_OFFS)):
+                              ("dop_outliers", DOP_OUTLIERS), ("dop_back_off", DOP_BACK_OFFS),
+                              ("dop_probe", DOP_PROBES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}")
         self.evaluator = EvaluatorConfig.from_any(self.evaluator)
@@ -157,7 +161,7 @@ class TuningConfig:
     def dop_rule(self) -> dict[str, str]:
         """The DOP "auto" rule's choices, as ``DOPController.for_dop`` takes them."""
         return {"start": self.dop_start, "sample": self.dop_sample, "noise": self.dop_noise,
-                "outliers": self.dop_outliers, "back_off": self.dop_back_off}
+                "outliers": self.dop_outliers, "back_off": self.dop_back_off, "probe": self.dop_probe}
 
 
 @dataclasses.dataclass
