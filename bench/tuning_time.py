@@ -30,13 +30,14 @@ intrinsics, TVM's LocalRunner" as its first step, to stay under 10 minutes):
 + async pooled runner (DOP 1), + deferred cost model (XGBoost trained only
 when its booster is used, search.train_when_needed), then ours (+ DOP auto and
 the final re-measure). Parallel measurement on its own: the same engine at
-T = 1, DOP auto against DOP 1, with five ablations of DOP auto (DOPpler's
+T = 1, DOP auto against DOP 1, with six ablations of DOP auto (DOPpler's
 serial first round; DOPpler's fixed 20 % serial sample every round; DOPpler's
 error threshold against one serial timing taken as exact, instead of above the
 host's measured serial noise; DOPpler's serial re-measure of every outlier,
 instead of leaving slow ones past DOP x the round's median as measured;
 DOPpler's immediate back-off on the first serial timings, instead of a second
-serial look at the sample of a round about to back off), and
+serial look at the sample of a round about to back off; DOPpler's probe of
+20 % of a round, instead of the 4 pairs the pooled rule decides on), and
 the least wall ratio the machine allows (measuring at the most DOP with no
 serial sample; DOP 1's CPU seconds spread over all cores), and the whole-run
 ratio the measuring phase alone accounts for (``parallel_wall_ratio_mechanism``:
