@@ -208,9 +208,13 @@ def main(argv=None) -> int:
 
     t_all = time.perf_counter()
     if args.rows_from:
-        earlier = json.loads(Path(args.rows_from).read_text())
-        rows, workload = earlier["rows"], earlier["settings"]["workload"]
-        n_cands = earlier["settings"]["candidates"]
+        try:
+            earlier = json.loads(Path(args.rows_from).read_text())
+            rows, workload = earlier["rows"], earlier["settings"]["workload"]
+            n_cands = earlier["settings"]["candidates"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"probe_back_offs: {args.rows_from} holds no rows this script wrote ({type(exc).__name__}: {exc})")
+            return 2
         print(f"# probe_back_offs: the {len(rows)} rows of {args.rows_from} ({workload}), replayed", flush=True)
     else:
         from tuning.engine.procpool import available_cpus

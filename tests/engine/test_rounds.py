@@ -541,3 +541,5 @@ def test_the_whole_run_replay_charges_the_platform_rule_fewer_serial_timings_tha
     assert overall["run_serial_timings_platform"] == 11
     assert overall["run_serial_timings_share_probe"] == 11 + 3  # DOPpler's probe: 7 of 32
     assert overall["run_serial_timings_fixed_sample"] > 2 * overall["run_serial_timings_platform"]
+    src.write_text(json.dumps({"benchmark": "tuning_time"}))  # not rows this script wrote: said, not a traceback
+    assert probe_back_offs.main(["--rows-from", str(src), "--runs", "1"]) == 2
