@@ -145,12 +145,17 @@ class ReplayMeasure:
         return out
 
 
+def _replayable(rows: list[dict]) -> list[dict]:
+    """The rows with every timing a replayed round reads (a first and second serial one, both parallel ones)."""
+    return [r for r in rows if all(r[k] for k in ("s0", "s0b", "p0", "p1"))]
+
+
 def replay_probes(rows: list[dict], rule: str, replays: int, seed: int) -> dict:
     """``replays`` probe rounds of ROUND rows drawn at random, through the engine's round and controller."""
     from tuning.engine.doppler import DOPController
     from tuning.engine.rounds import measure_round
 
-    usable = [r for r in rows if all(r[k] for k in ("s0", "s0b", "p0", "p1"))]
+    usable = _replayable(rows)
     rng = random.Random(seed)
     backed, serial = 0, []
     for _ in range(replays):
@@ -169,7 +174,7 @@ def replay_runs(rows: list[dict], rule: dict, runs: int, rounds: int, per_round:
     from tuning.engine.doppler import DOPController
     from tuning.engine.rounds import measure_round, serial_totals
 
-    usable = [r for r in rows if all(r[k] for k in ("s0", "s0b", "p0", "p1"))]
+    usable = _replayable(rows)
     rng = random.Random(seed)
     serial, above, final, by_reason = [], [], [], {}
     for _ in range(runs):

@@ -398,10 +398,11 @@ class DOPController:
                 if i not in taken]
 
     @property
-    def confirm_top_up(self) -> bool:
-        """Whether a shrunk sample that :meth:`top_up_sample` would top up first times its candidates
-        serially once more, and is topped up only if the mean of the two serial timings still contests the
-        round (``back_off="confirmed"``: the same second look a back-off gets)."""
+    def second_look(self) -> bool:
+        """Whether serial timings that would change a round's course are taken once more first
+        (``back_off="confirmed"``, DOP auto): a round about to back off (:meth:`confirm_wanted`), and a shrunk
+        sample :meth:`top_up_sample` would top up, topped up only if the mean of its two serial timings
+        still contests the round."""
         return self.adaptive and self.back_off == "confirmed"
 
     def probe_size(self, n_candidates: int, dop: int) -> int:
@@ -476,7 +477,7 @@ class DOPController:
         decides (``back_off="confirmed"``, DOP auto): the error it would decide on is too large to keep its
         DOP. Failures caused by parallelism back off without a second look: a second serial timing does
         not change them."""
-        if not (self.adaptive and self.back_off == "confirmed"):
+        if not self.second_look:
             return False
         return self._error_too_large(self._decision_errors(self._signed_errors(parallel, serial)))
 

@@ -249,11 +249,12 @@ def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[in
     rnd.outliers_skipped += len(skipped)
     failed = [i for i in range(n) if rnd.results[i].first_failed]
     rnd.serial(sorted(set(sample) | set(failed)), count_as_remeasure=True)
-    if ctrl.confirm_top_up and ctrl.top_up_sample(lat, sample, rnd.references(sample)):
+    extra = ctrl.top_up_sample(lat, sample, rnd.references(sample))
+    if extra and ctrl.second_look:
         # a second serial timing of the shrunk sample is one timing a candidate where a top-up is several:
         # a single glitched serial timing no longer buys the whole share
         rnd.serial_repeat(sample, ctrl, reason="confirm")
-    extra = ctrl.top_up_sample(lat, sample, rnd.references(sample))
+        extra = ctrl.top_up_sample(lat, sample, rnd.references(sample))
     if extra:  # a shrunk sample showed an uncorrectable error: decide on the full share first
         rnd.serial(extra, count_as_remeasure=True)
         rnd.sample_topped_up += len(extra)
