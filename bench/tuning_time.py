@@ -51,6 +51,7 @@ trajectory alone explains.
     .venv/bin/python bench/tuning_time.py [--quick] [--threads 2] [--json bench/results/tuning_time.json]
     .venv/bin/python bench/tuning_time.py --quick --only-parallel --seeds 1,2,3 \
         [--parallel-sides dop1,dop_auto,dop_auto_fixed_sample]   # the pairs over seeds: medians of each seed's
+    .venv/bin/python bench/tuning_time.py --report a.json,b.json [--json all.json]   # saved runs' seeds, pooled
 """
 
 from __future__ import annotations
@@ -569,6 +570,42 @@ def _print_seeds(overall: dict) -> None:
           f"final DOP (median of all pairs) {overall['parallel_final_dop']}")
 
 
+def report(paths: list[str], json_path: str | None) -> int:
+    """``--report``: the parallel pairs of several saved ``--json`` results (each seed once), summarized as one
+    run over all their seeds would be (``_parallel_over_seeds``). 2 with a one-line message for a file that
+    cannot be read or holds no parallel pairs, or a seed that two files hold."""
+    pairs, seen = [], {}
+    for path in paths:
+        try:
+            saved = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            print(f"tuning_time --report: cannot read {path}: {exc}", file=sys.stderr)
+            return 2
+        found = saved.get("parallel") if isinstance(saved, dict) else None
+        if not found or not all(isinstance(p, dict) and "dop1" in p and "dop_auto" in p for p in found):
+            print(f"tuning_time --report: {path} holds no parallel pairs (a tuning_time.py --json result "
+                  "with the DOP auto vs DOP 1 pairs)", file=sys.stderr)
+            return 2
+        for seed in sorted({p["seed"] for p in found}):
+            if seed in seen:
+                print(f"tuning_time --report: seed {seed} is in both {seen[seed]} and {path}: a seed's pairs "
+                      "would be pooled with another run's", file=sys.stderr)
+                return 2
+            seen[seed] = path
+        pairs += found
+    overall = _parallel_over_seeds(pairs)
+    if len(overall["parallel_seeds"]) > 1:
+        _print_seeds(overall)
+    else:
+        _print_parallel(pairs, overall)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps({"benchmark": "tuning_time", "report_of": paths, "overall": overall,
+                                               "parallel": pairs}, indent=1, default=str))
+        print(f"wrote {json_path}")
+    return 0
+
+
 # --------------------------------------------------------------------------- driver
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -594,10 +631,15 @@ def main(argv=None) -> int:
     ap.add_argument("--genetic-iters", type=int, default=None, help="genetic iterations, both sides (quick: 2, else TVM's 4)")
     ap.add_argument("--json", default=None, help="write the result JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the work directories")
+    ap.add_argument("--report", default=None, metavar="JSON[,JSON...]",
+                    help="run nothing: summarize the parallel pairs of these saved --json results over all their "
+                         "seeds (each seed in one file only)")
     args = ap.parse_args(argv)
     if args.job:
         child_main(json.loads(args.job))
         return 0
+    if args.report:
+        return report([p for p in args.report.split(",") if p], args.json)
 
     seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
     sides = chosen_sides(ap, "--parallel-sides", args.parallel_sides, PARALLEL_SIDES, ("dop1", "dop_auto"))
