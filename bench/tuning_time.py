@@ -582,7 +582,7 @@ def report(paths: list[str], json_path: str | None) -> int:
             print(f"tuning_time --report: cannot read {path}: {exc}", file=sys.stderr)
             return 2
         found = saved.get("parallel") if isinstance(saved, dict) else None
-        if not found or not all(isinstance(p, dict) and "dop1" in p and "dop_auto" in p for p in found):
+        if not found or not all(isinstance(p, dict) and {"seed", "dop1", "dop_auto"} <= p.keys() for p in found):
             print(f"tuning_time --report: {path} holds no parallel pairs (a tuning_time.py --json result "
                   "with the DOP auto vs DOP 1 pairs)", file=sys.stderr)
             return 2
