@@ -137,12 +137,17 @@ def tuning_config(spec: dict, **extra):
     )
 
 
-def write_result(result: dict, *, json_path: str | None, work_root: Path, keep: bool) -> None:
-    """Write the result JSON when asked, and remove the work directories unless they are to be kept."""
+def write_json(result: dict, json_path: str | None) -> None:
+    """Write a benchmark's result JSON when asked (``json_path``), saying where."""
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(result, indent=1, default=str))
         print(f"wrote {json_path}")
+
+
+def write_result(result: dict, *, json_path: str | None, work_root: Path, keep: bool) -> None:
+    """Write the result JSON when asked, and remove the work directories unless they are to be kept."""
+    write_json(result, json_path)
     if not keep:
         shutil.rmtree(work_root, ignore_errors=True)
 

@@ -69,7 +69,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import chosen_sides, fmt_s, geomean, machine_info, run_child, tuning_config, write_result  # noqa: E402
+from bench.common import (chosen_sides, fmt_s, geomean, machine_info, run_child, tuning_config,  # noqa: E402
+                          write_json, write_result)
 
 SCRIPT = str(Path(__file__).resolve())
 
@@ -598,11 +599,7 @@ def report(paths: list[str], json_path: str | None) -> int:
         _print_seeds(overall)
     else:
         _print_parallel(pairs, overall)
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps({"benchmark": "tuning_time", "report_of": paths, "overall": overall,
-                                               "parallel": pairs}, indent=1, default=str))
-        print(f"wrote {json_path}")
+    write_json({"benchmark": "tuning_time", "report_of": paths, "overall": overall, "parallel": pairs}, json_path)
     return 0
 
 
