@@ -163,3 +163,40 @@ def test_a_batch_whose_builds_all_failed_gets_a_round_of_its_own(tmp_path, cpu_t
     (failed_round,) = {r.round_index for r in failed}  # the one batch, all in one round
     info = next(r for r in sink.rounds if r.round_index == failed_round)
     assert info.n_candidates == info.n_failures == len(failed)
+
+
+@pytest.fixture
+def watched_runner():
+    """The pooled runner under another name, so a test can ask whether it is measuring."""
+    held = {}
+
+    def make(ctx):
+        held["runner"] = plugins.make_runner("pooled", ctx)
+        return held["runner"]
+
+    plugins.register_runner("watched-test", parallel=True)(make)
+    yield held
+    plugins._RUNNERS.pop("watched-test", None)
+    plugins._PARALLEL_RUNNERS.discard("watched-test")
+
+
+def test_no_task_is_searched_while_the_cpu_pool_measures(tmp_path, cpu_target, watched_runner):
+    """TVM searches a task while the batches sent before it measure; on CPU slots that span the cores the
+    search runs on, those timings read up to twice too slow (session._pace_searches). So every batch
+    after the first reaches the builder (right after its search) with nothing measuring, though
+    measuring a batch (8 x >= 150 ms) outlasts searching the next one here."""
+    busy_at_build = []
+
+    def on_build(n, _inputs):
+        if n >= 2:
+            busy_at_build.append(not watched_runner["runner"].wait_idle(timeout=0))
+
+    _register_wrapped_builder("watch-test", on_build)
+    try:
+        cfg = _tiny_cfg(tmp_path, cpu_target, max_trials=24, builder="watch-test", runner="watched-test",
+                        evaluator=EvaluatorConfig(number=1, repeat=1, min_repeat_ms=150))
+        s = run_tuning(tiny_cnn_onnx(), cfg)
+    finally:
+        plugins._BUILDERS.pop("watch-test", None)
+    assert s.status == "succeeded"
+    assert len(busy_at_build) >= 2 and not any(busy_at_build)

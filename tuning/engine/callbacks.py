@@ -85,6 +85,10 @@ class EngineState:
         self.builds_in_flight = 0
         self.measurements_in_flight = 0
         self.n_streamed = 0  # records reported before their task's join
+        # waits until no batch is measuring; the scheduler calls it before TVM searches a task's next
+        # batch or runs join callbacks while batches may be in flight (set by session._pace_searches
+        # when measurements must not share their cores with that work); None: they overlap
+        self.wait_measured: Any = None
 
     def poll_control(self) -> str | None:
         try:

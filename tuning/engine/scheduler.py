@@ -62,10 +62,18 @@ class ControlledScheduler(PyTaskScheduler):
         self.state.in_flight.discard(task_id)
 
     def _join_all(self, outer) -> None:
+        if len(self.state.in_flight) > 1:
+            self._wait_measured()  # the first joins' callbacks would run beside the last batches' measuring
         for tid in sorted(self.state.in_flight):
             self._join(outer, tid)
 
+    def _wait_measured(self) -> None:
+        if self.state.wait_measured is not None:
+            self.state.wait_measured()
+
     def _launch(self, task_id: int) -> int:
+        """``task_id`` is the task TVM searches, builds and sends to the runner next."""
+        self._wait_measured()  # the search leaves the cores to the batches still measuring
         self.state.in_flight.add(task_id)
         self.state.launching = task_id  # the StreamingRunner files the batch TVM now sends under it
         return task_id

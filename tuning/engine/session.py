@@ -118,9 +118,12 @@ class TuningConfig:
     builder: str | None = None  # "persistent" | "local" (default from mode)
     runner: str | None = None  # "pooled" | "local" | "distributed" (default from mode)
     builder_workers: int | None = None
+    # the evolutionary search's threads: TVM hands sampling work to threads in arrival order, so only a
+    # one-thread search proposes the same candidates from the same seed (bench/tuning_time.py pairs sides so)
     search_threads: int | str = "physical"
     cpu_ids: list[int] | None = None  # cores to measure on
-    overlap_measurement: bool | None = None  # None: pooled runner -> builds wait for it (shared cores); distributed -> overlap
+    # None: pooled runner -> builds (and, on CPUs, searches) wait for it (shared cores); distributed -> overlap
+    overlap_measurement: bool | None = None
     final_remeasure: bool | None = None  # default: True in doppler mode
     final_share: float = 0.1
     timeout_sec: float = 30.0
@@ -328,14 +331,27 @@ def _run_environment(run: _Run) -> contextlib.ExitStack:
     return stack
 
 
+def _overlaps(run: _Run) -> bool:
+    overlap = run.cfg.overlap_measurement
+    return (run.cfg.runner == "distributed") if overlap is None else bool(overlap)
+
+
 def _pace_builds(run: _Run, builder, runner) -> None:
     """The local pool measures on the cores that search and build use: let builds wait for it
     (quiet measurements) unless told otherwise; a distributed runner overlaps by default."""
-    overlap = run.cfg.overlap_measurement
-    if overlap is None:
-        overlap = run.cfg.runner == "distributed"
-    if not overlap and hasattr(runner, "wait_idle") and hasattr(builder, "before_build"):
+    if not _overlaps(run) and hasattr(runner, "wait_idle") and hasattr(builder, "before_build"):
         builder.before_build = runner.wait_idle
+
+
+def _pace_searches(run: _Run, runner, state) -> None:
+    """Searches (and join callbacks) wait for the local CPU pool too. TVM searches a task while the tasks
+    sent before it are measured; a search thread next to a slot that spans all cores put both of a 2-thread candidate's
+    threads on one core (Linux placed the woken worker thread beside its waker) and multi-task runs
+    recorded those rounds 1.5-2.8x slow on 2 cores (small_cnn; the rounds measured alone within 5 %),
+    so a task's first round lost to its later ones and the cost model learned the slowdown. A GPU's
+    timings are taken on the device: its searches overlap."""
+    if not _overlaps(run) and run.device_type == "cpu" and hasattr(runner, "wait_idle"):
+        state.wait_measured = runner.wait_idle
 
 
 def _cache_retimer(run: _Run, builder, runner):
@@ -376,6 +392,7 @@ def _tune(run: _Run) -> None:
                 build_secs=getattr(builder, "build_secs", None), initial_best=run.best0,
                 round_offset=next_round_offset(run.work_dir), trimmer=run.trimmer,
                 journal=StreamJournal(run.work_dir, [t.mod for t in run.tasks]))
+            _pace_searches(run, runner, state)
             for i, b in run.best0.items():
                 state.best_history[i].append(b)
             if run.remaining > 0 and has_imported(run.work_dir):
