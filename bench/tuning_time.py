@@ -48,6 +48,19 @@ each run visits different candidates: ``cand.s`` (sum of the measured
 candidates' latencies) shows how much of a wall-time difference the
 trajectory alone explains.
 
+Paired searches (--search-threads, default 1): every side searches with one
+thread (TVM hands sampling work to its threads in arrival order, so only a
+one-thread search proposes the same candidates from the same seed) and seeds
+numpy's global generator (XGBoost's predictions below its 100-result warm-up
+are numpy draws), so both sides of a comparison propose the same first round
+and diverge only where their measurements rank candidates differently.
+XGBoost still trains on the physical cores (TVM's default) on both sides.
+``shared_candidates`` (share of one side's measured candidates the other side
+measured too) says how far the pairing held; the latency ratios then compare
+what the engines measured and picked, not two random searches' luck (at 64
+trials both searches are random: XGBoost's warm-up). --search-threads 0
+restores TVM's default (physical cores: unpaired searches).
+
     .venv/bin/python bench/tuning_time.py [--quick] [--threads 2] [--json bench/results/tuning_time.json]
     .venv/bin/python bench/tuning_time.py --quick --only-parallel --seeds 1,2,3 \
         [--parallel-sides dop1,dop_auto,dop_auto_fixed_sample]   # the pairs over seeds: medians of each seed's
@@ -166,6 +179,9 @@ def _job_stock(spec: dict) -> dict:
     builder = ms.builder.LocalBuilder(timeout_sec=120.0)
     runner = ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig())
     strategy = _strategy(spec)
+    search_threads = _search_threads(spec)
+    # TVM's default cost model (XGBoost on the physical cores), also when the search has one thread
+    cost_model = ms.cost_model.XGBModel(num_tuning_cores=None, tree_method="auto")
     t0 = time.perf_counter()
     if WORKLOADS.get(spec["workload"], ("onnx",))[0] == "tir":
         db = ms.tune_tir(
@@ -177,6 +193,8 @@ def _job_stock(spec: dict) -> dict:
             builder=builder,
             runner=runner,
             strategy=strategy,
+            cost_model=cost_model,
+            num_tuning_cores=search_threads,
             seed=spec["seed"],
         )
     else:
@@ -184,7 +202,7 @@ def _job_stock(spec: dict) -> dict:
 
         tasks = extract_tasks(wl, target)
         ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-            tasks, spec["work_dir"], strategy=strategy, seed=spec["seed"]
+            tasks, spec["work_dir"], strategy=strategy, num_threads=search_threads, seed=spec["seed"]
         )
         db = ms.tune_tasks(
             tasks=ctxs,
@@ -194,6 +212,7 @@ def _job_stock(spec: dict) -> dict:
             num_trials_per_iter=spec["per_round"],
             builder=builder,
             runner=runner,
+            cost_model=cost_model,
         )
     wall = time.perf_counter() - t0
     return {"wall_s": wall, **_db_stats(spec["work_dir"])}
@@ -208,14 +227,37 @@ def _db_stats(work_dir: str) -> dict:
     recs = ms.database.JSONDatabase(work_dir=work_dir).get_all_tuning_records()
     lats = [sum(float(x) for x in r.run_secs) / len(r.run_secs) for r in recs if r.run_secs]
     lats = [x for x in lats if x < 1e9]
-    return {"n_records": len(recs), "recorded_best_s": min(lats) if lats else None, "candidate_time_s": sum(lats)}
+    return {"n_records": len(recs), "recorded_best_s": min(lats) if lats else None, "candidate_time_s": sum(lats),
+            "candidates": sorted({_trace_key(r) for r in recs})}
+
+
+def _trace_key(record) -> str:
+    """A measured candidate's identity across runs and sides: its schedule trace (with its decisions)."""
+    import hashlib
+
+    return hashlib.sha1(str(record.trace).encode()).hexdigest()[:12]
+
+
+def _search_threads(spec: dict) -> int | str:
+    """The search's threads (--search-threads): 1 pairs the sides' searches; 0 is TVM's default."""
+    n = int(spec.get("search_threads") or 0)
+    return n if n > 0 else "physical"
+
+
+def shared_candidates(a: dict | None, b: dict | None) -> float | None:
+    """Share of the candidates one run measured that the other measured too (over the larger set): 1.0
+    when two runs' searches proposed the same candidates, near 0 for independent searches."""
+    ka, kb = set((a or {}).get("candidates") or ()), set((b or {}).get("candidates") or ())
+    if not ka or not kb:
+        return None
+    return len(ka & kb) / max(len(ka), len(kb))
 
 
 def _job_ours(spec: dict) -> dict:
     from tuning.engine.session import run_tuning
 
     wl = make_workload(spec["workload"])
-    cfg = tuning_config(spec, **(spec.get("overrides") or {}))
+    cfg = tuning_config(spec, search_threads=_search_threads(spec), **(spec.get("overrides") or {}))
     t0 = time.perf_counter()
     s = run_tuning(wl, cfg)
     wall = time.perf_counter() - t0
@@ -303,6 +345,11 @@ def _job_remeasure(spec: dict) -> dict:
 def child_main(spec: dict) -> None:
     os.environ["TVM_NUM_THREADS"] = str(spec["threads"])
     logging.basicConfig(level=logging.WARNING)
+    if spec.get("seed") is not None:
+        import numpy as np
+
+        # XGBoost's warm-up predictions are numpy's global draws: the same seed on every side
+        np.random.seed(int(spec["seed"]))
     kind = spec["kind"]
     if kind == "stock":
         res = _job_stock(spec)
@@ -361,6 +408,7 @@ def _remeasure_parallel(pairs: list[dict], target: dict, root: Path) -> None:
             p[side]["best_latency_s"] = m.get(side)
         p["wall_ratio"] = p["dop_auto"]["wall_s"] / p["dop1"]["wall_s"]
         p["latency_ratio"] = m["dop_auto"] / m["dop1"] if m.get("dop_auto") and m.get("dop1") else None
+        p["shared_candidates"] = shared_candidates(p["dop1"], p["dop_auto"])
         t1 = (p["dop1"].get("phase_secs") or {}).get("measure_rounds")
         ta = (p["dop_auto"].get("phase_secs") or {}).get("measure_rounds")
         p["measure_phase_ratio"] = ta / t1 if t1 and ta else None
@@ -426,6 +474,8 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         "parallel_wall_ratio": geomean(p["wall_ratio"] for p in pairs),
         "parallel_latency_ratio": geomean(p["latency_ratio"] for p in pairs if p["latency_ratio"]),
         "parallel_final_dop": statistics.median(dops) if dops else None,
+        # how far DOP auto's and DOP 1's searches proposed the same candidates (--search-threads)
+        "parallel_shared_candidates": _mean_or_none(p.get("shared_candidates") for p in pairs),
         # the host's serial noise DOP auto measured (mean |serial - serial again| / serial of its repeats)
         "parallel_serial_noise": _mean_or_none(_last_noise(p["dop_auto"]) for p in pairs),
         "parallel_error": statistics.mean(errs) if errs else None,
@@ -495,6 +545,10 @@ def _last_noise(res: dict) -> float | None:
     return noise[-1] if noise else None
 
 
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.0f} %"
+
+
 def _mean_or_none(values) -> float | None:
     vals = [v for v in values if v is not None]
     return statistics.mean(vals) if vals else None
@@ -512,7 +566,8 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
         lr, mr, e = p.get("latency_ratio"), p.get("measure_phase_ratio"), p.get("error_at_final_dop")
         print(f"  {p['workload'][:12]:12s} s{p['seed']:<3d} dop1 {p['dop1']['wall_s']:7.1f} s  auto {p['dop_auto']['wall_s']:7.1f} s  "
               f"wall x{p['wall_ratio']:.3f}  measure x{(mr or float('nan')):.3f}  lat x{(lr or float('nan')):.3f}  "
-              f"final DOP {p['dop_auto'].get('final_dop')}  err {(e if e is not None else float('nan')):.3f}")
+              f"final DOP {p['dop_auto'].get('final_dop')}  err {(e if e is not None else float('nan')):.3f}  "
+              f"shared {_pct(p.get('shared_candidates'))}")
         if p.get("measure_at_dop_ratio"):
             print(f"  {'':18s} of DOP 1's measuring: at DOP x{p['measure_at_dop_ratio']:.3f} "
                   f"+ serial sample x{(p.get('serial_sample_ratio') or 0.0):.3f}")
@@ -541,7 +596,7 @@ def _print_parallel(pairs: list[dict], overall: dict) -> None:
           f"measure x{(overall['parallel_measure_phase_ratio'] or float('nan')):.3f}  "
           f"lat x{(overall['parallel_latency_ratio'] or float('nan')):.3f}  "
           f"median final DOP {overall['parallel_final_dop']}  error {overall['parallel_error']}  "
-          f"serial noise {overall['parallel_serial_noise']}")
+          f"serial noise {overall['parallel_serial_noise']}  shared candidates {_pct(overall.get('parallel_shared_candidates'))}")
     if overall.get("parallel_wall_ratio_mechanism"):
         print(f"  {'':18s} wall the measuring phase accounts for x{overall['parallel_wall_ratio_mechanism']:.3f} "
               "(the rest of each run as long as DOP 1's)")
@@ -626,6 +681,9 @@ def main(argv=None) -> int:
                          f"{', '.join(PARALLEL_SIDES)})")
     ap.add_argument("--population", type=int, default=None, help="evolutionary population, both sides (quick: 128, else TVM's 512)")
     ap.add_argument("--genetic-iters", type=int, default=None, help="genetic iterations, both sides (quick: 2, else TVM's 4)")
+    ap.add_argument("--search-threads", type=int, default=1,
+                    help="the search's threads on every side (default 1: the sides' searches propose the same "
+                         "candidates from a seed; 0: TVM's default, physical cores, unpaired)")
     ap.add_argument("--json", default=None, help="write the result JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the work directories")
     ap.add_argument("--report", default=None, metavar="JSON[,JSON...]",
@@ -678,6 +736,7 @@ def main(argv=None) -> int:
             "seed": args.seed,
             "population": population,
             "genetic_iters": genetic_iters,
+            "search_threads": args.search_threads,
             "work_dir": str(wd),
             "out": str(root / f"{name}__{label}.json"),
             **extra,
@@ -742,6 +801,7 @@ def main(argv=None) -> int:
         r["latency_ratio"] = (m["ours"] / m["stock"]) if m.get("ours") and m.get("stock") else None
         r["mean_parallel_error"] = r["ours"].get("mean_parallel_error")
         r["final_dop"] = r["ours"].get("final_dop")
+        r["shared_candidates"] = shared_candidates(r["stock"], r["ours"])
 
     errs = [r["mean_parallel_error"] for r in rows if r.get("mean_parallel_error") is not None]
     overall = {
@@ -750,6 +810,7 @@ def main(argv=None) -> int:
         "mean_parallel_error": (sum(errs) / len(errs)) if errs else None,
         "stock_wall_s_total": sum(r["stock"]["wall_s"] for r in rows),
         "ours_wall_s_total": sum(r["ours"]["wall_s"] for r in rows),
+        "shared_candidates": _mean_or_none(r.get("shared_candidates") for r in rows),
     }
     if parallel:
         overall.update(_parallel_over_seeds(parallel))
@@ -770,7 +831,8 @@ def main(argv=None) -> int:
             "trials_per_round": per_round,
             "evaluator_tuning": {"number": 3, "repeat": 1, "min_repeat_ms": 100},
             "evaluator_remeasure": {"number": 3, "repeat": 5, "min_repeat_ms": 100, "rounds": 3},
-            "search": {"population": population or 512, "genetic_iters": genetic_iters or 4, "same_on_both_sides": True},
+            "search": {"population": population or 512, "genetic_iters": genetic_iters or 4, "same_on_both_sides": True,
+                       "threads": args.search_threads or "physical", "paired": args.search_threads == 1},
             "seed": args.seed,
             "parallel_seeds": seeds,
             "parallel_sides": sides,
@@ -785,7 +847,9 @@ def main(argv=None) -> int:
             _print_parallel(parallel, overall)
     print(f"\nthreads={threads}; best latency = winners re-measured in one fresh process "
           f"(number=3, repeat=5, min_repeat_ms=100, median of 3 alternating rounds); "
-          f"search population {population or 512}, genetic iters {genetic_iters or 4} on both sides; "
+          f"search population {population or 512}, genetic iters {genetic_iters or 4}, "
+          f"{args.search_threads or 'physical'} search thread(s) on both sides"
+          f"{' (paired: the same seed proposes the same candidates)' if args.search_threads == 1 else ''}; "
           f"load average start {machine['loadavg']} end {machine['loadavg_end']}; bench {result['bench_wall_s']:.0f} s")
 
     write_result(result, json_path=args.json, work_root=root, keep=args.keep)
@@ -795,16 +859,17 @@ def main(argv=None) -> int:
 def _print_table(rows: list[dict], overall: dict, ablation: list[dict]) -> None:
     print()
     print(f"{'workload':18s} {'trials':>6s} {'stock s':>8s} {'ours s':>8s} {'wall x':>7s} "
-          f"{'stock us':>10s} {'ours us':>10s} {'lat x':>6s} {'DOP':>4s} {'par.err':>7s}")
+          f"{'stock us':>10s} {'ours us':>10s} {'lat x':>6s} {'DOP':>4s} {'par.err':>7s} {'shared':>6s}")
     for r in rows:
         pe = r.get("mean_parallel_error")
         print(f"{r['workload']:18s} {r['trials']:6d} {r['stock']['wall_s']:8.1f} {r['ours']['wall_s']:8.1f} "
               f"{r['wall_ratio']:7.3f} {fmt_s(r['stock']['best_latency_s'], 'us'):>10s} "
               f"{fmt_s(r['ours']['best_latency_s'], 'us'):>10s} "
               f"{(r['latency_ratio'] or float('nan')):6.3f} {str(r.get('final_dop')):>4s} "
-              f"{(pe if pe is not None else float('nan')):7.3f}")
+              f"{(pe if pe is not None else float('nan')):7.3f} {_pct(r.get('shared_candidates')):>6s}")
     print(f"{'overall (geomean)':18s} {'':6s} {overall['stock_wall_s_total']:8.1f} {overall['ours_wall_s_total']:8.1f} "
-          f"{overall['wall_ratio']:7.3f} {'':>10s} {'':>10s} {(overall['latency_ratio'] or float('nan')):6.3f}")
+          f"{overall['wall_ratio']:7.3f} {'':>10s} {'':>10s} {(overall['latency_ratio'] or float('nan')):6.3f}"
+          f" {'':>4s} {'':>7s} {_pct(overall.get('shared_candidates')):>6s}")
     if ablation:
         print("\nablation (wall time, ratio to stock; cand.s = sum of the measured candidates' latencies,"
               " i.e. how slow the programs this run's search happened to visit were):")

@@ -49,6 +49,22 @@ def test_tiny_tune_streams_unique_records(tmp_path, cpu_target):
     assert {k for _, k, _ in sink.serial_remeasures} <= set(keys)
 
 
+def test_a_one_thread_search_proposes_the_same_first_round_from_the_same_seed(tmp_path, cpu_target):
+    """What bench/tuning_time.py pairs its sides on: with search_threads=1 a seed fixes the candidates
+    (TVM's multi-threaded sampling hands work to threads in arrival order, so "physical" does not)."""
+    import numpy as np
+
+    rounds = []
+    for run in ("a", "b"):
+        np.random.seed(3)  # XGBoost's warm-up predictions are numpy's draws
+        sink = ListSink()
+        s = run_tuning(matmul_primfunc(64), _cfg(cpu_target, tmp_path / run, 8, search_threads=1, seed=3,
+                                                 final_remeasure=False), sink)
+        assert s.status == "succeeded"
+        rounds.append({r.candidate_key for r in sink.records})
+    assert len(rounds[0]) == 8 and rounds[0] == rounds[1]
+
+
 def test_resume_continues_budget_without_rereporting(tmp_path, cpu_target):
     model = matmul_primfunc(64)
     first, second, third = ListSink(), ListSink(), ListSink()

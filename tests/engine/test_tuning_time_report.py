@@ -54,3 +54,16 @@ def test_report_refuses_a_seed_two_runs_hold_and_a_file_without_pairs(tmp_path, 
     assert "holds no parallel pairs" in capsys.readouterr().err
     assert tuning_time.main(["--report", str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_shared_candidates_says_how_far_two_runs_searched_alike():
+    a = {"candidates": ["k1", "k2", "k3", "k4"]}
+    assert tuning_time.shared_candidates(a, {"candidates": ["k4", "k3", "k2", "k1"]}) == 1.0
+    assert tuning_time.shared_candidates(a, {"candidates": ["k1", "k2", "x", "y", "z"]}) == 2 / 5
+    assert tuning_time.shared_candidates(a, {}) is None  # a run saved before candidates were kept
+
+
+def test_search_threads_one_pairs_the_sides_and_zero_is_tvms_default():
+    assert tuning_time._search_threads({"search_threads": 1}) == 1
+    assert tuning_time._search_threads({"search_threads": 0}) == "physical"
+    assert tuning_time._search_threads({}) == "physical"  # specs of the other benchmarks

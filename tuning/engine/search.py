@@ -159,8 +159,10 @@ def load_cost_model(cost_model, path: str) -> None:
     inst.data, inst.data_size, inst.booster = data, size, None
 
 
-def _cost_model(num_cores: int, path: str, resumed: bool, deferred: bool = True):
-    cost_model = skip_infrastructure_failures(ms.cost_model.XGBModel(num_tuning_cores=num_cores, tree_method="auto"))
+def _cost_model(path: str, resumed: bool, deferred: bool = True):
+    # XGBoost trains on the physical cores (TVM's default, num_tuning_cores=None), whatever the search's
+    # own thread count: a one-thread search (reproducible from its seed) should not also train on one
+    cost_model = skip_infrastructure_failures(ms.cost_model.XGBModel(num_tuning_cores=None, tree_method="auto"))
     if deferred:
         cost_model = train_when_needed(cost_model)
     if os.path.exists(path):  # a resumed run's own, or the record cache's for a fresh run (record_cache)
@@ -181,7 +183,7 @@ def search(tasks: list[Task], target, cfg: TuningConfig, *, state: EngineState, 
         ensure_tensor_intrin(target)
     contexts = _tune_contexts(tasks, target, cfg, trimmer)
     cm_path = os.path.join(work_dir, COST_MODEL_FILE)
-    cost_model = _cost_model(contexts[0].num_threads, cm_path, resumed, deferred=bool(cfg.deferred_cost_model))
+    cost_model = _cost_model(cm_path, resumed, deferred=bool(cfg.deferred_cost_model))
     if trimmer is not None:
         trimmer.cost_model = cost_model  # the filter scores with the tuner's own model
     callbacks = list(ms.MeasureCallback.create("default")) + [StreamingMeasureCallback(state)]
