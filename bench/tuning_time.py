@@ -42,11 +42,11 @@ the least wall ratio the machine allows (measuring at the most DOP with no
 serial sample; DOP 1's CPU seconds spread over all cores), and the whole-run
 ratio the measuring phase alone accounts for (``parallel_wall_ratio_mechanism``:
 the rest of each run taken as long as DOP 1's). The pairs run --parallel-trials
-(192 with --quick) in rounds of 32. Search is not
-deterministic across processes even with a seed (multi-threaded sampling), so
-each run visits different candidates: ``cand.s`` (sum of the measured
-candidates' latencies) shows how much of a wall-time difference the
-trajectory alone explains.
+(192 with --quick) in rounds of 32. Runs diverge once their timings rank
+candidates differently (and from the start with a multi-threaded search), so
+they visit different candidates: ``cand.s`` (sum of the measured candidates'
+latencies) shows how much of a wall-time difference the trajectory alone
+explains.
 
 Paired searches (--search-threads, default 1): every side searches with one
 thread (TVM hands sampling work to its threads in arrival order, so only a

@@ -347,7 +347,7 @@ def _pace_searches(run: _Run, runner, state) -> None:
     """Searches (and join callbacks) wait for the local CPU pool too. TVM searches a task while the tasks
     sent before it are measured; a search thread next to a slot that spans all cores put both of a 2-thread candidate's
     threads on one core (Linux placed the woken worker thread beside its waker) and multi-task runs
-    recorded those rounds 1.5-2.8x slow on 2 cores (small_cnn; the rounds measured alone within 5 %),
+    recorded those rounds 1.5-2.8x slow on 2 cores (small_cnn; its rounds measured alone mostly within 5 %),
     so a task's first round lost to its later ones and the cost model learned the slowdown. A GPU's
     timings are taken on the device: its searches overlap."""
     if not _overlaps(run) and run.device_type == "cpu" and hasattr(runner, "wait_idle"):
