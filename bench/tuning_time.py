@@ -224,18 +224,14 @@ def _db_stats(work_dir: str) -> dict:
     search trajectory alone implies (slow candidates cost more to time)."""
     from tvm.s_tir import meta_schedule as ms
 
+    from tuning.engine.events import candidate_key
+
     recs = ms.database.JSONDatabase(work_dir=work_dir).get_all_tuning_records()
     lats = [sum(float(x) for x in r.run_secs) / len(r.run_secs) for r in recs if r.run_secs]
     lats = [x for x in lats if x < 1e9]
     return {"n_records": len(recs), "recorded_best_s": min(lats) if lats else None, "candidate_time_s": sum(lats),
-            "candidates": sorted({_trace_key(r) for r in recs})}
-
-
-def _trace_key(record) -> str:
-    """A measured candidate's identity across runs and sides: its schedule trace (with its decisions)."""
-    import hashlib
-
-    return hashlib.sha1(str(record.trace).encode()).hexdigest()[:12]
+            # the engine's candidate key, on the trace alone: stock and the engine name tasks differently
+            "candidates": sorted({candidate_key("", r.trace) for r in recs})}
 
 
 def _search_threads(spec: dict) -> int | str:
