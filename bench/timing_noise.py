@@ -4,7 +4,7 @@
 DOPpler judges parallel timings against serial ones, and on this 2-core VM the serial timings of a
 tuning run repeat only to 10-29 % (``serial_noise`` in the rounds of ``bench/tuning_time.py``), against
 6-8 % with nothing else running. In a run, the search of the next task (evolutionary search, cost
-model) runs beside the measurement of this one (builds already wait for it: ``session._pace_builds``).
+model) runs beside the measurement of this one (builds already wait for it: ``session._pace``).
 This script measures that effect without a search: the same N candidates timed twice serially by the
 engine's ``PooledAsyncRunner`` (DOP 1, T = 1) on an idle host, beside 1 or 2 busy processes at nice 0,
 and beside them at nice 19, conditions alternating, twice each.

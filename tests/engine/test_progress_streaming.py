@@ -182,7 +182,7 @@ def watched_runner():
 
 def test_no_task_is_searched_while_the_cpu_pool_measures(tmp_path, cpu_target, watched_runner):
     """TVM searches a task while the batches sent before it measure; on CPU slots that span the cores the
-    search runs on, those timings read up to twice too slow (session._pace_searches). So every batch
+    search runs on, those timings read up to twice too slow (session._pace). So every batch
     after the first reaches the builder (right after its search) with nothing measuring, though
     measuring a batch (8 x >= 150 ms) outlasts searching the next one here."""
     busy_at_build = []

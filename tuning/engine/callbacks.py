@@ -86,7 +86,7 @@ class EngineState:
         self.measurements_in_flight = 0
         self.n_streamed = 0  # records reported before their task's join
         # waits until no batch is measuring; the scheduler calls it before TVM searches a task's next
-        # batch or runs join callbacks while batches may be in flight (set by session._pace_searches
+        # batch or runs join callbacks while batches may be in flight (set by session._pace
         # when measurements must not share their cores with that work); None: they overlap
         self.wait_measured: Any = None
 

@@ -331,26 +331,23 @@ def _run_environment(run: _Run) -> contextlib.ExitStack:
     return stack
 
 
-def _overlaps(run: _Run) -> bool:
+def _pace(run: _Run, builder, runner, state) -> None:
+    """The local pool measures on the cores that search and build use: unless told otherwise (a
+    distributed runner overlaps by default), builds wait for it (quiet measurements), and on CPUs so
+    do searches and join callbacks. TVM searches a task while the tasks sent before it are measured; a
+    search thread next to a slot that spans all cores put both of a 2-thread candidate's threads on one
+    core (Linux placed the woken worker thread beside its waker) and multi-task runs recorded those
+    rounds 1.5-2.8x slow on 2 cores (small_cnn; its rounds measured alone mostly within 5 %), so a task's
+    first round lost to its later ones and the cost model learned the slowdown. A GPU's timings are
+    taken on the device: its searches overlap."""
     overlap = run.cfg.overlap_measurement
-    return (run.cfg.runner == "distributed") if overlap is None else bool(overlap)
-
-
-def _pace_builds(run: _Run, builder, runner) -> None:
-    """The local pool measures on the cores that search and build use: let builds wait for it
-    (quiet measurements) unless told otherwise; a distributed runner overlaps by default."""
-    if not _overlaps(run) and hasattr(runner, "wait_idle") and hasattr(builder, "before_build"):
+    if overlap is None:
+        overlap = run.cfg.runner == "distributed"
+    if overlap or not hasattr(runner, "wait_idle"):
+        return
+    if hasattr(builder, "before_build"):
         builder.before_build = runner.wait_idle
-
-
-def _pace_searches(run: _Run, runner, state) -> None:
-    """Searches (and join callbacks) wait for the local CPU pool too. TVM searches a task while the tasks
-    sent before it are measured; a search thread next to a slot that spans all cores put both of a 2-thread candidate's
-    threads on one core (Linux placed the woken worker thread beside its waker) and multi-task runs
-    recorded those rounds 1.5-2.8x slow on 2 cores (small_cnn; its rounds measured alone mostly within 5 %),
-    so a task's first round lost to its later ones and the cost model learned the slowdown. A GPU's
-    timings are taken on the device: its searches overlap."""
-    if not _overlaps(run) and run.device_type == "cpu" and hasattr(runner, "wait_idle"):
+    if run.device_type == "cpu":
         state.wait_measured = runner.wait_idle
 
 
@@ -385,14 +382,13 @@ def _tune(run: _Run) -> None:
             builder = plugins.make_builder(cfg.builder, ctx)
             runner = plugins.make_runner(cfg.runner, ctx)
             run.controller = getattr(runner, "controller", None)
-            _pace_builds(run, builder, runner)
             parallel = plugins.is_parallel_runner(cfg.runner)
             state = run.state = EngineState(
                 run.sink, run.infos, known_keys=run.known, ledger=ledger if parallel else None,
                 build_secs=getattr(builder, "build_secs", None), initial_best=run.best0,
                 round_offset=next_round_offset(run.work_dir), trimmer=run.trimmer,
                 journal=StreamJournal(run.work_dir, [t.mod for t in run.tasks]))
-            _pace_searches(run, runner, state)
+            _pace(run, builder, runner, state)
             for i, b in run.best0.items():
                 state.best_history[i].append(b)
             if run.remaining > 0 and has_imported(run.work_dir):
