@@ -85,7 +85,7 @@ def serial_pair(runs):
 
 def budgets():
     """Evaluator budgets to sweep, the longest first (the reference the others are judged against): the
-    GPU default until session 20 (10 x 3 samples of at least 50 ms), TVM's own default, then shorter ones
+    previous GPU default (10 x 3 samples of at least 50 ms), TVM's own default, then shorter ones
     (``number`` is raised until one sample lasts min_repeat_ms, so number=1 is a floor). The platform's
     present default is among them (marked in the log)."""
     from tuning.engine.timer import EvaluatorConfig

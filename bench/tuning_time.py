@@ -410,7 +410,7 @@ def _remeasure_parallel(pairs: list[dict], target: dict, root: Path) -> None:
         p["measure_phase_ratio"] = ta / t1 if t1 and ta else None
         # what that phase's saving alone makes of the whole run, the rest of the run as long as DOP 1's: the
         # mechanism's share of wall_ratio (the rest of a pair's wall ratio is its search's trajectory and the
-        # host's moments, which move a pair's non-measuring time by +-35 %; README's DOPpler section)
+        # host's moments, which move a pair's non-measuring time by +-35 %; docs/research/doppler.md)
         p["wall_ratio_mechanism"] = (1.0 - (t1 / p["dop1"]["wall_s"]) * (1.0 - ta / t1)
                                      if t1 and ta and p["dop1"].get("wall_s") else None)
         # DOP auto's measuring time split against DOP 1's: the measure calls at the rounds' DOP (what
@@ -511,7 +511,7 @@ def _parallel_overall(pairs: list[dict]) -> dict:
 
 
 # the ratios a run over several seeds reports as the median of each seed's own (the search's trajectory moves
-# a single seed's wall and latency by tens of percent: the README's DOPpler section)
+# a single seed's wall and latency by tens of percent: docs/research/doppler.md)
 SEED_MEDIAN_KEYS = ("parallel_wall_ratio", "parallel_latency_ratio", "parallel_measure_phase_ratio",
                     "parallel_wall_ratio_mechanism",
                     "parallel_measure_at_dop_ratio", "parallel_serial_sample_ratio", "parallel_wall_ratio_floor",

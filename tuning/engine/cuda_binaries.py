@@ -5,7 +5,7 @@ library (format ``cuda``) and compiles it when the library is *loaded*, through 
 Python callback ``tvm_callback_cuda_compile`` (``tvm.support.nvcc``). That callback
 needs TVM's compiler library (it reads ``Target.current()``), which a runtime-only
 GPU worker (``TVM_USE_RUNTIME_LIB=1``) does not have: there every CUDA candidate
-failed to load (seen on an H200, session 19). This module is the worker's callback:
+failed to load (seen on an H200). This module is the worker's callback:
 
 1. a binary compiled ahead, found by the source's SHA-256 and the device's arch
    in ``cuda_bin/`` beside the library being loaded (the persistent builder

@@ -30,7 +30,7 @@ many good candidates (never under ``min_sample_share``; outliers, failures and t
 re-measured); any other round restores ``sample_share``. A shrunk sample whose error is past
 ``correction_limit`` is topped up to ``sample_share`` before the round decides (``top_up_sample``): past
 that limit the round times its whole rest serially, and two timings (one of them possibly a serial
-glitch: session 15 saw a -0.62 error from two) are too little evidence to pay for that. DOPpler
+glitch: a -0.62 error read from two was seen) are too little evidence to pay for that. DOPpler
 samples 20 % every round, which keeps a DOP 2 round at 0.5 + 0.2 of a serial one however calm the host.
 
 With ``sample="pooled"`` (the platform's default) the error a round decides on is pooled with the recent
@@ -58,7 +58,7 @@ exceeds the mean serial noise (last ``noise_window`` pairs) by more than ``error
 ``correction_limit``. Both means come from a handful of pairs (2-4 sampled, 3-16 noise pairs), so their
 difference is itself noisy: the standard errors follow from the means, each pair's error being the absolute
 difference of two noisy timings (half-normal: sd = mean x sqrt(pi/2 - 1)). Without that term, 42 % of the
-DOP 2 rounds of session 15-16's runs backed off on this 2-core VM where the replay found parallel timings
+DOP 2 rounds of the 2026-12-03 runs backed off on this 2-core VM where the replay found parallel timings
 rank candidates as well as a second serial pass does (Spearman 0.970 against 0.985, 0.947 against 0.944);
 with it (z = 1), 11 % of those rounds would have. DOPpler's
 rule compares against one serial timing as if it were exact; where one serial timing differs from the
@@ -72,8 +72,8 @@ its core could have made that much of a candidate in the round's faster half. A 
 the round's median whatever its true latency, so its serial timing cannot change what the search keeps,
 and it is the dearest timing of the round (the evaluator runs a candidate ``number`` times at least: a
 candidate 30x the median costs 30x as much as the median's minimum repeat). Fast outliers and failures
-are always re-measured. On a 2-core host the slow outliers were most of DOPpler's serial time (session
-15: 11 sample timings of 0.8 s each against 0.24 s for the probe's). The same bound (``rankable_bound``,
+are always re-measured. On a 2-core host the slow outliers were most of DOPpler's serial time
+(2026-12-03: 11 sample timings of 0.8 s each against 0.24 s for the probe's). The same bound (``rankable_bound``,
 widened by the error when serial timings came out slower) spares the candidates past it when a round's
 error is too large to correct and its rest is timed serially. ``outliers="all"`` is DOPpler's.
 
@@ -81,7 +81,7 @@ With ``back_off="confirmed"`` (the platform's default, see ``DOP_BACK_OFFS``) a 
 its error (a probe's, or a round's own pairs deciding alone) first times its sampled candidates serially
 once more (:meth:`~DOPController.confirm_wanted`): each candidate's two serial timings are a noise pair and
 their mean its serial reference, and the round decides on that. A single serial timing on a shared host
-is itself off by tens of percent now and then (``bench/probe_back_offs.py``, session 18: a serial repeat
+is itself off by tens of percent now and then (``bench/probe_back_offs.py``, 2026-12-04: a serial repeat
 differed by 0.10-0.13 on average and by 0.47-0.56 at most on a 2-core VM), and one probe's four pairs and
 one noise pair then read as interference: the engine's probe round replayed over such timings backed off
 31-42 % of the time under the immediate rule, 7-10 % confirmed, for about one more serial timing a probe.

@@ -245,7 +245,7 @@ class PooledAsyncRunner(PyRunner):
         self.worker_limits = worker_limits  # RLIMITs of the measuring workers (None: sandbox defaults)
         # e.g. a GPU slot group's CUDA_VISIBLE_DEVICES / MPS pipe. Measuring needs TVM's runtime only
         # (measure.py): on the runtime library alone a DOP-auto runner's workers were ready in 1.5 s against
-        # 2.1 s and hold 86 MB against 194 MB each (2-core VM, session 18); a DOP change or a recycled
+        # 2.1 s and hold 86 MB against 194 MB each (2-core VM); a DOP change or a recycled
         # worker pays that start again, on cores the search and builds are using
         self.worker_env = {**RUNTIME_ONLY_ENV, **dict(worker_env or {})}
         # a GPU slot group (timing lock): its workers time one at a time, so a call may wait for the

@@ -10,7 +10,7 @@ traces: they are built and loaded only in worker subprocesses that get
   not for GPU workers: the CUDA driver reserves more virtual memory than any sane cap), CPU
   seconds (``RLIMIT_CPU``) and open files (``RLIMIT_NOFILE``), soft = hard.
 
-Not isolated (see the README's security section): same user id as the worker (a worker running
+Not isolated (see docs/security.md): same user id as the worker (a worker running
 as root can raise its own hard limits), same network, same file system (no chroot, no seccomp,
 no namespaces). Limits can be tuned with ``DLOPT_SANDBOX_AS_MB``, ``DLOPT_SANDBOX_CPU_S`` and
 ``DLOPT_SANDBOX_NOFILE``.

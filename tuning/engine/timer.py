@@ -88,8 +88,8 @@ def default_evaluator(device_type: str) -> EvaluatorConfig:
     are precise and kernels short) and no CPU cache flush.
 
     Measured on an H200 (``bench/gpu_check.sh --budgets``, 18 candidates of 3 tasks, two runs,
-    ``bench/results/gpu_check_h200_s20_budgets*.json``): against 10 x 3 samples of >= 50 ms (this default
-    until session 20), serial measuring took x0.20-x0.22 of the time, serial-vs-serial noise 0.14-0.26 %
+    ``bench/results/gpu_check_h200_s20_budgets*.json``): against 10 x 3 samples of >= 50 ms (the previous
+    default), serial measuring took x0.20-x0.22 of the time, serial-vs-serial noise 0.14-0.26 %
     (0.05-0.09 %), 0.20-0.40 % from the longer budget's timings, the same ranking (Spearman 1.000) and
     the same best candidate per task (3 samples of >= 1 ms picked a 0.27 % slower one once); the timing
     window (DOPpler's DOP on a GPU) gains x1.8-2.2 at DOP 2-4 instead of x1.1, a candidate's preparation
