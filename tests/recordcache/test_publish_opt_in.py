@@ -18,7 +18,7 @@ from recordcache.models import CacheEntry, CacheLookup, CostModelFile, TeamCache
 from tests.factories import CacheEntryFactory, DLModelFactory, TuningRunFactory
 from tests.helpers import client_for
 
-from .cachedata import give_final_database, opt_in
+from .cachedata import give_final_database
 
 pytestmark = pytest.mark.django_db
 
@@ -31,10 +31,6 @@ def _finished_run(team, **kw):
     run = TuningRunFactory(succeeded=True, target_key=KEY, outputs_match=True, model__team=team, **kw)
     give_final_database(run)
     return run
-
-
-def _key(run) -> dict:
-    return adapters.cache_key_of(run)
 
 
 # --------------------------------------------------------------------------- a team that did not opt in
@@ -93,7 +89,12 @@ def test_only_pending_staff_imports_are_served_without_a_team(team_a):
 def test_the_migration_withdraws_consent_given_by_the_old_default(team_a, team_b):
     TeamCacheSettings.objects.create(team=team_a, publish=True, read=False)
     TeamCacheSettings.objects.create(team=team_b, publish=False, read=True)
-    migration = importlib.import_module("recordcache.migrations.0004_publish_opt_in")
+    import pkgutil
+
+    import recordcache.migrations as migrations
+
+    name = next(m.name for m in pkgutil.iter_modules(migrations.__path__) if m.name.endswith("_publish_opt_in"))
+    migration = importlib.import_module(f"recordcache.migrations.{name}")
     migration.withdraw_default_consent(django_apps, None)
     assert set(TeamCacheSettings.objects.values_list("publish", "read")) == {(False, False), (False, True)}
 
