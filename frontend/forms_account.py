@@ -33,8 +33,9 @@ class RecordCacheSettingsForm(forms.Form):
     """The team's record-cache setting (unchecked boxes are not posted: absent = off)."""
 
     publish = forms.BooleanField(required=False, label="Publish this team's tuning records to the shared cache",
-                                 help_text="Records reveal your models' tensor shapes to the platform's other "
-                                           "teams' runs (as schedules, never as models).")
+                                 help_text="Off unless you opt in. Records reveal your models' tensor shapes to "
+                                           "the platform's other teams' runs (as schedules, never as models, run "
+                                           "ids or team names); turning it off withdraws them.")
     read = forms.BooleanField(required=False, label="Seed this team's runs from the shared cache",
                               help_text="Cached records are re-timed on the run's host before any is trusted.")
 

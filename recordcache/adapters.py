@@ -7,6 +7,7 @@ from pathlib import Path
 from tuning.adapters import call_engine, run_work_dir
 from tuning.engine import procpool
 from tuning.engine import record_cache as engine
+from tuning.engine.cost_model_file import CostModelFileError, check_cost_model_file
 from tuning.engine.procpool import WorkerError, WorkerTimeout
 from tuning.engine.record_check import RecordError, precheck
 from tuning.models import TuningRun
@@ -15,7 +16,8 @@ IMPORT_CHECK_TIMEOUT_S = 600
 
 __all__ = ["RecordError", "WorkerError", "WorkerTimeout", "precheck", "cache_key_of", "task_workloads",
            "publish_from_run", "write_seeds", "load_verification", "place_cost_model", "export_lines",
-           "check_cache_import", "recheck_cache_entries", "run_work_dir", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE"]
+           "check_cache_import", "recheck_cache_entries", "run_work_dir", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE",
+           "CostModelFileError", "check_cost_model_file"]
 
 DEFAULT_TOP_K, DEFAULT_TOLERANCE = engine.DEFAULT_TOP_K, engine.DEFAULT_TOLERANCE
 load_verification = engine.load_verification

@@ -40,6 +40,11 @@ class CacheLookupAdmin(admin.ModelAdmin):
 @admin.register(TeamCacheSettings)
 class TeamCacheSettingsAdmin(admin.ModelAdmin):
     list_display = ("team", "publish", "read", "updated_at")
+    # publishing is the team's consent: only its owners give it (dashboard team page, API), not staff
+    readonly_fields = ("team", "publish", "updated_at")
+
+    def has_add_permission(self, request):
+        return False
 
 
 @admin.register(CostModelFile)

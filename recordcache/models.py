@@ -101,10 +101,13 @@ class CostModelFile(models.Model):
 
 class TeamCacheSettings(models.Model):
     """Whether a team's runs publish their records to the shared cache and read from it (records reveal
-    the tensor shapes of a team's model). No row = the defaults (publish, read)."""
+    the tensor shapes of a team's model). Publishing is opt-in: no row = the defaults (do not publish,
+    read). Only the team's owners change it (``services.update_team_settings``)."""
 
     team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="record_cache_settings")
-    publish = models.BooleanField(default=True)
+    publish = models.BooleanField(
+        default=False, help_text="opt-in: the team's runs add their records to the cache other teams' runs read "
+                                 "(its entries are served only while this is on)")
     read = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -1,7 +1,7 @@
 """Reads of the tuning-record cache."""
 from __future__ import annotations
 
-from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db.models import BooleanField, Case, Count, F, IntegerField, Q, QuerySet, Sum, When
 
 from tuning.models import TuningRun
 
@@ -12,7 +12,7 @@ ENTRY_FIELDS = ("id", "workload_hash", "workload_json", "record_json", "trace_di
 
 
 def team_settings(team_id: int) -> TeamCacheSettings:
-    """The team's setting (unsaved defaults, publish and read, when it never chose)."""
+    """The team's setting (unsaved defaults, no publishing and read, when it never chose)."""
     return TeamCacheSettings.objects.filter(team_id=team_id).first() or TeamCacheSettings(team_id=team_id)
 
 
@@ -20,14 +20,26 @@ def _key_filter(key: dict) -> Q:
     return Q(target_key=key["target_key"], hardware=key["hardware"], tvm_version=key["tvm_version"])
 
 
+# An entry is served (seeds, cost-model training, export) only while the team that published it has publishing
+# on: a team that turns it off takes its records back, and entries published before publishing became opt-in
+# wait for their team's consent. A staff import (no team) is served while pending, until a run re-measures it
+# and publishes it under its own team.
+PUBLISHED = (Q(source_team__record_cache_settings__publish=True)
+             | Q(source_team__isnull=True, status=CacheEntry.Status.PENDING))
+
+
+def published_entries() -> QuerySet[CacheEntry]:
+    return CacheEntry.objects.filter(PUBLISHED)
+
+
 def has_usable_entries(key: dict) -> bool:
-    return CacheEntry.objects.filter(_key_filter(key)).exclude(status=CacheEntry.Status.STALE).exists()
+    return published_entries().filter(_key_filter(key)).exclude(status=CacheEntry.Status.STALE).exists()
 
 
 def lookup(key: dict, workload_hashes: list[str], top_k: int) -> dict[str, list[dict]]:
     """Per workload hash, its best ``top_k`` usable entries under ``key`` (trusted by time, then pending
     imports); stale entries are never used."""
-    rows = (CacheEntry.objects.filter(_key_filter(key), workload_hash__in=set(workload_hashes))
+    rows = (published_entries().filter(_key_filter(key), workload_hash__in=set(workload_hashes))
             .exclude(status=CacheEntry.Status.STALE)
             .order_by("workload_hash", F("latency_s").asc(nulls_last=True), "id"))  # pending (no time) last
     out: dict[str, list[dict]] = {}
@@ -40,7 +52,7 @@ def lookup(key: dict, workload_hashes: list[str], top_k: int) -> dict[str, list[
 
 def trusted_entries(key: dict, limit: int = 5000) -> list[dict]:
     """The trusted entries of one key (newest first), as the engine reads them (cost-model training)."""
-    rows = (CacheEntry.objects.filter(_key_filter(key), status=CacheEntry.Status.TRUSTED)
+    rows = (published_entries().filter(_key_filter(key), status=CacheEntry.Status.TRUSTED)
             .order_by("-updated_at")[:limit])
     return list(rows.values(*ENTRY_FIELDS, "args_info"))
 
@@ -50,12 +62,20 @@ def cost_model_for(key: dict) -> CostModelFile | None:
 
 
 def lookups_of_run(run: TuningRun) -> QuerySet[CacheLookup]:
-    return CacheLookup.objects.filter(run=run).order_by("task_index")
+    """The run's per-task cache use, as its team may see it: ``own_source_run_id`` is the run the record
+    came from when that run is the same team's, else None (``from_shared_cache``: another team's, or a
+    staff import). Another team's run id, model or name never reaches a page or the API."""
+    own = Q(source_run__isnull=False, source_run__team_id=run.team_id)
+    return (CacheLookup.objects.filter(run=run).order_by("task_index")
+            .annotate(own_source_run_id=Case(When(own, then=F("source_run_id")), default=None,
+                                             output_field=IntegerField()),
+                      from_shared_cache=Case(When(Q(hit=True) & ~own, then=True), default=False,
+                                             output_field=BooleanField())))
 
 
 def entries_for_export(*, target_key: str = "", tvm_version: str = "", hardware: str = "") -> list[dict]:
-    """Trusted entries, optionally filtered, for a TVM JSON database export."""
-    qs = CacheEntry.objects.filter(status=CacheEntry.Status.TRUSTED)
+    """Published trusted entries, optionally filtered, for a TVM JSON database export."""
+    qs = published_entries().filter(status=CacheEntry.Status.TRUSTED)
     for field, value in (("target_key", target_key), ("tvm_version", tvm_version), ("hardware", hardware)):
         if value:
             qs = qs.filter(**{field: value})

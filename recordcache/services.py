@@ -36,12 +36,27 @@ STALE_STRIKES = 2
 # --------------------------------------------------------------------------- team setting
 def update_team_settings(*, actor: AbstractBaseUser, team: Team, publish: bool | None = None,
                          read: bool | None = None) -> TeamCacheSettings:
+    """Owners only. Publishing is opt-in; turning it off withdraws the team's records at once (entries are
+    served only while their team publishes: ``selectors.PUBLISHED``) and drops the cost models trained on
+    them (retrained without them at the key's next publish)."""
     require_team_owner(actor, team.pk, "change the team's record-cache setting")
-    row, _ = TeamCacheSettings.objects.get_or_create(team=team)
-    row.publish = row.publish if publish is None else bool(publish)
-    row.read = row.read if read is None else bool(read)
-    row.save()
+    with transaction.atomic():
+        row, _ = TeamCacheSettings.objects.select_for_update().get_or_create(team=team)
+        withdrawn = row.publish and publish is not None and not publish
+        row.publish = row.publish if publish is None else bool(publish)
+        row.read = row.read if read is None else bool(read)
+        row.save()
+        if withdrawn:
+            _drop_cost_models_trained_on(team)
     return row
+
+
+def _drop_cost_models_trained_on(team: Team) -> None:
+    keys = CacheEntry.objects.filter(source_team=team).values("target_key", "hardware", "tvm_version").distinct()
+    for key in keys:
+        for model in CostModelFile.objects.filter(**key):
+            model.file.delete(save=False)
+            model.delete()
 
 
 def _require_staff(actor: AbstractBaseUser, what: str) -> None:
@@ -158,7 +173,7 @@ def _trials_saved(verdict: dict) -> int:
 
 def _publishable(run: TuningRun) -> bool:
     """A successful run whose tuned outputs matched, measured on this host, with no user-imported records,
-    by a team that publishes."""
+    by a team that opted in to publishing (``TeamCacheSettings.publish``, off by default)."""
     opts = run.options or {}
     final = adapters.run_work_dir(run.pk) / "final" / "database_tuning_record.json"
     return (settings.RECORD_CACHE_ENABLED and final.exists() and final.stat().st_size > 0  # serial re-measures
@@ -204,6 +219,13 @@ def _source_effort(key: dict, entry: dict) -> dict:
 
 
 def _save_cost_model(key: dict, path, n_records: int, run_id: int) -> None:
+    """Store the key's retrained cost model, only in the platform's data-only format (other teams' runs
+    load it): the sandboxed child that wrote it handled a team's model, so it is checked, not trusted."""
+    try:
+        adapters.check_cost_model_file(str(path))
+    except adapters.CostModelFileError as exc:
+        log.error("run %s: retrained cost model refused, the key keeps its old one: %s", run_id, exc)
+        return
     row = selectors.cost_model_for(key) or CostModelFile(**key)
     old = row.file.name if row.file else None
     row.file.save(f"cost-model-{run_id}.xgb", ContentFile(path.read_bytes()), save=False)

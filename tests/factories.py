@@ -24,7 +24,7 @@ from factory.django import DjangoModelFactory
 
 from core import services as core_services
 from core.models import ApiToken, DLModel, EnergySettings, Membership, Quota, Team, TeamInvitation
-from recordcache.models import CacheEntry
+from recordcache.models import CacheEntry, TeamCacheSettings
 from scheduling.models import (GPU, GpuJob, GpuProfile, GpuTelemetry, Node, Placement, PredictorVersion, SimulationRun,
                                TraceUpload, gpu_queue_name)
 from tuning.engine import record_cache as record_cache_engine
@@ -427,10 +427,12 @@ class SimulationRunFactory(DjangoModelFactory):
 
 class CacheEntryFactory(DjangoModelFactory):
     """A trusted record-cache entry (as ``recordcache.services.publish_run`` stores one) under the key of
-    ``source_run`` and this host's hardware and TVM version."""
+    ``source_run`` and this host's hardware and TVM version. Its team has opted in to publishing (only then
+    is an entry served); ``publishing=False`` leaves the team's setting as it is."""
 
     class Meta:
         model = CacheEntry
+        skip_postgeneration_save = True
 
     source_run = factory.SubFactory(TuningRunFactory, succeeded=True, target_key='{"kind":"llvm","mcpu":"znver3"}')
     source_team = factory.LazyAttribute(lambda e: e.source_run.team)
@@ -444,3 +446,8 @@ class CacheEntryFactory(DjangoModelFactory):
     record_json = '[[[], []], null, {"kind": "llvm"}, []]'
     run_secs = factory.LazyAttribute(lambda e: [e.latency_s] * 3)
     latency_s = 1e-3
+
+    @factory.post_generation
+    def publishing(obj, create, extracted, **kwargs):  # noqa: N805 - factory_boy's hook signature
+        if create and obj.source_team_id and extracted is not False:
+            TeamCacheSettings.objects.update_or_create(team_id=obj.source_team_id, defaults={"publish": True})

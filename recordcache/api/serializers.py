@@ -11,10 +11,18 @@ class TeamCacheSettingsSerializer(serializers.ModelSerializer):
 
 
 class CacheLookupSerializer(serializers.ModelSerializer):
+    """A task's cache use, from ``selectors.lookups_of_run``: the source run only when it is the viewing
+    run's own team's; a record from another team (or a staff import) says only ``from_shared_cache``."""
+
+    source_run = serializers.IntegerField(source="own_source_run_id", allow_null=True, read_only=True,
+                                          help_text="the same team's run the record came from; null otherwise")
+    from_shared_cache = serializers.BooleanField(read_only=True,
+                                                 help_text="a hit on another team's (anonymous) or imported record")
+
     class Meta:
         model = CacheLookup
-        fields = ["task_index", "task_name", "workload_hash", "hit", "n_seeds", "source_run", "verification",
-                  "cache_best_s", "measured_best_s", "reason", "trials_saved"]
+        fields = ["task_index", "task_name", "workload_hash", "hit", "n_seeds", "source_run", "from_shared_cache",
+                  "verification", "cache_best_s", "measured_best_s", "reason", "trials_saved"]
 
 
 class CacheImportSerializer(serializers.Serializer):

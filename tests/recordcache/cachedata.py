@@ -10,6 +10,13 @@ from tuning.engine.database import DB_RECORDS, DB_WORKLOAD, FINAL_DIR
 from tuning.engine.testing import tuning_database
 
 
+def opt_in(team) -> None:
+    """The team's owners opted in to publishing (off by default)."""
+    from recordcache.models import TeamCacheSettings
+
+    TeamCacheSettings.objects.update_or_create(team=team, defaults={"publish": True})
+
+
 def give_final_database(run) -> None:
     """A run's work dir with a (non-empty) final database: it had a serial re-measure to publish."""
     from recordcache.adapters import run_work_dir

@@ -18,15 +18,17 @@ pytestmark = pytest.mark.django_db
 
 def test_team_setting_read_by_members_changed_by_owners(api_owner, team_a, user_member, user_viewer):
     url = f"/api/teams/{team_a.pk}/record-cache/"
-    assert api_owner.get(url).json() | {"updated_at": None} == {"team": team_a.pk, "publish": True, "read": True,
-                                                                "updated_at": None}
+    assert api_owner.get(url).json() | {"updated_at": None} == {"team": team_a.pk, "publish": False, "read": True,
+                                                                "updated_at": None}  # publishing is opt-in
     assert client_for(user_member).get(url).status_code == 200
     for user in (user_member, user_viewer):
-        r = client_for(user).patch(url, {"publish": False}, format="json")
+        r = client_for(user).patch(url, {"publish": True}, format="json")
         assert r.status_code == 403 and "owners" in r.json()["detail"]
     assert not TeamCacheSettings.objects.exists()
     r = api_owner.patch(url, {"read": False}, format="json")
-    assert r.status_code == 200 and r.json()["read"] is False and r.json()["publish"] is True
+    assert r.status_code == 200 and r.json()["read"] is False and r.json()["publish"] is False
+    r = api_owner.patch(url, {"publish": True}, format="json")
+    assert r.status_code == 200 and r.json()["publish"] is True and r.json()["read"] is False
 
 
 def test_team_setting_of_another_team_is_404_and_anonymous_refused(api_other, api_anon, team_a):

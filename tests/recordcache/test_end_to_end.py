@@ -12,6 +12,8 @@ from django.core.management import call_command
 from recordcache.models import CacheEntry, CacheLookup
 from tuning.models import TuningRun
 
+from .cachedata import opt_in
+
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 
@@ -26,6 +28,7 @@ def _tune(model) -> TuningRun:
 
 
 def test_a_run_publishes_and_the_next_one_is_seeded_and_served(model_a, user_owner, api_owner):
+    opt_in(model_a.team)  # publishing is opt-in
     first = _tune(model_a)
     entries = CacheEntry.objects.filter(source_run=first)
     assert entries.exists() and all(e.status == "trusted" and e.run_secs and e.latency_s > 1e-7 for e in entries)
@@ -38,4 +41,12 @@ def test_a_run_publishes_and_the_next_one_is_seeded_and_served(model_a, user_own
     assert all(c.source_run_id == first.pk and c.verification in ("verified", "stale") for c in lookups if c.hit)
     body = api_owner.get(f"/api/runs/{second.pk}/record-cache/").json()
     assert len(body["tasks"]) == len(lookups) and body["savings"]["basis"].startswith("estimated")
+    assert all(t["source_run"] == first.pk for t in body["tasks"] if t["hit"])  # the team's own run: named
+    # the cost models the runs saved and the cache handed on are data only (XGBoost JSON, plain arrays)
+    from recordcache.adapters import run_work_dir
+    from recordcache.models import CostModelFile
+    from tuning.engine.cost_model_file import check_cost_model_file
+
+    assert check_cost_model_file(CostModelFile.objects.get().file.path) > 0
+    assert check_cost_model_file(str(run_work_dir(first.pk) / "cost_model.xgb")) > 0
 

@@ -317,13 +317,21 @@ def test_export_is_a_tvm_json_database_with_the_platform_times():
 
 
 def test_place_cost_model_only_for_a_fresh_run(tmp_path):
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.cost_model_file import data_only
+
     src = tmp_path / "cm.xgb"
-    src.write_bytes(b"model")
+    data_only(ms.cost_model.XGBModel(num_tuning_cores=1)).save(str(src))  # the platform's data-only format
     wd = tmp_path / "run"
-    assert rc.place_cost_model(str(wd), str(src)) and (wd / "cost_model.xgb").read_bytes() == b"model"
+    assert rc.place_cost_model(str(wd), str(src)) and (wd / "cost_model.xgb").read_bytes() == src.read_bytes()
+    placed = src.read_bytes()
     src.write_bytes(b"other")
     assert not rc.place_cost_model(str(wd), str(src))  # a run's own model is never overwritten
+    assert (wd / "cost_model.xgb").read_bytes() == placed
     assert not rc.place_cost_model(str(wd), None)
+    (wd / "cost_model.xgb").unlink()
+    assert not rc.place_cost_model(str(wd), str(src)) and not (wd / "cost_model.xgb").exists()  # not the format
 
 
 def test_tvm_version_names_tvm_and_its_ffi():
@@ -383,7 +391,13 @@ def test_publish_reads_only_the_final_database_and_trains_a_loadable_cost_model(
     path = str(tmp_path / "cm.xgb")
     out = rc.publish_from_run(str(tmp_path), model, cpu_target, [], path)
     assert len(out["entries"]) == 3 and out["cost_model_records"] == 3
-    ms.cost_model.XGBModel(num_tuning_cores=1).load(path)  # what search() loads at a run's start
+    from tuning.engine.cost_model_file import check_cost_model_file
+    from tuning.engine.search import load_cost_model
+
+    assert check_cost_model_file(path) == 3  # data only: XGBoost JSON and plain arrays
+    cm = ms.cost_model.XGBModel(num_tuning_cores=1)
+    load_cost_model(cm, path)  # what search() loads at a run's start
+    assert cm._inst.data_size == 3
 
 
 @pytest.mark.slow

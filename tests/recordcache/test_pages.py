@@ -65,14 +65,14 @@ def test_cache_setting_refused_to_members_viewers_other_teams_and_without_csrf(u
                                                                                user_viewer, user_other, team_b):
     for user in (user_member, user_viewer):
         resp = _client(user).post(f"/teams/{team_a.pk}/record-cache/", {}, follow=True)
-        assert resp.status_code == 200 and _setting(team_a) == (True, True)
+        assert resp.status_code == 200 and _setting(team_a) == (False, True)
         assert any("Only the team's owners" in str(m) for m in resp.context["messages"])
     # another team's owner: the team does not exist for them
     assert _client(user_other).post(f"/teams/{team_a.pk}/record-cache/", {}).status_code == 404
     assert _client(user_owner).post(f"/teams/{team_b.pk}/record-cache/", {}).status_code == 404
-    assert _setting(team_a) == (True, True) and _setting(team_b) == (True, True)
+    assert _setting(team_a) == (False, True) and _setting(team_b) == (False, True)
     strict = Client(enforce_csrf_checks=True)
     strict.force_login(user_owner)
     assert strict.post(f"/teams/{team_a.pk}/record-cache/", {}).status_code == 403
     assert _client(user_owner).get(f"/teams/{team_a.pk}/record-cache/").status_code == 405
-    assert _setting(team_a) == (True, True)
+    assert _setting(team_a) == (False, True)

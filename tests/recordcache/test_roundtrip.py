@@ -15,7 +15,7 @@ from tests.factories import TuningRunFactory
 from tests.helpers import client_for
 from tuning.engine.testing import design_space_database, matmul_primfunc, tuning_database
 
-from .cachedata import final_entries, give_final_database
+from .cachedata import final_entries, give_final_database, opt_in
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -32,6 +32,7 @@ def test_export_import_round_trip_lands_pending(tmp_path, monkeypatch, user_staf
     model = matmul_primfunc(64)
     entries = final_entries(str(tmp_path), model, cpu_target, run_secs=(1e-3,), n_records=2)
     run = TuningRunFactory(succeeded=True, outputs_match=True, target_key='{"kind":"llvm"}')
+    opt_in(run.team)
     monkeypatch.setattr(adapters, "publish_from_run",
                         lambda model_proto, r, cached, path: {"entries": entries, "cost_model_records": 0})
     give_final_database(run)

@@ -14,7 +14,7 @@ from tests.factories import CacheEntryFactory, TeamFactory, TuningRunFactory, Tu
 from tuning.engine import record_cache as rc
 from tuning.engine.database import has_imported
 
-from .cachedata import give_final_database
+from .cachedata import give_final_database, opt_in
 
 pytestmark = pytest.mark.django_db
 
@@ -77,22 +77,49 @@ def test_an_empty_cache_costs_no_task_extraction(monkeypatch):
     assert services.seed_run(run=_run(), model_proto=None) == 0
 
 
+def _data_only_cost_model(path) -> bytes:
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.cost_model_file import data_only
+
+    data_only(ms.cost_model.XGBModel(num_tuning_cores=1)).save(str(path))
+    return path.read_bytes()
+
+
 def test_publish_saves_the_keys_cost_model_trained_with_the_cached_entries(monkeypatch):
     old = CacheEntryFactory(target_key=KEY)
+    CacheEntryFactory(target_key=KEY, publishing=False, source_run__team=TeamFactory())  # its team did not opt in
     run = TuningRunFactory(succeeded=True, target_key=KEY, outputs_match=True)
+    opt_in(run.team)
     seen = {}
 
     def fake(model_proto, r, cached, path):
         seen["cached"] = [e["id"] for e in cached]
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"xgb")
+        seen["bytes"] = _data_only_cost_model(path)
         return {"entries": [], "cost_model_records": 5}
 
     monkeypatch.setattr(adapters, "publish_from_run", fake)
     give_final_database(run)
     services.publish_run(run=run, model_proto=None)
     model = selectors.cost_model_for(adapters.cache_key_of(run))
-    assert seen["cached"] == [old.id] and model.n_records == 5 and model.file.read() == b"xgb"
+    assert seen["cached"] == [old.id] and model.n_records == 5 and model.file.read() == seen["bytes"]
+
+
+def test_a_retrained_cost_model_in_another_format_is_not_stored(monkeypatch, tmp_path):
+    """The child that trained it handled a team's model: a pickle (TVM's format) never enters the cache."""
+    run = TuningRunFactory(succeeded=True, target_key=KEY, outputs_match=True)
+    opt_in(run.team)
+
+    def fake(model_proto, r, cached, path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"\x1f\x8b" + b"\0" * 64)  # gzip: TVM's tar with a pickled data.npy
+        return {"entries": [], "cost_model_records": 5}
+
+    monkeypatch.setattr(adapters, "publish_from_run", fake)
+    give_final_database(run)
+    services.publish_run(run=run, model_proto=None)
+    assert selectors.cost_model_for(adapters.cache_key_of(run)) is None
 
 
 def test_team_that_does_not_read_gets_no_seeds(tasks):
@@ -135,13 +162,16 @@ def test_no_final_serial_remeasure_nothing_published_and_the_switch_turns_the_ca
 
 
 def test_publish_only_a_successful_validated_run_of_a_publishing_team(monkeypatch):
-    run = TuningRunFactory(succeeded=True, target_key=KEY, outputs_match=False)
+    run = TuningRunFactory(succeeded=True, target_key=KEY, outputs_match=True)
+    assert _published(run, monkeypatch) == 0  # the team never chose: publishing is opt-in
+    TeamCacheSettings.objects.create(team=run.team, publish=True, read=False)
+    run.outputs_match = False
     assert _published(run, monkeypatch) == 0  # outputs did not validate
     run.outputs_match = True
     run.options = {"measure_queues": ["measure.n1.cpu"]}
     assert _published(run, monkeypatch) == 0  # measured on another host
     run.options = {}
-    TeamCacheSettings.objects.create(team=run.team, publish=False)
+    TeamCacheSettings.objects.filter(team=run.team).update(publish=False)
     assert _published(run, monkeypatch) == 0  # the team does not publish
     TeamCacheSettings.objects.filter(team=run.team).update(publish=True)
     assert _published(run, monkeypatch) == 1
@@ -152,6 +182,7 @@ def test_publish_only_a_successful_validated_run_of_a_publishing_team(monkeypatc
 
 def test_republishing_a_stale_schedule_takes_the_new_platform_measurement(monkeypatch):
     run = TuningRunFactory(succeeded=True, target_key=KEY, outputs_match=True)
+    opt_in(run.team)
     _published(run, monkeypatch)
     CacheEntry.objects.update(status="stale")
     _published(run, monkeypatch, latency=3e-3)
@@ -161,6 +192,7 @@ def test_republishing_a_stale_schedule_takes_the_new_platform_measurement(monkey
 
 def test_an_entry_keeps_how_far_its_workload_was_tuned_and_a_rediscovery_does_not_lower_it(monkeypatch):
     run = TuningRunFactory(succeeded=True, target_key=KEY, outputs_match=True)
+    opt_in(run.team)
     _published(run, monkeypatch, source_trials=48, source_converged=True)
     e = CacheEntry.objects.get()
     assert (e.source_trials, e.source_converged) == (48, True)
@@ -259,12 +291,13 @@ def test_outcome_never_fails_a_run(monkeypatch):
     assert not CacheEntry.objects.exists()
 
 
-def test_team_settings_default_publish_and_read_and_only_owners_change_them(user_owner, user_member, team_a):
-    assert (selectors.team_settings(team_a.pk).publish, selectors.team_settings(team_a.pk).read) == (True, True)
+def test_team_settings_default_no_publish_and_read_and_only_owners_change_them(user_owner, user_member, team_a):
+    assert (selectors.team_settings(team_a.pk).publish, selectors.team_settings(team_a.pk).read) == (False, True)
     with pytest.raises(PermissionDenied):
-        services.update_team_settings(actor=user_member, team=team_a, publish=False)
-    row = services.update_team_settings(actor=user_owner, team=team_a, publish=False)
-    assert (row.publish, row.read) == (False, True)
+        services.update_team_settings(actor=user_member, team=team_a, publish=True)
+    assert not TeamCacheSettings.objects.exists()
+    row = services.update_team_settings(actor=user_owner, team=team_a, publish=True)
+    assert (row.publish, row.read) == (True, True)
 
 
 def test_purge_by_target_or_tvm_version_staff_only(user_staff, user_owner):

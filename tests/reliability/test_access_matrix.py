@@ -255,7 +255,7 @@ BODIES = {
     ("traceupload-list", "POST"): lambda w: (
         {"team": w.team_a.pk, "name": "another", "file": SimpleUploadedFile("p.csv", PHILLY_CSV.encode())},
         "multipart"),
-    ("team-record-cache", "PATCH"): lambda w: ({"publish": False}, "json"),
+    ("team-record-cache", "PATCH"): lambda w: ({"publish": True}, "json"),  # opt in
     ("record-cache-purge", "POST"): lambda w: ({"target_key": w.run.target_key or "any"}, "json"),
     ("record-cache-import", "POST"): lambda w: _cache_import_body(w),
     ("simulationrun-list", "POST"): lambda w: (
@@ -562,10 +562,10 @@ def _cache_setting(w):
     return s.publish, s.read
 
 
-CACHE_SET = effect(REDIRECT, "team A's runs no longer publish to the record cache",
-                   lambda w: _cache_setting(w) == (False, True))
-CACHE_UNCHANGED = effect(REDIRECT, "team A's record-cache setting is unchanged",
-                         lambda w: _cache_setting(w) == (True, True))
+CACHE_SET = effect(REDIRECT, "team A's runs opted in to publishing to the record cache and stopped reading it",
+                   lambda w: _cache_setting(w) == (True, False))
+CACHE_UNCHANGED = effect(REDIRECT, "team A's record-cache setting is unchanged (the default: no publishing, read)",
+                         lambda w: _cache_setting(w) == (False, True))
 
 
 def _left(role):
@@ -715,7 +715,7 @@ def dashboard_body(name: str, w, role: str | None = None):
     if name == "team-webhook":
         return {"url": "http://127.0.0.1:9/hook"}  # the matrix test allow-lists it (no DNS here)
     if name == "team-record-cache":
-        return {"read": "on"}  # publish unchecked
+        return {"publish": "on"}  # read unchecked: both differ from the default
     if name == "run-import-records":
         return {"workloads": SimpleUploadedFile("database_workload.json", b"[1]\n"),
                 "records": SimpleUploadedFile("database_tuning_record.json", b"[1]\n")}

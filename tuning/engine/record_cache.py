@@ -30,7 +30,9 @@ What this module does with entries:
   on from its seeds, judged by Trimmer's plateau rule from the seed's time once it has had its share of
   this run's budget (:func:`fair_shares`) here;
 - :func:`train_cost_model`: one XGBoost cost model (TVM's ``XGBModel``, MetaSchedule's program
-  features) trained on entries, saved where ``search`` loads a run's cost model.
+  features) trained on entries, saved where ``search`` loads a run's cost model, in the platform's
+  data-only format (``cost_model_file``: XGBoost JSON and plain numpy arrays; another team's runs load
+  it, so never TVM's pickled one). :func:`place_cost_model` hands a run only a file in that format.
 
 TVM is imported inside the functions that need it.
 """
@@ -42,11 +44,13 @@ import json
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 from common.jsonsafe import loads_finite
 
+from .cost_model_file import CostModelFileError, check_cost_model_file, data_only
 from .database import (COST_MODEL_FILE, DB_RECORDS, TRIMMER_STATE, imported_records, load_exhausted, open_json_db,
                        record_latency, records_by_task, write_imported)
 from .events import ffi_to_py, trace_json
@@ -565,7 +569,7 @@ def train_cost_model(entries: list[dict], target, path: str, *, num_cores: int =
     by_workload: dict[str, list[dict]] = {}
     for e in entries:
         by_workload.setdefault(e["workload_hash"], []).append(e)
-    model = ms.cost_model.XGBModel(num_tuning_cores=num_cores, tree_method="auto")
+    model = data_only(ms.cost_model.XGBModel(num_tuning_cores=num_cores, tree_method="auto"))
     n = 0
     for group in by_workload.values():
         mod = ms.database.Workload.from_json(json.loads(group[0]["workload_json"])).mod
@@ -585,12 +589,22 @@ def train_cost_model(entries: list[dict], target, path: str, *, num_cores: int =
 
 
 def place_cost_model(work_dir: str, cost_model_path: str | None) -> bool:
-    """Put the cache's cost model where a run loads its own (``COST_MODEL_FILE``), for a fresh run."""
+    """Put the cache's cost model where a run loads its own (``COST_MODEL_FILE``), for a fresh run. Only a
+    file in the platform's data-only format (``cost_model_file.check_cost_model_file``): another format,
+    TVM's pickled one included, is skipped unread, with a warning, and the run tunes without it."""
     dest = os.path.join(work_dir, COST_MODEL_FILE)
     if not cost_model_path or not os.path.exists(cost_model_path) or os.path.exists(dest):
         return False
     os.makedirs(work_dir, exist_ok=True)
-    Path(dest).write_bytes(Path(cost_model_path).read_bytes())
+    tmp = dest + ".checking"  # the bytes checked are the bytes placed: copied first, checked, then renamed
+    shutil.copyfile(cost_model_path, tmp)
+    try:
+        check_cost_model_file(tmp)
+    except CostModelFileError as exc:
+        os.unlink(tmp)
+        log.warning("record cache: cost model %s skipped: %s", os.path.basename(cost_model_path), exc)
+        return False
+    os.replace(tmp, dest)
     return True
 
 

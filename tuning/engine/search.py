@@ -15,6 +15,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.utils import fork_seed
 
 from .callbacks import EngineState, StreamingMeasureCallback
+from .cost_model_file import CostModelFileError, data_only, load_xgb_model
 from .database import COST_MODEL_FILE, save_exhausted, save_trimmer_state
 from .runner import is_infrastructure_failure
 from .scheduler import ControlledScheduler
@@ -24,6 +25,8 @@ from .workloads import Task, round_size
 
 # a session.TuningConfig (not imported: the session imports this module)
 TuningConfig = Any
+
+log = logging.getLogger(__name__)
 
 __all__ = ["search", "skip_infrastructure_failures", "train_when_needed", "load_cost_model"]
 
@@ -102,8 +105,9 @@ def train_when_needed(cost_model):
     last training asked for runs at the first prediction that uses the booster. Past the warm-up it
     trains as stock does. ``save`` below the warm-up writes the data without training (training there
     was 9 s of a 64-trial matmul run's 45 s on 2 cores, for a booster nothing would use): the model that
-    loads it (:func:`load_cost_model`) is still in its warm-up and trains when it leaves it."""
-    inst = cost_model._inst
+    loads it (:func:`load_cost_model`) is still in its warm-up and trains when it leaves it. Saves and
+    loads in the platform's data-only format (``cost_model_file.data_only``)."""
+    inst = data_only(cost_model)._inst
     train, predict, save = inst._train, inst.predict, inst.save
     pending: dict[str, tuple] = {}
 
@@ -135,40 +139,29 @@ def train_when_needed(cost_model):
 
 
 def load_cost_model(cost_model, path: str) -> None:
-    """Load a saved XGBModel, also one saved in its warm-up with no booster (``train_when_needed``): TVM
-    0.27's ``XGBModel.load`` reads such a file's data, then fails on the missing ``model.bin``
-    (UnboundLocalError), losing the data. The file is the platform's own (a run's work dir, or the
-    record cache's model, built by the platform), never a user's: ``data.npy`` is a pickled object array."""
-    import tempfile
-    from collections import OrderedDict
-
-    import numpy as np
-    from tvm.s_tir.meta_schedule.cost_model.xgb_model import FeatureGroup
-    from tvm.support.tar import untar
-
-    inst = cost_model._inst
-    with tempfile.TemporaryDirectory() as tmp:
-        untar(path, tmp)
-        if os.path.exists(os.path.join(tmp, "model.bin")):
-            inst.load(path)  # TVM's own loader: data and booster
-            return
-        data, size = OrderedDict(), 0
-        for group_hash, features, costs in np.load(os.path.join(tmp, "data.npy"), allow_pickle=True):
-            data[group_hash] = FeatureGroup(group_hash=group_hash, features=list(features), costs=costs)
-            size += len(costs)
-    inst.data, inst.data_size, inst.booster = data, size, None
+    """Load a saved cost model into ``cost_model`` (a run's own, or the record cache's for a fresh run),
+    also one saved in its warm-up with no booster (``train_when_needed``): the platform's data-only format
+    (``cost_model_file``: XGBoost JSON and plain numpy arrays, never a pickle). Anything else, TVM's own
+    pickled format included, raises ``CostModelFileError`` unread."""
+    load_xgb_model(cost_model._inst, path)
 
 
 def _cost_model(path: str, resumed: bool, deferred: bool = True):
     # XGBoost trains on the physical cores (TVM's default, num_tuning_cores=None), whatever the search's
     # own thread count: a one-thread search (reproducible from its seed) should not also train on one
-    cost_model = skip_infrastructure_failures(ms.cost_model.XGBModel(num_tuning_cores=None, tree_method="auto"))
+    cost_model = skip_infrastructure_failures(
+        data_only(ms.cost_model.XGBModel(num_tuning_cores=None, tree_method="auto")))
     if deferred:
         cost_model = train_when_needed(cost_model)
     if os.path.exists(path):  # a resumed run's own, or the record cache's for a fresh run (record_cache)
-        with contextlib.suppress(Exception), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            load_cost_model(cost_model, path)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                load_cost_model(cost_model, path)
+        except CostModelFileError as exc:  # the run goes on with a fresh model
+            log.warning("cost model %s refused, the search starts without it: %s", path, exc)
+        except Exception:  # noqa: BLE001 - a model that does not load costs the run its head start only
+            log.warning("cost model %s did not load, the search starts without it", path, exc_info=True)
     return cost_model
 
 
