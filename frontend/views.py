@@ -16,9 +16,9 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from core import login_guard
 from core import selectors as core_selectors
 from core import services as core_services
-from core import login_guard
 from core.api.throttles import UploadThrottle, upload_throttled_message
 from core.exceptions import QuotaExceeded, ServiceError
 from core.models import DLModel
@@ -29,7 +29,7 @@ from tuning import services as tuning_services
 
 from . import charts, clusterdata, presenters, queries
 from .filters import RunListFilter
-from .forms import ModelUploadForm, StartRunForm, parse_id_list
+from .forms import ModelUploadForm, StartRunForm, parse_id_list, refuse_unread
 from .forms_account import GuardedAuthenticationForm
 from .scope import get_scope, set_current_team
 
@@ -96,11 +96,13 @@ def model_list(request):
 def model_upload(request):
     scope = get_scope(request)
     teams = [t for t in scope.teams if t.pk in scope.writable_ids]
-    form = ModelUploadForm(request.POST or None, request.FILES or None, teams=teams, initial_team=scope.current)
-    refusal, status = None, 200
     throttle = UploadThrottle()  # the API's upload budget: one count per user for both
-    if request.method == "POST" and not throttle.allow_request(request, None):
-        form.add_error(None, upload_throttled_message(throttle))
+    throttled = request.method == "POST" and not throttle.allow_request(request, None)  # before the body is read
+    form = ModelUploadForm(None if throttled else request.POST or None, None if throttled else request.FILES or None,
+                           teams=teams, initial_team=scope.current)
+    refusal, status = None, 200
+    if throttled:
+        refuse_unread(form, upload_throttled_message(throttle))
         status = 429
     elif request.method == "POST" and form.is_valid():
         upload = form.cleaned_data["file"]

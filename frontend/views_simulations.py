@@ -18,6 +18,7 @@ from core.exceptions import QuotaExceeded, ServiceError
 from scheduling import selectors, services
 from scheduling.models import SimulationRun
 
+from .forms import refuse_unread
 from .forms_scheduling import SimulationForm, TraceUploadForm
 from .scope import get_scope
 
@@ -66,12 +67,6 @@ def _upload(request, form) -> bool:
     return True
 
 
-def _refuse_unread(form, message: str) -> None:
-    """Show ``message`` on a form left unbound because the request body must not be read."""
-    form.cleaned_data = {}  # add_error expects a cleaned form; an unbound one has no cleaned_data
-    form.add_error(None, message)
-
-
 @login_required
 def simulation_new(request):
     scope = get_scope(request)
@@ -89,9 +84,9 @@ def simulation_new(request):
     upload_form = TraceUploadForm(request.POST if uploading and not refused else None,
                                   request.FILES if uploading and not refused else None, teams=teams)
     if throttled:
-        _refuse_unread(upload_form, upload_throttled_message(throttle))
+        refuse_unread(upload_form, upload_throttled_message(throttle))
     elif too_large:
-        _refuse_unread(upload_form, f"The file is over the {services.max_trace_bytes() // 2**20} MB limit.")
+        refuse_unread(upload_form, f"The file is over the {services.max_trace_bytes() // 2**20} MB limit.")
     elif uploading and upload_form.is_valid() and _upload(request, upload_form):
         return redirect("simulation-new")
     if sim_form.is_bound and sim_form.is_valid():
