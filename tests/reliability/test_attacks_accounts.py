@@ -491,6 +491,8 @@ def test_a_name_is_locked_across_addresses_and_the_lock_tells_no_one_it_exists(u
     api = APIClient()
     api.force_login(user_owner)
     assert api.post("/api/tokens/", {"name": "t", "password": "pw-alice"}, format="json").status_code == 429
+    page = logged_in(user_owner).post(reverse("settings-tokens"), {"name": "t", "password": "pw-alice"})
+    assert page.status_code == 429 and page.context["issued"] is None and not ApiToken.objects.exists()
     # another account is untouched
     UserFactory(username="carol")
     assert Client().post(reverse("login"), {"username": "carol", "password": "pw-carol"}).status_code == 302
