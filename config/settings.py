@@ -51,7 +51,7 @@ ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "config.admin.PlatformAdminConfig",  # django.contrib.admin, with its login guarded (config/admin.py)
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -149,6 +149,18 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns on every requ
 MEDIA_ROOT = Path(env.str("DJANGO_MEDIA_ROOT", default=str(VAR_DIR / "media")))
 MEDIA_URL = "media/"
 
+# Reverse proxies in front of the web server that append the client's address to X-Forwarded-For. 0: trust
+# no such header and use the connection's address (a client can write any X-Forwarded-For it likes); the
+# compose deployment, behind its TLS proxy, sets 1. Every rate limit reads the address through
+# core.client_address.
+NUM_PROXIES = env.int("NUM_PROXIES", default=0)
+# Password guessing per account (core.login_guard): this many failures for one user name within the window
+# lock that name for LOGIN_LOCKOUT_SECONDS, whatever the client address.
+AUTHENTICATION_BACKENDS = ["core.authentication.LockoutModelBackend"]
+LOGIN_LOCKOUT_FAILURES = env.int("LOGIN_LOCKOUT_FAILURES", default=10)
+LOGIN_LOCKOUT_WINDOW_SECONDS = env.int("LOGIN_LOCKOUT_WINDOW_SECONDS", default=15 * 60)
+LOGIN_LOCKOUT_SECONDS = env.int("LOGIN_LOCKOUT_SECONDS", default=15 * 60)
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"
@@ -188,9 +200,11 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "core.api.errors.exception_handler",
-    # Every API request counts against "user"; uploads (models, traces), token creation and dashboard
-    # logins also against their own scope (core/api/throttles.py). Over the rate: 429 with Retry-After.
-    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle"],
+    # Every API request counts against "user"; uploads (models, traces, records; API and dashboard alike)
+    # and token creation also against their own scope (core/api/throttles.py), sign-ins against "login" per
+    # client address (core/login_guard.py). Over the rate: 429 with Retry-After.
+    "DEFAULT_THROTTLE_CLASSES": ["core.api.throttles.UserThrottle"],
+    "NUM_PROXIES": NUM_PROXIES,  # DRF's own reading of X-Forwarded-For agrees with core.client_address
     "DEFAULT_THROTTLE_RATES": {
         "user": env.str("API_THROTTLE_USER", default="100000/hour"),
         "uploads": env.str("API_THROTTLE_UPLOADS", default="60/hour"),
@@ -215,7 +229,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 
-# Throttle counts (and nothing else yet): Redis in deployment so every web worker shares them.
+# Throttle and sign-in lockout counts (and nothing else yet): Redis in deployment so every web worker shares them.
 _CACHE_URL = env.str("DJANGO_CACHE_URL", default="")
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _CACHE_URL}
           if _CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

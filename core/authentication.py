@@ -1,10 +1,26 @@
-"""API token authentication: `Authorization: Token <key>` (or `Bearer <key>`)."""
+"""API token authentication (`Authorization: Token <key>` or `Bearer <key>`), and the password backend
+that honours sign-in lockouts (core.login_guard)."""
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
+from django.contrib.auth.backends import ModelBackend
+from django.core.exceptions import PermissionDenied
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
+from . import login_guard
 from .models import ApiToken
+
+
+class LockoutModelBackend(ModelBackend):
+    """Django's user/password backend, refusing a locked user name before its password is checked.
+    Raising PermissionDenied makes ``authenticate()`` stop (no other backend is tried) and answer None."""
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        name = username if username is not None else kwargs.get(get_user_model().USERNAME_FIELD)
+        if login_guard.account_locked_for(name):
+            raise PermissionDenied("This user name is locked after too many failed passwords.")
+        return super().authenticate(request, username=username, password=password, **kwargs)
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):

@@ -32,6 +32,17 @@ class QuotaExceeded(ServiceError):
         self.quota = quota
 
 
+class TooManyAttempts(ServiceError):
+    """A password check refused because the account is locked after failed passwords (core.login_guard)."""
+
+    status = 429
+    code = "throttled"
+
+    def __init__(self, message: str, *, retry_after: int, field: str | None = None):
+        super().__init__(message, field=field)
+        self.retry_after = retry_after
+
+
 class PermissionDenied(ServiceError):
     status = 403
     code = "permission_denied"

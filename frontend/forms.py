@@ -8,6 +8,13 @@ from core.models import DLModel, Team
 from tuning.models import RUN_LIMITS, TuningRun, min_trials_for, parse_dop, suggested_trials_for
 
 
+def refuse_unread(form: forms.Form, message: str) -> None:
+    """Show ``message`` on a form left unbound because the request body must not be read (an upload over
+    its size or rate limit)."""
+    form.cleaned_data = {}  # add_error expects a cleaned form; an unbound one has no cleaned_data
+    form.add_error(None, message)
+
+
 def bounded_integer(name: str, **kwargs) -> forms.IntegerField:
     """An integer field within RUN_LIMITS[name] (the service checks the same table)."""
     low, high = RUN_LIMITS[name]

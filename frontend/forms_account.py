@@ -2,8 +2,14 @@
 from __future__ import annotations
 
 from django import forms
+from django.contrib.auth.forms import AuthenticationForm
 
+from core.login_guard import GuardedLoginFormMixin
 from core.models import ApiToken, Membership
+
+
+class GuardedAuthenticationForm(GuardedLoginFormMixin, AuthenticationForm):
+    """The login form, refusing attempts over the per-address rate or for a locked user name."""
 
 
 class TokenCreateForm(forms.Form):

@@ -16,9 +16,10 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from core import login_guard
 from core import selectors as core_selectors
 from core import services as core_services
-from core.api.throttles import LoginThrottle
+from core.api.throttles import UploadThrottle, upload_throttled_message
 from core.exceptions import QuotaExceeded, ServiceError
 from core.models import DLModel
 from core.onnx_models.errors import ERROR_CODES, OnnxValidationError
@@ -28,7 +29,8 @@ from tuning import services as tuning_services
 
 from . import charts, clusterdata, presenters, queries
 from .filters import RunListFilter
-from .forms import ModelUploadForm, StartRunForm, parse_id_list
+from .forms import ModelUploadForm, StartRunForm, parse_id_list, refuse_unread
+from .forms_account import GuardedAuthenticationForm
 from .scope import get_scope, set_current_team
 
 RUNS_PER_PAGE = 50
@@ -39,18 +41,13 @@ MAX_COMPARE = 8
 
 
 class LoginView(auth_views.LoginView):
-    """Django's login page, with attempts per client address limited (REST_FRAMEWORK's "login" rate)."""
+    """Django's login page, with attempts limited per client address and per account (core.login_guard):
+    a refused attempt checks no password and answers 429 with Retry-After."""
 
-    def post(self, request, *args, **kwargs):
-        throttle = LoginThrottle()
-        if not throttle.allow_request(request, self):
-            # The password is not even checked: the form is shown again, unbound.
-            wait = int(throttle.wait() or 60) + 1
-            context = self.get_context_data(form=self.get_form_class()(request), throttled=wait)
-            response = self.render_to_response(context, status=429)
-            response["Retry-After"] = str(wait)
-            return response
-        return super().post(request, *args, **kwargs)
+    authentication_form = GuardedAuthenticationForm
+
+    def form_invalid(self, form):
+        return login_guard.refused_status(super().form_invalid(form))
 
 
 # --- team switcher ------------------------------------------------------------------------
@@ -99,9 +96,15 @@ def model_list(request):
 def model_upload(request):
     scope = get_scope(request)
     teams = [t for t in scope.teams if t.pk in scope.writable_ids]
-    form = ModelUploadForm(request.POST or None, request.FILES or None, teams=teams, initial_team=scope.current)
-    refusal = None
-    if request.method == "POST" and form.is_valid():
+    throttle = UploadThrottle()  # the API's upload budget: one count per user for both
+    throttled = request.method == "POST" and not throttle.allow_request(request, None)  # before the body is read
+    form = ModelUploadForm(None if throttled else request.POST or None, None if throttled else request.FILES or None,
+                           teams=teams, initial_team=scope.current)
+    refusal, status = None, 200
+    if throttled:
+        refuse_unread(form, upload_throttled_message(throttle))
+        status = 429
+    elif request.method == "POST" and form.is_valid():
         upload = form.cleaned_data["file"]
         try:
             data = core_services.read_upload(upload)
@@ -122,7 +125,7 @@ def model_upload(request):
                                           f"{model.gflops:.3f} GFLOPs, {model.param_count:,} parameters.")
             return redirect("model-detail", pk=model.pk)
     return render(request, "frontend/model_upload.html", {
-        "scope": scope, "form": form, "refusal": refusal, "no_teams": not teams, "nav": "models"})
+        "scope": scope, "form": form, "refusal": refusal, "no_teams": not teams, "nav": "models"}, status=status)
 
 
 @login_required

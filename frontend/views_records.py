@@ -9,7 +9,7 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from core import services as core_services
-from core.api.throttles import UploadThrottle
+from core.api.throttles import UploadThrottle, upload_throttled_message
 from core.exceptions import ServiceError
 from core.onnx_models.errors import OnnxValidationError
 from tuning import services as tuning_services
@@ -32,8 +32,9 @@ def refusal_lines(message: str) -> list[str]:
 def run_import_records(request, pk: int):
     run = queries.run_for_user(request.user, pk)  # another team's run: 404
     form = RecordImportForm(request.POST, request.FILES)
-    if not UploadThrottle().allow_request(request, None):
-        messages.error(request, "Too many uploads in the last hour; try the import again later.")
+    throttle = UploadThrottle()
+    if not throttle.allow_request(request, None):
+        messages.error(request, upload_throttled_message(throttle))
     elif not form.is_valid():
         messages.error(request, "Choose both files of the TVM database: database_workload.json and "
                                 "database_tuning_record.json.")

@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 
 from core import services as core_services
 from core.api.throttles import TokenCreateThrottle
-from core.exceptions import ServiceError
+from core.exceptions import ServiceError, TooManyAttempts
 
 from . import accountdata
 from .forms_account import TokenCreateForm
@@ -32,6 +32,7 @@ def tokens(request):
                     user=request.user, name=form.cleaned_data["name"], password=form.cleaned_data["password"])
             except ServiceError as exc:
                 form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+                status = 429 if isinstance(exc, TooManyAttempts) else status
             else:
                 form = TokenCreateForm()
     return render(request, "frontend/settings_tokens.html", {

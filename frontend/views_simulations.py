@@ -12,11 +12,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from core.api.fast import not_modified, version_etag, with_validators
+from core.api.throttles import UploadThrottle, upload_throttled_message
 from core.api.uploads import body_over
 from core.exceptions import QuotaExceeded, ServiceError
 from scheduling import selectors, services
 from scheduling.models import SimulationRun
 
+from .forms import refuse_unread
 from .forms_scheduling import SimulationForm, TraceUploadForm
 from .scope import get_scope
 
@@ -72,13 +74,19 @@ def simulation_new(request):
     traces = list(selectors.traces_for_user(request.user).filter(team__in=teams).select_related("team")
                   .order_by("-created_at")[:50])
     uploading = request.method == "POST" and request.GET.get("upload") == "1"
-    too_large = uploading and body_over(request, services.max_trace_bytes())  # before the body is read
+    throttle = UploadThrottle()  # the API's upload budget (POST /api/traces/ counts against it too)
+    throttled = uploading and not throttle.allow_request(request, None)
+    # Both refusals come before the body is read.
+    too_large = uploading and not throttled and body_over(request, services.max_trace_bytes())
+    refused = throttled or too_large
     sim_form = SimulationForm(request.POST if request.method == "POST" and not uploading else None,
                               teams=teams, traces=traces)
-    upload_form = TraceUploadForm(request.POST if uploading and not too_large else None,
-                                  request.FILES if uploading and not too_large else None, teams=teams)
-    if too_large:
-        upload_form.add_error(None, f"The file is over the {services.max_trace_bytes() // 2**20} MB limit.")
+    upload_form = TraceUploadForm(request.POST if uploading and not refused else None,
+                                  request.FILES if uploading and not refused else None, teams=teams)
+    if throttled:
+        refuse_unread(upload_form, upload_throttled_message(throttle))
+    elif too_large:
+        refuse_unread(upload_form, f"The file is over the {services.max_trace_bytes() // 2**20} MB limit.")
     elif uploading and upload_form.is_valid() and _upload(request, upload_form):
         return redirect("simulation-new")
     if sim_form.is_bound and sim_form.is_valid():
@@ -88,7 +96,8 @@ def simulation_new(request):
             return redirect("simulation-detail", pk=runs[0].pk)
     return render(request, "frontend/simulation_new.html", {
         "scope": scope, "form": sim_form, "upload_form": upload_form, "no_teams": not teams,
-        "max_trace_mb": services.max_trace_bytes() // 2**20, "nav": "simulations"}, status=400 if too_large else 200)
+        "max_trace_mb": services.max_trace_bytes() // 2**20, "nav": "simulations"},
+        status=429 if throttled else 400 if too_large else 200)
 
 
 @login_required

@@ -11,7 +11,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from core.exceptions import QuotaExceeded, ServiceError
+from core.exceptions import QuotaExceeded, ServiceError, TooManyAttempts
 from core.onnx_models.errors import OnnxValidationError
 
 
@@ -37,7 +37,10 @@ def exception_handler(exc, context):
         body = {"detail": exc.message, "code": exc.code, "errors": {exc.field: [exc.message]} if exc.field else {}}
         if isinstance(exc, QuotaExceeded):
             body["quota"] = exc.quota
-        return Response(body, status=exc.status)
+        response = Response(body, status=exc.status)
+        if isinstance(exc, TooManyAttempts):
+            response["Retry-After"] = str(exc.retry_after)
+        return response
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     response = drf_exception_handler(exc, context)

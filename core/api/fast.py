@@ -24,6 +24,8 @@ from rest_framework import relations, serializers
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
+from .filters import VisibleRowsFilterSet
+
 _MISSING = object()
 # Query parameters the pagination, ordering, search and format machinery read, never a filterset.
 _NON_FILTER_PARAMS = frozenset({"page", "page_size", "ordering", "search", "format", "cursor"})
@@ -198,8 +200,12 @@ class QuickFilterBackend(DjangoFilterBackend):
     """django-filter, skipped when the request carries no filter parameter.
 
     Building and validating a bound FilterSet form costs ~0.5 ms a request; with none of its
-    parameters present it filters nothing, so the queryset is returned as is.
+    parameters present it filters nothing, so the queryset is returned as is. Views with
+    `filterset_fields` get a filter set built on VisibleRowsFilterSet (ids of rows one cannot see filter
+    to nothing, like ids that do not exist).
     """
+
+    filterset_base = VisibleRowsFilterSet
 
     def filter_queryset(self, request, queryset, view):
         params = request.query_params

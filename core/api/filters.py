@@ -5,6 +5,7 @@ import datetime as dt
 
 import django_filters
 from django import forms
+from django.db import models
 
 
 class UtcIsoDateTimeField(forms.DateTimeField):
@@ -26,3 +27,33 @@ class UtcIsoDateTimeField(forms.DateTimeField):
 
 class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
     field_class = UtcIsoDateTimeField
+
+
+class IdField(forms.IntegerField):
+    """A row id: an integer in the database's bigint range (a larger one is a 400, not a database error)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("min_value", -(2**63))
+        kwargs.setdefault("max_value", 2**63 - 1)
+        super().__init__(*args, **kwargs)
+
+
+class IdFilter(django_filters.Filter):
+    field_class = IdField
+
+
+class VisibleRowsFilterSet(django_filters.FilterSet):
+    """The base of every API filter set: a foreign key is filtered by its id as a plain number.
+
+    django-filter's default (a ModelChoiceFilter over *all* rows of the target model) answers a 400 "Select
+    a valid choice" for an id that does not exist and a 200 with no results for another team's row: the
+    difference tells an outsider which ids exist. The viewsets' querysets already hold only what the caller
+    may see, so filtering by an id the caller cannot see, or one that does not exist, is the same 200 with
+    no results.
+    """
+
+    FILTER_DEFAULTS = {
+        **django_filters.FilterSet.FILTER_DEFAULTS,
+        models.ForeignKey: {"filter_class": IdFilter},
+        models.OneToOneField: {"filter_class": IdFilter},
+    }

@@ -146,6 +146,16 @@ class ApiTokenSerializer(serializers.ModelSerializer):
         read_only_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
 
 
+class ApiTokenCreateSerializer(serializers.ModelSerializer):
+    password = serializers.CharField(write_only=True, trim_whitespace=False, style={"input_type": "password"},
+                                     help_text="Your account password, typed again: a token acts as you until "
+                                               "it is revoked.")
+
+    class Meta:
+        model = ApiToken
+        fields = ["name", "password"]
+
+
 class ApiTokenCreatedSerializer(ApiTokenSerializer):
     key = serializers.CharField(read_only=True, help_text="Shown once; store it now.")
 

@@ -15,9 +15,11 @@ from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitati
 from core.onnx_models.errors import OnnxValidationError
 
 from .fast import RowListMixin, read_columns
+from .filters import VisibleRowsFilterSet
 from .permissions import IsStaffOrReadOnly, IsTeamMemberWriteOrReadOnly, with_caller_role
 from .serializers import (
     ApiTokenCreatedSerializer,
+    ApiTokenCreateSerializer,
     ApiTokenSerializer,
     DLModelSerializer,
     DLModelUploadSerializer,
@@ -82,7 +84,7 @@ class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
                                                    **serializer.validated_data)
 
 
-class MembershipFilter(django_filters.FilterSet):
+class MembershipFilter(VisibleRowsFilterSet):
     class Meta:
         model = Membership
         fields = ["team", "role"]
@@ -179,7 +181,7 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Upda
         serializer.instance = services.update_quota(actor=self.request.user, quota=serializer.instance, **limits)
 
 
-class DLModelFilter(django_filters.FilterSet):
+class DLModelFilter(VisibleRowsFilterSet):
     name = django_filters.CharFilter(lookup_expr="icontains")
     min_gflops = django_filters.NumberFilter(method="filter_min_gflops")
 
@@ -261,8 +263,11 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
 
 @extend_schema_view(
     list=extend_schema(summary="Your API tokens"),
-    create=extend_schema(responses={201: ApiTokenCreatedSerializer},
-                         summary="Create a token (key shown once; session login only, never with a token)"),
+    create=extend_schema(request=ApiTokenCreateSerializer, responses={201: ApiTokenCreatedSerializer},
+                         summary="Create a token (key shown once; session login only, never with a token)",
+                         description="`password` is your account password, typed again: missing is a 400, "
+                         "wrong is a 403, and wrong ones count towards the sign-in lockout (a 429 while "
+                         "locked)."),
     destroy=extend_schema(summary="Revoke a token"),
 )
 class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.RetrieveModelMixin,
@@ -283,9 +288,10 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, mixins.Ret
         if isinstance(request.auth, ApiToken):  # a leaked token must not be able to mint children
             raise exceptions.PermissionDenied(
                 "Creating API tokens needs a session login (sign in with your password), not an API token.")
-        body = ApiTokenSerializer(data=request.data)
+        body = ApiTokenCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        issued = services.create_api_token(user=request.user, name=body.validated_data["name"])
+        issued = services.create_api_token_confirmed(user=request.user, name=body.validated_data["name"],
+                                                     password=body.validated_data["password"])
         data = ApiTokenSerializer(issued.token).data | {"key": issued.key}
         return Response(data, status=status.HTTP_201_CREATED)
 

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.contrib.auth import authenticate
 from django.contrib.auth.models import AbstractBaseUser
 from django.utils import timezone
 
-from core.exceptions import PermissionDenied
+from core import login_guard
+from core.exceptions import PermissionDenied, TooManyAttempts
 from core.fieldtext import fit_to_field
 from core.models import ApiToken
 
@@ -28,9 +30,16 @@ def create_api_token(*, user: AbstractBaseUser, name: str) -> IssuedToken:
 
 
 def create_api_token_confirmed(*, user: AbstractBaseUser, name: str, password: str) -> IssuedToken:
-    """The dashboard's creation: the account password is typed again, so a session left open (or
-    stolen) cannot mint a long-lived key without it."""
-    if not password or not user.check_password(password):
+    """A token made from a session (the dashboard's page and POST /api/tokens/): the account password is
+    typed again, so a session left open (or stolen) cannot mint a long-lived key without it. The check
+    goes through ``authenticate()``, so wrong passwords count towards the account's sign-in lockout
+    (core.login_guard) and a locked account mints nothing."""
+    username = user.get_username()
+    locked_for = login_guard.account_locked_for(username)
+    if locked_for:
+        raise TooManyAttempts(login_guard.REFUSAL_MESSAGE, retry_after=locked_for, field="password")
+    confirmed = authenticate(request=None, username=username, password=password) if password else None
+    if confirmed is None or confirmed.pk != user.pk:
         raise PermissionDenied("Wrong password: type your account password to create a token.", field="password")
     return create_api_token(user=user, name=name)
 

@@ -10,7 +10,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied as DRFPermissionDenied
 from rest_framework.response import Response
 
-from core.api.filters import UtcIsoDateTimeFilter
+from core.api.filters import UtcIsoDateTimeFilter, VisibleRowsFilterSet
 from core.api.permissions import IsTeamMemberWriteOrReadOnly
 from core.api.throttles import UploadThrottle
 from core.api.uploads import body_over
@@ -79,7 +79,7 @@ class NodeViewSet(DrainMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, 
         return self._set_drained(request, False)
 
 
-class GPUFilter(django_filters.FilterSet):
+class GPUFilter(VisibleRowsFilterSet):
     node_name = django_filters.CharFilter(field_name="node__name")
 
     class Meta:
@@ -112,7 +112,7 @@ class GPUViewSet(DrainMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, v
         return self._set_drained(request, False)
 
 
-class TelemetryFilter(django_filters.FilterSet):
+class TelemetryFilter(VisibleRowsFilterSet):
     since = UtcIsoDateTimeFilter(field_name="ts", lookup_expr="gte")
     until = UtcIsoDateTimeFilter(field_name="ts", lookup_expr="lte")
     node = django_filters.CharFilter(field_name="gpu__node__name")
@@ -138,7 +138,7 @@ class GpuTelemetryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
 
 # --- profiles and predictors --------------------------------------------------------------------------
 
-class ProfileFilter(django_filters.FilterSet):
+class ProfileFilter(VisibleRowsFilterSet):
     synthetic = django_filters.BooleanFilter(method="filter_synthetic")
 
     class Meta:
@@ -200,7 +200,7 @@ class PredictorVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, 
 
 # --- jobs and placements (team-scoped) ------------------------------------------------------------------
 
-class GpuJobFilter(django_filters.FilterSet):
+class GpuJobFilter(VisibleRowsFilterSet):
     created_after = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     created_before = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lte")
 
@@ -260,7 +260,7 @@ class GpuJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
         return Response(PlacementSerializer(placed, many=True).data)
 
 
-class PlacementFilter(django_filters.FilterSet):
+class PlacementFilter(VisibleRowsFilterSet):
     active = django_filters.BooleanFilter(field_name="released_at", lookup_expr="isnull")
 
     class Meta:
@@ -346,7 +346,7 @@ class TraceUploadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixin
         services.delete_trace(actor=self.request.user, trace=instance)
 
 
-class SimulationFilter(django_filters.FilterSet):
+class SimulationFilter(VisibleRowsFilterSet):
     class Meta:
         model = SimulationRun
         fields = ["team", "trace", "status"]

@@ -112,7 +112,7 @@ def test_tokens_are_hashed_and_revocable(user_owner):
 
     session = APIClient()
     session.force_authenticate(user_owner)
-    resp = session.post("/api/tokens/", {"name": "ci"})
+    resp = session.post("/api/tokens/", {"name": "ci", "password": "pw-alice"})
     assert resp.status_code == 201
     key, token_id = resp.json()["key"], resp.json()["id"]
     assert not ApiToken.objects.filter(key_hash=key).exists()  # only the hash is stored

@@ -868,7 +868,7 @@ def test_a_token_cannot_mint_tokens_but_a_session_can(world):
     assert ApiToken.objects.count() == before
     session = APIClient()
     session.force_login(world.users["member"])
-    resp = session.post("/api/tokens/", {"name": "from-session"}, format="json")
+    resp = session.post("/api/tokens/", {"name": "from-session", "password": "pw-rel-member"}, format="json")
     assert resp.status_code == 201 and resp.json()["key"]
     # revoking the leaked parent leaves no children it made
     assert not ApiToken.objects.filter(user=world.users["member"], name="child").exists()
@@ -947,7 +947,8 @@ def test_token_creation_is_throttled(world, settings):
     _small_rates(settings, tokens="2/hour")
     session = APIClient()
     session.force_login(world.users["member"])
-    statuses = [session.post("/api/tokens/", {"name": f"t{i}"}, format="json").status_code for i in range(3)]
+    statuses = [session.post("/api/tokens/", {"name": f"t{i}", "password": "pw-rel-member"},
+                             format="json").status_code for i in range(3)]
     assert statuses == [201, 201, 429], statuses
 
 

@@ -4,6 +4,7 @@ anonymous visitor. Each test is an attack that must fail; the ones that once suc
 from __future__ import annotations
 
 import logging
+import re
 import threading
 
 import pytest
@@ -353,3 +354,318 @@ def test_a_model_name_cannot_inject_headers_into_its_download(team_a, user_owner
     api.force_authenticate(user_owner)
     resp = api.get(f"/api/models/{model.pk}/download/")
     assert resp.status_code == 200 and "Set-Cookie" not in resp.headers and "\n" not in resp["Content-Disposition"]
+
+
+# --- password guessing: limits a client cannot dodge, and a lockout per account (issue 39) ------------------
+
+GUESSES = 25
+
+
+def _rates(settings, **rates):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {
+        **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], **rates}}
+
+
+def _refusal_text(resp) -> str:
+    match = re.search(r'<p class="error" id="login-throttled">(.*?)</p>', resp.content.decode())
+    return match.group(1) if match else ""
+
+
+def test_rotating_x_forwarded_for_does_not_dodge_the_dashboard_login_limit(user_owner, settings):
+    """Was broken: the limit was keyed on the whole X-Forwarded-For header, so a new header was a new client."""
+    _rates(settings, login="10/minute")
+    settings.LOGIN_LOCKOUT_FAILURES = 1000  # the per-address limit alone
+    c = Client()
+    statuses = [c.post(reverse("login"), {"username": "alice", "password": f"guess-{i}"},
+                       HTTP_X_FORWARDED_FOR=f"203.0.113.{i}").status_code for i in range(GUESSES)]
+    assert statuses == [200] * 10 + [429] * (GUESSES - 10), statuses
+    resp = c.post(reverse("login"), {"username": "alice", "password": "pw-alice"}, HTTP_X_FORWARDED_FOR="198.51.100.1")
+    assert resp.status_code == 429 and int(resp["Retry-After"]) > 0 and "_auth_user_id" not in c.session
+    assert _refusal_text(resp).startswith("Too many login attempts")
+
+
+def test_behind_a_proxy_only_the_address_it_appended_counts(user_owner, settings):
+    """NUM_PROXIES=1: the client writes what it likes left of the address our proxy appends."""
+    _rates(settings, login="10/minute")
+    settings.LOGIN_LOCKOUT_FAILURES = 1000
+    settings.NUM_PROXIES = 1
+    c = Client()
+    statuses = [c.post(reverse("login"), {"username": "alice", "password": f"guess-{i}"},
+                       HTTP_X_FORWARDED_FOR=f"203.0.113.{i}, 198.51.100.7").status_code for i in range(GUESSES)]
+    assert statuses.index(429) == 10 and set(statuses[10:]) == {429}, statuses
+    other_client = c.post(reverse("login"), {"username": "alice", "password": "pw-alice"},
+                          HTTP_X_FORWARDED_FOR="198.51.100.8")
+    assert other_client.status_code == 302  # a different client behind the same proxy has its own budget
+
+
+def test_client_address_trusts_x_forwarded_for_only_as_far_as_num_proxies(settings, rf):
+    from core.client_address import client_address
+
+    request = rf.get("/", HTTP_X_FORWARDED_FOR="6.6.6.6, 10.0.0.1, 10.0.0.2", REMOTE_ADDR="10.0.0.3")
+    expected = {0: "10.0.0.3", 1: "10.0.0.2", 2: "10.0.0.1", 3: "6.6.6.6", 5: "6.6.6.6"}
+    for num_proxies, address in expected.items():
+        settings.NUM_PROXIES = num_proxies
+        assert client_address(request) == address, num_proxies
+    settings.NUM_PROXIES = 1
+    assert client_address(rf.get("/", REMOTE_ADDR="10.0.0.3")) == "10.0.0.3"  # no header: the connection
+
+
+def test_the_api_and_drf_read_the_same_client_address(settings, rf):
+    """DRF's own NUM_PROXIES (used by any stock DRF throttle) is our setting, not its default None (which
+    keys on the whole header)."""
+    from rest_framework.settings import api_settings
+
+    from core.api.throttles import UserThrottle
+
+    assert api_settings.NUM_PROXIES == settings.NUM_PROXIES == 0
+    assert "core.api.throttles.UserThrottle" in settings.REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"]
+    request = rf.get("/", HTTP_X_FORWARDED_FOR="6.6.6.6", REMOTE_ADDR="10.0.0.3")
+    assert UserThrottle().get_ident(request) == "10.0.0.3"
+
+
+def test_password_guesses_at_the_api_token_endpoint_meet_the_lockout(user_owner):
+    """Was broken: a session could mint a token without the password; now it is typed again, and a stolen
+    session guessing it is stopped by the account's lockout whatever X-Forwarded-For says."""
+    api = APIClient()
+    api.force_login(user_owner)
+    statuses = [api.post("/api/tokens/", {"name": "t", "password": f"guess-{i}"}, format="json",
+                         HTTP_X_FORWARDED_FOR=f"203.0.113.{i}").status_code for i in range(GUESSES)]
+    assert statuses == [403] * 10 + [429] * (GUESSES - 10), statuses
+    resp = api.post("/api/tokens/", {"name": "t", "password": "pw-alice"}, format="json")
+    assert resp.status_code == 429 and int(resp["Retry-After"]) > 0 and resp.json()["code"] == "throttled"
+    assert not ApiToken.objects.exists()
+
+
+def test_minting_a_token_over_the_api_needs_the_current_password(user_owner):
+    api = APIClient()
+    api.force_login(user_owner)
+    missing = api.post("/api/tokens/", {"name": "ci"}, format="json")
+    assert missing.status_code == 400 and "password" in missing.json()["errors"]
+    wrong = api.post("/api/tokens/", {"name": "ci", "password": "not-it"}, format="json")
+    assert wrong.status_code == 403 and "password" in wrong.json()["errors"]
+    assert not ApiToken.objects.exists()
+    right = api.post("/api/tokens/", {"name": "ci", "password": "pw-alice"}, format="json")
+    assert right.status_code == 201 and right.json()["key"] and "password" not in right.json()
+
+
+def test_password_guesses_at_the_admin_login_are_refused(user_staff):
+    """Was broken: /admin/login/ had no limit at all."""
+    c = Client()
+    url = reverse("admin:login")
+    statuses = [c.post(url, {"username": "stan", "password": f"guess-{i}", "next": "/admin/"},
+                       HTTP_X_FORWARDED_FOR=f"203.0.113.{i}").status_code for i in range(GUESSES)]
+    assert 429 in statuses and set(statuses[statuses.index(429):]) == {429}, statuses
+    resp = c.post(url, {"username": "stan", "password": "pw-stan", "next": "/admin/"})
+    assert resp.status_code == 429 and int(resp["Retry-After"]) > 0 and "_auth_user_id" not in c.session
+    assert "Too many login attempts" in resp.content.decode()
+
+
+def test_the_admin_login_locks_a_name_guessed_from_many_addresses(user_staff, settings):
+    _rates(settings, login="10000/minute")  # the lockout alone
+    c = Client()
+    url = reverse("admin:login")
+    statuses = [c.post(url, {"username": "stan", "password": f"guess-{i}"}, REMOTE_ADDR=f"192.0.2.{i}").status_code
+                for i in range(10)]
+    assert statuses == [200] * 10
+    resp = c.post(url, {"username": "stan", "password": "pw-stan"}, REMOTE_ADDR="192.0.2.200")
+    assert resp.status_code == 429 and "_auth_user_id" not in c.session
+
+
+def test_a_name_is_locked_across_addresses_and_the_lock_tells_no_one_it_exists(user_owner, settings):
+    _rates(settings, login="10000/minute")  # the lockout alone
+    answers = {}
+    for username, right_password in (("alice", "pw-alice"), ("no-such-user", "anything")):
+        c = Client()
+        statuses = [c.post(reverse("login"), {"username": username, "password": f"guess-{i}"},
+                           REMOTE_ADDR=f"192.0.2.{i}").status_code for i in range(10)]
+        assert statuses == [200] * 10
+        resp = c.post(reverse("login"), {"username": username, "password": right_password},
+                      REMOTE_ADDR="198.51.100.99")
+        answers[username] = (resp.status_code, _refusal_text(resp))
+        assert "_auth_user_id" not in c.session
+    assert answers["alice"] == answers["no-such-user"]
+    assert answers["alice"][0] == 429 and answers["alice"][1].startswith("Too many login attempts")
+    # the same name is locked at the admin login and for minting tokens (one lock, in the backend)
+    admin = Client().post(reverse("admin:login"), {"username": "alice", "password": "pw-alice"})
+    assert admin.status_code == 429
+    api = APIClient()
+    api.force_login(user_owner)
+    assert api.post("/api/tokens/", {"name": "t", "password": "pw-alice"}, format="json").status_code == 429
+    page = logged_in(user_owner).post(reverse("settings-tokens"), {"name": "t", "password": "pw-alice"})
+    assert page.status_code == 429 and page.context["issued"] is None and not ApiToken.objects.exists()
+    # another account is untouched
+    UserFactory(username="carol")
+    assert Client().post(reverse("login"), {"username": "carol", "password": "pw-carol"}).status_code == 302
+
+
+def test_the_lock_ends_and_a_successful_login_clears_the_failures(user_owner, settings):
+    import time
+
+    _rates(settings, login="10000/minute")
+    settings.LOGIN_LOCKOUT_SECONDS = 1
+
+    def attempt(password):
+        return Client().post(reverse("login"), {"username": "alice", "password": password}).status_code
+    assert [attempt(f"guess-{i}") for i in range(10)] == [200] * 10
+    assert attempt("pw-alice") == 429
+    time.sleep(1.2)  # the lock's end (no clock is read in an assertion)
+    assert attempt("pw-alice") == 302
+    # the count starts again from zero: nine more failures lock nothing
+    assert [attempt(f"again-{i}") for i in range(9)] == [200] * 9
+    assert attempt("pw-alice") == 302
+
+
+# --- uploads from the dashboard count against the API's upload limit (issue 39) -----------------------------
+
+
+def test_dashboard_model_uploads_share_the_api_upload_limit(team_a, user_owner, settings):
+    """Was broken: the dashboard's model upload had no limit; now it spends the same per-user budget."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from core.models import DLModel
+    from core.onnx_models import zoo
+
+    _rates(settings, uploads="2/hour")
+    api = APIClient()
+    api.force_authenticate(user_owner)
+    first = api.post("/api/models/", {"team": team_a.pk, "name": "junk", "file": SimpleUploadedFile("j.onnx", b"junk")},
+                     format="multipart")
+    assert first.status_code == 400
+    c = logged_in(user_owner)
+    junk = c.post(reverse("model-upload"), {"team": team_a.pk, "name": "junk2",
+                                            "file": SimpleUploadedFile("j.onnx", b"junk")})
+    assert junk.status_code == 200  # refused by validation, counted all the same
+    valid = SimpleUploadedFile("cnn.onnx", zoo.build_model("small_cnn").SerializeToString())
+    resp = c.post(reverse("model-upload"), {"team": team_a.pk, "name": "over-the-limit", "file": valid})
+    assert resp.status_code == 429 and "Too many uploads" in resp.content.decode()
+    assert not DLModel.objects.filter(name="over-the-limit").exists()
+    # and the API sees the budget the dashboard spent
+    assert api.post("/api/models/", {"team": team_a.pk, "name": "x", "file": SimpleUploadedFile(
+        "j.onnx", b"junk")}, format="multipart").status_code == 429
+
+
+def test_dashboard_trace_uploads_share_the_api_upload_limit(team_a, user_owner, settings):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from scheduling.models import TraceUpload
+    from tests.helpers import PHILLY_CSV
+
+    _rates(settings, uploads="2/hour")
+    c = logged_in(user_owner)
+    url = reverse("simulation-new") + "?upload=1"
+    statuses = [c.post(url, {"team": team_a.pk, "name": f"trace-{i}", "file": SimpleUploadedFile(
+        "p.csv", PHILLY_CSV.encode())}).status_code for i in range(3)]
+    assert statuses == [302, 302, 429], statuses
+    assert set(TraceUpload.objects.values_list("name", flat=True)) == {"trace-0", "trace-1"}
+    api = APIClient()
+    api.force_authenticate(user_owner)
+    assert api.post("/api/traces/", {"team": team_a.pk, "name": "t", "file": SimpleUploadedFile(
+        "p.csv", PHILLY_CSV.encode())}, format="multipart").status_code == 429
+
+
+def _hammer(fn, threads: int, per_thread: int) -> list:
+    results, start = [], threading.Barrier(threads)
+    lock = threading.Lock()
+
+    def run():
+        start.wait(10)
+        mine = [fn() for _ in range(per_thread)]
+        with lock:
+            results.extend(mine)
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(60)
+    return results
+
+
+@pytest.mark.parametrize("backend", ["locmem", "redis"])
+def test_concurrent_hits_are_each_counted_once(backend, settings, request):
+    """cache.add + incr: no two concurrent requests read the same count (get-then-set lets them)."""
+    from core import ratelimit
+
+    if backend == "redis":
+        server = request.getfixturevalue("private_redis")
+        settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                       "LOCATION": server.url}}
+    counts = _hammer(lambda: ratelimit.hit("throttle_test_concurrent", 3600), threads=8, per_thread=25)
+    assert sorted(counts) == list(range(1, 8 * 25 + 1))
+    assert ratelimit.count("throttle_test_concurrent") == 200
+
+
+def test_concurrent_uploads_cannot_slip_past_the_limit(user_owner, settings, rf):
+    from core.api.throttles import UploadThrottle
+
+    _rates(settings, uploads="5/hour")
+
+    def upload_allowed():
+        request = rf.post("/models/upload/")
+        request.user = user_owner
+        return UploadThrottle().allow_request(request, None)
+    allowed = _hammer(upload_allowed, threads=8, per_thread=4)
+    assert allowed.count(True) == 5 and len(allowed) == 32
+
+
+# --- list filters tell nothing about other teams' rows (issue 39) -------------------------------------------
+
+
+def test_filtering_by_another_teams_id_answers_like_an_id_that_does_not_exist(world):
+    """Was broken: another team's id was a 200 with no results, an unknown id a 400 "Select a valid choice"."""
+    from tests.factories import GpuJobFactory, SimulationRunFactory, TraceUploadFactory
+
+    b = world.team_b
+    TraceUploadFactory(team=b, name="trace-b", created_by=world.users["other"])
+    SimulationRunFactory(team=b, created_by=world.users["other"])
+    job_b = GpuJobFactory(model=world.model_b, predicted_mem_mb=1000.0, placed=True)
+    theirs = {"team": b.pk, "model": world.model_b.pk, "job": job_b.pk}
+    filters = [("/api/memberships/", "team"), ("/api/invitations/", "team"), ("/api/quotas/", "team"),
+               ("/api/models/", "team"), ("/api/runs/", "team"), ("/api/runs/", "model"),
+               ("/api/gpu-jobs/", "team"), ("/api/gpu-jobs/", "model"), ("/api/traces/", "team"),
+               ("/api/simulations/", "team"), ("/api/placements/", "job")]
+    api = APIClient()
+    api.force_authenticate(world.users["member"])
+    for url, name in filters:
+        other = api.get(url, {name: theirs[name]})
+        unknown = api.get(url, {name: 987654321})
+        assert (other.status_code, other.json()) == (unknown.status_code, unknown.json()), (url, name)
+        assert other.status_code == 200 and other.json()["count"] == 0, (url, name)
+    mine = api.get("/api/runs/", {"model": world.model.pk})
+    assert mine.status_code == 200 and mine.json()["count"] > 0  # the filter still filters
+    # a path id: another team's and an unknown one are the same 404
+    other = api.get(f"/api/teams/{b.pk}/record-cache/")
+    unknown = api.get("/api/teams/987654321/record-cache/")
+    assert (other.status_code, other.json()) == (unknown.status_code, unknown.json()) and other.status_code == 404
+
+
+@pytest.mark.parametrize("value", ["abc", "1.5", str(2**63), "-" + str(2**64)])
+def test_a_malformed_id_filter_is_a_400_not_a_database_error(world, value):
+    api = APIClient()
+    api.force_authenticate(world.users["member"])
+    resp = api.get("/api/runs/", {"model": value})
+    assert resp.status_code == 400 and "model" in resp.json()["errors"]
+
+
+def test_every_api_filter_set_filters_foreign_keys_by_plain_id():
+    """A new viewset cannot bring back the leak: no API filter is a ModelChoiceFilter over all rows."""
+    import django_filters
+
+    from core.api.fast import QuickFilterBackend
+    from core.api.filters import VisibleRowsFilterSet
+    from core.api.router import router
+
+    backend = QuickFilterBackend()
+    for prefix, viewset, _ in router.registry:
+        view = viewset()
+        view.action, view.request, view.format_kwarg, view.kwargs = "list", None, None, {}
+        queryset = viewset.queryset if viewset.queryset is not None else None
+        filterset_class = getattr(viewset, "filterset_class", None)
+        if filterset_class is None and getattr(viewset, "filterset_fields", None):
+            model = (queryset.model if queryset is not None else viewset.serializer_class.Meta.model)
+            filterset_class = backend.get_filterset_class(view, model._default_manager.all())
+        if filterset_class is None:
+            continue
+        assert issubclass(filterset_class, VisibleRowsFilterSet), prefix
+        for name, f in filterset_class.base_filters.items():
+            assert not isinstance(f, (django_filters.ModelChoiceFilter, django_filters.ModelMultipleChoiceFilter)), \
+                (prefix, name)

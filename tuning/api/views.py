@@ -10,7 +10,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from core.api.fast import RowListMixin, read_columns
-from core.api.filters import UtcIsoDateTimeFilter
+from core.api.filters import UtcIsoDateTimeFilter, VisibleRowsFilterSet
 from core.api.permissions import IsTeamMemberWriteOrReadOnly, with_caller_role
 from core.api.throttles import UploadThrottle
 from core.api.uploads import body_over
@@ -38,7 +38,7 @@ IMPORT_WORKLOADS_MAX_BYTES = 50 * 1024 * 1024
 IMPORT_RECORDS_MAX_BYTES = 200 * 1024 * 1024
 
 
-class TuningRunFilter(django_filters.FilterSet):
+class TuningRunFilter(VisibleRowsFilterSet):
     created_after = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     created_before = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lte")
 
