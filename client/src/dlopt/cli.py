@@ -355,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(container: Any, name: str, handler: Handler, help_text: str,
                 parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
-        sub = container.add_parser(name, help=help_text, description=help_text, epilog=EPILOG,
+        sub: argparse.ArgumentParser = container.add_parser(name, help=help_text, description=help_text, epilog=EPILOG,
                                    formatter_class=argparse.RawDescriptionHelpFormatter,
                                    parents=[json_flag, *parents])
         sub.set_defaults(handler=handler)

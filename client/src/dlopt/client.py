@@ -17,10 +17,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from http.client import HTTPResponse
+from typing import Any, cast
 
 from . import __version__
-from .errors import ApiError, ConnectionFailed, NotFound, UsageError
+from .errors import ApiError, ConnectionFailed, DloptError, NotFound, UsageError
 
 Json = dict[str, Any]
 # A run in one of these states changes no more until someone acts on it: `wait` returns it.
@@ -39,7 +40,8 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
     """urllib would replay the Authorization header to wherever a redirect points, another host included:
     the token must only ever go to the URL the user logged in to, so a redirect is an error instead."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
         raise ConnectionFailed(f"The server redirected {req.full_url} to {newurl}; the client does not follow "
                                "redirects (they could carry your token elsewhere). Log in with the final URL "
                                "(https://...?).")
@@ -68,7 +70,7 @@ class Client:
     # --- transport ------------------------------------------------------------------------------------
 
     def _open(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: bytes | None = None,
-              content_type: str | None = None):  # noqa: ANN202 - an http.client.HTTPResponse
+              content_type: str | None = None) -> HTTPResponse:
         query = urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None})
         url = f"{self.url}/api/{path.lstrip('/')}" + (f"?{query}" if query else "")
         request = urllib.request.Request(url, data=body, method=method)
@@ -78,7 +80,7 @@ class Client:
         if content_type:
             request.add_header("Content-Type", content_type)
         try:
-            return self._opener.open(request, timeout=self.timeout)
+            return cast(HTTPResponse, self._opener.open(request, timeout=self.timeout))
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             try:
@@ -100,6 +102,12 @@ class Client:
             raw = response.read()
         return json.loads(raw) if raw else None
 
+    def _object(self, method: str, path: str, **kwargs: Any) -> Json:
+        data = self.request(method, path, **kwargs)
+        if not isinstance(data, dict):
+            raise DloptError(f"Unexpected answer from {self.url}/api/{path}: not a JSON object.")
+        return data
+
     def _pages(self, path: str, params: dict[str, Any], limit: int | None) -> list[Json]:
         rows: list[Json] = []
         page = 1
@@ -115,7 +123,7 @@ class Client:
 
     def me(self) -> Json:
         """The caller: id, username, is_staff, teams [{id, name, role}]."""
-        return self.request("GET", "me/")
+        return self._object("GET", "me/")
 
     def teams(self) -> list[Json]:
         return self._pages("teams/", {}, None)
@@ -143,7 +151,10 @@ class Client:
         fields = {"team": str(self.team_id(team)), "name": name or file.stem, "description": description}
         body, content_type = _multipart(fields, "file", file.name, file.read_bytes())
         with self._open("POST", "models/", body=body, content_type=content_type) as response:
-            return json.loads(response.read())
+            answer = json.loads(response.read())
+        if not isinstance(answer, dict):
+            raise DloptError(f"Unexpected answer from {self.url}/api/models/: not a JSON object.")
+        return answer
 
     def models(self, *, team: str | int | None = None, name: str | None = None,
                limit: int | None = None) -> list[Json]:
@@ -154,7 +165,7 @@ class Client:
         """A model by id, or by exact name (with `team` where two of your teams use the name)."""
         ref = str(ref).strip()
         if ref.isdigit():
-            return self.request("GET", f"models/{ref}/")
+            return self._object("GET", f"models/{ref}/")
         matches = [m for m in self.models(team=team, name=ref) if m["name"] == ref]
         if not matches:
             raise NotFound(f"No model '{ref}'" + (f" in team {team}" if team is not None else " in your teams") + ".")
@@ -166,7 +177,7 @@ class Client:
     def wait_model(self, model_id: int, *, interval: float = 2.0) -> Json:
         """Poll a model until its validation ends (`ready` or `invalid`)."""
         while True:
-            model = self.request("GET", f"models/{model_id}/")
+            model = self._object("GET", f"models/{model_id}/")
             if model["state"] != "validating":
                 return model
             time.sleep(interval)
@@ -184,7 +195,7 @@ class Client:
                     "dop": None if dop is None else str(dop), "threads": threads, "seed": seed,
                     "trimmer_options": trimmer_options}
         body.update({k: v for k, v in optional.items() if v is not None})
-        return self.request("POST", "runs/", json_body=body)
+        return self._object("POST", "runs/", json_body=body)
 
     def runs(self, *, team: str | int | None = None, model: str | int | None = None, status: str | None = None,
              limit: int | None = 50) -> list[Json]:
@@ -196,19 +207,19 @@ class Client:
         return self._pages("runs/", params, limit)
 
     def run(self, run_id: int) -> Json:
-        return self.request("GET", f"runs/{int(run_id)}/")
+        return self._object("GET", f"runs/{int(run_id)}/")
 
     def tasks(self, run_id: int) -> list[Json]:
         return self._pages(f"runs/{int(run_id)}/tasks/", {}, None)
 
     def pause(self, run_id: int) -> Json:
-        return self.request("POST", f"runs/{int(run_id)}/pause/")
+        return self._object("POST", f"runs/{int(run_id)}/pause/")
 
     def resume(self, run_id: int) -> Json:
-        return self.request("POST", f"runs/{int(run_id)}/resume/")
+        return self._object("POST", f"runs/{int(run_id)}/resume/")
 
     def cancel(self, run_id: int) -> Json:
-        return self.request("POST", f"runs/{int(run_id)}/cancel/")
+        return self._object("POST", f"runs/{int(run_id)}/cancel/")
 
     def compare(self, run_ids: list[int]) -> list[Json]:
         return [self.run(run_id) for run_id in run_ids]
@@ -222,7 +233,7 @@ class Client:
                 return
             time.sleep(interval)
 
-    def wait(self, run_id: int, *, interval: float = 2.0, on_update: Callable[[Json], None] | None = None) -> Json:
+    def wait(self, run_id: int, *, interval: float = 2.0, on_update: Callable[[Json], object] | None = None) -> Json:
         """Poll until the run stops; the run as it stopped (check its `status`: paused and cancelled
         runs stop too)."""
         run: Json = {}

@@ -8,6 +8,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import NotLoggedIn
 
@@ -42,7 +43,7 @@ def save(credentials: Credentials, path: Path | None = None) -> Path:
 def load(path: Path | None = None) -> Credentials:
     """The stored URL and token, each overridden by DLOPT_URL / DLOPT_TOKEN when set."""
     path = path or config_path()
-    stored: dict = {}
+    stored: dict[str, Any] = {}
     if path.exists():
         try:
             stored = json.loads(path.read_text(encoding="utf-8"))

@@ -18,11 +18,11 @@ class RunProgress:
         self.tty = stream.isatty() if tty is None else tty
         self.width = width
         self.draws = 0
-        self._shown: tuple | None = None
+        self._shown: tuple[Any, ...] | None = None
         self._line_length = 0
 
     @staticmethod
-    def state_of(run: dict[str, Any]) -> tuple:
+    def state_of(run: dict[str, Any]) -> tuple[Any, ...]:
         """What the bar shows; a poll that finds the same tuple draws nothing."""
         status = run.get("status", "")
         if run.get("requested_action") and status == "running":
