@@ -1,6 +1,7 @@
 """The `dlopt` CLI driven in-process against the live API (pytest-django's live_server) with real tokens."""
 from __future__ import annotations
 
+import io
 import json
 import stat
 import threading
@@ -10,16 +11,15 @@ from typing import Any
 import pytest
 from django.core.files.base import ContentFile
 from django.db import connection
+from dlopt import Client
+from dlopt.cli import main
+from dlopt.config import config_path
 
 from core.models import DLModel, Membership
 from core.services import create_api_token
 from tests.factories import DLModelFactory, MembershipFactory, TuningRunFactory
 from tuning import services as tuning_services
 from tuning.models import TuningRun
-
-from dlopt import Client
-from dlopt.cli import main
-from dlopt.config import config_path
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -65,6 +65,14 @@ def test_login_checks_the_token_and_saves_it_owner_only(dlopt, live_server, user
     assert stat.S_IMODE(saved.parent.stat().st_mode) == 0o700
     assert json.loads(saved.read_text()) == {"url": live_server.url, "token": key}
     assert dlopt("runs", "list").code == 0
+
+
+def test_login_reads_a_piped_token(dlopt, live_server, user_owner, team_a, monkeypatch):
+    # `echo $TOKEN | dlopt login URL` keeps the token out of the process list and the shell history
+    key = create_api_token(user=user_owner, name="ci").key
+    monkeypatch.setattr("sys.stdin", io.StringIO(key + "\n"))
+    assert dlopt("login", live_server.url).code == 0
+    assert json.loads(config_path().read_text())["token"] == key
 
 
 def test_environment_overrides_the_saved_login(dlopt, logged_in, live_server, monkeypatch):
@@ -224,6 +232,14 @@ def test_wait_on_a_cancelled_or_failed_run(dlopt, logged_in, model_a):
     assert result.code == 1 and f"Run {failed.pk} failed: Worker lost three times." in result.err
 
 
+def test_wait_names_the_reason_when_the_server_paused_the_run(dlopt, logged_in, model_a):
+    run = TuningRunFactory(model=model_a, paused=True, error="Could not be queued: the task broker is unreachable.")
+    result = dlopt("runs", "show", run.pk, "--wait")
+    assert result.code == 5
+    assert (f"Run {run.pk} was paused at 0/64 trials: Could not be queued: the task broker is unreachable. "
+            f"Resume it with: dlopt runs resume {run.pk} --wait") in result.err
+
+
 def test_download_the_tuned_module(dlopt, logged_in, model_a, model_b, tmp_path):
     run = TuningRunFactory(model=model_a, succeeded=True, faster_engine="tvm", ratio_to_ort=0.5,
                            module_file=ContentFile(b"\x7fELF tuned module", name="m.so"))
@@ -239,6 +255,8 @@ def test_download_the_tuned_module(dlopt, logged_in, model_a, model_b, tmp_path)
     assert dlopt("download", run.pk, "-o", target.parent).code == 0
     assert (target.parent / f"run{run.pk}-tuned.so").read_bytes() == b"\x7fELF tuned module"
     assert sorted(p.name for p in target.parent.iterdir()) == [f"run{run.pk}-tuned.so", "tuned.so"]  # no .part
+
+    assert dlopt("download", run.pk, "-o", tmp_path / "no-such-dir" / "m.so").code == 2
 
     unfinished = TuningRunFactory(model=model_a)
     result = dlopt("download", unfinished.pk, "-o", tmp_path / "x.so")

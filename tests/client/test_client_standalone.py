@@ -10,9 +10,9 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
-
 from dlopt import ApiError, Client, ConnectionFailed, UsageError
 from dlopt.cli import main
 from dlopt.client import _multipart, api_root
@@ -130,10 +130,10 @@ def test_multipart_file_name_cannot_inject_headers():
 
 
 class Recorder(BaseHTTPRequestHandler):
-    seen: list[dict] = []
+    seen: ClassVar[list[dict]] = []
     location = ""
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         type(self).seen.append(dict(self.headers))
         if self.location:
             self.send_response(302)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .client import STOPPED_STATES, Client, Download  # noqa: E402
-from .errors import (  # noqa: E402
+from .client import STOPPED_STATES, Client, Download
+from .errors import (
     ApiError,
     ConnectionFailed,
     DloptError,

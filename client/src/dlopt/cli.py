@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, config
-from .client import Client, Json, api_root
+from .client import Client, Json
 from .errors import (
     EXIT_AUTH,
     EXIT_NOT_FOUND,
@@ -60,8 +60,7 @@ class Output:
 
 
 def _client() -> Client:
-    credentials = config.load()
-    return Client(credentials.url, credentials.token)
+    return Client.from_config()
 
 
 def _ms(seconds: Any) -> str:
@@ -156,8 +155,8 @@ def cmd_models_upload(args: argparse.Namespace, out: Output) -> int:
         model = client.upload_model(args.file, team=args.team, name=args.name, description=args.description)
     else:
         model = _upload(client, args.file, args.team, args.name, args.description, args.interval, out)
-    out.emit(model, [f"Model {model['id']} {model['name']} uploaded to {model['team_name']}: {model['state']}, "
-                     f"{_num(model.get('gflops'))} GFLOPs, {model.get('param_count')} parameters.",
+    out.emit(model, [(f"Model {model['id']} {model['name']} uploaded to {model['team_name']}: {model['state']}, "
+                      f"{_num(model.get('gflops'))} GFLOPs, {model.get('param_count')} parameters."),
                      f"Tune it: dlopt tune {model['id']} --trials 256 --wait"])
     return EXIT_OK
 
@@ -185,8 +184,8 @@ def _run_lines(run: Json) -> list[str]:
              + (f", {run['requested_action']} requested" if run.get("requested_action") else ""),
              f"  target {json.dumps(run['target'])}, mode {run['measurement_mode']}, DOP {run['dop_mode']}"
              + (", Trimmer" if run.get("trimmer_enabled") else ""),
-             f"  trials {run['trials_done']}/{run['max_trials']}, wall {_num(run.get('wall_seconds'), '{:.1f}')} s, "
-             f"final DOP {run.get('final_dop') or '-'}, est. {_ms(run.get('estimated_latency_s'))} ms"]
+             (f"  trials {run['trials_done']}/{run['max_trials']}, wall {_num(run.get('wall_seconds'), '{:.1f}')} s, "
+              f"final DOP {run.get('final_dop') or '-'}, est. {_ms(run.get('estimated_latency_s'))} ms")]
     if run.get("tuned_latency_s"):
         lines.append(f"  end to end: tuned {_ms(run['tuned_latency_s'])} ms vs untuned "
                      f"{_ms(run.get('untuned_latency_s'))} ms ({_num(run.get('speedup'))}x), outputs match: "
@@ -216,12 +215,14 @@ def _finish(run: Json, out: Output) -> int:
         out.note(f"Run {run_id} failed: {run.get('error') or 'the server recorded no reason'}. "
                  f"Details: dlopt runs show {run_id}")
         return EXIT_REFUSED
-    why = f" ({run['error'] or run['stop_reason']})" if run.get("error") or run.get("stop_reason") else ""
+    reason = run.get("error") or run.get("stop_reason") or ""
     if status == "paused":
-        out.note(f"Run {run_id} was paused at {done}/{total} trials{why}: someone paused it (the dashboard or "
-                 f"`dlopt runs pause`). Resume it with: dlopt runs resume {run_id} --wait")
+        # the server records a reason when it paused the run itself (e.g. the task broker was down)
+        why = reason.rstrip(".") if reason else ("someone paused it (the dashboard or `dlopt runs pause`)")
+        out.note(f"Run {run_id} was paused at {done}/{total} trials: {why}. "
+                 f"Resume it with: dlopt runs resume {run_id} --wait")
     else:
-        out.note(f"Run {run_id} was cancelled at {done}/{total} trials{why}.")
+        out.note(f"Run {run_id} was cancelled at {done}/{total} trials" + (f": {reason.rstrip('.')}." if reason else "."))
     return EXIT_STOPPED
 
 
@@ -438,6 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:  # a local file: the model to upload, the download's destination, the config
+        print(f"dlopt: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
 
 
-__all__ = ["EPILOG", "api_root", "build_parser", "main"]
+__all__ = ["EPILOG", "build_parser", "main"]

@@ -16,11 +16,12 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from http.client import HTTPResponse
+from pathlib import Path
 from typing import Any, cast
 
 from . import __version__
+from .config import load
 from .errors import ApiError, ConnectionFailed, DloptError, NotFound, UsageError
 
 Json = dict[str, Any]
@@ -53,8 +54,7 @@ def api_root(url: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise UsageError(f"Not a server URL: {url!r} (expected https://host[:port]).")
     path = parsed.path.rstrip("/")
-    if path.endswith("/api"):
-        path = path[: -len("/api")]
+    path = path.removesuffix("/api")
     return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
 
 
@@ -66,6 +66,12 @@ class Client:
         self.token = token
         self.timeout = timeout
         self._opener = urllib.request.build_opener(_NoRedirect)
+
+    @classmethod
+    def from_config(cls, *, timeout: float = 60.0) -> Client:
+        """The client `dlopt login` set up (DLOPT_URL / DLOPT_TOKEN override the saved file)."""
+        credentials = load()
+        return cls(credentials.url, credentials.token, timeout=timeout)
 
     # --- transport ------------------------------------------------------------------------------------
 
@@ -249,12 +255,14 @@ class Client:
         target = Path(path) if path is not None else Path(f"run{int(run_id)}-tuned.so")
         if target.is_dir():
             target = target / f"run{int(run_id)}-tuned.so"
+        if not target.parent.is_dir():
+            raise UsageError(f"No such directory: {target.parent}")
         if target.exists() and not overwrite:
             raise UsageError(f"{target} exists: pass --force to overwrite it.")
         with self._open("GET", f"runs/{int(run_id)}/module/") as response:
             verdict = response.headers.get("X-Deploy-Verdict", "")
             size = 0
-            fd, tmp = tempfile.mkstemp(dir=target.parent or Path("."), prefix=f".{target.name}.", suffix=".part")
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
             try:
                 with os.fdopen(fd, "wb") as out:
                     while chunk := response.read(1 << 20):

@@ -39,7 +39,7 @@ class RunProgress:
         run_id, done, total, status, estimate = state
         share = done / total if total else 0.0
         if self.tty:
-            filled = int(round(share * self.width))
+            filled = round(share * self.width)
             line = (f"run {run_id} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} trials "
                     f"{share:4.0%}  {status}  est. {estimate}")
             self.stream.write("\r" + line.ljust(self._line_length))
