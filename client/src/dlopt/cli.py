@@ -185,11 +185,12 @@ def _run_lines(run: Json) -> list[str]:
              f"  target {json.dumps(run['target'])}, mode {run['measurement_mode']}, DOP {run['dop_mode']}"
              + (", Trimmer" if run.get("trimmer_enabled") else ""),
              (f"  trials {run['trials_done']}/{run['max_trials']}, wall {_num(run.get('wall_seconds'), '{:.1f}')} s, "
-              f"final DOP {run.get('final_dop') or '-'}, est. {_ms(run.get('estimated_latency_s'))} ms")]
+              f"final DOP {run.get('final_dop') or '-'}"
+              + (f", est. {_ms(run['estimated_latency_s'])} ms" if run.get("estimated_latency_s") else ""))]
     if run.get("tuned_latency_s"):
         lines.append(f"  end to end: tuned {_ms(run['tuned_latency_s'])} ms vs untuned "
-                     f"{_ms(run.get('untuned_latency_s'))} ms ({_num(run.get('speedup'))}x), outputs match: "
-                     f"{run.get('outputs_match')}")
+                     f"{_ms(run.get('untuned_latency_s'))} ms ({_num(run.get('speedup'))}x)"
+                     + ("" if run.get("outputs_match") is None else f", outputs match: {run['outputs_match']}"))
     if run.get("ort_latency_s"):
         lines.append(f"  onnxruntime {_ms(run['ort_latency_s'])} ms, tuned/onnxruntime {_num(run.get('ratio_to_ort'))}")
     if run.get("deploy_verdict"):
