@@ -153,8 +153,6 @@ def precheck(workloads: bytes, records: bytes, *, max_records: int) -> tuple[lis
                   "is measured as one trial)")
     if not wl or not recs:
         raise RecordError("Import", "both the workload file and the tuning-record file must be non-empty")
-    for n, value in wl:
-        _check_workload_graph(n, value)
     for n, rec in recs:
         where = f"Tuning record line {n}"
         if not (isinstance(rec, list) and len(rec) == 2 and type(rec[0]) is int and 0 <= rec[0] < len(wl)):
@@ -167,6 +165,8 @@ def precheck(workloads: bytes, records: bytes, *, max_records: int) -> tuple[lis
             check_trace_json(body[0])
         except ValueError as exc:
             raise RecordError(where, str(exc)) from None
+    for n, value in wl:
+        _check_workload_graph(n, value)
     return wl, recs
 
 

@@ -178,7 +178,7 @@ def check_target(target: Any, *, _nested: bool = False) -> dict:
     fields = _as_fields(target)
     kind = _check_kind(fields)
     if _nested and kind != "llvm":
-        raise TargetRefused("host", "a CUDA target's host is an llvm target")
+        raise TargetRefused("kind", "a CUDA target's host is an llvm target")
     _check_keys(fields, kind, USER_FIELDS[kind] + PLATFORM_FIELDS[kind])
     out: dict = {}
     for key, value in fields.items():
