@@ -20,6 +20,7 @@ from core.exceptions import PermissionDenied, ServiceError
 from core.fieldtext import fit_to_field
 from core.models import Team
 from core.permissions import require_team_owner
+from tuning import services as tuning_services
 from tuning.models import TuningRun, TuningTask
 
 from . import adapters, selectors
@@ -256,6 +257,7 @@ def import_entries(*, actor: AbstractBaseUser, workloads: bytes, records: bytes,
     a sandbox: MetaSchedule's own instructions and annotations, plain names, replay), stored ``pending``
     without times. Nothing is written on refusal. Returns the number of entries."""
     _require_staff(actor, "import records into the record cache")
+    tuning_services.validate_target(target)  # the closed schema a run's target has (ServiceError naming the key)
     try:
         adapters.precheck(workloads, records, max_records=MAX_IMPORT_RECORDS)
     except adapters.RecordError as exc:

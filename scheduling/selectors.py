@@ -10,6 +10,7 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from core.selectors import energy_model, month_start, teams_for_user
+from tuning.engine.target_schema import valid_mcpu, valid_triple
 
 from . import adapters
 from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Node, Placement, PredictorVersion, SimulationRun, TraceUpload
@@ -55,6 +56,23 @@ def cpus_serving(queues: list[str]) -> set[tuple[str, str]]:
     node has not named its CPU)."""
     wanted = set(queues)
     return {(n.cpu_mcpu, n.cpu_triple) for n in Node.objects.all() if n.cpu_queue in wanted}
+
+
+def registered_cpus() -> dict[str, str]:
+    """``{LLVM CPU name: triple}`` the nodes registered: the only CPU names a run's target may name (the
+    first triple in sorted order when nodes of one CPU name several). Names that fail the engine's
+    patterns (a row written around ``register_node``) are left out."""
+    out: dict[str, str] = {}
+    for mcpu, triple in Node.objects.exclude(cpu_mcpu="").order_by("cpu_mcpu", "cpu_triple").values_list(
+            "cpu_mcpu", "cpu_triple"):
+        if valid_mcpu(mcpu) and (not triple or valid_triple(triple)):
+            out.setdefault(mcpu, triple)
+    return out
+
+
+def most_registered_cores() -> int:
+    """The most CPU cores a registered node reported (0 when none did)."""
+    return max(Node.objects.values_list("cpu_cores", flat=True), default=0) or 0
 
 
 def schedulable_gpus(now: dt.datetime | None = None) -> list[GPU]:

@@ -28,7 +28,8 @@ class CacheLookupSerializer(serializers.ModelSerializer):
 class CacheImportSerializer(serializers.Serializer):
     workloads = serializers.FileField(help_text="TVM JSONDatabase database_workload.json")
     records = serializers.FileField(help_text="TVM JSONDatabase database_tuning_record.json")
-    target = serializers.JSONField(help_text='TVM target dict, e.g. {"kind": "llvm", "mcpu": "znver3"}')
+    target = serializers.JSONField(help_text='The target, from the closed set of fields a run\'s target has, e.g. '
+                                   '{"kind": "llvm", "mcpu": "znver3"} (mcpu as a registered node reports it)')
     hardware = serializers.CharField(max_length=300)
     tvm_version = serializers.CharField(max_length=100)
 

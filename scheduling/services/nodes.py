@@ -18,6 +18,7 @@ from django.utils import timezone
 from core.exceptions import ServiceError
 from core.fieldtext import fit_to_field
 from tuning.engine.isolate import call_isolated
+from tuning.engine.target_schema import valid_mcpu, valid_triple
 
 from .. import telemetry
 from ..models import GPU, GpuTelemetry, Node, gpu_queue_name
@@ -83,6 +84,11 @@ def register_node(
     name = (name or "").strip()
     if not name:
         raise ServiceError("A node needs a name.", field="name")
+    # runs build for the CPU a node names (its mcpu and triple reach LLVM): LLVM's names, nothing else
+    if cpu_mcpu and not valid_mcpu(cpu_mcpu):
+        raise ServiceError(f"cpu_mcpu {str(cpu_mcpu)[:40]!r} is not an LLVM CPU name.", field="cpu_mcpu")
+    if cpu_triple and not valid_triple(cpu_triple):
+        raise ServiceError(f"cpu_triple {str(cpu_triple)[:40]!r} is not an LLVM triple.", field="cpu_triple")
     now = now or timezone.now()
     node, _ = Node.objects.select_for_update().get_or_create(name=name)
     node.hostname = hostname or node.hostname

@@ -57,6 +57,8 @@ def test_other_architecture_and_too_many_threads_refused():
     with pytest.raises(tg.TargetMismatch, match="aarch64"):
         tg.check_measurable_here(dict(t, mcpu="generic", mtriple="aarch64-unknown-linux-gnu"))
     with pytest.raises(tg.TargetMismatch, match="over-subscribe"):
+        tg.check_measurable_here(dict(t, **{"num-cores": tg._available_cores() + 1}))
+    with pytest.raises(tg.TargetRefused, match="num-cores"):  # beyond any machine: the schema refuses it
         tg.check_measurable_here(dict(t, **{"num-cores": 4096}))
 
 

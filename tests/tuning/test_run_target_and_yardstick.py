@@ -55,8 +55,13 @@ def test_a_run_executed_here_records_this_hosts_mcpu(model_a, user_owner, monkey
 
 
 def test_a_target_built_for_another_cpu_is_refused_with_the_reason(model_a, user_owner):
-    """The real engine child refuses before extracting tasks: the run fails saying which CPUs differ."""
+    """The real engine child refuses before extracting tasks: the run fails saying which CPUs differ. A
+    target names a CPU only as a registered node reports it (the closed target schema)."""
+    from tests.factories import NodeFactory
+    from tuning.engine.targets import host_triple
+
     other = _another_cpu()
+    NodeFactory(name="other-cpu-node", cpu_mcpu=other, cpu_triple=host_triple())
     run = services.start_run(actor=user_owner, model=model_a, max_trials=8, threads=1,
                              target={"kind": "llvm", "mcpu": other}, enqueue=False)
     assert services.execute_run(run_id=run.pk, worker="t") == TuningRun.Status.FAILED

@@ -9,14 +9,17 @@ from .energy import energy_model_snapshot, make_energy_meter, run_energy_model
 from .engine import (
     IMPORT_CHECK_TIMEOUT_S,
     RecordError,
+    TargetRefused,
     WorkerError,
     WorkerTimeout,
     build_engine_config,
     call_engine,
     check_import,
+    checked_target,
     compile_and_compare,
     database_records,
     engine_error_text,
+    engine_target,
     has_imported,
     precheck,
     recheck_output,
@@ -29,9 +32,10 @@ from .sink import DatabaseSink, LeaseLost
 from .workdir import delete_run_files, public_json, public_text, run_files_dir, run_work_dir, zip_database
 
 __all__ = [
-    "IMPORT_CHECK_TIMEOUT_S", "DatabaseSink", "LeaseLost", "RecordError", "WorkerError", "WorkerTimeout",
-    "build_engine_config", "call_engine", "check_import", "compile_and_compare", "database_records",
-    "delete_run_files", "energy_model_snapshot", "engine_error_text", "has_imported", "make_energy_meter",
+    "IMPORT_CHECK_TIMEOUT_S", "DatabaseSink", "LeaseLost", "RecordError", "TargetRefused", "WorkerError",
+    "WorkerTimeout", "build_engine_config", "call_engine", "check_import", "checked_target", "compile_and_compare",
+    "database_records", "delete_run_files", "energy_model_snapshot", "engine_error_text", "engine_target",
+    "has_imported", "make_energy_meter",
     "precheck", "public_json", "public_text", "recheck_output", "resolve_target", "run_energy_model", "run_engine",
     "run_files_dir", "run_work_dir", "trimmer_options", "write_imported", "zip_database",
 ]

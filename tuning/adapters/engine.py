@@ -17,6 +17,7 @@ from tuning.engine import procpool
 from tuning.engine.procpool import WorkerError, WorkerTimeout
 from tuning.engine.record_check import RecordError, precheck, recheck_output
 from tuning.engine.session import TuningConfig, has_imported, write_imported
+from tuning.engine.targets import TargetRefused, check_target
 from tuning.engine.timer import EvaluatorConfig
 from tuning.engine.trimmer import TrimmerConfig
 from tuning.models import TuningRun
@@ -25,10 +26,10 @@ from .sink import LeaseLost
 
 IMPORT_CHECK_TIMEOUT_S = 600
 
-__all__ = ["IMPORT_CHECK_TIMEOUT_S", "RecordError", "WorkerError", "WorkerTimeout", "build_engine_config",
-           "call_engine", "check_import", "compile_and_compare", "database_records", "engine_error_text",
-           "has_imported", "precheck", "recheck_output", "resolve_target", "run_engine", "trimmer_options",
-           "write_imported"]
+__all__ = ["IMPORT_CHECK_TIMEOUT_S", "RecordError", "TargetRefused", "WorkerError", "WorkerTimeout",
+           "build_engine_config", "call_engine", "check_import", "checked_target", "compile_and_compare",
+           "database_records", "engine_error_text", "engine_target", "has_imported", "precheck", "recheck_output",
+           "resolve_target", "run_engine", "trimmer_options", "write_imported"]
 
 
 def trimmer_options(options: dict | None) -> dict:
@@ -36,18 +37,34 @@ def trimmer_options(options: dict | None) -> dict:
     return TrimmerConfig.from_dict(options).to_dict()
 
 
+def checked_target(target) -> dict:
+    """The closed target schema (`tuning.engine.targets.check_target`), re-applied in the worker right before
+    a target reaches TVM: a row stored before the schema was closed, or written around the API, fails its
+    run here with the refused key named, and TVM never parses it."""
+    try:
+        return check_target(target)
+    except TargetRefused as exc:
+        raise TargetRefused(exc.key, f"refused before it reached TVM: {exc.reason}") from None
+
+
+def engine_target(run: TuningRun) -> dict:
+    """`run.engine_target` (the resolved target once a worker resolved it), checked (`checked_target`)."""
+    return checked_target(run.engine_target)
+
+
 def build_engine_config(run: TuningRun, work_dir: Path) -> TuningConfig:
     """The engine's input for `run`: its bounds, mode, target and options, measuring on the run's remote
     CPU queues (through Celery) when it has any and measures DOPpler-style."""
+    target = engine_target(run)
     opts = dict(run.options or {})
     queues = opts.get("measure_queues") or []
     distributed = {}
     if queues and run.measurement_mode == TuningRun.Mode.DOPPLER:
         # the measuring workers check the candidates were built for their CPU
-        distributed = {"distributed_submit": functools.partial(celery_submit, target=run.engine_target),
+        distributed = {"distributed_submit": functools.partial(celery_submit, target=target),
                        "device_queue": list(queues)}
     return TuningConfig(
-        target=run.engine_target, max_trials=run.max_trials, trials_per_round=run.trials_per_round,
+        target=target, max_trials=run.max_trials, trials_per_round=run.trials_per_round,
         mode=run.measurement_mode, dop=run.dop_fixed or "auto", threads=run.threads, work_dir=str(work_dir),
         seed=opts.get("seed"), evaluator=EvaluatorConfig.from_any(opts.get("evaluator")),
         search_population=opts.get("search_population"), genetic_num_iters=opts.get("genetic_num_iters"),
@@ -94,7 +111,7 @@ def run_engine(sink, model_proto, config: TuningConfig):
 def compile_and_compare(model_proto, work_dir: Path, run: TuningRun) -> dict:
     """Compile the tuned and untuned model, export the tuned one to `work_dir/tuned_module.so`, and
     compare latencies and outputs."""
-    target = run.engine_target
+    target = engine_target(run)
     threads = run.threads or target.get("num-cores")
     return call_engine("tuning.engine.session:compile_and_compare", model_proto, str(work_dir), target,
                        threads, export_path=str(work_dir / "tuned_module.so"),
@@ -105,17 +122,18 @@ def resolve_target(run: TuningRun, remote_cpu: dict | None = None) -> dict:
     """`run.target` resolved on this (the executing) host: `{"target": ..., "key": ..., "pipeline_key": ...}`.
     A run measured on remote CPU queues builds for `remote_cpu` (`{"mcpu", "mtriple"}` their nodes registered),
     else portable code. In a child: resolving loads TVM, which a worker process must not do (it forks)."""
-    target = dict(run.target)
+    target = checked_target(run.target)
     if (run.options or {}).get("measure_queues") and target.get("kind") == "llvm":
         for key, value in (remote_cpu or {"mcpu": "generic"}).items():
             target.setdefault(key, value)
+        target = checked_target(target)  # the node registry's names too
     return call_engine("tuning.engine.targets:resolve_run_target", target, run.threads,
                        what="resolving the run's target on this host")
 
 
 def database_records(model_proto, work_dir: Path, run: TuningRun) -> list:
     """Every record of the run's TVM database, as the engine's MeasurementRecords."""
-    return call_engine("tuning.engine.session:database_records", str(work_dir), model_proto, run.engine_target,
+    return call_engine("tuning.engine.session:database_records", str(work_dir), model_proto, engine_target(run),
                        what="reading the run's tuning database back")
 
 
@@ -123,5 +141,5 @@ def check_import(model_bytes: bytes, run: TuningRun, workloads: bytes, records: 
     """TVM parses the uploaded database in a sandbox and says which records it accepts
     (`tuning.engine.record_check.check_import`); raises WorkerError/WorkerTimeout when the checker fails."""
     # looked up on the module when called, so a test can stand in for a subverted checker
-    return procpool.run_isolated("tuning.engine.record_check:check_import", model_bytes, run.engine_target, workloads,
+    return procpool.run_isolated("tuning.engine.record_check:check_import", model_bytes, engine_target(run), workloads,
                                  records, budget, timeout=IMPORT_CHECK_TIMEOUT_S)

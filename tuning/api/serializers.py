@@ -6,7 +6,9 @@ from rest_framework import serializers
 
 from core import selectors as core_selectors
 from core.api.fast import FastRepresentationMixin
+from core.exceptions import ServiceError
 from core.models import DLModel
+from tuning import services
 from tuning.models import RUN_LIMITS, DopRound, Measurement, TuningRun, TuningTask, parse_dop
 
 
@@ -63,8 +65,10 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
 class TuningRunCreateSerializer(serializers.Serializer):
     model = TeamModelField(help_text="A model of one of your teams.")
     max_trials = bounded_integer("max_trials")
-    target = serializers.JSONField(required=False, help_text='TVM target dict; default {"kind": "llvm", '
-                                   '"num-cores": <cores>}.')
+    target = serializers.JSONField(required=False, help_text=(
+        'The target, from a closed set of fields: {"kind": "llvm", "num-cores": N, "mcpu": NAME} (mcpu only as a '
+        'registered node reports it, see /api/nodes/; default: the executing host\'s CPU) or {"kind": "cuda", '
+        '"arch": "sm_XY"}. Any other key is refused. Default {"kind": "llvm", "num-cores": <cores>}.'))
     trials_per_round = bounded_integer("trials_per_round", default=32)
     measurement_mode = serializers.ChoiceField(choices=TuningRun.Mode.choices, default=TuningRun.Mode.DOPPLER)
     dop = serializers.CharField(default="auto", help_text="'auto' or a fixed degree of parallelism.")
@@ -86,6 +90,15 @@ class TuningRunCreateSerializer(serializers.Serializer):
         "share of an equal split of the budget), max_resumes (probes a pre-empted task gets when budget is left), "
         "audit_sample, judge_after_trials (plateaus count after this many trials; null = once the cost model is "
         "warm)."))
+
+    def validate_target(self, value):
+        """The closed target schema, checked here so a refused key is a 400 naming it before anything else
+        (`tuning.services.validate_target`, which `start_run` applies again for every entry point)."""
+        try:
+            services.validate_target(value)
+        except ServiceError as exc:
+            raise serializers.ValidationError(exc.message) from None
+        return value
 
     def validate_dop(self, value) -> int | None:
         """None for 'auto', else the fixed degree of parallelism (`tuning.models.parse_dop`)."""

@@ -665,7 +665,7 @@ def check_cache_import(workloads: bytes, records: bytes, target, max_records: in
     entries without run times, ``latency_s`` None: untrusted until a run measures them."""
     from tvm.s_tir import meta_schedule as ms
 
-    from .record_check import check_and_replay, precheck
+    from .record_check import check_and_replay, precheck, trace_only
     from .relax_pipeline import make_target
 
     try:
@@ -676,7 +676,7 @@ def check_cache_import(workloads: bytes, records: bytes, target, max_records: in
     for n, (wi, body) in rec_lines:
         try:
             mod = ms.database.Workload.from_json(wl_lines[wi][1]).mod
-            rec = ms.database.TuningRecord.from_json(body, ms.database.Workload(mod))
+            rec = ms.database.TuningRecord.from_json(trace_only(body), ms.database.Workload(mod))
             check_and_replay(rec.trace, mod)
         except Exception as exc:  # noqa: BLE001 - any parse/check/replay failure refuses the line
             text = str(exc).strip()

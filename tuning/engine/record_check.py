@@ -31,6 +31,7 @@ the lines to write. TVM is imported inside the functions that parse: the web pro
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -45,7 +46,7 @@ from .relax_pipeline import make_target
 from .workloads import collect_tasks
 
 __all__ = ["ALLOWED_KINDS", "ALLOWED_ANNOTATIONS", "RecordError", "precheck", "check_import", "annotation_allowed",
-           "recheck_output", "check_trace_json", "check_and_replay", "check_loops", "MAX_UNROLL_STEP"]
+           "trace_only", "recheck_output", "check_trace_json", "check_and_replay", "check_loops", "MAX_UNROLL_STEP"]
 
 ALLOWED_KINDS = frozenset({
     "GetSBlock", "GetLoops", "GetChildBlocks", "GetProducers", "GetConsumers", "GetOutputBlocks",
@@ -121,6 +122,28 @@ def _lines(data: bytes, what: str, limit: int, max_count: int, too_many: str) ->
     return out
 
 
+def _check_workload_graph(n: int, value) -> None:
+    """A workload line is ``[structural hash, base64 of TVM's JSON graph]`` (an 8-byte length, then the
+    JSON). The graph of a task module names no target: a ``target.*`` node would be built by TVM from
+    attributes nobody checked (``cl-opt``, ``mattr``: LLVM options), so such a line is refused before TVM
+    loads it."""
+    where = f"Workload line {n}"
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(x, str) for x in value)):
+        raise RecordError(where, "expected [structural hash, module] as TVM writes a workload")
+    try:
+        raw = base64.b64decode(value[1], validate=True)
+        graph = loads_finite(raw[8:].decode()) if int.from_bytes(raw[:8], "little") == len(raw) - 8 else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        graph = None
+    if not (isinstance(graph, dict) and isinstance(graph.get("nodes"), list)):
+        raise RecordError(where, "the module is not TVM's encoding of a JSON graph")
+    for node in graph["nodes"]:
+        kind = node.get("type") if isinstance(node, dict) else None
+        if not isinstance(kind, str) or kind.startswith("target."):
+            raise RecordError(where, f"the module carries a {str(kind)[:40]!r} node (a task module names no "
+                                     "target; the run's own is used)")
+
+
 def precheck(workloads: bytes, records: bytes, *, max_records: int) -> tuple[list, list]:
     """Shape and size of the two files, without TVM: [(line, value)] of workloads and records."""
     wl = _lines(workloads, "Workload", MAX_WORKLOAD_LINE, MAX_WORKLOADS,
@@ -142,6 +165,8 @@ def precheck(workloads: bytes, records: bytes, *, max_records: int) -> tuple[lis
             check_trace_json(body[0])
         except ValueError as exc:
             raise RecordError(where, str(exc)) from None
+    for n, value in wl:
+        _check_workload_graph(n, value)
     return wl, recs
 
 
@@ -424,6 +449,13 @@ def _match_workloads(wl_lines, task_mods) -> dict[int, int]:
     return out
 
 
+def trace_only(body: list) -> list:
+    """A record ``[trace, run_secs, target, args_info]`` with its trace only: TVM would build the record's own
+    target from whatever attributes it carries (``cl-opt``: LLVM options), and the platform keeps none of the
+    three anyway (the run's target, its own measurements)."""
+    return [body[0], None, None, None]
+
+
 def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, max_records: int) -> dict:
     """Run in a sandboxed worker. Returns {"errors": [message, ...]} or {"records": [line, ...]}: each
     ``[index of the run's task, [trace, null, null, null]]``, the checked trace as TVM writes it."""
@@ -445,7 +477,7 @@ def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, m
             continue
         mod = task_mods[ti]
         try:
-            rec = ms.database.TuningRecord.from_json(body, ms.database.Workload(mod))
+            rec = ms.database.TuningRecord.from_json(trace_only(body), ms.database.Workload(mod))
             check_and_replay(rec.trace, mod)
         except Exception as exc:  # noqa: BLE001 - any parse/replay failure refuses the line
             text = str(exc).strip()

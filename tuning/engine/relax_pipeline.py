@@ -18,7 +18,6 @@ seconds there.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import statistics
@@ -74,27 +73,25 @@ _CUDA_DEFAULTS = {
 
 def make_target(target: Any):
     """``tvm.target.Target`` from a dict (``{"kind": "llvm", "num-cores": 2}``),
-    a JSON/tag string, or a Target. GPU targets get an LLVM host if none given."""
+    its JSON string, a bare kind name, or a Target. GPU targets get an LLVM host if none given.
+
+    A dict or string is checked against the closed schema first (``targets.check_target``): no
+    attribute outside it (``cl-opt``, ``mattr``, ``libs``, ...: options LLVM applies process-wide)
+    reaches TVM, whoever wrote the dict; ``targets.TargetRefused`` names the refused key."""
     import tvm
+
+    from .target_schema import check_target
 
     if isinstance(target, tvm.target.Target):
         return target
-    if isinstance(target, Mapping):
-        spec = dict(target)
-        if spec.get("kind") in ("cuda", "rocm", "vulkan", "metal", "opencl") and "host" not in spec:
-            spec["host"] = {"kind": "llvm"}
-        if spec.get("kind") == "cuda":
-            # MetaSchedule's GPU rules need these; values valid for every sm_70+ GPU
-            # (the "nvidia/nvidia-h100" tag has the same ones)
-            for key, value in _CUDA_DEFAULTS.items():
-                spec.setdefault(key, value)
-        return tvm.target.Target(spec)
-    if isinstance(target, str):
-        if target.strip().startswith("{"):
-            return make_target(json.loads(target))
-        if " " not in target.strip():
-            return make_target({"kind": target.strip()})
-    return tvm.target.Target(target)
+    spec = check_target(target)
+    if spec.get("kind") == "cuda":
+        spec.setdefault("host", {"kind": "llvm"})
+        # MetaSchedule's GPU rules need these; values valid for every sm_70+ GPU
+        # (the "nvidia/nvidia-h100" tag has the same ones)
+        for key, value in _CUDA_DEFAULTS.items():
+            spec.setdefault(key, value)
+    return tvm.target.Target(spec)
 
 
 def target_device_type(target: Any) -> str:

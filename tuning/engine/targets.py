@@ -17,6 +17,9 @@ runtime, else NVML's compute capability), or from a node's registration
   result, the target's key *and* the Relax pipeline's key
   (``graph_passes.pipeline_key``): a record tuned for the same CPU under another
   pass list is another workload, and must not be reused.
+- :func:`build_target` / :func:`validate_target_fields` / :func:`check_target`: the closed
+  target schema (defined in ``target_schema``, re-exported here): no attribute outside
+  :data:`USER_FIELDS` comes from a user, and every target is checked again before TVM parses it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,22 @@ import json
 import os
 from collections.abc import Mapping
 from typing import Any
+
+from .target_schema import (
+    CUDA_LIMITS,
+    MAX_CORES,
+    PLATFORM_FIELDS,
+    PORTABLE_CPUS,
+    TARGET_KINDS,
+    USER_FIELDS,
+    TargetRefused,
+    build_target,
+    check_target,
+    valid_arch,
+    valid_mcpu,
+    valid_triple,
+    validate_target_fields,
+)
 
 __all__ = [
     "TargetMismatch",
@@ -41,11 +60,22 @@ __all__ = [
     "measurable_refusal",
     "result_identity",
     "identity_of",
+    "TargetRefused",
+    "TARGET_KINDS",
+    "USER_FIELDS",
+    "PLATFORM_FIELDS",
+    "CUDA_LIMITS",
+    "PORTABLE_CPUS",
+    "MAX_CORES",
+    "validate_target_fields",
+    "build_target",
+    "check_target",
+    "valid_mcpu",
+    "valid_triple",
+    "valid_arch",
 ]
 
 GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
-# "generic" (or no mcpu) is baseline code that runs on every CPU of the triple's architecture
-PORTABLE_CPUS = ("", "generic")
 # derived by TVM from the kind; not part of a target's identity
 _DERIVED_ATTRS = ("keys", "tag")
 
@@ -81,7 +111,10 @@ def measurable_refusal(target: Any, *, device_index: int = 0) -> str | None:
     if not target:
         return None
     try:
+        check_target(target)  # a message can carry anything: the schema before TVM parses it
         check_measurable_here(target, device_index=device_index, check_cores=False)
+    except TargetRefused as exc:
+        return f"TargetRefused: {exc}"
     except TargetMismatch as exc:
         return f"TargetMismatch: {exc}"
     return None
@@ -169,8 +202,8 @@ def resolve_cuda_target(device_index: int = 0, arch: str | None = None) -> dict:
             f"no CUDA device #{device_index} on this host (neither the CUDA driver nor NVML "
             "reports one): pass arch='sm_XY' from the GPU node's registration to build for it here"
         )
-    if not str(arch).startswith("sm_"):
-        raise ValueError(f"CUDA arch must look like 'sm_90', got {arch!r}")
+    if not valid_arch(arch):
+        raise ValueError(f"CUDA arch must look like 'sm_90', got {str(arch)[:40]!r}")
     return {"kind": "cuda", "arch": str(arch), "host": {"kind": "llvm"}}
 
 
@@ -285,11 +318,11 @@ def resolve_run_target(target: Mapping, threads: int | None = None) -> dict:
     """The target a run tunes for, resolved on the host that executes it: ``{"target": ..., "key": ...,
     "pipeline_key": ...}`` (the pipeline this engine extracts tasks and compiles with).
 
-    llvm: this host's ``mcpu`` and triple (or the ones the user named), ``num-cores`` = the run's
-    thread count (else the target's); other attributes the user gave are kept. cuda: ``arch`` from
-    the local device when the target names none and one is present (else left as given: a GPU
-    node's registered arch is not known here). Other kinds are returned as given."""
-    spec = dict(target)
+    llvm: this host's ``mcpu`` and triple (or the ones the platform named from a node), ``num-cores`` =
+    the run's thread count (else the target's). cuda: ``arch`` from the local device when the target
+    names none and one is present (else left as given: a GPU node's registered arch is not known here).
+    The target is checked against the closed schema first (:func:`check_target`)."""
+    spec = check_target(target)
     kind = spec.get("kind")
     if kind == "llvm":
         cores = threads or spec.get("num-cores")

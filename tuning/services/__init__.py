@@ -40,6 +40,7 @@ from .runs import (
     start_run,
     validate_measure_queues,
     validate_run_bounds,
+    target_core_limit,
     validate_target,
 )
 
@@ -51,5 +52,5 @@ __all__ = [
     "make_energy_meter", "pause_run", "public_json", "public_text", "reconcile_with_database",
     "recover_stale_runs", "resume_run", "run_deleted", "run_energy_model", "run_work_dir",
     "seconds_until_next_stale", "start_run", "trials_reserved", "trials_used_this_month",
-    "validate_measure_queues", "validate_run_bounds", "validate_target",
+    "target_core_limit", "validate_measure_queues", "validate_run_bounds", "validate_target",
 ]

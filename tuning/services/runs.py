@@ -19,33 +19,37 @@ from core.selectors import energy_model
 from core.services import require_ready
 from scheduling import selectors as scheduling_selectors
 from tuning import adapters
+from tuning.engine.targets import TARGET_KINDS, TargetRefused, build_target
 from tuning.models import MIN_TRIALS_PER_TASK, RUN_LIMITS, TuningRun, min_trials_for, parse_dop, run_bound_error
 
 from .finish import announce_run_end
 from .quota import check_run_quota
 
-SUPPORTED_TARGET_KINDS = ("llvm", "cuda")
+SUPPORTED_TARGET_KINDS = TARGET_KINDS
 CONTROL_RUNS = "start or control tuning runs"  # what viewers may not do (PermissionDenied's message)
 GPU_QUEUE = re.compile(r"measure\.[A-Za-z0-9_-]+\.gpu\d+")
 
 
+def target_core_limit() -> int:
+    """The most cores a target may name: the most a registered node or this host has (or the operator's
+    default target names), at most RUN_LIMITS' ceiling."""
+    configured = settings.DEFAULT_TUNING_TARGET.get("num-cores")
+    candidates = [os.cpu_count() or 1, scheduling_selectors.most_registered_cores()]
+    if type(configured) is int:
+        candidates.append(configured)
+    return max(1, min(RUN_LIMITS["num_cores"][1], max(candidates)))
+
+
 def validate_target(target) -> dict:
-    if isinstance(target, str):
-        target = {"kind": target}
-    if not isinstance(target, dict) or "kind" not in target:
-        raise ServiceError('The target must be a TVM target dict such as {"kind": "llvm", "num-cores": 2}.',
-                           field="target")
-    if target["kind"] not in SUPPORTED_TARGET_KINDS:
-        raise ServiceError(f"Unsupported target kind '{target['kind']}'; use one of "
-                           f"{', '.join(SUPPORTED_TARGET_KINDS)}.", field="target")
-    for key in ("num-cores", "max-threads-per-block"):
-        if key in target and (not isinstance(target[key], int) or target[key] < 1):
-            raise ServiceError(f"target['{key}'] must be a positive integer.", field="target")
-    if "num-cores" in target and target["num-cores"] > RUN_LIMITS["num_cores"][1]:
-        raise ServiceError(f"target['num-cores'] must be at most {RUN_LIMITS['num_cores'][1]}.", field="target")
-    if target["kind"] == "llvm":
-        target = {"num-cores": os.cpu_count() or 1, **target}
-    return target
+    """The run's target, built by the engine's one builder (`tuning.engine.targets.build_target`) from the
+    fields a user may set: kind llvm or cuda, `num-cores` (1 to `target_core_limit()`), `mcpu` only as a
+    registered node reports it (its triple added from the registration), `arch` sm_XY for cuda. Any other
+    key (TVM's cl-opt, mattr, libs, host, ...) is refused naming it; nothing is stored."""
+    try:
+        return build_target(target, cpus=scheduling_selectors.registered_cpus(), max_cores=target_core_limit(),
+                            default_cores=os.cpu_count() or 1)
+    except TargetRefused as exc:
+        raise ServiceError(f"Invalid target: {exc}", field="target") from None
 
 
 def validate_measure_queues(queues, *, target: dict) -> list[str]:

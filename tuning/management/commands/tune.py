@@ -30,7 +30,9 @@ class Command(BaseCommand):
                             help=f"Total trial budget (default 64, at most {RUN_LIMITS['max_trials'][1]})")
         parser.add_argument("--trials-per-round", type=int, default=32)
         parser.add_argument("--target", default=None,
-                            help='TVM target as JSON, e.g. \'{"kind": "llvm", "num-cores": 2}\' (default: this CPU)')
+                            help='Target as JSON from the closed set of fields: \'{"kind": "llvm", "num-cores": 2}\' '
+                                 '(plus "mcpu" as a registered node reports it) or \'{"kind": "cuda", "arch": "sm_90"}\'; '
+                                 'any other key is refused (default: this CPU)')
         parser.add_argument("--mode", choices=TuningRun.Mode.values, default=TuningRun.Mode.DOPPLER)
         parser.add_argument("--dop", default="auto", help="'auto' or a fixed degree of parallelism")
         parser.add_argument("--threads", type=int, default=None)
