@@ -26,7 +26,7 @@ import stat
 import sysconfig
 
 __all__ = ["SANDBOX_USER_VAR", "DEFAULT_SANDBOX_USER", "FALLBACK_SANDBOX_USER", "REQUIRED_VAR", "PrivilegeDropError",
-           "can_switch_user", "sandbox_account", "drop_privileges", "hand_over", "take_back", "no_new_privs"]
+           "can_switch_user", "sandbox_account", "sandbox_requirement", "drop_privileges", "hand_over", "take_back", "no_new_privs"]
 
 log = logging.getLogger("dlopt.sandbox")
 
@@ -79,21 +79,18 @@ def _lookup(name: str) -> pwd.struct_passwd:
     return pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
 
 
-def _unreachable(uid: int, gid: int) -> str | None:
-    """The first folder of the Python installation or the project the account could not read (every
-    folder above it must let it through): the sandbox could not even import the standard library."""
-    paths = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    paths.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project
-    for path in sorted(paths):
-        real = os.path.realpath(path)
-        parts = real.split(os.sep)
+def _blocked(paths, uid: int, gid: int) -> str | None:
+    """The first folder on the way to ``paths`` (or one of them) that the account could not pass
+    through, or read and search where it is one of ``paths``; None when it reaches them all."""
+    for path in sorted({os.path.realpath(p) for p in paths}):
+        parts = path.split(os.sep)
         for depth in range(1, len(parts) + 1):
             folder = os.sep + os.path.join(*parts[1:depth]) if depth > 1 else os.sep
             try:
                 st = os.stat(folder)
             except OSError:
                 break
-            needed = 0o5 if folder == real else 0o1  # read + search the folder itself, search the ones above
+            needed = 0o5 if folder == path else 0o1
             if st.st_uid == uid:
                 bits = st.st_mode >> 6
             elif st.st_gid == gid:
@@ -105,14 +102,23 @@ def _unreachable(uid: int, gid: int) -> str | None:
     return None
 
 
-def _required() -> bool:
+def _unreachable(uid: int, gid: int) -> str | None:
+    """Where the account is stopped on the way to the Python installation or the project: the sandbox
+    could not even import the standard library."""
+    paths = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project
+    return _blocked(paths, uid, gid)
+
+
+def sandbox_requirement() -> bool:
+    """Whether a sandbox that would keep the worker's user must be refused (``DLOPT_SANDBOX_REQUIRED``)."""
     return os.environ.get(REQUIRED_VAR, "").strip().lower() in ("1", "true", "yes")
 
 
 def _cannot(reason: str) -> None:
     """No sandbox account usable: fail (``DLOPT_SANDBOX_REQUIRED=1``, the compose file's setting) or
     go on as this process's user, saying so once."""
-    if _required():
+    if sandbox_requirement():
         raise PrivilegeDropError(f"sandboxes cannot drop privileges: {reason} ({REQUIRED_VAR}=1)")
     _announce("cannot", f"sandboxes run as this process's user (uid {os.getuid()}), not a sandbox account: "
               f"{reason}; set {REQUIRED_VAR}=1 to refuse instead", level=logging.WARNING)
@@ -242,6 +248,10 @@ def hand_over(path: str | os.PathLike) -> None:
     account; nothing where children keep this process's user."""
     account = sandbox_account()
     if account is not None:
+        blocked = _blocked([os.path.dirname(os.path.realpath(path))], *account)
+        if blocked is not None:
+            raise PrivilegeDropError(f"the sandbox account (uid {account[0]}) cannot reach {path}: {blocked} "
+                                     "does not let it through")
         _chown_tree(path, *account)
 
 

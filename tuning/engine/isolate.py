@@ -11,6 +11,7 @@ Messages are 8-byte big-endian length + pickle, as in :mod:`.procpool`.
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
@@ -21,13 +22,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common.privileges import hand_over, take_back
+from common.privileges import PrivilegeDropError, hand_over, sandbox_requirement, take_back
 
 from .procpool import loads_from_sandbox
 from .sandbox import private_dir, remove_dir, scrub_env
 
 __all__ = ["EngineCrashed", "EngineError", "call_isolated"]
 
+log = logging.getLogger(__name__)
 _ROOT = str(Path(__file__).resolve().parents[2])
 _CHILD = str(Path(__file__).resolve().with_name("_isolated_child.py"))
 SINK_METHODS = ("on_tasks", "on_measurements", "on_round", "on_serial_remeasure", "on_progress", "control")
@@ -119,16 +121,24 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
     home = private_dir() if sandbox_user else None
     given = [home, *writable] if home else []
     try:
-        for path in given:
-            hand_over(path)
+        try:
+            for path in given:
+                hand_over(path)
+        except PrivilegeDropError as exc:  # a folder it must write is out of its reach (a 0700 parent)
+            if sandbox_requirement():
+                raise
+            log.warning("%s: the engine child keeps this process's user while %s", exc, what)
+            given, argv = given[:given.index(path)], []
+        else:
+            argv = ["--sandbox-user"] if sandbox_user else []
         if home:
             child_env["HOME"] = child_env["TMPDIR"] = home
         return _call(func, args, kwargs, what=what, sink=sink, init=init, env=child_env,
-                     on_sink_error=on_sink_error, argv=["--sandbox-user"] if sandbox_user else [], cwd=home)
+                     on_sink_error=on_sink_error, argv=argv, cwd=home)
     finally:
         for path in given[1:]:
             take_back(path)
-        remove_dir(home)
+        remove_dir(home)  # taken back too
 
 
 def _call(func: str, args: tuple, kwargs: dict, *, what: str, sink: Any, init: str | None, env: dict[str, str],
