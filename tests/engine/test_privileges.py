@@ -245,3 +245,20 @@ def test_taking_a_folder_back_does_not_follow_a_planted_link(shared_tmp):
     privileges.take_back(work)
     assert target.stat().st_uid == 12345
     assert (work / "link").lstat().st_uid == os.getuid() and stat.S_IMODE(sub.stat().st_mode) & 0o700 == 0o700
+
+
+@as_root
+def test_the_hook_works_as_a_subprocess_preexec_fn(platform_files):
+    """Upload parsers start their child with ``preexec_fn=drop_privileges`` (common/sandbox.py): it runs
+    in the forked child before exec, and the program it runs cannot write the media."""
+    _, media = platform_files
+    parent = ("import subprocess, sys\nfrom common.privileges import drop_privileges\n"
+              "out = subprocess.run([sys.executable, '-c', 'import os, sys\\ntry:\\n    open(sys.argv[1], \"ab\")\\n"
+              "    w = True\\nexcept PermissionError:\\n    w = False\\nprint(os.getuid(), w)', sys.argv[1]],\n"
+              "                     preexec_fn=drop_privileges, capture_output=True, text=True)\n"
+              "print(out.stdout.strip())\n")
+    out = subprocess.run([SYSTEM_PYTHON, "-c", parent, str(media)], capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), privileges.SANDBOX_USER_VAR: "nobody",
+                              privileges.REQUIRED_VAR: "1"}, cwd="/")
+    assert out.returncode == 0, out.stderr[-1000:]
+    assert out.stdout.split() == ["65534", "False"]
