@@ -25,7 +25,7 @@ import pwd
 import stat
 import sysconfig
 
-__all__ = ["SANDBOX_USER_VAR", "DEFAULT_SANDBOX_USER", "FALLBACK_SANDBOX_USER", "REQUIRED_VAR", "PrivilegeDropError",
+__all__ = ["SANDBOX_USER_VAR", "DEFAULT_SANDBOX_USER", "FALLBACK_SANDBOX_USER", "REQUIRED_VAR", "PrivilegeDropError", "UnreachableFolder",
            "can_switch_user", "sandbox_account", "sandbox_requirement", "drop_privileges", "hand_over", "take_back", "no_new_privs"]
 
 log = logging.getLogger("dlopt.sandbox")
@@ -46,6 +46,10 @@ _announced: set[str] = set()  # what this process has said already (once each)
 class PrivilegeDropError(RuntimeError):
     """The child may change its user id but could not become the sandbox account: it must not go on
     to load user code with the platform's privileges."""
+
+
+class UnreachableFolder(PrivilegeDropError):
+    """A folder to hand to the sandbox account lies below one it may not pass through."""
 
 
 def _libc():
@@ -250,8 +254,8 @@ def hand_over(path: str | os.PathLike) -> None:
     if account is not None:
         blocked = _blocked([os.path.dirname(os.path.realpath(path))], *account)
         if blocked is not None:
-            raise PrivilegeDropError(f"the sandbox account (uid {account[0]}) cannot reach {path}: {blocked} "
-                                     "does not let it through")
+            raise UnreachableFolder(f"the sandbox account (uid {account[0]}) cannot reach {path}: {blocked} "
+                                    "does not let it through")
         _chown_tree(path, *account)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common.privileges import PrivilegeDropError, hand_over, sandbox_requirement, take_back
+from common.privileges import UnreachableFolder, hand_over, sandbox_requirement, take_back
 
 from .procpool import loads_from_sandbox
 from .sandbox import private_dir, remove_dir, scrub_env
@@ -124,7 +124,7 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
         try:
             for path in given:
                 hand_over(path)
-        except PrivilegeDropError as exc:  # a folder it must write is out of its reach (a 0700 parent)
+        except UnreachableFolder as exc:  # a folder it must write is out of its reach (a 0700 parent)
             if sandbox_requirement():
                 raise
             log.warning("%s: the engine child keeps this process's user while %s", exc, what)
