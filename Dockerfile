@@ -6,7 +6,14 @@ WORKDIR /app
 COPY pyproject.toml ./
 COPY . .
 RUN pip install --upgrade pip && pip install .
-RUN useradd -m -u 1000 dlopt && mkdir -p /data && chown dlopt /data
+# dlopt runs the web and worker processes; dlopt-sandbox (no home, no shell, owns nothing) runs what they
+# start on users' input: candidate builds and measurements, upload parsers (common/privileges.py).
+RUN useradd -m -u 1000 dlopt \
+ && useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin dlopt-sandbox \
+ && mkdir -p /data/media /data/var && chown dlopt:dlopt /data/media /data/var && chmod 0755 /data /data/media /data/var
+ENV DLOPT_SANDBOX_USER=dlopt-sandbox
 USER dlopt
 EXPOSE 8000
+# as root (compose's web and workers): become dlopt with only the capabilities the sandboxes need to switch users
+ENTRYPOINT ["/app/scripts/entrypoint.sh"]
 CMD ["gunicorn", "config.wsgi:application", "--bind", "0.0.0.0:8000"]

@@ -1,4 +1,6 @@
-"""Refuse a dashboard POST whose declared body is over its form's limit, before anything reads the body.
+"""The platform's own middleware: request body limits for dashboard forms, and a Content-Security-Policy.
+
+Refuse a dashboard POST whose declared body is over its form's limit, before anything reads the body.
 
 Django's CSRF check reads ``request.POST``, which streams a multipart body to temp files in full before the
 view runs: a view that refuses an oversized upload has already let it fill the disk. This middleware runs
@@ -54,3 +56,21 @@ class RequestBodyLimitMiddleware:
                     f"This upload is {declared / MB:.1f} MB, over the {limit / MB:.0f} MB limit of this form. "
                     "Nothing was stored.", status=413, content_type="text/plain; charset=utf-8")
         return self.get_response(request)
+
+
+class ContentSecurityPolicyMiddleware:
+    """Set ``settings.CONTENT_SECURITY_POLICY`` on every response that has none of its own (Django 5.2
+    has no CSP support). Placed above WhiteNoise, so static files carry it too. The dashboard runs no
+    inline script (plotly.js and dashboard.js are static files; the API docs load their init script
+    from a URL), so scripts come from this origin only: an injected ``<script>`` or event handler
+    attribute does not run."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self.policy = settings.CONTENT_SECURITY_POLICY
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if self.policy and "Content-Security-Policy" not in response:
+            response["Content-Security-Policy"] = self.policy
+        return response

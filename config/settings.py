@@ -73,6 +73,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.middleware.ContentSecurityPolicyMiddleware",  # above WhiteNoise: static files get it too
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -169,6 +170,13 @@ LOGOUT_REDIRECT_URL = "login"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the dashboard's fetch() reads it for POSTs
 X_FRAME_OPTIONS = "DENY"
+# Scripts from this origin only (no inline script, no eval), no plugins, no framing, forms post here only.
+# Styles allow inline: plotly.js writes <style> rules and the templates set bar widths in style attributes.
+CONTENT_SECURITY_POLICY = env.str("DJANGO_CONTENT_SECURITY_POLICY", default="; ".join([
+    "default-src 'self'", "script-src 'self'", "style-src 'self' 'unsafe-inline'", "img-src 'self' data: blob:",
+    "font-src 'self' data:", "connect-src 'self'", "object-src 'none'", "base-uri 'self'",
+    "frame-ancestors 'none'", "form-action 'self'",
+]))
 SECURE_CONTENT_TYPE_NOSNIFF = True
 if SECURE:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

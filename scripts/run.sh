@@ -7,8 +7,18 @@ scripts/setup_venv.sh
 PY=.venv/bin/python
 HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-8000}
-mkdir -p var/log
+# Nothing the platform writes may be writable by other users: the sandboxes (candidate builds and
+# measurements, upload parsers) run as one when this runs as root (common/privileges.py).
+umask 022
+if [ "$(id -u)" = 0 ] && [ -z "${DLOPT_SANDBOX_USER:-}" ] && ! id dlopt-sandbox >/dev/null 2>&1; then
+  useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin dlopt-sandbox \
+    || echo "warning: could not create the dlopt-sandbox account; sandboxes run as nobody" >&2
+fi
+mkdir -p var/log var/media
+chmod -R o-w var
 $PY manage.py migrate --noinput
+# The SQLite database and broker (with their -wal/-shm files, which copy the mode): this user's only.
+chmod 600 var/*.sqlite3* 2>/dev/null || true
 $PY manage.py collectstatic --noinput >/dev/null
 $PY manage.py bootstrap_demo
 NODE=$($PY -c 'import socket; print(socket.gethostname().split(".")[0])')
@@ -40,6 +50,7 @@ trap 'kill $WORKER_PID $SIM_WORKER_PID $GPU_WORKER_PID 2>/dev/null
 for _ in $(seq 60); do grep -q " ready." var/log/worker.log 2>/dev/null && break; sleep 0.5
   kill -0 $WORKER_PID 2>/dev/null || { echo "error: the Celery worker exited at start:" >&2; tail -20 var/log/worker.log >&2; exit 1; }
 done
+chmod 600 var/*.sqlite3* 2>/dev/null || true  # the broker's file, made by the worker just now
 cat <<MSG
 
   dlopt is up.

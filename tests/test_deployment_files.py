@@ -256,3 +256,53 @@ def test_the_test_command_checks_the_import_contracts_before_pytest():
     assert set(engines["source_modules"]) == {"tuning.engine", "scheduling.horus", "core.onnx_models", "common"}
     assert {"django", "rest_framework", "celery", "kombu"} <= set(engines["forbidden_modules"])
     assert {c["type"] for c in config["contracts"]} >= {"forbidden", "layers", "acyclic_siblings"}
+
+
+# --- defence in depth: an app user, a sandbox user, media that is never executed -------------------------
+
+SANDBOXING_SERVICES = ("web", "worker", "simulation-worker", "gpu-worker")
+
+
+def test_web_and_workers_become_the_app_user_and_keep_only_what_switching_to_the_sandbox_needs():
+    services = compose()["services"]
+    for name in SANDBOXING_SERVICES:
+        svc = services[name]
+        # root only for the entrypoint, which becomes dlopt; nothing but the three capabilities
+        assert svc["user"] == "0:0" and svc["cap_drop"] == ["ALL"], name
+        assert set(svc["cap_add"]) == {"SETUID", "SETGID", "CHOWN"}, name
+        assert "no-new-privileges:true" in svc["security_opt"], name
+        env = compose_env(name, {"DJANGO_SECRET_KEY": "k" * 60, "DLOPT_MEDIA_DIR": "/srv/media"})
+        assert env["DLOPT_SANDBOX_USER"] == "dlopt-sandbox" and env["DLOPT_SANDBOX_REQUIRED"] == "1", name
+    beat = services["beat"]  # starts no sandbox: no capabilities at all
+    assert beat["user"] == "dlopt" and beat["cap_drop"] == ["ALL"] and not beat["cap_add"]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"useradd [^\n]*--no-create-home[^\n]*--shell /usr/sbin/nologin dlopt-sandbox", dockerfile)
+    assert "USER dlopt\n" in dockerfile
+    assert 'ENTRYPOINT ["/app/scripts/entrypoint.sh"]' in dockerfile
+
+
+def test_the_media_volume_is_mounted_noexec_nosuid_nodev():
+    data = compose()
+    for name in SANDBOXING_SERVICES + ("beat",):
+        assert "media:/data/media" in data["services"][name]["volumes"], name
+    media = data["volumes"]["media"]
+    options = media["driver_opts"]["o"].split(",")
+    assert media["driver"] == "local" and media["driver_opts"]["type"] == "none"
+    assert {"bind", "noexec", "nosuid", "nodev"} <= set(options)
+    assert media["driver_opts"]["device"].startswith("${DLOPT_MEDIA_DIR:?")  # no relative default: must be set
+    env = compose_env("worker", {"DJANGO_SECRET_KEY": "k" * 60})
+    assert env["DJANGO_MEDIA_ROOT"] == "/data/media"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").exists() or not Path("/usr/bin/python3").exists(),
+                    reason="needs root and setpriv to run the entrypoint as it runs in the container")
+def test_the_entrypoint_becomes_the_app_user_with_only_the_switching_capabilities():
+    probe = ("import os\nstatus = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+             "print(os.getresuid()[0], os.getresgid()[0], int(status['CapAmb'], 16), int(status['CapEff'], 16))\n")
+    out = subprocess.run([str(ROOT / "scripts" / "entrypoint.sh"), "/usr/bin/python3", "-c", probe],
+                         env={"PATH": "/usr/bin:/bin", "DLOPT_APP_USER": "daemon"}, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    uid, gid, ambient, effective = map(int, out.stdout.split())
+    switching = (1 << 0) | (1 << 6) | (1 << 7)  # CAP_CHOWN, CAP_SETGID, CAP_SETUID
+    assert uid == gid == 1 and ambient == effective == switching  # `daemon` here, dlopt in the image

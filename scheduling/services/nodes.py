@@ -42,7 +42,8 @@ def _llvm_cpu() -> tuple[str, str]:
     """This host's CPU and triple as LLVM names them, asked once per process of a child that loads TVM
     (a worker process must not: it forks); ("", "") when that fails, and the node's runs build generic code."""
     try:
-        facts = call_isolated("tuning.engine.targets:host_cpu_facts", what="naming this host's CPU", scrub=True)
+        facts = call_isolated("tuning.engine.targets:host_cpu_facts", what="naming this host's CPU", scrub=True,
+                              sandbox_user=True)
         return str(facts["mcpu"]), str(facts["triple"])
     except Exception:  # noqa: BLE001 - a node without a working TVM still registers
         log.warning("could not name this host's CPU for LLVM", exc_info=True)

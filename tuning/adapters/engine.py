@@ -78,10 +78,13 @@ def engine_error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def call_engine(func: str, *args, what: str, sink=None, needs_django: bool = False, **kwargs):
+def call_engine(func: str, *args, what: str, sink=None, needs_django: bool = False,
+                writable: tuple[Path, ...] | None = None, **kwargs):
     """`call_isolated` for the platform: the child sets up Django only when the call needs it
     (distributed measurement sends Celery tasks and reads their results). A sink that lost its lease
-    stops the child's engine, and the call raises LeaseLost."""
+    stops the child's engine, and the call raises LeaseLost. With `writable` (the folders it may
+    write; empty: none), the child runs as the sandbox account; without, as the worker's user (the
+    tuning session: it starts the candidates' sandboxes and owns TVM's database and the GPU locks)."""
     lease_lost: list[Exception] = []
 
     def on_sink_error(name, exc):
@@ -94,6 +97,7 @@ def call_engine(func: str, *args, what: str, sink=None, needs_django: bool = Fal
     # distributed run's child sends Celery tasks and reads results, so it keeps the worker's.
     value = call_isolated(func, *args, what=what, sink=sink, on_sink_error=on_sink_error,
                           init="django:setup" if needs_django else None, scrub=not needs_django,
+                          sandbox_user=writable is not None and not needs_django, writable=writable or (),
                           env={"DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "config.settings")},
                           **kwargs)
     if lease_lost:
@@ -114,7 +118,7 @@ def compile_and_compare(model_proto, work_dir: Path, run: TuningRun) -> dict:
     target = engine_target(run)
     threads = run.threads or target.get("num-cores")
     return call_engine("tuning.engine.session:compile_and_compare", model_proto, str(work_dir), target,
-                       threads, export_path=str(work_dir / "tuned_module.so"),
+                       threads, export_path=str(work_dir / "tuned_module.so"), writable=(work_dir,),
                        what="compiling the tuned and untuned model and comparing their outputs")
 
 
@@ -127,14 +131,14 @@ def resolve_target(run: TuningRun, remote_cpu: dict | None = None) -> dict:
         for key, value in (remote_cpu or {"mcpu": "generic"}).items():
             target.setdefault(key, value)
         target = checked_target(target)  # the node registry's names too
-    return call_engine("tuning.engine.targets:resolve_run_target", target, run.threads,
+    return call_engine("tuning.engine.targets:resolve_run_target", target, run.threads, writable=(),
                        what="resolving the run's target on this host")
 
 
 def database_records(model_proto, work_dir: Path, run: TuningRun) -> list:
     """Every record of the run's TVM database, as the engine's MeasurementRecords."""
     return call_engine("tuning.engine.session:database_records", str(work_dir), model_proto, engine_target(run),
-                       what="reading the run's tuning database back")
+                       writable=(work_dir,), what="reading the run's tuning database back")
 
 
 def check_import(model_bytes: bytes, run: TuningRun, workloads: bytes, records: bytes, budget: int) -> dict:

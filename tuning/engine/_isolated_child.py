@@ -3,7 +3,8 @@
 Reads one ``(func, args, kwargs, init, sink_methods)`` request from stdin, runs it (with a sink proxy
 when ``sink_methods`` is a list), answers ``("result", value)`` or ``("error", message, traceback)``.
 While it runs, sink calls go out as ``("sink", name, args)`` and wait for ``("ok"|"err", value)``.
-fd 1 is moved to stderr first so stray prints cannot corrupt the protocol.
+fd 1 is moved to stderr first so stray prints cannot corrupt the protocol. With ``--sandbox-user``
+it first drops to the sandbox account (common/privileges.py).
 """
 
 import os
@@ -18,10 +19,12 @@ def _main() -> None:
 
     # imported only now: whatever an import prints goes to stderr, never into the protocol pipe
     import importlib
+    import pickle
+    import struct
     import threading
     import traceback
 
-    from tuning.engine.isolate import _recv, _send
+    from tuning.engine.isolate import _read_exact, _recv, _send
 
     lock = threading.Lock()
 
@@ -49,7 +52,13 @@ def _main() -> None:
         return obj
 
     try:
-        func, args, kwargs, init, methods = _recv(proto_in)
+        (size,) = struct.unpack(">Q", _read_exact(proto_in, 8))
+        request = _read_exact(proto_in, size)
+        if "--sandbox-user" in sys.argv[1:]:  # before the request (the user's model) is parsed
+            from common.privileges import drop_privileges
+
+            drop_privileges()
+        func, args, kwargs, init, methods = pickle.loads(request)
         if init:
             resolve(init)()
         if methods is not None:

@@ -1,7 +1,8 @@
 """Child side of :mod:`tuning.engine.procpool` (run as a script, never forked).
 
-Applies its resource limits (sandbox.py) and sets the CPU affinity *before*
-anything starts a thread (so TVM's pool threads inherit it), moves fd 1 to stderr so stray prints cannot corrupt the protocol,
+Applies its resource limits (sandbox.py), drops to the sandbox account
+(common/privileges.py: where the parent may switch users) and sets the CPU affinity
+*before* anything starts a thread (so TVM's pool threads inherit it) or loads a candidate, moves fd 1 to stderr so stray prints cannot corrupt the protocol,
 then serves ``(func "module:qualname", args, kwargs)`` requests read from
 stdin, answering ``(ok, value-or-traceback)`` on the original stdout.
 Messages are 8-byte big-endian length + pickle.
@@ -15,9 +16,11 @@ def _main() -> None:
     root = os.environ.get("ENGINE_WORKER_ROOT")
     if root and root not in sys.path:
         sys.path.insert(0, root)
-    from tuning.engine.sandbox import apply_limits_from_env  # stdlib only: nothing has run yet
+    from common.privileges import drop_privileges  # stdlib only: nothing has run yet
+    from tuning.engine.sandbox import apply_limits_from_env
 
     apply_limits_from_env()
+    drop_privileges()  # after the limits (as root it could still raise them), before any user code
     cpus = os.environ.get("ENGINE_WORKER_CPUS")
     if cpus:
         try:

@@ -29,8 +29,11 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.builder import BuilderInput, BuilderResult, PyBuilder
 from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
+from common.privileges import hand_over
+
 from .cuda_binaries import beside, precompile_kernels
 from .procpool import ProcessPool, WorkerError, WorkerSpec, WorkerTimeout, available_cpus
+from .sandbox import remove_dir
 
 __all__ = ["PersistentBuilder", "build_in_worker"]
 
@@ -113,6 +116,7 @@ class PersistentBuilder(PyBuilder):
         self.timeout_sec = float(timeout_sec)
         self.artifact_dir = artifact_dir or tempfile.mkdtemp(prefix="ms_artifacts_")
         os.makedirs(self.artifact_dir, exist_ok=True)
+        hand_over(self.artifact_dir)  # the only folder outside their own that the build workers write
         self.before_build = before_build
         env = {"TVM_NUM_THREADS": "1", "TVM_BIND_THREADS": "0", **_cuda_env()}
         cpus = list(cpu_ids) if cpu_ids else available_cpus()  # explicit: never inherit a pinned mask
@@ -188,7 +192,7 @@ class PersistentBuilder(PyBuilder):
     def shutdown(self, remove_artifacts: bool = True) -> None:
         self.pool.shutdown()
         if remove_artifacts:
-            shutil.rmtree(self.artifact_dir, ignore_errors=True)
+            remove_dir(self.artifact_dir)
 
 
 def tvm_save_json(mod) -> str:

@@ -34,6 +34,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from common.privileges import hand_over
+
 __all__ = [
     "CACHE_DIR_VAR", "CudaCompileError", "binary_name", "compile_source",
     "beside", "binaries_beside", "new_cache_dir", "install_runtime_compiler", "loading", "lookup", "precompile",
@@ -209,7 +211,9 @@ def new_cache_dir() -> str:
     """A kernel cache for one runner's measuring workers (``DLOPT_CUDA_CACHE_DIR``): a fresh
     private folder (``mkdtemp``: 0700, a name nobody can guess ahead), so kernels compiled by one
     run's workers are never loaded by another run's, and no other user can plant one."""
-    return tempfile.mkdtemp(prefix="dlopt-cuda-")
+    path = tempfile.mkdtemp(prefix="dlopt-cuda-")
+    hand_over(path)  # the measuring workers write it as the sandbox account
+    return path
 
 
 def _cache_dir() -> Path | None:

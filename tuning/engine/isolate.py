@@ -11,20 +11,25 @@ Messages are 8-byte big-endian length + pickle, as in :mod:`.procpool`.
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
 import struct
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from common.privileges import UnreachableFolder, hand_over, sandbox_requirement, take_back
+
 from .procpool import loads_from_sandbox
-from .sandbox import scrub_env
+from .sandbox import private_dir, remove_dir, scrub_env
 
 __all__ = ["EngineCrashed", "EngineError", "call_isolated"]
 
+log = logging.getLogger(__name__)
 _ROOT = str(Path(__file__).resolve().parents[2])
 _CHILD = str(Path(__file__).resolve().with_name("_isolated_child.py"))
 SINK_METHODS = ("on_tasks", "on_measurements", "on_round", "on_serial_remeasure", "on_progress", "control")
@@ -94,7 +99,8 @@ def _answer_sink(sink, name: str, args: tuple, on_sink_error) -> tuple:
 
 
 def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | None = None,
-                  env: dict[str, str] | None = None, scrub: bool = False, on_sink_error=None, **kwargs):
+                  env: dict[str, str] | None = None, scrub: bool = False, on_sink_error=None,
+                  sandbox_user: bool = False, writable: Sequence[str | os.PathLike] = (), **kwargs):
     """Run ``func`` ("package.module:function") with ``args``/``kwargs`` in a fresh child process.
 
     ``what`` says what the call does, for the crash message ("the TVM compiler crashed (signal 11,
@@ -103,12 +109,42 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
     ``on_sink_error(name, exc)`` may map a sink exception to a value answered instead (e.g. "cancel").
     With ``scrub``, the child gets only the sandbox's allow-listed environment plus ``env`` (no database
     URL, secret key or broker credentials: it compiles and loads code derived from the user's model).
+    With ``sandbox_user`` (needs ``scrub``), the child also drops to the sandbox account first thing
+    (:func:`common.privileges.drop_privileges`), with a private HOME and TMPDIR: it may write only
+    those and the folders in ``writable``, handed to it for the call and taken back afterwards.
     """
+    if sandbox_user and not scrub:
+        raise ValueError("sandbox_user needs scrub: a child with the worker's secrets keeps its user")
     child_env = scrub_env() if scrub else dict(os.environ)
     child_env.update(env or {})
     child_env["PYTHONPATH"] = _ROOT + (os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else "")
-    proc = subprocess.Popen([sys.executable, "-u", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env=child_env, close_fds=True)
+    home = private_dir() if sandbox_user else None
+    given = [home, *writable] if home else []
+    try:
+        try:
+            for path in given:
+                hand_over(path)
+        except UnreachableFolder as exc:  # a folder it must write is out of its reach (a 0700 parent)
+            if sandbox_requirement():
+                raise
+            log.warning("%s: the engine child keeps this process's user while %s", exc, what)
+            given, argv = given[:given.index(path)], []
+        else:
+            argv = ["--sandbox-user"] if sandbox_user else []
+        if home:
+            child_env["HOME"] = child_env["TMPDIR"] = home
+        return _call(func, args, kwargs, what=what, sink=sink, init=init, env=child_env,
+                     on_sink_error=on_sink_error, argv=argv, cwd=home)
+    finally:
+        for path in given[1:]:
+            take_back(path)
+        remove_dir(home)  # taken back too
+
+
+def _call(func: str, args: tuple, kwargs: dict, *, what: str, sink: Any, init: str | None, env: dict[str, str],
+          on_sink_error, argv: list[str], cwd: str | None):
+    proc = subprocess.Popen([sys.executable, "-u", _CHILD, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=env, close_fds=True, cwd=cwd)
     try:
         methods = [m for m in SINK_METHODS if sink is not None and hasattr(sink, m)]
         _send(proc.stdin, (func, args, kwargs, init, methods if sink is not None else None))

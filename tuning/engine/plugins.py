@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -107,7 +106,9 @@ def _persistent_builder(ctx: PlugContext) -> PersistentBuilder:
     return PersistentBuilder(
         max_workers=cfg.builder_workers or len(available_cpus()),
         timeout_sec=max(cfg.timeout_sec, 60.0),
-        artifact_dir=os.path.join(ctx.work_dir, "artifacts"),
+        # a fresh temporary folder, not the run's work dir: the media volume is mounted noexec (a
+        # candidate .so must be loadable) and build workers write it as the sandbox account
+        artifact_dir=None,
     )
 
 

@@ -8,7 +8,8 @@ given. Workers stay alive between calls (no re-import of TVM per batch), are
 recycled after ``max_uses`` calls, and are killed and restarted on a timeout.
 
 Workers run candidate code, so each is sandboxed (:mod:`.sandbox`): an allow-listed
-environment (no secrets), its own temporary working directory, and resource limits.
+environment (no secrets), its own temporary working directory, resource limits, and, where this
+process may switch users, the sandbox account (:mod:`common.privileges`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from common.privileges import hand_over, sandbox_account
+
 from . import sandbox
+from .gpu_slots import TIMING_LOCK_VAR
 
 __all__ = ["WorkerSpec", "WorkerProcess", "ProcessPool", "run_isolated", "WorkerError", "WorkerTimeout",
            "available_cpus", "unpin_current_thread", "loads_from_sandbox"]
@@ -189,17 +193,30 @@ class WorkerProcess:
             stderr = None if os.environ.get("ENGINE_WORKER_STDERR") == "inherit" else subprocess.DEVNULL
         sandbox.remove_dir(self._cwd)
         self._cwd = sandbox.private_dir()
-        self._proc = subprocess.Popen(
-            [sys.executable, "-u", _WORKER_SCRIPT],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=self._env(),
-            cwd=self._cwd,
-            close_fds=True,
-            # its own process group: a kill takes the compilers/children it started along (killpg)
-            start_new_session=True,
-        )
+        hand_over(self._cwd)  # the child writes here as the sandbox account (it drops to it first thing)
+        env = self._env()
+        lock_fd = None
+        if env.get(TIMING_LOCK_VAR) and sandbox_account() is not None:
+            # the sandbox account cannot reach this user's runtime folder: the worker gets the GPU's
+            # timing lock file open, an open of its own (flock still excludes the other workers)
+            lock_fd = os.open(env[TIMING_LOCK_VAR], os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            env[sandbox.TIMING_LOCK_FD_VAR] = str(lock_fd)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-u", _WORKER_SCRIPT],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=env,
+                cwd=self._cwd,
+                close_fds=True,
+                pass_fds=() if lock_fd is None else (lock_fd,),
+                # its own process group: a kill takes the compilers/children it started along (killpg)
+                start_new_session=True,
+            )
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)
         self._ready = False
         self.uses = 0
         self.starts += 1

@@ -31,7 +31,6 @@ import functools
 import os
 import queue
 import re
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -46,7 +45,7 @@ from .gpu_slots import TIMING_LOCK_VAR
 from .measure import MeasureOutcome, _jsonable, make_payload
 from .procpool import ProcessPool, WorkerError, WorkerSpec, WorkerTimeout, available_cpus
 from .rounds import latency_of, measure_round
-from .sandbox import RUNTIME_ONLY_ENV, read_untrusted_file
+from .sandbox import RUNTIME_ONLY_ENV, read_untrusted_file, remove_dir
 from .slots import Slot, plan_slots, read_topology
 from .timer import EvaluatorConfig
 
@@ -387,7 +386,7 @@ class PooledAsyncRunner(PyRunner):
         for pool in pools:
             pool.shutdown()
         if self._own_kernel_cache:
-            shutil.rmtree(self._own_kernel_cache, ignore_errors=True)
+            remove_dir(self._own_kernel_cache)
 
     # ------------------------------------------------------------------ rounds
     def _loop(self) -> None:

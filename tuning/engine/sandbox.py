@@ -10,10 +10,16 @@ traces: they are built and loaded only in worker subprocesses that get
   not for GPU workers: the CUDA driver reserves more virtual memory than any sane cap), CPU
   seconds (``RLIMIT_CPU``) and open files (``RLIMIT_NOFILE``), soft = hard.
 
-Not isolated (see docs/security.md): same user id as the worker (a worker running
-as root can raise its own hard limits), same network, same file system (no chroot, no seccomp,
-no namespaces). Limits can be tuned with ``DLOPT_SANDBOX_AS_MB``, ``DLOPT_SANDBOX_CPU_S`` and
-``DLOPT_SANDBOX_NOFILE``.
+- where the worker may switch users (root, or the compose image's ambient ``CAP_SETUID``), the
+  sandbox account (``DLOPT_SANDBOX_USER``, see :mod:`common.privileges`), set after the limits
+  (so it cannot raise them again): it owns only the directories handed to it, so it cannot write
+  the database file or the media; and always ``no_new_privs``.
+
+Not isolated (see docs/security.md): one sandbox account for every run (a candidate can write
+another run's build artifacts while both run), it can read what is world-readable (the project,
+uploaded models under the media folder), same network, no chroot, no seccomp, no namespaces. Where
+the worker may not switch users (a developer's laptop) the sandbox keeps the worker's user id.
+Limits can be tuned with ``DLOPT_SANDBOX_AS_MB``, ``DLOPT_SANDBOX_CPU_S`` and ``DLOPT_SANDBOX_NOFILE``.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import resource
 import shutil
 import stat
 import tempfile
+
+from common.privileges import drop_privileges, take_back
 
 __all__ = ["ENV_ALLOW", "ENV_ALLOW_PREFIXES", "scrub_env", "default_limits", "limits_env", "apply_limits",
            "apply_limits_from_env", "private_dir", "runtime_root", "user_runtime_dir", "UnsafeDirectory", "scrubbed_environ",
@@ -38,6 +46,8 @@ ENV_ALLOW = frozenset({
 ENV_ALLOW_PREFIXES = ("LC_", "TVM_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "NVIDIA_", "DLOPT_SANDBOX_", "DLOPT_CUDA_",
                       "DLOPT_TIMING_")
 LIMITS_VAR = "ENGINE_WORKER_RLIMITS"
+# a worker that runs as the sandbox account gets its GPU's timing lock as an open file (this number)
+TIMING_LOCK_FD_VAR = "DLOPT_TIMING_LOCK_FD"
 DEFAULT_AS_MB = 8192
 DEFAULT_CPU_S = 4 * 3600  # a persistent worker's lifetime CPU; each call also has a wall-clock timeout
 DEFAULT_NOFILE = 512
@@ -152,7 +162,13 @@ def read_untrusted_file(path: str | os.PathLike, *, max_bytes: int, magic: bytes
 
 
 def remove_dir(path: str | None) -> None:
+    """Remove a directory a sandboxed child wrote (taken back first: a parent that switches users by
+    capability, not as root, could not list the sandbox's folders)."""
     if path:
+        try:
+            take_back(path)
+        except OSError:
+            pass
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -173,9 +189,12 @@ def scrubbed_environ():
 
 
 def stock_worker_init(gpu: bool = False) -> None:
-    """Initializer of TVM's LocalBuilder / LocalRunner workers (stock mode): limits and a private cwd
-    (bind ``gpu`` with functools.partial for a runner that measures on a GPU)."""
+    """Initializer of TVM's LocalBuilder / LocalRunner workers (stock mode): limits, the sandbox
+    account and a private cwd made as that account (bind ``gpu`` with functools.partial for a runner
+    that measures on a GPU). The stock builder's artifacts go to its own temporary folders, which the
+    stock runner (the same account) reads."""
     apply_limits(default_limits(gpu=gpu))
+    drop_privileges()
     d = private_dir()
     os.chdir(d)
     os.environ["TMPDIR"] = os.environ["HOME"] = d
@@ -210,8 +229,9 @@ def is_dumpable() -> bool:
 
 
 def describe_process() -> dict:
-    """What this process runs with (environment names, cwd, limits): a probe the tests run in workers."""
-    return {"env": sorted(os.environ), "cwd": os.getcwd(), "pid": os.getpid(),
+    """What this process runs with (environment names, cwd, ids, limits): a probe the tests run in workers."""
+    return {"env": sorted(os.environ), "cwd": os.getcwd(), "pid": os.getpid(), "uids": os.getresuid(),
+            "gids": os.getresgid(), "groups": os.getgroups(),
             "limits": {"as_bytes": resource.getrlimit(resource.RLIMIT_AS),
                        "cpu_s": resource.getrlimit(resource.RLIMIT_CPU),
                        "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)}}
