@@ -29,6 +29,8 @@ from core.models import DLModel
 from core.onnx_models.features import compute_features
 
 from .horus import experiments
+from .horus.cost import SECONDS_PER_UNIT as SIMULATION_SECONDS_PER_UNIT
+from .horus.cost import SimulationCost, estimate_simulation_cost
 from .horus.cluster import ClusterSpec, ClusterState, JobView, NodeSpec, workload_types
 from .horus.policies import POLICIES, PlacementPolicy, make_policy
 from .horus.predictor import TrainedPredictor, UtilizationPredictor
@@ -45,7 +47,8 @@ __all__ = [
     "SHIPPED_TRACES", "SIMULATION_INPUT_ERRORS", "TraceRejected", "TrainedPredictor", "cluster_state",
     "evaluate_utilization_predictor", "experiment_parameter_choices", "experiment_params", "format_predictor_evaluation", "job_view", "load_trained_predictor", "make_live_policy", "model_features",
     "parse_trace_upload", "profile_records_from_rows", "profile_row_values", "run_simulation",
-    "seed_profile_records", "simulation_results", "simulation_size", "trace_input", "file_trace_input",
+    "seed_profile_records", "simulation_cost", "simulation_results", "simulation_size", "SimulationCost",
+    "SimulationStopped", "SIMULATION_SECONDS_PER_UNIT", "trace_input", "file_trace_input",
     "TraceInput",
     "train_utilization_predictor",
 ]
@@ -324,6 +327,13 @@ def simulation_size(label: str, upload: TraceUpload | None, kind: str, params: e
     return experiments.simulation_size(kind, params, trace_jobs=n_jobs, seed=seed)
 
 
+def simulation_cost(params: experiments.ExperimentParams, *, policies: Sequence[str], jobs: int, gpus: int,
+                    seeds: int = 1) -> SimulationCost:
+    """The engine's cost estimate (``horus.cost``) of validated parameters on ``jobs`` x ``gpus``."""
+    return estimate_simulation_cost(params, policies=policies, jobs=jobs, gpus=gpus, seeds=seeds)
+
+
+SimulationStopped = experiments.SimulationStopped
 TraceInput = experiments.TraceInput
 experiment_parameter_choices = experiments.parameter_choices
 
@@ -355,10 +365,12 @@ def file_trace_input(name: str, data: bytes, *, nodes_name: str | None = None,
 
 def run_simulation(*, trace: TraceInput, policies: list[str], seed: int, params: dict[str, Any],
                    profiles: list[ProfileRecord], predictor: TrainedPredictor | None,
-                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Every policy on the same jobs and cluster (the engine's one experiment call)."""
+                   progress: Callable[[str], None] | None = None,
+                   should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Every policy on the same jobs and cluster (the engine's one experiment call); ``should_stop`` True
+    abandons it (SimulationStopped)."""
     return experiments.run_experiment(trace=trace, policies=policies, seed=seed, params=params, profiles=profiles,
-                                      predictor=predictor, progress=progress)
+                                      predictor=predictor, progress=progress, should_stop=should_stop)
 
 
 def simulation_results(results: dict[str, Any], *, predictor_used: bool,
