@@ -304,7 +304,8 @@ def trace_summary(jobs: Sequence[Job]) -> dict[str, Any]:
         gpus[str(j.num_gpus)] = gpus.get(str(j.num_gpus), 0) + 1
     return {"jobs": len(jobs), "span_s": float(sub.max() - sub.min()), "median_duration_s": float(np.median(dur)),
             "num_gpus": dict(sorted(gpus.items(), key=lambda kv: int(kv[0]))),
-            "sharing_jobs": sum(1 for j in jobs if 0 < j.gpu_milli < 1000)}
+            "sharing_jobs": sum(1 for j in jobs if 0 < j.gpu_milli < 1000),
+            "gpu_request_per_pod": gpu_request_per_pod(jobs)}
 
 
 def experiment_params(parameters: dict[str, Any] | None, kind: str) -> experiments.ExperimentParams:
@@ -327,10 +328,21 @@ def simulation_size(label: str, upload: TraceUpload | None, kind: str, params: e
     return experiments.simulation_size(kind, params, trace_jobs=n_jobs, seed=seed)
 
 
-def simulation_cost(params: experiments.ExperimentParams, *, policies: Sequence[str], jobs: int, gpus: int,
-                    seeds: int = 1) -> SimulationCost:
-    """The engine's cost estimate (``horus.cost``) of validated parameters on ``jobs`` x ``gpus``."""
-    return estimate_simulation_cost(params, policies=policies, jobs=jobs, gpus=gpus, seeds=seeds)
+def gpu_request_per_pod(jobs: Sequence[Job]) -> float:
+    """Mean GPUs a pod of the list requests (``Job.gpu_request``; CPU-only pods count 0)."""
+    return float(sum(j.gpu_request for j in jobs) / len(jobs)) if jobs else 0.0
+
+
+def simulation_cost(params: experiments.ExperimentParams, *, label: str, upload: TraceUpload | None,
+                    policies: Sequence[str], jobs: int, gpus: int, seeds: int = 1) -> SimulationCost:
+    """The engine's cost estimate (``horus.cost``) of validated parameters on ``jobs`` x ``gpus``; a fill
+    is sized by its pod list's mean GPU request (an upload's summary; the shipped trace, parsed once)."""
+    per_pod = None
+    if params.method == "fill":
+        per_pod = ((upload.summary or {}).get("gpu_request_per_pod") if upload is not None
+                   else gpu_request_per_pod(experiments.load_jobs(label)[1]))
+    return estimate_simulation_cost(params, policies=policies, jobs=jobs, gpus=gpus, seeds=seeds,
+                                    gpu_request_per_pod=per_pod)
 
 
 SimulationStopped = experiments.SimulationStopped

@@ -8,8 +8,10 @@ One simulation unit is one job taken through one placement decision by a baselin
                      decisions x policy weight x (1 + GPUs / GPU_SCAN) x (1 + (window - 1) / WINDOW_SCAN))
 
 * ``decisions``: replay - the jobs of the slice (each is queued, placed and finished once; an
-  out-of-memory retry is rare); fill - the fill's own cap on submitted pods, ``10 x GPUs + 1000`` (an
-  upper bound: the ATC'23 fill usually stops at about 1.3 pods per GPU of capacity).
+  out-of-memory retry is rare); fill - the pods it submits before the requested GPUs reach ``until`` x
+  the cluster, ``until x GPUs / GPUs requested per sampled pod`` with a 25 % margin for the sampling,
+  never more than the fill's own cap, ``10 x GPUs + 1000`` (the cap itself when the trace's mean
+  request is unknown).
 * ``policy weight``: how much more a policy's decision costs than a baseline's (migrations, FGD's
   fragmentation deltas, usage_fgd's interference bound), from the timings below.
 * ``GPUs``: every placement scores the cluster, so a decision grows with it (vectorised: slowly).
@@ -27,6 +29,7 @@ less than its own error.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -74,17 +77,23 @@ class SimulationCost:
         return asdict(self)
 
 
-def fill_decisions(gpus: int) -> int:
-    """Pods a fill submits at most: the cap ``horus.fill.Fill`` puts on it by default."""
-    return 10 * int(gpus) + 1000
+def fill_decisions(gpus: int, *, until: float = 1.0, gpu_request_per_pod: float | None = None) -> int:
+    """Pods a fill submits: ``until x gpus`` GPUs of requests at ``gpu_request_per_pod`` GPUs a sampled pod
+    (CPU-only pods count 0), plus 25 %; at most the cap ``horus.fill.Fill`` puts on it (None: the cap)."""
+    cap = 10 * int(gpus) + 1000
+    if not gpu_request_per_pod or gpu_request_per_pod <= 0:
+        return cap
+    return min(cap, math.ceil(1.25 * until * gpus / gpu_request_per_pod) + 1)
 
 
 def estimate_simulation_cost(params: ExperimentParams, *, policies: Sequence[str], jobs: int, gpus: int,
-                             seeds: int = 1) -> SimulationCost:
+                             seeds: int = 1, gpu_request_per_pod: float | None = None) -> SimulationCost:
     """THE cost of a validated experiment (``params.validate`` has set its method) of ``policies`` on
-    ``jobs`` jobs (``experiments.simulation_size``) and a ``gpus``-GPU cluster, for ``seeds`` seeds."""
+    ``jobs`` jobs (``experiments.simulation_size``) and a ``gpus``-GPU cluster, for ``seeds`` seeds.
+    ``gpu_request_per_pod``: a pod list's mean GPU request (fill only; None = unknown)."""
     jobs, gpus, seeds = max(0, int(jobs)), max(0, int(gpus)), max(1, int(seeds))
-    decisions = fill_decisions(gpus) if params.method == "fill" else jobs
+    decisions = (fill_decisions(gpus, until=params.until, gpu_request_per_pod=gpu_request_per_pod)
+                 if params.method == "fill" else jobs)
     scan = 1.0 + gpus / GPU_SCAN
     per_policy: dict[str, int] = {}
     for name in policies:

@@ -215,7 +215,8 @@ def _request_cost(team: Team, trace: str | int, policies: list[str] | str, seed:
     names = resolve_policies(policies)
     params = adapters.experiment_params(parameters, kind)
     jobs, gpus = adapters.simulation_size(label, upload, kind, params, int(seed))
-    cost = adapters.simulation_cost(params, policies=names, jobs=jobs, gpus=gpus, seeds=seeds)
+    cost = adapters.simulation_cost(params, label=label, upload=upload, policies=names, jobs=jobs, gpus=gpus,
+                                    seeds=seeds)
     return label, upload, names, params, jobs, gpus, cost
 
 

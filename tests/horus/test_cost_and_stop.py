@@ -52,10 +52,17 @@ def test_seeds_multiply_the_whole_request():
     assert three.units == 3 * one.units and three.per_policy == one.per_policy
 
 
-def test_fill_is_charged_the_fills_pod_cap_whatever_the_trace_size():
-    c = _cost(method="fill", jobs=8000, gpus=300, policies=("fgd",))
-    assert c.decisions == fill_decisions(300) == 4000
-    assert c.per_policy["fgd"] == round(4000 * POLICY_WEIGHTS["fgd"] * (1 + 300 / 1024))
+def test_a_fill_is_charged_the_pods_it_submits_at_most_the_fills_cap():
+    p = ExperimentParams.from_dict({"until": 1.0}).validate("alibaba_pods")
+    sized = estimate_simulation_cost(p, policies=["fgd"], jobs=8000, gpus=300, gpu_request_per_pod=0.75)
+    assert sized.decisions == fill_decisions(300, until=1.0, gpu_request_per_pod=0.75) == 501  # 1.25 x 300 / 0.75
+    assert sized.per_policy["fgd"] == round(501 * POLICY_WEIGHTS["fgd"] * (1 + 300 / 1024))
+    # unknown mean request, or pods so small the fill would run to its cap: the cap, 10 x GPUs + 1000
+    assert estimate_simulation_cost(p, policies=["fgd"], jobs=8000, gpus=300).decisions == 4000
+    assert fill_decisions(300, gpu_request_per_pod=0.01) == 4000
+    half = ExperimentParams.from_dict({"until": 0.5}).validate("alibaba_pods")
+    assert estimate_simulation_cost(half, policies=["fgd"], jobs=8000, gpus=300,
+                                    gpu_request_per_pod=0.75).decisions == 251
 
 
 def test_an_unknown_policy_is_charged_as_the_dearest():
