@@ -56,6 +56,8 @@ class SimulationForm(forms.Form):
                                          help_text="Replay: waiting jobs horus / horus_migrate consider (default 5).")
 
     MAX_SEEDS = 5
+    #: the view's cost estimate of the request (``services.estimate_simulation``), when asked for
+    estimate: dict | None = None
 
     def __init__(self, *args, teams=(), traces=(), **kwargs):
         super().__init__(*args, **kwargs)

@@ -94,10 +94,9 @@ def simulation_new(request):
         upload_form.add_error(None, f"The file is over the {services.max_trace_bytes() // 2**20} MB limit.")
     elif uploading and upload_form.is_valid() and _upload(request, upload_form):
         return redirect("simulation-new")
-    estimate = None
     if sim_form.is_bound and sim_form.is_valid():
         if "estimate" in request.POST:
-            estimate = _estimate(request, sim_form)
+            sim_form.estimate = _estimate(request, sim_form)  # shown in the form, above its buttons
         else:
             runs = _start(request, sim_form)
             if runs:
@@ -109,7 +108,7 @@ def simulation_new(request):
                                     if waiting else "."))
                 return redirect("simulation-detail", pk=runs[0].pk)
     return render(request, "frontend/simulation_new.html", {
-        "scope": scope, "form": sim_form, "upload_form": upload_form, "no_teams": not teams, "estimate": estimate,
+        "scope": scope, "form": sim_form, "upload_form": upload_form, "no_teams": not teams,
         "max_trace_mb": services.max_trace_bytes() // 2**20, "nav": "simulations"}, status=400 if too_large else 200)
 
 
