@@ -78,10 +78,11 @@ class QuotaAdmin(admin.ModelAdmin):
     list_display = [
         "team", "max_concurrent_runs", "runs_now", "tuning_trials_per_month", "trials_used",
         "gpu_hours_per_month", "gpu_hours_used", "energy_kwh_per_month", "energy_used",
-        "max_concurrent_simulations", "simulations_now", "max_simulation_job_gpus", "updated_at",
+        "max_concurrent_simulations", "simulations_now", "max_simulation_job_gpus", "max_simulation_units",
+        "updated_at",
     ]
     list_editable = ["max_concurrent_runs", "tuning_trials_per_month", "gpu_hours_per_month", "energy_kwh_per_month",
-                     "max_concurrent_simulations", "max_simulation_job_gpus"]
+                     "max_concurrent_simulations", "max_simulation_job_gpus", "max_simulation_units"]
     search_fields = ["team__name"]
     readonly_fields = ["usage_summary"]
 

@@ -95,6 +95,10 @@ class Quota(models.Model):
         default=2, help_text="Trace simulations queued or running at once.")
     max_simulation_job_gpus = models.PositiveBigIntegerField(
         default=20_000_000, help_text="Largest simulation: jobs simulated x cluster GPUs.")
+    # 15M units ~ 30 min of a simulation worker at scheduling.horus.cost.SECONDS_PER_UNIT
+    max_simulation_units = models.PositiveBigIntegerField(
+        default=15_000_000, help_text="Dearest simulation, in simulation units (scheduling.horus.cost: jobs x "
+                                      "policies x cluster and queue-window factors; about 1.2e-4 worker seconds each).")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

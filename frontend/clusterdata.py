@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from common.series import thin
 from scheduling import selectors
+from scheduling.adapters import SIMULATION_SECONDS_PER_UNIT
 from scheduling.models import GpuJob, GpuTelemetry, Placement, SimulationRun
 
 from . import charts
@@ -170,9 +171,14 @@ def simulation_detail_context(scope, pk: int) -> dict:
     table = results.get("table") or []
     columns = [c for c in (table[0].keys() if table else []) if c != "policy"]
     rows = [(row.get("policy"), [row.get(c) for c in columns]) for row in table]
+    active = sim.status in SimulationRun.ACTIVE
     return {"sim": sim, "results": results, "table": table, "columns": columns, "rows": rows,
             "figures": simulation_figures_for(sim), "cluster": results.get("cluster") or {},
-            "assumptions": results.get("assumptions") or {}, "trace": results.get("trace") or {}}
+            "assumptions": results.get("assumptions") or {}, "trace": results.get("trace") or {},
+            "cost_minutes": sim.cost_units * SIMULATION_SECONDS_PER_UNIT / 60,
+            "waiting_in_fair_queue": sim.status == SimulationRun.Status.QUEUED and sim.dispatched_at is None,
+            "can_cancel": active and sim.team_id in scope.writable_ids,
+            "stopping": sim.status == SimulationRun.Status.RUNNING and sim.cancel_requested_at is not None}
 
 
 def simulation_figures(scope, pk: int) -> dict:

@@ -49,8 +49,15 @@ class SimulationForm(forms.Form):
     scale = forms.FloatField(required=False, min_value=0.0, help_text="Alibaba fill: fraction of its GPU nodes.")
     predictor_error = forms.FloatField(required=False, min_value=0.0, max_value=5.0,
                                        help_text="Extra log-normal sigma on the predictions (0 = none).")
+    backfill = forms.IntegerField(required=False, min_value=1,
+                                  help_text="Replay: waiting jobs each scheduling pass offers (default 1: strict FIFO). "
+                                            "A wider window costs more.")
+    horus_lookahead = forms.IntegerField(required=False, min_value=1,
+                                         help_text="Replay: waiting jobs horus / horus_migrate consider (default 5).")
 
     MAX_SEEDS = 5
+    #: the view's cost estimate of the request (``services.estimate_simulation``), when asked for
+    estimate: dict | None = None
 
     def __init__(self, *args, teams=(), traces=(), **kwargs):
         super().__init__(*args, **kwargs)
@@ -70,7 +77,7 @@ class SimulationForm(forms.Form):
     def parameters(self) -> dict:
         """The API's `parameters` dict: only what was given (the service fills in its defaults)."""
         data = self.cleaned_data
-        return {k: data[k] for k in ("method", "jobs", "gpus", "scale", "predictor_error")
+        return {k: data[k] for k in ("method", "jobs", "gpus", "scale", "predictor_error", "backfill", "horus_lookahead")
                 if data.get(k) not in (None, "")}
 
 

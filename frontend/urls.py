@@ -44,6 +44,7 @@ urlpatterns = [
     path("simulations/new/", views_simulations.simulation_new, name="simulation-new"),
     path("simulations/<int:pk>/", views.simulation_detail, name="simulation-detail"),
     path("simulations/<int:pk>/progress/", views_simulations.simulation_progress, name="simulation-progress"),
+    path("simulations/<int:pk>/cancel/", views_simulations.simulation_cancel, name="simulation-cancel"),
     path("energy/", views.energy, name="energy"),
     path("settings/tokens/", views_settings.tokens, name="settings-tokens"),
     path("settings/tokens/<int:pk>/revoke/", views_settings.token_revoke, name="token-revoke"),

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
 from core.api.fast import not_modified, version_etag, with_validators
 from core.api.throttles import UploadThrottle, upload_throttled_message
@@ -22,7 +22,8 @@ from .forms import refuse_unread
 from .forms_scheduling import SimulationForm, TraceUploadForm
 from .scope import get_scope
 
-SIM_FIELDS = {"trace", "policies", "seeds", "jobs", "gpus", "scale", "predictor_error", "method", "team"}
+SIM_FIELDS = {"trace", "policies", "seeds", "jobs", "gpus", "scale", "predictor_error", "method", "team", "backfill",
+              "horus_lookahead"}
 
 
 def _form_field(service_field: str | None) -> str | None:
@@ -44,6 +45,18 @@ def _start(request, form) -> list[SimulationRun] | None:
                                               parameters=form.parameters()) for seed in data["seeds"]]
     except QuotaExceeded as exc:
         form.add_error(None, exc.message)
+    except ServiceError as exc:
+        form.add_error(_form_field(exc.field), exc.message)
+    return None
+
+
+def _estimate(request, form) -> dict | None:
+    """The cost of what the form asks for (every seed), against the team's limit; nothing is started."""
+    data = form.cleaned_data
+    try:
+        return services.estimate_simulation(actor=request.user, team=data["team"], trace=data["trace"],
+                                            policies=data["policies"] or "all", seed=data["seeds"][0],
+                                            parameters=form.parameters(), seeds=len(data["seeds"]))
     except ServiceError as exc:
         form.add_error(_form_field(exc.field), exc.message)
     return None
@@ -90,10 +103,18 @@ def simulation_new(request):
     elif uploading and upload_form.is_valid() and _upload(request, upload_form):
         return redirect("simulation-new")
     if sim_form.is_bound and sim_form.is_valid():
-        runs = _start(request, sim_form)
-        if runs:
-            messages.success(request, f"Simulation(s) {', '.join(str(r.pk) for r in runs)} queued.")
-            return redirect("simulation-detail", pk=runs[0].pk)
+        if "estimate" in request.POST:
+            sim_form.estimate = _estimate(request, sim_form)  # shown in the form, above its buttons
+        else:
+            runs = _start(request, sim_form)
+            if runs:
+                units = sum(r.cost_units for r in runs)
+                waiting = sum(1 for r in runs if r.dispatched_at is None)
+                messages.success(request, f"Simulation(s) {', '.join(str(r.pk) for r in runs)} queued, estimated at "
+                                          f"{units:,} simulation units"
+                                 + (f"; {waiting} wait in the fair queue until your team's previous one is done."
+                                    if waiting else "."))
+                return redirect("simulation-detail", pk=runs[0].pk)
     return render(request, "frontend/simulation_new.html", {
         "scope": scope, "form": sim_form, "upload_form": upload_form, "no_teams": not teams,
         "max_trace_mb": services.max_trace_bytes() // 2**20, "nav": "simulations"},
@@ -105,10 +126,10 @@ def simulation_new(request):
 def simulation_progress(request, pk: int):
     """Status of one simulation for the page's poller; an unchanged one is a 304 (ETag of its state)."""
     sim = (SimulationRun.objects.filter(pk=pk, team_id__in=get_scope(request).all_team_ids)
-           .values("status", "created_at", "started_at", "finished_at", "error").first())
+           .values("status", "created_at", "started_at", "finished_at", "cancel_requested_at", "error").first())
     if sim is None:
         raise Http404("No such simulation in your teams.")
-    changed = sim["finished_at"] or sim["started_at"] or sim["created_at"]
+    changed = sim["finished_at"] or sim["cancel_requested_at"] or sim["started_at"] or sim["created_at"]
     running = sim["status"] == SimulationRun.Status.RUNNING
     # A running one's elapsed time changes every second: validate it per 5 s window only.
     tick = int(timezone.now().timestamp() // 5) if running else 0
@@ -120,4 +141,22 @@ def simulation_progress(request, pk: int):
     elapsed = (end - sim["started_at"]).total_seconds() if sim["started_at"] else None
     return with_validators(JsonResponse({
         "id": pk, "status": sim["status"], "error": sim["error"], "elapsed_s": elapsed,
-        "terminal": sim["status"] in (SimulationRun.Status.SUCCEEDED, SimulationRun.Status.FAILED)}), etag, None)
+        "cancel_requested": sim["cancel_requested_at"] is not None,
+        "terminal": sim["status"] in SimulationRun.TERMINAL}), etag, None)
+
+
+@login_required
+@require_POST
+def simulation_cancel(request, pk: int):
+    """The detail page's Cancel button: POST /api/simulations/{id}/cancel/'s service."""
+    sim = SimulationRun.objects.filter(pk=pk, team_id__in=get_scope(request).all_team_ids).first()
+    if sim is None:
+        raise Http404("No such simulation in your teams.")
+    try:
+        sim = services.cancel_simulation(actor=request.user, run=sim)
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Simulation {sim.pk} cancelled." if sim.status == SimulationRun.Status.CANCELLED
+                         else f"Simulation {sim.pk} will stop at its next check; its partial results are discarded.")
+    return redirect("simulation-detail", pk=pk)

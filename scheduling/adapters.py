@@ -29,6 +29,8 @@ from core.models import DLModel
 from core.onnx_models.features import compute_features
 
 from .horus import experiments
+from .horus.cost import SECONDS_PER_UNIT as SIMULATION_SECONDS_PER_UNIT
+from .horus.cost import SimulationCost, estimate_simulation_cost
 from .horus.cluster import ClusterSpec, ClusterState, JobView, NodeSpec, workload_types
 from .horus.policies import POLICIES, PlacementPolicy, make_policy
 from .horus.predictor import TrainedPredictor, UtilizationPredictor
@@ -45,7 +47,8 @@ __all__ = [
     "SHIPPED_TRACES", "SIMULATION_INPUT_ERRORS", "TraceRejected", "TrainedPredictor", "cluster_state",
     "evaluate_utilization_predictor", "experiment_parameter_choices", "experiment_params", "format_predictor_evaluation", "job_view", "load_trained_predictor", "make_live_policy", "model_features",
     "parse_trace_upload", "profile_records_from_rows", "profile_row_values", "run_simulation",
-    "seed_profile_records", "simulation_results", "simulation_size", "trace_input", "file_trace_input",
+    "seed_profile_records", "simulation_cost", "simulation_results", "simulation_size", "SimulationCost",
+    "SimulationStopped", "SIMULATION_SECONDS_PER_UNIT", "trace_input", "file_trace_input",
     "TraceInput",
     "train_utilization_predictor",
 ]
@@ -301,7 +304,8 @@ def trace_summary(jobs: Sequence[Job]) -> dict[str, Any]:
         gpus[str(j.num_gpus)] = gpus.get(str(j.num_gpus), 0) + 1
     return {"jobs": len(jobs), "span_s": float(sub.max() - sub.min()), "median_duration_s": float(np.median(dur)),
             "num_gpus": dict(sorted(gpus.items(), key=lambda kv: int(kv[0]))),
-            "sharing_jobs": sum(1 for j in jobs if 0 < j.gpu_milli < 1000)}
+            "sharing_jobs": sum(1 for j in jobs if 0 < j.gpu_milli < 1000),
+            "gpu_request_per_pod": gpu_request_per_pod(jobs)}
 
 
 def experiment_params(parameters: dict[str, Any] | None, kind: str) -> experiments.ExperimentParams:
@@ -324,6 +328,24 @@ def simulation_size(label: str, upload: TraceUpload | None, kind: str, params: e
     return experiments.simulation_size(kind, params, trace_jobs=n_jobs, seed=seed)
 
 
+def gpu_request_per_pod(jobs: Sequence[Job]) -> float:
+    """Mean GPUs a pod of the list requests (``Job.gpu_request``; CPU-only pods count 0)."""
+    return float(sum(j.gpu_request for j in jobs) / len(jobs)) if jobs else 0.0
+
+
+def simulation_cost(params: experiments.ExperimentParams, *, label: str, upload: TraceUpload | None,
+                    policies: Sequence[str], jobs: int, gpus: int, seeds: int = 1) -> SimulationCost:
+    """The engine's cost estimate (``horus.cost``) of validated parameters on ``jobs`` x ``gpus``; a fill
+    is sized by its pod list's mean GPU request (an upload's summary; the shipped trace, parsed once)."""
+    per_pod = None
+    if params.method == "fill":
+        per_pod = ((upload.summary or {}).get("gpu_request_per_pod") if upload is not None
+                   else gpu_request_per_pod(experiments.load_jobs(label)[1]))
+    return estimate_simulation_cost(params, policies=policies, jobs=jobs, gpus=gpus, seeds=seeds,
+                                    gpu_request_per_pod=per_pod)
+
+
+SimulationStopped = experiments.SimulationStopped
 TraceInput = experiments.TraceInput
 experiment_parameter_choices = experiments.parameter_choices
 
@@ -355,10 +377,12 @@ def file_trace_input(name: str, data: bytes, *, nodes_name: str | None = None,
 
 def run_simulation(*, trace: TraceInput, policies: list[str], seed: int, params: dict[str, Any],
                    profiles: list[ProfileRecord], predictor: TrainedPredictor | None,
-                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Every policy on the same jobs and cluster (the engine's one experiment call)."""
+                   progress: Callable[[str], None] | None = None,
+                   should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Every policy on the same jobs and cluster (the engine's one experiment call); ``should_stop`` True
+    abandons it (SimulationStopped)."""
     return experiments.run_experiment(trace=trace, policies=policies, seed=seed, params=params, profiles=profiles,
-                                      predictor=predictor, progress=progress)
+                                      predictor=predictor, progress=progress, should_stop=should_stop)
 
 
 def simulation_results(results: dict[str, Any], *, predictor_used: bool,

@@ -296,8 +296,10 @@ class SimulationRun(models.Model):
         RUNNING = "running", "Running"
         SUCCEEDED = "succeeded", "Succeeded"
         FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
 
     ACTIVE = (Status.QUEUED, Status.RUNNING)
+    TERMINAL = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="simulations")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
@@ -311,13 +313,22 @@ class SimulationRun(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
     results = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
+    cost_units = models.PositiveBigIntegerField(
+        default=0, help_text="Estimated cost in simulation units (scheduling.horus.cost), checked against the team's "
+                             "max_simulation_units when requested and again when it starts.")
+    dispatched_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it was sent to the simulation worker's queue; a queued run without it "
+                                         "waits in the fair queue (one dispatched simulation per team at a time).")
+    cancel_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="A running simulation stops at its next check once this is set.")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["team", "-created_at"])]
+        indexes = [models.Index(fields=["team", "-created_at"]),
+                   models.Index(fields=["status", "dispatched_at"], name="simulation_fair_queue")]
 
     def __str__(self) -> str:
         return f"Simulation {self.pk} of {self.trace} ({self.status})"

@@ -5,7 +5,7 @@
   sends a targeted heartbeat to every other live node's own queue, and places pending jobs.
 * ``scheduling.place_pending``: one placement pass with the configured policy.
 * ``scheduling.run_job``: sent to ``measure.<node>.gpu<i>`` by the placement; runs the model there.
-* ``scheduling.run_simulation``: a stored simulation run.
+* ``scheduling.run_simulation``: a stored simulation run (sent by the fair queue, services.simulation_queue).
 * ``scheduling.train_predictor``: train and activate a predictor version.
 
 A worker registers its node (and the queues it consumes) as soon as it is ready.
@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 # (soft, hard) seconds per kind of work. A GPU job stops itself at its declared duration (at most
 # SCHEDULING_MAX_JOB_DURATION_S, counted from its start, model loading included): the limit leaves room
-# for loading and for reporting. Simulations are bounded by the team's simulation-size quota.
+# for loading and for reporting. Simulations are bounded by the team's simulation size and cost quotas
+# (scheduling.horus.cost), one per team is in the worker's queue at a time, and they can be cancelled.
 TIME_LIMITS_S: dict[str, tuple[float, float]] = {
     "telemetry": (60.0, 120.0),
     "placement": (300.0, 360.0),
@@ -71,6 +72,7 @@ def heartbeat(node: str | None = None, queues: list[str] | None = None, fanout: 
             heartbeat.apply_async(kwargs={"node": other, "fanout": False}, queue=queue)
         services.recover_lost_jobs()
         services.request_placement_pass(only_if_pending=True)
+        services.dispatch_simulations()  # a slot freed by a run whose worker died before dispatching the next
     return result.as_dict()
 
 

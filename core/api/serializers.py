@@ -106,7 +106,7 @@ class QuotaSerializer(serializers.ModelSerializer):
         fields = [
             "id", "team", "team_name", "max_concurrent_runs", "tuning_trials_per_month",
             "gpu_hours_per_month", "energy_kwh_per_month", "max_concurrent_simulations", "max_simulation_job_gpus",
-            "usage", "updated_at",
+            "max_simulation_units", "usage", "updated_at",
         ]
         read_only_fields = ["team", "updated_at"]
 

@@ -9,7 +9,7 @@ from core.exceptions import PermissionDenied, ServiceError
 from core.models import Quota
 
 QUOTA_FIELDS = ("max_concurrent_runs", "tuning_trials_per_month", "gpu_hours_per_month", "energy_kwh_per_month",
-                "max_concurrent_simulations", "max_simulation_job_gpus")
+                "max_concurrent_simulations", "max_simulation_job_gpus", "max_simulation_units")
 
 
 @transaction.atomic

@@ -7,7 +7,7 @@ from rest_framework import serializers
 from core import selectors as core_selectors
 from core.api.serializers import TeamScopedPrimaryKeyField
 from core.models import DLModel
-from scheduling.adapters import EXPERIMENT_PARAMETERS, POLICY_NAMES
+from scheduling.adapters import EXPERIMENT_PARAMETERS, POLICY_NAMES, SIMULATION_SECONDS_PER_UNIT
 from scheduling.models import (
     GPU,
     GPU_JOB_LIMITS,
@@ -183,15 +183,32 @@ class TraceUploadCreateSerializer(serializers.Serializer):
 
 class SimulationRunSerializer(serializers.ModelSerializer):
     # A plain string in the schema: an enum named "status" would collide with the tuning runs' one.
-    status = serializers.CharField(read_only=True, help_text="queued, running, succeeded or failed.")
+    status = serializers.CharField(read_only=True, help_text="queued, running, succeeded, failed or cancelled.")
     trace_upload_name = serializers.CharField(source="trace_upload.name", read_only=True, allow_null=True)
     table = serializers.SerializerMethodField(help_text="One summary row per policy (when succeeded).")
+    cost_units = serializers.IntegerField(read_only=True, help_text="Estimated cost in simulation units, checked "
+                                          "against the team's max_simulation_units.")
+    estimated_worker_s = serializers.SerializerMethodField(help_text="The estimate in simulation-worker seconds.")
+    waiting_in_fair_queue = serializers.SerializerMethodField(
+        help_text="Queued but not yet sent to the worker: the team already has one simulation there.")
+    cancel_requested = serializers.SerializerMethodField(help_text="A cancel was asked for (a running one stops at "
+                                                         "its next check).")
 
     class Meta:
         model = SimulationRun
         fields = ["id", "team", "trace", "trace_upload", "trace_upload_name", "policies", "seed", "parameters",
-                  "status", "error", "table", "created_at", "started_at", "finished_at"]
+                  "status", "error", "table", "cost_units", "estimated_worker_s", "waiting_in_fair_queue",
+                  "cancel_requested", "created_at", "started_at", "finished_at"]
         read_only_fields = fields
+
+    def get_estimated_worker_s(self, run: SimulationRun) -> float:
+        return round(run.cost_units * SIMULATION_SECONDS_PER_UNIT, 1)
+
+    def get_waiting_in_fair_queue(self, run: SimulationRun) -> bool:
+        return run.status == SimulationRun.Status.QUEUED and run.dispatched_at is None
+
+    def get_cancel_requested(self, run: SimulationRun) -> bool:
+        return run.cancel_requested_at is not None
 
     @extend_schema_field(serializers.ListField(child=serializers.DictField()))
     def get_table(self, run: SimulationRun) -> list:
@@ -241,3 +258,20 @@ class SimulationCreateSerializer(serializers.Serializer):
         # list pass to the service as sent (it validates them all), instead of being dropped unseen
         raw = self.initial_data.get("parameters")
         return {**raw, **value} if isinstance(raw, dict) else value
+
+
+class SimulationEstimateSerializer(serializers.Serializer):
+    """A simulation request's estimated cost against the team's limits (nothing is stored)."""
+
+    units = serializers.IntegerField(help_text="Simulation units of the request (all its seeds).")
+    units_per_simulation = serializers.IntegerField()
+    seconds = serializers.FloatField(help_text="The estimate in simulation-worker seconds.")
+    seeds = serializers.IntegerField()
+    jobs = serializers.IntegerField()
+    gpus = serializers.IntegerField()
+    decisions = serializers.IntegerField(help_text="Placement decisions per policy (replay: jobs; fill: pod cap).")
+    per_policy = serializers.DictField(child=serializers.IntegerField())
+    limit_units = serializers.IntegerField(help_text="The team's max_simulation_units (per simulation).")
+    job_gpus = serializers.IntegerField()
+    limit_job_gpus = serializers.IntegerField()
+    within_limit = serializers.BooleanField()

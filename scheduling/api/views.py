@@ -29,6 +29,7 @@ from .serializers import (
     PlaceSerializer,
     PredictorVersionSerializer,
     SimulationCreateSerializer,
+    SimulationEstimateSerializer,
     SimulationRunDetailSerializer,
     SimulationRunSerializer,
     TraceUploadCreateSerializer,
@@ -355,6 +356,9 @@ class SimulationFilter(VisibleRowsFilterSet):
 @extend_schema_view(
     list=extend_schema(summary="Simulation runs of your teams (summary table per run)"),
     retrieve=extend_schema(summary="A simulation run with its full results"),
+    create=extend_schema(description="Refused (429, `quota` names the limit) past the team's concurrency, size "
+                         "(jobs x GPUs) or cost (`max_simulation_units`, estimated by scheduling.horus.cost) limits; "
+                         "the response carries the estimate (`cost_units`, `estimated_worker_s`)."),
 )
 class SimulationRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                            viewsets.GenericViewSet):
@@ -389,3 +393,22 @@ class SimulationRunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mix
                                         policies=data["policies"], seed=data["seed"],
                                         parameters=dict(data.get("parameters") or {}))
         return Response(SimulationRunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=SimulationCreateSerializer, responses={200: SimulationEstimateSerializer},
+                   summary="Estimate a simulation's cost against your team's limit (nothing is started)")
+    @action(detail=False, methods=["post"])
+    def estimate(self, request):
+        body = SimulationCreateSerializer(data=request.data, context=self.get_serializer_context())
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        estimate = services.estimate_simulation(actor=request.user, team=data["team"], trace=data["trace"],
+                                                policies=data["policies"], seed=data["seed"],
+                                                parameters=dict(data.get("parameters") or {}))
+        return Response(SimulationEstimateSerializer(estimate).data)
+
+    @extend_schema(request=None, responses=SimulationRunSerializer,
+                   summary="Cancel a simulation (a queued one at once; a running one stops at its next check)")
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        run = services.cancel_simulation(actor=request.user, run=self.get_object())
+        return Response(SimulationRunSerializer(run).data)

@@ -42,13 +42,14 @@ from . import simulator as hsim
 from . import traces as htraces
 from .predictor import TrainedPredictor, UtilizationPredictor, rmsle
 from .profiles import ProfileRecord, ProfileTable, gpu_spec, load_profiles
-from .sim_inputs import noisy_predictions
+from .sim_inputs import SimulationStopped, StopCheck, noisy_predictions
 
 __all__ = [
     "ExperimentParams", "ExperimentError", "Prepared", "SHIPPED_TRACES", "METHODS", "POLICY_NAMES",
     "REFERENCE_GPU", "TraceInput", "load_trace", "default_inputs", "parameter_choices",
     "reference_predictor", "util_distribution", "load_jobs", "build_cluster",
     "simulation_size", "prepare_experiment", "run_experiment", "summary_table", "format_table",
+    "SimulationStopped",
 ]
 
 SHIPPED_TRACES = ("philly", "alibaba")
@@ -413,15 +414,17 @@ def policy_options(name: str, p: ExperimentParams) -> dict[str, Any]:
     return {}
 
 
-def _run_policy(name: str, prep: Prepared, p: ExperimentParams, seed: int) -> dict[str, Any]:
+def _run_policy(name: str, prep: Prepared, p: ExperimentParams, seed: int,
+                should_stop: StopCheck | None = None) -> dict[str, Any]:
     policy = hpolicies.make_policy(name, **policy_options(name, p))
     if p.method == "fill":
         res = hsim.simulate_fill(prep.jobs, prep.cluster, policy, seed=seed, until=p.until,
-                                 predictor_error=p.predictor_error)
+                                 predictor_error=p.predictor_error, should_stop=should_stop)
     else:
         res = hsim.simulate(prep.jobs, prep.cluster, policy, seed=seed, predictor_error=p.predictor_error,
                             backfill=p.backfill, interference=hsim.make_interference(p.interference),
-                            timeseries_points=p.timeseries_points, telemetry_delay_s=p.telemetry_delay_s)
+                            timeseries_points=p.timeseries_points, telemetry_delay_s=p.telemetry_delay_s,
+                            should_stop=should_stop)
     return res.to_dict()
 
 
@@ -470,12 +473,15 @@ def run_experiment(
     kind: str | None = None,
     jobs: Sequence[htraces.Job] | None = None,
     progress: Callable[[str], Any] | None = None,
+    should_stop: StopCheck | None = None,
 ) -> dict[str, Any]:
     """Run every policy on the same jobs and cluster. ``trace`` is a :class:`TraceInput` or the name of a
     shipped trace (``jobs``/``kind`` may instead be given pre-parsed, as older callers do).
 
     ``predictor`` is a :class:`horus.predictor.TrainedPredictor` (required unless
     ``params.predictions == "oracle"``). ``progress(policy_name)`` is called before each policy.
+    ``should_stop()`` is asked before each policy and every few events inside it; True abandons the
+    experiment with :class:`SimulationStopped` (naming the policies that had finished; no results).
     """
     t0 = time.perf_counter()
     if isinstance(trace, TraceInput):
@@ -491,9 +497,15 @@ def run_experiment(
     prep = prepare_experiment(kind, jobs, p, seed=seed, profiles=profiles, predictor=predictor, nodes=ti.nodes)
     results: dict[str, Any] = {}
     for name in names:
-        if progress is not None:
-            progress(name)
-        results[name] = _run_policy(name, prep, p, seed)
+        try:
+            if should_stop is not None and should_stop():
+                raise SimulationStopped("stopped")
+            if progress is not None:
+                progress(name)
+            results[name] = _run_policy(name, prep, p, seed, should_stop)
+        except SimulationStopped as exc:
+            raise SimulationStopped(f"{exc} during policy {name}, after {len(results)} of {len(names)} policies",
+                                    completed=list(results)) from None
     used = prep.jobs
     span = (max(j.submit_time for j in used) - min(j.submit_time for j in used)) if used else 0.0
     out = {

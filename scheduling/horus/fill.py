@@ -21,7 +21,8 @@ from common.jsonsafe import json_safe
 from .cluster import MILLI, ClusterSpec, ClusterState, JobView, workload_types
 from .interference import FittedInterference
 from .policies import PlacementPolicy
-from .sim_inputs import checked_placement, job_views, noisy_predictions, validate_jobs
+from .sim_inputs import (STOP_CHECK_EVERY, SimulationStopped, StopCheck, checked_placement, job_views,
+                         noisy_predictions, validate_jobs)
 from .traces import Job
 
 __all__ = ["FillResult", "Fill", "FGD_POPULARITY", "sharing_stats"]
@@ -87,9 +88,13 @@ class Fill:
         self.limit = max_pods if max_pods is not None else 10 * self.state.n_gpus + 1000
         self.popularity = popularity
 
-    def run(self) -> "Fill":
+    def run(self, *, should_stop: StopCheck | None = None) -> "Fill":
+        """Submit pods until the target share; ``should_stop`` (if given) is asked every ``STOP_CHECK_EVERY``
+        pods, and True raises :class:`SimulationStopped`."""
         next_mark = 0
         while self.arrived < self.capacity * self.until and self.submitted < self.limit:
+            if should_stop is not None and self.submitted % STOP_CHECK_EVERY == 0 and should_stop():
+                raise SimulationStopped(f"stopped after {self.submitted} pods")
             self._submit_one()
             while next_mark < len(self.marks) and self.arrived >= self.marks[next_mark]:
                 self.curve.append(self.snapshot())

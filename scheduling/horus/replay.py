@@ -30,7 +30,8 @@ from .cluster import MILLI, ClusterSpec, ClusterState, JobView, PlacementError, 
 from .interference import FittedInterference, flat_sharing_slowdown
 from .policies import PlacementPolicy
 from .profiles import util_on_gpu
-from .sim_inputs import checked_placement, job_views, noisy_predictions, validate_jobs
+from .sim_inputs import (STOP_CHECK_EVERY, SimulationStopped, StopCheck, checked_placement, job_views,
+                         noisy_predictions, validate_jobs)
 from .traces import Job
 
 __all__ = [
@@ -389,8 +390,14 @@ class Replay:
         self.unschedulable: list[str] = []
 
     # ---------------------------------------------------------------- main loop
-    def run(self) -> "Replay":
+    def run(self, *, should_stop: StopCheck | None = None) -> "Replay":
+        """Handle every event in time order. ``should_stop`` (if given) is asked every
+        ``STOP_CHECK_EVERY`` event batches; when it says True the replay raises :class:`SimulationStopped`."""
+        batches = 0
         while self.events:
+            batches += 1
+            if should_stop is not None and batches % STOP_CHECK_EVERY == 0 and should_stop():
+                raise SimulationStopped(f"stopped after {self.n_events} events")
             now = self.events.next_time()
             self.acct.advance(now, self.state.free_gpus, bool(self.queue))
             self._step(now)

@@ -4,7 +4,7 @@ that the cluster then re-checks."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -12,7 +12,23 @@ from .cluster import ClusterState, ClusterView, JobView, PlacementError
 from .policies import PlacementPolicy
 from .traces import Job
 
-__all__ = ["validate_jobs", "noisy_predictions", "job_views", "checked_placement"]
+__all__ = ["validate_jobs", "noisy_predictions", "job_views", "checked_placement", "SimulationStopped",
+           "STOP_CHECK_EVERY", "StopCheck"]
+
+#: event batches (replay) or submitted pods (fill) between two calls of a run's ``should_stop``
+STOP_CHECK_EVERY = 64
+
+#: ``should_stop()``: True when the caller wants the run abandoned (a cancelled simulation)
+StopCheck = Callable[[], bool]
+
+
+class SimulationStopped(Exception):
+    """A run was abandoned because its ``should_stop`` said so; ``completed`` names the policies that had
+    finished (their results are not returned: a partial comparison is not a result)."""
+
+    def __init__(self, message: str = "the simulation was stopped", *, completed: Sequence[str] = ()):
+        super().__init__(message)
+        self.completed = list(completed)
 
 
 def validate_jobs(jobs: Sequence[Job]) -> None:

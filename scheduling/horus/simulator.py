@@ -89,12 +89,13 @@ from .replay import (
     make_interference,
     summarize,
 )
-from .sim_inputs import validate_jobs
+from .sim_inputs import SimulationStopped, StopCheck, validate_jobs
 from .traces import Job
 
 __all__ = ["Interference", "InterferenceModel", "SharingPenalty", "GpuLoad", "INTERFERENCE_MODELS",
            "DEFAULT_INTERFERENCE", "FittedInterference",
-           "make_interference", "SimulationResult", "FillResult", "simulate", "simulate_fill", "validate_jobs"]
+           "make_interference", "SimulationResult", "FillResult", "simulate", "simulate_fill", "validate_jobs",
+           "SimulationStopped"]
 
 #: the historical name of the old (flat +20 %) interference model, now a sensitivity
 Interference = SharingPenalty
@@ -116,6 +117,7 @@ def simulate(
     record_jobs: bool = False,
     check_invariants: bool = False,
     telemetry_delay_s: float = 60.0,
+    should_stop: StopCheck | None = None,
 ) -> SimulationResult:
     """Replay ``jobs`` on ``cluster_spec`` under ``policy``.
 
@@ -129,13 +131,14 @@ def simulate(
     ``check_invariants`` asserts memory and time invariants at every event
     (slower; for tests). ``telemetry_delay_s``: how long after a job starts (or its speed changes)
     policies see its sampled utilization (until its first sample, its prediction); 0 = exact, instant
-    telemetry.
+    telemetry. ``should_stop()`` is asked every few event batches; True abandons the replay
+    (:class:`~.sim_inputs.SimulationStopped`).
     """
     t_wall = time.perf_counter()
     replay = Replay(jobs, cluster_spec, policy, seed=seed, interference=interference,
                     predictor_error=predictor_error, backfill=backfill, migration_cost_s=migration_cost_s,
                     oom_penalty_s=oom_penalty_s, frag_samples=frag_samples,
-                    check_invariants=check_invariants, telemetry_delay_s=telemetry_delay_s).run()
+                    check_invariants=check_invariants, telemetry_delay_s=telemetry_delay_s).run(should_stop=should_stop)
     return summarize(replay, wall_s=time.perf_counter() - t_wall, timeseries_points=timeseries_points,
                      record_jobs=record_jobs)
 
@@ -150,6 +153,7 @@ def simulate_fill(
     checkpoints: int = 20,
     predictor_error: float = 0.0,
     max_pods: int | None = None,
+    should_stop: StopCheck | None = None,
 ) -> FillResult:
     """The ATC'23 fill method: sample pods (with replacement, seeded) and
     submit them one by one - never leaving - until the submitted GPU request
@@ -159,5 +163,5 @@ def simulate_fill(
     GPUs, at ``checkpoints`` evenly spaced arrived shares and at the end."""
     t_wall = time.perf_counter()
     fill = Fill(pods, cluster_spec, policy, seed=seed, until=until, checkpoints=checkpoints,
-                predictor_error=predictor_error, max_pods=max_pods).run()
+                predictor_error=predictor_error, max_pods=max_pods).run(should_stop=should_stop)
     return fill.result(wall_s=time.perf_counter() - t_wall)

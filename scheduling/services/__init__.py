@@ -5,7 +5,8 @@
 * ``jobs``        GPU-job bounds, the GPU-hour quota, submit and cancel;
 * ``placement``   placement passes and the one way to ask for one (``request_placement_pass``);
 * ``execution``   running a placed job on its GPU's worker; settling jobs of dead or silent workers;
-* ``simulations`` trace uploads, queued simulations and their results;
+* ``simulations`` trace uploads, queued simulations (cost-checked) and their results;
+* ``simulation_queue`` the simulation worker's fair queue (one per team at a time) and cancelling;
 * ``messages``    the Celery messages these send after commit.
 
 Keyword-only, typed, atomic where they write. Reads are in ``scheduling.selectors``; every conversion
@@ -52,7 +53,9 @@ from .predictors import (
     train_predictor,
     training_records,
 )
+from .simulation_queue import cancel_check, cancel_simulation, dispatch_simulations, fair_dispatch_order
 from .simulations import (
+    estimate_simulation,
     max_trace_bytes,
     delete_trace,
     execute_simulation,
@@ -74,5 +77,6 @@ __all__ = [
     "predict_job", "prune_telemetry", "reconcile_restarted_gpu_worker", "record_heartbeat", "record_profiles",
     "recover_lost_jobs", "register_node", "request_placement_pass", "resolve_policies", "set_gpu_drained",
     "set_node_drained", "read_trace_file", "resolve_trace", "simulate", "simulation_choices", "simulation_inputs", "start_simulation", "submit_job", "train_predictor",
-    "training_records", "upload_trace",
+    "training_records", "upload_trace", "cancel_check", "cancel_simulation", "dispatch_simulations",
+    "estimate_simulation", "fair_dispatch_order",
 ]

@@ -23,15 +23,15 @@ from django.utils import timezone
 
 from core.exceptions import ConflictError, QuotaExceeded, ServiceError
 from core.filestore import delete_stored_on_commit, save_with_file
-from core.models import Team
+from core.models import Quota, Team
 from core.permissions import require_team_writer
 from core.services import lock_team_quota
 
 from .. import adapters, selectors
 from ..adapters import TraceRejected
 from ..models import ERROR_TEXT_MAX_CHARS, SimulationRun, TraceUpload
-from .messages import RUN_SIMULATION, send_after_commit
 from .predictors import ensure_active_predictor
+from .simulation_queue import cancel_check, dispatch_simulations
 from .staff import acting_user
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,9 @@ def max_trace_bytes() -> int:
     return settings.SCHEDULING_MAX_TRACE_BYTES
 
 
-__all__ = ["max_trace_bytes", "TraceRejected", "delete_trace", "execute_simulation", "read_trace_file",
-           "resolve_policies", "resolve_trace", "simulate", "simulation_choices", "simulation_inputs", "start_simulation", "upload_trace"]
+__all__ = ["max_trace_bytes", "TraceRejected", "delete_trace", "estimate_simulation", "execute_simulation",
+           "read_trace_file", "resolve_policies", "resolve_trace", "simulate", "simulation_choices", "simulation_inputs",
+           "start_simulation", "upload_trace"]
 
 
 def _gunzip_bounded(data: bytes, *, limit: int, filename: str) -> bytes:
@@ -174,14 +175,31 @@ def resolve_policies(policies: list[str] | str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _check_simulation_quota(*, team_id: int, jobs: int, gpus: int) -> None:
-    """Per-team limits: simulations queued or running at once, and jobs x GPUs of one simulation."""
+def _cost_words(cost: adapters.SimulationCost) -> str:
+    policies = len(cost.per_policy)
+    return (f"{cost.units:,} simulation units (about {cost.seconds / 60:.1f} min of the simulation worker: "
+            f"{cost.decisions:,} placement decisions x {policies} polic{'y' if policies == 1 else 'ies'} on "
+            f"{cost.gpus:,} GPUs, with the queue window" + (f", x {cost.seeds} seeds" if cost.seeds > 1 else "") + ")")
+
+
+def _cost_refusal(cost: adapters.SimulationCost, limit: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        f"Quota 'simulation cost' would be exceeded: this simulation is estimated at {_cost_words(cost)}, the "
+        f"limit is {limit:,} units per simulation. Simulate fewer jobs or policies, a smaller cluster, or a "
+        "smaller backfill / horus_lookahead window.", quota="max_simulation_units")
+
+
+def _check_simulation_quota(*, team_id: int, jobs: int, gpus: int, cost: adapters.SimulationCost) -> None:
+    """Per-team limits: simulations queued or running at once, jobs x GPUs of one simulation and its
+    estimated cost (simulation units, ``horus.cost``)."""
     quota = lock_team_quota(team_id)
     if jobs * gpus > quota.max_simulation_job_gpus:
         raise QuotaExceeded(
             f"Quota 'simulation size' would be exceeded: {jobs} jobs x {gpus} GPUs = {jobs * gpus} job-GPUs, the "
             f"limit is {quota.max_simulation_job_gpus} per simulation. Simulate fewer jobs or a smaller cluster.",
             quota="max_simulation_job_gpus")
+    if cost.units > quota.max_simulation_units:
+        raise _cost_refusal(cost, quota.max_simulation_units)
     active = selectors.active_simulations(team_id)
     if active >= quota.max_concurrent_simulations:
         raise QuotaExceeded(
@@ -190,15 +208,29 @@ def _check_simulation_quota(*, team_id: int, jobs: int, gpus: int) -> None:
             quota="max_concurrent_simulations")
 
 
-def _enqueue_simulation(run: SimulationRun) -> None:
-    """``scheduling.run_simulation`` after commit; a broker outage fails the run, saying so."""
-    def failed(exc):
-        run.status, run.finished_at = SimulationRun.Status.FAILED, timezone.now()
-        run.error = f"Could not be queued: the task broker is unreachable ({exc}). Start it again."
-        SimulationRun.objects.filter(pk=run.pk, status=SimulationRun.Status.QUEUED).update(
-            status=run.status, finished_at=run.finished_at, error=run.error)
+def _request_cost(team: Team, trace: str | int, policies: list[str] | str, seed: int,
+                  parameters: dict[str, Any] | None, seeds: int = 1):
+    """``(label, upload, policy names, params, jobs, GPUs, cost)`` of a simulation request, validated."""
+    label, upload, kind = resolve_trace(team, trace)
+    names = resolve_policies(policies)
+    params = adapters.experiment_params(parameters, kind)
+    jobs, gpus = adapters.simulation_size(label, upload, kind, params, int(seed))
+    cost = adapters.simulation_cost(params, label=label, upload=upload, policies=names, jobs=jobs, gpus=gpus,
+                                    seeds=seeds)
+    return label, upload, names, params, jobs, gpus, cost
 
-    send_after_commit(RUN_SIMULATION, args=[run.pk], what=f"simulation {run.pk}", on_error=failed)
+
+def estimate_simulation(*, actor: AbstractBaseUser, team: Team, trace: str | int, policies: list[str] | str = "all",
+                        seed: int = 0, parameters: dict[str, Any] | None = None, seeds: int = 1) -> dict[str, Any]:
+    """What a simulation request (``seeds`` of them, one per seed) would cost, against the team's limit;
+    stores nothing."""
+    require_team_writer(actor, team.pk, "start simulations")
+    *_, jobs, gpus, cost = _request_cost(team, trace, policies, seed, parameters, seeds)
+    quota, _ = Quota.objects.get_or_create(team_id=team.pk)
+    per_simulation = cost.units // cost.seeds
+    return {**cost.as_dict(), "units_per_simulation": per_simulation, "limit_units": quota.max_simulation_units,
+            "within_limit": per_simulation <= quota.max_simulation_units and jobs * gpus <= quota.max_simulation_job_gpus,
+            "job_gpus": jobs * gpus, "limit_job_gpus": quota.max_simulation_job_gpus}
 
 
 def start_simulation(
@@ -212,19 +244,18 @@ def start_simulation(
     enqueue: bool = True,
 ) -> SimulationRun:
     """Validate and queue a simulation (the `scheduling.run_simulation` task runs it, on the `simulations`
-    queue). Refused (QuotaExceeded) past the team's concurrency or size limits."""
+    queue, when the fair queue lets it go: ``simulation_queue``). Refused (QuotaExceeded) past the team's
+    concurrency, size or cost limits, with nothing stored."""
     require_team_writer(actor, team.pk, "start simulations")
-    label, upload, kind = resolve_trace(team, trace)
-    names = resolve_policies(policies)
-    params = adapters.experiment_params(parameters, kind)
-    jobs, gpus = adapters.simulation_size(label, upload, kind, params, int(seed))
+    label, upload, names, params, jobs, gpus, cost = _request_cost(team, trace, policies, seed, parameters)
     with transaction.atomic():
-        _check_simulation_quota(team_id=team.pk, jobs=jobs, gpus=gpus)
+        _check_simulation_quota(team_id=team.pk, jobs=jobs, gpus=gpus, cost=cost)
         run = SimulationRun.objects.create(
             team=team, created_by=acting_user(actor), trace=label, trace_upload=upload, policies=names,
-            seed=int(seed), parameters=params.to_dict())
+            seed=int(seed), parameters=params.to_dict(), cost_units=cost.units)
         if enqueue:
-            _enqueue_simulation(run)
+            dispatch_simulations(team_id=team.pk)
+    run.refresh_from_db(fields=["dispatched_at"])
     return run
 
 
@@ -239,37 +270,67 @@ def simulation_inputs(params: dict[str, Any]
 
 
 def simulate(*, trace: adapters.TraceInput, policies: list[str] | str = "all", seed: int = 0,
-             parameters: dict[str, Any] | None = None, progress: Callable[[str], None] | None = None
-             ) -> tuple[dict[str, Any], bool]:
+             parameters: dict[str, Any] | None = None, progress: Callable[[str], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> tuple[dict[str, Any], bool]:
     """THE path from a trace to a result; runs now and stores nothing: ``(results, whether the predictor
     made the predictions)``. ``trace`` comes from :func:`read_trace_file` or ``adapters.trace_input``;
-    ``parameters`` are ``horus.experiments.ExperimentParams`` fields (``adapters.EXPERIMENT_PARAMETERS``)."""
+    ``parameters`` are ``horus.experiments.ExperimentParams`` fields (``adapters.EXPERIMENT_PARAMETERS``);
+    ``should_stop()`` True abandons it (``adapters.SimulationStopped``)."""
     params = dict(parameters or {})
     names = resolve_policies(policies)
     adapters.experiment_params(params, trace.kind)  # before a predictor is trained for nothing
     records, predictor = simulation_inputs(params)
     results = adapters.run_simulation(trace=trace, policies=names, seed=int(seed), params=params, profiles=records,
-                                      predictor=predictor, progress=progress)
+                                      predictor=predictor, progress=progress, should_stop=should_stop)
     return results, predictor is not None
 
 
-def execute_simulation(*, run_id: int) -> SimulationRun | None:
-    """Run a queued simulation and store its results (idempotent: a run already taken is left alone)."""
+def _charge_simulation(run: SimulationRun) -> None:
+    """Where the cost is incurred: the run's estimate is checked again against the team's limit as it
+    starts (staff may have lowered it while the run waited); QuotaExceeded names both."""
+    with transaction.atomic():
+        quota = lock_team_quota(run.team_id)
+        if run.cost_units > quota.max_simulation_units:
+            raise QuotaExceeded(
+                f"Quota 'simulation cost' exceeded when it started: estimated at {run.cost_units:,} simulation "
+                f"units, the limit is now {quota.max_simulation_units:,} units per simulation.",
+                quota="max_simulation_units")
+
+
+def execute_simulation(*, run_id: int, should_stop: Callable[[], bool] | None = None) -> SimulationRun | None:
+    """Run a queued simulation and store its results (idempotent: a run already taken, or cancelled, is left
+    alone), then let the fair queue send the next one. ``should_stop`` (default: the run's cancel flag,
+    ``simulation_queue.cancel_check``) is what the engine asks between events."""
     n = SimulationRun.objects.filter(pk=run_id, status=SimulationRun.Status.QUEUED).update(
         status=SimulationRun.Status.RUNNING, started_at=timezone.now())
     if not n:
-        log.info("simulation %s is not queued; not running it again", run_id)
+        log.info("simulation %s is not queued (taken or cancelled); not running it", run_id)
         return None
+    SimulationRun.objects.filter(pk=run_id, dispatched_at__isnull=True).update(dispatched_at=timezone.now())
     run = SimulationRun.objects.select_related("trace_upload").get(pk=run_id)
     try:
+        _finish_simulation(run, should_stop or cancel_check(run.pk))
+    finally:
+        dispatch_simulations()
+    return run
+
+
+def _finish_simulation(run: SimulationRun, should_stop: Callable[[], bool]) -> None:
+    try:
+        _charge_simulation(run)
         if run.trace_upload is None and run.trace == "upload":
             raise ServiceError("The uploaded trace of this simulation was deleted.")
         results, used_predictor = simulate(trace=adapters.trace_input(run.trace, run.trace_upload),
-                                           policies=run.policies, seed=run.seed, parameters=run.parameters)
+                                           policies=run.policies, seed=run.seed, parameters=run.parameters,
+                                           should_stop=should_stop)
+    except adapters.SimulationStopped as exc:
+        run.status = SimulationRun.Status.CANCELLED
+        run.error = (f"Cancelled while running ({exc}); the results of the "
+                     f"{len(exc.completed)} finished polic{'y' if len(exc.completed) == 1 else 'ies'} were discarded.")
     except adapters.SIMULATION_INPUT_ERRORS as exc:
         run.status, run.error = SimulationRun.Status.FAILED, str(exc)[:ERROR_TEXT_MAX_CHARS]
     except Exception as exc:  # keep the run's state truthful; the task logs the traceback
-        log.exception("simulation %s failed", run_id)
+        log.exception("simulation %s failed", run.pk)
         run.status, run.error = SimulationRun.Status.FAILED, f"{type(exc).__name__}: {exc}"[:ERROR_TEXT_MAX_CHARS]
     else:
         run.status = SimulationRun.Status.SUCCEEDED
@@ -277,4 +338,3 @@ def execute_simulation(*, run_id: int) -> SimulationRun | None:
                                                   predictor_version=selectors.active_predictor_version())
     run.finished_at = timezone.now()
     run.save(update_fields=["status", "error", "results", "finished_at"])
-    return run

@@ -70,12 +70,12 @@ def test_quota_admin_shows_usage_and_edits_limits(client, django_user_model, tea
         form |= {f"form-{i}-id": str(q.pk), f"form-{i}-max_concurrent_runs": "5",
                  f"form-{i}-tuning_trials_per_month": "123", f"form-{i}-gpu_hours_per_month": "9.5",
                  f"form-{i}-energy_kwh_per_month": "2.5", f"form-{i}-max_concurrent_simulations": "3",
-                 f"form-{i}-max_simulation_job_gpus": "4000"}
+                 f"form-{i}-max_simulation_job_gpus": "4000", f"form-{i}-max_simulation_units": "70000"}
     resp = client.post("/admin/core/quota/", form)
     assert resp.status_code == 302, resp.content.decode()[:2000]
     qa.refresh_from_db(); qb.refresh_from_db()
     assert (qa.max_concurrent_runs, qb.tuning_trials_per_month, qb.energy_kwh_per_month) == (5, 123, 2.5)
-    assert (qa.max_concurrent_simulations, qb.max_simulation_job_gpus) == (3, 4000)
+    assert (qa.max_concurrent_simulations, qb.max_simulation_job_gpus, qb.max_simulation_units) == (3, 4000, 70000)
 
 
 def test_admin_upload_refuses_bad_file_with_message(client, django_user_model, team_a):

@@ -157,6 +157,8 @@ EXPECTED = {
     ("simulationrun-list", "GET"): AUTH,
     ("simulationrun-list", "POST"): create_in_team("team"),
     ("simulationrun-detail", "GET"): TEAM_READ,
+    ("simulationrun-cancel", "POST"): TEAM_WRITE,
+    ("simulationrun-estimate", "POST"): create_in_team("team"),
     ("charts-model-ops", "GET"): TEAM_READ,
     ("charts-run-compare", "GET"): TEAM_READ,
     ("charts-run-curve", "GET"): TEAM_READ,
@@ -259,6 +261,9 @@ BODIES = {
     ("record-cache-purge", "POST"): lambda w: ({"target_key": w.run.target_key or "any"}, "json"),
     ("record-cache-import", "POST"): lambda w: _cache_import_body(w),
     ("simulationrun-list", "POST"): lambda w: (
+        {"team": w.team_a.pk, "trace": "philly", "policies": ["horus"], "parameters": {"jobs": 20, "gpus": 4}},
+        "json"),
+    ("simulationrun-estimate", "POST"): lambda w: (
         {"team": w.team_a.pk, "trace": "philly", "policies": ["horus"], "parameters": {"jobs": 20, "gpus": 4}},
         "json"),
 }
@@ -592,12 +597,20 @@ def _sim_count(w):
     return SimulationRun.objects.filter(team=w.team_a).count()
 
 
+def _sim_status(w):
+    from scheduling.models import SimulationRun
+
+    return SimulationRun.objects.get(pk=w.simulation.pk).status
+
+
 JOB_ADDED = effect(REDIRECT, "a GPU job was added", lambda w: _job_count(w) == 3)
 NO_JOB = effect(PAGE, "no GPU job was added", lambda w: _job_count(w) == 2)
 JOB_CANCELLED = effect(REDIRECT, "the job is cancelled", lambda w: _job_state(w) == "cancelled")
 JOB_UNCHANGED = effect(REDIRECT, "the job is unchanged", lambda w: _job_state(w) == "pending")
 SIM_ADDED = effect(REDIRECT, "a simulation was added", lambda w: _sim_count(w) == 2)
 NO_SIM = effect(PAGE, "no simulation was added", lambda w: _sim_count(w) == 1)
+SIM_CANCELLED = effect(REDIRECT, "the simulation is cancelled", lambda w: _sim_status(w) == "cancelled")
+SIM_UNCHANGED = effect(REDIRECT, "the simulation is unchanged", lambda w: _sim_status(w) == "queued")
 
 SIGNED_IN_PAGE = _profile(anon=LOGIN, viewer=PAGE, member=PAGE, owner=PAGE, other=PAGE, staff=PAGE)
 TEAM_PAGE = _profile(anon=LOGIN, viewer=PAGE, member=PAGE, owner=PAGE, other=HIDDEN, staff=HIDDEN)
@@ -645,6 +658,9 @@ DASHBOARD_EXPECTED = {
                                          other=NO_SIM, staff=NO_SIM),
     ("simulation-detail", "GET"): TEAM_PAGE,
     ("simulation-progress", "GET"): TEAM_PAGE,
+    ("simulation-cancel", "GET"): POST_ONLY,
+    ("simulation-cancel", "POST"): _profile(anon=LOGIN, viewer=SIM_UNCHANGED, member=SIM_CANCELLED,
+                                            owner=SIM_CANCELLED, other=HIDDEN, staff=HIDDEN),
     ("energy", "GET"): SIGNED_IN_PAGE,
     # issue 17: tokens, teams and members, webhooks, record import
     ("settings-tokens", "GET"): SIGNED_IN_PAGE,
@@ -682,7 +698,8 @@ DASHBOARD_EXPECTED = {
 }
 
 DASHBOARD_OBJECTS = {"model-detail": "model", "run-detail": "run", "simulation-detail": "simulation",
-                     "simulation-progress": "simulation", "job-detail": "job", "job-cancel": "job",
+                     "simulation-progress": "simulation", "simulation-cancel": "simulation", "job-detail": "job",
+                     "job-cancel": "job",
                      "team-page": "team_a", "team-invite": "team_a", "team-leave": "team_a",
                      "token-revoke": "token", "run-import-records": "run", "team-record-cache": "team_a"}
 DASHBOARD_ACTIONS = {  # name -> (object, extra kwargs)
@@ -816,7 +833,8 @@ def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_ou
     posted_names = {resolve(a.split("?")[0]).url_name for a in actions}
     assert {"login", "logout", "switch-team", "model-upload", "run-start", "run-control", "settings-tokens",
             "token-revoke", "team-invite", "team-leave", "team-member", "team-webhook", "team-record-cache",
-            "run-import-records", "job-new", "job-cancel", "simulation-new"} <= posted_names, posted_names
+            "run-import-records", "job-new", "job-cancel", "simulation-new", "simulation-cancel"} <= posted_names, \
+        posted_names
 
     def state():
         from core.models import ApiToken, Membership
@@ -824,7 +842,8 @@ def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_ou
         return (TuningRun.objects.filter(team=world.team_a).count(), _model_count(world), _run_status(world),
                 _invitations(world), _has_webhook(world), _imported(world), ApiToken.objects.filter(
                     revoked_at__isnull=True).count(), sorted(Membership.objects.values_list("pk", "role")),
-                _job_count(world), _job_state(world), _sim_count(world), _cache_setting(world))
+                _job_count(world), _job_state(world), _sim_count(world), _sim_status(world),
+                _cache_setting(world))
     before = state()
     for action in sorted(actions):
         name = resolve(action.split("?")[0]).url_name
