@@ -8,11 +8,11 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from django.db.models.functions import Now
+from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
 from common.units import joules_to_kwh
-from core.models import DLModel, Team
+from core.models import DLModel, Team, UsageCharge
 from tuning.engine.targets import identity_of
 from tuning.engine.yardstick import deploy_verdict
 
@@ -74,6 +74,19 @@ def parse_dop(value) -> int | None:
     return int(text)
 
 
+def charged_to_run(kind: str):
+    """The usage ledger's total of ``kind`` charged to the outer run (0 when none)."""
+    charges = (UsageCharge.objects.filter(run_id=models.OuterRef("pk"), kind=kind).order_by()
+               .values("run_id").annotate(total=models.Sum("amount")).values("total"))
+    return Coalesce(models.Subquery(charges, output_field=models.FloatField()), models.Value(0.0))
+
+
+def _measurements_of_run():
+    rows = (Measurement.objects.filter(run_id=models.OuterRef("pk")).order_by()
+            .values("run_id").annotate(n=models.Count("id")).values("n"))
+    return Coalesce(models.Subquery(rows, output_field=models.IntegerField()), models.Value(0))
+
+
 class TuningRunQuerySet(models.QuerySet):
     def update(self, **kwargs):
         """Every queryset write to a run bumps its `version` (see TuningRun.version)."""
@@ -90,6 +103,37 @@ class TuningRunQuerySet(models.QuerySet):
 
     def energy_joules(self) -> float:
         return self.aggregate(j=models.Sum("energy_joules"))["j"] or 0.0
+
+    # The usage ledger (core.models.UsageCharge) is what a team spent; the sink charges a run's trials
+    # and energy as it records them. What a run row holds beyond its charges (energy or trials written
+    # some other way, or a heartbeat's energy not charged yet) still counts: usage is the ledger plus
+    # these gaps, so it never drops below either.
+    def unbilled_energy_joules(self) -> float:
+        gaps = self.annotate(gap=Greatest(models.F("energy_joules") - charged_to_run(UsageCharge.Kind.ENERGY_JOULES),
+                                          models.Value(0.0)))
+        return gaps.aggregate(j=models.Sum("gap"))["j"] or 0.0
+
+    def unbilled_trials(self) -> int:
+        live = models.ExpressionWrapper(_measurements_of_run() + models.F("serial_remeasures"),
+                                        output_field=models.FloatField())
+        gaps = self.annotate(gap=Greatest(live - charged_to_run(UsageCharge.Kind.TRIALS), models.Value(0.0)))
+        return round(gaps.aggregate(n=models.Sum("gap"))["n"] or 0)
+
+
+def team_energy_joules_since(team_id: int, since, *, exclude_run: int | None = None) -> float:
+    """The team's energy since ``since``: its ledger charges, plus what its runs recorded beyond them."""
+    charged = UsageCharge.objects.filter(team_id=team_id, kind=UsageCharge.Kind.ENERGY_JOULES, created_at__gte=since)
+    runs = TuningRun.objects.of_team_since(team_id, since)
+    if exclude_run is not None:
+        charged, runs = charged.exclude(run_id=exclude_run), runs.exclude(pk=exclude_run)
+    return (charged.aggregate(j=models.Sum("amount"))["j"] or 0.0) + runs.unbilled_energy_joules()
+
+
+def team_trials_since(team_id: int, since) -> int:
+    """The team's trials since ``since``: its ledger charges, plus what its runs recorded beyond them."""
+    charged = UsageCharge.objects.filter(team_id=team_id, kind=UsageCharge.Kind.TRIALS, created_at__gte=since)
+    return round(charged.aggregate(n=models.Sum("amount"))["n"] or 0) + \
+        TuningRun.objects.of_team_since(team_id, since).unbilled_trials()
 
 
 class TuningRun(models.Model):
@@ -221,6 +265,8 @@ class TuningRun(models.Model):
     # chart JSON endpoints answer an unchanged poll with 304 from it, and cache figures per version.
     version = models.PositiveBigIntegerField(default=1, editable=False)
     changed_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Archived: hidden from lists, restorable; its measurements and usage charges are kept.
+    archived_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -127,7 +127,7 @@ class DLModelSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "opset", "ir_version", "producer", "inputs", "outputs", "batch_size",
             "total_flops", "gflops", "param_count", "activation_bytes", "conv_count", "linear_count",
             "activation_count", "other_count", "op_histogram", "num_tuning_tasks", "tuning_task_names",
-            "created_at",
+            "created_at", "archived_at",
         ]
         read_only_fields = fields
 

@@ -14,6 +14,7 @@ from core import selectors, services
 from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation
 from core.onnx_models.errors import OnnxValidationError
 
+from .archive import ARCHIVED_PARAMETER, archived_param
 from .fast import RowListMixin, read_columns
 from .permissions import IsStaffOrReadOnly, IsTeamMemberWriteOrReadOnly, with_caller_role
 from .serializers import (
@@ -192,9 +193,12 @@ class DLModelFilter(django_filters.FilterSet):
 
 
 @extend_schema_view(
-    list=extend_schema(summary="Models of your teams"),
+    list=extend_schema(summary="Models of your teams", parameters=[ARCHIVED_PARAMETER]),
     retrieve=extend_schema(summary="A model with its graph features"),
-    destroy=extend_schema(summary="Delete a model (owners and members)"),
+    destroy=extend_schema(summary="Archive a model (owners and members)",
+                          description="The model is hidden from lists (`?archived=true` lists archived ones) and "
+                          "can be restored; its file, runs, jobs and the team's usage are kept. Only staff can "
+                          "delete a model for good, in the admin."),
 )
 class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
                      viewsets.GenericViewSet):
@@ -211,7 +215,9 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
         return [*super().get_throttles(), UploadThrottle()]
 
     def get_queryset(self):
-        qs = selectors.models_for_user(self.request.user)
+        # a detail route finds archived models too (to read or restore them); lists show one kind
+        archived = None if getattr(self, "detail", False) else archived_param(self.request)
+        qs = selectors.models_for_user(self.request.user, archived=archived)
         if getattr(self, "detail", False):  # the object permission reads the caller's role from the same query
             qs = with_caller_role(qs, self.request.user)
         return qs
@@ -248,7 +254,13 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
                         status=status.HTTP_202_ACCEPTED if validating else status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance):
-        services.delete_model(actor=self.request.user, model=instance)
+        services.archive_model(actor=self.request.user, model=instance)
+
+    @extend_schema(request=None, responses=DLModelSerializer, summary="Restore an archived model")
+    @action(detail=True, methods=["post"])
+    def restore(self, request, pk=None):
+        model = services.restore_model(actor=request.user, model=self.get_object())
+        return Response(self.get_serializer(model).data)
 
     @extend_schema(responses={(200, "application/octet-stream"): bytes}, summary="Download the ONNX file")
     @action(detail=True, methods=["get"])

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from core.dispatch import send_on_commit
-from core.exceptions import ConflictError, ServiceError
+from core.exceptions import ConflictError, PermissionDenied, ServiceError
 from core.filestore import delete_stored_on_commit, save_with_file
 from core.fieldtext import fit_to_field
 from core.models import DLModel, Team
@@ -238,8 +239,41 @@ def require_ready(model: DLModel) -> None:
 
 
 @transaction.atomic
-def delete_model(*, actor: AbstractBaseUser, model: DLModel) -> None:
+def archive_model(*, actor: AbstractBaseUser, model: DLModel) -> DLModel | None:
+    """Hide a model from lists (the API's DELETE). Its file, runs, jobs and the team's usage are kept,
+    and a team writer can restore it. A model refused after upload (invalid: no file, never tuned nor
+    run) is deleted instead, so its name can be used again for the fixed file; None then."""
     require_team_writer(actor, model.team_id, "change this team's models")
+    model = DLModel.objects.select_for_update().get(pk=model.pk)
+    if model.state == DLModel.State.INVALID:
+        name = model.file.name
+        model.delete()
+        delete_stored_on_commit(name, still_used=_file_in_use)
+        return None
+    if model.archived_at is None:
+        model.archived_at = timezone.now()
+        model.save(update_fields=["archived_at"])
+    return model
+
+
+@transaction.atomic
+def restore_model(*, actor: AbstractBaseUser, model: DLModel) -> DLModel:
+    """Bring an archived model back into the lists."""
+    require_team_writer(actor, model.team_id, "change this team's models")
+    model = DLModel.objects.select_for_update().get(pk=model.pk)
+    if model.archived_at is None:
+        raise ConflictError(f"Model '{model.name}' is not archived.", code="not_archived")
+    model.archived_at = None
+    model.save(update_fields=["archived_at"])
+    return model
+
+
+@transaction.atomic
+def delete_model(*, actor: AbstractBaseUser, model: DLModel) -> None:
+    """Delete a model for good, with its runs and jobs (staff only, from the admin). The team's usage
+    ledger keeps every charge they incurred, unlinked from the deleted rows."""
+    if not actor.is_staff:
+        raise PermissionDenied("Only staff can delete a model for good; archive it instead.")
     name = model.file.name
     model.delete()
     delete_stored_on_commit(name, still_used=_file_in_use)

@@ -33,6 +33,7 @@ from ..models import ERROR_TEXT_MAX_CHARS, SimulationRun, TraceUpload
 from .messages import RUN_SIMULATION, send_after_commit
 from .predictors import ensure_active_predictor
 from .staff import acting_user
+from .usage import charge_simulation
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +262,7 @@ def execute_simulation(*, run_id: int) -> SimulationRun | None:
         log.info("simulation %s is not queued; not running it again", run_id)
         return None
     run = SimulationRun.objects.select_related("trace_upload").get(pk=run_id)
+    charge_simulation(run)
     try:
         if run.trace_upload is None and run.trace == "upload":
             raise ServiceError("The uploaded trace of this simulation was deleted.")
