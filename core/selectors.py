@@ -115,31 +115,18 @@ def charges_of_team(team_id: int) -> QuerySet[UsageCharge]:
     return UsageCharge.objects.filter(team_id=team_id)
 
 
-def charged_by_team_month(team_ids: list[int], kind: str) -> dict[tuple[int, dt.date], float]:
-    """The charges of ``kind`` per (team, first day of the calendar month)."""
-    rows = (UsageCharge.objects.filter(team_id__in=team_ids, kind=kind).annotate(month=TruncMonth("created_at"))
-            .values("team_id", "month").annotate(total=Sum("amount")).order_by())
-    return {(r["team_id"], _as_date(r["month"])): r["total"] or 0.0 for r in rows}
-
-
-def _as_date(month) -> dt.date:
-    return month.date() if isinstance(month, dt.datetime) else month
-
-
-def energy_charged_by_team_month(team_ids: list[int]) -> list[dict]:
-    """Energy charged per team, calendar month and meter: {team_id, month, meter, joules, carbon_g}.
-
-    Carbon is each charge's joules at the grid intensity in force when it was charged (else the team's,
-    else the platform's)."""
-    default_intensity = energy_model().grid_intensity_g_per_kwh
+def charges_by_team_month(team_ids: list[int], *, default_intensity_g_per_kwh: float) -> list[dict]:
+    """The teams' charges per team, calendar month, kind and meter: {team_id, month (a date), kind, meter,
+    total, carbon_g}. Carbon (energy rows) is each charge's joules at the grid intensity in force when it
+    was charged, else the team's, else ``default_intensity_g_per_kwh``."""
     intensity = Coalesce(F("grid_intensity_g_per_kwh"), F("team__grid_intensity_g_per_kwh"),
-                         Value(default_intensity), output_field=FloatField())
-    rows = (UsageCharge.objects.filter(team_id__in=team_ids, kind=UsageCharge.Kind.ENERGY_JOULES)
-            .annotate(month=TruncMonth("created_at")).values("team_id", "month", "meter")
-            .annotate(joules=Sum("amount"),
+                         Value(default_intensity_g_per_kwh), output_field=FloatField())
+    rows = (UsageCharge.objects.filter(team_id__in=team_ids).annotate(month=TruncMonth("created_at"))
+            .values("team_id", "month", "kind", "meter")
+            .annotate(total=Sum("amount"),
                       carbon_g=Sum(F("amount") / JOULES_PER_KWH * intensity, output_field=FloatField()))
             .order_by())
-    return [{**r, "month": _as_date(r["month"])} for r in rows]
+    return [{**r, "month": r["month"].date() if isinstance(r["month"], dt.datetime) else r["month"]} for r in rows]
 
 
 # --- Energy model ----------------------------------------------------------------

@@ -172,12 +172,15 @@ def energy_by_team_month(team_ids: list[int]) -> list[EnergyMonth]:
         sources.setdefault((r["team_id"], _month(r["month"])), set()).add(r["energy_source"] or "unknown")
     charged_j: dict[tuple, float] = {}
     charged_carbon: dict[tuple, float] = {}
-    for c in core_selectors.energy_charged_by_team_month(team_ids):
+    charged_trials: dict[tuple, float] = {}
+    for c in core_selectors.charges_by_team_month(team_ids, default_intensity_g_per_kwh=default_intensity):
         key = (c["team_id"], c["month"])
-        charged_j[key] = charged_j.get(key, 0.0) + (c["joules"] or 0.0)
-        charged_carbon[key] = charged_carbon.get(key, 0.0) + (c["carbon_g"] or 0.0)
-        sources.setdefault(key, set()).add(c["meter"] or "unknown")
-    charged_trials = core_selectors.charged_by_team_month(team_ids, UsageCharge.Kind.TRIALS)
+        if c["kind"] == UsageCharge.Kind.TRIALS:
+            charged_trials[key] = charged_trials.get(key, 0.0) + c["total"]
+        elif c["kind"] == UsageCharge.Kind.ENERGY_JOULES:
+            charged_j[key] = charged_j.get(key, 0.0) + c["total"]
+            charged_carbon[key] = charged_carbon.get(key, 0.0) + (c["carbon_g"] or 0.0)
+            sources.setdefault(key, set()).add(c["meter"] or "unknown")
 
     by_key: dict[tuple, EnergyMonth] = {}
     gaps: dict[tuple, tuple[float, float, float]] = {}

@@ -108,32 +108,29 @@ class TuningRunQuerySet(models.QuerySet):
     # and energy as it records them. What a run row holds beyond its charges (energy or trials written
     # some other way, or a heartbeat's energy not charged yet) still counts: usage is the ledger plus
     # these gaps, so it never drops below either.
-    def unbilled_energy_joules(self) -> float:
-        gaps = self.annotate(gap=Greatest(models.F("energy_joules") - charged_to_run(UsageCharge.Kind.ENERGY_JOULES),
-                                          models.Value(0.0)))
-        return gaps.aggregate(j=models.Sum("gap"))["j"] or 0.0
+    def unbilled(self) -> tuple[int, float]:
+        """(trials, joules) these runs recorded beyond their charges."""
+        live_trials = models.ExpressionWrapper(_measurements_of_run() + models.F("serial_remeasures"),
+                                               output_field=models.FloatField())
+        gaps = self.annotate(
+            trials_gap=Greatest(live_trials - charged_to_run(UsageCharge.Kind.TRIALS), models.Value(0.0)),
+            energy_gap=Greatest(models.F("energy_joules") - charged_to_run(UsageCharge.Kind.ENERGY_JOULES),
+                                models.Value(0.0)))
+        totals = gaps.aggregate(n=models.Sum("trials_gap"), j=models.Sum("energy_gap"))
+        return round(totals["n"] or 0), totals["j"] or 0.0
 
-    def unbilled_trials(self) -> int:
-        live = models.ExpressionWrapper(_measurements_of_run() + models.F("serial_remeasures"),
-                                        output_field=models.FloatField())
-        gaps = self.annotate(gap=Greatest(live - charged_to_run(UsageCharge.Kind.TRIALS), models.Value(0.0)))
-        return round(gaps.aggregate(n=models.Sum("gap"))["n"] or 0)
 
-
-def team_energy_joules_since(team_id: int, since, *, exclude_run: int | None = None) -> float:
-    """The team's energy since ``since``: its ledger charges, plus what its runs recorded beyond them."""
-    charged = UsageCharge.objects.filter(team_id=team_id, kind=UsageCharge.Kind.ENERGY_JOULES, created_at__gte=since)
+def team_usage_since(team_id: int, since, *, exclude_run: int | None = None) -> tuple[int, float]:
+    """The team's (trials, joules) since ``since``: its ledger charges (deleted and archived runs included),
+    plus what its runs recorded beyond them. ``exclude_run`` leaves one run out of both."""
+    charged = UsageCharge.objects.filter(team_id=team_id, created_at__gte=since)
     runs = TuningRun.objects.of_team_since(team_id, since)
     if exclude_run is not None:
         charged, runs = charged.exclude(run_id=exclude_run), runs.exclude(pk=exclude_run)
-    return (charged.aggregate(j=models.Sum("amount"))["j"] or 0.0) + runs.unbilled_energy_joules()
-
-
-def team_trials_since(team_id: int, since) -> int:
-    """The team's trials since ``since``: its ledger charges, plus what its runs recorded beyond them."""
-    charged = UsageCharge.objects.filter(team_id=team_id, kind=UsageCharge.Kind.TRIALS, created_at__gte=since)
-    return round(charged.aggregate(n=models.Sum("amount"))["n"] or 0) + \
-        TuningRun.objects.of_team_since(team_id, since).unbilled_trials()
+    sums = charged.aggregate(n=models.Sum("amount", filter=models.Q(kind=UsageCharge.Kind.TRIALS)),
+                             j=models.Sum("amount", filter=models.Q(kind=UsageCharge.Kind.ENERGY_JOULES)))
+    gap_trials, gap_joules = runs.unbilled()
+    return round(sums["n"] or 0) + gap_trials, (sums["j"] or 0.0) + gap_joules
 
 
 class TuningRun(models.Model):

@@ -10,7 +10,7 @@ from common.series import thin
 from common.units import joules_to_kwh
 from core.selectors import energy_model, month_start, teams_for_user
 
-from .models import DopRound, Measurement, TuningRun, TuningTask, team_energy_joules_since, team_trials_since
+from .models import DopRound, Measurement, TuningRun, TuningTask, team_usage_since
 
 
 def runs_for_user(user: AbstractBaseUser, *, archived: bool | None = None) -> QuerySet[TuningRun]:
@@ -124,7 +124,7 @@ def trials_used_since(team_id: int, since) -> int:
     """Every build+measure done for the team since `since`, from the usage ledger (deleted and archived
     runs included): trials (imported records included: the platform measures them) plus the final serial
     re-measures of its runs."""
-    return team_trials_since(team_id, since)
+    return team_usage_since(team_id, since)[0]
 
 
 def trials_used_this_month(team_id: int) -> int:
@@ -144,7 +144,7 @@ def active_run_count(team_id: int) -> int:
 
 def energy_joules_this_month(team_id: int, *, exclude_run: int | None = None) -> float:
     """The team's energy this month from the usage ledger (deleted and archived runs included)."""
-    return team_energy_joules_since(team_id, month_start(), exclude_run=exclude_run)
+    return team_usage_since(team_id, month_start(), exclude_run=exclude_run)[1]
 
 
 def joules_per_trial_estimate(team_id: int) -> tuple[float, str]:
@@ -158,11 +158,9 @@ def joules_per_trial_estimate(team_id: int) -> tuple[float, str]:
 
 def usage_since(team_id: int, since) -> dict:
     """The tuning app's part of a team's usage (core.selectors' usage provider)."""
-    return {
-        "concurrent_runs": active_run_count(team_id),
-        "tuning_trials_this_month": trials_used_since(team_id, since),
-        "energy_kwh_this_month": joules_to_kwh(team_energy_joules_since(team_id, since)),
-    }
+    trials, joules = team_usage_since(team_id, since)
+    return {"concurrent_runs": active_run_count(team_id), "tuning_trials_this_month": trials,
+            "energy_kwh_this_month": joules_to_kwh(joules)}
 
 
 def seconds_until_next_stale() -> float | None:

@@ -15,7 +15,7 @@ from common.units import JOULES_PER_KWH
 from core.fieldtext import fit_to_field
 from core.models import Quota
 from core.selectors import month_start
-from tuning.models import DopRound, Measurement, TuningRun, TuningTask, team_energy_joules_since
+from tuning.models import DopRound, Measurement, TuningRun, TuningTask, team_usage_since
 
 from .energy import run_energy_model
 from .ledger import charge_run_usage
@@ -233,7 +233,7 @@ class DatabaseSink:
         if budget_kwh is None:
             return False
         # the team's other work from the usage ledger (deleted or archived runs included), this run live
-        used = team_energy_joules_since(self.team_id, month_start(), exclude_run=self.run_id) + self.energy()[0]
+        used = team_usage_since(self.team_id, month_start(), exclude_run=self.run_id)[1] + self.energy()[0]
         if used >= budget_kwh * JOULES_PER_KWH:
             self.stop_reason = (f"Stopped at the team's energy quota ({budget_kwh:g} kWh per month); "
                                 f"results so far are kept.")
