@@ -14,7 +14,18 @@ from core.models import UsageCharge
 from core.selectors import energy_model, month_start, teams_for_user
 
 from . import adapters
-from .models import PLACEMENT_CHARGE_PREFIX, GPU, GpuJob, GpuProfile, GpuTelemetry, Node, Placement, PredictorVersion, SimulationRun, TraceUpload
+from .models import (
+    GPU,
+    PLACEMENT_CHARGE_PREFIX,
+    GpuJob,
+    GpuProfile,
+    GpuTelemetry,
+    Node,
+    Placement,
+    PredictorVersion,
+    SimulationRun,
+    TraceUpload,
+)
 
 
 def node_stale_after_s() -> float:

@@ -47,7 +47,8 @@ from .runs import (
 
 
 __all__ = [
-    "IMPORT_REFUSED_PREFIX", "SUPPORTED_TARGET_KINDS", "DatabaseSink", "LeaseLost", "NoMeasurement", "archive_run", "cancel_run",
+    "IMPORT_REFUSED_PREFIX", "SUPPORTED_TARGET_KINDS", "DatabaseSink", "LeaseLost", "NoMeasurement", "archive_run",
+    "cancel_run",
     "check_run_quota", "claim_run", "delete_run_files_on_commit", "energy_joules_this_month", "enqueue_run",
     "execute_run", "finish_interrupted", "finish_succeeded", "import_database", "joules_per_trial_estimate",
     "make_energy_meter", "pause_run", "public_json", "public_text", "reconcile_with_database",
