@@ -111,8 +111,8 @@ def charged_since(team_id: int, kind: str, since: dt.datetime, *, exclude_run: i
     return qs.aggregate(total=Sum("amount"))["total"] or 0.0
 
 
-def charges_of_team(team_id: int) -> QuerySet[UsageCharge]:
-    return UsageCharge.objects.filter(team_id=team_id)
+def charges_for_user(user: AbstractBaseUser) -> QuerySet[UsageCharge]:
+    return UsageCharge.objects.filter(team__in=teams_for_user(user))
 
 
 def charges_by_team_month(team_ids: list[int], *, default_intensity_g_per_kwh: float) -> list[dict]:

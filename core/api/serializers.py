@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from core import selectors
 from core.api.fast import FastRepresentationMixin
-from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation
+from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation, UsageCharge
 
 
 @extend_schema_field(OpenApiTypes.INT)
@@ -113,6 +113,14 @@ class QuotaSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.DictField())
     def get_usage(self, quota: Quota) -> dict:
         return selectors.quota_usage(quota.team_id).as_dict()
+
+
+class UsageChargeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = UsageCharge
+        fields = ["id", "team", "kind", "amount", "source", "meter", "grid_intensity_g_per_kwh", "label", "model",
+                  "run", "job", "simulation", "created_at"]
+        read_only_fields = fields
 
 
 class DLModelSerializer(FastRepresentationMixin, serializers.ModelSerializer):

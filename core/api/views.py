@@ -11,11 +11,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import selectors, services
-from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation
+from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation, UsageCharge
 from core.onnx_models.errors import OnnxValidationError
 
 from .archive import ARCHIVED_PARAMETER, archived_param
 from .fast import RowListMixin, read_columns
+from .filters import UtcIsoDateTimeFilter
 from .permissions import IsStaffOrReadOnly, IsTeamMemberWriteOrReadOnly, with_caller_role
 from .serializers import (
     ApiTokenCreatedSerializer,
@@ -31,6 +32,7 @@ from .serializers import (
     TeamCreateSerializer,
     TeamInvitationSerializer,
     TeamSerializer,
+    UsageChargeSerializer,
 )
 from .throttles import TokenCreateThrottle, UploadThrottle
 from .uploads import body_over, declared_length
@@ -178,6 +180,28 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Upda
     def perform_update(self, serializer):
         limits = {k: v for k, v in serializer.validated_data.items() if k in services.QUOTA_FIELDS}
         serializer.instance = services.update_quota(actor=self.request.user, quota=serializer.instance, **limits)
+
+
+class UsageChargeFilter(django_filters.FilterSet):
+    created_after = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lte")
+
+    class Meta:
+        model = UsageCharge
+        fields = ["team", "kind", "source", "model", "run", "job", "simulation"]
+
+
+@extend_schema_view(list=extend_schema(
+    summary="Your teams' usage ledger",
+    description="Every charge of tuning trials, GPU-seconds, energy (joules, measured or modeled) and simulated "
+    "policies, newest first. Append-only: charges outlive the models, runs and jobs that incurred them (their "
+    "references become null; the label says what it was), and nothing here can be changed or deleted."))
+class UsageChargeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    serializer_class = UsageChargeSerializer
+    filterset_class = UsageChargeFilter
+
+    def get_queryset(self):
+        return selectors.charges_for_user(self.request.user)
 
 
 class DLModelFilter(django_filters.FilterSet):

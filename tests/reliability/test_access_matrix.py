@@ -115,6 +115,7 @@ EXPECTED = {
     ("dlmodel-restore", "POST"): TEAM_WRITE_CONFLICT,  # world.model is not archived: 409 for writers
     ("dlmodel-download", "GET"): TEAM_READ,
     ("apitoken-list", "GET"): AUTH,
+    ("usagecharge-list", "GET"): AUTH,  # read-only: the ledger is append-only (issue 39)
     # issue 11 s.7: a token never mints tokens (the matrix calls with tokens); sessions do (test below)
     ("apitoken-list", "POST"): _profile(viewer=FORBID, member=FORBID, owner=FORBID, other=FORBID, staff=FORBID),
     ("apitoken-detail", "GET"): SELF_ONLY,

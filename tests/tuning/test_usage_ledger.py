@@ -145,6 +145,24 @@ def test_ledger_rows_cannot_be_updated_or_deleted(model_a, user_owner, user_staf
     assert UsageCharge.objects.get(pk=charge.pk).amount == N_TRIALS
 
 
+def test_the_usage_api_lists_a_teams_charges_and_writes_none(api_owner, api_other, model_a, user_owner,
+                                                             user_staff):
+    run = _tuned_run(user_owner, model_a)
+    core_services.delete_model(actor=user_staff, model=model_a)
+    body = api_owner.get("/api/usage-charges/?kind=trials").json()
+    assert body["count"] == 1
+    (row,) = body["results"]
+    assert row["amount"] == N_TRIALS and row["run"] is None and f"tuning run {run.pk}" in row["label"]
+    assert api_other.get("/api/usage-charges/").json()["count"] == 0
+    pk = row["id"]
+    assert api_owner.post("/api/usage-charges/", {"team": row["team"], "kind": "trials", "amount": 0},
+                          format="json").status_code == 405
+    for method in ("put", "patch", "delete"):
+        assert getattr(api_owner, method)(f"/api/usage-charges/{pk}/", {"amount": 0}, format="json").status_code \
+            == 404  # no detail route at all: nothing to change or delete
+    assert UsageCharge.objects.get(pk=pk).amount == N_TRIALS
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the database guard is a PostgreSQL trigger")
 def test_the_database_refuses_to_change_or_delete_a_charge(model_a, user_owner, team_a):
     run = _tuned_run(user_owner, model_a)
