@@ -81,9 +81,16 @@ def _check_new_model(*, actor: AbstractBaseUser | None, team: Team, name: str) -
     limit = DLModel._meta.get_field("name").max_length
     if len(name) > limit:
         raise ServiceError(f"Model names are at most {limit} characters.", field="name")
-    if DLModel.objects.filter(team=team, name=name).exists():
-        raise ConflictError(f"Team {team} already has a model named '{name}'.", field="name")
+    taken = DLModel.objects.filter(team=team, name=name).values("archived_at").first()
+    if taken is not None:
+        raise ConflictError(_name_taken(team, name, archived=taken["archived_at"] is not None), field="name")
     return name
+
+
+def _name_taken(team, name: str, *, archived: bool) -> str:
+    if archived:
+        return f"Team {team} has an archived model named '{name}': restore it or choose another name."
+    return f"Team {team} already has a model named '{name}'."
 
 
 def _apply_validated(model: DLModel, validated: "ValidatedModel") -> None:
@@ -112,7 +119,7 @@ def _file_in_use(name: str) -> bool:
 def _store(model: DLModel, data: bytes, digest: str) -> DLModel:
     """Save the file and the row together: on any failure neither is left behind."""
     return save_with_file(model, "file", f"{digest[:16]}.onnx", data, still_used=_file_in_use,
-                          conflict=f"Team {model.team} already has a model named '{model.name}'.")
+                          conflict=_name_taken(model.team, model.name, archived=False))
 
 
 def register_model(

@@ -256,6 +256,16 @@ def test_another_team_cannot_archive_or_restore_a_model(api_other, api_owner, mo
     assert api_owner.post(f"/api/models/{model_a.pk}/restore/").status_code == 409
 
 
+def test_an_archived_models_name_stays_taken_and_the_refusal_says_why(api_owner, model_a, team_a,
+                                                                       small_cnn_bytes):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    assert api_owner.delete(f"/api/models/{model_a.pk}/").status_code == 204
+    resp = api_owner.post("/api/models/", {"team": team_a.pk, "name": model_a.name, "file": SimpleUploadedFile(
+        "m.onnx", small_cnn_bytes)}, format="multipart")
+    assert resp.status_code == 409 and "archived model named 'cnn-a': restore it" in resp.json()["detail"]
+
+
 def test_an_archived_model_cannot_be_tuned(api_owner, model_a):
     assert api_owner.delete(f"/api/models/{model_a.pk}/").status_code == 204
     resp = api_owner.post("/api/runs/", {"model": model_a.pk, "max_trials": 8}, format="json")
