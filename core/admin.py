@@ -10,7 +10,7 @@ from django.utils.html import format_html
 
 from . import selectors, services
 from .exceptions import ServiceError
-from .models import ApiToken, DLModel, EnergySettings, Membership, Quota, Team, TeamInvitation
+from .models import ApiToken, DLModel, EnergySettings, Membership, Quota, Team, TeamInvitation, UsageCharge
 from .onnx_models.errors import OnnxValidationError
 
 admin.site.site_header = "dlopt administration"
@@ -161,15 +161,23 @@ class DLModelAdminForm(forms.ModelForm):
 @admin.register(DLModel)
 class DLModelAdmin(admin.ModelAdmin):
     list_display = ["name", "team", "source", "gflops_display", "param_count", "num_tuning_tasks", "opset",
-                    "created_at"]
-    list_filter = ["source", "team", "opset"]
+                    "created_at", "archived_at"]
+    list_filter = ["source", "team", "opset", ("archived_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "description", "team__name"]
     readonly_fields = [
         "source", "file", "file_size", "sha256", "opset", "ir_version", "producer", "inputs", "outputs",
         "batch_size", "total_flops", "param_count", "activation_bytes", "conv_count", "linear_count",
         "activation_count", "other_count", "op_histogram", "num_tuning_tasks", "tuning_task_names",
-        "created_by", "created_at",
+        "created_by", "created_at", "archived_at",
     ]
+
+    # Staff may delete a model for good here (teams archive theirs); its usage charges stay in the ledger.
+    def delete_model(self, request, obj):
+        services.delete_model(actor=request.user, model=obj)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            services.delete_model(actor=request.user, model=obj)
 
     def get_form(self, request, obj=None, **kwargs):
         if obj is None:
@@ -228,3 +236,22 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def revoke(self, request, queryset):
         n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
         self.message_user(request, f"Revoked {n} token(s).")
+
+
+@admin.register(UsageCharge)
+class UsageChargeAdmin(admin.ModelAdmin):
+    """The usage ledger, read-only: a charge is never edited nor deleted, not even by staff."""
+
+    list_display = ["created_at", "team", "kind", "amount", "source", "meter", "label"]
+    list_filter = ["kind", "source", "team"]
+    search_fields = ["label", "team__name", "idempotency_key"]
+    date_hierarchy = "created_at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -225,6 +225,8 @@ class DLModel(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # Archived (the API's DELETE): hidden from lists, restorable; its runs, jobs and usage are kept.
+    archived_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
         ordering = ["team__name", "name"]
@@ -289,3 +291,76 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} for {self.team} ({self.state})"
+
+
+class UsageLedgerError(Exception):
+    """A write the usage ledger refuses: its rows are only ever inserted."""
+
+
+class UsageChargeQuerySet(models.QuerySet):
+    """Bulk writes are refused too; Django's own SET_NULL on a deleted referent goes through the base
+    manager (a plain queryset), so a deleted model or run leaves its charges behind, unlinked."""
+
+    def update(self, **kwargs):
+        raise UsageLedgerError("Usage charges are append-only: they cannot be updated.")
+
+    def delete(self):
+        raise UsageLedgerError("Usage charges are append-only: they cannot be deleted.")
+
+
+class UsageCharge(models.Model):
+    """One entry of a team's append-only usage ledger: what a piece of work cost when it was done.
+
+    Quota usage and the usage, energy and carbon pages sum these rows, so deleting or archiving the
+    model, run, job or simulation that incurred a cost never lowers what the team spent. Rows are
+    written only by ``core.services.charge_usage`` (insert, never update nor delete); the references
+    to what incurred a charge become empty when it is deleted, and ``label`` keeps it readable.
+    """
+
+    class Kind(models.TextChoices):
+        TRIALS = "trials", "Tuning trials"
+        GPU_SECONDS = "gpu_seconds", "GPU-seconds"
+        ENERGY_JOULES = "energy_joules", "Energy (J)"
+        SIMULATION_UNITS = "simulation_units", "Simulation units"
+
+    class EnergySource(models.TextChoices):
+        NONE = "", "Not energy"
+        MEASURED = "measured", "Measured"
+        MODELED = "modeled", "Modeled"
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="usage_charges")
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    amount = models.FloatField(help_text="In the kind's unit: trials, GPU-seconds, joules, simulated policies.")
+    source = models.CharField(max_length=10, choices=EnergySource.choices, blank=True,
+                              help_text="For energy: measured (RAPL/NVML) or modeled.")
+    meter = models.CharField(max_length=40, blank=True, help_text='For energy: e.g. "rapl", "rapl+nvml", "modeled".')
+    grid_intensity_g_per_kwh = models.FloatField(
+        null=True, blank=True, help_text="For energy: gCO2e per kWh in force when it was charged (carbon history).")
+    # Unique per incurring event: a retried task charging the same event again inserts nothing.
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    label = models.CharField(max_length=300, help_text="What incurred it, in words (kept after it is deleted).")
+    model = models.ForeignKey(DLModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    run = models.ForeignKey("tuning.TuningRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    job = models.ForeignKey("scheduling.GpuJob", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    simulation = models.ForeignKey("scheduling.SimulationRun", null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = UsageChargeQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        indexes = [models.Index(fields=["team", "kind", "created_at"])]
+        constraints = [models.CheckConstraint(condition=models.Q(amount__gte=0), name="usage_charge_amount_nonneg")]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} {self.amount:g} for {self.team} ({self.label})"
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise UsageLedgerError("Usage charges are append-only: they cannot be updated.")
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise UsageLedgerError("Usage charges are append-only: they cannot be deleted.")

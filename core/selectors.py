@@ -6,10 +6,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.db.models import F, FloatField, QuerySet, Sum, Value
+from django.db.models.functions import Coalesce, TruncMonth
 from django.utils import timezone
 
-from .models import DLModel, EnergySettings, Membership, Quota, Team
+from common.units import JOULES_PER_KWH
+
+from .models import DLModel, EnergySettings, Membership, Quota, Team, UsageCharge
 
 
 def teams_for_user(user: AbstractBaseUser) -> QuerySet[Team]:
@@ -38,8 +41,12 @@ def memberships_for_user(user: AbstractBaseUser) -> QuerySet[Membership]:
     return Membership.objects.filter(team__in=teams_for_user(user)).select_related("team", "user")
 
 
-def models_for_user(user: AbstractBaseUser) -> QuerySet[DLModel]:
-    return DLModel.objects.filter(team__in=teams_for_user(user)).select_related("team")
+def models_for_user(user: AbstractBaseUser, *, archived: bool | None = False) -> QuerySet[DLModel]:
+    """The user's teams' models: live ones by default, archived ones with ``archived=True``, all with None."""
+    qs = DLModel.objects.filter(team__in=teams_for_user(user)).select_related("team")
+    if archived is not None:
+        qs = qs.filter(archived_at__isnull=not archived)
+    return qs
 
 
 def quotas_for_user(user: AbstractBaseUser) -> QuerySet[Quota]:
@@ -90,6 +97,36 @@ def quota_usage(team_id: int) -> QuotaUsage:
         for key, value in provider(team_id, start).items():
             setattr(usage, key, getattr(usage, key) + value)
     return usage
+
+
+# --- Usage ledger ------------------------------------------------------------------
+# What teams spent, summed from the append-only ledger (core.models.UsageCharge): deleting or
+# archiving what incurred a charge never lowers these.
+
+def charged_since(team_id: int, kind: str, since: dt.datetime, *, exclude_run: int | None = None) -> float:
+    """The team's charges of ``kind`` since ``since`` (those of run ``exclude_run`` left out)."""
+    qs = UsageCharge.objects.filter(team_id=team_id, kind=kind, created_at__gte=since)
+    if exclude_run is not None:
+        qs = qs.exclude(run_id=exclude_run)
+    return qs.aggregate(total=Sum("amount"))["total"] or 0.0
+
+
+def charges_for_user(user: AbstractBaseUser) -> QuerySet[UsageCharge]:
+    return UsageCharge.objects.filter(team__in=teams_for_user(user))
+
+
+def charges_by_team_month(team_ids: list[int], *, default_intensity_g_per_kwh: float) -> list[dict]:
+    """The teams' charges per team, calendar month, kind and meter: {team_id, month (a date), kind, meter,
+    total, carbon_g}. Carbon (energy rows) is each charge's joules at the grid intensity in force when it
+    was charged, else the team's, else ``default_intensity_g_per_kwh``."""
+    intensity = Coalesce(F("grid_intensity_g_per_kwh"), F("team__grid_intensity_g_per_kwh"),
+                         Value(default_intensity_g_per_kwh), output_field=FloatField())
+    rows = (UsageCharge.objects.filter(team_id__in=team_ids).annotate(month=TruncMonth("created_at"))
+            .values("team_id", "month", "kind", "meter")
+            .annotate(total=Sum("amount"),
+                      carbon_g=Sum(F("amount") / JOULES_PER_KWH * intensity, output_field=FloatField()))
+            .order_by())
+    return [{**r, "month": r["month"].date() if isinstance(r["month"], dt.datetime) else r["month"]} for r in rows]
 
 
 # --- Energy model ----------------------------------------------------------------

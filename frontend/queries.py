@@ -12,26 +12,27 @@ from dataclasses import dataclass, field
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count, F, FloatField, Max, Q, QuerySet, Sum, Value
-from django.db.models.functions import Coalesce, TruncMonth
+from django.db.models.functions import Coalesce, Greatest, TruncMonth
 from django.http import Http404
 
 from common.units import JOULES_PER_KWH, joules_to_kwh
 from core import selectors as core_selectors
-from core.models import DLModel, Quota, Team
+from core.models import DLModel, Quota, Team, UsageCharge
 from scheduling.selectors import colocation_savings_by_team_month
 from tuning import selectors as tuning_selectors
-from tuning.models import DopRound, TuningRun, TuningTask
+from tuning.models import DopRound, TuningRun, TuningTask, charged_to_run
 
 # --- models ---------------------------------------------------------------------------
 
 
-def models_in_scope(team_ids: list[int]) -> QuerySet[DLModel]:
-    return (DLModel.objects.filter(team_id__in=team_ids).select_related("team")
+def models_in_scope(team_ids: list[int], *, archived: bool = False) -> QuerySet[DLModel]:
+    return (DLModel.objects.filter(team_id__in=team_ids, archived_at__isnull=not archived).select_related("team")
             .annotate(run_count=Count("tuning_runs")).order_by("team__name", "name"))
 
 
 def model_for_user(user: AbstractBaseUser, pk: int) -> DLModel:
-    model = core_selectors.models_for_user(user).filter(pk=pk).first()
+    """A model of the user's teams, archived or not (its page offers the restore)."""
+    model = core_selectors.models_for_user(user, archived=None).filter(pk=pk).first()
     if model is None:
         raise Http404("No such model in your teams.")
     return model
@@ -46,7 +47,8 @@ def recent_runs_of_model(model: DLModel, *, limit: int = 10) -> list[TuningRun]:
 
 
 def runs_in_scope(team_ids: list[int]) -> QuerySet[TuningRun]:
-    return TuningRun.objects.filter(team_id__in=team_ids).select_related("model", "team")
+    """The runs the run list shows: archived ones are left out."""
+    return TuningRun.objects.filter(team_id__in=team_ids, archived_at__isnull=True).select_related("model", "team")
 
 
 def run_for_user(user: AbstractBaseUser, pk: int) -> TuningRun:
@@ -140,41 +142,76 @@ class EnergyMonth:
 def energy_by_team_month(team_ids: list[int]) -> list[EnergyMonth]:
     """Tuning activity, energy (with its sources) and carbon per team and calendar month.
 
-    Carbon is summed per run from the run's grid intensity; runs without one
-    use the team's intensity, else the platform's (admin energy settings, else ENERGY_GRID_INTENSITY_G_PER_KWH).
+    Energy, carbon and trials come from the usage ledger (core.models.UsageCharge), so a deleted or archived
+    run's cost stays in its month; what a run row records beyond its charges is added to the run's month.
+    Carbon is each charge's joules at the grid intensity in force when it was charged; a run's uncharged
+    energy uses the run's intensity, else the team's, else the platform's (admin energy settings, else
+    ENERGY_GRID_INTENSITY_G_PER_KWH). Runs, wall time and Trimmer's savings describe the runs still stored.
     """
     default_intensity = core_selectors.energy_model().grid_intensity_g_per_kwh
     intensity = Coalesce(F("grid_intensity_g_per_kwh"), F("team__grid_intensity_g_per_kwh"),
                          Value(default_intensity), output_field=FloatField())
     measured = Q(energy_joules__gt=0) | ~Q(energy_source="")
-    rows = (TuningRun.objects.filter(team_id__in=team_ids)
-            .annotate(month=TruncMonth("created_at"))
-            .values("team_id", "team__name", "month")
-            .annotate(runs=Count("id"), trials=Sum("trials_done"), wall=Sum("wall_seconds"),
-                      with_energy=Count("id", filter=measured),
-                      energy_j=Sum("energy_joules", filter=measured),
-                      saved_j=Sum("energy_saved_joules", filter=measured),
-                      carbon_g=Sum(F("energy_joules") / JOULES_PER_KWH * intensity, filter=measured,
-                                   output_field=FloatField()))
-            .order_by("-month", "team__name"))
+    energy_gap = Greatest(F("energy_joules") - charged_to_run(UsageCharge.Kind.ENERGY_JOULES), Value(0.0))
+    trials_gap = Greatest(F("trials_done") + F("serial_remeasures") - charged_to_run(UsageCharge.Kind.TRIALS),
+                          Value(0.0))
+    run_rows = (TuningRun.objects.filter(team_id__in=team_ids)
+                .annotate(month=TruncMonth("created_at"))
+                .values("team_id", "team__name", "month")
+                .annotate(runs=Count("id"), wall=Sum("wall_seconds"),
+                          with_energy=Count("id", filter=measured),
+                          saved_j=Sum("energy_saved_joules", filter=measured),
+                          gap_j=Sum(energy_gap, filter=measured, output_field=FloatField()),
+                          gap_carbon_g=Sum(energy_gap / JOULES_PER_KWH * intensity, filter=measured,
+                                           output_field=FloatField()),
+                          gap_trials=Sum(trials_gap, output_field=FloatField()))
+                .order_by())
     sources: dict[tuple, set] = {}
     for r in (TuningRun.objects.filter(team_id__in=team_ids).filter(measured)
               .annotate(month=TruncMonth("created_at")).values("team_id", "month", "energy_source").distinct()):
-        sources.setdefault((r["team_id"], r["month"]), set()).add(r["energy_source"] or "unknown")
-    out = []
-    for r in rows:
-        month = r["month"].date() if isinstance(r["month"], dt.datetime) else r["month"]
-        has = bool(r["with_energy"])
-        out.append(EnergyMonth(
-            team_id=r["team_id"], team_name=r["team__name"], month=month, runs=r["runs"],
-            trials=r["trials"] or 0, wall_hours=(r["wall"] or 0.0) / 3600.0, runs_with_energy=r["with_energy"],
-            energy_kwh=joules_to_kwh(r["energy_j"] or 0.0) if has else None,
-            saved_kwh=joules_to_kwh(r["saved_j"]) if has and r["saved_j"] is not None else None,
-            carbon_g=(r["carbon_g"] or 0.0) if has else None,
-            sources=sorted(sources.get((r["team_id"], r["month"]), ())),
-        ))
+        sources.setdefault((r["team_id"], _month(r["month"])), set()).add(r["energy_source"] or "unknown")
+    charged_j: dict[tuple, float] = {}
+    charged_carbon: dict[tuple, float] = {}
+    charged_trials: dict[tuple, float] = {}
+    for c in core_selectors.charges_by_team_month(team_ids, default_intensity_g_per_kwh=default_intensity):
+        key = (c["team_id"], c["month"])
+        if c["kind"] == UsageCharge.Kind.TRIALS:
+            charged_trials[key] = charged_trials.get(key, 0.0) + c["total"]
+        elif c["kind"] == UsageCharge.Kind.ENERGY_JOULES:
+            charged_j[key] = charged_j.get(key, 0.0) + c["total"]
+            charged_carbon[key] = charged_carbon.get(key, 0.0) + (c["carbon_g"] or 0.0)
+            sources.setdefault(key, set()).add(c["meter"] or "unknown")
+
+    by_key: dict[tuple, EnergyMonth] = {}
+    gaps: dict[tuple, tuple[float, float, float]] = {}
+    for r in run_rows:
+        key = (r["team_id"], _month(r["month"]))
+        by_key[key] = EnergyMonth(team_id=r["team_id"], team_name=r["team__name"], month=key[1], runs=r["runs"],
+                                  trials=0, wall_hours=(r["wall"] or 0.0) / 3600.0,
+                                  runs_with_energy=r["with_energy"],
+                                  saved_kwh=joules_to_kwh(r["saved_j"]) if r["saved_j"] is not None else None)
+        gaps[key] = (r["gap_j"] or 0.0, r["gap_carbon_g"] or 0.0, r["gap_trials"] or 0.0)
+    orphans = {*charged_j, *charged_trials} - set(by_key)  # months whose runs are all deleted
+    names = dict(Team.objects.filter(pk__in={t for t, _ in orphans}).values_list("pk", "name")) if orphans else {}
+    for key in orphans:
+        by_key[key] = EnergyMonth(team_id=key[0], team_name=names.get(key[0], "?"), month=key[1], runs=0, trials=0,
+                                  wall_hours=0.0)
+    for key, row in by_key.items():
+        gap_j, gap_carbon, gap_trials = gaps.get(key, (0.0, 0.0, 0.0))
+        row.trials = round(charged_trials.get(key, 0.0) + gap_trials)
+        if row.runs_with_energy or key in charged_j:
+            row.energy_kwh = joules_to_kwh(charged_j.get(key, 0.0) + gap_j)
+            row.carbon_g = charged_carbon.get(key, 0.0) + gap_carbon
+            row.sources = sorted(sources.get(key, ()))
+        else:
+            row.saved_kwh = None
+    out = sorted(by_key.values(), key=lambda r: (-r.month.toordinal(), r.team_name))
     _add_colocation_savings(out, team_ids)
     return out
+
+
+def _month(value) -> dt.date:
+    return value.date() if isinstance(value, dt.datetime) else value
 
 
 def _add_colocation_savings(rows: list[EnergyMonth], team_ids: list[int]) -> None:
@@ -197,7 +234,8 @@ def _add_colocation_savings(rows: list[EnergyMonth], team_ids: list[int]) -> Non
 
 def energy_recorded(team_ids: list[int]) -> bool:
     return TuningRun.objects.filter(team_id__in=team_ids).filter(
-        Q(energy_joules__gt=0) | ~Q(energy_source="")).exists()
+        Q(energy_joules__gt=0) | ~Q(energy_source="")).exists() or UsageCharge.objects.filter(
+        team_id__in=team_ids, kind=UsageCharge.Kind.ENERGY_JOULES).exists()
 
 
 def quota_usage_rows(teams) -> list[dict]:

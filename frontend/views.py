@@ -87,9 +87,42 @@ def home(request):
 @login_required
 def model_list(request):
     scope = get_scope(request)
-    models = queries.models_in_scope(scope.team_ids)
+    archived = request.GET.get("archived") == "1"
+    models = queries.models_in_scope(scope.team_ids, archived=archived)
     return render(request, "frontend/model_list.html", {
-        "scope": scope, "models": models, "can_upload": bool(scope.writable_ids), "nav": "models"})
+        "scope": scope, "models": models, "archived": archived, "writable_ids": scope.writable_ids,
+        "can_upload": bool(scope.writable_ids), "nav": "models"})
+
+
+@login_required
+@require_POST
+def model_archive(request, pk: int):
+    """The model page's Archive: hidden from lists, restorable; its runs and the team's usage are kept."""
+    model = queries.model_for_user(request.user, pk)
+    try:
+        kept = core_services.archive_model(actor=request.user, model=model)
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+        return redirect("model-detail", pk=pk)
+    if kept is None:
+        messages.success(request, f"Model '{model.name}' was refused after upload: deleted, its name is free again.")
+        return redirect("model-list")
+    messages.success(request, f"Model '{model.name}' archived: it is hidden from the lists, and its runs and the "
+                              "team's usage are kept. Restore it from the archived models.")
+    return redirect("model-list")
+
+
+@login_required
+@require_POST
+def model_restore(request, pk: int):
+    model = queries.model_for_user(request.user, pk)
+    try:
+        core_services.restore_model(actor=request.user, model=model)
+    except ServiceError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Model '{model.name}' restored.")
+    return redirect("model-detail", pk=pk)
 
 
 @login_required

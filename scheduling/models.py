@@ -230,6 +230,10 @@ class GpuJob(models.Model):
         return self.state in self.ACTIVE
 
 
+# The usage ledger's key of a released placement's GPU-seconds: "gpu_seconds:placement:<placement id>".
+PLACEMENT_CHARGE_PREFIX = "gpu_seconds:placement:"
+
+
 class Placement(models.Model):
     """A job on a GPU. At most one active (unreleased) placement per job - a DB constraint."""
 

@@ -6,14 +6,27 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models import CharField, Count, Exists, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
+from core.models import UsageCharge
 from core.selectors import energy_model, month_start, teams_for_user
 from tuning.engine.target_schema import valid_mcpu, valid_triple
 
 from . import adapters
-from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Node, Placement, PredictorVersion, SimulationRun, TraceUpload
+from .models import (
+    GPU,
+    PLACEMENT_CHARGE_PREFIX,
+    GpuJob,
+    GpuProfile,
+    GpuTelemetry,
+    Node,
+    Placement,
+    PredictorVersion,
+    SimulationRun,
+    TraceUpload,
+)
 
 
 def node_stale_after_s() -> float:
@@ -190,11 +203,17 @@ def traces_for_user(user: AbstractBaseUser) -> QuerySet[TraceUpload]:
 # --- GPU-hours ---------------------------------------------------------------------------------
 
 def gpu_hours_used(team_id: int, since: dt.datetime, now: dt.datetime | None = None) -> float:
-    """GPU-hours held by the team's placements since ``since``: released ones in full, active ones so far."""
+    """GPU-hours held by the team's placements since ``since``: released ones from the usage ledger
+    (charged in full when released; deleted jobs included), active ones so far, and a released one no
+    charge covers (written some other way) from its row."""
     now = now or timezone.now()
-    total = 0.0
+    charged = UsageCharge.objects.filter(team_id=team_id, kind=UsageCharge.Kind.GPU_SECONDS, created_at__gte=since)
+    total = charged.aggregate(s=Sum("amount"))["s"] or 0.0
+    charge_of_placement = UsageCharge.objects.filter(idempotency_key=Concat(
+        Value(PLACEMENT_CHARGE_PREFIX), Cast(OuterRef("pk"), output_field=CharField()), output_field=CharField()))
     rows = (Placement.objects.filter(job__team_id=team_id)
             .filter(Q(released_at__isnull=True) | Q(released_at__gte=since))
+            .filter(~Exists(charge_of_placement))
             .values_list("placed_at", "released_at"))
     for placed_at, released_at in rows:
         start = max(placed_at, since)

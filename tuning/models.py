@@ -8,11 +8,11 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from django.db.models.functions import Now
+from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
 from common.units import joules_to_kwh
-from core.models import DLModel, Team
+from core.models import DLModel, Team, UsageCharge
 from tuning.engine.targets import identity_of
 from tuning.engine.yardstick import deploy_verdict
 
@@ -74,6 +74,19 @@ def parse_dop(value) -> int | None:
     return int(text)
 
 
+def charged_to_run(kind: str):
+    """The usage ledger's total of ``kind`` charged to the outer run (0 when none)."""
+    charges = (UsageCharge.objects.filter(run_id=models.OuterRef("pk"), kind=kind).order_by()
+               .values("run_id").annotate(total=models.Sum("amount")).values("total"))
+    return Coalesce(models.Subquery(charges, output_field=models.FloatField()), models.Value(0.0))
+
+
+def _measurements_of_run():
+    rows = (Measurement.objects.filter(run_id=models.OuterRef("pk")).order_by()
+            .values("run_id").annotate(n=models.Count("id")).values("n"))
+    return Coalesce(models.Subquery(rows, output_field=models.IntegerField()), models.Value(0))
+
+
 class TuningRunQuerySet(models.QuerySet):
     def update(self, **kwargs):
         """Every queryset write to a run bumps its `version` (see TuningRun.version)."""
@@ -90,6 +103,34 @@ class TuningRunQuerySet(models.QuerySet):
 
     def energy_joules(self) -> float:
         return self.aggregate(j=models.Sum("energy_joules"))["j"] or 0.0
+
+    # The usage ledger (core.models.UsageCharge) is what a team spent; the sink charges a run's trials
+    # and energy as it records them. What a run row holds beyond its charges (energy or trials written
+    # some other way, or a heartbeat's energy not charged yet) still counts: usage is the ledger plus
+    # these gaps, so it never drops below either.
+    def unbilled(self) -> tuple[int, float]:
+        """(trials, joules) these runs recorded beyond their charges."""
+        live_trials = models.ExpressionWrapper(_measurements_of_run() + models.F("serial_remeasures"),
+                                               output_field=models.FloatField())
+        gaps = self.annotate(
+            trials_gap=Greatest(live_trials - charged_to_run(UsageCharge.Kind.TRIALS), models.Value(0.0)),
+            energy_gap=Greatest(models.F("energy_joules") - charged_to_run(UsageCharge.Kind.ENERGY_JOULES),
+                                models.Value(0.0)))
+        totals = gaps.aggregate(n=models.Sum("trials_gap"), j=models.Sum("energy_gap"))
+        return round(totals["n"] or 0), totals["j"] or 0.0
+
+
+def team_usage_since(team_id: int, since, *, exclude_run: int | None = None) -> tuple[int, float]:
+    """The team's (trials, joules) since ``since``: its ledger charges (deleted and archived runs included),
+    plus what its runs recorded beyond them. ``exclude_run`` leaves one run out of both."""
+    charged = UsageCharge.objects.filter(team_id=team_id, created_at__gte=since)
+    runs = TuningRun.objects.of_team_since(team_id, since)
+    if exclude_run is not None:
+        charged, runs = charged.exclude(run_id=exclude_run), runs.exclude(pk=exclude_run)
+    sums = charged.aggregate(n=models.Sum("amount", filter=models.Q(kind=UsageCharge.Kind.TRIALS)),
+                             j=models.Sum("amount", filter=models.Q(kind=UsageCharge.Kind.ENERGY_JOULES)))
+    gap_trials, gap_joules = runs.unbilled()
+    return round(sums["n"] or 0) + gap_trials, (sums["j"] or 0.0) + gap_joules
 
 
 class TuningRun(models.Model):
@@ -221,6 +262,8 @@ class TuningRun(models.Model):
     # chart JSON endpoints answer an unchanged poll with 304 from it, and cache figures per version.
     version = models.PositiveBigIntegerField(default=1, editable=False)
     changed_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Archived: hidden from lists, restorable; its measurements and usage charges are kept.
+    archived_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -10,11 +10,15 @@ from common.series import thin
 from common.units import joules_to_kwh
 from core.selectors import energy_model, month_start, teams_for_user
 
-from .models import DopRound, Measurement, TuningRun, TuningTask
+from .models import DopRound, Measurement, TuningRun, TuningTask, team_usage_since
 
 
-def runs_for_user(user: AbstractBaseUser) -> QuerySet[TuningRun]:
-    return TuningRun.objects.filter(team__in=teams_for_user(user)).select_related("model", "team")
+def runs_for_user(user: AbstractBaseUser, *, archived: bool | None = None) -> QuerySet[TuningRun]:
+    """The user's teams' runs; ``archived`` False or True keeps only live or archived ones."""
+    qs = TuningRun.objects.filter(team__in=teams_for_user(user)).select_related("model", "team")
+    if archived is not None:
+        qs = qs.filter(archived_at__isnull=not archived)
+    return qs
 
 
 def tasks_of_run(run: TuningRun) -> QuerySet[TuningTask]:
@@ -117,11 +121,10 @@ def time_to_parity(run: TuningRun, goal_s: float | None) -> dict | None:
 # --- quota reads ---------------------------------------------------------------------
 
 def trials_used_since(team_id: int, since) -> int:
-    """Every build+measure done for the team since `since`: trials (Measurement rows, imported records
-    included: the platform measures them) plus the final serial re-measures of its runs."""
-    measured = Measurement.objects.filter(run__team_id=team_id, created_at__gte=since).count()
-    remeasured = TuningRun.objects.of_team_since(team_id, since).aggregate(n=Sum("serial_remeasures"))["n"] or 0
-    return measured + remeasured
+    """Every build+measure done for the team since `since`, from the usage ledger (deleted and archived
+    runs included): trials (imported records included: the platform measures them) plus the final serial
+    re-measures of its runs."""
+    return team_usage_since(team_id, since)[0]
 
 
 def trials_used_this_month(team_id: int) -> int:
@@ -140,10 +143,8 @@ def active_run_count(team_id: int) -> int:
 
 
 def energy_joules_this_month(team_id: int, *, exclude_run: int | None = None) -> float:
-    qs = TuningRun.objects.of_team_since(team_id, month_start())
-    if exclude_run is not None:
-        qs = qs.exclude(pk=exclude_run)
-    return qs.energy_joules()
+    """The team's energy this month from the usage ledger (deleted and archived runs included)."""
+    return team_usage_since(team_id, month_start(), exclude_run=exclude_run)[1]
 
 
 def joules_per_trial_estimate(team_id: int) -> tuple[float, str]:
@@ -157,11 +158,9 @@ def joules_per_trial_estimate(team_id: int) -> tuple[float, str]:
 
 def usage_since(team_id: int, since) -> dict:
     """The tuning app's part of a team's usage (core.selectors' usage provider)."""
-    return {
-        "concurrent_runs": active_run_count(team_id),
-        "tuning_trials_this_month": trials_used_since(team_id, since),
-        "energy_kwh_this_month": joules_to_kwh(TuningRun.objects.of_team_since(team_id, since).energy_joules()),
-    }
+    trials, joules = team_usage_since(team_id, since)
+    return {"concurrent_runs": active_run_count(team_id), "tuning_trials_this_month": trials,
+            "energy_kwh_this_month": joules_to_kwh(joules)}
 
 
 def seconds_until_next_stale() -> float | None:

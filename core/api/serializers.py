@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from core import selectors
 from core.api.fast import FastRepresentationMixin
-from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation
+from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation, UsageCharge
 
 
 @extend_schema_field(OpenApiTypes.INT)
@@ -115,6 +115,14 @@ class QuotaSerializer(serializers.ModelSerializer):
         return selectors.quota_usage(quota.team_id).as_dict()
 
 
+class UsageChargeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = UsageCharge
+        fields = ["id", "team", "kind", "amount", "source", "meter", "grid_intensity_g_per_kwh", "label", "model",
+                  "run", "job", "simulation", "created_at"]
+        read_only_fields = fields
+
+
 class DLModelSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     team_name = serializers.CharField(source="team.name", read_only=True)
     gflops = serializers.FloatField(read_only=True)
@@ -127,7 +135,7 @@ class DLModelSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "opset", "ir_version", "producer", "inputs", "outputs", "batch_size",
             "total_flops", "gflops", "param_count", "activation_bytes", "conv_count", "linear_count",
             "activation_count", "other_count", "op_histogram", "num_tuning_tasks", "tuning_task_names",
-            "created_at",
+            "created_at", "archived_at",
         ]
         read_only_fields = fields
 

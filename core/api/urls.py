@@ -11,6 +11,7 @@ router.register("invitations", views.TeamInvitationViewSet, basename="teaminvita
 router.register("quotas", views.QuotaViewSet, basename="quota")
 router.register("models", views.DLModelViewSet, basename="dlmodel")
 router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
+router.register("usage-charges", views.UsageChargeViewSet, basename="usagecharge")
 
 urlpatterns = [
     path("me/", views.MeView.as_view(), name="api-me"),

@@ -11,11 +11,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import selectors, services
-from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation
+from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation, UsageCharge
 from core.onnx_models.errors import OnnxValidationError
 
+from .archive import ARCHIVED_PARAMETER, archived_param
 from .fast import RowListMixin, read_columns
-from .filters import VisibleRowsFilterSet
+from .filters import UtcIsoDateTimeFilter, VisibleRowsFilterSet
 from .permissions import IsStaffOrReadOnly, IsTeamMemberWriteOrReadOnly, with_caller_role
 from .serializers import (
     ApiTokenCreatedSerializer,
@@ -32,6 +33,7 @@ from .serializers import (
     TeamCreateSerializer,
     TeamInvitationSerializer,
     TeamSerializer,
+    UsageChargeSerializer,
 )
 from .throttles import TokenCreateThrottle, UploadThrottle
 from .uploads import body_over, declared_length
@@ -181,6 +183,28 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Upda
         serializer.instance = services.update_quota(actor=self.request.user, quota=serializer.instance, **limits)
 
 
+class UsageChargeFilter(VisibleRowsFilterSet):
+    created_after = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lte")
+
+    class Meta:
+        model = UsageCharge
+        fields = ["team", "kind", "source", "model", "run", "job", "simulation"]
+
+
+@extend_schema_view(list=extend_schema(
+    summary="Your teams' usage ledger",
+    description="Every charge of tuning trials, GPU-seconds, energy (joules, measured or modeled) and simulated "
+    "policies, newest first. Append-only: charges outlive the models, runs and jobs that incurred them (their "
+    "references become null; the label says what it was), and nothing here can be changed or deleted."))
+class UsageChargeViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    serializer_class = UsageChargeSerializer
+    filterset_class = UsageChargeFilter
+
+    def get_queryset(self):
+        return selectors.charges_for_user(self.request.user)
+
+
 class DLModelFilter(VisibleRowsFilterSet):
     name = django_filters.CharFilter(lookup_expr="icontains")
     min_gflops = django_filters.NumberFilter(method="filter_min_gflops")
@@ -194,9 +218,12 @@ class DLModelFilter(VisibleRowsFilterSet):
 
 
 @extend_schema_view(
-    list=extend_schema(summary="Models of your teams"),
+    list=extend_schema(summary="Models of your teams", parameters=[ARCHIVED_PARAMETER]),
     retrieve=extend_schema(summary="A model with its graph features"),
-    destroy=extend_schema(summary="Delete a model (owners and members)"),
+    destroy=extend_schema(summary="Archive a model (owners and members)",
+                          description="The model is hidden from lists (`?archived=true` lists archived ones) and "
+                          "can be restored; its file, runs, jobs and the team's usage are kept. Only staff can "
+                          "delete a model for good, in the admin."),
 )
 class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
                      viewsets.GenericViewSet):
@@ -213,7 +240,9 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
         return [*super().get_throttles(), UploadThrottle()]
 
     def get_queryset(self):
-        qs = selectors.models_for_user(self.request.user)
+        # a detail route finds archived models too (to read or restore them); lists show one kind
+        archived = None if getattr(self, "detail", False) else archived_param(self.request)
+        qs = selectors.models_for_user(self.request.user, archived=archived)
         if getattr(self, "detail", False):  # the object permission reads the caller's role from the same query
             qs = with_caller_role(qs, self.request.user)
         return qs
@@ -250,7 +279,13 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
                         status=status.HTTP_202_ACCEPTED if validating else status.HTTP_201_CREATED)
 
     def perform_destroy(self, instance):
-        services.delete_model(actor=self.request.user, model=instance)
+        services.archive_model(actor=self.request.user, model=instance)
+
+    @extend_schema(request=None, responses=DLModelSerializer, summary="Restore an archived model")
+    @action(detail=True, methods=["post"])
+    def restore(self, request, pk=None):
+        model = services.restore_model(actor=request.user, model=self.get_object())
+        return Response(self.get_serializer(model).data)
 
     @extend_schema(responses={(200, "application/octet-stream"): bytes}, summary="Download the ONNX file")
     @action(detail=True, methods=["get"])

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from core.dispatch import send_on_commit
-from core.exceptions import ConflictError, ServiceError
+from core.exceptions import ConflictError, PermissionDenied, ServiceError
 from core.filestore import delete_stored_on_commit, save_with_file
 from core.fieldtext import fit_to_field
 from core.models import DLModel, Team
@@ -80,9 +81,16 @@ def _check_new_model(*, actor: AbstractBaseUser | None, team: Team, name: str) -
     limit = DLModel._meta.get_field("name").max_length
     if len(name) > limit:
         raise ServiceError(f"Model names are at most {limit} characters.", field="name")
-    if DLModel.objects.filter(team=team, name=name).exists():
-        raise ConflictError(f"Team {team} already has a model named '{name}'.", field="name")
+    taken = DLModel.objects.filter(team=team, name=name).values("archived_at").first()
+    if taken is not None:
+        raise ConflictError(_name_taken(team, name, archived=taken["archived_at"] is not None), field="name")
     return name
+
+
+def _name_taken(team, name: str, *, archived: bool) -> str:
+    if archived:
+        return f"Team {team} has an archived model named '{name}': restore it or choose another name."
+    return f"Team {team} already has a model named '{name}'."
 
 
 def _apply_validated(model: DLModel, validated: "ValidatedModel") -> None:
@@ -111,7 +119,7 @@ def _file_in_use(name: str) -> bool:
 def _store(model: DLModel, data: bytes, digest: str) -> DLModel:
     """Save the file and the row together: on any failure neither is left behind."""
     return save_with_file(model, "file", f"{digest[:16]}.onnx", data, still_used=_file_in_use,
-                          conflict=f"Team {model.team} already has a model named '{model.name}'.")
+                          conflict=_name_taken(model.team, model.name, archived=False))
 
 
 def register_model(
@@ -238,8 +246,41 @@ def require_ready(model: DLModel) -> None:
 
 
 @transaction.atomic
-def delete_model(*, actor: AbstractBaseUser, model: DLModel) -> None:
+def archive_model(*, actor: AbstractBaseUser, model: DLModel) -> DLModel | None:
+    """Hide a model from lists (the API's DELETE). Its file, runs, jobs and the team's usage are kept,
+    and a team writer can restore it. A model refused after upload (invalid: no file, never tuned nor
+    run) is deleted instead, so its name can be used again for the fixed file; None then."""
     require_team_writer(actor, model.team_id, "change this team's models")
+    model = DLModel.objects.select_for_update().get(pk=model.pk)
+    if model.state == DLModel.State.INVALID:
+        name = model.file.name
+        model.delete()
+        delete_stored_on_commit(name, still_used=_file_in_use)
+        return None
+    if model.archived_at is None:
+        model.archived_at = timezone.now()
+        model.save(update_fields=["archived_at"])
+    return model
+
+
+@transaction.atomic
+def restore_model(*, actor: AbstractBaseUser, model: DLModel) -> DLModel:
+    """Bring an archived model back into the lists."""
+    require_team_writer(actor, model.team_id, "change this team's models")
+    model = DLModel.objects.select_for_update().get(pk=model.pk)
+    if model.archived_at is None:
+        raise ConflictError(f"Model '{model.name}' is not archived.", code="not_archived")
+    model.archived_at = None
+    model.save(update_fields=["archived_at"])
+    return model
+
+
+@transaction.atomic
+def delete_model(*, actor: AbstractBaseUser, model: DLModel) -> None:
+    """Delete a model for good, with its runs and jobs (staff only, from the admin). The team's usage
+    ledger keeps every charge they incurred, unlinked from the deleted rows."""
+    if not actor.is_staff:
+        raise PermissionDenied("Only staff can delete a model for good; archive it instead.")
     name = model.file.name
     model.delete()
     delete_stored_on_commit(name, still_used=_file_in_use)

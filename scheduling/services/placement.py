@@ -19,6 +19,7 @@ from core.selectors import month_start
 from .. import adapters, selectors
 from ..models import GPU, GpuJob, Placement
 from .messages import PLACE_PENDING, RUN_JOB, announce_job_end, send_after_commit
+from .usage import charge_placement
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def release_active_placement(job: GpuJob, now: dt.datetime) -> Placement | None:
     if placement is not None:
         placement.released_at = now
         placement.save(update_fields=["released_at"])
+        charge_placement(placement, job)  # the GPU time it held, in the team's usage ledger
     return placement
 
 

@@ -33,6 +33,7 @@ from ..models import ERROR_TEXT_MAX_CHARS, SimulationRun, TraceUpload
 from .predictors import ensure_active_predictor
 from .simulation_queue import cancel_check, dispatch_simulations
 from .staff import acting_user
+from .usage import charge_simulation
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +288,8 @@ def simulate(*, trace: adapters.TraceInput, policies: list[str] | str = "all", s
 
 def _charge_simulation(run: SimulationRun) -> None:
     """Where the cost is incurred: the run's estimate is checked again against the team's limit as it
-    starts (staff may have lowered it while the run waited); QuotaExceeded names both."""
+    starts (staff may have lowered it while the run waited); QuotaExceeded names both. Allowed, it is charged
+    to the team's usage ledger."""
     with transaction.atomic():
         quota = lock_team_quota(run.team_id)
         if run.cost_units > quota.max_simulation_units:
@@ -295,6 +297,7 @@ def _charge_simulation(run: SimulationRun) -> None:
                 f"Quota 'simulation cost' exceeded when it started: estimated at {run.cost_units:,} simulation "
                 f"units, the limit is now {quota.max_simulation_units:,} units per simulation.",
                 quota="max_simulation_units")
+        charge_simulation(run)
 
 
 def execute_simulation(*, run_id: int, should_stop: Callable[[], bool] | None = None) -> SimulationRun | None:

@@ -121,16 +121,24 @@ def test_viewer_reads_but_cannot_write(user_viewer, model_a, team_a, small_cnn_b
     assert DLModel.objects.filter(pk=model_a.pk).exists()
 
 
-def test_member_deletes_model_and_file(user_member, model_a, django_capture_on_commit_callbacks):
+def test_member_delete_archives_the_model_and_keeps_its_file(user_member, model_a,
+                                                           django_capture_on_commit_callbacks):
+    """DELETE archives (issue 39): the model leaves the lists, its row and file stay, and it can be restored."""
     from tests.helpers import client_for
 
+    client = client_for(user_member)
     path = model_a.file.path
-    assert os.path.exists(path)
     with django_capture_on_commit_callbacks(execute=True):
-        resp = client_for(user_member).delete(f"/api/models/{model_a.pk}/")
+        resp = client.delete(f"/api/models/{model_a.pk}/")
     assert resp.status_code == 204
-    assert not DLModel.objects.filter(pk=model_a.pk).exists()
-    assert not os.path.exists(path)
+    model_a.refresh_from_db()
+    assert model_a.archived_at is not None and os.path.exists(path)
+    assert client.get("/api/models/").json()["count"] == 0
+    assert [m["id"] for m in client.get("/api/models/?archived=true").json()["results"]] == [model_a.pk]
+    assert client.get(f"/api/models/{model_a.pk}/").json()["archived_at"]
+    resp = client.post(f"/api/models/{model_a.pk}/restore/")
+    assert resp.status_code == 200 and resp.json()["archived_at"] is None
+    assert client.get("/api/models/").json()["count"] == 1
 
 
 def test_list_filters_and_pagination(api_owner, team_a, small_cnn_bytes):

@@ -75,6 +75,9 @@ TEAM_WRITE = _profile(viewer=FORBID, other=HIDDEN, staff=HIDDEN)      # team A's
 OWNER_ONLY = _profile(viewer=FORBID, member=FORBID, other=HIDDEN, staff=HIDDEN)
 STAFF_ONLY = _profile(viewer=FORBID, member=FORBID, owner=FORBID, other=FORBID)
 SELF_ONLY = _profile(viewer=HIDDEN, owner=HIDDEN, other=HIDDEN, staff=HIDDEN)  # the member's own token
+CONFLICT = Outcome("409", _status(409))
+# team A's object, a write its state refuses (409) to the writers; others as TEAM_WRITE
+TEAM_WRITE_CONFLICT = _profile(viewer=FORBID, member=CONFLICT, owner=CONFLICT, other=HIDDEN, staff=HIDDEN)
 
 
 def create_in_team(field: str, viewer: Outcome | None = None):
@@ -108,9 +111,11 @@ EXPECTED = {
     ("dlmodel-list", "GET"): AUTH,
     ("dlmodel-list", "POST"): create_in_team("team"),
     ("dlmodel-detail", "GET"): TEAM_READ,
-    ("dlmodel-detail", "DELETE"): TEAM_WRITE,
+    ("dlmodel-detail", "DELETE"): TEAM_WRITE,  # archives (issue 39)
+    ("dlmodel-restore", "POST"): TEAM_WRITE_CONFLICT,  # world.model is not archived: 409 for writers
     ("dlmodel-download", "GET"): TEAM_READ,
     ("apitoken-list", "GET"): AUTH,
+    ("usagecharge-list", "GET"): AUTH,  # read-only: the ledger is append-only (issue 39)
     # issue 11 s.7: a token never mints tokens (the matrix calls with tokens); sessions do (test below)
     ("apitoken-list", "POST"): _profile(viewer=FORBID, member=FORBID, owner=FORBID, other=FORBID, staff=FORBID),
     ("apitoken-detail", "GET"): SELF_ONLY,
@@ -121,6 +126,9 @@ EXPECTED = {
     ("tuningrun-cancel", "POST"): TEAM_WRITE,
     ("tuningrun-pause", "POST"): TEAM_WRITE,
     ("tuningrun-resume", "POST"): TEAM_WRITE,
+    ("tuningrun-detail", "DELETE"): TEAM_WRITE_CONFLICT,  # world.run is queued: cancel it before archiving
+    ("tuningrun-archive", "POST"): TEAM_WRITE,  # world.done_run
+    ("tuningrun-restore", "POST"): TEAM_WRITE_CONFLICT,  # world.done_run is not archived
     ("tuningrun-import-records", "POST"): TEAM_WRITE,
     ("tuningrun-tasks", "GET"): TEAM_READ,
     ("tuningrun-measurements", "GET"): TEAM_READ,
@@ -190,6 +198,7 @@ URL_KWARGS = {
 OBJECT_FOR = {
     "team": "team_a", "membership": "membership", "teaminvitation": "invitation", "quota": "quota", "dlmodel": "model", "apitoken": "token",
     "tuningrun": "run", "tuningrun-resume": "paused_run", "tuningrun-records": "done_run",
+    "tuningrun-archive": "done_run", "tuningrun-restore": "done_run",
     "tuningrun-module": "done_run", "node": "node", "gpu": "gpu", "gputelemetry": "telemetry",
     "gpuprofile": "profile", "predictorversion": "predictor", "gpujob": "job", "placement": "placement",
     "traceupload": "trace", "simulationrun": "simulation", "charts-model-ops": "model", "charts-run-curve": "run",
@@ -406,7 +415,7 @@ def test_methods_a_view_does_not_serve_are_405(world):
     """PUT on objects that only take PATCH, DELETE on objects that cannot be deleted, ..."""
     member = api_client(world, "member")
     cases = [("PUT", "team-detail"), ("PUT", "membership-detail"),
-             ("DELETE", "tuningrun-detail"), ("PATCH", "tuningrun-detail"), ("DELETE", "gpujob-detail"),
+             ("PATCH", "tuningrun-detail"), ("DELETE", "gpujob-detail"),
              ("PATCH", "dlmodel-detail"), ("DELETE", "node-detail"), ("POST", "gputelemetry-list")]
     for method, name in cases:
         resp, _ = call(member, method, url_for(name, world), ({}, "json"))
@@ -511,6 +520,16 @@ MODEL_ADDED = effect(REDIRECT, "a model was added", lambda w: _model_count(w) ==
 NO_MODEL = effect(PAGE, "no model was added", lambda w: _model_count(w) == 1)
 RUN_ADDED = effect(REDIRECT, "a run was added", lambda w: _run_count(w) == 4)
 NO_RUN = effect(PAGE, "no run was added", lambda w: _run_count(w) == 3)
+
+
+def _model_archived(w) -> bool:
+    from core.models import DLModel
+
+    return DLModel.objects.get(pk=w.model.pk).archived_at is not None
+
+
+MODEL_ARCHIVED = effect(REDIRECT, "the model is archived", _model_archived)
+MODEL_LIVE = effect(REDIRECT, "the model is not archived", lambda w: not _model_archived(w))
 
 def _count(model_path: str, **filters):
     def count(w):
@@ -632,6 +651,13 @@ DASHBOARD_EXPECTED = {
     ("model-upload", "POST"): _profile(anon=LOGIN, viewer=NO_MODEL, member=MODEL_ADDED, owner=MODEL_ADDED,
                                        other=NO_MODEL, staff=NO_MODEL),
     ("model-detail", "GET"): TEAM_PAGE,
+    ("model-archive", "GET"): POST_ONLY,
+    ("model-archive", "POST"): _profile(anon=LOGIN, viewer=MODEL_LIVE, member=MODEL_ARCHIVED, owner=MODEL_ARCHIVED,
+                                        other=HIDDEN, staff=HIDDEN),
+    ("model-restore", "GET"): POST_ONLY,
+    # world.model is not archived: restoring it changes nothing, for anyone
+    ("model-restore", "POST"): _profile(anon=LOGIN, viewer=MODEL_LIVE, member=MODEL_LIVE, owner=MODEL_LIVE,
+                                        other=HIDDEN, staff=HIDDEN),
     ("run-list", "GET"): SIGNED_IN_PAGE,
     ("run-start", "GET"): SIGNED_IN_PAGE,
     ("run-start", "POST"): _profile(anon=LOGIN, viewer=NO_RUN, member=RUN_ADDED, owner=RUN_ADDED, other=NO_RUN,
@@ -697,7 +723,8 @@ DASHBOARD_EXPECTED = {
                                                                           "other", "staff")},
 }
 
-DASHBOARD_OBJECTS = {"model-detail": "model", "run-detail": "run", "simulation-detail": "simulation",
+DASHBOARD_OBJECTS = {"model-detail": "model", "model-archive": "model", "model-restore": "model",
+                     "run-detail": "run", "simulation-detail": "simulation",
                      "simulation-progress": "simulation", "simulation-cancel": "simulation", "job-detail": "job",
                      "job-cancel": "job",
                      "team-page": "team_a", "team-invite": "team_a", "team-leave": "team_a",
@@ -833,7 +860,8 @@ def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_ou
     posted_names = {resolve(a.split("?")[0]).url_name for a in actions}
     assert {"login", "logout", "switch-team", "model-upload", "run-start", "run-control", "settings-tokens",
             "token-revoke", "team-invite", "team-leave", "team-member", "team-webhook", "team-record-cache",
-            "run-import-records", "job-new", "job-cancel", "simulation-new", "simulation-cancel"} <= posted_names, \
+            "run-import-records", "job-new", "job-cancel", "simulation-new", "simulation-cancel",
+            "model-archive"} <= posted_names, \
         posted_names
 
     def state():
@@ -843,7 +871,7 @@ def test_every_dashboard_form_refuses_a_post_without_csrf_token(world, celery_ou
                 _invitations(world), _has_webhook(world), _imported(world), ApiToken.objects.filter(
                     revoked_at__isnull=True).count(), sorted(Membership.objects.values_list("pk", "role")),
                 _job_count(world), _job_state(world), _sim_count(world), _sim_status(world),
-                _cache_setting(world))
+                _cache_setting(world), _model_archived(world))
     before = state()
     for action in sorted(actions):
         name = resolve(action.split("?")[0]).url_name

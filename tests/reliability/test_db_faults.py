@@ -80,16 +80,16 @@ def test_create_team_is_all_or_nothing(user_owner):
     assert team.quota and team.memberships.get().role == "owner"
 
 
-def test_delete_model_keeps_the_file_until_the_row_is_gone(user_owner, model_a, settings,
+def test_delete_model_keeps_the_file_until_the_row_is_gone(user_staff, model_a, settings,
                                                           django_capture_on_commit_callbacks):
     path = Path(model_a.file.path)
     with fail_nth(1, r"^\s*DELETE\b"):
         with pytest.raises(Exception, match="injected failure"):
             with django_capture_on_commit_callbacks(execute=True):
-                core_services.delete_model(actor=user_owner, model=model_a)
+                core_services.delete_model(actor=user_staff, model=model_a)
     assert DLModel.objects.filter(pk=model_a.pk).exists() and path.exists()
     with django_capture_on_commit_callbacks(execute=True):
-        core_services.delete_model(actor=user_owner, model=model_a)
+        core_services.delete_model(actor=user_staff, model=model_a)
     assert not DLModel.objects.filter(pk=model_a.pk).exists() and not path.exists()
 
 

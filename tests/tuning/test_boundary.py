@@ -83,15 +83,16 @@ def _run_with_files(user_owner, model_a):
     return run, work
 
 
-def test_deleting_a_run_deletes_its_files_on_commit(model_a, user_owner, django_capture_on_commit_callbacks):
+def test_deleting_a_run_deletes_its_files_on_commit(model_a, user_owner, user_staff,
+                                                    django_capture_on_commit_callbacks):
     run, work = _run_with_files(user_owner, model_a)
     with django_capture_on_commit_callbacks(execute=True):
         run.delete()
     assert not adapters.run_files_dir(run.pk).exists()
-    # and through a cascade: deleting the model deletes its runs' files
+    # and through a cascade: deleting the model (staff only) deletes its runs' files
     run, work = _run_with_files(user_owner, model_a)
     with django_capture_on_commit_callbacks(execute=True):
-        core_services.delete_model(actor=user_owner, model=model_a)
+        core_services.delete_model(actor=user_staff, model=model_a)
     assert not TuningRun.objects.filter(pk=run.pk).exists() and not work.exists()
 
 

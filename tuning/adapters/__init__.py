@@ -2,7 +2,7 @@
 Django models and `tuning.engine`.
 
 - a row becomes an engine input in `engine.build_engine_config` (and `energy.make_energy_meter`);
-- an engine event becomes a row in `sink.DatabaseSink`;
+- an engine event becomes a row in `sink.DatabaseSink`, and its cost a usage charge (`ledger`);
 - `engine.call_engine` runs every engine call on a team's model in a sandboxed child.
 """
 from .energy import energy_model_snapshot, make_energy_meter, run_energy_model
@@ -28,14 +28,15 @@ from .engine import (
     trimmer_options,
     write_imported,
 )
+from .ledger import charge_run_usage
 from .sink import DatabaseSink, LeaseLost
 from .workdir import delete_run_files, public_json, public_text, run_files_dir, run_work_dir, zip_database
 
 __all__ = [
     "IMPORT_CHECK_TIMEOUT_S", "DatabaseSink", "LeaseLost", "RecordError", "TargetRefused", "WorkerError",
-    "WorkerTimeout", "build_engine_config", "call_engine", "check_import", "checked_target", "compile_and_compare",
-    "database_records", "delete_run_files", "energy_model_snapshot", "engine_error_text", "engine_target",
-    "has_imported", "make_energy_meter",
+    "WorkerTimeout", "build_engine_config", "call_engine", "charge_run_usage", "check_import", "checked_target",
+    "compile_and_compare", "database_records", "delete_run_files", "energy_model_snapshot", "engine_error_text",
+    "engine_target", "has_imported", "make_energy_meter",
     "precheck", "public_json", "public_text", "recheck_output", "resolve_target", "run_energy_model", "run_engine",
     "run_files_dir", "run_work_dir", "trimmer_options", "write_imported", "zip_database",
 ]

@@ -15,9 +15,10 @@ from common.units import JOULES_PER_KWH
 from core.fieldtext import fit_to_field
 from core.models import Quota
 from core.selectors import month_start
-from tuning.models import DopRound, Measurement, TuningRun, TuningTask
+from tuning.models import DopRound, Measurement, TuningRun, TuningTask, team_usage_since
 
 from .energy import run_energy_model
+from .ledger import charge_run_usage
 from .workdir import public_text, run_work_dir
 
 MAX_ERROR_CHARS = 5000  # of one candidate's build/run error (a TextField: a cap, not a column width)
@@ -69,9 +70,10 @@ class DatabaseSink:
     def flush(self) -> None:
         """Write the run's energy so far (called when the attempt ends, however it ends); nothing is
         in flight any more."""
-        with self._lock:
+        with self._lock, transaction.atomic():
             TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(
                 builds_in_flight=0, measurements_in_flight=0, **self._energy_fields())
+            charge_run_usage(self.run_id)
             self._in_flight = (0, 0)
 
     def on_progress(self, info) -> None:
@@ -127,6 +129,7 @@ class DatabaseSink:
                 Measurement.objects.bulk_create(rows, ignore_conflicts=True)
                 self._refresh_tasks({row.task_id for row in rows})
                 self._refresh_run(heartbeat=True)
+                charge_run_usage(self.run_id)  # the trials and energy just recorded, in the same commit
         except BaseException:
             self._build_cpu_s, self._measure_cpu_s = counters
             raise
@@ -171,6 +174,7 @@ class DatabaseSink:
                         remeasured_serially=True, serial_secs=float(serial))
             TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(
                 serial_remeasures=F("serial_remeasures") + len(updates))
+            charge_run_usage(self.run_id)
 
     def _refresh_tasks(self, task_ids) -> None:
         stats = (Measurement.objects.filter(task_id__in=task_ids)
@@ -228,8 +232,8 @@ class DatabaseSink:
         budget_kwh = Quota.objects.filter(team_id=self.team_id).values_list("energy_kwh_per_month", flat=True).first()
         if budget_kwh is None:
             return False
-        others = TuningRun.objects.of_team_since(self.team_id, month_start()).exclude(pk=self.run_id)
-        used = others.energy_joules() + self.energy()[0]
+        # the team's other work from the usage ledger (deleted or archived runs included), this run live
+        used = team_usage_since(self.team_id, month_start(), exclude_run=self.run_id)[1] + self.energy()[0]
         if used >= budget_kwh * JOULES_PER_KWH:
             self.stop_reason = (f"Stopped at the team's energy quota ({budget_kwh:g} kWh per month); "
                                 f"results so far are kept.")

@@ -49,7 +49,8 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
         fields = [
             "id", "team", "model", "model_name", "target", "target_kind", "max_trials", "trials_per_round",
             "measurement_mode", "dop_mode", "dop_fixed", "threads", "options", "status", "requested_action",
-            "error", "created_at", "started_at", "finished_at", "attempts", "worker", "trials_done", "progress",
+            "error", "created_at", "started_at", "finished_at", "archived_at", "attempts", "worker", "trials_done",
+            "progress",
             "wall_seconds", "estimated_latency_s", "final_dop", "mean_parallel_error", "tuned_latency_s",
             "untuned_latency_s", "speedup", "outputs_match", "max_abs_diff", "resolved_target", "target_key",
             "ort_latency_s", "ratio_to_ort", "faster_engine", "ort_outputs_agree", "deploy_verdict", "parity_trials",

@@ -9,6 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
+from core.api.archive import ARCHIVED_PARAMETER, archived_param
 from core.api.fast import RowListMixin, read_columns
 from core.api.filters import UtcIsoDateTimeFilter, VisibleRowsFilterSet
 from core.api.permissions import IsTeamMemberWriteOrReadOnly, with_caller_role
@@ -36,6 +37,9 @@ RUN_COLUMNS = [f.name for f in TuningRun._meta.concrete_fields if f.name in Tuni
 RUN_LIST_VALUES = [*read_columns(TuningRun, RUN_COLUMNS), "model__name"]
 IMPORT_WORKLOADS_MAX_BYTES = 50 * 1024 * 1024
 IMPORT_RECORDS_MAX_BYTES = 200 * 1024 * 1024
+ARCHIVE_RUN_TEXT = ("The run is hidden from lists (`?archived=true` lists archived ones) and can be restored; its "
+                    "measurements, files and the team's usage are kept. A queued, running or paused run is refused "
+                    "with 409: cancel it first.")
 
 
 class TuningRunFilter(VisibleRowsFilterSet):
@@ -48,11 +52,12 @@ class TuningRunFilter(VisibleRowsFilterSet):
 
 
 @extend_schema_view(
-    list=extend_schema(summary="Tuning runs of your teams"),
+    list=extend_schema(summary="Tuning runs of your teams", parameters=[ARCHIVED_PARAMETER]),
     retrieve=extend_schema(summary="A run with its progress and results"),
+    destroy=extend_schema(summary="Archive a finished run (as POST .../archive/)", description=ARCHIVE_RUN_TEXT),
 )
 class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                       viewsets.GenericViewSet):
+                       mixins.DestroyModelMixin, viewsets.GenericViewSet):
     serializer_class = TuningRunSerializer
     permission_classes = [permissions.IsAuthenticated, IsTeamMemberWriteOrReadOnly]
     filterset_class = TuningRunFilter
@@ -69,8 +74,10 @@ class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModel
     def get_queryset(self):
         # The serializers read the run's own columns and its model's name: load nothing more (the model's
         # graph features and the team are ~1/3 of the row-building time of a 50-run page).
-        qs = (selectors.runs_for_user(self.request.user).select_related(None).select_related("model")
-              .only(*RUN_COLUMNS, "model__name"))
+        # a detail route finds archived runs too (to read or restore them); lists show one kind
+        archived = None if getattr(self, "detail", False) else archived_param(self.request)
+        qs = (selectors.runs_for_user(self.request.user, archived=archived).select_related(None)
+              .select_related("model").only(*RUN_COLUMNS, "model__name"))
         if getattr(self, "detail", False):  # the object permission reads the caller's role from the same query
             qs = with_caller_role(qs, self.request.user)
         return qs
@@ -117,6 +124,20 @@ class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModel
     @action(detail=True, methods=["post"])
     def resume(self, request, pk=None):
         return self._control(services.resume_run)
+
+    def destroy(self, request, *args, **kwargs):
+        return self._control(services.archive_run)
+
+    @extend_schema(request=None, responses=TuningRunSerializer, summary="Archive a finished run",
+                   description=ARCHIVE_RUN_TEXT)
+    @action(detail=True, methods=["post"])
+    def archive(self, request, pk=None):
+        return self._control(services.archive_run)
+
+    @extend_schema(request=None, responses=TuningRunSerializer, summary="Restore an archived run")
+    @action(detail=True, methods=["post"])
+    def restore(self, request, pk=None):
+        return self._control(services.restore_run)
 
     @extend_schema(responses=TuningTaskSerializer(many=True), summary="The run's tuning tasks")
     @action(detail=True, methods=["get"])

@@ -249,3 +249,29 @@ def resume_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
     run.save(update_fields=["status", "requested_action", "error"])
     dispatch_run(run)
     return run
+
+
+@transaction.atomic
+def archive_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
+    """Hide a finished run from lists; its measurements, files and the team's usage are kept. A queued,
+    running or paused run is refused (409): cancel it first."""
+    run = locked(run)
+    require_team_writer(actor, run.team_id, CONTROL_RUNS)
+    if run.status not in TuningRun.TERMINAL:
+        raise ConflictError(f"Run {run.pk} is {run.status}: cancel it before archiving it.", code="run_not_finished")
+    if run.archived_at is None:
+        run.archived_at = timezone.now()
+        run.save(update_fields=["archived_at"])
+    return run
+
+
+@transaction.atomic
+def restore_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
+    """Bring an archived run back into the lists."""
+    run = locked(run)
+    require_team_writer(actor, run.team_id, CONTROL_RUNS)
+    if run.archived_at is None:
+        raise ConflictError(f"Run {run.pk} is not archived.", code="not_archived")
+    run.archived_at = None
+    run.save(update_fields=["archived_at"])
+    return run

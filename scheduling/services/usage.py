@@ -1,0 +1,24 @@
+"""The cluster's costs into the team's usage ledger (core.services.charge_usage), once per event."""
+from __future__ import annotations
+
+from core.models import UsageCharge
+from core.services import charge_usage
+
+from ..models import PLACEMENT_CHARGE_PREFIX, GpuJob, Placement, SimulationRun
+
+
+def charge_placement(placement: Placement, job: GpuJob) -> None:
+    """The GPU-seconds a released placement held its GPU, charged to the job's team."""
+    if placement.released_at is None:
+        return
+    seconds = (placement.released_at - placement.placed_at).total_seconds()
+    charge_usage(team_id=job.team_id, kind=UsageCharge.Kind.GPU_SECONDS, amount=max(0.0, seconds),
+                 idempotency_key=f"{PLACEMENT_CHARGE_PREFIX}{placement.pk}", job_id=job.pk, model_id=job.model_id,
+                 label=f"GPU job {job.pk} of model {job.model.name} on GPU {placement.gpu_id}")
+
+
+def charge_simulation(run: SimulationRun) -> None:
+    """A simulation that runs costs its estimate in simulation units (``horus.cost``), the unit its quota uses."""
+    charge_usage(team_id=run.team_id, kind=UsageCharge.Kind.SIMULATION_UNITS, amount=run.cost_units,
+                 idempotency_key=f"simulation:{run.pk}", simulation_id=run.pk,
+                 label=f"simulation {run.pk} of the {run.trace} trace ({', '.join(run.policies or [])})")
