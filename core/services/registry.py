@@ -157,10 +157,12 @@ def register_model(
     description: str = "",
     source: str = DLModel.Source.UPLOAD,
     validated: "ValidatedModel | None" = None,
+    background: bool = False,
 ) -> DLModel:
-    """Validate an ONNX file and store it with its features (state ready). Nothing is stored on failure."""
+    """Validate an ONNX file and store it with its features (state ready). Nothing is stored on failure.
+    ``background`` (a command line, not a web request): the sandbox's longer wall-clock limit."""
     name = _check_new_model(actor=actor, team=team, name=name)
-    validated = validated or validate_model_bytes(data=data, filename=filename)
+    validated = validated or validate_model_bytes(data=data, filename=filename, background=background)
     digest = hashlib.sha256(data).hexdigest()
     model = DLModel(
         team=team, name=name, description=description, source=source, file_size=len(data), sha256=digest,
