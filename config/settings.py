@@ -286,6 +286,19 @@ ONNX_COUNT_TUNING_TASKS = env.bool("ONNX_COUNT_TUNING_TASKS", default=True)
 # What names a model's tuning tasks (a dotted path, resolved when a model is validated): the tuning
 # engine's, chosen here so that core imports no tuning code. Empty: TVM only checks the import.
 ONNX_TASK_COUNTER = env.str("ONNX_TASK_COUNTER", default="tuning.engine.relax_pipeline.count_tuning_tasks")
+# Every upload (ONNX validation with TVM's import and task extraction, cluster-trace parsing) is parsed
+# in a short-lived child process (common.sandbox), never in a web or Celery worker: its address space
+# (MB), CPU seconds and wall-clock seconds are capped; a child stopped at a limit refuses the upload.
+# Inline uploads (the web request) get UPLOAD_SANDBOX_WALL_S, below gunicorn's 30 s worker timeout;
+# the Celery validation of large models gets UPLOAD_SANDBOX_ASYNC_WALL_S. UPLOAD_SANDBOX_PREEXEC: a
+# "module:function" the child calls after setting its limits, before reading the upload: by default it
+# becomes the sandbox account (common.privileges, DLOPT_SANDBOX_USER) where this process may switch
+# users; empty: none.
+UPLOAD_SANDBOX_MEMORY_MB = env.int("UPLOAD_SANDBOX_MEMORY_MB", default=3072)
+UPLOAD_SANDBOX_CPU_S = env.int("UPLOAD_SANDBOX_CPU_S", default=300)
+UPLOAD_SANDBOX_WALL_S = env.float("UPLOAD_SANDBOX_WALL_S", default=25.0)
+UPLOAD_SANDBOX_ASYNC_WALL_S = env.float("UPLOAD_SANDBOX_ASYNC_WALL_S", default=600.0)
+UPLOAD_SANDBOX_PREEXEC = env.str("UPLOAD_SANDBOX_PREEXEC", default="common.privileges:drop_privileges")
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024  # larger uploads stream to a temp file
 DEFAULT_TUNING_TARGET = {"kind": "llvm", "num-cores": env.int("DLOPT_TUNING_CORES", default=2)}

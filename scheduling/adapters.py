@@ -20,7 +20,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 
 from common.jsonsafe import json_safe
@@ -37,7 +36,7 @@ from .horus.predictor import TrainedPredictor, UtilizationPredictor
 from .horus.predictor_eval import evaluate_predictor as evaluate_utilization_predictor
 from .horus.predictor_eval import format_evaluation as format_predictor_evaluation
 from .horus.profiles import DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, ProfileRecord, load_profiles
-from .horus.traces import Job, TraceFormatError, parse_trace
+from .horus.traces import Job, TraceFormatError, TraceTooLarge, decode_trace, gpu_request_per_pod, trace_summary
 from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PredictorVersion, TraceUpload
 
 log = logging.getLogger(__name__)
@@ -46,9 +45,9 @@ __all__ = [
     "DEFAULT_SEED_PROFILES_PATH", "EXPERIMENT_PARAMETERS", "LiveCluster", "POLICY_NAMES", "ProfileRecord",
     "SHIPPED_TRACES", "SIMULATION_INPUT_ERRORS", "TraceRejected", "TrainedPredictor", "cluster_state",
     "evaluate_utilization_predictor", "experiment_parameter_choices", "experiment_params", "format_predictor_evaluation", "job_view", "load_trained_predictor", "make_live_policy", "model_features",
-    "parse_trace_upload", "profile_records_from_rows", "profile_row_values", "run_simulation",
-    "seed_profile_records", "simulation_cost", "simulation_results", "simulation_size", "SimulationCost",
-    "SimulationStopped", "SIMULATION_SECONDS_PER_UNIT", "trace_input", "file_trace_input",
+    "trace_upload_verdict", "decode_trace_file", "trace_summary", "profile_records_from_rows", "profile_row_values",
+    "run_simulation", "seed_profile_records", "simulation_cost", "simulation_results", "simulation_size",
+    "SimulationCost", "SimulationStopped", "SIMULATION_SECONDS_PER_UNIT", "trace_input", "file_trace_input",
     "TraceInput",
     "train_utilization_predictor",
 ]
@@ -279,33 +278,34 @@ SIMULATION_INPUT_ERRORS: tuple[type[Exception], ...] = (
     ServiceError, experiments.ExperimentError, TraceFormatError, ValueError)
 
 
-def parse_trace_upload(text: bytes, filename: str) -> tuple[str, list[Job]]:
-    """``(kind, jobs)`` of an uploaded trace, validated row by row; TraceRejected names the bad cell."""
+def trace_upload_verdict(answer: Any, filename: str) -> tuple[str, int, dict[str, Any]]:
+    """``(kind, n_jobs, summary)`` from the sandboxed parser's answer (``horus.traces.check_upload``); a refusal
+    is a TraceRejected naming the bad cell, or a ServiceError ``too_large``."""
+    if not isinstance(answer, dict) or "ok" not in answer:
+        raise TraceRejected(f"{filename}: the trace parser gave no usable answer.")
+    message = str(answer.get("message", ""))[:2000]
+    if not answer["ok"]:
+        if answer.get("code") == "too_large":
+            raise ServiceError(message, code="too_large", field="file")
+        line, column = answer.get("line"), answer.get("column")
+        raise TraceRejected(message, line=line if isinstance(line, int) else None,
+                            column=column if isinstance(column, str) else None)
+    kind = str(answer.get("kind", ""))
+    if kind not in TraceUpload.Kind.values:
+        raise TraceRejected(f"{filename}: a {kind.replace('_', ' ')} describes a cluster, not jobs; "
+                            "upload Philly jobs or an Alibaba pod list.")
+    summary = answer.get("summary")
+    return kind, int(answer.get("n_jobs", 0)), summary if isinstance(summary, dict) else {}
+
+
+def decode_trace_file(data: bytes, filename: str, *, max_bytes: int) -> str:
+    """A local trace file's text (gzip undone once, bounded); refusals as in :func:`trace_upload_verdict`."""
     try:
-        parsed = parse_trace(io.BytesIO(text), name=filename)
+        return decode_trace(data, name=filename, max_bytes=max_bytes)
+    except TraceTooLarge as exc:
+        raise ServiceError(str(exc), code="too_large", field="trace") from None
     except TraceFormatError as exc:
         raise TraceRejected(str(exc), line=exc.line, column=exc.column) from None
-    except (ValueError, OverflowError, OSError, EOFError) as exc:  # hostile input the parser did not foresee
-        raise TraceRejected(f"{filename}: cannot be read as a trace ({exc}).") from None
-    if parsed.kind not in TraceUpload.Kind.values:
-        raise TraceRejected(f"{filename}: a {parsed.kind.replace('_', ' ')} describes a cluster, not jobs; "
-                            "upload Philly jobs or an Alibaba pod list.")
-    return parsed.kind, parsed.jobs
-
-
-def trace_summary(jobs: Sequence[Job]) -> dict[str, Any]:
-    """What TraceUpload.summary stores: job count, submit span, median duration, GPU counts, sharing jobs."""
-    if not jobs:
-        return {}
-    dur = np.array([j.duration_s for j in jobs])
-    sub = np.array([j.submit_time for j in jobs])
-    gpus: dict[str, int] = {}
-    for j in jobs:
-        gpus[str(j.num_gpus)] = gpus.get(str(j.num_gpus), 0) + 1
-    return {"jobs": len(jobs), "span_s": float(sub.max() - sub.min()), "median_duration_s": float(np.median(dur)),
-            "num_gpus": dict(sorted(gpus.items(), key=lambda kv: int(kv[0]))),
-            "sharing_jobs": sum(1 for j in jobs if 0 < j.gpu_milli < 1000),
-            "gpu_request_per_pod": gpu_request_per_pod(jobs)}
 
 
 def experiment_params(parameters: dict[str, Any] | None, kind: str) -> experiments.ExperimentParams:
@@ -326,11 +326,6 @@ def simulation_size(label: str, upload: TraceUpload | None, kind: str, params: e
     else:
         n_jobs = None
     return experiments.simulation_size(kind, params, trace_jobs=n_jobs, seed=seed)
-
-
-def gpu_request_per_pod(jobs: Sequence[Job]) -> float:
-    """Mean GPUs a pod of the list requests (``Job.gpu_request``; CPU-only pods count 0)."""
-    return float(sum(j.gpu_request for j in jobs) / len(jobs)) if jobs else 0.0
 
 
 def simulation_cost(params: experiments.ExperimentParams, *, label: str, upload: TraceUpload | None,

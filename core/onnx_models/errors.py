@@ -27,6 +27,7 @@ ERROR_CODES: dict[str, str] = {
     "unsupported_op": "an operator has no converter in TVM's Relax ONNX frontend",
     "too_many_flops": "the model needs more compute (FLOPs plus data copied) than the allowed maximum",
     "tvm_import_failed": "TVM could not import (or extract tuning tasks from) the model",
+    "validation_aborted": "validation was stopped at its memory, CPU-time or wall-clock limit, or the validator crashed",
     "validation_failed": "validation of a large upload failed with an internal error (set by the platform)",
 }
 

@@ -60,6 +60,7 @@ __all__ = [
     "validate_onnx_bytes",
     "validate_onnx_file",
     "validate_onnx_model",
+    "validate_upload_in_child",
     "supported_ops",
     "unsupported_ops",
 ]
@@ -131,7 +132,7 @@ class ValidatedModel:
     were not counted (``count_tasks=False``, or no ``task_counter`` was given).
     """
 
-    model: onnx.ModelProto
+    model: onnx.ModelProto | None  # None in a summary that came back from the sandbox (from_dict)
     opset: int
     ir_version: int
     producer: str
@@ -155,6 +156,22 @@ class ValidatedModel:
             "num_tuning_tasks": self.num_tuning_tasks,
             "task_names": list(self.task_names),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ValidatedModel":
+        """The summary :meth:`to_dict` wrote (e.g. the sandboxed validator's answer), without the model."""
+        return cls(
+            model=None,
+            opset=int(data["opset"]),
+            ir_version=int(data["ir_version"]),
+            producer=str(data["producer"]),
+            inputs=list(data["inputs"]),
+            outputs=list(data["outputs"]),
+            batch_size=int(data["batch_size"]),
+            features=GraphFeatures.from_dict(data["features"]),
+            num_tuning_tasks=None if data.get("num_tuning_tasks") is None else int(data["num_tuning_tasks"]),
+            task_names=[str(n) for n in data.get("task_names") or []],
+        )
 
 
 # --------------------------------------------------------------------------- public API
@@ -251,6 +268,43 @@ def validate_onnx_model(
         copy, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target,
         task_counter=task_counter, max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes,
     )
+
+
+def validate_upload_in_child(
+    *,
+    data: bytes,
+    filename: str,
+    max_bytes: int,
+    max_gflops: float,
+    max_tensor_elements: int,
+    max_activation_bytes: int,
+    count_tasks: bool,
+    target: dict | None,
+    task_counter: str | None,
+) -> dict[str, Any]:
+    """What the platform's upload sandbox (``common.sandbox.run_in_child``) runs: every check on the
+    uploaded bytes, answered as JSON-safe data: ``{"ok": True, "validated": ValidatedModel.to_dict()}`` or
+    ``{"ok": False, "code", "message"}``. ``task_counter`` is a dotted path ("package.module.function"),
+    imported here in the child. A check that ran out of memory raises MemoryError (the sandbox reports
+    the memory limit) instead of passing for a refusal of the model's content."""
+    counter = None
+    if task_counter:
+        import importlib
+
+        module, _, attr = task_counter.rpartition(".")
+        counter = getattr(importlib.import_module(module), attr)
+    try:
+        validated = validate_onnx_bytes(
+            data, filename=filename, max_bytes=max_bytes, max_gflops=max_gflops,
+            max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes,
+            count_tasks=count_tasks, target=target, task_counter=counter,
+        )
+    except OnnxValidationError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, MemoryError) or "bad_alloc" in str(cause or ""):
+            raise MemoryError(str(cause)) from None
+        return {"ok": False, "code": exc.code, "message": exc.message}
+    return {"ok": True, "validated": validated.to_dict()}
 
 
 def check_upload_basics(*, filename: str, size: int, max_bytes: int) -> None:

@@ -17,8 +17,9 @@ from core.exceptions import ConflictError, PermissionDenied, ServiceError
 from core.filestore import delete_stored_on_commit, save_with_file
 from core.fieldtext import fit_to_field
 from core.models import DLModel, Team
-from core.onnx_models.errors import OnnxValidationError
+from core.onnx_models.errors import ERROR_CODES, OnnxValidationError
 from core.permissions import require_team_writer
+from core.upload_sandbox import SandboxFailure, parse_in_sandbox
 
 if TYPE_CHECKING:
     from core.onnx_models.validate import TaskCounter, ValidatedModel
@@ -34,23 +35,55 @@ def task_counter() -> "TaskCounter | None":
     return import_string(settings.ONNX_TASK_COUNTER)
 
 
-def validate_model_bytes(*, data: bytes, filename: str) -> "ValidatedModel":
-    """Run the registry's validation with the platform's limits; raises OnnxValidationError."""
-    # Imported here: validation pulls in onnx (and TVM for task counting), which
-    # web processes should only pay for when a model is actually uploaded.
-    from core.onnx_models.validate import validate_onnx_bytes
+def validate_model_bytes(*, data: bytes, filename: str, background: bool = False) -> "ValidatedModel":
+    """Run the registry's validation with the platform's limits; raises OnnxValidationError.
 
-    return validate_onnx_bytes(
-        data,
-        filename=filename,
-        max_bytes=settings.ONNX_MAX_UPLOAD_BYTES,
-        max_gflops=settings.ONNX_MAX_GFLOPS,
-        max_tensor_elements=settings.ONNX_MAX_TENSOR_ELEMENTS,
-        max_activation_bytes=settings.ONNX_MAX_ACTIVATION_BYTES,
-        count_tasks=settings.ONNX_COUNT_TUNING_TASKS,
-        target=settings.DEFAULT_TUNING_TARGET,
-        task_counter=task_counter(),
-    )
+    Only the name and size are checked here; everything that parses the bytes (onnx's checker and shape
+    inference, graph features, TVM's import and task extraction) runs in a sandboxed child process
+    (core.upload_sandbox), so a hostile model costs this process nothing. A child stopped at its memory,
+    CPU or wall-clock limit (``background``: the Celery task's longer one), or one that crashed, is a
+    refusal: ``validation_aborted``."""
+    from core.onnx_models.validate import ValidatedModel, check_upload_basics
+
+    check_upload_basics(filename=filename, size=len(data), max_bytes=settings.ONNX_MAX_UPLOAD_BYTES)
+    counter = settings.ONNX_TASK_COUNTER if settings.ONNX_COUNT_TUNING_TASKS else ""
+    try:
+        answer = parse_in_sandbox(
+            "core.onnx_models.validate:validate_upload_in_child", data=data, background=background,
+            what="validating the model", kwargs=dict(
+                filename=filename, max_bytes=settings.ONNX_MAX_UPLOAD_BYTES, max_gflops=settings.ONNX_MAX_GFLOPS,
+                max_tensor_elements=settings.ONNX_MAX_TENSOR_ELEMENTS,
+                max_activation_bytes=settings.ONNX_MAX_ACTIVATION_BYTES,
+                count_tasks=settings.ONNX_COUNT_TUNING_TASKS, target=settings.DEFAULT_TUNING_TARGET,
+                task_counter=counter or None))
+    except SandboxFailure as exc:
+        raise OnnxValidationError(*_stopped_validation(exc, background=background)) from None
+    if not isinstance(answer, dict) or "ok" not in answer:
+        raise OnnxValidationError("validation_failed", "Validation gave no usable answer; upload the model again, "
+                                                       "or ask an administrator.")
+    if not answer["ok"]:
+        code = str(answer.get("code", ""))
+        raise OnnxValidationError(code if code in ERROR_CODES else "validation_failed",
+                                  str(answer.get("message", ""))[:2000])
+    return ValidatedModel.from_dict(answer["validated"])
+
+
+def _stopped_validation(exc: SandboxFailure, *, background: bool) -> tuple[str, str]:
+    """(code, message) of a validation whose child gave no answer; nothing of the model is stored."""
+    wall = "UPLOAD_SANDBOX_ASYNC_WALL_S" if background else "UPLOAD_SANDBOX_WALL_S"
+    limit = {
+        "memory": f"Validating the model needed more memory than its limit ({settings.UPLOAD_SANDBOX_MEMORY_MB} MB, "
+                  "UPLOAD_SANDBOX_MEMORY_MB) and was stopped: importing it builds tensors too large to hold "
+                  "(constants folded by TVM, or huge intermediates).",
+        "cpu_time": "Validating the model used more CPU time than its limit (UPLOAD_SANDBOX_CPU_S) and was stopped.",
+        "wall_clock": f"Validating the model took longer than its limit ({wall}) and was stopped.",
+        "crashed": f"The validator crashed on this model ({exc}).",
+    }.get(exc.reason)
+    if limit is None:
+        return "validation_failed", (f"Validation failed with an internal error ({exc.error_type or exc.reason}); "
+                                     "upload the model again, or ask an administrator.")
+    return "validation_aborted", limit + " The model was refused and nothing was stored; upload a smaller model " \
+                                         "or input size, or ask an administrator to raise the limit."
 
 
 def read_upload(uploaded, *, max_bytes: int | None = None) -> bytes:
@@ -132,10 +165,12 @@ def register_model(
     description: str = "",
     source: str = DLModel.Source.UPLOAD,
     validated: "ValidatedModel | None" = None,
+    background: bool = False,
 ) -> DLModel:
-    """Validate an ONNX file and store it with its features (state ready). Nothing is stored on failure."""
+    """Validate an ONNX file and store it with its features (state ready). Nothing is stored on failure.
+    ``background`` (a command line, not a web request): the sandbox's longer wall-clock limit."""
     name = _check_new_model(actor=actor, team=team, name=name)
-    validated = validated or validate_model_bytes(data=data, filename=filename)
+    validated = validated or validate_model_bytes(data=data, filename=filename, background=background)
     digest = hashlib.sha256(data).hexdigest()
     model = DLModel(
         team=team, name=name, description=description, source=source, file_size=len(data), sha256=digest,
@@ -196,23 +231,24 @@ def _queue_validation(model: DLModel) -> None:
 
 
 def finish_model_validation(*, model_id: int) -> DLModel | None:
-    """Validate a ``validating`` model's stored file: ready with its features, or invalid with the error
-    and its file deleted. Idempotent: a model in any other state is left as it is."""
+    """Validate a ``validating`` model's stored file (in the upload sandbox, with the background wall-clock
+    limit): ready with its features, or invalid with the error and its file deleted. Every outcome is
+    final, a crashed or stopped validator included, so the task succeeds and is never redelivered for
+    it. Idempotent: a model in any other state is left as it is."""
     model = DLModel.objects.filter(pk=model_id, state=DLModel.State.VALIDATING).first()
     if model is None:
         return None
     try:
         with model.file.open("rb") as fh:
-            data = fh.read()
-        validated = validate_model_bytes(data=data, filename=model.file.name)
-    except OnnxValidationError as exc:
+            data = fh.read(settings.ONNX_MAX_UPLOAD_BYTES + 1)
+        validated = validate_model_bytes(data=data, filename=model.file.name, background=True)
+    except OnnxValidationError as exc:  # a refusal, or a sandbox stopped at a limit: a final verdict
         return _mark_invalid(model_id, exc.code, exc.message)
-    except Exception as exc:  # never leave it validating for good
+    except Exception as exc:  # never leave it validating for good, and never make the task fail (redelivery)
         log.exception("validating model %s failed", model_id)
-        _mark_invalid(model_id, "validation_failed",
-                      f"Validation failed with an internal error ({type(exc).__name__}); "
-                      "upload the model again, or ask an administrator.")
-        raise
+        return _mark_invalid(model_id, "validation_failed",
+                             f"Validation failed with an internal error ({type(exc).__name__}); "
+                             "upload the model again, or ask an administrator.")
     with transaction.atomic():
         model = DLModel.objects.select_for_update().filter(pk=model_id, state=DLModel.State.VALIDATING).first()
         if model is None:  # deleted meanwhile

@@ -27,11 +27,11 @@ runs), its PREDICTED ones from the predictor (what policies see).
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import math
 import os
 import re
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -48,7 +48,11 @@ __all__ = [
     "Job",
     "Node",
     "TraceFormatError",
+    "TraceTooLarge",
     "TraceData",
+    "decode_trace",
+    "check_upload",
+    "trace_summary",
     "load_alibaba_nodes",
     "load_alibaba_pods",
     "load_philly",
@@ -123,39 +127,95 @@ class Job:
         return self.num_gpus * min(self.gpu_milli, MILLI) / MILLI
 
 
+class TraceTooLarge(TraceFormatError):
+    """A trace (or what its gzip data inflates to) is over the byte limit."""
+
+
 # --------------------------------------------------------------------------- reading
+
+#: What a trace may be read to, in bytes, where the caller names no limit (shipped and local files;
+#: uploads pass the platform's SCHEDULING_MAX_TRACE_BYTES).
+DEFAULT_MAX_TRACE_BYTES = 512 * 1024 * 1024
+
+#: Magic numbers of compressed containers: gzip is undone once; any of these inside it, or any but
+#: gzip outside, is refused (compression is undone exactly once, with a bound).
+_COMPRESSED_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b", "gzip"), (b"PK\x03\x04", "zip"), (b"PK\x05\x06", "zip"), (b"PK\x07\x08", "zip"),
+    (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"7z\xbc\xaf\x27\x1c", "7z"),
+    (b"\x04\x22\x4d\x18", "lz4"),
+)
+
+
+def _compression(data: bytes) -> str | None:
+    return next((kind for magic, kind in _COMPRESSED_MAGIC if data.startswith(magic)), None)
+
+
+def _gunzip_bounded(data: bytes, *, limit: int, name: str) -> bytes:
+    """Inflate gzip data (all members), refusing it as soon as it passes ``limit`` bytes or is corrupt."""
+    out, rest = bytearray(), data
+    while rest:
+        d = zlib.decompressobj(wbits=31)
+        try:
+            while not d.eof:  # 1 MB of output at a time
+                chunk = d.decompress(rest, 2**20)
+                rest = d.unconsumed_tail
+                if not chunk and not rest:
+                    break  # input exhausted before the end of the stream
+                out += chunk
+                if len(out) > limit:
+                    raise TraceTooLarge(name, None, None, f"the gzip data inflates to more than "
+                                                          f"{limit / 2**20:.0f} MB, the trace size limit")
+        except zlib.error as exc:
+            raise TraceFormatError(name, None, None, f"corrupt gzip data ({exc})") from None
+        if not d.eof:
+            raise TraceFormatError(name, None, None, "the gzip data is cut short (incomplete upload or copy)")
+        rest = d.unused_data.lstrip(b"\0")
+    return bytes(out)
+
+
+def decode_trace(data: bytes | str, *, name: str, max_bytes: int = DEFAULT_MAX_TRACE_BYTES) -> str:
+    """A trace file's text: gzip inflated exactly once, bounded by ``max_bytes``; refused (TraceFormatError,
+    TraceTooLarge) when it is over the limit, compressed inside its gzip or by anything but gzip, holds
+    binary content (NUL bytes) or is not UTF-8. The parsers read only what this returns, so nothing is
+    ever inflated twice."""
+    if isinstance(data, str):
+        return data
+    if len(data) > max_bytes:
+        raise TraceTooLarge(name, None, None, f"the file is over the {max_bytes / 2**20:.0f} MB trace size limit")
+    outer = _compression(data)
+    if outer == "gzip":
+        data = _gunzip_bounded(data, limit=max_bytes, name=name)
+        inner = _compression(data)
+        if inner is not None:
+            raise TraceFormatError(name, None, None, f"the gzip data holds {inner}-compressed content; a trace is "
+                                                     "compressed at most once: gzip the CSV itself, once")
+    elif outer is not None:
+        raise TraceFormatError(name, None, None, f"the file is {outer}-compressed; only gzip (.gz) or plain CSV "
+                                                 "text is accepted")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise TraceFormatError(name, None, None, f"binary content (a NUL byte at byte {nul}): a trace is CSV text")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise TraceFormatError(name, None, None, f"not UTF-8 text (byte {e.start})") from None
 
 
 def _open_rows(source: str | os.PathLike[str] | IO[Any], name: str | None) -> tuple[Iterator[list[str]], str, Any]:
-    """CSV row iterator over a path or file-like object (gzip detected by magic)."""
-    closer = None
+    """CSV row iterator over a path or file-like object (text, or bytes decoded by :func:`decode_trace`)."""
     if isinstance(source, (str, os.PathLike)):
         p = Path(source)
         display = name or p.name
         try:
-            raw: IO[bytes] = open(p, "rb")
+            with open(p, "rb") as raw:
+                data = raw.read(DEFAULT_MAX_TRACE_BYTES + 1)
         except OSError as e:
             raise TraceFormatError(display, None, None, f"cannot open: {e.strerror}") from None
-        closer = raw
     else:
         display = name or getattr(source, "name", None) or "<upload>"
         display = os.path.basename(str(display))
-        raw = source  # type: ignore[assignment]
-    data = raw.read()
-    if closer is not None:
-        closer.close()
-    if isinstance(data, str):
-        text = data
-    else:
-        if data[:2] == b"\x1f\x8b":
-            try:
-                data = gzip.decompress(data)
-            except (OSError, EOFError) as e:
-                raise TraceFormatError(display, None, None, f"corrupt gzip data ({e})") from None
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as e:
-            raise TraceFormatError(display, None, None, f"not UTF-8 text (byte {e.start})") from None
+        data = source.read()
+    text = decode_trace(data, name=display)
     return csv.reader(io.StringIO(text, newline="")), display, None
 
 
@@ -375,28 +435,67 @@ class TraceData:
     nodes: list[NodeSpec]
 
 
-def parse_trace(source: str | os.PathLike[str] | IO[Any], *, name: str | None = None) -> TraceData:
-    """Parse an uploaded trace of any supported kind, detected from its header."""
+def parse_trace(source: str | os.PathLike[str] | IO[Any], *, name: str | None = None,
+                max_bytes: int = DEFAULT_MAX_TRACE_BYTES) -> TraceData:
+    """Parse an uploaded trace of any supported kind, detected from its header. The bytes are decoded
+    once (:func:`decode_trace`, at most ``max_bytes``); the parsers read that text."""
     if isinstance(source, (str, os.PathLike)):
-        data = Path(source).read_bytes()
         name = name or Path(source).name
+        with open(source, "rb") as fh:
+            data = fh.read(max_bytes + 1)
     else:
-        data = source.read()
+        data = source.read(max_bytes + 1)
         name = name or os.path.basename(str(getattr(source, "name", "") or "<upload>"))
-    if isinstance(data, str):
-        data = data.encode()
-    head = gzip.decompress(data)[:4096] if data[:2] == b"\x1f\x8b" else data[:4096]
-    first = head.decode("utf-8-sig", errors="replace").splitlines()[0] if head else ""
+    text = decode_trace(data, name=name or "<upload>", max_bytes=max_bytes)
+    first = text[:4096].splitlines()[0] if text else ""
     cols = {c.strip() for c in first.split(",")}
     if {"timestamp", "duration", "num_gpus"} <= cols:
-        return TraceData("philly", load_philly(io.BytesIO(data), name=name), [])
+        return TraceData("philly", load_philly(io.StringIO(text), name=name), [])
     if {"sn", "gpu", "model"} <= cols:
-        return TraceData("alibaba_nodes", [], load_alibaba_nodes(io.BytesIO(data), name=name))
+        return TraceData("alibaba_nodes", [], load_alibaba_nodes(io.StringIO(text), name=name))
     if {"name", "num_gpu", "gpu_milli"} <= cols:
-        return TraceData("alibaba_pods", load_alibaba_pods(io.BytesIO(data), name=name, require_times="creation_time" in cols), [])
+        return TraceData("alibaba_pods", load_alibaba_pods(io.StringIO(text), name=name,
+                                                           require_times="creation_time" in cols), [])
     raise TraceFormatError(name or "<upload>", 1, None,
                            "unknown trace format: expected a Philly header (timestamp,duration,num_gpus), "
                            "an Alibaba pod list (name,...,num_gpu,gpu_milli) or node list (sn,...,gpu,model)")
+
+
+def trace_summary(jobs: Sequence[Job]) -> dict[str, Any]:
+    """What an uploaded trace's summary holds: job count, submit span, median duration, GPU counts, sharing jobs."""
+    if not jobs:
+        return {}
+    dur = np.array([j.duration_s for j in jobs])
+    sub = np.array([j.submit_time for j in jobs])
+    gpus: dict[str, int] = {}
+    for j in jobs:
+        gpus[str(j.num_gpus)] = gpus.get(str(j.num_gpus), 0) + 1
+    return {"jobs": len(jobs), "span_s": float(sub.max() - sub.min()), "median_duration_s": float(np.median(dur)),
+            "num_gpus": dict(sorted(gpus.items(), key=lambda kv: int(kv[0]))),
+            "sharing_jobs": sum(1 for j in jobs if 0 < j.gpu_milli < 1000),
+            "gpu_request_per_pod": gpu_request_per_pod(jobs)}
+
+
+def gpu_request_per_pod(jobs: Sequence[Job]) -> float:
+    """Mean GPUs a pod of the list requests (``Job.gpu_request``; CPU-only pods count 0): sizes a fill's cost."""
+    return float(sum(j.gpu_request for j in jobs) / len(jobs)) if jobs else 0.0
+
+
+def check_upload(*, data: bytes, filename: str, max_bytes: int) -> dict[str, Any]:
+    """What the platform's upload sandbox (``common.sandbox.run_in_child``) runs on an uploaded trace: decode
+    once, parse every row, and answer JSON-safe data only: ``{"ok": True, "kind", "n_jobs", "summary"}`` or
+    ``{"ok": False, "code" ("too_large" | "trace_malformed"), "message", "line", "column"}``."""
+    try:
+        parsed = parse_trace(io.BytesIO(data), name=filename, max_bytes=max_bytes)
+    except TraceTooLarge as exc:
+        return {"ok": False, "code": "too_large", "message": str(exc), "line": None, "column": None}
+    except TraceFormatError as exc:
+        return {"ok": False, "code": "trace_malformed", "message": str(exc), "line": exc.line, "column": exc.column}
+    except (ValueError, OverflowError, OSError, EOFError, IndexError) as exc:  # hostile input the parser did not foresee
+        return {"ok": False, "code": "trace_malformed", "message": f"{filename}: cannot be read as a trace ({exc}).",
+                "line": None, "column": None}
+    return {"ok": True, "kind": parsed.kind, "n_jobs": len(parsed.jobs) or len(parsed.nodes),
+            "summary": trace_summary(parsed.jobs)}
 
 
 # --------------------------------------------------------------------------- shaping

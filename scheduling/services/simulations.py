@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,9 @@ from core.exceptions import ConflictError, QuotaExceeded, ServiceError
 from core.filestore import delete_stored_on_commit, save_with_file
 from core.models import Quota, Team
 from core.permissions import require_team_writer
+from common.jsonsafe import json_safe
 from core.services import lock_team_quota
+from core.upload_sandbox import SandboxFailure, parse_in_sandbox
 
 from .. import adapters, selectors
 from ..adapters import TraceRejected
@@ -47,29 +48,6 @@ __all__ = ["max_trace_bytes", "TraceRejected", "delete_trace", "estimate_simulat
            "start_simulation", "upload_trace"]
 
 
-def _gunzip_bounded(data: bytes, *, limit: int, filename: str) -> bytes:
-    """Inflate gzip data (all members), refusing it as soon as it passes `limit` bytes or is corrupt."""
-    out, rest = bytearray(), data
-    while rest:
-        d = zlib.decompressobj(wbits=31)
-        try:
-            while not d.eof:  # 1 MB of output at a time
-                chunk = d.decompress(rest, 2**20)
-                rest = d.unconsumed_tail
-                if not chunk and not rest:
-                    break  # input exhausted before the end of the stream
-                out += chunk
-                if len(out) > limit:
-                    raise ServiceError(f"{filename} inflates to more than {limit / 2**20:.0f} MB, the trace size "
-                                       "limit.", code="too_large", field="file")
-        except zlib.error as exc:
-            raise TraceRejected(f"{filename}: corrupt gzip data ({exc}).") from None
-        if not d.eof:
-            raise TraceRejected(f"{filename}: the gzip data is cut short (incomplete upload or copy).")
-        rest = d.unused_data.lstrip(b"\0")
-    return bytes(out)
-
-
 def _trace_name(name: str, filename: str) -> str:
     name = (name or "").strip() or Path(filename).stem
     limit = TraceUpload._meta.get_field("name").max_length
@@ -79,8 +57,9 @@ def _trace_name(name: str, filename: str) -> str:
 
 
 def upload_trace(*, actor: AbstractBaseUser, team: Team, name: str, data: bytes, filename: str) -> TraceUpload:
-    """Validate a trace row by row (horus's parser) and store it. A malformed row raises
-    TraceRejected naming the line and column, and nothing is stored."""
+    """Validate a trace row by row (horus's parser, in the upload sandbox) and store it. A malformed row
+    raises TraceRejected naming the line and column, a parser stopped at its limits a TraceRejected saying
+    so, and nothing is stored."""
     require_team_writer(actor, team.pk, "upload traces")
     name = _trace_name(name, filename)
     if len(data) > max_trace_bytes():
@@ -88,11 +67,20 @@ def upload_trace(*, actor: AbstractBaseUser, team: Team, name: str, data: bytes,
                            field="file")
     if TraceUpload.objects.filter(team=team, name=name).exists():
         raise ConflictError(f"Team {team} already has a trace named '{name}'.", field="name")
-    # A .gz upload is inflated here, bounded: a gzip bomb (or a corrupt stream) never reaches the parser.
-    text = _gunzip_bounded(data, limit=max_trace_bytes(), filename=filename) if data[:2] == b"\x1f\x8b" else data
-    kind, jobs = adapters.parse_trace_upload(text, filename)
+    # Parsed in a sandboxed child (gzip undone once, bounded; nested compression and binary refused): a
+    # hostile trace costs this process nothing, and only its kind, job count and summary come back.
+    try:
+        answer = parse_in_sandbox("scheduling.horus.traces:check_upload", data=data, what="reading the trace",
+                                  kwargs={"filename": Path(filename).name or "trace.csv",
+                                          "max_bytes": max_trace_bytes()})
+    except SandboxFailure as exc:
+        what = f"failed with an internal error ({exc.error_type or exc.reason})" \
+            if exc.reason in ("raised", "bad_answer") else f"was stopped: it {exc}"
+        raise TraceRejected(f"{filename}: the trace parser {what}. The trace was refused and nothing was "
+                            "stored.") from None
+    kind, n_jobs, summary = adapters.trace_upload_verdict(answer, filename)
     trace = TraceUpload(team=team, name=name, kind=kind, file_size=len(data), sha256=hashlib.sha256(data).hexdigest(),
-                        n_jobs=len(jobs), summary=adapters.trace_summary(jobs), created_by=acting_user(actor))
+                        n_jobs=n_jobs, summary=json_safe(summary), created_by=acting_user(actor))
     return save_with_file(trace, "file", Path(filename).name or "trace.csv", data,
                           conflict=f"Team {team} already has a trace named '{name}'.")
 
@@ -140,9 +128,7 @@ def _read_bounded(path: Path, what: str) -> bytes:
     if len(data) > limit:
         raise ServiceError(f"{what} {path} is over the {_size_words(limit)} trace size limit "
                            "(SCHEDULING_MAX_TRACE_BYTES).", code="too_large", field="trace")
-    if data[:2] == b"\x1f\x8b":
-        data = _gunzip_bounded(data, limit=limit, filename=path.name)
-    return data
+    return adapters.decode_trace_file(data, path.name, max_bytes=limit).encode()
 
 
 def read_trace_file(path: str | Path, *, nodes: str | Path | None = None) -> adapters.TraceInput:

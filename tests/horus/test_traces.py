@@ -84,8 +84,10 @@ def test_missing_column_and_unknown_format():
         parse_trace(io.BytesIO(b"a,b,c\n1,2,3\n"), name="x.csv")
     with pytest.raises(TraceFormatError, match="empty file"):
         load_philly(io.StringIO(""), name="e.csv")
-    with pytest.raises(TraceFormatError, match="not UTF-8"):
+    with pytest.raises(TraceFormatError, match="binary content"):  # a NUL byte: binary, whatever the encoding
         load_philly(io.BytesIO(b"\xff\xfe\x00bad"), name="b.csv")
+    with pytest.raises(TraceFormatError, match="not UTF-8"):
+        load_philly(io.BytesIO(b"timestamp,duration,num_gpus\n\xff\xfebad\n"), name="b.csv")
 
 
 @pytest.mark.parametrize(

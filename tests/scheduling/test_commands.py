@@ -141,7 +141,7 @@ def test_simulate_a_local_alibaba_pod_list_on_its_node_list(tmp_path):
 @pytest.mark.django_db
 @pytest.mark.parametrize("files,message", [
     ({"trace": "nope.csv"}, "Cannot read trace .*No such file"),
-    ({"trace": b"\x00\xff\xfe garbage \x89PNG"}, "not UTF-8 text|unknown trace format|bad CSV"),
+    ({"trace": b"\x00\xff\xfe garbage \x89PNG"}, "not UTF-8 text|binary content|unknown trace format|bad CSV"),
     ({"trace": "a,b\n1,2\n"}, "unknown trace format"),
     ({"trace": "timestamp,duration,num_gpus\n2017-10-01 00:00:00,-5,1\n"}, "line 2, column 'duration'"),
     ({"trace": "timestamp,duration,num_gpus,gpu_util\n2017-10-01 00:00:00,5,1,250\n"}, "column 'gpu_util'"),

@@ -28,7 +28,7 @@ def register_zoo_models(*, team: Team, names: list[str] | None = None, stdout=No
         proto = zoo.build_model(name)
         model = register_model(
             team=team, name=name, description=zoo.ZOO[name].description, data=proto.SerializeToString(),
-            filename=f"{name}.onnx", source=DLModel.Source.ZOO,
+            filename=f"{name}.onnx", source=DLModel.Source.ZOO, background=True,
         )
         out.write(
             f"  {name}: {model.gflops:.3f} GFLOPs, {model.param_count / 1e6:.2f} M params, "

@@ -59,7 +59,8 @@ class Command(BaseCommand):
             if existing:
                 return existing
             try:
-                return register_model(team=team, name=name, data=path.read_bytes(), filename=path.name)
+                return register_model(team=team, name=name, data=path.read_bytes(), filename=path.name,
+                                      background=True)
             except OnnxValidationError as exc:
                 raise CommandError(f"{path.name} refused ({exc.code}): {exc}") from exc
         qs = DLModel.objects.all() if team is None else DLModel.objects.filter(team=team)
