@@ -529,13 +529,15 @@ def _load_now() -> float | None:
 def build_host_facts(target) -> dict:
     """What the package needs to check a host without TVM's compiler: the build host's CPU flags, and of
     them the instruction sets code built for ``target`` may use (none for a portable mcpu)."""
+    from .package import runtime_versions
     from .targets import PORTABLE_CPUS, canonical_target, host_cpu_flags, isa_flags
 
     spec = canonical_target(target)
     cpu = dict(spec.get("host") or {}) if spec.get("kind") != "llvm" else spec
     flags = host_cpu_flags()
     portable = str(cpu.get("mcpu") or "") in PORTABLE_CPUS
-    return {"cpu_flags": flags, "required_cpu_flags": [] if portable else isa_flags(flags, cpu.get("mtriple", ""))}
+    return {"cpu_flags": flags, "required_cpu_flags": [] if portable else isa_flags(flags, cpu.get("mtriple", "")),
+            "versions": runtime_versions()}
 
 
 def compile_and_compare(
