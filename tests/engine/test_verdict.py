@@ -61,3 +61,32 @@ def test_the_estimate_gap_is_shown_above_15_percent_and_explained():
     below = v.estimate_gap(1.0e-3, 0.5e-3)
     assert "50 % below" in below["note"]
     assert v.estimate_gap(None, 1.0) is None and v.estimate_gap(1.0, None) is None
+
+
+def _compare(tmp_path, cpu_target, monkeypatch, loads):
+    """compile_and_compare on a 2-node model with the host's load average read from ``loads``."""
+    import onnx
+
+    from tests.tuning.onnx_builders import tiny_dense
+    from tuning.engine import session
+
+    readings = iter(loads)
+    monkeypatch.setattr(session, "_load_now", lambda: next(readings))
+    return session.compile_and_compare(onnx.load_from_string(tiny_dense()), str(tmp_path), cpu_target,
+                                       threads=1, repeat=5, min_repeat_ms=5)
+
+
+def test_the_final_timing_on_an_overloaded_host_is_repeated_once_then_flagged(tmp_path, cpu_target, monkeypatch):
+    res = _compare(tmp_path, cpu_target, monkeypatch, [9.0] * 6)
+    assert [a["label"] for a in res["timing_attempts"]] == [v.FLAGGED, v.FLAGGED]
+    assert res["verdict"]["label"] == v.FLAGGED and res["faster_engine"] is None
+    assert "host load 9.00 was above the 1 core(s)" in res["verdict"]["flagged_reason"]
+    assert res["tuned_latency_s"] > 0 and res["tuned_latency_iqr_s"] >= 0  # the numbers are kept, flagged
+
+
+def test_a_host_that_calms_down_gets_a_clean_verdict_on_the_second_try(tmp_path, cpu_target, monkeypatch):
+    res = _compare(tmp_path, cpu_target, monkeypatch, [0.2, 9.0, 0.3, 0.2, 0.4, 0.3])
+    assert [a["label"] for a in res["timing_attempts"]][0] == v.FLAGGED and len(res["timing_attempts"]) == 2
+    assert res["verdict"]["label"] in (v.FASTER, v.SLOWER, v.WITHIN_NOISE)
+    assert res["ratio_to_onnxruntime"] == pytest.approx(res["tuned_latency_s"] / res["onnxruntime_latency_s"])
+    assert res["build_host"]["versions"]["apache-tvm"]

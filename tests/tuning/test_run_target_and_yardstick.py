@@ -83,7 +83,7 @@ def test_a_tuned_module_slower_than_onnxruntime_is_labelled_so(model_a, user_own
                         ort_outputs_agree=True, parity_trials=None)
     client.force_login(user_owner)
     html = client.get(f"/runs/{run.pk}/").content.decode()
-    assert f"{SLOWER} (tuned / onnxruntime latency 3.00×)" in html
+    assert f"{SLOWER} (tuned / onnxruntime median 3.00×)" in html
     assert "mcpu znver3" in html and "1.000 ms" in html and "not reached" in html
     body = api_owner.get(f"/api/runs/{run.pk}/").json()
     assert body["faster_engine"] == "onnxruntime" and body["ratio_to_ort"] == 3.0
@@ -102,7 +102,7 @@ def test_the_module_download_states_the_decision(model_a, user_owner, api_owner,
     run.module_file.save(f"run{run.pk}-tuned.so", ContentFile(b"\x7fELF"), save=True)
     response = api_owner.get(f"/api/runs/{run.pk}/module/")
     assert response.status_code == 200
-    assert response["X-Deploy-Verdict"] == f"{SLOWER} (tuned / onnxruntime latency 3.00x)"
+    assert response["X-Deploy-Verdict"] == f"{SLOWER} (tuned / onnxruntime median 3.00x)"
     # another team's member gets nothing, not even the verdict; anonymous is refused
     outsider = api_other.get(f"/api/runs/{run.pk}/module/")
     assert outsider.status_code == 404 and "X-Deploy-Verdict" not in outsider

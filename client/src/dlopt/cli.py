@@ -212,7 +212,7 @@ def _run_lines(run: Json) -> list[str]:
 def _spread(run: Json, name: str) -> str:
     """"median ms (IQR x ms)" of `name`_s and `name`_iqr_s, as the run page prints it."""
     iqr = run.get(f"{name}_iqr_s")
-    return f"{_ms(run[f'{name}_s'])} ms" + (f" (IQR {_ms(iqr)} ms)" if iqr is not None else "")
+    return f"{_ms(run[f'{name}_s'])} ms" + (f" (IQR {iqr * 1e3:.4f} ms)" if isinstance(iqr, (int, float)) else "")
 
 
 def _finish(run: Json, out: Output) -> int:
