@@ -165,10 +165,10 @@ class Command(BaseCommand):
             self.stdout.write(f"Latency (compiled, median of repeats): tuned {_spread(s, 'tuned_latency')} vs "
                               f"untuned {s['untuned_latency_ms']:.4f} ms ({s['speedup']:.2f}x), outputs match: "
                               f"{s['outputs_match']}")
-        if s["estimated_latency_ms"]:
+        if s.get("estimated_latency_ms"):
             self.stdout.write(f"Estimate (sum of per-task bests, not measured end to end): "
                               f"{s['estimated_latency_ms']:.4f} ms")
-        if s["estimate_gap"]:
+        if s.get("estimate_gap"):
             self.stdout.write(s["estimate_gap"]["note"])
         if s["onnxruntime_latency_ms"]:
             parity = f"reached at trial {s['parity']['trials']:,}" if s["parity"] else "not reached by the compiled model"
@@ -177,7 +177,7 @@ class Command(BaseCommand):
             self.stdout.write(f"onnxruntime: {_spread(s, 'onnxruntime_latency')}, tuned/onnxruntime "
                               f"{s['ratio_to_onnxruntime']:.2f}, outputs agree: {s['onnxruntime_outputs_agree']}, "
                               f"parity of the estimate {parity}")
-        if s["deploy_verdict"]:
+        if s.get("deploy_verdict"):
             self.stdout.write(s["deploy_verdict"])
         if s["onnxruntime_error"] and not s["onnxruntime_latency_ms"]:
             self.stdout.write(f"onnxruntime: not compared ({s['onnxruntime_error']})")
