@@ -278,8 +278,8 @@ def test_download_fetches_the_deployment_package_by_default(dlopt, logged_in, mo
     package = tmp_path / f"run{run.pk}-package.zip"
     with zipfile.ZipFile(package) as zf:
         assert sorted(zf.namelist()) == sorted(MEMBERS) and zf.read("module.so") == b"\x7fELF tuned module"
-    assert f"unzip {package} -d run{run.pk}" in result.out and "pip install apache-tvm numpy" in result.out
-    assert f"python run{run.pk}/run.py" in result.out
+    assert f"unzip {package} -d run{run.pk}-package" in result.out and "pip install apache-tvm numpy" in result.out
+    assert f"python run{run.pk}-package/run.py" in result.out
     other_teams = TuningRunFactory(model=model_b, succeeded=True, module_file=ContentFile(b"secret", name="s.so"))
     assert dlopt("download", other_teams.pk, "-o", tmp_path / "s.zip").code == 4
     assert not (tmp_path / "s.zip").exists()

@@ -342,8 +342,8 @@ def cmd_download(args: argparse.Namespace, out: Output) -> int:
     got = _client().download(args.run, args.output, overwrite=args.force, module_only=args.module_only)
     what = "tuned module" if args.module_only else "deployment package"
     usage = [] if args.module_only else [
-        "Use it:", f"  unzip {got.path} -d run{args.run}", "  pip install apache-tvm numpy",
-        f"  python run{args.run}/run.py"]
+        "Use it:", f"  unzip {got.path} -d run{args.run}-package", "  pip install apache-tvm numpy",
+        f"  python run{args.run}-package/run.py"]
     out.emit({"run": args.run, "path": str(got.path), "bytes": got.size, "deploy_verdict": got.deploy_verdict},
              [f"Saved run {args.run}'s {what} to {got.path} ({got.size:,} bytes).",
               *([got.deploy_verdict] if got.deploy_verdict else []), *usage])
