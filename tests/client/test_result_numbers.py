@@ -47,7 +47,8 @@ def test_page_api_and_clis_show_the_same_numbers(dlopt, logged_in, model_a, clie
     assert re.search(r"estimate \(sum of per-task bests, not measured end to end\): 0\.2207 ms", shown)
 
     summary = TuneCommand._summary(run, 1.0)
-    assert summary["tuned_latency_ms"] == pytest.approx(0.3881) and summary["tuned_latency_iqr_ms"] == pytest.approx(0.0125)
+    assert summary["tuned_latency_ms"] == pytest.approx(0.3881)
+    assert summary["tuned_latency_iqr_ms"] == pytest.approx(0.0125)
     assert summary["onnxruntime_latency_iqr_ms"] == pytest.approx(0.15) and summary["verdict"] == "within noise"
     out = io.StringIO()
     command = TuneCommand(stdout=out)

@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     for spec, out in zip(manifest["outputs"], outputs):
         print(f"output {spec['name']}: shape {list(np.shape(out))} {np.asarray(out).dtype}")
     if args.save_outputs:
-        np.savez(args.save_outputs, **{spec["name"]: np.asarray(out) for spec, out in zip(manifest["outputs"], outputs)})
+        named = {spec["name"]: np.asarray(out) for spec, out in zip(manifest["outputs"], outputs)}
+        np.savez(args.save_outputs, **named)
     q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
     median = statistics.median(times)
     print(f"latency: median {median * 1e3:.4f} ms (IQR {(q[2] - q[0]) * 1e3:.4f} ms) over {args.runs} runs")

@@ -171,7 +171,8 @@ class Command(BaseCommand):
         if s.get("estimate_gap"):
             self.stdout.write(s["estimate_gap"]["note"])
         if s["onnxruntime_latency_ms"]:
-            parity = f"reached at trial {s['parity']['trials']:,}" if s["parity"] else "not reached by the compiled model"
+            parity = (f"reached at trial {s['parity']['trials']:,}" if s["parity"]
+                      else "not reached by the compiled model")
             if s["parity"] and s["parity"]["wall_s"] is not None:
                 parity += f" ({s['parity']['wall_s']:.0f} s)"
             self.stdout.write(f"onnxruntime: {_spread(s, 'onnxruntime_latency')}, tuned/onnxruntime "
