@@ -36,6 +36,13 @@ def fmt_latency(seconds: float | None) -> str:
     return f"{seconds * 1e6:.1f} µs"
 
 
+def fmt_spread(median_s: float | None, iqr_s: float | None) -> str:
+    """A compiled latency as every page and the CLI print it: the median, and its IQR when known."""
+    if median_s is None:
+        return DASH
+    return fmt_latency(median_s) + (f" (IQR {fmt_latency(iqr_s)})" if iqr_s is not None else "")
+
+
 def fmt_duration(seconds: float | None) -> str:
     if not seconds:
         return DASH if seconds is None else "0 s"
@@ -126,7 +133,7 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "final_dop": str(run.final_dop) if run.final_dop else DASH,
         "mean_error": fmt_number(run.mean_parallel_error * 100 if run.mean_parallel_error is not None else None,
                                  2, " %"),
-        "tuned": fmt_latency(run.tuned_latency_s),
+        "tuned": fmt_spread(run.tuned_latency_s, run.tuned_latency_iqr_s),
         "untuned": fmt_latency(run.untuned_latency_s),
         "speedup": fmt_number(run.speedup, 2, "×"),
         "outputs_match": DASH if run.outputs_match is None else ("yes" if run.outputs_match else "NO"),
@@ -157,9 +164,13 @@ def onnxruntime_numbers(run: TuningRun) -> dict:
     """The resolved target, the onnxruntime yardstick and the tasks the estimate lacks, raw."""
     return {"tasks_missing_from_estimate": tuning_selectors.tasks_without_measurement(run),
             "resolved_target": run.resolved_target, "target_key": run.target_key,
-            "ort_latency_s": run.ort_latency_s, "ratio_to_ort": run.ratio_to_ort,
+            "tuned_latency_iqr_s": run.tuned_latency_iqr_s,
+            "ort_latency_s": run.ort_latency_s, "ort_latency_iqr_s": run.ort_latency_iqr_s,
+            "ratio_to_ort": run.ratio_to_ort,
             "faster_engine": run.faster_engine or None, "ort_outputs_agree": run.ort_outputs_agree,
             "ort_error": (run.summary or {}).get("onnxruntime_error") or "",
+            "verdict": run.verdict or None, "verdict_flag": run.verdict_flag, "timing_load": run.timing_load,
+            "estimate_gap": run.estimate_gap,
             "deploy_verdict": run.deploy_verdict, "slower_than_ort": run.slower_than_ort,
             "parity_trials": run.parity_trials, "parity_wall_s": run.parity_wall_s,
             "pipeline_key": run.pipeline_key}
@@ -179,18 +190,25 @@ def engine_verdict(run: TuningRun) -> str:
 
 
 def fmt_parity(run: TuningRun) -> str:
-    """When the end-to-end estimate first reached onnxruntime's latency."""
+    """When the end-to-end estimate first reached onnxruntime's latency: stored only when the compiled
+    model's verdict confirms it reached onnxruntime (tuning.services.finish)."""
     if run.parity_trials is not None:
         wall = f" after {fmt_duration(run.parity_wall_s)}" if run.parity_wall_s is not None else ""
         return f"trial {run.parity_trials:,}{wall}"
-    return "not reached" if run.ort_latency_s is not None else DASH
+    return "not reached by the compiled model" if run.ort_latency_s is not None else DASH
+
+
+def fmt_estimate_gap(run: TuningRun) -> str:
+    gap = run.estimate_gap
+    return gap["note"] if gap else ""
 
 
 def onnxruntime_display(run: TuningRun) -> dict:
     return {
         "resolved_target": fmt_target(run.resolved_target) if run.resolved_target
         else "resolved when a worker starts the run",
-        "ort": fmt_latency(run.ort_latency_s),
+        "ort": fmt_spread(run.ort_latency_s, run.ort_latency_iqr_s),
+        "estimate_gap": fmt_estimate_gap(run),
         "ratio_to_ort": fmt_number(run.ratio_to_ort, 2, "×"),
         "ort_outputs_agree": DASH if run.ort_outputs_agree is None else ("yes" if run.ort_outputs_agree else "NO"),
         "verdict": engine_verdict(run),
@@ -469,7 +487,7 @@ def run_live_delta(run: TuningRun, cursor: LiveCursor, points: int, *,
 def live_stamp(run: TuningRun, n_rounds: int) -> str:
     """Changes whenever anything the page shows changes (the browser skips re-plotting otherwise)."""
     parts = (run.status, run.requested_action, run.trials_done, n_rounds, run.estimated_latency_s,
-             run.final_dop, run.tuned_latency_s, bool(run.records_file), bool(run.module_file),
+             run.final_dop, run.tuned_latency_s, run.verdict, bool(run.records_file), bool(run.module_file),
              round(run.energy_joules, 1), run.candidates_filtered, run.stop_reason, run.builds_in_flight,
              run.measurements_in_flight)
     return "|".join(str(p) for p in parts)
@@ -479,6 +497,7 @@ def run_links(run: TuningRun) -> dict:
     return {
         "records": f"/api/runs/{run.pk}/records/",
         "module": f"/api/runs/{run.pk}/module/",
+        "package": f"/api/runs/{run.pk}/package/",
         "live": reverse("charts-run-live", args=[run.pk]),
         "curve": reverse("charts-run-curve", args=[run.pk]),
         "dop": reverse("charts-run-dop", args=[run.pk]),

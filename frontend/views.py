@@ -26,6 +26,7 @@ from core.onnx_models.errors import ERROR_CODES, OnnxValidationError
 from recordcache import selectors as record_cache
 from scheduling.selectors import COLOCATION_BASIS
 from tuning import services as tuning_services
+from tuning.services.package import package_usage
 
 from . import charts, clusterdata, presenters, queries
 from .filters import RunListFilter
@@ -238,6 +239,7 @@ def run_detail(request, pk: int):
         "scope": scope, "run": run, "live": payload, "numbers": payload["run"], "d": payload["run"]["display"],
         "figures": payload["figures"], "links": presenters.run_links(run), "target": presenters.fmt_target(run.target),
         "can_control": run.team_id in scope.writable_ids, "nav": "runs",
+        "package_usage": package_usage(run),
         "cache_rows": record_cache.lookups_of_run(run), "cache_savings": record_cache.run_cache_savings(run)})
 
 

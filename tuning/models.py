@@ -14,7 +14,7 @@ from django.utils import timezone
 from common.units import joules_to_kwh
 from core.models import DLModel, Team, UsageCharge
 from tuning.engine.targets import identity_of
-from tuning.engine.yardstick import deploy_verdict
+from tuning.engine import verdict as verdict_rule
 
 # (min, max) of each bound of a run: the model, the service, the API serializer, the dashboard form and
 # `manage.py tune` all read these, so no entry point accepts what another refuses.
@@ -214,7 +214,10 @@ class TuningRun(models.Model):
         null=True, blank=True,
         help_text="DOPpler's parallel-vs-serial timing error as a fraction (0.05 = 5 %): the median over parallel "
                   "rounds of each round's mean |parallel - serial| / parallel, each round's value capped at 1.0.")
-    tuned_latency_s = models.FloatField(null=True, blank=True)
+    tuned_latency_s = models.FloatField(null=True, blank=True,
+                                        help_text="Compiled tuned model's latency: median over the final repeats.")
+    tuned_latency_iqr_s = models.FloatField(null=True, blank=True,
+                                            help_text="Inter-quartile range of those repeats (s).")
     untuned_latency_s = models.FloatField(null=True, blank=True)
     outputs_match = models.BooleanField(null=True, blank=True)
     max_abs_diff = models.FloatField(null=True, blank=True)
@@ -225,7 +228,17 @@ class TuningRun(models.Model):
                                      help_text="Tuned TVM latency / onnxruntime latency (< 1: TVM is faster).")
     faster_engine = models.CharField(max_length=20, blank=True,
                                      help_text='"tvm" or "onnxruntime": the one to deploy on this target.')
+    ort_latency_iqr_s = models.FloatField(null=True, blank=True,
+                                          help_text="Inter-quartile range of onnxruntime's repeats (s).")
     ort_outputs_agree = models.BooleanField(null=True, blank=True)
+    # tuning.engine.verdict's answer over the compiled timings (empty: a run finished before it existed)
+    verdict = models.CharField(max_length=20, blank=True,
+                               choices=[(label, label) for label in verdict_rule.LABELS],
+                               help_text="faster / slower / within noise / overloaded / no comparison.")
+    verdict_flag = models.CharField(max_length=300, blank=True,
+                                    help_text="Why the final timing gives no clean verdict (an overloaded host).")
+    timing_load = models.FloatField(null=True, blank=True,
+                                    help_text="Highest 1-minute load average sampled around the final timing.")
     # Time to parity: the first stored measurement at which the best-so-far end-to-end estimate (sum over tasks
     # of weight x best latency) reached ort_latency_s; computed from the stored curve when the run finishes
     parity_trials = models.PositiveIntegerField(
@@ -318,13 +331,31 @@ class TuningRun(models.Model):
         return self.resolved_target or self.target
 
     @property
+    def result_verdict(self) -> verdict_rule.Verdict | None:
+        """The verdict over the compiled timings (None before them). A run stored before verdicts had
+        spreads reads its faster engine as the label."""
+        label = self.verdict or {"tvm": verdict_rule.FASTER, "onnxruntime": verdict_rule.SLOWER}.get(
+            self.faster_engine, verdict_rule.NO_COMPARISON if self.tuned_latency_s is not None else "")
+        if not label:
+            return None
+        return verdict_rule.Verdict(label, self.ratio_to_ort, self.tuned_latency_s, self.tuned_latency_iqr_s,
+                                    self.ort_latency_s, self.ort_latency_iqr_s, self.verdict_flag)
+
+    @property
     def slower_than_ort(self) -> bool:
-        return self.faster_engine == "onnxruntime"
+        v = self.result_verdict
+        return v is not None and v.label == verdict_rule.SLOWER
 
     @property
     def deploy_verdict(self) -> str:
         """Which engine to deploy on this target, in words ("" before the onnxruntime comparison)."""
-        return deploy_verdict(self.faster_engine or None, self.ratio_to_ort)
+        v = self.result_verdict
+        return v.sentence if v is not None else ""
+
+    @property
+    def estimate_gap(self) -> dict | None:
+        """The per-task estimate's distance from the compiled latency, with why, when above 15 %."""
+        return verdict_rule.estimate_gap(self.estimated_latency_s, self.tuned_latency_s)
 
     @property
     def result_identity(self) -> str:

@@ -245,25 +245,44 @@ def test_download_the_tuned_module(dlopt, logged_in, model_a, model_b, tmp_path)
                            module_file=ContentFile(b"\x7fELF tuned module", name="m.so"))
     target = tmp_path / "out" / "tuned.so"
     target.parent.mkdir()
-    result = dlopt("download", run.pk, "-o", target, "--json")
+    result = dlopt("download", run.pk, "--module-only", "-o", target, "--json")
     assert result.code == 0, result.err
     assert target.read_bytes() == b"\x7fELF tuned module"
     assert result.json == {"run": run.pk, "path": str(target), "bytes": 17, 
                            "deploy_verdict": run.deploy_verdict.replace("×", "x")}  # an HTTP header is latin-1
-    assert dlopt("download", run.pk, "-o", target).code == 2  # an existing file is kept...
-    assert dlopt("download", run.pk, "-o", target, "--force").code == 0  # ...unless asked
-    assert dlopt("download", run.pk, "-o", target.parent).code == 0
+    assert dlopt("download", run.pk, "--module-only", "-o", target).code == 2  # an existing file is kept...
+    assert dlopt("download", run.pk, "--module-only", "-o", target, "--force").code == 0  # ...unless asked
+    assert dlopt("download", run.pk, "--module-only", "-o", target.parent).code == 0
     assert (target.parent / f"run{run.pk}-tuned.so").read_bytes() == b"\x7fELF tuned module"
     assert sorted(p.name for p in target.parent.iterdir()) == [f"run{run.pk}-tuned.so", "tuned.so"]  # no .part
 
-    assert dlopt("download", run.pk, "-o", tmp_path / "no-such-dir" / "m.so").code == 2
+    assert dlopt("download", run.pk, "--module-only", "-o", tmp_path / "no-such-dir" / "m.so").code == 2
 
     unfinished = TuningRunFactory(model=model_a)
-    result = dlopt("download", unfinished.pk, "-o", tmp_path / "x.so")
+    result = dlopt("download", unfinished.pk, "--module-only", "-o", tmp_path / "x.so")
     assert result.code == 4 and "Not available yet" in result.err and not (tmp_path / "x.so").exists()
     other_teams = TuningRunFactory(model=model_b, succeeded=True, module_file=ContentFile(b"secret", name="s.so"))
-    assert dlopt("download", other_teams.pk, "-o", tmp_path / "s.so").code == 4
+    assert dlopt("download", other_teams.pk, "--module-only", "-o", tmp_path / "s.so").code == 4
     assert not (tmp_path / "s.so").exists()
+
+
+def test_download_fetches_the_deployment_package_by_default(dlopt, logged_in, model_a, model_b, tmp_path):
+    import zipfile
+
+    from tuning.engine.package import MEMBERS
+
+    run = TuningRunFactory(model=model_a, succeeded=True, faster_engine="tvm", ratio_to_ort=0.5,
+                           module_file=ContentFile(b"\x7fELF tuned module", name="m.so"))
+    result = dlopt("download", run.pk, "-o", tmp_path)
+    assert result.code == 0, result.err
+    package = tmp_path / f"run{run.pk}-package.zip"
+    with zipfile.ZipFile(package) as zf:
+        assert sorted(zf.namelist()) == sorted(MEMBERS) and zf.read("module.so") == b"\x7fELF tuned module"
+    assert f"unzip {package} -d run{run.pk}-package" in result.out and "pip install apache-tvm numpy" in result.out
+    assert f"python run{run.pk}-package/run.py" in result.out
+    other_teams = TuningRunFactory(model=model_b, succeeded=True, module_file=ContentFile(b"secret", name="s.so"))
+    assert dlopt("download", other_teams.pk, "-o", tmp_path / "s.zip").code == 4
+    assert not (tmp_path / "s.zip").exists()
 
 
 def test_exit_codes_and_one_line_errors(dlopt, logged_in, team_a, model_a, model_b, no_broker):

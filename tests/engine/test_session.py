@@ -136,7 +136,8 @@ def test_onnx_model_tune_and_compare(tmp_path, cpu_target):
     assert res["tuned_latency_s"] > 0 and res["untuned_latency_s"] > 0
     # the yardstick: onnxruntime on the same inputs and thread count, outputs compared with the tuned module
     assert res["onnxruntime"]["threads"] == 1 and res["onnxruntime_latency_s"] > 0, res
-    assert res["onnxruntime_outputs_agree"] is True and res["faster_engine"] in ("tvm", "onnxruntime")
+    assert res["onnxruntime_outputs_agree"] is True and res["faster_engine"] in ("tvm", "onnxruntime", None)
+    assert res["faster_engine"] == res["verdict"]["faster_engine"]  # named only by a clear verdict
     assert res["ratio_to_onnxruntime"] == pytest.approx(res["tuned_latency_s"] / res["onnxruntime_latency_s"])
     # what MetaSchedule really writes (postprocessors' Parallel/Vectorize/Unroll included) passes the
     # import check, bounds on unrolling and vectorizing included: the check refuses attacks, not records

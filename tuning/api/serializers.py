@@ -36,8 +36,12 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     carbon_g = serializers.FloatField(read_only=True, allow_null=True,
                                       help_text="Energy x the team's grid intensity (gCO2e).")
     deploy_verdict = serializers.CharField(read_only=True, help_text=(
-        "Which engine to deploy on this target, in words; a tuned module slower than onnxruntime reads "
-        "'Tuned TVM is slower than onnxruntime on this target: deploy onnxruntime'. Empty before the comparison."))
+        "Which engine to deploy on this target, in words, from the compiled timings only (see verdict): "
+        "'Tuned TVM is slower than onnxruntime on this target: deploy onnxruntime', '... within noise ...' "
+        "when the two IQRs overlap, 'No verdict: host load ...' on an overloaded host. Empty before the comparison."))
+    estimate_gap = serializers.JSONField(read_only=True, allow_null=True, help_text=(
+        "When the per-task estimate (estimated_latency_s) is more than 15 % away from the compiled latency: "
+        "{ratio: compiled / estimate, gap, note: why}. null otherwise. The verdict never uses the estimate."))
     result_identity = serializers.CharField(read_only=True, help_text=(
         "What identifies this run's tuning results: target_key and pipeline_key (tuning.engine.targets.identity_of)."))
     energy_saved_kind = serializers.CharField(read_only=True, allow_null=True,
@@ -52,8 +56,10 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "error", "created_at", "started_at", "finished_at", "archived_at", "attempts", "worker", "trials_done",
             "progress",
             "wall_seconds", "estimated_latency_s", "final_dop", "mean_parallel_error", "tuned_latency_s",
-            "untuned_latency_s", "speedup", "outputs_match", "max_abs_diff", "resolved_target", "target_key",
-            "ort_latency_s", "ratio_to_ort", "faster_engine", "ort_outputs_agree", "deploy_verdict", "parity_trials",
+            "tuned_latency_iqr_s", "untuned_latency_s", "speedup", "outputs_match", "max_abs_diff",
+            "resolved_target", "target_key", "ort_latency_s", "ort_latency_iqr_s", "ratio_to_ort", "faster_engine",
+            "ort_outputs_agree", "verdict", "verdict_flag", "timing_load", "estimate_gap", "deploy_verdict",
+            "parity_trials",
             "parity_wall_s", "pipeline_key", "result_identity", "summary", "stop_reason",
             "trimmer_enabled", "trimmer_options", "candidates_generated", "candidates_filtered",
             "energy_joules", "energy_kwh", "energy_source", "energy_build_joules", "energy_measure_joules",

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import django_filters
-from django.http import FileResponse, Http404
+from django.http import FileResponse, Http404, HttpResponse
 from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
 from rest_framework import mixins, parsers, permissions, status, viewsets
 from rest_framework.decorators import action
@@ -19,6 +19,7 @@ from core.exceptions import ServiceError
 from core.models import DLModel
 from core.services import read_upload
 from tuning import selectors, services
+from tuning.services import package as package_service
 from tuning.models import TuningRun
 
 from .serializers import (
@@ -184,6 +185,21 @@ class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModel
         response = self._file("module_file", f"run{pk}-tuned.so")
         verdict = self.get_object().deploy_verdict or "no onnxruntime comparison"
         response["X-Deploy-Verdict"] = verdict.replace("×", "x")  # a header is latin-1
+        return response
+
+    @extend_schema(responses={(200, "application/zip"): bytes}, summary="Deployment package (.zip)",
+                   description="The compiled module (module.so), manifest.json (input/output signature, target "
+                   "and the CPU features it needs, TVM and runtime versions, pipeline identity, measured "
+                   "latencies) and run.py (checks the host, runs the module, prints its latency). Use it: "
+                   "`unzip run<ID>-package.zip -d run<ID>`, `pip install apache-tvm numpy`, "
+                   "`python run<ID>/run.py`. 404 until the run succeeded with a module.")
+    @action(detail=True, methods=["get"])
+    def package(self, request, pk=None):
+        run = self.get_object()
+        data = package_service.build_run_package(run=run)
+        response = HttpResponse(data, content_type="application/zip")
+        response["Content-Disposition"] = f'attachment; filename="{package_service.package_filename(run)}"'
+        response["X-Deploy-Verdict"] = (run.deploy_verdict or "no onnxruntime comparison").replace("×", "x")
         return response
 
     @extend_schema(request={"multipart/form-data": ImportRecordsSerializer},

@@ -27,4 +27,8 @@ Modules (import them directly; nothing heavy is imported here):
 - ``energy``: RAPL / NVML / modeled meters, each reading labeled.
 - ``isolate`` / ``sandbox`` / ``procpool``: child processes for TVM calls on
   user input, their environment and limits, persistent worker pools.
+- ``yardstick`` / ``verdict``: onnxruntime timed like the tuned module; the one
+  rule that turns both engines' repeat samples and the host load into a verdict.
+- ``package`` / ``package_run``: a run's deployment zip (module, manifest) and
+  the ``run.py`` shipped in it (numpy + TVM runtime only).
 """

@@ -42,6 +42,7 @@ __all__ = [
     "task_summary",
     "compile_model",
     "run_and_time",
+    "run_and_time_samples",
     "random_inputs",
 ]
 
@@ -364,6 +365,24 @@ def run_and_time(
     ``time_evaluator`` (``repeat`` x mean over ``number`` runs; on GPUs the
     evaluator synchronises and times on the device). Returns
     (list of output arrays, median seconds)."""
+    outputs, samples = run_and_time_samples(executable, inputs, target, number=number, repeat=repeat,
+                                            threads=threads, device_index=device_index,
+                                            min_repeat_ms=min_repeat_ms)
+    return outputs, float(statistics.median(samples))
+
+
+def run_and_time_samples(
+    executable,
+    inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray],
+    target,
+    *,
+    number: int = 10,
+    repeat: int = 5,
+    threads: int | None = None,
+    device_index: int = 0,
+    min_repeat_ms: int = 0,
+) -> tuple[list[np.ndarray], list[float]]:
+    """:func:`run_and_time` keeping every repeat's mean seconds (for a median and its spread)."""
     try:
         mask = os.sched_getaffinity(0)
     except AttributeError:  # pragma: no cover
@@ -393,4 +412,4 @@ def _run_and_time(executable, inputs, target, number, repeat, threads, device_in
     outputs = _flatten_outputs(vm["main"](*args))
     timer = vm.time_evaluator("main", dev, number=number, repeat=repeat, min_repeat_ms=min_repeat_ms)
     res = timer(*args)
-    return outputs, float(statistics.median(list(res.results)))
+    return outputs, [float(x) for x in res.results]

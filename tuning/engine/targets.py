@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,6 +74,8 @@ __all__ = [
     "valid_mcpu",
     "valid_triple",
     "valid_arch",
+    "host_cpu_flags",
+    "isa_flags",
 ]
 
 GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
@@ -103,6 +106,35 @@ def host_cpu_facts() -> dict:
     """``{"mcpu": ..., "triple": ..., "cores": ...}`` of this host: what a node registers so that runs
     measured on it build for its CPU (``resolve_cpu_target(mcpu=..., triple=...)``)."""
     return {"mcpu": host_cpu(), "triple": host_triple(), "cores": _available_cores()}
+
+
+# The /proc/cpuinfo flags that name instruction sets LLVM may emit for a CPU (x86); on Arm every
+# "Features" entry is an instruction-set extension. Others (hypervisor, constant_tsc...) say nothing
+# about whether compiled code runs.
+_X86_ISA_FLAG = re.compile(r"^(sse\w*|ssse3|avx\w*|fma4?|f16c|bmi[12]|popcnt|abm|lzcnt|movbe|adx|aes|pclmulqdq|"
+                           r"vaes|vpclmulqdq|gfni|sha_ni|amx\w*|cx16|xsave\w*|mmx|rdrand|rdseed|xop|tbm)$")
+
+
+def host_cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> list[str]:
+    """This host's CPU feature flags as /proc/cpuinfo lists them (x86 ``flags``, Arm ``Features``);
+    empty where the file does not exist."""
+    try:
+        with open(cpuinfo_path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return sorted(set(value.split()))
+    except OSError:
+        return []
+    return []
+
+
+def isa_flags(flags, triple: str = "") -> list[str]:
+    """Of ``flags``, those naming instruction sets: what code built for that CPU may require."""
+    arch, _ = _triple_arch_os(triple) if triple else ("", "")
+    if arch.startswith(("aarch64", "arm")):
+        return sorted(set(flags))
+    return sorted(f for f in set(flags) if _X86_ISA_FLAG.match(f))
 
 
 def measurable_refusal(target: Any, *, device_index: int = 0) -> str | None:

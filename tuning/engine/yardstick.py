@@ -40,8 +40,6 @@ __all__ = [
     "measure_onnxruntime",
     "compare_outputs",
     "faster_engine",
-    "deploy_verdict",
-    "SLOWER_THAN_ORT",
     "DEFAULT_RTOL",
     "DEFAULT_ATOL",
 ]
@@ -70,6 +68,7 @@ class YardstickResult:
     atol: float = DEFAULT_ATOL
     onnxruntime_version: str = ""
     timer: str = "median over repeats of the mean of runs_per_repeat runs (perf_counter), after warm-up"
+    samples_ms: list = dataclasses.field(default_factory=list)  # one per repeat: the verdict's spread
     outputs: list = dataclasses.field(default_factory=list, repr=False, compare=False)
 
     def to_dict(self) -> dict:
@@ -221,6 +220,7 @@ def measure_onnxruntime(
         rtol=rtol,
         atol=atol,
         onnxruntime_version=ort.__version__,
+        samples_ms=[s * 1e3 for s in samples],
         outputs=outputs,
     )
 
@@ -249,23 +249,10 @@ def compare_outputs(
 
 
 def faster_engine(tvm_latency_ms: float | None, onnxruntime_latency_ms: float | None) -> str | None:
-    """"tvm" or "onnxruntime", whichever is faster on this target (ties go to
-    onnxruntime: nothing to deploy); None when either is unknown."""
+    """"tvm" or "onnxruntime", whichever median is lower (ties go to onnxruntime: nothing to deploy); None
+    when either is unknown. A run's verdict also weighs the spread and the host's load:
+    :func:`tuning.engine.verdict.verdict`."""
     if tvm_latency_ms is None or onnxruntime_latency_ms is None:
         return None
     return "tvm" if tvm_latency_ms < onnxruntime_latency_ms else "onnxruntime"
 
-
-SLOWER_THAN_ORT = "tuned TVM is slower than onnxruntime on this target: deploy onnxruntime"
-
-
-def deploy_verdict(engine: str | None, ratio: float | None) -> str:
-    """Which engine to deploy, in the words every page, the API, the download and the CLI use: a tuned
-    module slower than onnxruntime is labelled :data:`SLOWER_THAN_ORT`. ``engine``: :func:`faster_engine`'s
-    answer; ``ratio``: tuned TVM / onnxruntime latency. Empty when no comparison exists."""
-    times = f" (tuned / onnxruntime latency {ratio:.2f}×)" if ratio is not None else ""
-    if engine == "onnxruntime":
-        return f"{SLOWER_THAN_ORT[0].upper()}{SLOWER_THAN_ORT[1:]}{times}"
-    if engine == "tvm":
-        return f"Tuned TVM is faster than onnxruntime on this target: deploy the tuned module{times}"
-    return ""

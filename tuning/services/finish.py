@@ -14,6 +14,7 @@ from core.services import notify_terminal
 from core.fieldtext import fit_to_field
 from tuning import adapters
 from tuning.adapters import LeaseLost
+from tuning.engine import verdict as verdict_rule
 from tuning.engine.parallel_error import as_fraction
 from tuning.models import DopRound, Measurement, TuningRun, TuningTask
 from tuning.selectors import time_to_parity
@@ -41,6 +42,7 @@ def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Pa
             _store_task_states(run_id, summary, trim)
             saved_files += _store_artifacts(run, records_zip, work_dir)
             run.tuned_latency_s = comparison.get("tuned_latency_s")
+            run.tuned_latency_iqr_s = comparison.get("tuned_latency_iqr_s")
             run.untuned_latency_s = comparison.get("untuned_latency_s")
             run.outputs_match = comparison.get("outputs_match")
             run.max_abs_diff = comparison.get("max_abs_diff")
@@ -75,26 +77,44 @@ def announce_run_end(run_id: int) -> None:
 
 
 def _store_onnxruntime(run: TuningRun, comparison: dict) -> None:
-    """The yardstick's headline numbers on `run` (saved by the caller); absent when it could not run."""
+    """The yardstick's numbers and the verdict over the compiled timings on `run` (saved by the caller);
+    absent when they could not be taken."""
     run.ort_latency_s = comparison.get("onnxruntime_latency_s")
+    run.ort_latency_iqr_s = comparison.get("onnxruntime_latency_iqr_s")
     run.ratio_to_ort = comparison.get("ratio_to_onnxruntime")
     run.faster_engine = comparison.get("faster_engine") or ""
     run.ort_outputs_agree = comparison.get("onnxruntime_outputs_agree")
+    outcome = comparison.get("verdict") or {}
+    run.verdict = outcome.get("label") or ""
+    run.verdict_flag = fit_to_field(TuningRun, "verdict_flag", outcome.get("flagged_reason") or "")
+    loads = [a["load"] for a in comparison.get("timing_attempts") or [] if a.get("load") is not None]
+    run.timing_load = loads[-1] if loads else None
+
+
+# Verdicts under which the compiled model did reach onnxruntime: only then is the estimate's parity a claim
+PARITY_CONFIRMED = (verdict_rule.FASTER, verdict_rule.WITHIN_NOISE)
 
 
 def _store_time_to_parity(run: TuningRun) -> None:
-    """When the best-so-far end-to-end estimate first reached onnxruntime's latency (saved by the caller).
+    """When the best-so-far end-to-end estimate first reached onnxruntime's latency (saved by the caller),
+    kept only when the compiled model's verdict confirms it reached onnxruntime (faster or within noise):
+    an estimate that crossed onnxruntime while the compiled model stayed slower claims nothing.
     Computed here, from the stored curve, because onnxruntime is timed at the end of the run, in the same
     minutes as the tuned module; measuring it at the start as well would cost another yardstick run."""
-    parity = time_to_parity(run, run.ort_latency_s)
+    outcome = run.result_verdict
+    confirmed = outcome is not None and outcome.label in PARITY_CONFIRMED
+    parity = time_to_parity(run, run.ort_latency_s) if confirmed else None
     run.parity_trials = parity["trials"] if parity else None
     run.parity_wall_s = parity["wall_s"] if parity else None
 
 
 def _comparison_summary(comparison: dict) -> dict:
     """What the summary keeps of the comparison: onnxruntime's measurement (timer, repeats, provider,
-    version) and why it is missing, if it is; why nothing was timed (a target of another host)."""
-    keys = ("onnxruntime", "onnxruntime_error", "untuned_ratio_to_onnxruntime", "not_measured_here")
+    version, samples) and why it is missing, if it is; why nothing was timed (a target of another host);
+    the verdict, the tuned module's samples and the host load of each timing attempt; the build host's CPU
+    flags (the deployment package's host check)."""
+    keys = ("onnxruntime", "onnxruntime_error", "untuned_ratio_to_onnxruntime", "not_measured_here", "verdict",
+            "timing_attempts", "tuned_samples_s", "build_host")
     return {k: comparison[k] for k in keys if k in comparison}
 
 

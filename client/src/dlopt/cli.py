@@ -186,15 +186,20 @@ def _run_lines(run: Json) -> list[str]:
              + (", Trimmer" if run.get("trimmer_enabled") else ""),
              (f"  trials {run['trials_done']}/{run['max_trials']}, wall {_num(run.get('wall_seconds'), '{:.1f}')} s, "
               f"final DOP {run.get('final_dop') or '-'}"
-              + (f", est. {_ms(run['estimated_latency_s'])} ms" if run.get("estimated_latency_s") else ""))]
+              )]
     if run.get("tuned_latency_s"):
-        lines.append(f"  end to end: tuned {_ms(run['tuned_latency_s'])} ms vs untuned "
+        lines.append(f"  latency (compiled, median of repeats): tuned {_spread(run, 'tuned_latency')} vs untuned "
                      f"{_ms(run.get('untuned_latency_s'))} ms ({_num(run.get('speedup'))}x)"
                      + ("" if run.get("outputs_match") is None else f", outputs match: {run['outputs_match']}"))
     if run.get("ort_latency_s"):
-        lines.append(f"  onnxruntime {_ms(run['ort_latency_s'])} ms, tuned/onnxruntime {_num(run.get('ratio_to_ort'))}")
+        lines.append(f"  onnxruntime {_spread(run, 'ort_latency')}, tuned/onnxruntime {_num(run.get('ratio_to_ort'))}")
     if run.get("deploy_verdict"):
         lines.append(f"  {run['deploy_verdict']}")
+    if run.get("estimated_latency_s"):
+        lines.append(f"  estimate (sum of per-task bests, not measured end to end): "
+                     f"{_ms(run['estimated_latency_s'])} ms")
+    if run.get("estimate_gap"):
+        lines.append(f"  {run['estimate_gap']['note']}")
     if run.get("energy_kwh"):
         lines.append(f"  energy {run['energy_kwh']:.6f} kWh ({run.get('energy_source') or 'modeled'}), "
                      f"{_num(run.get('carbon_g'))} gCO2e")
@@ -204,12 +209,18 @@ def _run_lines(run: Json) -> list[str]:
     return lines
 
 
+def _spread(run: Json, name: str) -> str:
+    """"median ms (IQR x ms)" of `name`_s and `name`_iqr_s, as the run page prints it."""
+    iqr = run.get(f"{name}_iqr_s")
+    return f"{_ms(run[f'{name}_s'])} ms" + (f" (IQR {iqr * 1e3:.4f} ms)" if isinstance(iqr, (int, float)) else "")
+
+
 def _finish(run: Json, out: Output) -> int:
     """Report how a followed run stopped; its exit code."""
     run_id, done, total = run["id"], run.get("trials_done", 0), run.get("max_trials", 0)
     status = run["status"]
     if status == "succeeded":
-        out.emit(run, [*_run_lines(run), f"Download the tuned module: dlopt download {run_id}"])
+        out.emit(run, [*_run_lines(run), f"Download the deployment package: dlopt download {run_id}"])
         return EXIT_OK
     out.emit(run, _run_lines(run))
     if status == "failed":
@@ -328,10 +339,14 @@ def cmd_runs_compare(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_download(args: argparse.Namespace, out: Output) -> int:
-    got = _client().download(args.run, args.output, overwrite=args.force)
+    got = _client().download(args.run, args.output, overwrite=args.force, module_only=args.module_only)
+    what = "tuned module" if args.module_only else "deployment package"
+    usage = [] if args.module_only else [
+        "Use it:", f"  unzip {got.path} -d run{args.run}-package", "  pip install apache-tvm numpy",
+        f"  python run{args.run}-package/run.py"]
     out.emit({"run": args.run, "path": str(got.path), "bytes": got.size, "deploy_verdict": got.deploy_verdict},
-             [f"Saved run {args.run}'s tuned module to {got.path} ({got.size:,} bytes).",
-              *([got.deploy_verdict] if got.deploy_verdict else [])])
+             [f"Saved run {args.run}'s {what} to {got.path} ({got.size:,} bytes).",
+              *([got.deploy_verdict] if got.deploy_verdict else []), *usage])
     return EXIT_OK
 
 
@@ -412,9 +427,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare = command(runs, "compare", cmd_runs_compare, "runs side by side")
     compare.add_argument("runs", type=_run_id, nargs="+", metavar="RUN")
 
-    download = command(commands, "download", cmd_download, "download a run's compiled tuned module (.so)")
+    download = command(commands, "download", cmd_download,
+                       "download a run's deployment package (.zip: module, manifest.json, run.py)")
     download.add_argument("run", type=_run_id)
-    download.add_argument("-o", "--output", help="file or directory (default ./run<ID>-tuned.so)")
+    download.add_argument("-o", "--output",
+                          help="file or directory (default ./run<ID>-package.zip, or ./run<ID>-tuned.so)")
+    download.add_argument("--module-only", action="store_true", help="only the compiled module (.so)")
     download.add_argument("--force", action="store_true", help="overwrite an existing file")
     return parser
 

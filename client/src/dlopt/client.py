@@ -249,17 +249,21 @@ class Client:
         return run
 
     def download(self, run_id: int, path: str | os.PathLike[str] | None = None, *,
-                 overwrite: bool = False) -> Download:
-        """Save the run's compiled tuned module (GET /api/runs/{id}/module/) to `path` (default
-        ./run{id}-tuned.so; the server's file name is never used as a path)."""
-        target = Path(path) if path is not None else Path(f"run{int(run_id)}-tuned.so")
+                 overwrite: bool = False, module_only: bool = False) -> Download:
+        """Save the run's deployment package (GET /api/runs/{id}/package/: the module, manifest.json and
+        run.py in a zip) to `path` (default ./run{id}-package.zip), or with `module_only` the bare compiled
+        module (GET /api/runs/{id}/module/, default ./run{id}-tuned.so). The server's file name is never
+        used as a path."""
+        name, endpoint = ((f"run{int(run_id)}-tuned.so", "module") if module_only
+                          else (f"run{int(run_id)}-package.zip", "package"))
+        target = Path(path) if path is not None else Path(name)
         if target.is_dir():
-            target = target / f"run{int(run_id)}-tuned.so"
+            target = target / name
         if not target.parent.is_dir():
             raise UsageError(f"No such directory: {target.parent}")
         if target.exists() and not overwrite:
             raise UsageError(f"{target} exists: pass --force to overwrite it.")
-        with self._open("GET", f"runs/{int(run_id)}/module/") as response:
+        with self._open("GET", f"runs/{int(run_id)}/{endpoint}/") as response:
             verdict = response.headers.get("X-Deploy-Verdict", "")
             size = 0
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")

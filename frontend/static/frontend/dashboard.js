@@ -148,12 +148,16 @@
     }
     var noEnergy = document.getElementById("energy-not-measured");
     if (noEnergy) noEnergy.hidden = !!run.energy;
-    [["records", run.has_records], ["module", run.has_module]].forEach(function (pair) {
+    [["records", run.has_records], ["module", run.has_module], ["package", run.has_module]].forEach(function (pair) {
       var link = document.querySelector("[data-download=" + pair[0] + "]");
       var missing = document.querySelector("[data-download-missing=" + pair[0] + "]");
       if (link) link.hidden = !pair[1];
       if (missing) missing.hidden = !!pair[1];
     });
+    var usage = document.getElementById("package-usage");
+    if (usage) usage.hidden = !run.has_module;
+    var gap = document.getElementById("estimate-gap");
+    if (gap) gap.hidden = !d.estimate_gap;
   }
 
   function liveRun(root) {

@@ -137,11 +137,13 @@ class Command(BaseCommand):
             "run": run.pk, "model": run.model.name, "status": run.status, "wall_seconds": round(wall, 2),
             "tuning_wall_seconds": round(run.wall_seconds, 2), "measurements": run.trials_done,
             "final_dop": run.final_dop, "mean_parallel_error": run.mean_parallel_error,
-            "tuned_latency_ms": run.tuned_latency_s * 1e3 if run.tuned_latency_s else None,
+            "tuned_latency_ms": _ms(run.tuned_latency_s), "tuned_latency_iqr_ms": _ms(run.tuned_latency_iqr_s),
             "untuned_latency_ms": run.untuned_latency_s * 1e3 if run.untuned_latency_s else None,
             "speedup": run.speedup, "outputs_match": run.outputs_match,
             "resolved_target": run.resolved_target, "target_key": run.target_key,
-            "onnxruntime_latency_ms": run.ort_latency_s * 1e3 if run.ort_latency_s else None,
+            "onnxruntime_latency_ms": _ms(run.ort_latency_s), "onnxruntime_latency_iqr_ms": _ms(run.ort_latency_iqr_s),
+            "estimated_latency_ms": _ms(run.estimated_latency_s), "estimate_gap": run.estimate_gap,
+            "verdict": run.verdict or None, "verdict_flag": run.verdict_flag, "timing_load": run.timing_load,
             "ratio_to_onnxruntime": run.ratio_to_ort, "faster_engine": run.faster_engine or None,
             "onnxruntime_outputs_agree": run.ort_outputs_agree,
             "onnxruntime_error": (run.summary or {}).get("onnxruntime_error") or "",
@@ -163,16 +165,33 @@ class Command(BaseCommand):
             best = f"{t['best_latency_ms']:.4f} ms" if t["best_latency_ms"] else "-"
             self.stdout.write(f"  task {t['index']:>2} {t['name'][:48]:<48} {t['trials']:>5} trials  best {best}")
         if s["tuned_latency_ms"]:
-            self.stdout.write(f"End to end: tuned {s['tuned_latency_ms']:.4f} ms vs untuned "
-                              f"{s['untuned_latency_ms']:.4f} ms ({s['speedup']:.2f}x), outputs match: "
+            self.stdout.write(f"Latency (compiled, median of repeats): tuned {_spread(s, 'tuned_latency')} vs "
+                              f"untuned {s['untuned_latency_ms']:.4f} ms ({s['speedup']:.2f}x), outputs match: "
                               f"{s['outputs_match']}")
+        if s.get("estimated_latency_ms"):
+            self.stdout.write(f"Estimate (sum of per-task bests, not measured end to end): "
+                              f"{s['estimated_latency_ms']:.4f} ms")
+        if s.get("estimate_gap"):
+            self.stdout.write(s["estimate_gap"]["note"])
         if s["onnxruntime_latency_ms"]:
-            parity = f"reached at trial {s['parity']['trials']:,}" if s["parity"] else "not reached"
+            parity = (f"reached at trial {s['parity']['trials']:,}" if s["parity"]
+                      else "not reached by the compiled model")
             if s["parity"] and s["parity"]["wall_s"] is not None:
                 parity += f" ({s['parity']['wall_s']:.0f} s)"
-            self.stdout.write(f"onnxruntime: {s['onnxruntime_latency_ms']:.4f} ms, tuned/onnxruntime "
+            self.stdout.write(f"onnxruntime: {_spread(s, 'onnxruntime_latency')}, tuned/onnxruntime "
                               f"{s['ratio_to_onnxruntime']:.2f}, outputs agree: {s['onnxruntime_outputs_agree']}, "
                               f"parity of the estimate {parity}")
+        if s.get("deploy_verdict"):
             self.stdout.write(s["deploy_verdict"])
-        elif s["onnxruntime_error"]:
+        if s["onnxruntime_error"] and not s["onnxruntime_latency_ms"]:
             self.stdout.write(f"onnxruntime: not compared ({s['onnxruntime_error']})")
+
+
+def _ms(seconds: float | None) -> float | None:
+    return seconds * 1e3 if seconds is not None else None
+
+
+def _spread(summary: dict, name: str) -> str:
+    """"median ms (IQR x ms)", as the run page prints it."""
+    iqr = summary.get(f"{name}_iqr_ms")
+    return f"{summary[f'{name}_ms']:.4f} ms" + (f" (IQR {iqr:.4f} ms)" if iqr is not None else "")

@@ -1,0 +1,208 @@
+"""Run a tuned model from its dlopt deployment package (this file is the package's run.py).
+
+    pip install apache-tvm numpy
+    python run.py                          # random inputs
+    python run.py --input x=x.npy --runs 100 --save-outputs out.npz
+
+Needs only the standard library, numpy and the TVM runtime. Before loading the module it checks that this
+host can run code built for the package's target (CPU instruction sets from /proc/cpuinfo, architecture,
+CUDA architecture); on a host that cannot it says what is missing and exits with status 3.
+Exit status: 0 ran, 2 bad arguments or inputs, 3 this host does not match the target.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+EXIT_USAGE, EXIT_HOST_MISMATCH = 2, 3
+HERE = Path(__file__).resolve().parent
+
+
+def host_cpu_flags(path: str = "/proc/cpuinfo") -> set[str] | None:
+    """This host's CPU flags (x86 ``flags``, Arm ``Features``); None where /proc/cpuinfo is unreadable."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        return None
+    return set()
+
+
+def _arch_family(name: str) -> str:
+    name = (name or "").lower()
+    if name in ("x86_64", "amd64", "x64"):
+        return "x86_64"
+    if name in ("aarch64", "arm64"):
+        return "aarch64"
+    return name
+
+
+def host_refusal(target: dict) -> str | None:
+    """Why this host cannot run code built for ``target`` (the manifest's section), or None when it can."""
+    triple = target.get("mtriple") or ""
+    if triple:
+        built, here = _arch_family(triple.split("-")[0]), _arch_family(platform.machine())
+        if built != here:
+            return f"the module was built for {built} ({triple}); this host is {here}."
+    required = set(target.get("required_cpu_flags") or [])
+    if required:
+        flags = host_cpu_flags()
+        if flags is None:
+            return ("cannot read /proc/cpuinfo to check the CPU features the module needs: "
+                    + ", ".join(sorted(required)))
+        missing = sorted(required - flags)
+        if missing:
+            return (f"the module was built for the CPU {target.get('mcpu')!r} and uses instruction-set features "
+                    f"this CPU lacks: {', '.join(missing)}. Run it on a CPU with them, or tune the model again "
+                    "on this host.")
+    return None
+
+
+def cuda_refusal(tvm, target: dict) -> str | None:
+    dev = tvm.cuda(0)
+    if not dev.exist:
+        return "the module was built for a CUDA GPU and this host has none visible to TVM."
+    arch = target.get("cuda_arch")
+    here = "sm_" + str(dev.compute_version).replace(".", "")
+    if arch and arch != here:
+        return f"the module was built for the GPU architecture {arch}; GPU 0 here is {here}."
+    return None
+
+
+def _random_input(spec: dict, rng):
+    import numpy as np
+
+    dtype = np.dtype(spec["dtype"])
+    shape = tuple(spec["shape"])
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(dtype)
+    return rng.integers(0, 2, shape).astype(dtype)  # ids, indices: small values are valid for any vocabulary
+
+
+def load_inputs(manifest: dict, given: list[str], seed: int) -> list:
+    """The module's arguments in order: ``--input name=file.npy`` where given, random elsewhere."""
+    import numpy as np
+
+    specs = {s["name"]: s for s in manifest["inputs"]}
+    files: dict[str, str] = {}
+    for item in given:
+        name, sep, path = item.partition("=")
+        if not sep or name not in specs:
+            raise SystemExit(_usage(f"--input {item!r}: expected NAME=FILE.npy with NAME one of "
+                                    f"{', '.join(specs)}"))
+        files[name] = path
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for name, spec in specs.items():
+        if name not in files:
+            arrays.append(_random_input(spec, rng))
+            continue
+        try:
+            array = np.load(files[name], allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(_usage(f"--input {name}: cannot read {files[name]}: {exc}")) from None
+        if list(array.shape) != list(spec["shape"]) or array.dtype != np.dtype(spec["dtype"]):
+            raise SystemExit(_usage(f"--input {name}: expected shape {spec['shape']} {spec['dtype']}, got "
+                                    f"{list(array.shape)} {array.dtype}"))
+        arrays.append(np.ascontiguousarray(array))
+    return arrays
+
+
+def _usage(message: str) -> int:
+    print(f"run.py: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _flatten(result) -> list:
+    if hasattr(result, "numpy"):
+        return [result.numpy()]
+    if isinstance(result, (list, tuple)) or type(result).__name__ in ("Array", "ADT", "Tuple"):
+        out = []
+        for item in result:
+            out.extend(_flatten(item))
+        return out
+    return [result]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the tuned model of this dlopt package.")
+    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                        help="an input as a .npy file (repeat per input); others are random")
+    parser.add_argument("--runs", type=int, default=50, help="timed runs (default 50)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument("--save-outputs", metavar="FILE.npz", help="write the outputs there")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.warmup < 0:
+        return _usage("--runs must be at least 1 and --warmup at least 0")
+
+    manifest = json.loads((HERE / "manifest.json").read_text(encoding="utf-8"))
+    target = manifest["target"]
+    refusal = host_refusal(target)
+    if refusal:
+        print(f"run.py: this host cannot run this package: {refusal}", file=sys.stderr)
+        return EXIT_HOST_MISMATCH
+    if not target.get("cpu_flags_recorded"):
+        print("run.py: warning: the package does not record the CPU features its module needs; not checked.",
+              file=sys.stderr)
+    # the latencies in the manifest were measured with this many threads
+    if target.get("num_cores") and "TVM_NUM_THREADS" not in os.environ:
+        os.environ["TVM_NUM_THREADS"] = str(target["num_cores"])
+
+    arrays = load_inputs(manifest, args.input, args.seed)
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    if target.get("kind") == "cuda":
+        refusal = cuda_refusal(tvm, target)
+        if refusal:
+            print(f"run.py: this host cannot run this package: {refusal}", file=sys.stderr)
+            return EXIT_HOST_MISMATCH
+        dev = tvm.cuda(0)
+    else:
+        dev = tvm.cpu(0)
+    built = manifest.get("versions", {}).get("apache-tvm")
+    if built and getattr(tvm, "__version__", built) != built:
+        print(f"run.py: warning: built with TVM {built}, this is TVM {tvm.__version__}.", file=sys.stderr)
+
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(HERE / manifest["module"])), dev)
+    tensors = [tvm.runtime.tensor(a, device=dev) for a in arrays]
+    main_fn = vm[manifest.get("entry", "main")]
+    for _ in range(args.warmup):
+        main_fn(*tensors)
+    dev.sync()
+    times = []
+    for _ in range(args.runs):
+        start = time.perf_counter()
+        result = main_fn(*tensors)
+        dev.sync()
+        times.append(time.perf_counter() - start)
+    outputs = _flatten(result)
+    for spec, out in zip(manifest["outputs"], outputs):
+        print(f"output {spec['name']}: shape {list(np.shape(out))} {np.asarray(out).dtype}")
+    if args.save_outputs:
+        named = {spec["name"]: np.asarray(out) for spec, out in zip(manifest["outputs"], outputs)}
+        np.savez(args.save_outputs, **named)
+    q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
+    median = statistics.median(times)
+    print(f"latency: median {median * 1e3:.4f} ms (IQR {(q[2] - q[0]) * 1e3:.4f} ms) over {args.runs} runs")
+    measured = manifest.get("latency", {}).get("tuned_median_s")
+    if measured:
+        print(f"measured when tuned: median {measured * 1e3:.4f} ms on the build host")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

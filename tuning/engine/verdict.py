@@ -1,0 +1,143 @@
+"""The one rule that turns final timings into a deployment verdict. Django-free and pure.
+
+Only compiled measurements count: the tuned module's and onnxruntime's per-repeat samples, timed in the
+same minutes on the same host and thread count. Each side is summarised as its median and inter-quartile
+range (IQR, 25th to 75th percentile). The rule, in order:
+
+1. a timing taken while the host's 1-minute load average exceeded the cores the timing uses is
+   ``overloaded``: flagged, never a clean verdict (the caller re-times once before accepting it);
+2. without onnxruntime samples there is ``no comparison``;
+3. when the two IQR intervals overlap the engines are ``within noise`` of each other;
+4. otherwise the lower median wins: ``faster`` (tuned TVM) or ``slower`` (deploy onnxruntime).
+
+The per-task estimate (sum over tasks of weight x best kernel latency) is never part of the verdict; when it
+is more than :data:`ESTIMATE_GAP_LIMIT` away from the compiled latency, :func:`estimate_gap` says so and why.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+
+__all__ = ["ESTIMATE_GAP_LIMIT", "FASTER", "FLAGGED", "HostLoad", "LABELS", "NO_COMPARISON", "SLOWER", "Verdict",
+           "WITHIN_NOISE", "estimate_gap", "spread", "verdict"]
+
+FASTER = "faster"
+SLOWER = "slower"
+WITHIN_NOISE = "within noise"
+FLAGGED = "overloaded"
+NO_COMPARISON = "no comparison"
+LABELS = (FASTER, SLOWER, WITHIN_NOISE, FLAGGED, NO_COMPARISON)
+
+# |compiled - estimate| / estimate above this is shown and explained beside the result
+ESTIMATE_GAP_LIMIT = 0.15
+
+
+@dataclasses.dataclass(frozen=True)
+class HostLoad:
+    """The highest 1-minute load average sampled around the timing, and the cores the timing uses."""
+
+    load: float
+    cores: int
+
+    @property
+    def overloaded(self) -> bool:
+        return self.load > max(1, int(self.cores))
+
+    def reason(self) -> str:
+        return (f"host load {self.load:.2f} was above the {max(1, int(self.cores))} core(s) the timing uses: "
+                "the timings describe a contended machine, not the model")
+
+
+def spread(samples: Sequence[float]) -> tuple[float, float, float]:
+    """(median, 25th percentile, 75th percentile) of ``samples`` (linear interpolation, as numpy's default)."""
+    values = sorted(float(s) for s in samples)
+    if not values:
+        raise ValueError("no samples")
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q25, _, q75 = statistics.quantiles(values, n=4, method="inclusive")
+    return statistics.median(values), q25, q75
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    label: str  # one of LABELS
+    ratio: float | None  # tuned median / onnxruntime median (< 1: tuned TVM is faster)
+    tuned_median: float | None
+    tuned_iqr: float | None
+    ort_median: float | None
+    ort_iqr: float | None
+    flagged_reason: str = ""
+
+    @property
+    def faster_engine(self) -> str | None:
+        """"tvm" or "onnxruntime" only when the verdict is clear; None when within noise, flagged or missing."""
+        return {FASTER: "tvm", SLOWER: "onnxruntime"}.get(self.label)
+
+    @property
+    def sentence(self) -> str:
+        """The verdict in the words every page, the API, the package and the CLI use ("" without one)."""
+        ratio = f" (tuned / onnxruntime median {self.ratio:.2f}×)" if self.ratio is not None else ""
+        if self.label == FASTER:
+            return f"Tuned TVM is faster than onnxruntime on this target: deploy the tuned module{ratio}"
+        if self.label == SLOWER:
+            return f"Tuned TVM is slower than onnxruntime on this target: deploy onnxruntime{ratio}"
+        if self.label == WITHIN_NOISE:
+            return ("Tuned TVM and onnxruntime are within noise of each other on this target (their "
+                    f"inter-quartile ranges overlap){ratio}: either engine will do")
+        if self.label == FLAGGED:
+            return f"No verdict: {self.flagged_reason}{ratio}"
+        return ""
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "faster_engine": self.faster_engine, "sentence": self.sentence}
+
+
+def _summary(samples: Sequence[float] | None) -> tuple[float | None, float | None, float | None, float | None]:
+    if not samples:
+        return None, None, None, None
+    median, q25, q75 = spread(samples)
+    return median, q75 - q25, q25, q75
+
+
+def verdict(tuned_samples: Sequence[float] | None, ort_samples: Sequence[float] | None,
+            load: HostLoad | None = None) -> Verdict:
+    """The verdict of the tuned module's timing samples against onnxruntime's (any one unit, the same for
+    both), given the host load sampled around the timing (None: not sampled)."""
+    tuned_median, tuned_iqr, t25, t75 = _summary(tuned_samples)
+    ort_median, ort_iqr, o25, o75 = _summary(ort_samples)
+    ratio = tuned_median / ort_median if tuned_median is not None and ort_median else None
+    numbers = dict(ratio=ratio, tuned_median=tuned_median, tuned_iqr=tuned_iqr, ort_median=ort_median,
+                   ort_iqr=ort_iqr)
+    if tuned_median is None:
+        return Verdict(NO_COMPARISON, **numbers)
+    if load is not None and load.overloaded:
+        return Verdict(FLAGGED, **numbers, flagged_reason=load.reason())
+    if ort_median is None:
+        return Verdict(NO_COMPARISON, **numbers)
+    if t25 <= o75 and o25 <= t75:  # the IQR intervals overlap
+        return Verdict(WITHIN_NOISE, **numbers)
+    return Verdict(FASTER if tuned_median < ort_median else SLOWER, **numbers)
+
+
+def estimate_gap(estimate_s: float | None, compiled_s: float | None) -> dict | None:
+    """How far the per-task estimate is from the compiled model's measured latency, and why, when the gap
+    exceeds :data:`ESTIMATE_GAP_LIMIT`; None when it does not, or either number is missing."""
+    if not estimate_s or not compiled_s:
+        return None
+    gap = (compiled_s - estimate_s) / estimate_s
+    if abs(gap) <= ESTIMATE_GAP_LIMIT:
+        return None
+    if gap > 0:
+        why = ("the estimate sums each task's best kernel timed alone (warm caches, one kernel at a time) and "
+               "leaves out what the whole model adds: the virtual machine's dispatch and memory allocation, "
+               "operators that are not tuning tasks, data moving between kernels, and any load on the host "
+               "while the compiled model was timed")
+    else:
+        why = ("the kernels ran faster together than their separate best timings suggest (kernel fusion at "
+               "compile time, caches warmed by the previous kernel) or the host was busier while tasks were "
+               "tuned than at the final timing")
+    return {"ratio": compiled_s / estimate_s, "gap": gap,
+            "note": f"The compiled model measured {abs(gap) * 100:.0f} % {'above' if gap > 0 else 'below'} the "
+                    f"per-task estimate: {why}. The verdict uses the compiled measurement only."}
