@@ -81,6 +81,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "core.outages.ServiceUnavailableMiddleware",  # a full disk or a backing service down: 503, not 500
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -229,9 +230,12 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 
-# Throttle and sign-in lockout counts (and nothing else yet): Redis in deployment so every web worker shares them.
+# Throttle and sign-in lockout counts, figure bodies: Redis in deployment so every web worker shares them.
+# While that Redis is unreachable the cache answers from a per-process local cache (core/cache.py): the
+# limits then count per web process, and nothing answers 500 for it.
 _CACHE_URL = env.str("DJANGO_CACHE_URL", default="")
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _CACHE_URL}
+CACHES = {"default": {"BACKEND": "core.cache.DegradingRedisCache", "LOCATION": _CACHE_URL,
+                      "OUTAGE_RETRY_S": env.float("DJANGO_CACHE_OUTAGE_RETRY_S", default=5.0)}
           if _CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- Celery --------------------------------------------------------------------
