@@ -9,4 +9,4 @@ RUN pip install --upgrade pip && pip install .
 RUN useradd -m -u 1000 dlopt && mkdir -p /data && chown dlopt /data
 USER dlopt
 EXPOSE 8000
-CMD ["gunicorn", "config.wsgi:application", "--bind", "0.0.0.0:8000"]
+CMD ["gunicorn", "-c", "config/gunicorn.py", "config.wsgi:application"]

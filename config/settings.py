@@ -284,6 +284,12 @@ ONNX_COUNT_TUNING_TASKS = env.bool("ONNX_COUNT_TUNING_TASKS", default=True)
 ONNX_TASK_COUNTER = env.str("ONNX_TASK_COUNTER", default="tuning.engine.relax_pipeline.count_tuning_tasks")
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024  # larger uploads stream to a temp file
+# Larger uploads are spooled here (under var/, the data volume, not /tmp). A file not written for
+# UPLOAD_TEMP_MAX_AGE_S is a killed request's leftover, removed at web start and by beat
+# (core/services/upload_temp.py).
+FILE_UPLOAD_TEMP_DIR = env.str("DJANGO_FILE_UPLOAD_TEMP_DIR", default=str(VAR_DIR / "upload-tmp"))
+Path(FILE_UPLOAD_TEMP_DIR).mkdir(parents=True, exist_ok=True)
+UPLOAD_TEMP_MAX_AGE_S = env.float("UPLOAD_TEMP_MAX_AGE_S", default=3600.0)
 DEFAULT_TUNING_TARGET = {"kind": "llvm", "num-cores": env.int("DLOPT_TUNING_CORES", default=2)}
 # A running run whose executor sent no heartbeat for this long is presumed dead
 # (its worker was killed) and re-enqueued by tuning.recover_stale_runs.
@@ -302,6 +308,7 @@ TUNING_RUN_TIME_LIMIT_S = env.float("TUNING_RUN_TIME_LIMIT_S", default=11 * 3600
 CELERY_BEAT_SCHEDULE = {
     "recover-stale-tuning-runs": {"task": "tuning.recover_stale_runs", "schedule": 60.0},
     "resend-lost-webhooks": {"task": "core.resend_lost_webhooks", "schedule": 300.0},
+    "clean-upload-temp": {"task": "core.clean_upload_temp", "schedule": 900.0},
     "gpu-heartbeat": {"task": "scheduling.heartbeat", "schedule": env.float("SCHEDULING_HEARTBEAT_S", default=15.0)},
 }
 # GPU scheduling (Horus): placement policy and liveness windows.
