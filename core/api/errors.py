@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from core import outages
-from core.exceptions import QuotaExceeded, ServiceError, TooManyAttempts
+from core.exceptions import QuotaExceeded, ServiceError, ServiceUnavailable, TooManyAttempts
 from core.onnx_models.errors import OnnxValidationError
 
 
@@ -46,7 +46,7 @@ def exception_handler(exc, context):
         if isinstance(exc, QuotaExceeded):
             body["quota"] = exc.quota
         response = Response(body, status=exc.status)
-        if isinstance(exc, TooManyAttempts):
+        if isinstance(exc, (TooManyAttempts, ServiceUnavailable)):
             response["Retry-After"] = str(exc.retry_after)
         return response
     if isinstance(exc, DjangoValidationError):
