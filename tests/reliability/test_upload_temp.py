@@ -101,3 +101,74 @@ def test_the_web_server_uses_threads_and_gives_the_largest_upload_time_to_finish
     assert conf["graceful_timeout"] * conf["min_upload_bytes_per_s"] >= 200 * 1024 * 1024
     for launcher in ("docker-compose.yml", "scripts/run.sh", "Dockerfile", "Makefile"):
         assert "-c config/gunicorn.py" in (ROOT / launcher).read_text().replace('", "', " "), launcher
+
+
+# --- the real web server: slow uploads do not pin it, nor get killed --------------------------------------
+
+
+def _gunicorn(tmp_path: Path, **env_extra):
+    """gunicorn with config/gunicorn.py on a free loopback port (embedded defaults: no database server)."""
+    import subprocess
+    import sys
+
+    from .faults import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_CACHE_URL")}
+    env.update(DLOPT_VAR_DIR=str(tmp_path / "var"), WEB_BIND=f"127.0.0.1:{port}", PYTHONPATH=str(ROOT), **env_extra)
+    log = open(tmp_path / "gunicorn.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "config/gunicorn.py", "config.wsgi:application"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, port
+
+
+def _status_of(port: int, request: bytes) -> int:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(request)
+        return int(s.recv(64).split(b" ")[1])
+
+
+@pytest.mark.integration
+def test_slow_uploads_neither_pin_the_web_server_nor_get_killed(tmp_path):
+    """Two uploads trickling in for longer than the worker timeout, on ONE worker process: a page is served
+    meanwhile, and both uploads get their answer (the sync worker killed them and served nothing else)."""
+    import signal
+    import socket
+
+    from tests.workers import wait_for
+
+    proc, port = _gunicorn(tmp_path, WEB_WORKERS="1", WEB_THREADS="4", WEB_WORKER_TIMEOUT="2")
+    get = b"GET /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+
+    def up():
+        try:
+            return _status_of(port, get) == 200
+        except OSError:
+            return False
+    try:
+        wait_for(up, 60, "gunicorn to serve", lambda: (tmp_path / "gunicorn.log").read_text(errors="replace"))
+        # A form body Django reads in full (the CSRF check reads request.POST), then refuses: no token in it.
+        body = b"a=" + b"x" * 7998
+        uploads = []
+        for _ in range(2):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(b"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                      b"Content-Type: application/x-www-form-urlencoded\r\nCookie: csrftoken=" + b"A" * 32 +
+                      b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+            uploads.append(s)
+        for i in range(8):  # ~4 s of trickle: twice the worker timeout
+            for s in uploads:
+                s.sendall(body[i * 1000:(i + 1) * 1000])
+            if i == 4:
+                assert _status_of(port, get) == 200  # served while both uploads are still arriving
+            time.sleep(0.5)
+        for s in uploads:
+            status = int(s.recv(64).split(b" ")[1])  # answered once the body was in, not killed
+            s.close()
+            assert status == 403
+        assert "WORKER TIMEOUT" not in (tmp_path / "gunicorn.log").read_text(errors="replace")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
