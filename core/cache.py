@@ -13,8 +13,9 @@ answers from a per-process local-memory cache instead:
   a cache outage into a full outage, and a limit per process still bounds password guessing and uploads;
 * the first error opens an outage window of ``OUTAGE_RETRY_S`` seconds (a top-level key of the CACHES
   entry, default 5) in which Redis is not tried at all, so requests do not each wait on a dead server;
-  the first call after the window tries Redis again. One warning is logged when an outage starts and
-  one when Redis answers again.
+  the first call after the window tries Redis again. A warning is logged when an outage starts (then at
+  most once a minute while it lasts) and one when Redis answers again; the URL is logged without its
+  password.
 
 Only outage errors are caught (connection refused or lost, timeouts, and the MISCONF/OOM/READONLY/LOADING
 refusals); any other Redis error is a bug and is raised.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 from django.core.cache.backends.locmem import LocMemCache
 from django.core.cache.backends.redis import RedisCache
@@ -40,6 +42,16 @@ _REFUSAL_CLASSES = tuple(getattr(redis_errors, name) for name in ("ReadOnlyError
 # Bounded so a slow (not refusing) server cannot hold a request for long; any of them can be overridden
 # in the CACHES entry's OPTIONS.
 DEFAULT_CONNECTION_OPTIONS = {"socket_connect_timeout": 1.0, "socket_timeout": 2.0}
+LOG_EVERY_S = 60.0
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its password (``redis://:secret@host`` -> ``redis://:***@host``)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def is_cache_outage(exc: BaseException) -> bool:
@@ -56,6 +68,7 @@ class _Outage:
 
     def __init__(self):
         self.until = 0.0
+        self.logged_at = -LOG_EVERY_S
         self.was_down = False
         self.lock = threading.Lock()
 
@@ -79,9 +92,10 @@ class DegradingRedisCache(RedisCache):
         super().__init__(server, params)
         self._options = {**DEFAULT_CONNECTION_OPTIONS, **self._options}
         self._retry_s = float(params.get("OUTAGE_RETRY_S", 5.0))
-        self._location = server if isinstance(server, str) else ",".join(server)
-        self._outage = _outage_for(self._location)
-        self._fallback = LocMemCache(f"degraded-redis:{self._location}", {
+        location = server if isinstance(server, str) else ",".join(server)
+        self._outage = _outage_for(location)
+        self._label = ",".join(_redacted(u) for u in location.split(","))
+        self._fallback = LocMemCache(f"degraded-redis:{location}", {
             "TIMEOUT": params.get("TIMEOUT", 300), "KEY_PREFIX": self.key_prefix, "VERSION": self.version,
             "KEY_FUNCTION": self.key_func, "OPTIONS": {"MAX_ENTRIES": 10_000}})
 
@@ -99,21 +113,23 @@ class DegradingRedisCache(RedisCache):
         except Exception as exc:
             if not is_cache_outage(exc):
                 raise
+            now = time.monotonic()
             with outage.lock:
-                starting = not outage.active()
-                outage.until = time.monotonic() + self._retry_s
+                outage.until = now + self._retry_s
                 outage.was_down = True
-            if starting:
-                log.warning("cache %s unreachable (%s: %s); answering from a per-process local cache, "
-                            "retrying Redis every %.0f s", self._location, type(exc).__name__, exc, self._retry_s)
+                tell = now - outage.logged_at >= LOG_EVERY_S
+                if tell:
+                    outage.logged_at = now
+            if tell:
+                log.warning("cache %s unreachable (%s: %.200s); answering from a per-process local cache, "
+                            "retrying Redis every %.0f s", self._label, type(exc).__name__, exc, self._retry_s)
             return getattr(self._fallback, method)(*args, **kwargs)
         if outage.was_down:
             with outage.lock:
                 recovered, outage.was_down = outage.was_down, False
             if recovered:
-                log.warning("cache %s answers again; back on Redis", self._location)
+                log.warning("cache %s answers again; back on Redis", self._label)
         return result
-
 
 
 def _guard(name: str):

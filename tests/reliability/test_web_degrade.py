@@ -249,3 +249,12 @@ def test_a_run_started_while_the_shared_redis_is_down_is_stored_paused(aof_redis
         run = TuningRun.objects.get(pk=resp.json()["id"])
         assert run.status == "paused" and "broker" in run.error.lower()
         assert api.get(f"/api/runs/{run.pk}/").status_code == 200
+
+
+def test_the_outage_warning_names_the_cache_without_its_password(caplog):
+    from core.cache import DegradingRedisCache
+
+    cache = DegradingRedisCache("redis://:s3cret-pass@127.0.0.1:1/3", {"OUTAGE_RETRY_S": 60.0})
+    with caplog.at_level("WARNING", logger="core.cache"):
+        assert cache.get("anything", "default") == "default"
+    assert "127.0.0.1:1/3" in caplog.text and "s3cret-pass" not in caplog.text
