@@ -20,6 +20,7 @@ from django.views.defaults import server_error as django_server_error
 from kombu.exceptions import OperationalError as BrokerError
 
 from core.cache import is_cache_outage
+from core.exceptions import ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +53,12 @@ DATABASE_DOWN = Unavailable("database_unavailable", "The database is unreachable
 
 
 def _chain(exc: BaseException):
+    """``exc`` and what caused it (``raise ... from None`` ends the chain: that error speaks for itself)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         yield exc
-        exc = exc.__cause__ or exc.__context__
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -74,7 +76,10 @@ def is_disk_full(exc: BaseException) -> bool:
 
 
 def classify(exc: BaseException) -> Unavailable | None:
-    """The outage ``exc`` reports, or None when it is not one."""
+    """The outage ``exc`` reports, or None when it is not one. A service's own refusal (ServiceError) keeps
+    its status, whatever happened before it."""
+    if isinstance(exc, ServiceError):
+        return None
     if is_disk_full(exc):
         return DISK_FULL
     for e in _chain(exc):

@@ -194,6 +194,23 @@ def test_other_errors_stay_500s(world, monkeypatch):
     assert classify(OperationalError("injected failure of statement #1")) is None
     assert classify(ValueError("no")) is None
     assert classify(OSError(errno.ENOSPC, "No space left on device")).code == "disk_full"
+    # a database error caused by a full disk is one too; a service's own refusal keeps its status
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as exc:
+            raise OperationalError("write failed") from exc
+    except OperationalError as exc:
+        assert classify(exc).code == "disk_full"
+    from core.exceptions import ServiceError
+
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise ServiceError("That name is taken.") from None
+    except ServiceError as exc:
+        assert classify(exc) is None
 
 
 def test_an_outage_raised_outside_a_view_is_a_503(rf):
