@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from django.db import DatabaseError
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse, JsonResponse, UnreadablePostError
 from django.views.defaults import server_error as django_server_error
 from kombu.exceptions import OperationalError as BrokerError
 
@@ -36,7 +36,8 @@ _DB_UNREACHABLE_WORDS = ("could not connect", "connection refused", "server clos
 class Unavailable:
     code: str
     message: str
-    retry_after: int  # seconds
+    retry_after: int  # seconds; 0: no Retry-After
+    status: int = 503
 
     def body(self) -> dict:
         """The API's error shape (core.api.errors)."""
@@ -50,6 +51,10 @@ BROKER_DOWN = Unavailable("broker_unavailable", "The task queue is unreachable, 
 CACHE_DOWN = Unavailable("cache_unavailable", "A backing service (the cache) is unreachable. Try again in a "
                          "minute.", 30)
 DATABASE_DOWN = Unavailable("database_unavailable", "The database is unreachable. Try again in a minute.", 30)
+# Not an outage but the client's: its body stopped arriving (config/gunicorn.py's idle timeout, a dropped
+# connection). Answered 400, which the client, if it is still there, can act on.
+BODY_INCOMPLETE = Unavailable("request_incomplete", "The request body stopped arriving before it was complete; "
+                              "nothing was stored. Send it again.", 0, status=400)
 
 
 def _chain(exc: BaseException):
@@ -80,6 +85,8 @@ def classify(exc: BaseException) -> Unavailable | None:
     its status, whatever happened before it."""
     if isinstance(exc, ServiceError):
         return None
+    if isinstance(exc, UnreadablePostError):
+        return BODY_INCOMPLETE
     if is_disk_full(exc):
         return DISK_FULL
     for e in _chain(exc):
@@ -93,16 +100,18 @@ def classify(exc: BaseException) -> Unavailable | None:
 
 
 def log_outage(outage: Unavailable, exc: BaseException, where: str) -> None:
-    log.error("%s at %s: %s: %s", outage.code, where, type(exc).__name__, exc)
+    log.log(logging.ERROR if outage.status >= 500 else logging.INFO, "%s at %s: %s: %s", outage.code, where,
+            type(exc).__name__, exc)
 
 
 def unavailable_response(request, outage: Unavailable) -> HttpResponse:
-    """A 503 for a non-DRF view: JSON in the API's shape under /api/, plain text elsewhere."""
+    """The answer for a non-DRF view: JSON in the API's shape under /api/, plain text elsewhere."""
     if request.path_info.startswith("/api/"):
-        response = JsonResponse(outage.body(), status=503)
+        response = JsonResponse(outage.body(), status=outage.status)
     else:
-        response = HttpResponse(outage.message, status=503, content_type="text/plain; charset=utf-8")
-    response["Retry-After"] = str(outage.retry_after)
+        response = HttpResponse(outage.message, status=outage.status, content_type="text/plain; charset=utf-8")
+    if outage.retry_after:
+        response["Retry-After"] = str(outage.retry_after)
     return response
 
 

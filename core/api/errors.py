@@ -34,8 +34,8 @@ def exception_handler(exc, context):
     if outage is not None:  # a full disk, the broker or the cache down: 503 with a retry hint, never a 500
         request = context.get("request")
         outages.log_outage(outage, exc, request.path if request is not None else "api")
-        return Response(outage.body(), status=status.HTTP_503_SERVICE_UNAVAILABLE,
-                        headers={"Retry-After": str(outage.retry_after)})
+        return Response(outage.body(), status=outage.status,
+                        headers={"Retry-After": str(outage.retry_after)} if outage.retry_after else None)
     if isinstance(exc, OnnxValidationError):
         return Response(
             {"detail": exc.message, "code": exc.code, "errors": {"file": [exc.message]}},

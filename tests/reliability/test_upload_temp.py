@@ -96,7 +96,7 @@ def test_a_missing_temp_dir_is_nothing_to_sweep(settings, tmp_path):
 def test_the_web_server_uses_threads_and_gives_the_largest_upload_time_to_finish(monkeypatch):
     monkeypatch.setenv("ONNX_MAX_UPLOAD_BYTES", str(200 * 1024 * 1024))
     conf = runpy.run_path(str(ROOT / "config" / "gunicorn.py"))
-    assert conf["worker_class"] == "gthread" and conf["threads"] > 1
+    assert conf["worker_class"] == "gthread" and conf["threads"] > 1 and conf["client_idle_timeout"] > 0
     # a restart lets the cap arrive at the slow-but-usable rate before the worker is stopped
     assert conf["graceful_timeout"] * conf["min_upload_bytes_per_s"] >= 200 * 1024 * 1024
     for launcher in ("docker-compose.yml", "scripts/run.sh", "Dockerfile", "Makefile"):
@@ -169,6 +169,37 @@ def test_slow_uploads_neither_pin_the_web_server_nor_get_killed(tmp_path):
             s.close()
             assert status == 403
         assert "WORKER TIMEOUT" not in (tmp_path / "gunicorn.log").read_text(errors="replace")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.integration
+def test_a_client_that_stops_sending_frees_its_thread(tmp_path):
+    """One worker with ONE thread: a body that stalls half-way is cut after the idle timeout, and the
+    thread serves the next request (without the timeout it waited on the stalled client for good)."""
+    import signal
+    import socket
+
+    from tests.workers import wait_for
+
+    proc, port = _gunicorn(tmp_path, WEB_WORKERS="1", WEB_THREADS="1", WEB_CLIENT_IDLE_TIMEOUT="1")
+    get = b"GET /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+
+    def up():
+        try:
+            return _status_of(port, get) == 200
+        except OSError:
+            return False
+    try:
+        wait_for(up, 60, "gunicorn to serve", lambda: (tmp_path / "gunicorn.log").read_text(errors="replace"))
+        stalled = socket.create_connection(("127.0.0.1", port), timeout=30)
+        stalled.sendall(b"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                        b"Content-Type: application/x-www-form-urlencoded\r\nCookie: csrftoken=" + b"A" * 32 +
+                        b"\r\nContent-Length: 10000\r\n\r\na=" + b"x" * 1000)  # ... and nothing more
+        assert int(stalled.recv(64).split(b" ")[1]) < 500  # cut, answered
+        assert _status_of(port, get) == 200  # the only thread is free again
+        stalled.close()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)

@@ -275,3 +275,18 @@ def test_the_outage_warning_names_the_cache_without_its_password(caplog):
     with caplog.at_level("WARNING", logger="core.cache"):
         assert cache.get("anything", "default") == "default"
     assert "127.0.0.1:1/3" in caplog.text and "s3cret-pass" not in caplog.text
+
+
+def test_a_body_that_stops_arriving_is_a_400_not_a_500(world, monkeypatch, small_cnn_bytes):
+    """The web server's idle timeout (config/gunicorn.py) cuts a stalled upload: the read fails, the answer
+    says the body was incomplete, and nothing is stored."""
+    from django.core.handlers.wsgi import LimitedStream
+
+    def stalled(self, size=-1):
+        raise TimeoutError("timed out")
+    monkeypatch.setattr(LimitedStream, "read", stalled)
+    resp = _api(world.tokens["owner"]).post("/api/models/", {
+        "team": world.team_a.pk, "name": "stalled", "file": SimpleUploadedFile("m.onnx", small_cnn_bytes)},
+        format="multipart")
+    assert resp.status_code == 400 and resp.json()["code"] == "request_incomplete"
+    assert not DLModel.objects.filter(name="stalled").exists()
