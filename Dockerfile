@@ -16,4 +16,4 @@ USER dlopt
 EXPOSE 8000
 # as root (compose's web and workers): become dlopt with only the capabilities the sandboxes need to switch users
 ENTRYPOINT ["/app/scripts/entrypoint.sh"]
-CMD ["gunicorn", "config.wsgi:application", "--bind", "0.0.0.0:8000"]
+CMD ["gunicorn", "-c", "config/gunicorn.py", "config.wsgi:application"]

@@ -24,7 +24,7 @@ worker: setup    ## the worker of `make run` (with celery beat inside: periodic 
 	scripts/worker.sh
 
 web: setup
-	.venv/bin/gunicorn config.wsgi:application --bind 127.0.0.1:8000
+	.venv/bin/gunicorn -c config/gunicorn.py config.wsgi:application --bind 127.0.0.1:8000
 
 bench-quick: setup
 	.venv/bin/python bench/tuning_time.py --quick --json bench/results/tuning_time.json

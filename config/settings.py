@@ -82,6 +82,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "core.outages.ServiceUnavailableMiddleware",  # a full disk or a backing service down: 503, not 500
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -237,9 +238,12 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 
-# Throttle and sign-in lockout counts (and nothing else yet): Redis in deployment so every web worker shares them.
+# Throttle and sign-in lockout counts, figure bodies: Redis in deployment so every web worker shares them.
+# While that Redis is unreachable the cache answers from a per-process local cache (core/cache.py): the
+# limits then count per web process, and nothing answers 500 for it.
 _CACHE_URL = env.str("DJANGO_CACHE_URL", default="")
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _CACHE_URL}
+CACHES = {"default": {"BACKEND": "core.cache.DegradingRedisCache", "LOCATION": _CACHE_URL,
+                      "OUTAGE_RETRY_S": env.float("DJANGO_CACHE_OUTAGE_RETRY_S", default=5.0)}
           if _CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- Celery --------------------------------------------------------------------
@@ -301,6 +305,12 @@ UPLOAD_SANDBOX_ASYNC_WALL_S = env.float("UPLOAD_SANDBOX_ASYNC_WALL_S", default=6
 UPLOAD_SANDBOX_PREEXEC = env.str("UPLOAD_SANDBOX_PREEXEC", default="common.privileges:drop_privileges")
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024  # larger uploads stream to a temp file
+# Larger uploads are spooled here (under var/, the data volume, not /tmp). A file not written for
+# UPLOAD_TEMP_MAX_AGE_S is a killed request's leftover, removed at web start and by beat
+# (core/services/upload_temp.py).
+FILE_UPLOAD_TEMP_DIR = env.str("DJANGO_FILE_UPLOAD_TEMP_DIR", default=str(VAR_DIR / "upload-tmp"))
+Path(FILE_UPLOAD_TEMP_DIR).mkdir(parents=True, exist_ok=True)
+UPLOAD_TEMP_MAX_AGE_S = env.float("UPLOAD_TEMP_MAX_AGE_S", default=3600.0)
 DEFAULT_TUNING_TARGET = {"kind": "llvm", "num-cores": env.int("DLOPT_TUNING_CORES", default=2)}
 # A running run whose executor sent no heartbeat for this long is presumed dead
 # (its worker was killed) and re-enqueued by tuning.recover_stale_runs.
@@ -319,6 +329,7 @@ TUNING_RUN_TIME_LIMIT_S = env.float("TUNING_RUN_TIME_LIMIT_S", default=11 * 3600
 CELERY_BEAT_SCHEDULE = {
     "recover-stale-tuning-runs": {"task": "tuning.recover_stale_runs", "schedule": 60.0},
     "resend-lost-webhooks": {"task": "core.resend_lost_webhooks", "schedule": 300.0},
+    "clean-upload-temp": {"task": "core.clean_upload_temp", "schedule": 900.0},
     "gpu-heartbeat": {"task": "scheduling.heartbeat", "schedule": env.float("SCHEDULING_HEARTBEAT_S", default=15.0)},
 }
 # GPU scheduling (Horus): placement policy and liveness windows.

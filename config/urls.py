@@ -13,6 +13,9 @@ from tuning.api import urls as tuning_api
 # extra paths; router.urls is read after all of them.
 api_extra = [*core_api.urlpatterns, *tuning_api.urlpatterns, *scheduling_api.urlpatterns, *recordcache_api.urlpatterns]
 
+# An outage raised outside a view (a middleware writing an upload to a full disk) is a 503, not a 500.
+handler500 = "core.outages.server_error"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -2,14 +2,19 @@
 that honours sign-in lockouts (core.login_guard)."""
 from __future__ import annotations
 
+import logging
+
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
 from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from . import login_guard
+from . import login_guard, outages
 from .models import ApiToken
+
+log = logging.getLogger(__name__)
 
 
 class LockoutModelBackend(ModelBackend):
@@ -43,7 +48,13 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         # Touch at most once a minute: a write per request would serialize reads.
         now = timezone.now()
         if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
-            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+            try:
+                with transaction.atomic():
+                    ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+            except DatabaseError as exc:  # a full disk must not fail every read for a timestamp
+                if not outages.is_disk_full(exc):
+                    raise
+                log.warning("API token %s: last use not recorded (%s)", token.pk, exc)
         return token.user, token
 
     def authenticate_header(self, request):

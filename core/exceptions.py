@@ -51,3 +51,15 @@ class PermissionDenied(ServiceError):
 class NotFound(ServiceError):
     status = 404
     code = "not_found"
+
+
+class ServiceUnavailable(ServiceError):
+    """The request is sound but a service it needs is down (the task broker, a full disk): try again later.
+    The API answers 503 with Retry-After."""
+
+    status = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 30, code: str | None = None):
+        super().__init__(message, code=code)
+        self.retry_after = retry_after

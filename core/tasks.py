@@ -39,3 +39,11 @@ def resend_lost_webhooks() -> list[int]:
     from core.services import webhooks
 
     return webhooks.resend_lost_deliveries()
+
+
+@shared_task(name="core.clean_upload_temp", ignore_result=True)
+def clean_upload_temp() -> int:
+    """Beat: remove the upload temp files that killed web requests left behind."""
+    from core.services.upload_temp import remove_stale_upload_files
+
+    return len(remove_stale_upload_files())

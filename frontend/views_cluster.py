@@ -70,20 +70,18 @@ def job_preview(request):
     if model is None:
         return JsonResponse({"detail": "No such ready model you can submit jobs for.", "code": "not_found"},
                             status=404)
-    if selectors.active_predictor_version() is None:  # a GET never trains one (seconds of XGBoost)
-        return JsonResponse({"model": model.pk, "batch_size": int(raw_batch), "util_pct": None, "mem_mb": None,
-                             "gpu_model": selectors.fleet_gpu_model() or "V100", "predictor_version": None,
-                             "policy": services.default_policy(),
-                             "note": "No predictor is active yet: submitting this job trains one first."})
-    try:
-        prediction = services.predict_job(model=model, batch_size=int(raw_batch))
+    try:  # a GET never trains nor queues a training
+        prediction = services.predict_job(model=model, batch_size=int(raw_batch), train_if_missing=False)
     except ServiceError as exc:
         return _preview_error("model", exc.message)
     pv = prediction["predictor_version"]
-    return JsonResponse({
-        "model": model.pk, "batch_size": int(raw_batch), "util_pct": prediction["util_pct"],
-        "mem_mb": prediction["mem_mb"], "gpu_model": prediction["gpu_model"],
-        "predictor_version": pv.version if pv else None, "policy": services.default_policy()})
+    body = {"model": model.pk, "batch_size": int(raw_batch), "util_pct": prediction["util_pct"],
+            "mem_mb": prediction["mem_mb"], "gpu_model": prediction["gpu_model"],
+            "predictor_version": pv.version if pv else None, "policy": services.default_policy()}
+    if prediction["method"] == "analytic":
+        body["note"] = ("No predictor is trained yet: this is the analytic estimate (FLOPs and memory against the "
+                        "GPU's datasheet). Submitting a job queues the predictor's training.")
+    return JsonResponse(body)
 
 
 def job_for_user(user, pk: int) -> GpuJob:

@@ -35,7 +35,8 @@ from .horus.policies import POLICIES, PlacementPolicy, make_policy
 from .horus.predictor import TrainedPredictor, UtilizationPredictor
 from .horus.predictor_eval import evaluate_predictor as evaluate_utilization_predictor
 from .horus.predictor_eval import format_evaluation as format_predictor_evaluation
-from .horus.profiles import DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, ProfileRecord, load_profiles
+from .horus.profiles import (DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, ProfileRecord, gpu_spec, load_profiles,
+                             roofline_profile)
 from .horus.traces import Job, TraceFormatError, TraceTooLarge, decode_trace, gpu_request_per_pod, trace_summary
 from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PredictorVersion, TraceUpload
 
@@ -49,7 +50,7 @@ __all__ = [
     "run_simulation", "seed_profile_records", "simulation_cost", "simulation_results", "simulation_size",
     "SimulationCost", "SimulationStopped", "SIMULATION_SECONDS_PER_UNIT", "trace_input", "file_trace_input",
     "TraceInput",
-    "train_utilization_predictor",
+    "train_utilization_predictor", "analytic_prediction",
 ]
 
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
@@ -200,6 +201,14 @@ def train_utilization_predictor(records: list[ProfileRecord], *, k_folds: int, s
         path = Path(tmp) / "predictor.json"
         trained.save(path)
         return trained, path.read_bytes()
+
+
+def analytic_prediction(features: dict[str, Any], gpu_model: str) -> tuple[float, float]:
+    """(util %, peak memory MB) from the graph features and the GPU's datasheet alone (the roofline model of
+    a training step, horus.profiles.roofline_profile, without noise): what a job is placed by while no
+    predictor has been trained. Needs no training, so it can answer inside a request."""
+    util, mem, _power = roofline_profile(features, gpu_spec(gpu_model))
+    return util, mem
 
 
 _predictor_cache: dict[tuple[int, str], TrainedPredictor] = {}

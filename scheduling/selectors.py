@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -9,6 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import CharField, Count, Exists, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
+from django_celery_results.models import TaskResult
 
 from core.models import UsageCharge
 from core.selectors import energy_model, month_start, teams_for_user
@@ -165,6 +167,58 @@ def predictor_versions() -> QuerySet[PredictorVersion]:
 
 def active_predictor_version() -> PredictorVersion | None:
     return PredictorVersion.objects.filter(active=True).first()
+
+
+def latest_predictor_version() -> PredictorVersion | None:
+    return PredictorVersion.objects.order_by("-version").first()
+
+
+TRAIN_PREDICTOR_TASK = "scheduling.train_predictor"
+# Celery's states (django-celery-results rows) -> what the API says.
+_TRAINING_STATES = {"PENDING": "queued", "RECEIVED": "queued", "STARTED": "running", "RETRY": "running",
+                    "SUCCESS": "succeeded", "FAILURE": "failed", "REVOKED": "failed"}
+
+
+@dataclass(frozen=True)
+class PredictorTraining:
+    """A requested predictor training, as its Celery task's result row tells it."""
+
+    task_id: str
+    state: str  # queued, running, succeeded, failed
+    version: int | None  # the trained version, once succeeded
+    error: str
+    requested_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+def _training(row: TaskResult) -> PredictorTraining:
+    state = _TRAINING_STATES.get(row.status, "queued")
+    try:
+        result = json.loads(row.result) if row.result else None
+    except ValueError:
+        result = None
+    version = result if state == "succeeded" and isinstance(result, int) else None
+    error = ""
+    if state == "failed":
+        message = result.get("exc_message") if isinstance(result, dict) else None
+        error = " ".join(map(str, message)) if isinstance(message, (list, tuple)) else str(message or row.status)
+        if isinstance(result, dict) and result.get("exc_type"):
+            error = f"{result['exc_type']}: {error}"
+    return PredictorTraining(task_id=row.task_id, state=state, version=version, error=error,
+                             requested_at=row.date_created, finished_at=row.date_done if state in
+                             ("succeeded", "failed") else None)
+
+
+def predictor_training(task_id: str) -> PredictorTraining | None:
+    row = TaskResult.objects.filter(task_id=task_id, task_name=TRAIN_PREDICTOR_TASK).first()
+    return _training(row) if row is not None else None
+
+
+def predictor_training_in_flight(*, within_s: float) -> bool:
+    """Whether a training requested in the last ``within_s`` seconds is still queued or running."""
+    since = timezone.now() - dt.timedelta(seconds=within_s)
+    return TaskResult.objects.filter(task_name=TRAIN_PREDICTOR_TASK, date_created__gte=since,
+                                     status__in=["PENDING", "RECEIVED", "STARTED", "RETRY"]).exists()
 
 
 def profile_records(qs: QuerySet[GpuProfile] | None = None) -> list[adapters.ProfileRecord]:

@@ -6,7 +6,8 @@
 * ``scheduling.place_pending``: one placement pass with the configured policy.
 * ``scheduling.run_job``: sent to ``measure.<node>.gpu<i>`` by the placement; runs the model there.
 * ``scheduling.run_simulation``: a stored simulation run (sent by the fair queue, services.simulation_queue).
-* ``scheduling.train_predictor``: train and activate a predictor version.
+* ``scheduling.train_predictor``: train and activate a predictor version (queued by the API's train action
+  and by the first GPU job that finds no predictor: training never runs inside a request).
 
 A worker registers its node (and the queues it consumes) as soon as it is ready.
 
@@ -95,8 +96,9 @@ def run_simulation(run_id: int) -> str | None:
 
 
 @shared_task(name="scheduling.train_predictor", **_limits("predictor"))
-def train_predictor(k_folds: int = 5, seed: int = 0) -> int:
-    return services.train_predictor(actor=None, k_folds=k_folds, seed=seed).version
+def train_predictor(k_folds: int = 5, seed: int = 0, activate: bool = True, requested_by: int | None = None) -> int:
+    return services.run_requested_training(k_folds=k_folds, seed=seed, activate=activate,
+                                           requested_by=requested_by).version
 
 
 @worker_ready.connect

@@ -21,6 +21,7 @@ $PY manage.py migrate --noinput
 chmod 600 var/*.sqlite3* 2>/dev/null || true
 $PY manage.py collectstatic --noinput >/dev/null
 $PY manage.py bootstrap_demo
+$PY manage.py clean_upload_temp >/dev/null  # temp files of uploads a killed web worker left behind
 NODE=$($PY -c 'import socket; print(socket.gethostname().split(".")[0])')
 QUEUES=${WORKER_QUEUES:-default,tuning,telemetry,measure.$NODE.cpu}
 # The worker runs celery beat too (-B): stale-run recovery and the other periodic tasks (scripts/worker.sh).
@@ -62,5 +63,6 @@ cat <<MSG
   Ctrl-C stops the web server and the worker.
 
 MSG
-.venv/bin/gunicorn config.wsgi:application --bind "$HOST:$PORT" --workers "${WEB_WORKERS:-2}" \
-  --access-logfile var/log/access.log
+# Threaded workers (config/gunicorn.py): slow uploads hold a thread each, not a whole worker.
+WEB_WORKERS=${WEB_WORKERS:-2} .venv/bin/gunicorn -c config/gunicorn.py config.wsgi:application \
+  --bind "$HOST:$PORT" --access-logfile var/log/access.log

@@ -1,7 +1,8 @@
 """One error format for the whole API.
 
 Every 4xx/5xx body is `{"detail": str, "code": str, "errors": {field: [msgs]}}`;
-`detail` keeps DRF's key so existing clients still read it.
+`detail` keeps DRF's key so existing clients still read it. An outage (core.outages: a full disk, the
+broker or cache unreachable) is a 503 in this shape with Retry-After.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from core.exceptions import QuotaExceeded, ServiceError, TooManyAttempts
+from core import outages
+from core.exceptions import QuotaExceeded, ServiceError, ServiceUnavailable, TooManyAttempts
 from core.onnx_models.errors import OnnxValidationError
 
 
@@ -28,6 +30,12 @@ def _flatten(detail) -> tuple[str, dict]:
 
 
 def exception_handler(exc, context):
+    outage = None if isinstance(exc, exceptions.APIException) else outages.classify(exc)
+    if outage is not None:  # a full disk, the broker or the cache down: 503 with a retry hint, never a 500
+        request = context.get("request")
+        outages.log_outage(outage, exc, request.path if request is not None else "api")
+        return Response(outage.body(), status=outage.status,
+                        headers={"Retry-After": str(outage.retry_after)} if outage.retry_after else None)
     if isinstance(exc, OnnxValidationError):
         return Response(
             {"detail": exc.message, "code": exc.code, "errors": {"file": [exc.message]}},
@@ -38,7 +46,7 @@ def exception_handler(exc, context):
         if isinstance(exc, QuotaExceeded):
             body["quota"] = exc.quota
         response = Response(body, status=exc.status)
-        if isinstance(exc, TooManyAttempts):
+        if isinstance(exc, (TooManyAttempts, ServiceUnavailable)):
             response["Retry-After"] = str(exc.retry_after)
         return response
     if isinstance(exc, DjangoValidationError):

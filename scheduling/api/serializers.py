@@ -106,6 +106,23 @@ class TrainPredictorSerializer(serializers.Serializer):
     activate = serializers.BooleanField(default=True)
 
 
+class PredictorTrainingSerializer(serializers.Serializer):
+    """A requested predictor training (scheduling.selectors.PredictorTraining), polled at ``url``."""
+
+    task_id = serializers.CharField()
+    state = serializers.ChoiceField(choices=["queued", "running", "succeeded", "failed"])
+    version = serializers.IntegerField(allow_null=True, help_text="The trained version, once succeeded.")
+    error = serializers.CharField(allow_blank=True)
+    requested_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    url = serializers.SerializerMethodField()
+
+    def get_url(self, training) -> str:
+        from django.urls import reverse
+
+        return reverse("predictorversion-training", kwargs={"task_id": training.task_id})
+
+
 @extend_schema_field(OpenApiTypes.INT)
 class TeamModelField(serializers.PrimaryKeyRelatedField):
     def get_queryset(self):

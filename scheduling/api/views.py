@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import django_filters
 from django.db.models import Prefetch
-from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, extend_schema_view
+from django.http import Http404
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, parsers, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied as DRFPermissionDenied
@@ -27,6 +28,7 @@ from .serializers import (
     NodeSerializer,
     PlacementSerializer,
     PlaceSerializer,
+    PredictorTrainingSerializer,
     PredictorVersionSerializer,
     SimulationCreateSerializer,
     SimulationEstimateSerializer,
@@ -179,17 +181,33 @@ class PredictorVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, 
     def get_queryset(self):
         return selectors.predictor_versions()
 
-    @extend_schema(request=TrainPredictorSerializer, responses={201: PredictorVersionSerializer},
-                   summary="Train a predictor on every stored profile (staff)",
-                   description="Grouped k-fold cross-validation (a model is never in its own test fold); the new "
-                   "version is activated unless `activate` is false.")
+    @extend_schema(request=TrainPredictorSerializer, responses={202: PredictorTrainingSerializer},
+                   summary="Queue a predictor training on every stored profile (staff)",
+                   description="Training runs in a Celery task (`scheduling.train_predictor`), never in the request: "
+                   "the answer is 202 with the training's `state` (queued) and the `url` to poll (Location too) "
+                   "until it is `succeeded` (with the new `version`) or `failed` (with the `error`). Grouped k-fold "
+                   "cross-validation (a model is never in its own test fold); the new version is activated unless "
+                   "`activate` is false. 503 with Retry-After when the task broker is unreachable.")
     @action(detail=False, methods=["post"])
     def train(self, request):
         _staff_only(request)
         body = TrainPredictorSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        pv = services.train_predictor(actor=request.user, **body.validated_data)
-        return Response(PredictorVersionSerializer(pv).data, status=status.HTTP_201_CREATED)
+        training = services.start_predictor_training(actor=request.user, **body.validated_data)
+        data = PredictorTrainingSerializer(training).data
+        return Response(data, status=status.HTTP_202_ACCEPTED, headers={"Location": data["url"]})
+
+    @extend_schema(request=None, responses={200: PredictorTrainingSerializer},
+                   parameters=[OpenApiParameter("task_id", str, OpenApiParameter.PATH,
+                                                description="The `task_id` the train action answered.")],
+                   summary="The state of a queued predictor training (staff)")
+    @action(detail=False, methods=["get"], url_path=r"training/(?P<task_id>[^/.]+)")
+    def training(self, request, task_id=None):
+        _staff_only(request)
+        training = selectors.predictor_training(task_id)
+        if training is None:
+            raise Http404("No such predictor training.")
+        return Response(PredictorTrainingSerializer(training).data)
 
     @extend_schema(request=None, responses=PredictorVersionSerializer, summary="Make this version active (staff)")
     @action(detail=True, methods=["post"])

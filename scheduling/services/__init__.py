@@ -50,6 +50,9 @@ from .predictors import (
     model_features,
     predict_job,
     record_profiles,
+    request_predictor_training,
+    run_requested_training,
+    start_predictor_training,
     train_predictor,
     training_records,
 )
@@ -77,6 +80,7 @@ __all__ = [
     "predict_job", "prune_telemetry", "reconcile_restarted_gpu_worker", "record_heartbeat", "record_profiles",
     "recover_lost_jobs", "register_node", "request_placement_pass", "resolve_policies", "set_gpu_drained",
     "set_node_drained", "read_trace_file", "resolve_trace", "simulate", "simulation_choices", "simulation_inputs", "start_simulation", "submit_job", "train_predictor",
+    "request_predictor_training", "run_requested_training", "start_predictor_training",
     "training_records", "upload_trace", "cancel_check", "cancel_simulation", "dispatch_simulations",
     "estimate_simulation", "fair_dispatch_order",
 ]

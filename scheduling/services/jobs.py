@@ -73,7 +73,7 @@ def submit_job(
     _check_job_request(batch_size=batch_size, iterations=iterations, duration_estimate_s=estimate,
                        runtime=runtime)
     estimate = float(estimate)
-    # Outside the quota lock: the first prediction may train a predictor (seconds).
+    # Never trains: with no predictor yet it is the analytic estimate, and a training is queued.
     prediction = predict_job(model=model, batch_size=batch_size)
     with transaction.atomic():
         _check_gpu_quota(team_id=model.team_id, hours=estimate / 3600.0)

@@ -16,6 +16,7 @@ from core.services import notify_terminal
 PLACE_PENDING = "scheduling.place_pending"
 RUN_JOB = "scheduling.run_job"
 RUN_SIMULATION = "scheduling.run_simulation"
+TRAIN_PREDICTOR = "scheduling.train_predictor"
 
 
 def send_after_commit(task_name: str, *, args: list | None = None, queue: str | None = None, what: str,
@@ -29,6 +30,13 @@ def send_after_commit(task_name: str, *, args: list | None = None, queue: str | 
             task.apply_async(args=list(args or []), queue=queue)
 
     send_on_commit(send, what=what, on_error=on_error)
+
+
+def send_with_id_after_commit(task_name: str, *, task_id: str, kwargs: dict, what: str,
+                              on_error: Callable[[BaseException], None] | None = None) -> None:
+    """``task_name`` with ``kwargs`` under a task id chosen by the sender (whose result row it polls)."""
+    send_on_commit(lambda: current_app.tasks[task_name].apply_async(kwargs=kwargs, task_id=task_id),
+                   what=what, on_error=on_error)
 
 
 def announce_job_end(job) -> None:

@@ -216,12 +216,15 @@ def test_progress_of_another_teams_simulation_is_404(client, user_other, team_b,
     assert client.get(f"/simulations/{sim.pk}/progress/").status_code == 404
 
 
-def test_preview_never_trains_a_predictor(owner_client, model_a):
+def test_preview_never_trains_a_predictor(owner_client, model_a, celery_outbox):
+    from django_celery_results.models import TaskResult
+
     from scheduling.models import PredictorVersion
 
     body = owner_client.get(f"/cluster/jobs/preview/?model={model_a.pk}&batch_size=8").json()
-    assert body["util_pct"] is None and "No predictor is active" in body["note"] and body["policy"]
-    assert not PredictorVersion.objects.exists()
+    assert body["util_pct"] > 0 and body["mem_mb"] > 0 and body["predictor_version"] is None  # the analytic estimate
+    assert "analytic estimate" in body["note"] and body["policy"]
+    assert not PredictorVersion.objects.exists() and not TaskResult.objects.exists() and not celery_outbox
 
 
 BIG = "9" * 30  # past every integer column

@@ -1,4 +1,5 @@
-"""Fault injection for the reliability tests: fail the Nth SQL statement, run a private Redis server."""
+"""Fault injection for the reliability tests: fail the Nth SQL statement, run a private Redis server, point
+the cache at a Redis that is not there."""
 from __future__ import annotations
 
 import re
@@ -17,10 +18,12 @@ from django.db import connection
 
 class FailNth:
     """connection.execute_wrapper that raises a real database error on the Nth matching statement
-    (counting from 1); `pattern` filters statements (a regex on the SQL, e.g. r'^\\s*INSERT')."""
+    (counting from 1); `pattern` filters statements (a regex on the SQL, e.g. r'^\\s*INSERT'); `message` is
+    the error's text (e.g. a full disk's "could not extend file ...: No space left on device")."""
 
-    def __init__(self, n: int, pattern: str = r"^\s*INSERT"):
+    def __init__(self, n: int, pattern: str = r"^\s*INSERT", message: str | None = None):
         self.n, self.regex, self.seen, self.failed_sql = n, re.compile(pattern, re.I), 0, None
+        self.message = message
 
     def __call__(self, execute, sql, params, many, context):
         if self.regex.search(sql):
@@ -29,13 +32,13 @@ class FailNth:
                 from django.db import OperationalError
 
                 self.failed_sql = sql
-                raise OperationalError(f"injected failure of statement #{self.n}: {sql[:80]}")
+                raise OperationalError(self.message or f"injected failure of statement #{self.n}: {sql[:80]}")
         return execute(sql, params, many, context)
 
 
 @contextmanager
-def fail_nth(n: int, pattern: str = r"^\s*INSERT"):
-    wrapper = FailNth(n, pattern)
+def fail_nth(n: int, pattern: str = r"^\s*INSERT", message: str | None = None):
+    wrapper = FailNth(n, pattern, message)
     with connection.execute_wrapper(wrapper):
         yield wrapper
 
@@ -50,6 +53,22 @@ def count_statements(fn, pattern: str = r"^\s*INSERT") -> int:
             fn()
         transaction.set_rollback(True)
     return counter.seen
+
+
+# --- a cache whose Redis is not there ----------------------------------------------------------------
+
+DEAD_REDIS_URL = "redis://127.0.0.1:1/0"  # port 1: nothing listens, a connection is refused at once
+
+
+def dead_cache(settings) -> None:
+    """Point Django's cache at a Redis nothing listens on, with the deployment's backend. Setting CACHES
+    through pytest-django's ``settings`` makes Django drop its cache handlers (setting_changed), so the
+    next ``cache`` call builds the new backend; the old ones come back when the test ends."""
+    settings.CACHES = {"default": {"BACKEND": "core.cache.DegradingRedisCache", "LOCATION": DEAD_REDIS_URL,
+                                   "OUTAGE_RETRY_S": 60.0}}
+    from django.core.cache import cache
+
+    cache.clear()  # the per-process fallback outlives a test: start from zero counts, as with Redis
 
 
 # --- a private Redis server ------------------------------------------------------------------------

@@ -150,6 +150,7 @@ EXPECTED = {
     ("predictorversion-list", "GET"): AUTH,
     ("predictorversion-detail", "GET"): AUTH,
     ("predictorversion-train", "POST"): STAFF_ONLY,
+    ("predictorversion-training", "GET"): STAFF_ONLY,
     ("predictorversion-activate", "POST"): STAFF_ONLY,
     ("gpujob-list", "GET"): AUTH,
     ("gpujob-list", "POST"): create_in_team("model", viewer=FORBID),
@@ -189,7 +190,15 @@ EXPECTED = {
 }
 
 # URLs whose object is named by another keyword than pk.
+def _predictor_training_id(w) -> str:
+    from django_celery_results.models import TaskResult
+
+    return TaskResult.objects.get_or_create(task_id="0f0e0d0c-0b0a-4908-8706-050403020100", defaults={
+        "task_name": "scheduling.train_predictor", "status": "SUCCESS", "result": "1"})[0].task_id
+
+
 URL_KWARGS = {
+    "predictorversion-training": lambda w: {"task_id": _predictor_training_id(w)},
     "team-record-cache": lambda w: {"team_id": w.team_a.pk},
     "run-record-cache": lambda w: {"run_id": w.run.pk},
 }
