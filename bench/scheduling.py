@@ -528,19 +528,21 @@ def _ci(d: dict[str, Any], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
 
 def heldout_table(summary: list[dict[str, Any]]) -> None:
     """One table per (cluster size, mismatch): means over slices with 95 % t-intervals."""
+    head = ["policy", "makespan d", "mk / horus_migrate", "mean JCT h", "p95 JCT h", "p99 JCT h", "slowdown",
+            "p95 slowdown", "stretch", "util%", "FTF", "p95 FTF"]
     for gpus in sorted({e["gpus"] for e in summary}):
         for mm in sorted({e["mismatch"] for e in summary if e["gpus"] == gpus}):
             rows = [e for e in summary if e["gpus"] == gpus and e["mismatch"] == mm]
             log(f"\n   {gpus} GPUs, simulator's interference constant x{mm:g} of its own half-fit "
                 f"(mean [95 % t-interval] over {len(rows[0]['slices'])} slices)")
-            log(f"   {'policy':<28}{'makespan d':>22}{'mk/h_mig':>20}{'JCT h':>20}{'p95 JCT h':>20}{'p99 JCT h':>20}"
-                f"{'slowdown':>18}{'p95 sd':>18}{'stretch':>8}{'util%':>7}{'FTF':>14}{'p95 FTF':>8}")
-            for e in rows:
-                log(f"   {e['policy']:<28}{_ci(e['makespan_s'], 86400):>22}"
-                    f"{_ci(e['makespan_s_vs_horus_migrate'], 1, '{:.3f}'):>20}{_ci(e['mean_jct_s'], 3600):>20}"
-                    f"{_ci(e['p95_jct_s'], 3600):>20}{_ci(e['p99_jct_s'], 3600):>20}{_ci(e['mean_slowdown']):>18}"
-                    f"{_ci(e['p95_slowdown']):>18}{e['mean_run_stretch']['mean']:8.2f}{e['util_mean_pct']['mean']:7.1f}"
-                    f"{_ci(e['mean_ftf'], 1, '{:.2f}'):>14}{e['p95_ftf']['mean']:8.2f}")
+            body = [[e["policy"], _ci(e["makespan_s"], 86400), _ci(e["makespan_s_vs_horus_migrate"], 1, "{:.3f}"),
+                     _ci(e["mean_jct_s"], 3600), _ci(e["p95_jct_s"], 3600), _ci(e["p99_jct_s"], 3600),
+                     _ci(e["mean_slowdown"]), _ci(e["p95_slowdown"]), f"{e['mean_run_stretch']['mean']:.2f}",
+                     f"{e['util_mean_pct']['mean']:.1f}", _ci(e["mean_ftf"], 1, "{:.2f}"), f"{e['p95_ftf']['mean']:.2f}"]
+                    for e in rows]
+            widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
+            for r in [head] + body:
+                log("   " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
 
 
 def heldout_winners(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
