@@ -2,6 +2,7 @@
 
     python bench/scheduling.py --quick            # ~35 min on 2 cores (2,233 s measured, CI on the other core)
     python bench/scheduling.py --json out.json    # full run, over an hour
+    python bench/scheduling.py --quick --heldout-only --json out.json   # the held-out section alone (< 10 min)
 
 Every policy runs in the same process on the same jobs, cluster and seed, through the same
 path the dashboard and ``manage.py simulate`` use (``scheduling.horus.experiments.run_experiment``).
@@ -27,6 +28,13 @@ Experiments (scale stated in each table's header):
   on Philly and on the fill.
 * ``philly-256gpu-share-penalty``: sensitivity, the Horus paper's interference
   model (+20 % while sharing, not work-conserving) - what the headline used to be.
+* ``heldout`` (issue 42): Philly on three windows disjoint from the development slice (jobs from
+  #20,000, #40,000, #60,000; ``--quick``: 2,000 jobs each, on 64 and 128 GPUs; full: 10,000 on 128
+  and 256), the simulator's interference fitted on one half of Gavel's pairs and scaled x0.67/x1/x1.5,
+  ``usage_fgd``'s on the other half, telemetry through an observation model (lag, noise, device
+  level), Tiresias-style LAS as a non-sharing baseline; makespan, mean/p95/p99 JCT, slowdown,
+  finish-time fairness, utilization with 95 % t-intervals over the windows
+  (``scheduling/horus/heldout.py``).
 * full run only: the "capped" sensitivity, cluster-size sweep, FIFO with
   backfill, a higher-utilization workload, two more workload seeds.
 
@@ -472,6 +480,148 @@ def overall_and_goals(res: list[dict[str, Any]], flat: list[dict[str, Any]], pre
     return overall, goals
 
 
+# ==================================================================================================
+# Held-out Philly slices, policy and physics apart (issue 42). Self-contained block: its own
+# functions, called once from main(); scheduling/horus/heldout.py holds the logic it tests.
+# ==================================================================================================
+#: quick: the first 2,000 jobs of each held-out window (stated in the output); full: whole 10,000-job windows
+HELDOUT_QUICK = {"size": 2_000, "gpus": (64, 128)}
+HELDOUT_FULL = {"size": 10_000, "gpus": (128, 256)}
+_HELDOUT_INPUTS: dict[str, Any] = {}  # set before the worker pool forks (profiles, predictor, models)
+
+
+def _heldout_task(task: tuple[int, int, int, int]) -> list[dict[str, Any]]:
+    """Every policy x mismatch level on one (slice, cluster size): the jobs are prepared once."""
+    from scheduling.horus.experiments import ExperimentParams, load_jobs, prepare_experiment
+    from scheduling.horus.heldout import (HELDOUT_POLICIES, MISMATCH_LEVELS, HeldoutCell, model_from_params,
+                                          run_cell)
+    from scheduling.horus.observation import ObservationModel
+
+    start, size, gpus, seed = task
+    inp = _HELDOUT_INPUTS
+    sim = model_from_params(inp["sim_params"], "fitted-simulator-half")
+    pol = model_from_params(inp["policy_params"], "fitted-policy-half")
+    kind, jobs = load_jobs("philly")
+    params = ExperimentParams(jobs=size, start=start, gpus=gpus, gpus_per_node=8).validate(kind)
+    prep = prepare_experiment(kind, jobs, params, seed=seed, profiles=inp["records"], predictor=inp["predictor"])
+    rows = []
+    for mm in MISMATCH_LEVELS:
+        for name in HELDOUT_POLICIES:
+            row = run_cell(prep.jobs, prep.cluster, HeldoutCell(start, gpus, mm, name), sim_model=sim,
+                           policy_model=pol, seed=seed)
+            rows.append({**row, "scale": prep.scale, "offered_load": prep.facts.get("offered_load")})
+    # what the observation model costs usage_fgd: the old view (per-process, noise-free), physics x1.0
+    row = run_cell(prep.jobs, prep.cluster, HeldoutCell(start, gpus, 1.0, "usage_fgd"), sim_model=sim,
+                   policy_model=pol, seed=seed, observation=ObservationModel(lag_s=60.0, noise_pct=0.0, level="process"))
+    rows.append({**row, "policy": "usage_fgd[per-process obs]", "scale": prep.scale,
+                 "offered_load": prep.facts.get("offered_load")})
+    return rows
+
+
+def _ci(d: dict[str, Any], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
+    if d.get("mean") is None:
+        return "-"
+    if d.get("lo") is None:
+        return fmt.format(d["mean"] / scale)
+    return f"{fmt.format(d['mean'] / scale)} [{fmt.format(d['lo'] / scale)},{fmt.format(d['hi'] / scale)}]"
+
+
+def heldout_table(summary: list[dict[str, Any]]) -> None:
+    """One table per (cluster size, mismatch): means over slices with 95 % t-intervals."""
+    head = ["policy", "makespan d", "mk / horus_migrate", "mean JCT h", "p95 JCT h", "p99 JCT h", "slowdown",
+            "p95 slowdown", "stretch", "util%", "FTF", "p95 FTF"]
+    for gpus in sorted({e["gpus"] for e in summary}):
+        for mm in sorted({e["mismatch"] for e in summary if e["gpus"] == gpus}):
+            rows = [e for e in summary if e["gpus"] == gpus and e["mismatch"] == mm]
+            log(f"\n   {gpus} GPUs, simulator's interference constant x{mm:g} of its own half-fit "
+                f"(mean [95 % t-interval] over {len(rows[0]['slices'])} slices)")
+            body = [[e["policy"], _ci(e["makespan_s"], 86400), _ci(e["makespan_s_vs_horus_migrate"], 1, "{:.3f}"),
+                     _ci(e["mean_jct_s"], 3600), _ci(e["p95_jct_s"], 3600), _ci(e["p99_jct_s"], 3600),
+                     _ci(e["mean_slowdown"]), _ci(e["p95_slowdown"]), f"{e['mean_run_stretch']['mean']:.2f}",
+                     f"{e['util_mean_pct']['mean']:.1f}", _ci(e["mean_ftf"], 1, "{:.2f}"), f"{e['p95_ftf']['mean']:.2f}"]
+                    for e in rows]
+            widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
+            for r in [head] + body:
+                log("   " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+
+
+def heldout_winners(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (cluster size, mismatch) and metric: the best policy by its mean over slices, the runner-up, and
+    the ratio between them (a loss stays a loss: no tie band)."""
+    out = []
+    metrics = ("makespan_s", "mean_jct_s", "p99_jct_s", "mean_slowdown", "mean_ftf")
+    for gpus in sorted({e["gpus"] for e in summary}):
+        for mm in sorted({e["mismatch"] for e in summary if e["gpus"] == gpus}):
+            rows = [e for e in summary if e["gpus"] == gpus and e["mismatch"] == mm and "[" not in e["policy"]]
+            for m in metrics:
+                ranked = sorted(rows, key=lambda e: e[m]["mean"])
+                best, second = ranked[0], ranked[1]
+                ours = next(e for e in rows if e["policy"] == OURS)
+                out.append({"gpus": gpus, "mismatch": mm, "metric": m, "best": best["policy"],
+                            "runner_up": second["policy"], "best_vs_runner_up": best[m]["mean"] / second[m]["mean"],
+                            "ours_rank": 1 + [e["policy"] for e in ranked].index(OURS),
+                            "ours_vs_best": ours[m]["mean"] / best[m]["mean"]})
+    return out
+
+
+def heldout_section(records, pred, seed: int, quick: bool, workers: int) -> dict[str, Any]:
+    """Held-out Philly windows x 2 cluster sizes x mismatch levels x policies; the table and its JSON."""
+    import multiprocessing
+
+    from scheduling.horus.experiments import load_jobs
+    from scheduling.horus.heldout import (DEV_SLICE, HELDOUT_OBSERVATION, HELDOUT_OFFSETS, HELDOUT_POLICIES,
+                                          MISMATCH_LEVELS, heldout_slices, model_params, summarize_cells)
+    from scheduling.horus.interference import fit_split
+
+    cfg = HELDOUT_QUICK if quick else HELDOUT_FULL
+    t0 = time.perf_counter()
+    _, jobs = load_jobs("philly")
+    n_gpu_jobs = sum(1 for j in jobs if j.num_gpus > 0)
+    slices = heldout_slices(n_gpu_jobs, cfg["size"])
+    pol, sim, split = fit_split(seed=seed)
+    _HELDOUT_INPUTS.update(records=records, predictor=pred, sim_params=model_params(sim), policy_params=model_params(pol))
+    tasks = [(s, cfg["size"], g, seed) for g in cfg["gpus"] for s, _ in slices]
+    log("\n== Held-out Philly slices, policy and physics apart")
+    log(f"   slices (rule fixed beforehand): {cfg['size']:,} consecutive jobs in submit order from #"
+        f"{', #'.join(f'{s:,}' for s, _ in slices)}; the development slice [{DEV_SLICE[0]:,}, {DEV_SLICE[1]:,}) "
+        f"(the bench's seeds, where usage_fgd's rules were tuned) is excluded"
+        + ("; --quick: the first 2,000 jobs of each 10,000-job window, not the whole window" if quick else ""))
+    log(f"   clusters: {' and '.join(str(g) for g in cfg['gpus'])} V100 GPUs (8/node), real submit times, strict FIFO "
+        "(LAS: its own 2-level queue); seed " + str(seed))
+    v = split["by_gpu_type"]["v100"]
+    log(f"   physics: Gavel's V100 pairs split in two disjoint halves ({v['policy_pairs']} / {v['simulator_pairs']} pairs): "
+        f"simulator fitted on one (b = {v['simulator_b']:.3f}), usage_fgd's model on the other (b = {v['policy_b']:.3f}); "
+        f"the simulator's b is then scaled x{', x'.join(f'{m:g}' for m in MISMATCH_LEVELS)}, the policy's is not")
+    log(f"   observation: lag {HELDOUT_OBSERVATION.lag_s:g} s, noise {HELDOUT_OBSERVATION.noise_pct:g} pct-pts, "
+        f"{HELDOUT_OBSERVATION.level}-level counters (split evenly among a GPU's jobs); "
+        "'usage_fgd[per-process obs]' is the old view (per-process, noise-free) at x1")
+    log("   JCT = finish - submit; slowdown = JCT / standalone time; stretch = run time / standalone time; "
+        "FTF = JCT / (standalone x max(1, requested GPUs in system / cluster GPUs) averaged over the job's life)")
+    ctx = multiprocessing.get_context("fork")
+    if workers > 1:
+        with ctx.Pool(min(workers, len(tasks))) as pool:
+            parts = pool.map(_heldout_task, tasks, chunksize=1)
+    else:
+        parts = [_heldout_task(t) for t in tasks]
+    rows = [r for part in parts for r in part]
+    summary = summarize_cells(rows)
+    heldout_table(summary)
+    winners = heldout_winners(summary)
+    log("\n   winners by mean over slices (best / runner-up; usage_fgd's rank and its ratio to the best):")
+    for w in winners:
+        log(f"     {w['gpus']:>4} GPUs x{w['mismatch']:<5g}{w['metric']:<15}{w['best']:<16}{w['runner_up']:<16}"
+            f"{w['best_vs_runner_up']:.3f}   {OURS} #{w['ours_rank']} at {w['ours_vs_best']:.3f}x the best")
+    wall = time.perf_counter() - t0
+    log(f"   held-out section wall {wall:.0f} s ({workers} worker{'s' if workers > 1 else ''})")
+    return {"mode": "quick" if quick else "full", "slices": slices, "slice_rule": {
+                "offsets": list(HELDOUT_OFFSETS), "size": cfg["size"], "development_slice": list(DEV_SLICE),
+                "order": "GPU jobs in submit order (experiments._slice)"},
+            "cluster_gpus": list(cfg["gpus"]), "mismatch_levels": list(MISMATCH_LEVELS),
+            "policies": list(HELDOUT_POLICIES), "observation": HELDOUT_OBSERVATION.describe(), "split_fit": split,
+            "rows": rows, "summary": summary, "winners": winners, "wall_s": wall, "workers": workers}
+# ======================================= end of the held-out block =======================================
+
+
 def machine_info() -> dict[str, Any]:
     return {
         "platform": platform.platform(),
@@ -490,10 +640,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="headline experiments, smaller Philly slice, fewer fill seeds")
     ap.add_argument("--json", metavar="PATH", help="write results as JSON")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--heldout-only", action="store_true",
+                    help="run only the held-out Philly section (policy and physics apart)")
+    ap.add_argument("--workers", type=int, default=2, help="processes for the held-out section (default 2)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     records = load_profiles()
     pred = reference_predictor(seed=args.seed)
+    if args.heldout_only:
+        heldout = heldout_section(records, pred, args.seed, args.quick, max(1, args.workers))
+        if args.json:
+            p = Path(args.json)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps({"heldout": heldout, "machine": machine_info(), "seed": args.seed,
+                                     "mode": "quick" if args.quick else "full"}, indent=1, allow_nan=False))
+            log(f"   wrote {p}")
+        return 0
     predictor_info = predictor_section(records, pred, args.seed)
     bench = Bench(args.seed, records, pred)
 
@@ -519,6 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep = error_sweep(bench, res, headline_rmsle, base, args.quick)
     if not args.quick:
         full_extras(bench)
+    heldout = heldout_section(records, pred, args.seed, args.quick, max(1, args.workers))
     overall, goals = overall_and_goals(res, flat, pred.metrics["util"]["rmsle"])
     overall.update(fill)
     overall.update(ours_philly)
@@ -538,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"\n   total wall {wall:.0f} s ({'quick' if args.quick else 'full'}), policies: {', '.join(POLICIES)}")
     if args.json:
         body = {"overall": overall, "goals": goals, "experiments": bench.experiments, "predictor": predictor_info,
+                "heldout": heldout,
                 "machine": machine_info(), "mode": "quick" if args.quick else "full", "seed": args.seed, "wall_s": wall}
         p = Path(args.json)
         p.parent.mkdir(parents=True, exist_ok=True)

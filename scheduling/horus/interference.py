@@ -550,6 +550,49 @@ def fit_all(path: str | Path | None = None) -> dict[str, Any]:
     }
 
 
+def pair_subset(pairs: PairSet, rows: np.ndarray) -> PairSet:
+    """The pairs of ``rows`` (a boolean mask or indices) as a :class:`PairSet` of the same job types."""
+    idx = np.flatnonzero(rows) if np.asarray(rows).dtype == bool else np.asarray(rows, int)
+    return PairSet(pairs.gpu_type, pairs.jobs, pairs.a[idx], pairs.b[idx], pairs.speeds[idx])
+
+
+def split_pairs(pairs: PairSet, *, seed: int = 0) -> tuple[PairSet, PairSet]:
+    """Two disjoint halves of one GPU type's measured pairs, by a seeded permutation of the pair rows
+    (each measured pair lands in exactly one half; a job type appears in both with other partners).
+    The first half is the POLICY's, the second the SIMULATOR's: a policy that fits its interference
+    model on its half never saw a measurement the simulator's physics was fitted on."""
+    order = np.random.default_rng([int(seed), 0x5911]).permutation(len(pairs.a))
+    half = len(order) // 2
+    return pair_subset(pairs, np.sort(order[:half])), pair_subset(pairs, np.sort(order[half:]))
+
+
+def fit_split(path: str | Path | None = None, *, seed: int = 0,
+              gpu_types: Sequence[str] = ("v100",)) -> tuple[FittedInterference, FittedInterference, dict[str, Any]]:
+    """``(policy's model, simulator's model, facts)``: :func:`fit_gpu` on each half of
+    :func:`split_pairs` for each of ``gpu_types`` (other GPU types fall back to the first listed,
+    as :meth:`FittedInterference.params_for` does)."""
+    all_pairs = load_pairs(path)
+    policy, sim, facts = {}, {}, {}
+    for g in gpu_types:
+        a, b = split_pairs(all_pairs[g], seed=seed)
+        fa, fb = fit_gpu(a), fit_gpu(b)
+        policy[g], sim[g] = fa.params, fb.params
+        facts[g] = {"policy_pairs": int(len(a.a)), "simulator_pairs": int(len(b.a)),
+                    "policy_b": fa.params.interference, "simulator_b": fb.params.interference,
+                    "policy_in_sample_mae": fa.in_sample_mae, "simulator_in_sample_mae": fb.in_sample_mae}
+    return (FittedInterference(policy, name="fitted-policy-half"), FittedInterference(sim, name="fitted-simulator-half"),
+            {"split_seed": seed, "by_gpu_type": facts})
+
+
+def scaled_interference(model: FittedInterference, factor: float, *, name: str | None = None) -> FittedInterference:
+    """``model`` with every GPU type's interference constant ``b`` multiplied by ``factor`` (the
+    mismatch knob: the simulator's physics x0.67 / x1.5 while the policy keeps its own fit)."""
+    if not factor > 0:
+        raise ValueError("factor must be > 0")
+    params = {g: GpuParams(p.capacity, min(p.interference * factor, _MAX_B)) for g, p in model.params.items()}
+    return FittedInterference(params, name=name or f"{model.name} x{factor:g}")
+
+
 def write_params(doc: Mapping[str, Any], path: str | Path | None = None) -> Path:
     """Write the fitted parameters (the cache :meth:`FittedInterference.from_data` loads)."""
     out = Path(path or PARAMS_FILE)

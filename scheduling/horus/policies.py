@@ -69,6 +69,7 @@ from .cluster import MILLI, ClusterView, JobView, WorkloadType, fgd_fragmentatio
 __all__ = [
     "PlacementPolicy",
     "FifoExclusive",
+    "TiresiasLAS",
     "Gandiva",
     "BestFit",
     "RandomFit",
@@ -206,6 +207,35 @@ class FifoExclusive(PlacementPolicy):
             return None
         mask = _base_mask(job, cluster) & (cluster.n_jobs == 0)
         return _choose(job, cluster, np.arange(cluster.n_gpus, dtype=float), mask)
+
+
+class TiresiasLAS(FifoExclusive):
+    """Tiresias-style discretized least attained service (Gu et al., NSDI 2019), two queues, no job
+    durations known: a job's attained service is its GPUs x time run; below ``threshold_gpu_s`` it is in
+    the high queue (level 0), from there on in the low one (level 1). The replay orders its queue by level,
+    then arrival, and a waiting job preempts running jobs of a lower level (checkpointed: the restore costs
+    the replay's ``migration_cost_s``). Placement is FIFO exclusive's (one job per GPU). Not in
+    :data:`POLICIES` (a baseline of the held-out bench, not offered to the API)."""
+
+    name = "las"
+
+    def __init__(self, *, threshold_gpu_s: float = 3600.0):
+        if not threshold_gpu_s > 0:
+            raise ValueError("threshold_gpu_s must be > 0")
+        self.threshold_gpu_s = float(threshold_gpu_s)
+
+    def service_level(self, attained_gpu_s: float) -> int:
+        """0 (high queue) below the threshold, 1 (low queue) from it on."""
+        return 0 if attained_gpu_s < self.threshold_gpu_s else 1
+
+    def demotion_after(self, attained_gpu_s: float, num_gpus: int) -> float | None:
+        """Seconds of running on ``num_gpus`` GPUs until the job drops to the low queue (None: it is there)."""
+        left = self.threshold_gpu_s - attained_gpu_s
+        return left / max(1, num_gpus) if left > 0 else None
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "queues": 2, "threshold_gpu_s": self.threshold_gpu_s,
+                "preemptive": True, "durations_known": False}
 
 
 class _SharingPolicy(PlacementPolicy):

@@ -28,6 +28,7 @@ from common.jsonsafe import json_safe
 
 from .cluster import MILLI, ClusterSpec, ClusterState, JobView, PlacementError, workload_types
 from .interference import FittedInterference, flat_sharing_slowdown
+from .observation import ObservationModel, observe, per_process_util
 from .policies import PlacementPolicy
 from .profiles import util_on_gpu
 from .sim_inputs import (STOP_CHECK_EVERY, SimulationStopped, StopCheck, checked_placement, job_views,
@@ -124,8 +125,7 @@ def measured_util(true_util_pct: float, slowdown: float) -> float:
     ``slowdown x`` as long, its host part ``1 - u`` unchanged), so its kernels are resident
     ``1 - (1 - u) / slowdown`` of the time - more than ``u`` while it is slowed. This, not ``u``, is
     what NVML can tell a policy about a co-located job."""
-    u = min(max(true_util_pct, 0.0), 100.0) / 100.0
-    return 100.0 * (1.0 - (1.0 - u) / max(slowdown, 1.0))
+    return per_process_util(true_util_pct, slowdown)
 
 
 # ------------------------------------------------------------------------------------------ result
@@ -164,6 +164,7 @@ class SimulationResult:
     occupancy_pct: float = 0.0  # the GPUs' sum of their jobs' standalone utilizations, capped at 100 each
     over_capacity_work_pct: float = 0.0  # work a non-work-conserving model claims beyond one GPU per GPU
     peak_gpu_delivered_pct: float = 0.0  # the most one GPU delivered at any time (before the cap)
+    preemptions: int = 0  # jobs stopped and requeued by a least-attained-service queue
 
     def to_dict(self, *, with_jobs: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -173,7 +174,7 @@ class SimulationResult:
 
 
 # ------------------------------------------------------------------------------------------ parts
-FINISH, ARRIVAL, TELEMETRY = 0, 1, 2
+FINISH, ARRIVAL, TELEMETRY, DEMOTE = 0, 1, 2, 3
 RETRY = -1  # the version of an arrival event that is an out-of-memory retry
 
 
@@ -350,7 +351,8 @@ class Replay:
     def __init__(self, jobs: Sequence[Job], spec: ClusterSpec, policy: PlacementPolicy, *, seed: int = 0,
                  interference: InterferenceModel = DEFAULT_INTERFERENCE, predictor_error: float = 0.0,
                  backfill: int = 1, migration_cost_s: float = 60.0, oom_penalty_s: float = 60.0,
-                 frag_samples: int = 256, check_invariants: bool = False, telemetry_delay_s: float = 60.0):
+                 frag_samples: int = 256, check_invariants: bool = False, telemetry_delay_s: float = 60.0,
+                 observation: ObservationModel | None = None):
         validate_jobs(jobs)
         self.spec, self.policy, self.seed = spec, policy, seed
         self.interference = interference
@@ -360,7 +362,11 @@ class Replay:
         #: policy this long after it starts or its speed changes; until its first sample the policy sees
         #: its prediction. 0: telemetry is exact and instant (a job placed in a scheduling pass would
         #: show its TRUE utilization to the next job's placement in the same pass)
-        self.telemetry_delay_s = float(telemetry_delay_s)
+        #: how telemetry samples (lag, noise, per-process or device level); ``observation`` replaces
+        #: ``telemetry_delay_s`` when given (its ``lag_s`` is the delay)
+        self.observation = observation if observation is not None else ObservationModel(lag_s=float(telemetry_delay_s))
+        self.telemetry_delay_s = float(self.observation.lag_s)
+        self._obs_rng = np.random.default_rng([int(seed), 0x0B5E]) if self.observation.noise_pct > 0 else None
         self.check_invariants = check_invariants
         self.state = state = ClusterState(spec)
         biggest = float(state.mem_cap.max())
@@ -386,8 +392,13 @@ class Replay:
         self.acct = Accounting(state.n_gpus, max(1, (2 * len(jl)) // max(1, frag_samples)))
         #: per GPU, its jobs' slowdowns as of its last change (None: one job or none)
         self._slow: list[dict[str, float] | None] = [None] * state.n_gpus
-        self.oom_events = self.migrations = self.n_events = 0
+        self.oom_events = self.migrations = self.n_events = self.preemptions = 0
         self.unschedulable: list[str] = []
+        #: a least-attained-service policy (Tiresias): the queue is ordered by the policy's level of each
+        #: job's attained GPU service, and a waiting job of a higher level preempts running lower ones
+        self.las = callable(getattr(policy, "service_level", None))
+        self.attained = [0.0] * len(self.jobs)  # GPU-seconds of service booked (while not running)
+        self.run_since = [math.nan] * len(self.jobs)
 
     # ---------------------------------------------------------------- main loop
     def run(self, *, should_stop: StopCheck | None = None) -> "Replay":
@@ -420,6 +431,9 @@ class Replay:
                     departed = True
             elif kind == TELEMETRY:
                 self._sample_telemetry(i, version)
+            elif kind == DEMOTE:
+                if version == self.jobs.epoch[i] and self.jobs.jobs[i].job_id in self.state.running:
+                    self.dirty = True  # its level fell: a waiting job may now preempt it
             elif version == RETRY:  # after an out-of-memory crash: back to the head of the queue
                 self.queue.appendleft(i)
                 self.dirty = True
@@ -431,12 +445,18 @@ class Replay:
             if self.has_rebalance and self._migrate(now):
                 self.dirty = True
         if self.dirty or arrived:
-            self._schedule(now)
+            self._pass(now)
         while self.queue and not self.state.running and not self.events:
             # nothing runs and nothing will arrive: the head can never be placed (the cluster is as
             # free as it gets) - drop it as unschedulable
             self.unschedulable.append(self.jobs.jobs[self.queue.popleft()].job_id)
             self.dirty = True
+            self._pass(now)
+
+    def _pass(self, now: float) -> None:
+        if self.las:
+            self._schedule_las(now)
+        else:
             self._schedule(now)
 
     # ---------------------------------------------------------------- cluster changes
@@ -445,6 +465,7 @@ class Replay:
             self.acct.refresh_gpu(g, self.state.true_util[g], len(self.state.jobs_on[g]))
 
     def _finish(self, i: int, t: float) -> None:
+        self._book_service(i, t)
         rj = self.state.remove(self.jobs.jobs[i].job_id)
         self.jobs.finish[i] = t
         self._refresh(rj.gpus)
@@ -468,6 +489,11 @@ class Replay:
             self.acct.refresh_gpu(g, state.true_util[g], len(state.jobs_on[g]))
             self.acct.note_memory(state.true_mem[g] / state.mem_cap[g])
         self._update_rates(gpus, now)
+        if self.las:
+            self.run_since[i] = now
+            left = self.policy.demotion_after(self.attained[i], len(gpus))
+            if left is not None and left > 0:
+                self.events.push(now + left, DEMOTE, i, J.epoch[i])
 
     def _gpu_load(self, g: int) -> GpuLoad:
         s = self.state
@@ -483,6 +509,7 @@ class Replay:
         Then the delivered work of these GPUs and of every GPU of a job whose rate changed is rebooked."""
         J, jobs_on, slow = self.jobs, self.state.jobs_on, self._slow
         touched = set(gpus)
+        changed: list[int] = []
         for g in gpus:
             if len(jobs_on[g]) >= 2:
                 load = self._gpu_load(g)
@@ -503,10 +530,12 @@ class Replay:
                 J.version[i] += 1
                 self.events.push(now + max(J.remaining[i], 0.0) / r, FINISH, i, J.version[i])
                 touched.update(self.state.running[job_id].gpus)
-                if self.telemetry_delay_s <= 0:
-                    self.state.set_measured_util(job_id, measured_util(self.state.running[job_id].true_util_pct, s))
-                else:
-                    self.events.push(now + self.telemetry_delay_s, TELEMETRY, i, J.epoch[i])
+                changed.append(i)
+        for i in changed:  # after every rate is new: a device-level sample sums the GPU's jobs
+            if self.telemetry_delay_s <= 0:
+                self._observe(i)
+            else:
+                self.events.push(now + self.telemetry_delay_s, TELEMETRY, i, J.epoch[i])
         for g in touched:
             self.acct.refresh_delivered(g, self._delivered_on(g))
 
@@ -517,7 +546,21 @@ class Replay:
         rj = self.state.running.get(J.jobs[i].job_id)
         if rj is None or epoch != J.epoch[i] or J.rate[i] <= 0:
             return
-        self.state.set_measured_util(rj.view.job_id, measured_util(rj.true_util_pct, 1.0 / J.rate[i]))
+        self._observe(i)
+
+    def _process_util(self, job_id: str) -> float:
+        i = self.jobs.index[job_id]
+        return measured_util(self.state.running[job_id].true_util_pct, 1.0 / max(self.jobs.rate[i], 1e-12))
+
+    def _observe(self, i: int) -> None:
+        """Set what policies read of running job ``i`` from the observation model (its truth stays here)."""
+        s, job_id = self.state, self.jobs.jobs[i].job_id
+        rj = s.running[job_id]
+        on_gpus: list[list[float]] = []
+        if self.observation.level == "device":
+            on_gpus = [[self._process_util(j) for j in s.jobs_on[g]] for g in rj.gpus]
+        draw = float(self._obs_rng.standard_normal()) if self._obs_rng is not None else 0.0
+        s.set_measured_util(job_id, observe(self.observation, self._process_util(job_id), on_gpus, draw))
 
     def _delivered_on(self, g: int) -> float:
         """Standalone-equivalent work GPU ``g`` does now, in % of one GPU: its jobs' true util x rate."""
@@ -561,6 +604,86 @@ class Replay:
     def _request(v: JobView) -> tuple[float, ...]:
         return (v.num_gpus, v.gpu_milli, v.cpu_milli, v.ram_mib, max(v.pred_mem_mb, v.mem_floor_mb),
                 v.pred_util_pct, 1 if v.single_node else 0)
+
+    # ---------------------------------------------------------------- least attained service
+    def _book_service(self, i: int, now: float) -> None:
+        if self.las and not math.isnan(self.run_since[i]):
+            self.attained[i] += self.jobs.jobs[i].num_gpus * (now - self.run_since[i])
+            self.run_since[i] = math.nan
+
+    def attained_service(self, i: int, now: float) -> float:
+        """Job ``i``'s attained service in GPU-seconds (GPUs held x time run) as of ``now``."""
+        run = 0.0 if math.isnan(self.run_since[i]) else self.jobs.jobs[i].num_gpus * (now - self.run_since[i])
+        return self.attained[i] + run
+
+    def _level(self, i: int, now: float) -> int:
+        return int(self.policy.service_level(self.attained_service(i, now)))
+
+    def _schedule_las(self, now: float) -> None:
+        """Order the queue by level, then arrival (FIFO within a level), offer it; while the first waiting
+        job outranks running jobs and the GPUs they hold would let it start, preempt them (most attained
+        first) and offer again."""
+        for _ in range(len(self.state.running) + 1):
+            self.queue = deque(sorted(self.queue, key=lambda j: (self._level(j, now), j)))
+            self.dirty = True
+            self._schedule(now)
+            if not self.queue or not self._preempt_for(self.queue[0], now):
+                return
+
+    def _preempt_for(self, j: int, now: float) -> bool:
+        """Preempt running jobs of a lower level than waiting job ``j`` so that it fits by GPU count (on
+        one node where it must); False (nothing preempted) if even all of them would not make room."""
+        s, J = self.state, self.jobs
+        level = self._level(j, now)
+        victims = [J.index[jid] for jid in s.running if self._level(J.index[jid], now) > level]
+        if not victims:
+            return False
+        need = J.jobs[j].num_gpus
+        idle = [g for g in range(s.n_gpus) if not s.jobs_on[g]]
+        if J.jobs[j].single_node:  # the node where the fewest GPU-seconds of service are lost
+            best = None
+            for n in sorted({int(s.gpu_node[g]) for g in range(s.n_gpus)}):
+                free = sum(1 for g in idle if s.gpu_node[g] == n)
+                here = sorted((v for v in victims if any(s.gpu_node[g] == n for g in s.running[J.jobs[v].job_id].gpus)),
+                              key=lambda v: (-self.attained_service(v, now), v))
+                chosen = []
+                for v in here:
+                    if free >= need:
+                        break
+                    chosen.append(v)
+                    free += sum(1 for g in s.running[J.jobs[v].job_id].gpus if s.gpu_node[g] == n)
+                if free >= need and (best is None or len(chosen) < len(best)):
+                    best = chosen
+            if best is None or not best:
+                return False
+            chosen = best
+        else:
+            free, chosen = len(idle), []
+            for v in sorted(victims, key=lambda v: (-self.attained_service(v, now), v)):
+                if free >= need:
+                    break
+                chosen.append(v)
+                free += len(s.running[J.jobs[v].job_id].gpus)
+            if free < need or not chosen:
+                return False
+        for v in chosen:
+            self._preempt(v, now)
+        return True
+
+    def _preempt(self, i: int, now: float) -> None:
+        """Stop running job ``i`` (checkpointed: its remaining work kept, plus the restore cost) and
+        requeue it."""
+        J = self.jobs
+        J.progress(i, now)
+        self._book_service(i, now)
+        rj = self.state.remove(J.jobs[i].job_id)
+        J.remaining[i] += self.migration_cost_s
+        J.rate[i] = 0.0
+        J.version[i] += 1  # its finish event is stale
+        self._refresh(rj.gpus)
+        self._update_rates(rj.gpus, now)
+        self.queue.append(i)
+        self.preemptions += 1
 
     # ---------------------------------------------------------------- migration
     def _migrate(self, now: float) -> bool:
@@ -612,6 +735,7 @@ class Replay:
             "migration_cost_s": self.migration_cost_s,
             "oom_penalty_s": self.oom_penalty_s,
             "telemetry_delay_s": self.telemetry_delay_s,
+            "observation": self.observation.describe(),
         }
 
 
@@ -698,6 +822,7 @@ def summarize(replay: Replay, *, wall_s: float, timeseries_points: int = 200,
         peak_mem_frac=acct.peak_mem_frac,
         oom_events=replay.oom_events,
         migrations=replay.migrations,
+        preemptions=replay.preemptions,
         events=replay.n_events,
         wall_s=wall_s,
         timeseries=_timeseries(acct, t_end, timeseries_points),

@@ -70,7 +70,7 @@ from typing import Any
 import numpy as np
 
 from .cluster import MILLI, ClusterView, JobView, WorkloadType
-from .interference import FittedInterference
+from .interference import FittedInterference, stretched_speeds
 from .policies import FGD, HORUS_HEADROOM_MB, HORUS_QUEUE_LOOKAHEAD, _base_mask, _choose, _NodeFrag
 
 __all__ = ["UsageFGD", "held_milli"]
@@ -93,6 +93,13 @@ def _fitted() -> FittedInterference:
     return FittedInterference.from_data()
 
 
+def _gp(model: FittedInterference | None, gpu_model: str) -> tuple[float, float]:
+    """``(capacity, interference)`` of ``model`` (default: the shipped fit) for one GPU model: the
+    caches below are keyed by these two numbers, so several models share them safely."""
+    p = (model if model is not None else _fitted()).params_for(gpu_model)
+    return float(p.capacity), float(p.interference)
+
+
 class UsageFGD(FGD):
     """FGD on predicted usage with bounded-interference overcommit (module docstring)."""
 
@@ -104,8 +111,12 @@ class UsageFGD(FGD):
                  max_jobs_per_gpu: int = 4, headroom_mb: float = HORUS_HEADROOM_MB, max_checked: int = 12,
                  min_speed_whole: float = 0.5, frag_weight: float = 0.5, gang_aware: bool = True,
                  min_speed_gang: float = 0.75, max_migrations: int = 3, telemetry_utils: bool = True,
-                 queue_lookahead: int = HORUS_QUEUE_LOOKAHEAD, move_gangs: bool = True):
+                 queue_lookahead: int = HORUS_QUEUE_LOOKAHEAD, move_gangs: bool = True,
+                 interference: FittedInterference | None = None):
         super().__init__()
+        #: the interference model the POLICY believes (default: the shipped fit to all of Gavel's pairs);
+        #: the held-out bench gives it one fitted on pairs the simulator's physics was not fitted on
+        self.interference = interference if interference is not None else _fitted()
         if not 0.0 < min_speed <= 1.0:
             raise ValueError("min_speed must be in (0, 1]")
         #: extra share held over the predicted utilization (covers prediction error)
@@ -193,7 +204,7 @@ class UsageFGD(FGD):
         value; a slowed one more, so this errs towards caution)."""
         if not self.telemetry_utils:
             return cv.pred_utils_on(gpu)
-        return standalone_from_telemetry(cv.meas_utils_on(gpu), cv.gpu_model[gpu])
+        return standalone_from_telemetry(cv.meas_utils_on(gpu), cv.gpu_model[gpu], self.interference)
 
     def _pick_by_gain(self, job: JobView, cv: ClusterView, nf: np.ndarray, empty: np.ndarray, shared: np.ndarray,
                       frag: _NodeFrag, need: int) -> int | None:
@@ -213,12 +224,13 @@ class UsageFGD(FGD):
         for i in np.flatnonzero(~empty[cand]):
             g = int(cand[i])
             utils = self._utils_on(cv, g)
-            gain[i], slowest = _gain(_key_of(utils), ju, models[g])
+            gain[i], slowest = _gain(_key_of(utils), ju, _gp(self.interference, models[g]))
             ok[i] = slowest >= self.min_speed_whole
             if self.gang_aware:
                 counts = cv.gpu_counts_on(g)
                 if job.num_gpus > 1 or any(n > 1 for n in counts):
-                    gain[i] -= _gang_loss(utils, counts, job.pred_util_pct, job.num_gpus, models[g])
+                    gain[i] -= _gang_loss(utils, counts, job.pred_util_pct, job.num_gpus, models[g],
+                                          self.interference)
         if not ok.any():
             return None
         value = gain - self.frag_weight * frag.delta_single(nf, cand, need) / MILLI
@@ -260,7 +272,7 @@ class UsageFGD(FGD):
             counts = cv.gpu_counts_on(g)
             if g in taken or max(counts) < 2:
                 continue
-            speeds = job_speeds(cv.meas_utils_on(g), cv.gpu_model[g])
+            speeds = job_speeds(cv.meas_utils_on(g), cv.gpu_model[g], self.interference)
             if min(sp for n, sp in zip(counts, speeds) if n > 1) >= self.min_speed_gang:
                 continue
             movable = sorted((rj for rj in cv.jobs_on(g) if rj.view.num_gpus == 1 and rj.migrations < self.max_migrations),
@@ -320,7 +332,7 @@ class UsageFGD(FGD):
             t = int(t)
             if max(cv.gpu_counts_on(t)) > 1:
                 continue
-            speeds = job_speeds(cv.meas_utils_on(t) + (rj.meas_util_pct,), cv.gpu_model[t])
+            speeds = job_speeds(cv.meas_utils_on(t) + (rj.meas_util_pct,), cv.gpu_model[t], self.interference)
             if min(speeds) < self.min_speed_whole or (best is not None and speeds[-1] <= best_speed):
                 continue
             best, best_speed = t, speeds[-1]
@@ -345,7 +357,7 @@ class UsageFGD(FGD):
     def _speed_ok(self, job: JobView, cv: ClusterView, gpu: int) -> bool:
         """Every job on ``gpu`` keeps ``min_speed`` under the fitted model, on predicted utilizations."""
         utils = cv.pred_utils_on(gpu) + (job.pred_util_pct,)
-        return min_predicted_speed(utils, cv.gpu_model[gpu]) >= self.min_speed
+        return min_predicted_speed(utils, cv.gpu_model[gpu], self.interference) >= self.min_speed
 
     def score(self, job, cluster, gpus):
         return super().score(replace(job, gpu_milli=self.held(job)) if job.num_gpus == 1 else job, cluster, gpus)
@@ -358,25 +370,28 @@ class UsageFGD(FGD):
                 "max_migrations": self.max_migrations, "move_gangs": self.move_gangs,
                 "telemetry_utils": self.telemetry_utils,
                 "queue_lookahead": self.queue_lookahead,
+                "policy_interference_params": {g: [p.capacity, p.interference]
+                                               for g, p in sorted(self.interference.params.items())},
                 "interference": "fitted (Gavel pairs), on predicted utilizations (migrations: on telemetry)"}
 
 
-def standalone_from_telemetry(meas_pct: Sequence[float], gpu_model: str) -> tuple[float, ...]:
+def standalone_from_telemetry(meas_pct: Sequence[float], gpu_model: str,
+                              model: FittedInterference | None = None) -> tuple[float, ...]:
     """The standalone utilizations (%) of the jobs on one GPU read back from their sampled per-process
     ones: telemetry shows ``m = 1 - (1 - u) / slowdown`` (:func:`~.replay.measured_util`), and the
     fitted model gives the slowdown of utilizations ``u``, so ``u = 1 - (1 - m) x slowdown(u)`` is
     solved by a few fixed-point steps from ``u = m`` (a job alone: ``u = m``). In placement order."""
     if len(meas_pct) <= 1:
         return tuple(meas_pct)
-    return _destretch(tuple(round(min(max(m, 0.0), 100.0)) for m in meas_pct), gpu_model)
+    return _destretch(tuple(round(min(max(m, 0.0), 100.0)) for m in meas_pct), _gp(model, gpu_model))
 
 
 @lru_cache(maxsize=1 << 16)
-def _destretch(meas_pct: tuple[int, ...], gpu_model: str) -> tuple[float, ...]:
+def _destretch(meas_pct: tuple[int, ...], gp: tuple[float, float]) -> tuple[float, ...]:
     m = np.array(meas_pct, dtype=float) / 100.0
     u = m.copy()
     for _ in range(8):
-        speeds = np.array(_fitted().speeds(list(u), gpu_type=gpu_model))
+        speeds = np.array(stretched_speeds([min(x, 1.0) for x in u], *gp))
         u_next = np.clip(1.0 - (1.0 - m) / speeds, 0.0, m)
         if np.max(np.abs(u_next - u)) < 1e-3:
             u = u_next
@@ -385,42 +400,43 @@ def _destretch(meas_pct: tuple[int, ...], gpu_model: str) -> tuple[float, ...]:
     return tuple(float(x) * 100.0 for x in u)
 
 
-def min_predicted_speed(utils_pct: Sequence[float], gpu_model: str) -> float:
+def min_predicted_speed(utils_pct: Sequence[float], gpu_model: str, model: FittedInterference | None = None) -> float:
     """The slowest job's speed (fraction of standalone) on one GPU under the fitted model."""
-    return predicted_work(utils_pct, gpu_model)[1]
+    return predicted_work(utils_pct, gpu_model, model)[1]
 
 
 def _gang_loss(utils: tuple[float, ...], counts: tuple[int, ...], job_util: float, job_gpus: int,
-               gpu_model: str) -> float:
+               gpu_model: str, model: FittedInterference | None = None) -> float:
     """Predicted work (GPUs) lost on gangs' OTHER GPUs when a job of predicted utilization ``job_util``
     on ``job_gpus`` GPUs joins a GPU holding jobs of ``utils`` on ``counts`` GPUs each: a gang runs
     at its slowest GPU's speed, so one of ``n`` GPUs slowed here from ``s0`` to ``s1`` loses
     ``(n - 1) x u x (s0 - s1)`` elsewhere (an upper bound: its bottleneck may be another GPU); the
     joining job drags its other ``job_gpus - 1`` GPUs to its speed here."""
-    before = job_speeds(utils, gpu_model)
-    after = job_speeds(utils + (job_util,), gpu_model)
+    before = job_speeds(utils, gpu_model, model)
+    after = job_speeds(utils + (job_util,), gpu_model, model)
     loss = sum((n - 1) * min(max(u, 0.0), 100.0) / 100.0 * (s0 - s1)
                for u, n, s0, s1 in zip(utils, counts, before, after) if n > 1)
     return loss + (job_gpus - 1) * min(max(job_util, 1.0), 100.0) / 100.0 * (1.0 - after[-1])
 
 
-def job_speeds(utils_pct: Sequence[float], gpu_model: str) -> tuple[float, ...]:
+def job_speeds(utils_pct: Sequence[float], gpu_model: str, model: FittedInterference | None = None) -> tuple[float, ...]:
     """Each job's speed (fraction of standalone) on one GPU under the fitted model, in the order given
     (utilizations in percent, clipped to [0, 100] and rounded to 1 % steps, as :func:`predicted_work`)."""
     if len(utils_pct) <= 1:
         return (1.0,) * len(utils_pct)
-    return _speeds(tuple(round(min(max(u, 0.0), 100.0)) / 100.0 for u in utils_pct), gpu_model)
+    return _speeds(tuple(round(min(max(u, 0.0), 100.0)) / 100.0 for u in utils_pct), _gp(model, gpu_model))
 
 
 @lru_cache(maxsize=1 << 16)
-def _speeds(utils: tuple[float, ...], gpu_model: str) -> tuple[float, ...]:
-    return tuple(_fitted().speeds(list(utils), gpu_type=gpu_model))
+def _speeds(utils: tuple[float, ...], gp: tuple[float, float]) -> tuple[float, ...]:
+    return tuple(stretched_speeds(utils, *gp))
 
 
-def predicted_work(utils_pct: Sequence[float], gpu_model: str) -> tuple[float, float]:
+def predicted_work(utils_pct: Sequence[float], gpu_model: str, model: FittedInterference | None = None
+                   ) -> tuple[float, float]:
     """``(standalone-equivalent work per unit time, slowest job's speed)`` of jobs sharing one GPU under
     the fitted model, for utilizations in percent."""
-    return _work(_key_of(tuple(utils_pct)), gpu_model)  # 1 % steps: cache hits
+    return _work(_key_of(tuple(utils_pct)), _gp(model, gpu_model))  # 1 % steps: cache hits
 
 
 @lru_cache(maxsize=1 << 16)
@@ -430,17 +446,17 @@ def _key_of(utils_pct: tuple[float, ...]) -> tuple[float, ...]:
 
 
 @lru_cache(maxsize=1 << 16)
-def _gain(before: tuple[float, ...], added: float, gpu_model: str) -> tuple[float, float]:
+def _gain(before: tuple[float, ...], added: float, gp: tuple[float, float]) -> tuple[float, float]:
     """``(predicted work gained by adding a job of utilization ``added`` to a GPU holding ``before``,
     the slowest job's speed after)``; keys as :func:`_key_of` makes them."""
-    w0, _ = _work(before, gpu_model)
-    w1, slowest = _work(tuple(sorted(before + (added,))), gpu_model)
+    w0, _ = _work(before, gp)
+    w1, slowest = _work(tuple(sorted(before + (added,))), gp)
     return w1 - w0, slowest
 
 
 @lru_cache(maxsize=1 << 16)
-def _work(utils: tuple[float, ...], gpu_model: str) -> tuple[float, float]:
+def _work(utils: tuple[float, ...], gp: tuple[float, float]) -> tuple[float, float]:
     if not utils:
         return 0.0, 1.0
-    speeds = _fitted().speeds(list(utils), gpu_type=gpu_model) if len(utils) > 1 else [1.0]
+    speeds = stretched_speeds(utils, *gp) if len(utils) > 1 else [1.0]
     return float(sum(u * v for u, v in zip(utils, speeds))), float(min(speeds))
