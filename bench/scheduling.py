@@ -437,8 +437,11 @@ def reference_baselines(bench: Bench, seeds: tuple[int, ...]) -> dict[str, Any]:
     def worst(policy: str) -> float:
         return max(abs(r[policy]["relative_deviation"]) for r in rows.values())
 
+    default = rows["openb_pod_list_default"]
     return {"fgd_vs_artifact": worst("fgd_ref"), "best_fit_vs_artifact": worst("best_fit_ref"),
             "reference_vs_artifact": {n: worst(n) for n in ARTIFACT_NAMES},
+            "fgd_ref_vs_best_fit_ref_unallocated": default["fgd_ref"]["mean"] / default["best_fit_ref"]["mean"],
+            "artifact_fgd_vs_best_fit_unallocated": default["fgd_ref"]["artifact_mean"] / default["best_fit_ref"]["artifact_mean"],
             "reference_seeds": list(seeds), "artifact_source": src}
 def reference_only_main(args: argparse.Namespace, records, t_start: float) -> int:
     """``--reference-only``: the reference-baselines section alone (no predictor is trained)."""
