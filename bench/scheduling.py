@@ -2,6 +2,7 @@
 
     python bench/scheduling.py --quick            # ~35 min on 2 cores (2,233 s measured, CI on the other core)
     python bench/scheduling.py --json out.json    # full run, over an hour
+    python bench/scheduling.py --reference-only   # the ATC'23 artifact's baselines alone: ~7 min (--quick ~5)
 
 Every policy runs in the same process on the same jobs, cluster and seed, through the same
 path the dashboard and ``manage.py simulate`` use (``scheduling.horus.experiments.run_experiment``).
