@@ -503,6 +503,8 @@ class ClusterView:
         self.meas_mem_mb = _ro(state.true_mem)
         self.gpu_model = tuple(state.gpu_model)
         self.node_gpu_model = state.node_gpu_model
+        #: node names (the artifact's policies break score ties by the smallest name)
+        self.node_names = tuple(n.name for n in state.spec.nodes)
         self._type_ok: dict[str, np.ndarray] = {}
 
     @property

@@ -18,7 +18,7 @@ import numpy as np
 
 from common.jsonsafe import json_safe
 
-from .cluster import MILLI, ClusterSpec, ClusterState, JobView, workload_types
+from .cluster import MILLI, ClusterSpec, ClusterState, JobView
 from .interference import FittedInterference
 from .policies import PlacementPolicy
 from .sim_inputs import (STOP_CHECK_EVERY, SimulationStopped, StopCheck, checked_placement, job_views,
@@ -72,7 +72,7 @@ class Fill:
         self.spec, self.policy, self.seed = spec, policy, seed
         self.until, self.predictor_error = until, predictor_error
         self.state = ClusterState(spec)
-        self.state.workload = workload_types(self.pods, popularity=popularity)
+        self.state.workload = policy.target_workload(self.pods, popularity)
         self.cv = self.state.view()
         policy.reset(seed)
         pu, pm = noisy_predictions(self.pods, predictor_error, seed)

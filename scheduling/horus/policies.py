@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from .cluster import MILLI, ClusterView, JobView, WorkloadType, fgd_fragmentation
+from .cluster import MILLI, ClusterView, JobView, WorkloadType, fgd_fragmentation, workload_types
 
 __all__ = [
     "PlacementPolicy",
@@ -181,6 +181,11 @@ class PlacementPolicy:
         """What the policy holds for ``job`` on its GPUs (the fill method asks): its request, by default.
         A policy that overcommits returns a view asking for a smaller ``gpu_milli``."""
         return job
+
+    def target_workload(self, pods: Sequence[Any], popularity: float) -> list[WorkloadType]:
+        """The task shapes a fill tells the cluster are its target workload (``ClusterView.workload``):
+        FGD's typical pods keyed on GPUs, share, CPU, memory and GPU type, by default."""
+        return workload_types(pods, popularity=popularity)
 
     def place_cpu_pod(self, job: JobView, cluster: ClusterView) -> int | None:
         """The node for a CPU-only pod (no GPUs; the fill method has them), None if none has room.
