@@ -423,3 +423,21 @@ def tempfile_dir() -> str:
     import tempfile
 
     return tempfile.gettempdir()
+
+
+# --- a stored model's features at another batch size ----------------------------------------------------------
+
+
+def test_features_at_another_batch_are_computed_in_the_sandbox(model_a, settings, capsys):
+    """Was broken: a GPU job's prediction (its submission, and the dashboard's preview on every batch size
+    typed) parsed the team's stored ONNX file and ran shape inference in the web process: up to
+    ONNX_MAX_UPLOAD_BYTES of protobuf per request, outside the sandbox's limits. It now runs in the upload
+    sandbox, under its limits: one past them falls back to the linearly scaled features."""
+    from scheduling import adapters
+
+    exact = adapters._model_features(model_a, 4)
+    assert exact["batch_size"] == 4 and not exact.get("batch_scaled"), exact
+    assert exact["total_flops"] == pytest.approx(model_a.total_flops * 4, rel=0.05)
+    settings.UPLOAD_SANDBOX_WALL_S = 0.01  # the parser child is stopped before it answers
+    stopped = adapters._model_features(model_a, 8)
+    assert stopped["batch_scaled"] is True and stopped["batch_size"] == 8
