@@ -441,3 +441,33 @@ def test_features_at_another_batch_are_computed_in_the_sandbox(model_a, settings
     settings.UPLOAD_SANDBOX_WALL_S = 0.01  # the parser child is stopped before it answers
     stopped = adapters._model_features(model_a, 8)
     assert stopped["batch_scaled"] is True and stopped["batch_size"] == 8
+
+
+# --- the admin's password change: a password oracle for a stolen staff session -----------------------------------
+
+
+def test_guessing_the_password_on_the_admins_password_change_meets_the_lockout(user_staff, settings):
+    """Was broken: /admin/password_change/ checks the current password with no limit (no sign-in signal),
+    so a stolen staff session could guess the password there, then mint API tokens with it."""
+    c = Client()
+    c.force_login(user_staff)
+    url = reverse("admin:password_change")
+    new = {"new_password1": "A-new-long-passphrase-42", "new_password2": "A-new-long-passphrase-42"}
+    statuses = [c.post(url, {"old_password": f"guess-{i}", **new}).status_code for i in range(GUESSES)]
+    assert 429 in statuses and set(statuses[statuses.index(429):]) == {429}, statuses
+    resp = c.post(url, {"old_password": "pw-stan", **new})
+    assert resp.status_code == 429 and int(resp["Retry-After"]) > 0
+    user_staff.refresh_from_db()
+    assert user_staff.check_password("pw-stan")  # unchanged
+    login = Client().post(reverse("admin:login"), {"username": "stan", "password": "pw-stan", "next": "/admin/"})
+    assert login.status_code == 429  # the name is locked for sign-in too
+
+
+def test_the_admins_password_change_still_changes_a_password(user_staff):
+    c = Client()
+    c.force_login(user_staff)
+    resp = c.post(reverse("admin:password_change"), {"old_password": "pw-stan", "new_password1": "A-new-long-pass-42",
+                                                     "new_password2": "A-new-long-pass-42"})
+    assert resp.status_code == 302
+    user_staff.refresh_from_db()
+    assert user_staff.check_password("A-new-long-pass-42")
