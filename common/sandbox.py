@@ -135,7 +135,9 @@ def run_in_child(
         if preexec == PRIVILEGE_DROP_HOOK:
             privileges.hand_over(private_dir)  # its HOME and TMPDIR, the one folder the dropped child may write
         proc = subprocess.Popen(
-            [sys.executable, "-s", "-m", CHILD_MODULE, limits], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            # -P: not the working directory first on sys.path (as -m puts it): it is the sandbox account's
+            # to write, and a module left there would shadow the standard library in a later child
+            [sys.executable, "-s", "-P", "-m", CHILD_MODULE, limits], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, cwd=private_dir, env=child_env(private_dir, env), close_fds=True,
             start_new_session=True, preexec_fn=preexec if callable(preexec) else None)
         answer, stderr_tail, timed_out = _exchange(proc, request, data, wall_s=wall_s, max_answer=max_answer_bytes)

@@ -25,7 +25,8 @@ import onnx
 from common.jsonsafe import json_safe
 from core.exceptions import ServiceError
 from core.models import DLModel
-from core.onnx_models.features import compute_features
+from core.onnx_models.features import GraphFeatures, compute_features
+from core.upload_sandbox import parse_in_sandbox
 
 from .horus import experiments
 from .horus.cost import SECONDS_PER_UNIT as SIMULATION_SECONDS_PER_UNIT
@@ -260,8 +261,14 @@ def _model_features(model: DLModel, batch_size: int) -> dict[str, Any]:
         return feats
     try:
         with model.file.open("rb") as f:
-            proto = onnx.load_from_string(f.read())
-        return compute_features(proto, batch_size=batch_size).to_dict()
+            data = f.read()
+        # parsed in the upload sandbox: a team's model is never parsed in the web process
+        answer = parse_in_sandbox("core.onnx_models.features:features_at_batch_in_child", data=data,
+                                  kwargs={"batch_size": int(batch_size)},
+                                  what=f"computing the model's features at batch size {batch_size}")
+        if not isinstance(answer, dict) or not isinstance(answer.get("features"), dict):
+            raise ValueError(answer.get("refused") if isinstance(answer, dict) else "no features")
+        return GraphFeatures.from_dict(answer["features"]).to_dict()  # the child's answer, as plain numbers
     except Exception as exc:
         log.info("features of %s at batch %s scaled linearly (%s)", model, batch_size, exc)
         base = max(1, int(feats.get("batch_size") or model.batch_size or 1))
