@@ -37,7 +37,8 @@ from .horus.predictor_eval import evaluate_predictor as evaluate_utilization_pre
 from .horus.predictor_eval import format_evaluation as format_predictor_evaluation
 from .horus.profiles import DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, ProfileRecord, load_profiles
 from .horus.traces import Job, TraceFormatError, TraceTooLarge, decode_trace, gpu_request_per_pod, trace_summary
-from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PredictorVersion, TraceUpload
+from .horus.extender import ExtenderNode
+from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PodBinding, PredictorVersion, TraceUpload
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ __all__ = [
     "trace_upload_verdict", "decode_trace_file", "trace_summary", "profile_records_from_rows", "profile_row_values",
     "run_simulation", "seed_profile_records", "simulation_cost", "simulation_results", "simulation_size",
     "SimulationCost", "SimulationStopped", "SIMULATION_SECONDS_PER_UNIT", "trace_input", "file_trace_input",
-    "TraceInput",
+    "TraceInput", "extender_job_view", "extender_node", "pod_view",
     "train_utilization_predictor",
 ]
 
@@ -129,8 +130,26 @@ def _node_specs(gpus: list[GPU]) -> list[NodeSpec]:
     return specs
 
 
-def cluster_state(gpus: list[GPU], *, active: Iterable[Placement], samples: dict[int, GpuTelemetry]) -> LiveCluster:
-    """The live cluster from its rows: ``active`` placements (with their jobs) and each GPU's fresh sample.
+def pod_view(binding: PodBinding) -> JobView:
+    """A bound pod as the policies see it (its gang on one node)."""
+    return JobView(job_id=f"pod:{binding.pod_uid}", submit_time=binding.bound_at.timestamp(),
+                   num_gpus=binding.num_gpus, pred_util_pct=binding.predicted_util_pct,
+                   pred_mem_mb=binding.predicted_mem_mb, batch_size=binding.batch_size,
+                   single_node=binding.num_gpus > 1)
+
+
+def extender_job_view(*, pod_uid: str, num_gpus: int, batch_size: int, model_name: str,
+                      prediction: dict[str, Any], now: dt.datetime) -> JobView:
+    """A pod the extender is asked about, with its model's prediction (a gang: one node)."""
+    return JobView(job_id=f"pod:{pod_uid}", submit_time=now.timestamp(), num_gpus=num_gpus,
+                   pred_util_pct=prediction["util_pct"], pred_mem_mb=prediction["mem_mb"], model=model_name,
+                   batch_size=batch_size, single_node=num_gpus > 1)
+
+
+def cluster_state(gpus: list[GPU], *, active: Iterable[Placement], samples: dict[int, GpuTelemetry],
+                  bound: Iterable[PodBinding] = ()) -> LiveCluster:
+    """The live cluster from its rows: ``active`` placements (with their jobs), the Kubernetes pods the
+    extender ``bound`` (one row per GPU of a pod) and each GPU's fresh sample.
 
     * predicted load of a GPU = sum of the predictions of the jobs placed on it (what Horus sees);
     * measured load = its latest NVML sample when fresh (what Gandiva-like policies see), plus the
@@ -148,11 +167,32 @@ def cluster_state(gpus: list[GPU], *, active: Iterable[Placement], samples: dict
         if sample is not None and p.placed_at > sample.ts:
             newer_util[i] += view.pred_util_pct
             newer_mem[i] += view.pred_mem_mb
+    pods: dict[str, list[PodBinding]] = {}
+    for b in bound:
+        if b.gpu_id in flat:
+            pods.setdefault(b.pod_uid, []).append(b)
+    for rows in pods.values():
+        view = pod_view(rows[0])
+        state.add(view, [flat[b.gpu_id] for b in rows], true_util=view.pred_util_pct, true_mem=view.pred_mem_mb,
+                  now=rows[0].bound_at.timestamp())
+        for b in rows:
+            sample = samples.get(b.gpu_id)
+            if sample is not None and b.bound_at > sample.ts:
+                newer_util[flat[b.gpu_id]] += view.pred_util_pct
+                newer_mem[flat[b.gpu_id]] += view.pred_mem_mb
     for gpu_id, sample in samples.items():
         i = flat[gpu_id]
         state.true_util[i] = state.meas_util[i] = float(sample.util_pct) + newer_util[i]
         state.true_mem[i] = float(sample.mem_used_mb) + newer_mem[i]
     return LiveCluster(state=state, gpus=gpus)
+
+
+def extender_node(gpus: list[GPU], *, active: Iterable[Placement], samples: dict[int, GpuTelemetry],
+                  bound: Iterable[PodBinding]) -> ExtenderNode:
+    """One node's GPUs (sorted by NVML index) and their load, as the extender's core takes them."""
+    gpus = sorted(gpus, key=lambda g: g.index)
+    live = cluster_state(gpus, active=active, samples=samples, bound=bound)
+    return ExtenderNode(state=live.state, gpu_indices=tuple(g.index for g in gpus))
 
 
 # ==================================================================================================

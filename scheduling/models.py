@@ -261,6 +261,38 @@ class Placement(models.Model):
         return self.released_at is None
 
 
+class PodBinding(models.Model):
+    """A Kubernetes pod bound by the scheduler extender to one GPU of a node (a gang: one row per GPU).
+    Active (unreleased) bindings count as load on their GPUs for the extender and the placement passes
+    alike. kube-scheduler never says when a pod ends: a binding is released by the extender's release
+    call or counts no more once SCHEDULER_EXTENDER_BINDING_TTL_S has passed."""
+
+    pod_uid = models.CharField(max_length=64, db_index=True)
+    pod_namespace = models.CharField(max_length=253)
+    pod_name = models.CharField(max_length=253)
+    gpu = models.ForeignKey(GPU, on_delete=models.PROTECT, related_name="pod_bindings")
+    model = models.ForeignKey(DLModel, on_delete=models.PROTECT, related_name="pod_bindings")
+    batch_size = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    num_gpus = models.PositiveIntegerField(default=1, help_text="GPUs of the pod's gang (all on this node).")
+    predicted_util_pct = models.FloatField()
+    predicted_mem_mb = models.FloatField()
+    policy = models.CharField(max_length=30)
+    score = models.FloatField(null=True, blank=True, help_text="The policy's cost of the gang's GPUs.")
+    bound_at = models.DateTimeField(db_index=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-bound_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["pod_uid", "gpu"], condition=Q(released_at__isnull=True),
+                                    name="one_active_binding_per_pod_gpu"),
+        ]
+        indexes = [models.Index(fields=["gpu", "released_at"])]
+
+    def __str__(self) -> str:
+        return f"pod {self.pod_namespace}/{self.pod_name} on {self.gpu}"
+
+
 def trace_upload_path(instance: "TraceUpload", filename: str) -> str:
     return f"traces/{instance.team_id}/{instance.sha256[:16]}-{filename[-60:]}"
 

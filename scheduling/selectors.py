@@ -23,6 +23,7 @@ from .models import (
     GpuTelemetry,
     Node,
     Placement,
+    PodBinding,
     PredictorVersion,
     SimulationRun,
     TraceUpload,
@@ -122,6 +123,25 @@ def active_placements_on(gpu_ids: list[int]) -> QuerySet[Placement]:
     """Unreleased placements on these GPUs with their jobs, oldest first (the order they were placed)."""
     return (Placement.objects.filter(released_at__isnull=True, gpu_id__in=gpu_ids)
             .select_related("job", "job__model").order_by("placed_at", "pk"))
+
+
+def extender_binding_ttl_s() -> float:
+    return float(settings.SCHEDULER_EXTENDER_BINDING_TTL_S)
+
+
+def active_pod_bindings_on(gpu_ids: list[int], now: dt.datetime | None = None) -> QuerySet[PodBinding]:
+    """Unreleased pod bindings on these GPUs younger than the binding TTL, oldest first."""
+    now = now or timezone.now()
+    return (PodBinding.objects.filter(released_at__isnull=True, gpu_id__in=gpu_ids,
+                                      bound_at__gte=now - dt.timedelta(seconds=extender_binding_ttl_s()))
+            .order_by("bound_at", "pk"))
+
+
+def active_pod_bindings(pod_uid: str, now: dt.datetime | None = None) -> list[PodBinding]:
+    now = now or timezone.now()
+    return list(PodBinding.objects.filter(pod_uid=pod_uid, released_at__isnull=True,
+                                          bound_at__gte=now - dt.timedelta(seconds=extender_binding_ttl_s()))
+                .select_related("gpu").order_by("gpu__index"))
 
 
 def placements_on_silent_nodes(cutoff: dt.datetime) -> list[tuple[int, str]]:

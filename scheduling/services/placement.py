@@ -64,10 +64,12 @@ def dispatch_placement(*, job_id: int, placement_id: int, queue: str) -> None:
 
 
 def build_cluster_state(gpus: list[GPU], *, now: dt.datetime) -> adapters.LiveCluster:
-    """The live cluster as the policies see it: its GPUs, their active placements and fresh samples."""
+    """The live cluster as the policies see it: its GPUs, their active placements, the Kubernetes pods the
+    scheduler extender bound to them, and fresh samples."""
     ids = [g.pk for g in gpus]
     fresh = selectors.latest_samples(ids, since=now - dt.timedelta(seconds=selectors.telemetry_fresh_s()))
-    return adapters.cluster_state(gpus, active=selectors.active_placements_on(ids), samples=fresh)
+    return adapters.cluster_state(gpus, active=selectors.active_placements_on(ids), samples=fresh,
+                                  bound=selectors.active_pod_bindings_on(ids, now))
 
 
 class GpuHourBudget:
