@@ -8,7 +8,6 @@ Malformed requests are a 400 with ``{"Error": message}``; with no token configur
 from __future__ import annotations
 
 import json
-import logging
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, JsonResponse
@@ -17,8 +16,6 @@ from django.views.decorators.http import require_POST
 
 from core.exceptions import ServiceError
 from scheduling.services import extender as service
-
-log = logging.getLogger(__name__)
 
 
 def _error(status: int, message: str) -> JsonResponse:
