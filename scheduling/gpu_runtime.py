@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .gpu_isolation import ort_cuda_options
 from .telemetry import GpuSampler, NoGpuError, require_gpu
 
 __all__ = ["DurationReached", "GpuRuntimeError", "JobStopped", "rebatch", "run_model_on_gpu", "NoGpuError"]
@@ -122,7 +123,7 @@ def _inputs(model, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def _run_onnxruntime(model, inputs, iterations: int, device_index: int, sampler_factory,
-                     check: StopCheck) -> dict[str, Any]:
+                     check: StopCheck, *, mem_limit_mb: float | None = None) -> dict[str, Any]:
     try:
         import onnxruntime as ort
     except ImportError as exc:  # pragma: no cover - pinned dependency
@@ -132,13 +133,14 @@ def _run_onnxruntime(model, inputs, iterations: int, device_index: int, sampler_
             "onnxruntime has no CUDAExecutionProvider here (the CPU wheel is installed; a GPU worker needs "
             f"onnxruntime-gpu). Available: {', '.join(ort.get_available_providers())}")
     sess = ort.InferenceSession(model.SerializeToString(),
-                                providers=[("CUDAExecutionProvider", {"device_id": device_index})])
+                                providers=[("CUDAExecutionProvider", ort_cuda_options(device_index, mem_limit_mb))])
     if sess.get_providers()[0] != "CUDAExecutionProvider":
         raise GpuRuntimeError(f"onnxruntime fell back to {sess.get_providers()[0]}: CUDA could not be initialised")
     sess.run(None, inputs)  # warm-up (kernel selection, allocations)
     with sampler_factory() as sampler:
         lat = timed_iterations(lambda: sess.run(None, inputs), iterations, check)
-    return {"runtime": "onnxruntime", "provider": "CUDAExecutionProvider", "latencies_s": lat, **sampler.result()}
+    return {"runtime": "onnxruntime", "provider": "CUDAExecutionProvider", "latencies_s": lat,
+            "gpu_mem_limit_mb": mem_limit_mb, **sampler.result()}
 
 
 def _run_tvm(model, inputs, iterations: int, device_index: int, sampler_factory,
@@ -167,8 +169,10 @@ def _run_tvm(model, inputs, iterations: int, device_index: int, sampler_factory,
 
 
 # The GPU runtimes a job may ask for, tried in this order for "auto". Each takes (model, inputs,
-# iterations, device_index, sampler_factory, check) and returns {"runtime", "latencies_s", sampler figures}.
+# iterations, device_index, sampler_factory, check) and returns {"runtime", "latencies_s", sampler figures};
+# those in CAPPED_RUNTIMES also take ``mem_limit_mb`` (a memory cap the runtime enforces).
 RUNTIMES: dict[str, Callable[..., dict[str, Any]]] = {"onnxruntime": _run_onnxruntime, "tvm": _run_tvm}
+CAPPED_RUNTIMES = frozenset({"onnxruntime"})
 
 
 def run_model_on_gpu(
@@ -181,13 +185,15 @@ def run_model_on_gpu(
     nvml: Any = None,
     should_stop: Callable[[], bool] | None = None,
     max_seconds: float | None = None,
+    mem_limit_mb: float | None = None,
 ) -> dict[str, Any]:
     """Run ``iterations`` inferences at ``batch_size`` on GPU ``device_index`` while sampling NVML.
 
     ``should_stop`` is asked about once a second between inferences; when it answers True the run
     ends with :class:`JobStopped` (a cancelled job frees its GPU at once and must not keep using it).
     ``max_seconds`` (the job's declared duration) counts from this call, model loading and compiling
-    included: between inferences past it the run ends with :class:`DurationReached`.
+    included: between inferences past it the run ends with :class:`DurationReached`. ``mem_limit_mb``
+    caps the memory onnxruntime's CUDA provider may hold (``gpu_mem_limit``); TVM has no such cap.
 
     Returns ``{"runtime", "latency_ms", "throughput_per_s", "util_mean_pct", "mem_peak_mb",
     "mem_used_by_job_mb", "power_mean_w", "energy_j", "gpu_name", ...}``. Raises NoGpuError
@@ -209,8 +215,9 @@ def run_model_on_gpu(
     errors = []
     for name in order:
         try:
+            options = {"mem_limit_mb": mem_limit_mb} if mem_limit_mb is not None and name in CAPPED_RUNTIMES else {}
             out = RUNTIMES[name](model, inputs, iterations, device_index, sampler,
-                                 StopCheck(should_stop, limit_s=max_seconds, started=started))
+                                 StopCheck(should_stop, limit_s=max_seconds, started=started), **options)
             break
         except GpuRuntimeError as exc:
             errors.append(str(exc))

@@ -3,19 +3,21 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from core.fieldtext import fit_to_field
 
-from .. import gpu_runtime, selectors
+from .. import gpu_isolation, gpu_runtime, selectors
 from ..gpu_runtime import DurationReached, GpuRuntimeError, JobStopped, NoGpuError
 from ..models import ERROR_TEXT_MAX_CHARS, GpuJob, Placement
 from .jobs import gpu_job_limits
 from .messages import announce_job_end
-from .placement import dispatch_placement, release_active_placement, request_placement_pass
+from .placement import dispatch_placement, release_active_placement, request_placement_pass, unplace
 
 log = logging.getLogger(__name__)
 
@@ -126,18 +128,39 @@ def execute_job(*, job_id: int, placement_id: int, worker: str, nvml: Any = None
     With no GPU the job fails with "no NVIDIA GPU found (pynvml: ...)"; with no CUDA-capable
     runtime it fails naming what is missing.
     """
-    job = claim_job(job_id=job_id, placement_id=placement_id, worker=worker)
+    placement = Placement.objects.select_related("gpu", "gpu__node").filter(pk=placement_id).first()
+    if placement is None:
+        return None
+    slot = gpu_isolation.GpuSlots(gpu_slots_dir(), placement.gpu.index, slots=gpu_isolation.DEFAULT_SLOTS_PER_GPU)
+    try:
+        slot.acquire()
+    except gpu_isolation.NoFreeSlot as exc:  # more jobs reached this GPU than it may run: place it again later
+        log.warning("GPU job %s: %s; back to pending", job_id, exc)
+        unplace(job_id)
+        return None
+    try:
+        return _execute_in_slot(job_id=job_id, placement=placement, worker=worker, nvml=nvml, slot=slot.slot)
+    finally:
+        slot.release()
+
+
+def gpu_slots_dir() -> Path:
+    return Path(settings.SCHEDULING_GPU_SLOTS_DIR)
+
+
+def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: Any, slot: int) -> GpuJob | None:
+    job = claim_job(job_id=job_id, placement_id=placement.pk, worker=worker)
     if job is None:
         log.info("GPU job %s: not placed (cancelled or already run); nothing to do", job_id)
         return None
-    placement = Placement.objects.select_related("gpu", "gpu__node").get(pk=placement_id)
+    mem_limit_mb = gpu_isolation.job_memory_limit_mb(job.predicted_mem_mb, placement.gpu.memory_total_mb)
     try:
         with job.model.file.open("rb") as f:
             data = f.read()
         result = gpu_runtime.run_model_on_gpu(data, batch_size=job.batch_size, iterations=job.iterations,
                                               device_index=placement.gpu.index, runtime=job.runtime, nvml=nvml,
                                               should_stop=lambda: selectors.is_job_cancelled(job_id),
-                                              max_seconds=job.duration_estimate_s)
+                                              max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb)
     except DurationReached as exc:
         log.info("GPU job %s stopped on %s at its declared duration (%g s)", job_id, worker, exc.limit_s)
         return finish_job(job_id=job_id, error=_overran_message(job))
@@ -151,4 +174,5 @@ def execute_job(*, job_id: int, placement_id: int, worker: str, nvml: Any = None
     except Exception as exc:  # the model itself failed: record it, do not retry forever
         log.exception("GPU job %s failed", job_id)
         return finish_job(job_id=job_id, error=f"{type(exc).__name__}: {exc}")
-    return finish_job(job_id=job_id, result=result)
+    return finish_job(job_id=job_id, result={**result, "isolation": {
+        "gpu_slot": slot, "gpu_slots": gpu_isolation.DEFAULT_SLOTS_PER_GPU, "gpu_mem_limit_mb": mem_limit_mb}})
