@@ -162,7 +162,13 @@ def cluster_state(gpus: list[GPU], *, active: Iterable[Placement], samples: dict
     for p in active:
         view = job_view(p.job)
         i = flat[p.gpu_id]
-        state.add(view, [i], true_util=view.pred_util_pct, true_mem=view.pred_mem_mb, now=p.placed_at.timestamp())
+        # A running job's measured load is its own per-process NVML figures once its worker reported them;
+        # until then (placed, or no per-process accounting) it is counted at its prediction, and the GPU's
+        # device sample below replaces the GPU's total either way.
+        live_util, live_mem = p.job.live_util_pct, p.job.live_mem_mb
+        state.add(view, [i], true_util=view.pred_util_pct,
+                  true_mem=live_mem if live_mem is not None else view.pred_mem_mb, now=p.placed_at.timestamp(),
+                  meas_util=live_util)
         sample = samples.get(p.gpu_id)
         if sample is not None and p.placed_at > sample.ts:
             newer_util[i] += view.pred_util_pct

@@ -13,6 +13,7 @@ Used by the ``scheduling.run_job`` Celery task (a placed GPU job) and by the
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -186,6 +187,7 @@ def run_model_on_gpu(
     should_stop: Callable[[], bool] | None = None,
     max_seconds: float | None = None,
     mem_limit_mb: float | None = None,
+    report: Callable[[dict[str, float | None]], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``iterations`` inferences at ``batch_size`` on GPU ``device_index`` while sampling NVML.
 
@@ -194,6 +196,8 @@ def run_model_on_gpu(
     ``max_seconds`` (the job's declared duration) counts from this call, model loading and compiling
     included: between inferences past it the run ends with :class:`DurationReached`. ``mem_limit_mb``
     caps the memory onnxruntime's CUDA provider may hold (``gpu_mem_limit``); TVM has no such cap.
+    ``report`` gets this process's latest per-process NVML figures (``{"util_pct", "mem_mb"}``) each
+    time the stop check asks, about once a second.
 
     Returns ``{"runtime", "latency_ms", "throughput_per_s", "util_mean_pct", "mem_peak_mb",
     "mem_used_by_job_mb", "power_mean_w", "energy_j", "gpu_name", ...}``. Raises NoGpuError
@@ -206,8 +210,16 @@ def run_model_on_gpu(
     model = rebatch(model_bytes, batch_size)
     inputs = _inputs(model)
 
+    samplers: list[GpuSampler] = []
+
     def sampler():
-        return GpuSampler(device_index, nvml=nvml)
+        samplers.append(GpuSampler(device_index, nvml=nvml, pid=os.getpid()))
+        return samplers[-1]
+
+    def stop_or_report() -> bool:
+        if report is not None and samplers:
+            report(samplers[-1].latest_process())
+        return bool(should_stop is not None and should_stop())
 
     order = list(RUNTIMES) if runtime == "auto" else [runtime]
     if runtime != "auto" and runtime not in RUNTIMES:
@@ -217,7 +229,8 @@ def run_model_on_gpu(
         try:
             options = {"mem_limit_mb": mem_limit_mb} if mem_limit_mb is not None and name in CAPPED_RUNTIMES else {}
             out = RUNTIMES[name](model, inputs, iterations, device_index, sampler,
-                                 StopCheck(should_stop, limit_s=max_seconds, started=started), **options)
+                                 StopCheck(stop_or_report if (should_stop or report) else None,
+                                           limit_s=max_seconds, started=started), **options)
             break
         except GpuRuntimeError as exc:
             errors.append(str(exc))

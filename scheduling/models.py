@@ -211,6 +211,14 @@ class GpuJob(models.Model):
     worker = models.CharField(max_length=200, blank=True)
     measured_util_pct = models.FloatField(null=True, blank=True)
     measured_mem_mb = models.FloatField(null=True, blank=True)
+    measured_source = models.CharField(
+        max_length=20, blank=True,
+        help_text="Where measured_* come from: nvml-process (the job's own process) or nvml-device (its GPU's).")
+    # The running job's own per-process NVML figures, refreshed by its worker about once a second (the
+    # policies read these as the job's measured load; none until the driver reports one).
+    live_util_pct = models.FloatField(null=True, blank=True)
+    live_mem_mb = models.FloatField(null=True, blank=True)
+    live_sampled_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     placed_at = models.DateTimeField(null=True, blank=True)

@@ -15,6 +15,7 @@ from core.fieldtext import fit_to_field
 from .. import gpu_isolation, gpu_runtime, selectors
 from ..gpu_runtime import DurationReached, GpuRuntimeError, JobStopped, NoGpuError
 from ..models import ERROR_TEXT_MAX_CHARS, GpuJob, Placement
+from ..telemetry import job_measurement
 from .jobs import gpu_job_limits
 from .messages import announce_job_end
 from .placement import dispatch_placement, release_active_placement, request_placement_pass, unplace
@@ -52,8 +53,7 @@ def finish_job(*, job_id: int, result: dict[str, Any] | None = None, error: str 
         job.state, job.error = GpuJob.State.FAILED, error[:ERROR_TEXT_MAX_CHARS]
     else:
         job.state = GpuJob.State.FINISHED
-        job.measured_util_pct = (result or {}).get("util_mean_pct")
-        job.measured_mem_mb = (result or {}).get("mem_used_by_job_mb")
+        job.measured_util_pct, job.measured_mem_mb, job.measured_source = job_measurement(result or {})
     job.save()
     announce_job_end(job)
     request_placement_pass()
@@ -144,6 +144,14 @@ def execute_job(*, job_id: int, placement_id: int, worker: str, nvml: Any = None
         slot.release()
 
 
+def record_live_measurement(*, job_id: int, live: dict[str, float | None]) -> None:
+    """Store a running job's latest per-process NVML figures (what the policies read as its load)."""
+    if live.get("util_pct") is None and live.get("mem_mb") is None:
+        return
+    GpuJob.objects.filter(pk=job_id, state=GpuJob.State.RUNNING).update(
+        live_util_pct=live.get("util_pct"), live_mem_mb=live.get("mem_mb"), live_sampled_at=timezone.now())
+
+
 def gpu_slots_dir() -> Path:
     return Path(settings.SCHEDULING_GPU_SLOTS_DIR)
 
@@ -160,7 +168,8 @@ def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: An
         result = gpu_runtime.run_model_on_gpu(data, batch_size=job.batch_size, iterations=job.iterations,
                                               device_index=placement.gpu.index, runtime=job.runtime, nvml=nvml,
                                               should_stop=lambda: selectors.is_job_cancelled(job_id),
-                                              max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb)
+                                              max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb,
+                                              report=lambda live: record_live_measurement(job_id=job_id, live=live))
     except DurationReached as exc:
         log.info("GPU job %s stopped on %s at its declared duration (%g s)", job_id, worker, exc.limit_s)
         return finish_job(job_id=job_id, error=_overran_message(job))
