@@ -335,6 +335,8 @@ SCHEDULING_GPU_SLOTS_DIR = env.str("SCHEDULING_GPU_SLOTS_DIR", default=str(VAR_D
 # endpoints answer 503), how long a bound pod counts as load without a release call, and the API server
 # it binds pods through ("" = in-cluster: KUBERNETES_SERVICE_HOST with the service account's token and CA).
 SCHEDULER_EXTENDER_TOKEN = env.str("SCHEDULER_EXTENDER_TOKEN", default="")
+# A pod may name only models of the team whose slug is its namespace (0: any registered model).
+SCHEDULER_EXTENDER_TEAM_NAMESPACES = env.bool("SCHEDULER_EXTENDER_TEAM_NAMESPACES", default=True)
 SCHEDULER_EXTENDER_BINDING_TTL_S = env.float("SCHEDULER_EXTENDER_BINDING_TTL_S", default=24 * 3600.0)
 SCHEDULER_EXTENDER_KUBE_API_URL = env.str("SCHEDULER_EXTENDER_KUBE_API_URL", default="")
 SCHEDULER_EXTENDER_KUBE_TOKEN_FILE = env.str("SCHEDULER_EXTENDER_KUBE_TOKEN_FILE",

@@ -59,7 +59,7 @@ def _endpoint(handler):
         except service.ExtenderError as exc:
             return _error(400, str(exc))
         except ServiceError as exc:
-            return _error(404 if exc.code == "not_found" else 400, str(exc))
+            return _error({"not_found": 404, "permission_denied": 403}.get(exc.code, 400), str(exc))
 
     view.__name__ = handler.__name__
     return view

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from core.exceptions import NotFound, ServiceError
+from core.exceptions import NotFound, PermissionDenied, ServiceError
 from core.models import DLModel
 from core.services import require_ready
 
@@ -62,6 +62,10 @@ def _job_view(pod: core.PodRequest | None, now: dt.datetime):
     if pod is None:
         return None
     model = resolve_model(pod.model_ref)
+    if settings.SCHEDULER_EXTENDER_TEAM_NAMESPACES and pod.namespace != model.team.slug:
+        # a namespace stands for the team of the same slug: no pod borrows another team's models
+        raise PermissionDenied(f"Pods in namespace '{pod.namespace}' may use only the models of team "
+                               f"'{pod.namespace}'; model '{pod.model_ref}' is not one of them.", field="model")
     prediction = predict_job(model=model, batch_size=pod.batch_size)
     return adapters.extender_job_view(pod_uid=pod.uid or f"{pod.namespace}/{pod.name}", num_gpus=pod.num_gpus,
                                       batch_size=pod.batch_size, model_name=model.name, prediction=prediction,

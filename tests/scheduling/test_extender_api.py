@@ -293,3 +293,20 @@ def test_bind_of_a_pod_naming_no_model_binds_it_without_gpus(extender_on, nodes)
         assert post("bind", fixture("bind_args.json", "")).json() == {"Error": ""}
         assert [q["method"] for q in api.requests] == ["GET", "POST"]
     assert not PodBinding.objects.exists()
+
+
+def test_a_pod_may_not_use_another_teams_model(extender_on, nodes, model_a, model_b, predictor):
+    """model_b belongs to team-b: a pod in namespace team-a naming it is refused at filter, prioritize and bind."""
+    args = fixture("filter_args_nodelist.json", str(model_b.pk))
+    result = post("filter", args).json()
+    assert "namespace 'team-a' may use only the models of team 'team-a'" in result["Error"]
+    assert result["Nodes"] is None and result["NodeNames"] is None
+    assert post("prioritize", args).status_code == 403
+    pod = pod_object(f"{model_b.team.slug}/{model_b.name}")
+    with FakeApiServer({("team-a", "resnet-infer-7f9c"): pod}) as api:
+        extender_on.SCHEDULER_EXTENDER_KUBE_API_URL = api.url
+        assert "may use only the models of team" in post("bind", fixture("bind_args.json", "")).json()["Error"]
+        assert [q["method"] for q in api.requests] == ["GET"]  # nothing written, nothing bound
+    assert not PodBinding.objects.exists()
+    extender_on.SCHEDULER_EXTENDER_TEAM_NAMESPACES = False
+    assert post("filter", args).json()["Error"] == ""
