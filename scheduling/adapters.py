@@ -38,7 +38,8 @@ from .horus.predictor_eval import format_evaluation as format_predictor_evaluati
 from .horus.profiles import DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, ProfileRecord, load_profiles
 from .horus.traces import Job, TraceFormatError, TraceTooLarge, decode_trace, gpu_request_per_pod, trace_summary
 from .horus.extender import ExtenderNode
-from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PodBinding, PredictorVersion, TraceUpload
+from .models import (GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PodBinding, PredictorVersion, TraceUpload,
+                     placement_gpu_ids)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,8 @@ def make_live_policy(name: str, now: dt.datetime) -> PlacementPolicy:
 
 def job_view(job: GpuJob) -> JobView:
     return JobView(
-        job_id=str(job.pk), submit_time=job.created_at.timestamp(), num_gpus=1,
+        job_id=str(job.pk), submit_time=job.created_at.timestamp(), num_gpus=job.num_gpus,
+        single_node=job.num_gpus > 1,
         pred_util_pct=job.predicted_util_pct if job.predicted_util_pct is not None else FALLBACK_UTIL_PCT,
         pred_mem_mb=job.predicted_mem_mb if job.predicted_mem_mb is not None else FALLBACK_MEM_MB,
         model=job.model.name if job.model_id else None, batch_size=job.batch_size,
@@ -103,17 +105,20 @@ class LiveCluster:
     def expect_workload(self, views: Sequence[JobView]) -> None:
         self.state.workload = workload_types(views)
 
-    def choose(self, policy: PlacementPolicy, view: JobView, now: dt.datetime) -> tuple[GPU, float | None] | None:
-        """``(GPU, score)`` the policy places the job on, counted in the state; None when it waits."""
+    def choose(self, policy: PlacementPolicy, view: JobView,
+               now: dt.datetime) -> tuple[list[GPU], float | None] | None:
+        """``(GPUs, score)`` the policy places the job on (all ``view.num_gpus`` of them, on one node, or
+        none), counted in the state; None when it waits."""
         cv, t = self.state.view(), now.timestamp()
         chosen = policy.place(view, cv, t)
-        if not chosen:
+        if not chosen or len(chosen) != view.num_gpus \
+                or len({self.gpus[int(i)].node_id for i in chosen}) != 1:
             return None
-        i = int(chosen[0])
-        score = policy.score(view, cv, [i])
-        # Until a heartbeat reports, the job's measured load is taken as its prediction.
-        self.state.add(view, [i], true_util=view.pred_util_pct, true_mem=view.pred_mem_mb, now=t)
-        return self.gpus[i], score
+        flat = [int(i) for i in chosen]
+        score = policy.score(view, cv, flat)
+        # Until its worker reports the job's own figures, it counts at its prediction.
+        self.state.add(view, flat, true_util=view.pred_util_pct, true_mem=view.pred_mem_mb, now=t)
+        return [self.gpus[i] for i in flat], score
 
 
 def _node_specs(gpus: list[GPU]) -> list[NodeSpec]:
@@ -161,18 +166,22 @@ def cluster_state(gpus: list[GPU], *, active: Iterable[Placement], samples: dict
     newer_mem = [0.0] * len(gpus)
     for p in active:
         view = job_view(p.job)
-        i = flat[p.gpu_id]
+        held = [flat[g] for g in placement_gpu_ids(p) if g in flat]  # a gang GPU drained since: not here
+        if not held:
+            continue
+        i = held[0]
         # A running job's measured load is its own per-process NVML figures once its worker reported them;
         # until then (placed, or no per-process accounting) it is counted at its prediction, and the GPU's
         # device sample below replaces the GPU's total either way.
         live_util, live_mem = p.job.live_util_pct, p.job.live_mem_mb
-        state.add(view, [i], true_util=view.pred_util_pct,
+        state.add(view, held, true_util=view.pred_util_pct,
                   true_mem=live_mem if live_mem is not None else view.pred_mem_mb, now=p.placed_at.timestamp(),
                   meas_util=live_util)
-        sample = samples.get(p.gpu_id)
-        if sample is not None and p.placed_at > sample.ts:
-            newer_util[i] += view.pred_util_pct
-            newer_mem[i] += view.pred_mem_mb
+        for g in placement_gpu_ids(p):
+            sample = samples.get(g)
+            if g in flat and sample is not None and p.placed_at > sample.ts:
+                newer_util[flat[g]] += view.pred_util_pct
+                newer_mem[flat[g]] += view.pred_mem_mb
     pods: dict[str, list[PodBinding]] = {}
     for b in bound:
         if b.gpu_id in flat:

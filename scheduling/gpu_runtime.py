@@ -24,7 +24,8 @@ import numpy as np
 from .gpu_isolation import ort_cuda_options
 from .telemetry import GpuSampler, NoGpuError, require_gpu
 
-__all__ = ["DurationReached", "GpuRuntimeError", "JobStopped", "rebatch", "run_model_on_gpu", "NoGpuError"]
+__all__ = ["DurationReached", "GpuRuntimeError", "JobStopped", "rebatch", "run_data_parallel", "run_model_on_gpu",
+           "NoGpuError"]
 
 # How often a running job asks whether it should stop (a database read in the worker).
 STOP_CHECK_EVERY_S = 1.0
@@ -255,3 +256,73 @@ def run_model_on_gpu(
         "gpu_memory_total_mb": gpu.memory_total_mb,
         "runtime_errors": errors,
     }
+
+
+def run_data_parallel(model_bytes: bytes, *, device_indices: list[int], **kwargs: Any) -> dict[str, Any]:
+    """A gang: :func:`run_model_on_gpu` on each of ``device_indices`` at once (one replica per GPU, each
+    at the job's batch size). The lead replica runs in the calling thread and alone calls ``should_stop``
+    and ``report`` (they may read a database); the others run in threads and stop when the lead is told
+    to stop or any replica fails. A failure is raised. The result is the lead GPU's, with the gang's
+    throughput (the sum), its slowest replica's latency, the mean per-process utilization and the summed
+    memory, and every replica's result under ``"replicas"``."""
+    if len(device_indices) == 1:
+        return run_model_on_gpu(model_bytes, device_index=device_indices[0], **kwargs)
+    import threading
+
+    outer_stop = kwargs.pop("should_stop", None)
+    followers_kwargs = {**kwargs, "report": None}
+    failed, stopped = threading.Event(), threading.Event()
+    results: dict[int, dict[str, Any]] = {}
+    errors: list[BaseException] = []
+
+    def lead_stop() -> bool:
+        if failed.is_set():
+            return True
+        if outer_stop is not None and outer_stop():
+            stopped.set()
+            return True
+        return False
+
+    def follower(i: int, device: int) -> None:
+        try:
+            results[i] = run_model_on_gpu(model_bytes, device_index=device,
+                                          should_stop=lambda: failed.is_set() or stopped.is_set(),
+                                          **followers_kwargs)
+        except BaseException as exc:  # handed to the caller below
+            errors.append(exc)
+            failed.set()
+
+    threads = [threading.Thread(target=follower, args=(i, d), name=f"gang-gpu{d}", daemon=True)
+               for i, d in enumerate(device_indices) if i > 0]
+    for t in threads:
+        t.start()
+    try:
+        results[0] = run_model_on_gpu(model_bytes, device_index=device_indices[0], should_stop=lead_stop, **kwargs)
+    except BaseException as exc:
+        errors.insert(0, exc)
+        failed.set()
+    for t in threads:
+        while t.is_alive():
+            t.join(STOP_CHECK_EVERY_S)
+            if t.is_alive() and not stopped.is_set() and outer_stop is not None and outer_stop():
+                stopped.set()
+    if errors:
+        # the first real failure, not the JobStopped it caused in the other replicas
+        raise next((e for e in errors if not isinstance(e, JobStopped) or isinstance(e, DurationReached)), errors[0])
+    replicas = [results[i] for i in range(len(device_indices))]
+
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in replicas if r.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    def total(key: str) -> float | None:
+        vals = [r[key] for r in replicas if r.get(key) is not None]
+        return sum(vals) if vals else None
+
+    latencies = [r["latency_ms"] for r in replicas if r.get("latency_ms") is not None]
+    return {**replicas[0], "gpu_indices": list(device_indices),
+            "latency_ms": max(latencies) if latencies else None,
+            "throughput_per_s": total("throughput_per_s"), "util_mean_pct": mean("util_mean_pct"),
+            "proc_util_mean_pct": mean("proc_util_mean_pct"), "proc_mem_peak_mb": total("proc_mem_peak_mb"),
+            "mem_used_by_job_mb": total("mem_used_by_job_mb"), "energy_j": total("energy_j"),
+            "replicas": replicas}

@@ -168,6 +168,7 @@ GPU_JOB_LIMITS = {
     "batch_size": (1, 4096),
     "iterations": (1, 10_000_000),
     "duration_estimate_s": (1.0, 30 * 24 * 3600.0),
+    "num_gpus": (1, 8),
 }
 
 
@@ -196,6 +197,9 @@ class GpuJob(models.Model):
                                    related_name="+")
     batch_size = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(4096)])
     runtime = models.CharField(max_length=12, choices=Runtime.choices, default=Runtime.AUTO)
+    num_gpus = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(8)],
+        help_text="GPUs of one node the job runs on data-parallel, placed as one unit (a gang).")
     iterations = models.PositiveIntegerField(default=100, validators=[MinValueValidator(1)],
                                              help_text="Inference iterations the job runs.")
     duration_estimate_s = models.FloatField(validators=[MinValueValidator(1.0)],
@@ -247,6 +251,9 @@ class Placement(models.Model):
 
     job = models.ForeignKey(GpuJob, on_delete=models.CASCADE, related_name="placements")
     gpu = models.ForeignKey(GPU, on_delete=models.PROTECT, related_name="placements")
+    gang_gpu_ids = models.JSONField(
+        default=list, blank=True,
+        help_text="Every GPU of a multi-GPU job (ids, lead GPU first; all on the lead's node); [] for one GPU.")
     policy = models.CharField(max_length=30)
     score = models.FloatField(null=True, blank=True, help_text="The policy's cost of this GPU (lower is better).")
     queue = models.CharField(max_length=200)
@@ -376,3 +383,8 @@ class SimulationRun(models.Model):
 
     def __str__(self) -> str:
         return f"Simulation {self.pk} of {self.trace} ({self.status})"
+
+
+def placement_gpu_ids(placement: "Placement") -> list[int]:
+    """The GPUs a placement holds: its gang, or its one GPU."""
+    return list(placement.gang_gpu_ids or [placement.gpu_id])

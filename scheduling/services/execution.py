@@ -14,7 +14,7 @@ from core.fieldtext import fit_to_field
 
 from .. import gpu_isolation, gpu_runtime, selectors
 from ..gpu_runtime import DurationReached, GpuRuntimeError, JobStopped, NoGpuError
-from ..models import ERROR_TEXT_MAX_CHARS, GpuJob, Placement
+from ..models import ERROR_TEXT_MAX_CHARS, GPU, GpuJob, Placement, placement_gpu_ids
 from ..telemetry import job_measurement
 from .jobs import gpu_job_limits
 from .messages import announce_job_end
@@ -131,17 +131,27 @@ def execute_job(*, job_id: int, placement_id: int, worker: str, nvml: Any = None
     placement = Placement.objects.select_related("gpu", "gpu__node").filter(pk=placement_id).first()
     if placement is None:
         return None
-    slot = gpu_isolation.GpuSlots(gpu_slots_dir(), placement.gpu.index, slots=gpu_isolation.DEFAULT_SLOTS_PER_GPU)
+    gang = placement_gpu_ids(placement)
+    index_of = dict(GPU.objects.filter(pk__in=gang).values_list("pk", "index"))
+    devices = [index_of[g] for g in gang if g in index_of]
+    slots = [gpu_isolation.GpuSlots(gpu_slots_dir(), d, slots=gpu_isolation.DEFAULT_SLOTS_PER_GPU) for d in devices]
+    held: list[gpu_isolation.GpuSlots] = []
     try:
-        slot.acquire()
-    except gpu_isolation.NoFreeSlot as exc:  # more jobs reached this GPU than it may run: place it again later
+        for s in slots:  # a slot on every GPU of the job, or none
+            s.acquire()
+            held.append(s)
+    except gpu_isolation.NoFreeSlot as exc:  # more jobs reached a GPU than it may run: place it again later
+        for s in held:
+            s.release()
         log.warning("GPU job %s: %s; back to pending", job_id, exc)
         unplace(job_id)
         return None
     try:
-        return _execute_in_slot(job_id=job_id, placement=placement, worker=worker, nvml=nvml, slot=slot.slot)
+        return _execute_in_slot(job_id=job_id, placement=placement, worker=worker, nvml=nvml, devices=devices,
+                                slot=held[0].slot)
     finally:
-        slot.release()
+        for s in held:
+            s.release()
 
 
 def record_live_measurement(*, job_id: int, live: dict[str, float | None]) -> None:
@@ -156,7 +166,8 @@ def gpu_slots_dir() -> Path:
     return Path(settings.SCHEDULING_GPU_SLOTS_DIR)
 
 
-def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: Any, slot: int) -> GpuJob | None:
+def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: Any, devices: list[int],
+                     slot: int) -> GpuJob | None:
     job = claim_job(job_id=job_id, placement_id=placement.pk, worker=worker)
     if job is None:
         log.info("GPU job %s: not placed (cancelled or already run); nothing to do", job_id)
@@ -165,11 +176,19 @@ def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: An
     try:
         with job.model.file.open("rb") as f:
             data = f.read()
-        result = gpu_runtime.run_model_on_gpu(data, batch_size=job.batch_size, iterations=job.iterations,
-                                              device_index=placement.gpu.index, runtime=job.runtime, nvml=nvml,
-                                              should_stop=lambda: selectors.is_job_cancelled(job_id),
-                                              max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb,
-                                              report=lambda live: record_live_measurement(job_id=job_id, live=live))
+        run = dict(batch_size=job.batch_size, iterations=job.iterations, runtime=job.runtime, nvml=nvml)
+        if len(devices) > 1:
+            result = gpu_runtime.run_data_parallel(data, device_indices=devices, **run,
+                                                   should_stop=lambda: selectors.is_job_cancelled(job_id),
+                                                   max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb,
+                                                   report=lambda live: record_live_measurement(job_id=job_id,
+                                                                                               live=live))
+        else:
+            result = gpu_runtime.run_model_on_gpu(data, device_index=devices[0], **run,
+                                                  should_stop=lambda: selectors.is_job_cancelled(job_id),
+                                                  max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb,
+                                                  report=lambda live: record_live_measurement(job_id=job_id,
+                                                                                              live=live))
     except DurationReached as exc:
         log.info("GPU job %s stopped on %s at its declared duration (%g s)", job_id, worker, exc.limit_s)
         return finish_job(job_id=job_id, error=_overran_message(job))
@@ -184,4 +203,5 @@ def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: An
         log.exception("GPU job %s failed", job_id)
         return finish_job(job_id=job_id, error=f"{type(exc).__name__}: {exc}")
     return finish_job(job_id=job_id, result={**result, "isolation": {
-        "gpu_slot": slot, "gpu_slots": gpu_isolation.DEFAULT_SLOTS_PER_GPU, "gpu_mem_limit_mb": mem_limit_mb}})
+        "gpu_slot": slot, "gpu_slots": gpu_isolation.DEFAULT_SLOTS_PER_GPU, "gpu_mem_limit_mb": mem_limit_mb,
+        "gpu_indices": devices}})

@@ -135,5 +135,5 @@ def test_a_run_records_its_slot_and_the_memory_cap_given_to_onnxruntime(gpu_node
     job.refresh_from_db()
     assert job.state == "finished", job.error
     assert seen["mem_limit_mb"] == 2512.0
-    assert job.result["isolation"] == {"gpu_slot": 0, "gpu_slots": 3, "gpu_mem_limit_mb": 2512.0}
+    assert job.result["isolation"] == {"gpu_slot": 0, "gpu_slots": 3, "gpu_mem_limit_mb": 2512.0, "gpu_indices": [0]}
     assert GpuSlots(tmp_path, p.gpu.index, slots=1).acquire() == 0  # released after the run
