@@ -113,11 +113,18 @@ def test_every_verb_refuses_a_missing_or_wrong_token(extender_on, model_a, token
         assert "Bearer" in r.json()["Error"] and r["WWW-Authenticate"].startswith("Bearer")
 
 
-def test_a_dlopt_api_token_scheme_or_session_is_not_the_extender_token(extender_on, client, user_owner, model_a):
-    client.force_login(user_owner)
-    r = client.post("/scheduler/extender/filter", data=json.dumps(fixture("filter_args_nodelist.json", "1")),
-                    content_type="application/json", HTTP_AUTHORIZATION=f"Token {TOKEN}")
-    assert r.status_code == 401
+def test_a_dlopt_api_token_scheme_or_session_is_not_the_extender_token(extender_on, client, user_owner, user_staff,
+                                                                       model_a):
+    from core.models import ApiToken
+
+    for user in (user_owner, user_staff):  # not even a staff session or a staff API token
+        client.force_login(user)
+        key = ApiToken.objects.create(user=user, name="t", prefix="k", key_hash=ApiToken.hash_key(f"k-{user.pk}"))
+        for header in (f"Token {TOKEN}", f"Bearer k-{user.pk}", ""):
+            r = client.post("/scheduler/extender/filter", data=json.dumps(fixture("filter_args_nodelist.json", "1")),
+                            content_type="application/json", HTTP_AUTHORIZATION=header)
+            assert r.status_code == 401, (user, header)
+        key.delete()
 
 
 def test_with_no_token_configured_the_extender_is_off(settings, db):
