@@ -22,6 +22,7 @@ urlpatterns = [
     # the split view serves Swagger UI's init script from a URL, not inline: the CSP allows no inline script
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include(api_extra + router.urls)),
+    path("scheduler/extender/", include("scheduling.api.extender_urls")),
     path("", include("frontend.urls")),
 ]
 

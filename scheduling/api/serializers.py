@@ -139,7 +139,8 @@ class PlacementSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Placement
-        fields = ["id", "job", "gpu", "node", "gpu_index", "queue", "policy", "score", "placed_at", "released_at",
+        fields = ["id", "job", "gpu", "gang_gpu_ids", "node", "gpu_index", "queue", "policy", "score", "placed_at",
+                  "released_at",
                   "active"]
         read_only_fields = fields
 
@@ -151,7 +152,8 @@ class GpuJobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = GpuJob
-        fields = ["id", "team", "model", "model_name", "batch_size", "runtime", "iterations", "duration_estimate_s",
+        fields = ["id", "team", "model", "model_name", "batch_size", "num_gpus", "runtime", "iterations",
+                  "duration_estimate_s",
                   "predicted_util_pct", "predicted_mem_mb", "predicted_for_gpu_model", "predictor", "state",
                   "policy", "placement", "error", "worker", "measured_util_pct", "measured_mem_mb", "result",
                   "created_at", "placed_at", "started_at", "finished_at"]
@@ -176,6 +178,10 @@ class GpuJobCreateSerializer(serializers.Serializer):
         "600 s; at most SCHEDULING_MAX_JOB_DURATION_S, 24 h). The job is stopped, and fails, when it has run "
         "this long (counted from its start on the GPU worker, model loading included).")
     runtime = serializers.ChoiceField(choices=GpuJob.Runtime.choices, default=GpuJob.Runtime.AUTO)
+    num_gpus = serializers.IntegerField(
+        min_value=GPU_JOB_LIMITS["num_gpus"][0], max_value=GPU_JOB_LIMITS["num_gpus"][1], default=1,
+        help_text="GPUs of one node the job runs on, data-parallel (one replica at batch_size each), placed "
+        "together or not at all; it reserves num_gpus x duration_estimate_s of the GPU-hour quota.")
 
 
 class PlaceSerializer(serializers.Serializer):

@@ -329,9 +329,10 @@ def api_operations() -> dict[tuple[str, str], str]:
 
 
 def dashboard_routes() -> dict[str, str]:
-    """url name -> route of every dashboard page (everything outside api/ and admin/)."""
+    """url name -> route of every dashboard page (everything outside api/ and admin/; the scheduler
+    extender's machine endpoints, token-only for every role, are covered by tests/scheduling/test_extender_api.py)."""
     return {p.name: route for route, p in _walk(get_resolver().url_patterns)
-            if not route.startswith(("api/", "admin/"))}
+            if not route.startswith(("api/", "admin/", "scheduler/extender/"))}
 
 
 def url_for(name: str, w) -> str:

@@ -17,10 +17,21 @@ class FakeNvml:
     NVML_TEMPERATURE_GPU = 0
     NVMLError = FakeNVMLError
 
-    def __init__(self, gpus=None, *, init_error: str | None = None):
+    def __init__(self, gpus=None, *, init_error: str | None = None, processes=None):
         self.gpus = list(gpus or [])
         self.init_error = init_error
         self.calls = 0
+        #: per GPU index, [(pid, sm util %, memory MB)] that per-process accounting reports (none by default)
+        self.processes = dict(processes or {})
+        self.clock_us = 1_000_000
+
+    def nvmlDeviceGetProcessUtilization(self, h, last_seen_us):
+        self.clock_us += 1000
+        return [SimpleNamespace(pid=pid, timeStamp=self.clock_us, smUtil=util, memUtil=0, encUtil=0, decUtil=0)
+                for pid, util, _ in self.processes.get(h, [])]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=int(mem * MB)) for pid, _, mem in self.processes.get(h, [])]
 
     def nvmlInit(self):
         self.calls += 1
