@@ -8,8 +8,10 @@ Django models and `tuning.engine`.
 from .energy import energy_model_snapshot, make_energy_meter, run_energy_model
 from .engine import (
     IMPORT_CHECK_TIMEOUT_S,
+    Abort,
     RecordError,
     WorkerError,
+    WorkDirBusy,
     WorkerTimeout,
     build_engine_config,
     call_engine,
@@ -17,6 +19,7 @@ from .engine import (
     compile_and_compare,
     database_records,
     engine_error_text,
+    fenced,
     has_imported,
     precheck,
     recheck_output,
@@ -29,7 +32,8 @@ from .sink import DatabaseSink, LeaseLost
 from .workdir import delete_run_files, public_json, public_text, run_files_dir, run_work_dir, zip_database
 
 __all__ = [
-    "IMPORT_CHECK_TIMEOUT_S", "DatabaseSink", "LeaseLost", "RecordError", "WorkerError", "WorkerTimeout",
+    "IMPORT_CHECK_TIMEOUT_S", "Abort", "DatabaseSink", "LeaseLost", "RecordError", "WorkDirBusy", "WorkerError",
+    "WorkerTimeout", "fenced",
     "build_engine_config", "call_engine", "check_import", "compile_and_compare", "database_records",
     "delete_run_files", "energy_model_snapshot", "engine_error_text", "has_imported", "make_energy_meter",
     "precheck", "public_json", "public_text", "recheck_output", "resolve_target", "run_energy_model", "run_engine",

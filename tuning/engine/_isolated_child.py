@@ -16,6 +16,10 @@ def _main() -> None:
     sys.stdout = sys.stderr
     proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
 
+    from tuning.engine.lifeline import die_with_parent
+
+    die_with_parent()  # its caller waits for it in the thread that started it
+
     # imported only now: whatever an import prints goes to stderr, never into the protocol pipe
     import importlib
     import threading

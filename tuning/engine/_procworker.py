@@ -15,9 +15,12 @@ def _main() -> None:
     root = os.environ.get("ENGINE_WORKER_ROOT")
     if root and root not in sys.path:
         sys.path.insert(0, root)
+    from tuning.engine.lifeline import die_with_parent
     from tuning.engine.sandbox import apply_limits_from_env  # stdlib only: nothing has run yet
 
     apply_limits_from_env()
+    # a pool may be started from a thread that ends before it: the watchdog only, no death signal
+    die_with_parent(death_signal=False)
     cpus = os.environ.get("ENGINE_WORKER_CPUS")
     if cpus:
         try:

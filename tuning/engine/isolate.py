@@ -8,6 +8,11 @@ is reported as :class:`EngineCrashed` naming the signal and what it was doing.
 The engine's sink stays in the caller (it writes the platform database): the child gets a proxy whose
 calls travel back over the pipe and are answered by the real sink, one at a time.
 Messages are 8-byte big-endian length + pickle, as in :mod:`.procpool`.
+
+The child lives and dies with its caller: it leads its own process group, which the caller kills when
+the call ends however it ends, and it ends itself when the caller dies (:mod:`.lifeline`). An
+:class:`Abort` the caller triggers (its lease was lost, its sink cannot report) kills the child at once:
+the call raises :class:`EngineStopped`.
 """
 from __future__ import annotations
 
@@ -17,13 +22,15 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
+from .lifeline import PARENT_ENV
 from .procpool import loads_from_sandbox
 from .sandbox import scrub_env
 
-__all__ = ["EngineCrashed", "EngineError", "call_isolated"]
+__all__ = ["Abort", "EngineCrashed", "EngineError", "EngineStopped", "call_isolated"]
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 _CHILD = str(Path(__file__).resolve().with_name("_isolated_child.py"))
@@ -36,6 +43,34 @@ class EngineCrashed(RuntimeError):
     def __init__(self, message: str, *, returncode: int | None = None):
         super().__init__(message)
         self.returncode = returncode
+
+
+class EngineStopped(RuntimeError):
+    """The caller's :class:`Abort` stopped the call (the child was killed); the message says why."""
+
+
+class Abort:
+    """Set from any thread to stop a running :func:`call_isolated` (and refuse the next ones)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reason = ""
+
+    def trigger(self, reason: str) -> None:
+        if not self.event.is_set():
+            self.reason = reason
+            self.event.set()
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (it leads one), what it started included."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class EngineError(RuntimeError):
@@ -94,7 +129,8 @@ def _answer_sink(sink, name: str, args: tuple, on_sink_error) -> tuple:
 
 
 def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | None = None,
-                  env: dict[str, str] | None = None, scrub: bool = False, on_sink_error=None, **kwargs):
+                  env: dict[str, str] | None = None, scrub: bool = False, on_sink_error=None,
+                  abort: Abort | None = None, **kwargs):
     """Run ``func`` ("package.module:function") with ``args``/``kwargs`` in a fresh child process.
 
     ``what`` says what the call does, for the crash message ("the TVM compiler crashed (signal 11,
@@ -103,12 +139,24 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
     ``on_sink_error(name, exc)`` may map a sink exception to a value answered instead (e.g. "cancel").
     With ``scrub``, the child gets only the sandbox's allow-listed environment plus ``env`` (no database
     URL, secret key or broker credentials: it compiles and loads code derived from the user's model).
+    ``abort``: triggering it kills the child and the call raises :class:`EngineStopped`.
     """
+    if abort is not None and abort.is_set():
+        raise EngineStopped(abort.reason)
     child_env = scrub_env() if scrub else dict(os.environ)
     child_env.update(env or {})
     child_env["PYTHONPATH"] = _ROOT + (os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else "")
+    child_env[PARENT_ENV] = str(os.getpid())
     proc = subprocess.Popen([sys.executable, "-u", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env=child_env, close_fds=True)
+                            env=child_env, close_fds=True, start_new_session=True)
+    done = threading.Event()
+    if abort is not None:
+        def kill_on_abort() -> None:
+            while not done.is_set():
+                if abort.event.wait(0.5) and not done.is_set():
+                    _kill_group(proc)
+                    return
+        threading.Thread(target=kill_on_abort, name=f"engine-{proc.pid}-abort", daemon=True).start()
     try:
         methods = [m for m in SINK_METHODS if sink is not None and hasattr(sink, m)]
         _send(proc.stdin, (func, args, kwargs, init, methods if sink is not None else None))
@@ -120,6 +168,8 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
                 raise EngineCrashed(f"the engine's child sent a refused answer while {what}: {exc}") from None
             except EOFError:
                 code = proc.wait()
+                if abort is not None and abort.is_set():
+                    raise EngineStopped(abort.reason) from None
                 raise EngineCrashed(f"the TVM compiler crashed ({_describe_exit(code)}) while {what}",
                                     returncode=code) from None
             if msg[0] == "sink":
@@ -129,13 +179,15 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
             else:  # ("error", message, traceback)
                 raise EngineError(msg[1], msg[2])
     finally:
+        done.set()
         for stream in (proc.stdin, proc.stdout):
             try:
                 stream.close()
             except OSError:
                 pass
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=0 if abort is not None and abort.is_set() else 30)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            pass
+        _kill_group(proc)  # the child, and whatever of its group outlived it
+        proc.wait()
