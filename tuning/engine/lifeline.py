@@ -6,7 +6,9 @@ Stdlib only: the engine's children import this before anything else runs.
   about a second when the process that started it dies: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` where the
   creating thread outlives the child, plus a watchdog thread that notices the parent pid change (a
   credential change clears the death signal; the watchdog does not depend on it). Before it exits, the
-  watchdog kills the process group the child leads, so a compiler it started goes too.
+  watchdog kills the process group the child leads, so a compiler it started goes too; where the death
+  signal kills the child first, a guard process in its group (``sh``, waiting on a pipe only the child
+  holds) kills the group when that pipe closes.
 * :func:`lock_work_dir` - an ``flock`` on ``<work_dir>/.engine.lock``, held for the engine's life. The
   kernel drops it the moment its holder dies, so a stale lock needs no breaking: a second engine waits a
   bounded time for a dying one and refuses to start next to a live one (:class:`WorkDirBusy`).
@@ -19,6 +21,7 @@ import errno
 import fcntl
 import os
 import signal
+import subprocess
 import threading
 import time
 
@@ -49,6 +52,18 @@ def _orphaned(parent: int) -> None:
     os._exit(70)
 
 
+_guard: subprocess.Popen | None = None  # kept referenced: its pipe must stay open while this process lives
+
+
+def _guard_group() -> None:
+    """A ``sh`` in this process group that kills the group (``kill 0``) once its stdin reaches EOF, i.e.
+    when this process has ended however it ended (the death signal's SIGKILL included)."""
+    global _guard
+    with contextlib.suppress(OSError):
+        _guard = subprocess.Popen(["/bin/sh", "-c", "read _ignored; kill -KILL 0"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+
+
 def die_with_parent(*, death_signal: bool = True) -> int:
     """Arrange for this process to end when its parent does; returns the parent pid watched.
 
@@ -56,8 +71,8 @@ def die_with_parent(*, death_signal: bool = True) -> int:
     started this process ends: only for children whose creator waits for them in that thread."""
     expected = os.environ.get(PARENT_ENV, "")
     parent = int(expected) if expected.isdigit() else os.getppid()
-    if death_signal:
-        _set_parent_death_signal()
+    if death_signal and _set_parent_death_signal() and os.getpgid(0) == os.getpid():
+        _guard_group()
     if os.getppid() != parent:  # died before the death signal was armed
         _orphaned(parent)
 
