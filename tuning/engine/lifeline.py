@@ -25,7 +25,7 @@ import subprocess
 import threading
 import time
 
-__all__ = ["PARENT_ENV", "WorkDirBusy", "die_with_parent", "lock_work_dir", "LOCK_NAME"]
+__all__ = ["LOCK_NAME", "PARENT_ENV", "LockHeld", "WorkDirBusy", "die_with_parent", "lock_work_dir", "take_lock"]
 
 PARENT_ENV = "DLOPT_ENGINE_PARENT_PID"  # the pid a child must outlive no longer than a second
 LOCK_NAME = ".engine.lock"
@@ -64,13 +64,14 @@ def _guard_group() -> None:
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
 
 
-def die_with_parent(*, death_signal: bool = True) -> int:
+def die_with_parent(*, death_signal: bool = True, parent: int | None = None) -> int:
     """Arrange for this process to end when its parent does; returns the parent pid watched.
 
     ``death_signal``: also ask the kernel (``PR_SET_PDEATHSIG``), which fires when the *thread* that
     started this process ends: only for children whose creator waits for them in that thread."""
-    expected = os.environ.get(PARENT_ENV, "")
-    parent = int(expected) if expected.isdigit() else os.getppid()
+    if parent is None:
+        expected = os.environ.get(PARENT_ENV, "")
+        parent = int(expected) if expected.isdigit() else os.getppid()
     if death_signal and _set_parent_death_signal() and os.getpgid(0) == os.getpid():
         _guard_group()
     if os.getppid() != parent:  # died before the death signal was armed
@@ -86,15 +87,18 @@ def die_with_parent(*, death_signal: bool = True) -> int:
     return parent
 
 
-@contextlib.contextmanager
-def lock_work_dir(work_dir: str, *, wait_s: float = 30.0, poll_s: float = 0.2):
-    """Hold ``work_dir``'s engine lock for the ``with`` block; :class:`WorkDirBusy` when another process
-    still holds it after ``wait_s`` (a dying engine releases it within a second or two)."""
-    os.makedirs(work_dir, exist_ok=True)
-    path = os.path.join(work_dir, LOCK_NAME)
+class LockHeld(RuntimeError):
+    """The lock file is held by another live process."""
+
+
+def take_lock(path: str, *, wait_s: float | None, poll_s: float = 0.2, on_wait=None) -> int:
+    """An exclusive ``flock`` on ``path`` (created), waiting up to ``wait_s`` (None: for as long as it
+    takes); returns the open descriptor that holds it (close it to release), the holder's pid written in
+    the file. :class:`LockHeld` when the wait ran out. ``on_wait(holder)`` is called once if it waits."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        deadline = time.monotonic() + max(0.0, wait_s)
+        deadline = None if wait_s is None else time.monotonic() + max(0.0, wait_s)
+        waited = False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -102,12 +106,32 @@ def lock_work_dir(work_dir: str, *, wait_s: float = 30.0, poll_s: float = 0.2):
             except OSError as exc:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise
-                if time.monotonic() >= deadline:
-                    raise WorkDirBusy(f"another engine is still working in this run's directory "
-                                      f"(holder: {_holder(fd)}); not starting a second one") from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise LockHeld(_holder(fd)) from None
+                if not waited and on_wait is not None:
+                    on_wait(_holder(fd))
+                waited = True
                 time.sleep(poll_s)
         os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+@contextlib.contextmanager
+def lock_work_dir(work_dir: str, *, wait_s: float = 30.0, poll_s: float = 0.2):
+    """Hold ``work_dir``'s engine lock for the ``with`` block; :class:`WorkDirBusy` when another process
+    still holds it after ``wait_s`` (a dying engine releases it within a second or two)."""
+    os.makedirs(work_dir, exist_ok=True)
+    path = os.path.join(work_dir, LOCK_NAME)
+    try:
+        fd = take_lock(path, wait_s=wait_s, poll_s=poll_s)
+    except LockHeld as exc:
+        raise WorkDirBusy(f"another engine is still working in this run's directory (holder: {exc}); "
+                          f"not starting a second one") from None
+    try:
         yield path
     finally:
         os.close(fd)  # releases the lock (the file stays: deleting it would race a waiting engine)
