@@ -142,7 +142,9 @@ def heartbeat_while_executing(run_id: int, lease: str, abort: Abort | None = Non
                             heartbeat_at=timezone.now()):
                         last_beat = time.monotonic()
                         continue
-                    if not stop.is_set():  # not the attempt's own end
+                    # another lease or state: the run is no longer this executor's (a deleted run, or one
+                    # this connection cannot see, is left to the sink, whose every call then fails)
+                    if not stop.is_set() and TuningRun.objects.filter(pk=run_id).exists():
                         fence(f"run {run_id} is no longer this executor's (its lease was taken over or ended)")
                     return
                 except (OperationalError, InterfaceError) as exc:
