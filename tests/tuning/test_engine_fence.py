@@ -170,3 +170,30 @@ def test_resumed_run_gets_only_the_budget_left_after_what_is_stored(model_a, use
         MeasurementFactory(task=task, candidate_key=f"k{i}")
     config = adapters.build_engine_config(run, adapters.run_work_dir(run.pk))
     assert config.trials_spent == 5
+
+
+def test_executor_steps_back_while_an_old_engine_still_holds_the_work_dir(model_a, user_owner, settings, no_broker,
+                                                                          tmp_path):
+    """The previous executor's engine still works in the run's directory (its process tree was stopped,
+    say): the new attempt's engine refuses to start next to it, and the run is queued again as after an
+    executor loss, with nothing written by a second engine."""
+    import subprocess
+    import sys
+
+    from tests.workers import ROOT
+
+    settings.TUNING_STALE_AFTER_S = 4.0  # the engine waits stale/2 + 10 s for the work dir
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False)
+    work_dir, ready = adapters.run_work_dir(run.pk), tmp_path / "ready"
+    holder = subprocess.Popen([sys.executable, "-m", "tests.engine.lifeline_helpers", "hold_work_dir", str(work_dir),
+                               str(ready)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    try:
+        wait_for(ready.exists, 120, "the old engine to hold the work dir")
+        assert services.execute_run(run_id=run.pk, worker="new") is None
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    run.refresh_from_db()
+    assert run.status == "queued" and run.executor_losses == 1 and run.lease == ""
+    assert no_broker == [run.pk]  # sent again
+    assert not (work_dir / "database_tuning_record.json").exists()
