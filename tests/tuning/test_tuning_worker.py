@@ -146,7 +146,7 @@ def test_every_database_connection_dropped_mid_run_is_ridden_out(redis_url, team
 
     from tuning.engine.session import database_records
 
-    in_tvm = [(r.task_index, r.candidate_key)
-              for r in database_records(str(services.run_work_dir(run.pk)), onnx.load_model_from_string(tiny_dense()),
-                                        run.engine_target)]
+    records = database_records(str(services.run_work_dir(run.pk)), onnx.load_model_from_string(tiny_dense()),
+                               run.engine_target)
+    in_tvm = [(r.task_index, r.candidate_key) for r in records]
     assert len(in_tvm) == len(set(in_tvm)) and set(in_tvm) == set(stored)  # store == TVM's database

@@ -32,8 +32,8 @@ from .sink import LeaseLost
 
 IMPORT_CHECK_TIMEOUT_S = 600
 
-__all__ = ["IMPORT_CHECK_TIMEOUT_S", "Abort", "RecordError", "WorkDirBusy", "WorkerError", "WorkerTimeout", "build_engine_config",
-           "call_engine", "check_import", "compile_and_compare", "database_records", "engine_error_text",
+__all__ = ["IMPORT_CHECK_TIMEOUT_S", "Abort", "RecordError", "WorkDirBusy", "WorkerError", "WorkerTimeout",
+           "build_engine_config", "call_engine", "check_import", "compile_and_compare", "database_records", "engine_error_text",
            "fenced", "has_imported", "precheck", "recheck_output", "resolve_target", "run_engine",
            "trimmer_options", "write_imported"]
 

@@ -20,7 +20,7 @@ def _main() -> None:
 
     apply_limits_from_env()
     # a pool may be started from a thread that ends before it: the watchdog only, no death signal
-    die_with_parent(death_signal=False)
+    die_with_parent(death_signal=False, parent=os.getppid())
     cpus = os.environ.get("ENGINE_WORKER_CPUS")
     if cpus:
         try:

@@ -69,8 +69,8 @@ def die_with_parent(*, death_signal: bool = True, parent: int | None = None) -> 
 
     ``death_signal``: also ask the kernel (``PR_SET_PDEATHSIG``), which fires when the *thread* that
     started this process ends: only for children whose creator waits for them in that thread."""
+    expected = os.environ.pop(PARENT_ENV, "")  # for this process only, not for what it starts
     if parent is None:
-        expected = os.environ.get(PARENT_ENV, "")
         parent = int(expected) if expected.isdigit() else os.getppid()
     if death_signal and _set_parent_death_signal() and os.getpgid(0) == os.getpid():
         _guard_group()
