@@ -12,6 +12,7 @@ Stdlib only: the engine's children import this before anything else runs.
 * :func:`lock_work_dir` - an ``flock`` on ``<work_dir>/.engine.lock``, held for the engine's life. The
   kernel drops it the moment its holder dies, so a stale lock needs no breaking: a second engine waits a
   bounded time for a dying one and refuses to start next to a live one (:class:`WorkDirBusy`).
+  :func:`take_lock` is the same lock for any file (config/celery.py: one celery beat at a time).
 """
 from __future__ import annotations
 
