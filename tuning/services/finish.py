@@ -15,6 +15,7 @@ from core.fieldtext import fit_to_field
 from tuning import adapters
 from tuning.adapters import LeaseLost
 from tuning.engine import verdict as verdict_rule
+from tuning.adapters.reconnect import lease_margin_s, wait_for_database
 from tuning.engine.parallel_error import as_fraction
 from tuning.models import DopRound, Measurement, TuningRun, TuningTask
 from tuning.selectors import time_to_parity
@@ -29,6 +30,7 @@ def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Pa
     write (or a lost lease) leaves the run, its tasks and the media directory as they were."""
     run = TuningRun.objects.get(pk=run_id)
     comparison = adapters.compile_and_compare(model_proto, work_dir, run)
+    wait_for_database(within_s=lease_margin_s())  # the compile takes minutes: the connection may have dropped
     require_a_measurement(run)
     records_zip = adapters.zip_database(work_dir)
     trim = (summary.get("trimmer") if isinstance(summary, dict) else getattr(summary, "trimmer", None)) or {}
