@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -10,9 +9,31 @@ from core.api.fast import FastRepresentationMixin
 from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation, UsageCharge
 
 
-@extend_schema_field(OpenApiTypes.INT)
-class TeamScopedPrimaryKeyField(serializers.PrimaryKeyRelatedField):
-    """A `team` field that only accepts teams the caller can write to."""
+TEAM_REF_SCHEMA = {"oneOf": [{"type": "integer"}, {"type": "string"}],
+                   "description": "A team's id or its slug (see /api/me/ or /api/teams/)."}
+
+
+@extend_schema_field(TEAM_REF_SCHEMA)
+class SlugOrIdRelatedField(serializers.PrimaryKeyRelatedField):
+    """A related object given by its id or by its slug; answered as its id. A row outside the field's
+    queryset and one that does not exist get the same error."""
+
+    slug_field = "slug"
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, (int, str)):
+            self.fail("incorrect_type", data_type=type(data).__name__)
+        if isinstance(data, int) or data.strip().isdigit():
+            return super().to_internal_value(data)
+        row = self.get_queryset().filter(**{self.slug_field: data.strip()}).first()
+        if row is None:
+            self.fail("does_not_exist", pk_value=data)
+        return row
+
+
+@extend_schema_field(TEAM_REF_SCHEMA)
+class TeamScopedPrimaryKeyField(SlugOrIdRelatedField):
+    """A `team` field (id or slug) that only accepts teams the caller can write to."""
 
     def get_queryset(self):
         request = self.context.get("request")
@@ -47,7 +68,7 @@ class MembershipSerializer(serializers.ModelSerializer):
     username = serializers.SlugRelatedField(
         source="user", slug_field="username", queryset=get_user_model().objects.filter(is_active=True)
     )
-    team = serializers.PrimaryKeyRelatedField(queryset=Team.objects.all())
+    team = SlugOrIdRelatedField(queryset=Team.objects.all(), help_text="A team's id or slug.")
 
     class Meta:
         model = Membership
@@ -61,8 +82,8 @@ class MembershipSerializer(serializers.ModelSerializer):
         return team
 
 
-@extend_schema_field(OpenApiTypes.INT)
-class MemberTeamField(serializers.PrimaryKeyRelatedField):
+@extend_schema_field(TEAM_REF_SCHEMA)
+class MemberTeamField(SlugOrIdRelatedField):
     """A team the caller belongs to; a team that does not exist and another team's id get the same error."""
 
     default_error_messages = {"does_not_exist": "No such team among yours.",
@@ -171,8 +192,15 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
         fields = ApiTokenSerializer.Meta.fields + ["key"]
 
 
+class MeTeamSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    slug = serializers.CharField(help_text="Accepted wherever a team is given, like the id.")
+    name = serializers.CharField()
+    role = serializers.ChoiceField(choices=Membership.Role.choices)
+
+
 class MeSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     username = serializers.CharField()
     is_staff = serializers.BooleanField()
-    teams = serializers.ListField(child=serializers.DictField())
+    teams = MeTeamSerializer(many=True)

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.throttles import UploadThrottle
-from core.selectors import teams_for_user
+from core.selectors import team_ref_filter, teams_for_user
 from core.services import read_upload
 from recordcache import adapters, selectors, services
 from tuning.selectors import runs_for_user
@@ -34,20 +34,20 @@ class IsStaff(permissions.BasePermission):
 class TeamCacheSettingsView(APIView):
     permission_classes = [permissions.IsAuthenticated]
 
-    def _team(self, request, team_id):
-        team = teams_for_user(request.user).filter(pk=team_id).first()
+    def _team(self, request, team_ref: str):
+        team = teams_for_user(request.user).filter(**team_ref_filter(team_ref)).first()
         if team is None:
             raise Http404
         return team
 
     @extend_schema(responses=TeamCacheSettingsSerializer, summary="The team's record-cache setting")
-    def get(self, request, team_id: int):
-        return Response(TeamCacheSettingsSerializer(selectors.team_settings(self._team(request, team_id).pk)).data)
+    def get(self, request, team_ref: str):
+        return Response(TeamCacheSettingsSerializer(selectors.team_settings(self._team(request, team_ref).pk)).data)
 
     @extend_schema(request=TeamCacheSettingsSerializer, responses=TeamCacheSettingsSerializer,
                    summary="Publish to / read from the shared record cache (owners)")
-    def patch(self, request, team_id: int):
-        team = self._team(request, team_id)
+    def patch(self, request, team_ref: str):
+        team = self._team(request, team_ref)
         body = TeamCacheSettingsSerializer(data=request.data, partial=True)
         body.is_valid(raise_exception=True)
         row = services.update_team_settings(actor=request.user, team=team, publish=body.validated_data.get("publish"),

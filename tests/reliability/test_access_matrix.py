@@ -190,7 +190,7 @@ EXPECTED = {
 
 # URLs whose object is named by another keyword than pk.
 URL_KWARGS = {
-    "team-record-cache": lambda w: {"team_id": w.team_a.pk},
+    "team-record-cache": lambda w: {"team_ref": w.team_a.pk},
     "run-record-cache": lambda w: {"run_id": w.run.pk},
 }
 
