@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -27,10 +29,38 @@ class TeamModelField(serializers.PrimaryKeyRelatedField):
         return core_selectors.models_for_user(request.user)
 
 
+@extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True,
+                       "description": "The resolved target as TVM normalizes it; null until a worker starts the run."})
+class TargetKeyField(serializers.Field):
+    """The run's canonical target key (stored as compact JSON text) as a JSON object."""
+
+    def to_representation(self, value):
+        return json.loads(value) if value else None
+
+
+@extend_schema_field({"type": "object", "properties": {
+    "target": {"type": "object", "nullable": True, "additionalProperties": True},
+    "pipeline": {"type": "string"}}, "required": ["target", "pipeline"]})
+class ResultIdentityField(serializers.Field):
+    """What identifies a run's tuning results: its resolved target (an object) and its pipeline key."""
+
+    def __init__(self, **kwargs):
+        super().__init__(source="*", **kwargs)
+
+    def to_representation(self, run):
+        return {"target": json.loads(run.target_key) if run.target_key else None, "pipeline": run.pipeline_key}
+
+
 class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     model_name = serializers.CharField(source="model.name", read_only=True)
     progress = serializers.FloatField(read_only=True)
-    dop_mode = serializers.CharField(read_only=True)
+    dop = serializers.CharField(source="dop_mode", read_only=True,
+                                help_text="'auto' (DOPpler chooses) or the fixed degree of parallelism.")
+    trimmer = serializers.BooleanField(source="trimmer_enabled", read_only=True, help_text="Trimmer is on.")
+    queue_position = serializers.IntegerField(read_only=True, allow_null=True, help_text=(
+        "While the run waits for one of its team's concurrent-run slots (max_concurrent_runs): 1 for the next "
+        "to start; null when it is not waiting."))
+    target_key = TargetKeyField(read_only=True)
     speedup = serializers.FloatField(read_only=True, allow_null=True)
     energy_kwh = serializers.FloatField(read_only=True)
     carbon_g = serializers.FloatField(read_only=True, allow_null=True,
@@ -38,8 +68,8 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     deploy_verdict = serializers.CharField(read_only=True, help_text=(
         "Which engine to deploy on this target, in words; a tuned module slower than onnxruntime reads "
         "'Tuned TVM is slower than onnxruntime on this target: deploy onnxruntime'. Empty before the comparison."))
-    result_identity = serializers.CharField(read_only=True, help_text=(
-        "What identifies this run's tuning results: target_key and pipeline_key (tuning.engine.targets.identity_of)."))
+    result_identity = ResultIdentityField(read_only=True, help_text=(
+        "What identifies this run's tuning results: the resolved target and the pipeline key."))
     energy_saved_kind = serializers.CharField(read_only=True, allow_null=True,
         help_text='"estimated" (trials Trimmer did not spend x this run\'s energy per trial; see savings_basis), '
                   "null when nothing was estimated. A saving is never measured within a run.")
@@ -48,14 +78,15 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
         model = TuningRun
         fields = [
             "id", "team", "model", "model_name", "target", "target_kind", "max_trials", "trials_per_round",
-            "measurement_mode", "dop_mode", "dop_fixed", "threads", "options", "status", "requested_action",
+            "measurement_mode", "dop", "threads", "options", "status", "requested_action", "queue_position",
+            "waiting_since",
             "error", "created_at", "started_at", "finished_at", "archived_at", "attempts", "worker", "trials_done",
             "progress",
             "wall_seconds", "estimated_latency_s", "final_dop", "mean_parallel_error", "tuned_latency_s",
             "untuned_latency_s", "speedup", "outputs_match", "max_abs_diff", "resolved_target", "target_key",
             "ort_latency_s", "ratio_to_ort", "faster_engine", "ort_outputs_agree", "deploy_verdict", "parity_trials",
             "parity_wall_s", "pipeline_key", "result_identity", "summary", "stop_reason",
-            "trimmer_enabled", "trimmer_options", "candidates_generated", "candidates_filtered",
+            "trimmer", "trimmer_options", "candidates_generated", "candidates_filtered",
             "energy_joules", "energy_kwh", "energy_source", "energy_build_joules", "energy_measure_joules",
             "energy_saved_joules", "energy_saved_kind", "trials_saved", "savings_basis", "grid_intensity_g_per_kwh",
             "carbon_g", "builds_in_flight", "measurements_in_flight",
