@@ -8,6 +8,8 @@ from core import selectors
 from core.api.fast import FastRepresentationMixin
 from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation, UsageCharge
 
+from .strict import RejectUnknownFieldsMixin
+
 
 TEAM_REF_SCHEMA = {"oneOf": [{"type": "integer"}, {"type": "string"}],
                    "description": "A team's id or its slug (see /api/me/ or /api/teams/)."}
@@ -42,7 +44,7 @@ class TeamScopedPrimaryKeyField(SlugOrIdRelatedField):
         return Team.objects.filter(pk__in=selectors.writable_team_ids(request.user))
 
 
-class TeamSerializer(serializers.ModelSerializer):
+class TeamSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     role = serializers.SerializerMethodField(help_text="The caller's role in this team.")
 
     class Meta:
@@ -56,7 +58,7 @@ class TeamSerializer(serializers.ModelSerializer):
         return selectors.role_in_team(request.user, team.pk) if request else None
 
 
-class TeamCreateSerializer(serializers.Serializer):
+class TeamCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     name = serializers.CharField(max_length=100)
     description = serializers.CharField(required=False, allow_blank=True, default="")
     owner = serializers.SlugRelatedField(
@@ -64,7 +66,7 @@ class TeamCreateSerializer(serializers.Serializer):
         help_text="Username of the team's first owner (default: the caller).")
 
 
-class MembershipSerializer(serializers.ModelSerializer):
+class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     username = serializers.SlugRelatedField(
         source="user", slug_field="username", queryset=get_user_model().objects.filter(is_active=True)
     )
@@ -104,7 +106,7 @@ class TeamInvitationSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class InvitationCreateSerializer(serializers.Serializer):
+class InvitationCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     team = MemberTeamField(help_text="A team you own.")
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(choices=Membership.Role.choices, default=Membership.Role.MEMBER)
@@ -114,11 +116,11 @@ class InvitationSentSerializer(serializers.Serializer):
     detail = serializers.CharField()
 
 
-class MembershipUpdateSerializer(serializers.Serializer):
+class MembershipUpdateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     role = serializers.ChoiceField(choices=Membership.Role.choices)
 
 
-class QuotaSerializer(serializers.ModelSerializer):
+class QuotaSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     team_name = serializers.CharField(source="team.name", read_only=True)
     usage = serializers.SerializerMethodField(help_text="Current usage this calendar month (UTC).")
 
@@ -161,21 +163,21 @@ class DLModelSerializer(FastRepresentationMixin, serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class DLModelUploadSerializer(serializers.Serializer):
+class DLModelUploadSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     team = TeamScopedPrimaryKeyField(help_text="A team you are an owner or member of.")
     name = serializers.CharField(max_length=100)
     description = serializers.CharField(required=False, allow_blank=True, default="")
     file = serializers.FileField(help_text="An .onnx file with static input shapes (batch dim may be symbolic).")
 
 
-class ApiTokenSerializer(serializers.ModelSerializer):
+class ApiTokenSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     class Meta:
         model = ApiToken
         fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
         read_only_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
 
 
-class ApiTokenCreateSerializer(serializers.ModelSerializer):
+class ApiTokenCreateSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     password = serializers.CharField(write_only=True, trim_whitespace=False, style={"input_type": "password"},
                                      help_text="Your account password, typed again: a token acts as you until "
                                                "it is revoked.")

@@ -35,13 +35,14 @@ from .serializers import (
     TeamSerializer,
     UsageChargeSerializer,
 )
+from .strict import StrictQueryParamsMixin
 from .throttles import TokenCreateThrottle, UploadThrottle
 from .uploads import body_over, declared_length
 
 MODEL_LIST_VALUES = [*read_columns(DLModel, DLModelSerializer.Meta.fields), "team__name"]
 
 
-class MeView(APIView):
+class MeView(StrictQueryParamsMixin, APIView):
     @extend_schema(responses=MeSerializer, summary="The caller and their teams")
     def get(self, request):
         teams = [
@@ -245,6 +246,7 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
     search_fields = ["name", "description"]
     ordering_fields = ["name", "created_at", "total_flops", "param_count"]
     ordering = ["-created_at"]
+    query_params = {"list": ["archived"]}  # read by get_queryset (core.api.strict)
     list_model, list_values, list_related = DLModel, MODEL_LIST_VALUES, {"team": Team}
 
     def get_throttles(self):

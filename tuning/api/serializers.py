@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from core import selectors as core_selectors
 from core.api.fast import FastRepresentationMixin
+from core.api.strict import RejectUnknownFieldsMixin
 from core.exceptions import ServiceError
 from core.models import DLModel
 from tuning import services
@@ -94,7 +95,7 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class TuningRunCreateSerializer(serializers.Serializer):
+class TuningRunCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     model = TeamModelField(help_text="A model of one of your teams.")
     max_trials = bounded_integer("max_trials")
     target = serializers.JSONField(required=False, help_text=(
@@ -167,6 +168,6 @@ class DopRoundSerializer(FastRepresentationMixin, serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ImportRecordsSerializer(serializers.Serializer):
+class ImportRecordsSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     workloads = serializers.FileField(help_text="TVM JSONDatabase database_workload.json")
     records = serializers.FileField(help_text="TVM JSONDatabase database_tuning_record.json")

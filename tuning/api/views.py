@@ -67,7 +67,8 @@ class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModel
     filterset_class = TuningRunFilter
     ordering_fields = ["created_at", "status", "trials_done", "wall_seconds", "tuned_latency_s"]
     ordering = ["-created_at"]
-    search_fields = ["model__name", "=status", "=id_text"]  # id_text: the id as text (get_queryset)
+    search_fields = ["model__name", "=status", "=id_text"]
+    query_params = {"list": ["archived"], "measurements": ["task_index"]}  # read by the views (core.api.strict)  # id_text: the id as text (get_queryset)
     list_model, list_values, list_related = TuningRun, RUN_LIST_VALUES, {"model": DLModel}
     parser_classes = [parsers.JSONParser, parsers.MultiPartParser, parsers.FormParser]
 
