@@ -1,4 +1,4 @@
-"""The team's queue of runs waiting for a concurrent-run slot.
+"""How runs are sent to the `tuning` queue, and the team's queue of runs waiting for a concurrent-run slot.
 
 A run started (or resumed) while all of its team's `max_concurrent_runs` slots are taken is not refused:
 it is stored `queued` with `waiting_since` set and sent to a worker, oldest first, when a slot frees
@@ -11,16 +11,40 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from core.dispatch import send_on_commit
 from core.services import lock_team_quota
 from tuning import selectors
 from tuning.models import TuningRun
 
 
 
-def _send(run: TuningRun) -> None:
-    from .runs import dispatch_run  # runs imports this module (its controls free and take slots)
+def enqueue_run(run: TuningRun) -> None:
+    """Send the run to the `tuning` queue once the transaction commits.
 
-    dispatch_run(run)
+    The run is committed by then, so a broker outage must not turn the request into a 500: the run is
+    paused instead (nothing it did is lost; resume it once the broker is back), with the reason in
+    `error`, in the database and on `run`, which the caller answers with."""
+
+    def pause_for_broker(exc: BaseException) -> None:
+        run.status = TuningRun.Status.PAUSED
+        run.error = (f"Could not be queued: the task broker is unreachable ({exc}). The run is paused; "
+                     "resume it when the broker is back.")
+        TuningRun.objects.filter(pk=run.pk, status=TuningRun.Status.QUEUED).update(
+            status=run.status, error=run.error, lease="")
+
+    send_on_commit(lambda: _tasks().execute_run.delay(run.pk), what=f"tuning run {run.pk}",
+                   on_error=pause_for_broker)
+
+
+def _tasks():
+    from tuning import tasks  # services import tasks only when they send one (tasks import services)
+
+    return tasks
+
+
+def dispatch_run(run: TuningRun) -> None:
+    """How every service sends a run (tests replace `enqueue_run`, looked up here at call time)."""
+    enqueue_run(run)
 
 
 def dispatch_waiting_runs(*, team_id: int) -> list[int]:
@@ -32,7 +56,7 @@ def dispatch_waiting_runs(*, team_id: int) -> list[int]:
         for run in list(selectors.waiting_runs(team_id).select_for_update()[:max(0, free)]):
             TuningRun.objects.filter(pk=run.pk).update(waiting_since=None)
             run.waiting_since = None
-            _send(run)
+            dispatch_run(run)
             sent.append(run.pk)
     return sent
 

@@ -12,7 +12,6 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from core.dispatch import send_on_commit
 from core.exceptions import ConflictError, ServiceError
 from core.models import DLModel
 from core.permissions import require_team_writer
@@ -25,7 +24,7 @@ from tuning.models import MIN_TRIALS_PER_TASK, RUN_LIMITS, TuningRun, min_trials
 
 from .finish import announce_run_end
 from .quota import check_run_quota
-from .run_queue import wait_for_slot
+from .run_queue import dispatch_run, enqueue_run, wait_for_slot  # noqa: F401 - enqueue_run re-exported
 
 SUPPORTED_TARGET_KINDS = TARGET_KINDS
 CONTROL_RUNS = "start or control tuning runs"  # what viewers may not do (PermissionDenied's message)
@@ -176,35 +175,6 @@ def start_run(
         if enqueue and slot_free:
             dispatch_run(run)
     return run
-
-
-def enqueue_run(run: TuningRun) -> None:
-    """Send the run to the `tuning` queue once the transaction commits.
-
-    The run is committed by then, so a broker outage must not turn the request into a 500: the run is
-    paused instead (nothing it did is lost; resume it once the broker is back), with the reason in
-    `error`, in the database and on `run`, which the caller answers with."""
-
-    def pause_for_broker(exc: BaseException) -> None:
-        run.status = TuningRun.Status.PAUSED
-        run.error = (f"Could not be queued: the task broker is unreachable ({exc}). The run is paused; "
-                     "resume it when the broker is back.")
-        TuningRun.objects.filter(pk=run.pk, status=TuningRun.Status.QUEUED).update(
-            status=run.status, error=run.error, lease="")
-
-    send_on_commit(lambda: _tasks().execute_run.delay(run.pk), what=f"tuning run {run.pk}",
-                   on_error=pause_for_broker)
-
-
-def _tasks():
-    from tuning import tasks  # services import tasks only when they send one (tasks import services)
-
-    return tasks
-
-
-def dispatch_run(run: TuningRun) -> None:
-    """How every service sends a run (tests replace `enqueue_run`, looked up here at call time)."""
-    enqueue_run(run)
 
 
 def locked(run: TuningRun) -> TuningRun:
