@@ -5,6 +5,8 @@ Every 4xx/5xx body is `{"detail": str, "code": str, "errors": {field: [msgs]}}`;
 """
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpResponsePermanentRedirect, JsonResponse
@@ -16,6 +18,10 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from core.exceptions import QuotaExceeded, ServiceError, TooManyAttempts
 from core.onnx_models.errors import OnnxValidationError
+
+
+# get_object_or_404's message: "No TuningRun matches the given query." (the model's class name)
+DJANGO_NOT_FOUND = re.compile(r"No \w+ matches the given query\.")
 
 
 def _flatten(detail) -> tuple[str, dict]:
@@ -46,8 +52,9 @@ def exception_handler(exc, context):
         return response
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
-    if isinstance(exc, Http404):  # Django's message names the model class ("No TuningRun matches ...")
-        exc = exceptions.NotFound()
+    if isinstance(exc, Http404):  # a view's own message is kept; Django's names the model class
+        message = str(exc)
+        exc = exceptions.NotFound(None if not message or DJANGO_NOT_FOUND.fullmatch(message) else message)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

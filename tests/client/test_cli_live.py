@@ -269,7 +269,7 @@ def test_download_the_tuned_module(dlopt, logged_in, model_a, model_b, tmp_path)
 def test_exit_codes_and_one_line_errors(dlopt, logged_in, team_a, model_a, model_b, no_broker):
     missing = dlopt("runs", "show", 999999, "--json")
     assert missing.code == 4
-    assert missing.err.strip() == "dlopt: No TuningRun matches the given query. (HTTP 404 not_found)"
+    assert missing.err.strip() == "dlopt: Not found. (HTTP 404 not_found)"  # names no model class
     assert missing.json["exit_code"] == 4
     assert missing.json["error"]["code"] == "not_found" and missing.json["error"]["status"] == 404
     assert dlopt("models", "show", "no-such-model").code == 4
