@@ -1,6 +1,6 @@
 from django.conf import settings
 from django.contrib import admin
-from django.urls import include, path, re_path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from core.api import urls as core_api
@@ -21,7 +21,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include(api_extra + router.urls)),
     path("", include("frontend.urls")),  # also serves /api/charts/ (the dashboard's chart data)
-    re_path(r"^api/", api_not_found),  # last: any other /api/ path answers the API's JSON 404
+    path("api/<path:rest>", api_not_found, name="api-not-found"),  # last: any other /api/ path, a JSON 404
 ]
 
 handler404 = "core.api.errors.page_not_found"

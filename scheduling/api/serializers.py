@@ -222,8 +222,9 @@ class SimulationRunDetailSerializer(SimulationRunSerializer):
         read_only_fields = fields
 
 
-class SimulationParametersSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
-    """Documented shape of `parameters` (every key optional)."""
+class SimulationParametersSerializer(serializers.Serializer):
+    """Documented shape of `parameters` (every key optional). Open: SimulationCreateSerializer refuses a key
+    that is no experiment parameter and passes the ones not listed here to the service."""
 
     method = serializers.ChoiceField(choices=["replay", "fill"], required=False,
                                      help_text="Default: replay for Philly, fill (ATC'23) for Alibaba pods.")
