@@ -142,3 +142,25 @@ def test_a_stopped_run_leaves_no_task_tuning(model_a, team_a, user_owner, stop, 
     TuningTaskFactory(run=run, index=1, status=TuningTask.Status.TUNING, best_latency_s=None, trials=0)
     services.finish_interrupted(run.pk, run.lease, stop)
     assert list(run.tasks.order_by("index").values_list("status", flat=True)) == task_after
+
+
+def test_a_waiting_run_is_never_claimed_by_an_executor(model_a, team_a, user_owner):
+    """A stray delivery (or a direct execute) of a waiting run does not jump the team's queue."""
+    Quota.objects.filter(team=team_a).update(max_concurrent_runs=1)
+    services.start_run(actor=user_owner, model=model_a, max_trials=16, enqueue=False)
+    waiting = services.start_run(actor=user_owner, model=model_a, max_trials=16, enqueue=False)
+    assert waiting.waiting_since is not None
+    assert services.claim_run(waiting.pk, worker="w") is None
+    waiting.refresh_from_db()
+    assert waiting.status == S.QUEUED and waiting.waiting_since is not None
+
+
+def test_a_caller_that_runs_the_run_itself_is_refused_instead_of_queued(model_a, team_a, user_owner):
+    from core.exceptions import QuotaExceeded
+
+    Quota.objects.filter(team=team_a).update(max_concurrent_runs=1)
+    services.start_run(actor=user_owner, model=model_a, max_trials=16, enqueue=False)
+    with pytest.raises(QuotaExceeded) as refused:
+        services.start_run(actor=user_owner, model=model_a, max_trials=16, enqueue=False, queue_when_busy=False)
+    assert refused.value.quota == "max_concurrent_runs"
+    assert TuningRun.objects.filter(team=team_a).count() == 1

@@ -12,7 +12,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from core.exceptions import ConflictError, ServiceError
+from core.exceptions import ConflictError, QuotaExceeded, ServiceError
 from core.models import DLModel
 from core.permissions import require_team_writer
 from core.selectors import energy_model
@@ -137,7 +137,11 @@ def start_run(
     trimmer: bool = False,
     trimmer_options: dict | None = None,
     enqueue: bool = True,
+    queue_when_busy: bool = True,
 ) -> TuningRun:
+    """Validate and store a run, and send it to a worker (`enqueue`) when one of the team's concurrent-run
+    slots is free; otherwise it waits in the team's queue, or, with `queue_when_busy=False` (a caller that
+    executes the run itself), it is refused with 429."""
     require_team_writer(actor, model.team_id, CONTROL_RUNS)
     require_ready(model)
     target = validate_target(target or settings.DEFAULT_TUNING_TARGET)
@@ -163,6 +167,10 @@ def start_run(
     platform_energy = energy_model()
     with transaction.atomic():
         slot_free = check_run_quota(team_id=model.team_id, max_trials=max_trials)
+        if not slot_free and not queue_when_busy:
+            raise QuotaExceeded("Quota 'max concurrent tuning runs' reached: every run slot of the team is taken. "
+                                "Wait for a run to finish, cancel one, or send the run to a worker, where it "
+                                "waits for a slot.", quota="max_concurrent_runs")
         run = TuningRun.objects.create(
             team_id=model.team_id, model=model, created_by=actor, target=target, target_kind=target["kind"],
             max_trials=max_trials, trials_per_round=trials_per_round, measurement_mode=measurement_mode,
