@@ -232,6 +232,17 @@ def test_wait_on_a_cancelled_or_failed_run(dlopt, logged_in, model_a):
     assert result.code == 1 and f"Run {failed.pk} failed: Worker lost three times." in result.err
 
 
+def test_show_says_where_a_waiting_run_is_in_its_teams_queue(dlopt, logged_in, model_a):
+    from django.utils import timezone
+
+    first = TuningRunFactory(model=model_a, waiting_since=timezone.now())
+    second = TuningRunFactory(model=model_a, waiting_since=timezone.now())
+    result = dlopt("runs", "show", second.pk)
+    assert result.code == 0
+    assert f"Run {second.pk}: cnn-a (model {model_a.pk}) queued, number 2 waiting for a run slot" in result.out
+    assert "DOP auto" in result.out and first.pk != second.pk
+
+
 def test_wait_names_the_reason_when_the_server_paused_the_run(dlopt, logged_in, model_a):
     run = TuningRunFactory(model=model_a, paused=True, error="Could not be queued: the task broker is unreachable.")
     result = dlopt("runs", "show", run.pk, "--wait")
