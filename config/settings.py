@@ -236,6 +236,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # every operation documents its 400/401/403/404/409/429 with the one error body (core/schema.py)
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "core.schema.add_error_responses"],
 }
 
 # Throttle and sign-in lockout counts, figure bodies: Redis in deployment so every web worker shares them.

@@ -16,6 +16,7 @@ from django.urls import reverse
 from common.units import JOULES_PER_KWH, joules_to_kwh
 from tuning import selectors as tuning_selectors
 from tuning.models import TuningRun
+from tuning.services.runs import Control, Outcome, transition
 
 from . import charts, queries
 
@@ -94,12 +95,10 @@ def fmt_target(target: dict) -> str:
 
 
 def run_actions(run: TuningRun) -> dict:
-    pending = run.requested_action or ""
-    return {
-        "cancel": run.status not in TuningRun.TERMINAL and pending != TuningRun.Action.CANCEL,
-        "pause": run.status in TuningRun.ACTIVE and pending == "",
-        "resume": run.status == TuningRun.Status.PAUSED,
-    }
+    """The controls that would change the run, by the run state machine's own table."""
+    return {control: transition(run.status, run.requested_action, control)[0] not in (Outcome.REFUSED,
+                                                                                       Outcome.UNCHANGED)
+            for control in (Control.CANCEL, Control.PAUSE, Control.RESUME)}
 
 
 def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
@@ -124,6 +123,10 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "measurements_in_flight": run.measurements_in_flight, **onnxruntime_numbers(run),
     }
     pending = {"cancel": " (cancel requested)", "pause": " (pause requested)"}.get(run.requested_action or "", "")
+    position = run.queue_position
+    if position is not None:
+        pending = f" (number {position} waiting for one of the team's run slots)"
+    raw["queue_position"] = position
     display = {
         "status": run.get_status_display() + pending,
         "trials": f"{run.trials_done:,} / {run.max_trials:,}",

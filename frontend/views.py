@@ -223,7 +223,9 @@ def run_start(request):
         except ServiceError as exc:
             form.add_error(SERVICE_FIELD_TO_FORM.get(exc.field or ""), exc.message)
         else:
-            messages.success(request, f"Tuning run {run.pk} of {run.model.name} queued.")
+            waiting = (f" It waits for one of the team's run slots (number {run.queue_position} in line) and "
+                       "starts when a run of the team ends." if run.waiting_since else "")
+            messages.success(request, f"Tuning run {run.pk} of {run.model.name} queued.{waiting}")
             return redirect("run-detail", pk=run.pk)
     return render(request, "frontend/run_start.html", {
         "scope": scope, "form": form, "quota_error": quota_error, "no_models": not models.exists(),

@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from core import selectors as core_selectors
 from core.api.serializers import TeamScopedPrimaryKeyField
+from core.api.strict import RejectUnknownFieldsMixin
 from core.models import DLModel
 from scheduling.adapters import EXPERIMENT_PARAMETERS, POLICY_NAMES, SIMULATION_SECONDS_PER_UNIT
 from scheduling.models import (
@@ -100,7 +101,7 @@ class PredictorVersionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class TrainPredictorSerializer(serializers.Serializer):
+class TrainPredictorSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     k_folds = serializers.IntegerField(min_value=2, max_value=20, default=5)
     seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, default=0)
     activate = serializers.BooleanField(default=True)
@@ -165,7 +166,7 @@ class GpuJobSerializer(serializers.ModelSerializer):
         return PlacementSerializer(active[0]).data if active else None
 
 
-class GpuJobCreateSerializer(serializers.Serializer):
+class GpuJobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     model = TeamModelField(help_text="A model of one of your teams.")
     batch_size = serializers.IntegerField(min_value=GPU_JOB_LIMITS["batch_size"][0],
                                           max_value=GPU_JOB_LIMITS["batch_size"][1])
@@ -184,7 +185,7 @@ class GpuJobCreateSerializer(serializers.Serializer):
         "together or not at all; it reserves num_gpus x duration_estimate_s of the GPU-hour quota.")
 
 
-class PlaceSerializer(serializers.Serializer):
+class PlaceSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     policy = serializers.ChoiceField(choices=sorted(POLICY_NAMES), required=False,
                                      help_text="Default: SCHEDULING_POLICY (horus).")
 
@@ -196,7 +197,7 @@ class TraceUploadSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class TraceUploadCreateSerializer(serializers.Serializer):
+class TraceUploadCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     team = TeamScopedPrimaryKeyField(help_text="A team you are an owner or member of.")
     name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
     file = serializers.FileField(help_text="CSV (or .csv.gz): Philly jobs (timestamp,duration,num_gpus) or an "
@@ -245,7 +246,8 @@ class SimulationRunDetailSerializer(SimulationRunSerializer):
 
 
 class SimulationParametersSerializer(serializers.Serializer):
-    """Documented shape of `parameters` (every key optional)."""
+    """Documented shape of `parameters` (every key optional). Open: SimulationCreateSerializer refuses a key
+    that is no experiment parameter and passes the ones not listed here to the service."""
 
     method = serializers.ChoiceField(choices=["replay", "fill"], required=False,
                                      help_text="Default: replay for Philly, fill (ATC'23) for Alibaba pods.")
@@ -263,7 +265,7 @@ class SimulationParametersSerializer(serializers.Serializer):
     until = serializers.FloatField(required=False, help_text="Fill: stop at this share of capacity requested.")
 
 
-class SimulationCreateSerializer(serializers.Serializer):
+class SimulationCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     team = TeamScopedPrimaryKeyField(help_text="A team you are an owner or member of.")
     trace = serializers.CharField(help_text="'philly', 'alibaba' or the id of a trace your team uploaded.")
     policies = serializers.ListField(child=serializers.CharField(), required=False, default=["all"],

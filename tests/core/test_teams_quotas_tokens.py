@@ -139,4 +139,4 @@ def test_error_format_is_uniform(api_owner):
 
 def test_me_lists_roles(team_a, user_viewer):
     body = client_for(user_viewer).get("/api/me/").json()
-    assert body["teams"] == [{"id": team_a.pk, "name": "Team A", "role": "viewer"}]
+    assert body["teams"] == [{"id": team_a.pk, "slug": team_a.slug, "name": "Team A", "role": "viewer"}]

@@ -331,7 +331,7 @@ def test_run_controls(owner_client, user_owner, model_a, roomy_quota):
     run.refresh_from_db()
     assert run.status == "cancelled"
     resp = owner_client.post(f"/runs/{run.pk}/resume/", follow=True)
-    assert "Only paused runs can be resumed" in resp.content.decode()
+    assert f"Run {run.pk} is already cancelled." in resp.content.decode()
     assert owner_client.get(f"/runs/{run.pk}/cancel/").status_code == 405
     assert owner_client.post(f"/runs/{run.pk}/explode/").status_code == 404
 

@@ -200,7 +200,7 @@ def _predictor_training_id(w) -> str:
 
 URL_KWARGS = {
     "predictorversion-training": lambda w: {"task_id": _predictor_training_id(w)},
-    "team-record-cache": lambda w: {"team_id": w.team_a.pk},
+    "team-record-cache": lambda w: {"team_ref": w.team_a.pk},
     "run-record-cache": lambda w: {"run_id": w.run.pk},
 }
 

@@ -60,6 +60,9 @@ def claim_run(run_id: int, *, worker: str) -> str | None:
         if run.status != TuningRun.Status.QUEUED:
             log.info("run %s is %s; not executing it again", run_id, run.status)
             return None
+        if run.waiting_since is not None:  # the team's queue sends it when a slot frees
+            log.info("run %s waits for a concurrent-run slot; not executing it yet", run_id)
+            return None
         run.status, run.lease, run.heartbeat_at = TuningRun.Status.RUNNING, lease, now
         run.worker = fit_to_field(TuningRun, "worker", worker)
         run.attempts += 1
