@@ -108,14 +108,14 @@ class TrainPredictorSerializer(RejectUnknownFieldsMixin, serializers.Serializer)
 
 
 class PredictorTrainingSerializer(serializers.Serializer):
-    """A requested predictor training (scheduling.selectors.PredictorTraining), polled at ``url``."""
+    """A requested predictor training (scheduling.selectors.PredictorTraining), polled at ``url``: output only."""
 
-    task_id = serializers.CharField()
-    state = serializers.ChoiceField(choices=["queued", "running", "succeeded", "failed"])
-    version = serializers.IntegerField(allow_null=True, help_text="The trained version, once succeeded.")
-    error = serializers.CharField(allow_blank=True)
-    requested_at = serializers.DateTimeField()
-    finished_at = serializers.DateTimeField(allow_null=True)
+    task_id = serializers.CharField(read_only=True)
+    state = serializers.ChoiceField(choices=["queued", "running", "succeeded", "failed"], read_only=True)
+    version = serializers.IntegerField(allow_null=True, read_only=True, help_text="The trained version, once succeeded.")
+    error = serializers.CharField(allow_blank=True, read_only=True)
+    requested_at = serializers.DateTimeField(read_only=True)
+    finished_at = serializers.DateTimeField(allow_null=True, read_only=True)
     url = serializers.SerializerMethodField()
 
     def get_url(self, training) -> str:
