@@ -22,6 +22,9 @@ _TEMPLATE = go.layout.Template(layout={
     "hovermode": "closest",
 })
 E2E_COLOR = "#111"
+# Plotly labels a log axis's minor ticks with their first digit only, so 0.5 ms and 5 ms both read "5":
+# a general number format writes every tick in full.
+LOG_AXIS = {"type": "log", "tickformat": "~g"}
 
 
 def _layout(**kwargs) -> dict:
@@ -116,8 +119,8 @@ def best_so_far_figure(curve: dict, *, run_id: int | None = None, missing: list[
     layout = _layout(
         title={"text": "Best latency so far vs trials"}, height=560, uirevision=f"curve-{run_id}",
         xaxis={"title": {"text": "measured trials (whole run)"}, "anchor": "y2"},
-        yaxis={"title": {"text": "end-to-end (ms)"}, "domain": [0.6, 1.0], "type": "log"},
-        yaxis2={"title": {"text": "per task (ms)"}, "domain": [0.0, 0.48], "type": "log"},
+        yaxis={"title": {"text": "end-to-end (ms)"}, "domain": [0.6, 1.0], **LOG_AXIS},
+        yaxis2={"title": {"text": "per task (ms)"}, "domain": [0.0, 0.48], **LOG_AXIS},
         legend={"font": {"size": 10}},
     )
     if not e2e["trials"]:
@@ -206,7 +209,7 @@ def compare_figure(runs, curves: dict[int, dict]) -> dict:
     fig = go.Figure(data=data, layout=_layout(
         title={"text": "End-to-end best latency so far"}, height=440,
         xaxis={"title": {"text": "measured trials"}}, yaxis={"title": {"text": "estimated latency (ms)"},
-                                                             "type": "log"},
+                                                             **LOG_AXIS},
         legend={"orientation": "h", "y": -0.2},
     ))
     return figure_dict(fig)

@@ -71,3 +71,14 @@ def chart(figure_id: str, label: str, height: int = 360):
         'style="min-height:{}px"></div><noscript><p class="muted">Chart: {} (needs JavaScript; '
         'the table below has the same numbers).</p></noscript></figure>',
         figure_id, label, height, label)
+
+
+@register.simple_tag(takes_context=True)
+def pending_invitations(context):
+    """The signed-in user's unanswered team invitations (the scope note points to them)."""
+    from ..accountdata import invitations_for
+
+    request = context.get("request")
+    if request is None or not request.user.is_authenticated:
+        return []
+    return list(invitations_for(request.user))
