@@ -206,6 +206,16 @@ def compare_figure(runs, curves: dict[int, dict]) -> dict:
         ))
     if not data:
         return empty_figure("None of these runs has an end-to-end estimate yet.", title="Runs compared")
+    # onnxruntime's latency as each run measured it (same inputs and threads): the yardstick to beat
+    right = max((max(t.x) for t in data if t.x), default=1)
+    for run in runs:
+        if run.ort_latency_s is None:
+            continue
+        data.append(go.Scatter(
+            x=[0, right], y=[run.ort_latency_s * 1e3] * 2, mode="lines", line={"dash": "dash", "width": 1.5},
+            name=f"onnxruntime (run {run.pk})",
+            hovertemplate=f"onnxruntime, run {run.pk}<br>%{{y:.4g}} ms<extra></extra>",
+        ))
     fig = go.Figure(data=data, layout=_layout(
         title={"text": "End-to-end best latency so far"}, height=440,
         xaxis={"title": {"text": "measured trials"}}, yaxis={"title": {"text": "estimated latency (ms)"},

@@ -588,6 +588,41 @@ def run_links(run: TuningRun) -> dict:
     }
 
 
+def _settings_of(run: TuningRun) -> dict[str, str]:
+    """The settings a user chose for a run, in words (the compare page lists those that differ)."""
+    trimmer = run.trimmer_options or {}
+    out = {
+        "Model": run.model.name,
+        "Target": fmt_target(run.target),
+        "Measurement mode": run.get_measurement_mode_display(),
+        "DOP": f"fixed {run.dop_fixed}" if run.dop_fixed else "automatic",
+        "Trial budget": f"{run.max_trials:,}",
+        "Trials per round": f"{run.trials_per_round:,}",
+        "Threads per measurement": str(run.threads) if run.threads else "the target's cores",
+        "Trimmer": "on" if run.trimmer_enabled else "off",
+    }
+    if run.trimmer_enabled:
+        for key in sorted(trimmer):
+            out[f"Trimmer: {key.replace('_', ' ')}"] = str(trimmer[key])
+    for key in sorted(run.options or {}):
+        out[f"Option: {key.replace('_', ' ')}"] = str(run.options[key])
+    return out
+
+
+def settings_diff(runs) -> list[dict]:
+    """One row per setting whose value is not the same in every run (a setting a run lacks shows a dash)."""
+    settings = [_settings_of(r) for r in runs]
+    labels: list[str] = []
+    for one in settings:
+        labels.extend(label for label in one if label not in labels)
+    rows = []
+    for label in labels:
+        values = [one.get(label, DASH) for one in settings]
+        if len(set(values)) > 1:
+            rows.append({"label": label, "values": values})
+    return rows
+
+
 def compare_rows(runs) -> list[dict]:
     rows = []
     for run in runs:

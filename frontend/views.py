@@ -291,6 +291,7 @@ def run_compare(request):
         curves = {r.pk: presenters.curve_for(r, max_points=presenters.CURVE_MAX_POINTS) for r in runs}
         context["figure"] = charts.compare_figure(runs, curves)
         context["rows"] = presenters.compare_rows(runs)
+        context["settings_diff"] = presenters.settings_diff(runs)
     elif ids:
         messages.info(request, "Pick at least two runs to compare.")
     return render(request, "frontend/run_compare.html", context)
