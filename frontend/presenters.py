@@ -156,7 +156,7 @@ def fmt_energy_saved(run: TuningRun, energy: dict | None) -> str:
     if energy is None or energy["saved_j"] is None:
         return DASH
     if energy["saved_j"] > 0:
-        return fmt_energy(energy["saved_j"]) + (f" ({energy['trials_saved']:,} trials not measured)"
+        return fmt_energy(energy["saved_j"]) + (f" ({energy['trials_saved']:,} trials)"
                                                  if energy["trials_saved"] else "")
     if not run.trimmer_enabled:
         return "0 J (Trimmer was off)"
