@@ -74,7 +74,7 @@ def _widest(pg) -> list[str]:
                     const s = getComputedStyle(p).overflowX;
                     if (s === 'auto' || s === 'scroll' || s === 'hidden') { inScroller = true; break; }
                 }
-                if (!inScroller) out.push(el.tagName + (el.id ? '#' + el.id : '') + '.' + el.className + ' ' + Math.round(r.right));
+                if (!inScroller) out.push(el.tagName + '#' + el.id + '.' + el.className + ' ' + Math.round(r.right));
             }
         }
         return out.slice(0, 8);

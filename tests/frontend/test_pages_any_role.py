@@ -111,6 +111,14 @@ def test_a_viewer_is_told_they_cannot_start_runs_not_to_upload(client, user_view
     assert 'id="viewer-only"' in page and "Upload a model</a> first" not in page
 
 
+def test_a_viewer_is_not_offered_uploads_or_submissions(client, user_viewer, model_a):
+    client.force_login(user_viewer)
+    home = client.get("/").content.decode()
+    assert 'href="/models/upload/"' not in home and 'href="/runs/new/"' not in home
+    job = client.get("/cluster/jobs/new/").content.decode()
+    assert "Your role in" in job and "is viewer" in job and "Upload a model</a> first" not in job
+
+
 def test_an_invitee_is_pointed_to_the_pending_invitation(client, team_a, user_owner):
     invitee = UserFactory(username="ivy")
     TeamInvitation.objects.create(team=team_a, user=invitee, role="member", invited_by=user_owner)
