@@ -8,6 +8,8 @@ a run of tens of thousands of measurements stays a few hundred points a trace.
 """
 from __future__ import annotations
 
+import textwrap
+
 import plotly.graph_objects as go
 
 # A small explicit template: the default "plotly" template adds ~7 KB to every
@@ -42,7 +44,9 @@ def empty_figure(message: str, *, title: str = "", height: int = 260) -> dict:
     fig = go.Figure(layout=_layout(
         title={"text": title}, height=height,
         xaxis={"visible": False}, yaxis={"visible": False},
-        annotations=[{"text": message, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5,
+        # wrapped: a one-line note is clipped on a phone-width chart
+        annotations=[{"text": "<br>".join(textwrap.wrap(message, 48, break_long_words=False,
+                                                       break_on_hyphens=False)) or message, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5,
                       "font": {"size": 14, "color": "#666"}}],
     ))
     return figure_dict(fig)

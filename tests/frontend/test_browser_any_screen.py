@@ -1,5 +1,5 @@
 """The dashboard on a phone-sized screen and for assistive technology, in a real browser (Playwright on
-Debian's Chromium): at 390x844 no page is wider than the screen (wide tables scroll inside their box, the
+Debian's Chromium): at 390x844 (a screenshot of each page goes to $DLOPT_SCREENSHOT_DIR) no page is wider than the screen (wide tables scroll inside their box, the
 navigation collapses behind a Menu button), the 404 is the styled page, and axe-core finds no serious or
 critical accessibility violation on the main pages.
 
@@ -17,8 +17,8 @@ from core.models import Quota
 from tests.factories import TuningRunFactory
 
 from .fakes import make_running_run
-from .test_browser import (CHROMIUM, WAIT_MS, _page, browser, login, make_cluster_data,  # noqa: F401 - fixtures
-                           make_simulation)
+from .test_browser import (WAIT_MS, _page, browser, login, make_cluster_data, make_simulation,  # noqa: F401
+                           shots)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -81,7 +81,7 @@ def _widest(pg) -> list[str]:
     }""")
 
 
-def test_no_page_is_wider_than_a_phone(browser, live_server, site):  # noqa: F811 - the imported fixture
+def test_no_page_is_wider_than_a_phone(browser, live_server, site, shots):  # noqa: F811 - the imported fixture
     context = browser.new_context(viewport=PHONE, device_scale_factor=1, is_mobile=True, has_touch=True)
     pg = _page(context, live_server)
     login(pg, live_server)
@@ -90,6 +90,7 @@ def test_no_page_is_wider_than_a_phone(browser, live_server, site):  # noqa: F81
         resp = pg.goto(live_server.url + path)
         assert resp.status == (404 if name == "not-found" else 200), (name, resp.status)
         _settle(pg)
+        pg.screenshot(path=str(shots / f"phone-{name}.png"), full_page=True)
         width = pg.evaluate("document.scrollingElement.scrollWidth")
         header = pg.evaluate("document.querySelector('.topbar').getBoundingClientRect().width")
         if width > PHONE["width"] + 1 or header > PHONE["width"] + 1:
