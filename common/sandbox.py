@@ -283,5 +283,6 @@ def _verdict(code: int | None, answer: bytes | None, stderr_tail: str, timed_out
     if any(w in stderr_tail for w in _MEMORY_WORDS):
         raise fail("memory", f"ran out of memory (the limit is {memory}) while {what}")
     if code is not None and code < 0:
-        raise fail("crashed", f"crashed ({_signal_name(code)}; possibly at its limit of {memory}) while {what}")
+        hint = f"; possibly at its limit of {memory}" if memory_mb and memory_mb > 0 else ""
+        raise fail("crashed", f"crashed ({_signal_name(code)}{hint}) while {what}")
     raise fail("crashed", f"exited (code {code}) without an answer while {what}")

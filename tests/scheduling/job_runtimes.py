@@ -45,3 +45,9 @@ def never_returns(model, inputs, iterations, device_index, sampler_factory, chec
 
 def out_of_gpu_memory(model, inputs, iterations, device_index, sampler_factory, check, **options):
     raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : CUDA failure 2: out of memory")
+
+
+def crashes(model, inputs, iterations, device_index, sampler_factory, check, **options):
+    import signal
+
+    os.kill(os.getpid(), signal.SIGSEGV)

@@ -117,6 +117,15 @@ def test_a_job_over_its_gpu_memory_fails_saying_it_exceeded_its_share(model_a, s
     assert job.error.startswith("the job exceeded its memory share of 2512 MB and was stopped"), job.error
 
 
+def test_a_crashing_child_fails_the_job_and_not_the_worker(model_a, settings):
+    job, p = _placed_on_gpu1(model_a, "crashes", settings, batch_size=1)
+    services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w", nvml=FakeNvml([fake_gpu(), fake_gpu()]))
+    job.refresh_from_db()
+    p.refresh_from_db()
+    assert job.state == GpuJob.State.FAILED and p.released_at is not None
+    assert job.error == "the job's process crashed (SIGSEGV) while running the job's model"
+
+
 def test_a_cancel_request_kills_the_child(small_cnn_bytes):
     limits = job_process.JobProcessLimits(grace_s=600.0, runtimes={"onnxruntime": f"{RUNTIMES}:never_returns"})
     asked = []
