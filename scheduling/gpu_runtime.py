@@ -1,7 +1,8 @@
 """Run an ONNX model on an NVIDIA GPU and measure what it used. No Django here.
 
-Used by the ``scheduling.run_job`` Celery task (a placed GPU job) and by the
-``profile_gpu`` command (profile records for the predictor). Two runtimes:
+Run for a placed GPU job in the job's own child process (``scheduling.job_process``, started by the
+``scheduling.run_job`` Celery task: never in the worker itself), and by the ``profile_gpu`` command
+(profile records for the predictor). Two runtimes:
 
 * ``onnxruntime`` with the CUDA execution provider (needs the onnxruntime-gpu
   build; the pinned CPU wheel has no CUDA provider and is refused clearly);

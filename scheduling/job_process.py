@@ -21,6 +21,7 @@ exceptions (:class:`~scheduling.gpu_runtime.GpuRuntimeError` and friends) with a
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from .gpu_runtime import DurationReached, GpuRuntimeError, JobStopped, gpu_facts
 from .telemetry import GpuSampler, NoGpuError, require_gpu
 
 __all__ = ["JobOutOfMemory", "JobProcessLimits", "child_entry", "run_job_in_child"]
+
+log = logging.getLogger(__name__)
 
 CHILD_TARGET = "scheduling.job_process:child_entry"
 #: What the runtime needs from the worker's environment beyond common.sandbox's allow-list (where the
@@ -121,7 +124,8 @@ def run_job_in_child(
         try:
             sampler = GpuSampler(device_indices[0], nvml=nvml, pid=pid, interval_s=gpu_runtime.STOP_CHECK_EVERY_S)
             sampler.__enter__()
-        except NoGpuError:
+        except Exception as exc:  # live figures are optional: the job runs without them
+            log.warning("GPU job child %s: no live NVML sampling (%s)", pid, exc)
             return
         live.append(sampler)
 
@@ -138,6 +142,8 @@ def run_job_in_child(
                             nofile=limits.nofile, preexec=limits.preexec, what=WHAT, env=env,
                             on_start=on_start, poll=poll)
     except SandboxFailure as exc:
+        if exc.reason != "stopped":
+            log.warning("GPU job child failed (%s): %s\n%s", exc.reason, exc.message, exc.stderr_tail[-2000:])
         raise _job_error(exc, max_seconds=max_seconds, wall_s=wall_s, cpu_s=cpu_s,
                          mem_limit_mb=mem_limit_mb) from None
     finally:

@@ -51,3 +51,11 @@ def crashes(model, inputs, iterations, device_index, sampler_factory, check, **o
     import signal
 
     os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def leaves_a_grandchild(model, inputs, iterations, device_index, sampler_factory, check, **options):
+    """A model run that starts a process of its own, then hangs."""
+    import subprocess
+
+    subprocess.Popen(["sleep", "600"])
+    never_returns(model, inputs, iterations, device_index, sampler_factory, check)

@@ -137,6 +137,29 @@ def test_a_cancel_request_kills_the_child(small_cnn_bytes):
     assert asked and not psutil.Process().children(recursive=True)
 
 
+def test_a_process_the_job_started_is_killed_with_it(small_cnn_bytes):
+    """Attack: the run starts a process of its own to outlive its job. The job's whole process group goes."""
+    limits = job_process.JobProcessLimits(grace_s=600.0,
+                                          runtimes={"onnxruntime": f"{RUNTIMES}:leaves_a_grandchild"})
+    seen: set[int] = set()
+
+    def cancel_once_both_run() -> bool:
+        seen.update(p.pid for p in psutil.Process().children(recursive=True))
+        return any(p.name() == "sleep" for p in psutil.Process().children(recursive=True))
+
+    with pytest.raises(JobStopped):
+        job_process.run_job_in_child(small_cnn_bytes, device_indices=[0], batch_size=1, iterations=1,
+                                     runtime="onnxruntime", max_seconds=600.0, mem_limit_mb=None,
+                                     predicted_util_pct=None, limits=limits, nvml=FakeNvml([fake_gpu()]),
+                                     should_stop=cancel_once_both_run)
+    assert len(seen) >= 2
+    for pid in seen:
+        try:
+            assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # dead, waiting for init to reap it
+        except psutil.NoSuchProcess:
+            pass
+
+
 def test_a_job_on_a_gpu_the_node_does_not_have_starts_no_child(small_cnn_bytes):
     from scheduling.telemetry import NoGpuError
 
