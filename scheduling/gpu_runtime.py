@@ -1,7 +1,8 @@
 """Run an ONNX model on an NVIDIA GPU and measure what it used. No Django here.
 
-Used by the ``scheduling.run_job`` Celery task (a placed GPU job) and by the
-``profile_gpu`` command (profile records for the predictor). Two runtimes:
+Run for a placed GPU job in the job's own child process (``scheduling.job_process``, started by the
+``scheduling.run_job`` Celery task: never in the worker itself), and by the ``profile_gpu`` command
+(profile records for the predictor). Two runtimes:
 
 * ``onnxruntime`` with the CUDA execution provider (needs the onnxruntime-gpu
   build; the pinned CPU wheel has no CUDA provider and is refused clearly);
@@ -24,8 +25,8 @@ import numpy as np
 from .gpu_isolation import ort_cuda_options
 from .telemetry import GpuSampler, NoGpuError, require_gpu
 
-__all__ = ["DurationReached", "GpuRuntimeError", "JobStopped", "rebatch", "run_data_parallel", "run_model_on_gpu",
-           "NoGpuError"]
+__all__ = ["DurationReached", "GpuRuntimeError", "JobStopped", "gpu_facts", "rebatch", "run_data_parallel",
+           "run_model_on_gpu", "NoGpuError"]
 
 # How often a running job asks whether it should stop (a database read in the worker).
 STOP_CHECK_EVERY_S = 1.0
@@ -177,6 +178,13 @@ RUNTIMES: dict[str, Callable[..., dict[str, Any]]] = {"onnxruntime": _run_onnxru
 CAPPED_RUNTIMES = frozenset({"onnxruntime"})
 
 
+def gpu_facts(sample: Any) -> dict[str, Any]:
+    """What a run reports about its GPU, from an NVML sample taken before the run (``mem_used_mb``: the
+    memory in use before the job created its CUDA context). JSON, so a job's child is handed it."""
+    return {"name": sample.name, "gpu_model": sample.gpu_model, "memory_total_mb": sample.memory_total_mb,
+            "mem_used_mb": sample.mem_used_mb}
+
+
 def run_model_on_gpu(
     model_bytes: bytes,
     *,
@@ -189,8 +197,15 @@ def run_model_on_gpu(
     max_seconds: float | None = None,
     mem_limit_mb: float | None = None,
     report: Callable[[dict[str, float | None]], None] | None = None,
+    nvml_index: int | None = None,
+    gpu: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``iterations`` inferences at ``batch_size`` on GPU ``device_index`` while sampling NVML.
+
+    ``device_index`` is the CUDA ordinal the runtime opens; ``nvml_index`` (default: the same) is the
+    GPU's NVML index, which differs in a job's child, where ``CUDA_VISIBLE_DEVICES`` renumbers its GPUs
+    from 0 and NVML still counts every GPU of the host. ``gpu`` (:func:`gpu_facts`) is the GPU as the
+    caller found it with NVML: given, this call does not look for a GPU itself.
 
     ``should_stop`` is asked about once a second between inferences; when it answers True the run
     ends with :class:`JobStopped` (a cancelled job frees its GPU at once and must not keep using it).
@@ -205,16 +220,19 @@ def run_model_on_gpu(
     without a GPU and GpuRuntimeError when no runtime can use it.
     """
     started = time.monotonic()
-    reading = require_gpu(nvml)
-    if device_index >= len(reading.gpus):
-        raise NoGpuError(f"no NVIDIA GPU #{device_index} on this host ({reading.summary})")
+    nvml_index = device_index if nvml_index is None else int(nvml_index)
+    if gpu is None:
+        reading = require_gpu(nvml)
+        if nvml_index >= len(reading.gpus):
+            raise NoGpuError(f"no NVIDIA GPU #{nvml_index} on this host ({reading.summary})")
+        gpu = gpu_facts(reading.gpus[nvml_index])
     model = rebatch(model_bytes, batch_size)
     inputs = _inputs(model)
 
     samplers: list[GpuSampler] = []
 
     def sampler():
-        samplers.append(GpuSampler(device_index, nvml=nvml, pid=os.getpid()))
+        samplers.append(GpuSampler(nvml_index, nvml=nvml, pid=os.getpid()))
         return samplers[-1]
 
     def stop_or_report() -> bool:
@@ -239,10 +257,9 @@ def run_model_on_gpu(
         raise GpuRuntimeError("no GPU runtime could run the model: " + "; ".join(errors))
     lat = out.pop("latencies_s")
     median = statistics.median(lat) if lat else None
-    gpu = reading.gpus[device_index]
     # Baseline: memory in use before this process created its CUDA context, so
     # the job's figure includes context, weights and activations (as profiles do).
-    peak, base = out.get("mem_peak_mb"), gpu.mem_used_mb
+    peak, base = out.get("mem_peak_mb"), gpu["mem_used_mb"]
     return {
         **out,
         "batch_size": batch_size,
@@ -250,23 +267,29 @@ def run_model_on_gpu(
         "latency_ms": median * 1000 if median is not None else None,
         "throughput_per_s": batch_size / median if median else None,
         "mem_used_by_job_mb": max(0.0, peak - base) if peak is not None else None,
-        "gpu_index": device_index,
-        "gpu_name": gpu.name,
-        "gpu_model": gpu.gpu_model,
-        "gpu_memory_total_mb": gpu.memory_total_mb,
+        "gpu_index": nvml_index,
+        "gpu_name": gpu["name"],
+        "gpu_model": gpu["gpu_model"],
+        "gpu_memory_total_mb": gpu["memory_total_mb"],
         "runtime_errors": errors,
     }
 
 
-def run_data_parallel(model_bytes: bytes, *, device_indices: list[int], **kwargs: Any) -> dict[str, Any]:
+def run_data_parallel(model_bytes: bytes, *, device_indices: list[int], nvml_indices: list[int] | None = None,
+                      gpus: list[dict[str, Any]] | None = None, **kwargs: Any) -> dict[str, Any]:
     """A gang: :func:`run_model_on_gpu` on each of ``device_indices`` at once (one replica per GPU, each
     at the job's batch size). The lead replica runs in the calling thread and alone calls ``should_stop``
     and ``report`` (they may read a database); the others run in threads and stop when the lead is told
     to stop or any replica fails. A failure is raised. The result is the lead GPU's, with the gang's
     throughput (the sum), its slowest replica's latency, the mean per-process utilization and the summed
-    memory, and every replica's result under ``"replicas"``."""
+    memory, and every replica's result under ``"replicas"``. ``nvml_indices`` and ``gpus`` are each
+    replica's ``nvml_index`` and ``gpu`` (see :func:`run_model_on_gpu`)."""
+    def where(i: int) -> dict[str, Any]:
+        return {"device_index": device_indices[i], "nvml_index": nvml_indices[i] if nvml_indices else None,
+                "gpu": gpus[i] if gpus else None}
+
     if len(device_indices) == 1:
-        return run_model_on_gpu(model_bytes, device_index=device_indices[0], **kwargs)
+        return run_model_on_gpu(model_bytes, **where(0), **kwargs)
     import threading
 
     outer_stop = kwargs.pop("should_stop", None)
@@ -285,7 +308,7 @@ def run_data_parallel(model_bytes: bytes, *, device_indices: list[int], **kwargs
 
     def follower(i: int, device: int) -> None:
         try:
-            results[i] = run_model_on_gpu(model_bytes, device_index=device,
+            results[i] = run_model_on_gpu(model_bytes, **where(i),
                                           should_stop=lambda: failed.is_set() or stopped.is_set(),
                                           **followers_kwargs)
         except BaseException as exc:  # handed to the caller below
@@ -297,7 +320,7 @@ def run_data_parallel(model_bytes: bytes, *, device_indices: list[int], **kwargs
     for t in threads:
         t.start()
     try:
-        results[0] = run_model_on_gpu(model_bytes, device_index=device_indices[0], should_stop=lead_stop, **kwargs)
+        results[0] = run_model_on_gpu(model_bytes, **where(0), should_stop=lead_stop, **kwargs)
     except BaseException as exc:
         errors.insert(0, exc)
         failed.set()
@@ -320,7 +343,7 @@ def run_data_parallel(model_bytes: bytes, *, device_indices: list[int], **kwargs
         return sum(vals) if vals else None
 
     latencies = [r["latency_ms"] for r in replicas if r.get("latency_ms") is not None]
-    return {**replicas[0], "gpu_indices": list(device_indices),
+    return {**replicas[0], "gpu_indices": list(nvml_indices or device_indices),
             "latency_ms": max(latencies) if latencies else None,
             "throughput_per_s": total("throughput_per_s"), "util_mean_pct": mean("util_mean_pct"),
             "proc_util_mean_pct": mean("proc_util_mean_pct"), "proc_mem_peak_mb": total("proc_mem_peak_mb"),

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from core.fieldtext import fit_to_field
 
-from .. import gpu_isolation, gpu_runtime, selectors
+from .. import gpu_isolation, job_process, selectors
 from ..gpu_runtime import DurationReached, GpuRuntimeError, JobStopped, NoGpuError
 from ..models import ERROR_TEXT_MAX_CHARS, GPU, GpuJob, Placement, placement_gpu_ids
 from ..telemetry import job_measurement
@@ -166,6 +166,17 @@ def gpu_slots_dir() -> Path:
     return Path(settings.SCHEDULING_GPU_SLOTS_DIR)
 
 
+def job_process_limits() -> job_process.JobProcessLimits:
+    """The job child's limits from settings (``SCHEDULING_JOB_*``; defaults in JobProcessLimits)."""
+    defaults = job_process.JobProcessLimits()
+    return job_process.JobProcessLimits(
+        grace_s=float(getattr(settings, "SCHEDULING_JOB_KILL_GRACE_S", defaults.grace_s)),
+        cpu_per_wall=float(getattr(settings, "SCHEDULING_JOB_CPU_PER_WALL_S", defaults.cpu_per_wall)),
+        nofile=int(getattr(settings, "SCHEDULING_JOB_MAX_OPEN_FILES", defaults.nofile)),
+        preexec=getattr(settings, "SCHEDULING_JOB_PREEXEC", defaults.preexec) or None,
+        runtimes=dict(getattr(settings, "SCHEDULING_JOB_RUNTIMES", None) or {}))
+
+
 def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: Any, devices: list[int],
                      slot: int) -> GpuJob | None:
     job = claim_job(job_id=job_id, placement_id=placement.pk, worker=worker)
@@ -176,19 +187,13 @@ def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: An
     try:
         with job.model.file.open("rb") as f:
             data = f.read()
-        run = dict(batch_size=job.batch_size, iterations=job.iterations, runtime=job.runtime, nvml=nvml)
-        if len(devices) > 1:
-            result = gpu_runtime.run_data_parallel(data, device_indices=devices, **run,
-                                                   should_stop=lambda: selectors.is_job_cancelled(job_id),
-                                                   max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb,
-                                                   report=lambda live: record_live_measurement(job_id=job_id,
-                                                                                               live=live))
-        else:
-            result = gpu_runtime.run_model_on_gpu(data, device_index=devices[0], **run,
-                                                  should_stop=lambda: selectors.is_job_cancelled(job_id),
-                                                  max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb,
-                                                  report=lambda live: record_live_measurement(job_id=job_id,
-                                                                                              live=live))
+        # the model is parsed, compiled and run in a child process, never in this worker
+        result = job_process.run_job_in_child(
+            data, device_indices=devices, batch_size=job.batch_size, iterations=job.iterations,
+            runtime=job.runtime, max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb,
+            predicted_util_pct=job.predicted_util_pct, limits=job_process_limits(), nvml=nvml,
+            should_stop=lambda: selectors.is_job_cancelled(job_id),
+            report=lambda live: record_live_measurement(job_id=job_id, live=live))
     except DurationReached as exc:
         log.info("GPU job %s stopped on %s at its declared duration (%g s)", job_id, worker, exc.limit_s)
         return finish_job(job_id=job_id, error=_overran_message(job))

@@ -281,13 +281,9 @@ def test_deleting_a_running_runs_model_keeps_the_energy_its_heartbeats_recorded(
 # --- GPU jobs: a team's model reaches the runtime in the GPU worker itself ---------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Open: a GPU job's model is parsed, rebatched, given inputs and then compiled by TVM or loaded by "
-    "onnxruntime inside the Celery GPU worker (scheduling.gpu_runtime.run_model_on_gpu, called by "
-    "execute_job), with no sandbox: no memory or CPU limit, no privilege drop, the worker's environment. "
-    "Moving it into a limited child that can still use the GPU (common.sandbox with an address-space "
-    "limit CUDA tolerates, answering JSON) is more than a local fix."))
 def test_a_gpu_jobs_model_is_not_parsed_or_run_in_the_worker_process(model_a, team_a):
+    """Was open: the model was parsed, rebatched, given inputs and compiled or loaded inside the Celery GPU
+    worker. It now runs in a limited child (scheduling.job_process) that answers JSON."""
     import datetime as dt
 
     from django.utils import timezone
