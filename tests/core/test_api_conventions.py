@@ -140,6 +140,8 @@ def test_runs_search_by_model_name_status_and_id(api_owner, model_a, model_b):
     assert found(str(queued.pk)) == [queued.pk]
     assert found("cnn-b") == []
     assert found("' OR 1=1 --") == []  # attack: a search term is data, never SQL
+    for action in ("tasks", "measurements", "dop-rounds"):  # a run's own lists filter the same way: no 500
+        assert api_owner.get(f"/api/runs/{done.pk}/{action}/", {"search": "m"}).status_code < 500
 
 
 # --- 404s --------------------------------------------------------------------------------------------

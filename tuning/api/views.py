@@ -87,8 +87,8 @@ class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModel
               .select_related("model").only(*RUN_COLUMNS, "model__name"))
         if getattr(self, "detail", False):  # the object permission reads the caller's role from the same query
             qs = with_caller_role(qs, self.request.user)
-        elif self.request.query_params.get("search"):  # ?search= matches a run's id exactly
-            qs = qs.annotate(id_text=Cast("id", output_field=CharField()))
+        if self.request.query_params.get("search"):  # ?search= matches a run's id exactly (also on get_object,
+            qs = qs.annotate(id_text=Cast("id", output_field=CharField()))  # which filters the same way)
         return qs
 
     @extend_schema(
