@@ -242,7 +242,7 @@ def start_simulation(
             seed=int(seed), parameters=params.to_dict(), cost_units=cost.units)
         if enqueue:
             dispatch_simulations(team_id=team.pk)
-    run.refresh_from_db(fields=["dispatched_at"])
+    run.refresh_from_db()  # the dispatch may have sent it, or failed it (broker down): answer what it is now
     return run
 
 
