@@ -39,6 +39,7 @@ from .horus.predictor_eval import format_evaluation as format_predictor_evaluati
 from .horus.profiles import (DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, ProfileRecord, gpu_spec, load_profiles,
                              roofline_profile)
 from .horus.traces import Job, TraceFormatError, TraceTooLarge, decode_trace, gpu_request_per_pod, trace_summary
+from .horus import extender as extender_core  # the kube-scheduler extender's rules, for services.extender
 from .horus.extender import ExtenderNode
 from .models import (GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PodBinding, PredictorVersion, TraceUpload,
                      placement_gpu_ids)
@@ -52,7 +53,7 @@ __all__ = [
     "trace_upload_verdict", "decode_trace_file", "trace_summary", "profile_records_from_rows", "profile_row_values",
     "run_simulation", "seed_profile_records", "simulation_cost", "simulation_results", "simulation_size",
     "SimulationCost", "SimulationStopped", "SIMULATION_SECONDS_PER_UNIT", "trace_input", "file_trace_input",
-    "TraceInput", "extender_job_view", "extender_node", "pod_view",
+    "TraceInput", "extender_core", "extender_job_view", "extender_node", "pod_view",
     "train_utilization_predictor", "analytic_prediction",
 ]
 

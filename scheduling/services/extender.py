@@ -23,7 +23,7 @@ from core.models import DLModel
 from core.services import require_ready
 
 from .. import adapters, selectors
-from ..horus import extender as core
+from ..adapters import extender_core as core
 from ..kube_api import KubeApi, KubeApiError, in_cluster_url
 from ..models import GPU, PodBinding
 from .placement import _lock_gpus, default_policy, request_placement_pass
