@@ -19,6 +19,11 @@ Passes (ablation: name any subset, in :data:`PASS_ORDER`'s order):
   whose weight is a constant (PyTorch's conv-before-BN layout; the zoo's CNNs).
 - ``eliminate_common_subexpr``: ``EliminateCommonSubexpr`` + ``DeadCodeElimination``
   (identical shape computations and unused tuple outputs of batch_norm).
+- ``convert_layout``: ``ConvertLayout`` (:data:`CONV_LAYOUTS`: conv2d to NHWC activations and
+  OHWI weights; elementwise ops and pools follow) + ``FoldConstant``, on the graph after ``fold_batchnorm``,
+  so the conv tasks MetaSchedule extracts and tunes are NHWC ones; transposes remain only
+  at the graph's edges (the executable still takes and returns NCHW). Graphs without convs
+  or pools (transformers) are left as they are.
 - ``layout_rewrite``: TVM's CPU weight prepack (``static_shape_tuning``'s
   ``cpu_weight_prepack``): ``AttachAttrLayoutFreeBuffers`` before extraction, so
   MetaSchedule's RewriteLayout may choose the layout a schedule reads a weight in;
@@ -49,6 +54,8 @@ from collections.abc import Callable, Iterable, Sequence
 __all__ = [
     "PASS_ORDER",
     "DEFAULT",
+    "SHIPPED_V1",
+    "CONV_LAYOUTS",
     "NONE",
     "PIPELINE_NAME",
     "PIPELINE_VERSION",
@@ -76,6 +83,20 @@ def _eliminate_common_subexpr() -> dict[str, list]:
     return {GRAPH: [relax.transform.EliminateCommonSubexpr(), relax.transform.DeadCodeElimination()]}
 
 
+# NHWC activations, OHWI weights: the layout MetaSchedule's x86 rules vectorize a conv's output channels in
+# (innermost, contiguous). Pools take no desired layout (TVM refuses one): they follow their input's, so
+# no transpose sits between a conv and its pool
+CONV_LAYOUTS: dict[str, list[str]] = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
+
+
+def _convert_layout() -> dict[str, list]:
+    from tvm import relax
+
+    # after fold_batchnorm (FoldBatchnormToConv2D matches NCHW convs only); the transposes it leaves at the
+    # graph's edges and the weights' OHWI transposes are constants or cheap tasks, FoldConstant folds the latter
+    return {GRAPH: [relax.transform.ConvertLayout(CONV_LAYOUTS), relax.transform.FoldConstant()]}
+
+
 def _layout_rewrite() -> dict[str, list]:
     from tvm import relax
 
@@ -96,16 +117,19 @@ STAGES = (GRAPH, TASKS, TUNED)
 _PASSES: dict[str, Callable[[], dict[str, list]]] = {
     "fold_batchnorm": _fold_batchnorm,
     "eliminate_common_subexpr": _eliminate_common_subexpr,
+    "convert_layout": _convert_layout,
     "layout_rewrite": _layout_rewrite,
 }
 PASS_ORDER: tuple[str, ...] = tuple(_PASSES)
-DEFAULT: tuple[str, ...] = ("fold_batchnorm",)
+DEFAULT: tuple[str, ...] = ("fold_batchnorm", "convert_layout", "layout_rewrite")
+# The default of pipeline version 1, kept for ablations against it (bench/vs_onnxruntime.py --ablation)
+SHIPPED_V1: tuple[str, ...] = ("fold_batchnorm",)
 NONE: tuple[str, ...] = ()
 # The pipeline's name and version are part of :func:`pipeline_key`: bump the version whenever the
 # passes after these (``relax_pipeline._fuse_passes``) change what a task's workload is, so records
 # tuned under the old pipeline are never taken for this one's.
 PIPELINE_NAME = "dlopt-relax"
-PIPELINE_VERSION = 1
+PIPELINE_VERSION = 2
 
 # The selection every extraction and compilation of this process uses (``relax_pipeline``); changed only
 # through :func:`use_passes` (ablations: one selection per process, as bench/vs_onnxruntime.py runs it).
@@ -144,7 +168,7 @@ def use_passes(passes: Iterable[str] | str | None):
 
 def pipeline_key(passes: Iterable[str] | str | None = None) -> str:
     """Stable name + version of the pipeline a selection gives (default: the selected one), e.g.
-    ``dlopt-relax/1:fold_batchnorm`` (``...:none`` when empty): stored on every run and part of what
+    ``dlopt-relax/2:fold_batchnorm+convert_layout+layout_rewrite`` (``...:none`` when empty): stored on every run and part of what
     identifies a tuning result (``targets.result_identity``)."""
     chosen = _selected if passes is None else normalize_passes(passes)
     return f"{PIPELINE_NAME}/{PIPELINE_VERSION}:{'+'.join(chosen) if chosen else 'none'}"
