@@ -200,19 +200,49 @@ def test_records_of_one_pipeline_match_no_task_of_another(model, cpu_target):
     assert v1 and v2 and not (v1 & v2)
 
 
+def _layout_rewritten_schedule(mod, target):
+    """A conv task's first design space with every CPU postproc applied, as MetaSchedule measures it."""
+    from tvm.s_tir import meta_schedule as ms
+
+    ctx = ms.TuneContext(mod=mod, target=rp.make_target(target), space_generator="post-order-apply",
+                         num_threads=1).clone()
+    postprocs = ctx.space_generator.postprocs
+    sch = ctx.space_generator.generate_design_space(ctx.mod)[0]
+    for postproc in postprocs:
+        assert postproc.apply(sch), type(postproc).__name__
+    return sch, postprocs
+
+
 def test_cpu_tuning_applies_rewrite_layout_to_layout_free_weights(model, cpu_target):
     """The space generator the engine tunes with (post-order-apply, search._tune_contexts) carries TVM's
     RewriteLayout postproc on CPU targets, and with layout_rewrite selected it rewrites the conv weights:
     the scheduled module reads them through a layout-rewrite preprocessing block."""
-    from tvm.s_tir import meta_schedule as ms
-
     with gp.use_passes(gp.DEFAULT):
         task = next(t for t in rp.extract_tasks(model, cpu_target) if "conv2d" in t.task_name)
-    ctx = ms.TuneContext(mod=task.dispatched[0], target=rp.make_target(cpu_target),
-                         space_generator="post-order-apply", num_threads=1).clone()
-    postprocs = ctx.space_generator.postprocs
+    sch, postprocs = _layout_rewritten_schedule(task.dispatched[0], cpu_target)
     assert any(type(p).__name__ == "RewriteLayout" for p in postprocs)
-    sch = ctx.space_generator.generate_design_space(ctx.mod)[0]
-    for postproc in postprocs:
-        assert postproc.apply(sch), type(postproc).__name__
     assert "layout_rewrite_preproc" in sch.mod.script()
+    assert "transform_layout" in str(sch.trace)
+
+
+def test_a_layout_rewritten_candidate_survives_the_journal(model, cpu_target, tmp_path):
+    """A candidate whose trace carries RewriteLayout's IndexMap is journaled and committed back under the
+    key the sink gave it (TuningRecord.as_json() refuses the IndexMap: the journal must not use it)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.database import StreamJournal, commit_streamed, open_json_db, records_by_task
+    from tuning.engine.events import candidate_key
+    from tuning.engine.workloads import collect_tasks
+
+    target = rp.make_target(cpu_target)
+    with gp.use_passes(gp.DEFAULT):
+        tasks = collect_tasks(model, target)
+    i = next(k for k, t in enumerate(tasks) if "conv2d" in t.name)
+    sch, _ = _layout_rewritten_schedule(tasks[i].mod, cpu_target)
+    cand = ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(tasks[i].mod["main"]))
+    StreamJournal(str(tmp_path), [t.mod for t in tasks]).record([(i, 0, cand, [1e-3])])
+    db = open_json_db(str(tmp_path))
+    assert commit_streamed(str(tmp_path), db, tasks, target) == 1
+    (rec,) = records_by_task(db, tasks)[i]
+    assert candidate_key(tasks[i].name, rec.trace) == candidate_key(tasks[i].name, sch.trace)
+    assert commit_streamed(str(tmp_path), db, tasks, target) == 0  # known by its key: not committed twice

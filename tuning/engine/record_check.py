@@ -42,6 +42,7 @@ import onnx
 from common.jsonsafe import NonFiniteNumber, loads_finite
 
 from .events import ffi_to_py as _plain
+from .events import record_json
 from .relax_pipeline import make_target
 from .workloads import collect_tasks
 
@@ -483,7 +484,7 @@ def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, m
             text = str(exc).strip()
             errors.append(f"{where}: {text.splitlines()[-1][:300] if text else type(exc).__name__}")
             continue
-        out_records.append(json.dumps([ti, [_plain(rec.as_json())[0], None, None, None]]))  # the trace only
+        out_records.append(json.dumps([ti, [record_json(rec)[0], None, None, None]]))  # the trace only
     if errors:
         return {"errors": errors}
     return {"records": out_records}
