@@ -1,6 +1,7 @@
 """bench/vs_onnxruntime.py: the wall-time budget, the per-pass ablation rows and the ``overall`` keys."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +11,7 @@ from tuning.engine import graph_passes as gp
 
 def _specs(argv):
     args = bench._parse(argv)
-    return bench._specs(args, __import__("pathlib").Path("/tmp/unused"), threads=2)
+    return bench._specs(args, Path("/tmp/unused"), threads=2)
 
 
 def test_budget_minutes_bounds_tuning_by_wall_time_not_trials():

@@ -39,9 +39,15 @@ fuses into its conv task, but it removes BatchNorm's subtract/divide/multiply ep
 and three constant inputs from every conv task of resnet18 (untuned resnet18 1,880 vs
 1,892 ms: the same), so it is in :data:`DEFAULT`. ``eliminate_common_subexpr`` changed
 no task on any zoo model. ``layout_rewrite`` marks every conv task's weights
-layout-free; a 40-trial small_cnn tune with and without it under that load proved
-nothing (both tuned modules timed 128-132 ms, slower than the untuned 24 ms build timed
-minutes before: the load, not the passes), so it stays a switch until a quiet measurement.
+layout-free. ``convert_layout`` + ``layout_rewrite`` are in :data:`DEFAULT` since pipeline
+version 2: on an Intel host (resnet18 at ~920-990 trials, tuned/onnxruntime) the v1 pipeline
+gave 2.43, + layout_rewrite 2.15, + NHWC conversion and the rewrite 1.20; a small
+depthwise-separable CNN at ~180-190 trials 2.49 -> 0.93, the same budgets: the CNN gap was
+data layout. ``bench/vs_onnxruntime.py --ablation`` measures each on its own here
+(docs/research/tuning-vs-onnxruntime.md, "Data layout"). ``convert_layout`` changes only
+graphs with convs; a transformer's tasks are the same under v1 and v2 but for
+``layout_rewrite`` letting MetaSchedule repack its matmul weights (not measured on
+bert_encoder yet).
 ``CombineParallelMatmul`` did not fire on bert_encoder's Q/K/V projections (their
 weights are constants), so it is not offered.
 """
