@@ -246,3 +246,44 @@ def test_a_layout_rewritten_candidate_survives_the_journal(model, cpu_target, tm
     (rec,) = records_by_task(db, tasks)[i]
     assert candidate_key(tasks[i].name, rec.trace) == candidate_key(tasks[i].name, sch.trace)
     assert commit_streamed(str(tmp_path), db, tasks, target) == 0  # known by its key: not committed twice
+
+
+def _transform_layout_trace(index_map_text: str) -> list:
+    return [[["GetSBlock", [], ['"conv"', '"main"'], ["b0"]],
+             ["TransformLayout", ["b0", index_map_text], [2, 0, None, False], []]], []]
+
+
+@pytest.fixture(scope="module")
+def index_map_text():
+    import tvm
+    from tvm.tirx import IndexMap
+
+    return tvm.ir.save_json(IndexMap.from_func(lambda o, i: [o // 4, i, o % 4]))
+
+
+def test_a_layout_rewritten_trace_passes_the_record_check(index_map_text):
+    """RewriteLayout's records (IndexMap as TVM's JSON graph text) are imported and seeded like any other."""
+    from tuning.engine.record_check import check_trace_json
+
+    check_trace_json(_transform_layout_trace(index_map_text))
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda g: g["nodes"].append({"type": "ffi.Function", "data": "x"}), "is not index arithmetic"),
+    (lambda g: g["nodes"].append({"type": "ffi.String", "data": "/etc/passwd"}), "not a plain name"),
+    (lambda g: g["nodes"].append({"type": "ffi.Array", "data": [10 ** 6]}), "outside the graph"),
+    (lambda g: g.update(root_index=0), "root is not an IndexMap"),
+    (lambda g: g.update(b64ndarrays=["AAAA"]), "not a JSON graph"),
+    (lambda g: g["nodes"].append({"type": "ir.Var", "data": {"span": 0, "body": 1}}), "unknown fields"),
+])
+def test_a_tampered_index_map_is_refused(index_map_text, tamper, message):
+    import json
+
+    from tuning.engine.record_check import check_trace_json
+
+    graph = json.loads(index_map_text)
+    tamper(graph)
+    with pytest.raises(ValueError, match=message):
+        check_trace_json(_transform_layout_trace(json.dumps(graph)))
+    with pytest.raises(ValueError, match="not finite JSON"):
+        check_trace_json(_transform_layout_trace("{not json"))
