@@ -27,6 +27,8 @@ def _apply_limits(limits: dict) -> None:
         cap(resource.RLIMIT_CPU, int(limits["cpu_s"]), hard_extra=2)  # SIGXCPU at the limit, SIGKILL 2 s later
     if limits.get("fsize"):
         cap(resource.RLIMIT_FSIZE, int(limits["fsize"]))
+    if limits.get("nofile"):
+        cap(resource.RLIMIT_NOFILE, int(limits["nofile"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 

@@ -20,6 +20,10 @@ disk. ``preexec`` is where privilege dropping plugs in: a callable runs as Popen
 the forked child before ``exec``), a ``"module:function"`` string is called in the child right after
 its limits are set and before the input is read.
 
+A caller that watches the child while it runs (a GPU job: NVML samples of the child's pid, a cancel
+request read from the database) passes ``on_start`` (called with the child's pid) and ``poll`` (called
+about once a second; True kills the child's process group and raises ``SandboxFailure("stopped")``).
+
 Django-free: the limits are passed in; the platform takes them from settings (``UPLOAD_SANDBOX_*``).
 """
 from __future__ import annotations
@@ -60,14 +64,15 @@ _MEMORY_WORDS = ("MemoryError", "bad_alloc", "Cannot allocate memory", "out of m
 
 class SandboxFailure(RuntimeError):
     """The child gave no answer: ``reason`` is ``"memory"`` (its address-space limit), ``"cpu_time"``,
-    ``"wall_clock"``, ``"crashed"`` (a signal or an exit without an answer), ``"raised"`` (the parser raised
+    ``"wall_clock"``, ``"stopped"`` (the caller's ``poll`` asked), ``"crashed"`` (a signal or an exit without an answer), ``"raised"`` (the parser raised
     an exception it was not written to report: ``error_type`` names it) or ``"bad_answer"`` (not JSON, or
     too large). ``str()`` is a sentence for people; ``stderr_tail`` is for the log."""
 
     def __init__(self, reason: str, message: str, *, error_type: str = "", stderr_tail: str = "",
-                 returncode: int | None = None):
+                 returncode: int | None = None, error_message: str = ""):
         super().__init__(message)
         self.reason, self.message, self.error_type = reason, message, error_type
+        self.error_message = error_message  # the exception text the child reported, when it raised one
         self.stderr_tail, self.returncode = stderr_tail, returncode
 
 
@@ -117,30 +122,49 @@ def run_in_child(
     what: str = "parsing the upload",
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     env: dict[str, str] | None = None,
+    nofile: int | None = None,
+    on_start: Callable[[int], None] | None = None,
+    poll: Callable[[], bool] | None = None,
 ) -> Any:
     """``target(*args, **kwargs)`` (plus ``data=<bytes>`` when ``data`` is given) in a limited child;
     returns what it returned (which must be JSON-serialisable: a JSON value is all that comes back).
 
     ``target`` is ``"package.module:function"`` or a module-level function. ``memory_mb`` caps the
     child's address space (0: no cap), ``cpu_s`` its CPU seconds, ``wall_s`` its life. ``what`` ends the
-    failure messages ("... while parsing the upload"). Raises :class:`SandboxFailure` when no answer came.
+    failure messages ("... while parsing the upload"). ``nofile`` caps its open files (``RLIMIT_NOFILE``).
+    ``on_start(pid)`` and ``poll()`` (see the module's docstring) run in this process. Raises
+    :class:`SandboxFailure` when no answer came.
     """
     request = json.dumps({"target": _target_name(target), "args": list(args), "kwargs": dict(kwargs or {}),
                           "data": data is not None, "parent": os.getpid(),
                           "hook": preexec if isinstance(preexec, str) else None}).encode() + b"\n"
     limits = json.dumps({"as_bytes": int(memory_mb) * 1024 * 1024 if memory_mb and memory_mb > 0 else None,
-                         "cpu_s": max(1, int(cpu_s)), "fsize": DEFAULT_MAX_FILE_BYTES})
+                         "cpu_s": max(1, int(cpu_s)), "fsize": DEFAULT_MAX_FILE_BYTES,
+                         "nofile": int(nofile) if nofile else None})
     private_dir = tempfile.mkdtemp(prefix="dlopt-upload-")
     try:
         if preexec == PRIVILEGE_DROP_HOOK:
             privileges.hand_over(private_dir)  # its HOME and TMPDIR, the one folder the dropped child may write
         proc = subprocess.Popen(
-            [sys.executable, "-s", "-m", CHILD_MODULE, limits], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            # -P: not the working directory first on sys.path (as -m puts it): it is the sandbox account's
+            # to write, and a module left there would shadow the standard library in a later child
+            [sys.executable, "-s", "-P", "-m", CHILD_MODULE, limits], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, cwd=private_dir, env=child_env(private_dir, env), close_fds=True,
             start_new_session=True, preexec_fn=preexec if callable(preexec) else None)
-        answer, stderr_tail, timed_out = _exchange(proc, request, data, wall_s=wall_s, max_answer=max_answer_bytes)
+        if on_start is not None:
+            try:
+                on_start(proc.pid)
+            except BaseException:
+                _kill_group(proc)
+                proc.wait()
+                raise
+        answer, stderr_tail, timed_out, stopped = _exchange(proc, request, data, wall_s=wall_s,
+                                                            max_answer=max_answer_bytes, poll=poll)
     finally:
         shutil.rmtree(private_dir, ignore_errors=True)
+    if stopped:
+        raise SandboxFailure("stopped", f"stopped on request while {what}", stderr_tail=stderr_tail,
+                             returncode=proc.returncode)
     return _verdict(proc.returncode, answer, stderr_tail, timed_out, memory_mb=memory_mb, cpu_s=cpu_s,
                     wall_s=wall_s, what=what, max_answer=max_answer_bytes)
 
@@ -168,11 +192,16 @@ def _feed(stream, request: bytes, data: bytes | None) -> None:
         pass
 
 
+POLL_EVERY_S = 1.0
+
+
 def _exchange(proc: subprocess.Popen, request: bytes, data: bytes | None, *, wall_s: float,
-              max_answer: int) -> tuple[bytes | None, str, bool]:
+              max_answer: int, poll: Callable[[], bool] | None = None) -> tuple[bytes | None, str, bool, bool]:
     """Feed stdin, collect stdout (bounded: None when over ``max_answer``) and stderr's tail until the child
-    exits or ``wall_s`` passes (then its process group is killed). Returns (answer, stderr tail, timed out)."""
+    exits, ``wall_s`` passes or ``poll`` says stop (then its process group is killed). Returns (answer,
+    stderr tail, timed out, stopped)."""
     deadline = time.monotonic() + wall_s
+    stopped, polled = False, time.monotonic()
     writer = threading.Thread(target=_feed, args=(proc.stdin, request, data), daemon=True)
     writer.start()
     answer, tail, too_big, timed_out = bytearray(), bytearray(), False, False
@@ -185,6 +214,11 @@ def _exchange(proc: subprocess.Popen, request: bytes, data: bytes | None, *, wal
             if left <= 0:
                 timed_out = True
                 break
+            if poll is not None and time.monotonic() - polled >= POLL_EVERY_S:
+                polled = time.monotonic()
+                if poll():
+                    stopped = True
+                    break
             for key, _ in sel.select(timeout=min(left, 1.0)):
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
@@ -197,14 +231,14 @@ def _exchange(proc: subprocess.Popen, request: bytes, data: bytes | None, *, wal
                         answer += chunk
                 else:
                     tail = (tail + chunk)[-_STDERR_TAIL:]
-        if not timed_out:
+        if not timed_out and not stopped:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 timed_out = True
     finally:
         sel.close()
-        if timed_out or proc.poll() is None:
+        if timed_out or stopped or proc.poll() is None:
             _kill_group(proc)
         proc.wait()
         writer.join(timeout=5)
@@ -213,13 +247,14 @@ def _exchange(proc: subprocess.Popen, request: bytes, data: bytes | None, *, wal
                 stream.close()
             except (OSError, ValueError):
                 pass
-    return (None if too_big else bytes(answer)), tail.decode("utf-8", "replace"), timed_out
+    return (None if too_big else bytes(answer)), tail.decode("utf-8", "replace"), timed_out, stopped
 
 
 def _verdict(code: int | None, answer: bytes | None, stderr_tail: str, timed_out: bool, *, memory_mb: int,
              cpu_s: int, wall_s: float, what: str, max_answer: int) -> Any:
-    def fail(reason: str, message: str, error_type: str = "") -> SandboxFailure:
-        return SandboxFailure(reason, message, error_type=error_type, stderr_tail=stderr_tail, returncode=code)
+    def fail(reason: str, message: str, error_type: str = "", error_message: str = "") -> SandboxFailure:
+        return SandboxFailure(reason, message, error_type=error_type, stderr_tail=stderr_tail, returncode=code,
+                              error_message=error_message)
 
     memory = f"{memory_mb} MB of memory" if memory_mb and memory_mb > 0 else "more memory than the machine has"
     if timed_out:
@@ -236,8 +271,8 @@ def _verdict(code: int | None, answer: bytes | None, stderr_tail: str, timed_out
         err = parsed["error"]
         error_type, text = str(err.get("type", "")), str(err.get("message", ""))[:600]
         if error_type.endswith("MemoryError") or any(w in text for w in _MEMORY_WORDS):
-            raise fail("memory", f"ran out of memory (the limit is {memory}) while {what}", error_type)
-        raise fail("raised", f"{error_type}: {text} (while {what})", error_type)
+            raise fail("memory", f"ran out of memory (the limit is {memory}) while {what}", error_type, text)
+        raise fail("raised", f"{error_type}: {text} (while {what})", error_type, text)
     if isinstance(parsed, dict) and "result" in parsed and code == 0:
         return parsed["result"]
     if code == -signal.SIGXCPU:
@@ -248,5 +283,6 @@ def _verdict(code: int | None, answer: bytes | None, stderr_tail: str, timed_out
     if any(w in stderr_tail for w in _MEMORY_WORDS):
         raise fail("memory", f"ran out of memory (the limit is {memory}) while {what}")
     if code is not None and code < 0:
-        raise fail("crashed", f"crashed ({_signal_name(code)}; possibly at its limit of {memory}) while {what}")
+        hint = f"; possibly at its limit of {memory}" if memory_mb and memory_mb > 0 else ""
+        raise fail("crashed", f"crashed ({_signal_name(code)}{hint}) while {what}")
     raise fail("crashed", f"exited (code {code}) without an answer while {what}")

@@ -14,7 +14,7 @@ import os
 from fnmatch import fnmatchcase
 
 from celery import Celery
-from celery.signals import before_task_publish
+from celery.signals import beat_init, before_task_publish
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -54,3 +54,39 @@ def stamp_queue_time_limits(sender=None, headers=None, routing_key=None, **_):
     limits = queue_time_limits(routing_key)
     if limits is not None:
         headers["timelimit"] = (limits[1], limits[0])
+
+
+# --- exactly one beat ------------------------------------------------------------------------------------
+# `scripts/worker.sh` runs beat inside the worker (-B): a forked child of the worker's main process. A
+# SIGKILLed worker used to leave it running, so the restarted worker's beat made two, and every periodic
+# task ran twice. The embedded beat now dies with its worker (death signal + parent watchdog), and any
+# beat holds VAR_DIR/celerybeat.lock for its life: a second beat on this host waits for the first to end
+# and then takes over (one beat per deployment on one host; on several hosts run beat on one of them).
+_beat_lock_fd = None
+
+
+def _is_embedded_beat() -> bool:
+    """In the process `celery worker -B` forks for beat (celery.beat's embedded service names it "Beat")."""
+    from billiard.process import current_process
+
+    return current_process().name == "Beat"
+
+
+@beat_init.connect(weak=False, dispatch_uid="dlopt-one-beat")
+def _one_beat_at_a_time(sender=None, **_):
+    import logging
+
+    from django.conf import settings
+
+    from tuning.engine.lifeline import take_lock
+
+    global _beat_lock_fd
+    log = logging.getLogger("celery.beat")
+    if _is_embedded_beat():  # first: a beat still waiting for the lock must not outlive its worker either
+        from tuning.engine.lifeline import die_with_parent
+
+        die_with_parent(parent=os.getppid())  # forked by the worker's main thread, which lives as long as it
+    path = str(settings.VAR_DIR / "celerybeat.lock")
+    _beat_lock_fd = take_lock(path, wait_s=None, poll_s=1.0, on_wait=lambda holder: log.warning(
+        "beat: another beat (%s) holds %s; waiting to take over when it ends", holder, path))
+    log.info("beat: holds the beat lock (%s)", path)

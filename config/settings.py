@@ -236,6 +236,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # every operation documents its 400/401/403/404/409/429 with the one error body (core/schema.py)
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "core.schema.add_error_responses"],
 }
 
 # Throttle and sign-in lockout counts, figure bodies: Redis in deployment so every web worker shares them.
@@ -340,6 +342,20 @@ SCHEDULING_TELEMETRY_RETENTION_DAYS = env.int("SCHEDULING_TELEMETRY_RETENTION_DA
 SCHEDULING_DEFAULT_JOB_ESTIMATE_S = env.float("SCHEDULING_DEFAULT_JOB_ESTIMATE_S", default=600.0)
 # The longest GPU time a job may declare (duration_estimate_s); a job is stopped when it reaches its own.
 SCHEDULING_MAX_JOB_DURATION_S = env.float("SCHEDULING_MAX_JOB_DURATION_S", default=24 * 3600.0)
+# Per-GPU job slots a GPU worker holds while it runs a job (flock'd files, at most 3 per GPU): node-local.
+SCHEDULING_GPU_SLOTS_DIR = env.str("SCHEDULING_GPU_SLOTS_DIR", default=str(VAR_DIR / "gpu-slots"))
+# Kubernetes scheduler extender (docs/scheduling.md): the Bearer token its callers present ("" = the
+# endpoints answer 503), how long a bound pod counts as load without a release call, and the API server
+# it binds pods through ("" = in-cluster: KUBERNETES_SERVICE_HOST with the service account's token and CA).
+SCHEDULER_EXTENDER_TOKEN = env.str("SCHEDULER_EXTENDER_TOKEN", default="")
+# A pod may name only models of the team whose slug is its namespace (0: any registered model).
+SCHEDULER_EXTENDER_TEAM_NAMESPACES = env.bool("SCHEDULER_EXTENDER_TEAM_NAMESPACES", default=True)
+SCHEDULER_EXTENDER_BINDING_TTL_S = env.float("SCHEDULER_EXTENDER_BINDING_TTL_S", default=24 * 3600.0)
+SCHEDULER_EXTENDER_KUBE_API_URL = env.str("SCHEDULER_EXTENDER_KUBE_API_URL", default="")
+SCHEDULER_EXTENDER_KUBE_TOKEN_FILE = env.str("SCHEDULER_EXTENDER_KUBE_TOKEN_FILE",
+                                             default="/var/run/secrets/kubernetes.io/serviceaccount/token")
+SCHEDULER_EXTENDER_KUBE_CA_FILE = env.str("SCHEDULER_EXTENDER_KUBE_CA_FILE",
+                                          default="/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
 
 # --- Celery time limits (after the durations they must cover) ---------------------------
 # Time limits per queue, as (soft, hard) seconds: a message gets the limits of the queue it is published

@@ -4,6 +4,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from core.api import urls as core_api
+from core.api.errors import api_not_found
 from core.api.router import router
 from recordcache.api import urls as recordcache_api
 from scheduling.api import urls as scheduling_api
@@ -22,8 +23,12 @@ urlpatterns = [
     # the split view serves Swagger UI's init script from a URL, not inline: the CSP allows no inline script
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("api/", include(api_extra + router.urls)),
-    path("", include("frontend.urls")),
+    path("scheduler/extender/", include("scheduling.api.extender_urls")),
+    path("", include("frontend.urls")),  # also serves /api/charts/ (the dashboard's chart data)
+    path("api/<path:rest>", api_not_found, name="api-not-found"),  # last: any other /api/ path, a JSON 404
 ]
+
+handler404 = "core.api.errors.page_not_found"
 
 if settings.DEBUG:
     from django.conf.urls.static import static

@@ -27,7 +27,7 @@ from django.core.exceptions import ValidationError
 from rest_framework.settings import api_settings
 
 from core import ratelimit
-from core.client_address import client_address
+from core.client_address import client_network
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def _address_wait(request) -> int | None:
     if request is None or rate is None:
         return None
     limit, period = ratelimit.parse_rate(rate)
-    key = f"throttle_login_addr-{client_address(request)}"
+    key = f"throttle_login_addr-{client_network(request)}"
     if ratelimit.hit(key, period) <= limit:
         return None
     return ratelimit.seconds_left(key, period)

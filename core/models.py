@@ -170,7 +170,10 @@ class ApiToken(models.Model):
 
     @staticmethod
     def generate_key() -> str:
-        return secrets.token_urlsafe(32)
+        # never a leading "-": command lines (`dlopt login --token KEY`, curl, shells) read it as an option
+        while (key := secrets.token_urlsafe(32)).startswith("-"):
+            pass
+        return key
 
     @property
     def is_active(self) -> bool:

@@ -21,6 +21,14 @@ def teams_for_user(user: AbstractBaseUser) -> QuerySet[Team]:
     return Team.objects.filter(memberships__user=user).distinct()
 
 
+def team_ref_filter(ref) -> dict:
+    """The lookup of a team given by its id or its slug (as every team reference of the API accepts)."""
+    ref = str(ref).strip()
+    if ref.isdigit():
+        return {"pk": int(ref)} if int(ref) <= 2**63 - 1 else {"pk": -1}
+    return {"slug": ref}
+
+
 def role_in_team(user: AbstractBaseUser, team_id: int) -> str | None:
     if not user.is_authenticated:
         return None

@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.api.fast import not_modified, version_etag, with_validators
+from core.api.strict import StrictQueryParamsMixin
 from core.selectors import energy_model
 from tuning import selectors as tuning_selectors
 from scheduling.models import SimulationRun
@@ -261,8 +262,8 @@ class RunCompareChartView(APIView):
         return Response({"figure": charts.compare_figure(runs, curves), "runs": summary})
 
 
-TEAM = OpenApiParameter("team", OpenApiTypes.INT, OpenApiParameter.QUERY, required=False,
-                        description="One of your teams; default all of them.")
+TEAM = OpenApiParameter("team", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
+                        description="One of your teams, by id or slug; default all of them.")
 
 
 def _team_ids(request) -> list[int]:
@@ -270,9 +271,11 @@ def _team_ids(request) -> list[int]:
     raw = request.query_params.get("team")
     if raw in (None, ""):
         return all_ids
-    if not raw.isdigit() or int(raw) not in all_ids:
+    by_slug = {t.slug: t.pk for t in get_scope(request).teams}
+    team_id = int(raw) if raw.isdigit() else by_slug.get(raw)
+    if team_id not in all_ids:
         raise Http404("No such team among yours.")
-    return [int(raw)]
+    return [team_id]
 
 
 class EnergyChartView(APIView):
@@ -305,7 +308,9 @@ class EnergySummarySerializer(serializers.Serializer):
     energy_model = serializers.DictField(help_text="Watts and grid intensity behind modeled figures.")
 
 
-class EnergySummaryView(APIView):
+class EnergySummaryView(StrictQueryParamsMixin, APIView):
+    query_params = {"get": ["team"]}
+
     @extend_schema(tags=[TAG], parameters=[TEAM], responses={200: EnergySummarySerializer, 404: NOT_FOUND},
                    summary="Energy and carbon per team and month: tuning, saved by Trimmer and by co-location")
     def get(self, request):

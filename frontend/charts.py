@@ -8,6 +8,8 @@ a run of tens of thousands of measurements stays a few hundred points a trace.
 """
 from __future__ import annotations
 
+import textwrap
+
 import plotly.graph_objects as go
 
 # A small explicit template: the default "plotly" template adds ~7 KB to every
@@ -22,6 +24,9 @@ _TEMPLATE = go.layout.Template(layout={
     "hovermode": "closest",
 })
 E2E_COLOR = "#111"
+# Plotly labels a log axis's minor ticks with their first digit only, so 0.5 ms and 5 ms both read "5":
+# a general number format writes every tick in full.
+LOG_AXIS = {"type": "log", "tickformat": "~g"}
 
 
 def _layout(**kwargs) -> dict:
@@ -39,7 +44,9 @@ def empty_figure(message: str, *, title: str = "", height: int = 260) -> dict:
     fig = go.Figure(layout=_layout(
         title={"text": title}, height=height,
         xaxis={"visible": False}, yaxis={"visible": False},
-        annotations=[{"text": message, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5,
+        # wrapped: a one-line note is clipped on a phone-width chart
+        annotations=[{"text": "<br>".join(textwrap.wrap(message, 48, break_long_words=False,
+                                                       break_on_hyphens=False)) or message, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5,
                       "font": {"size": 14, "color": "#666"}}],
     ))
     return figure_dict(fig)
@@ -116,8 +123,8 @@ def best_so_far_figure(curve: dict, *, run_id: int | None = None, missing: list[
     layout = _layout(
         title={"text": "Best latency so far vs trials"}, height=560, uirevision=f"curve-{run_id}",
         xaxis={"title": {"text": "measured trials (whole run)"}, "anchor": "y2"},
-        yaxis={"title": {"text": "end-to-end (ms)"}, "domain": [0.6, 1.0], "type": "log"},
-        yaxis2={"title": {"text": "per task (ms)"}, "domain": [0.0, 0.48], "type": "log"},
+        yaxis={"title": {"text": "end-to-end (ms)"}, "domain": [0.6, 1.0], **LOG_AXIS},
+        yaxis2={"title": {"text": "per task (ms)"}, "domain": [0.0, 0.48], **LOG_AXIS},
         legend={"font": {"size": 10}},
     )
     if not e2e["trials"]:
@@ -203,10 +210,20 @@ def compare_figure(runs, curves: dict[int, dict]) -> dict:
         ))
     if not data:
         return empty_figure("None of these runs has an end-to-end estimate yet.", title="Runs compared")
+    # onnxruntime's latency as each run measured it (same inputs and threads): the yardstick to beat
+    right = max((max(t.x) for t in data if t.x), default=1)
+    for run in runs:
+        if run.ort_latency_s is None:
+            continue
+        data.append(go.Scatter(
+            x=[0, right], y=[run.ort_latency_s * 1e3] * 2, mode="lines", line={"dash": "dash", "width": 1.5},
+            name=f"onnxruntime (run {run.pk})",
+            hovertemplate=f"onnxruntime, run {run.pk}<br>%{{y:.4g}} ms<extra></extra>",
+        ))
     fig = go.Figure(data=data, layout=_layout(
         title={"text": "End-to-end best latency so far"}, height=440,
         xaxis={"title": {"text": "measured trials"}}, yaxis={"title": {"text": "estimated latency (ms)"},
-                                                             "type": "log"},
+                                                             **LOG_AXIS},
         legend={"orientation": "h", "y": -0.2},
     ))
     return figure_dict(fig)

@@ -132,6 +132,14 @@ FILL_BARS = (("allocated_share", "GPU capacity allocated (share)"), ("frag_rate"
              ("unallocated_gpus", "unallocated GPUs"), ("failed", "pods that could not be placed"))
 
 
+def _in_time_unit(seconds: list, title: str) -> tuple[list, str]:
+    largest = max((abs(v) for v in seconds if v is not None), default=0.0)
+    unit, size = next(((u, z) for u, z in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)) if largest >= 2 * z),
+                      ("s", 1.0))
+    base = title.rsplit(" (", 1)[0]
+    return [None if v is None else v / size for v in seconds], f"{base} ({unit})"
+
+
 def simulation_figures_for(sim) -> dict:
     results = sim.results or {}
     table = results.get("table") or []
@@ -145,8 +153,11 @@ def simulation_figures_for(sim) -> dict:
     figures = {}
     for key, title in (FILL_BARS if method == "fill" else REPLAY_BARS):
         if any(row.get(key) is not None for row in table):
-            figures[key] = charts.bar_figure(names, [row.get(key) for row in table], title=title, y_title=title,
-                                             height=280)
+            values = [row.get(key) for row in table]
+            scale = next((size for suffix, size in UNIT_SUFFIXES if key.endswith(suffix)), None)
+            if scale is not None:  # a time: in days, hours or minutes (whichever the largest bar reads best in)
+                values, title = _in_time_unit([None if v is None else v * scale for v in values], title)
+            figures[key] = charts.bar_figure(names, values, title=title, y_title=title, height=280)
     if method == "fill":
         series = {name: ([p.get("arrived_share") for p in r.get("curve") or []],
                          [p.get("allocated_share") for p in r.get("curve") or []]) for name, r in ordered}
@@ -165,16 +176,71 @@ def simulation_figures_for(sim) -> dict:
     return figures
 
 
+# The simulator's result columns, in words; a suffix says the unit the value is in.
+SIMULATION_COLUMNS = {
+    "makespan_h": "Makespan", "mean_wait_s": "Mean wait", "p95_wait_s": "95th-percentile wait",
+    "mean_jct_s": "Mean job completion time", "util_mean_pct": "Mean GPU utilization",
+    "occupancy_pct": "GPU occupancy", "shared_frac": "Share of jobs co-located", "slowdown": "Mean slowdown",
+    "oom": "Out-of-memory events", "migrations": "Migrations",
+}
+UNIT_SUFFIXES = (("_s", 1.0), ("_h", 3600.0))
+
+
+def fmt_long_duration(seconds: float) -> str:
+    """Simulated times span seconds to months: days, hours or minutes, whichever reads best."""
+    for unit, size in (("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if abs(seconds) >= 2 * size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:,.1f} s"
+
+
+def fmt_simulation_value(column: str, value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    for suffix, scale in UNIT_SUFFIXES:
+        if column.endswith(suffix):
+            return fmt_long_duration(value * scale)
+    if column.endswith("_pct"):
+        return f"{value:.1f} %"
+    if column.endswith("_frac"):
+        return f"{value * 100:.1f} %"
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.3f}"
+
+
+def simulation_column_label(column: str) -> str:
+    return SIMULATION_COLUMNS.get(column) or column.replace("_", " ").capitalize()
+
+
+def assumption_rows(assumptions: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """The simulator's assumptions as (setting, value) rows: nested settings get a path, numbers a
+    readable precision (instead of a printed Python dict)."""
+    rows: list[tuple[str, str]] = []
+    for key, value in assumptions.items():
+        label = f"{prefix} › {key.replace('_', ' ')}" if prefix else key.replace("_", " ")
+        if isinstance(value, dict):
+            rows.extend(assumption_rows(value, label))
+        elif isinstance(value, float):
+            rows.append((label, f"{value:.4g}"))
+        elif isinstance(value, (list, tuple)):
+            rows.append((label, ", ".join(str(v) for v in value)))
+        else:
+            rows.append((label, str(value)))
+    return rows
+
+
 def simulation_detail_context(scope, pk: int) -> dict:
     sim = _simulation(scope, pk)
     results = sim.results or {}
     table = results.get("table") or []
-    columns = [c for c in (table[0].keys() if table else []) if c != "policy"]
-    rows = [(row.get("policy"), [row.get(c) for c in columns]) for row in table]
+    keys = [c for c in (table[0].keys() if table else []) if c != "policy"]
+    columns = [simulation_column_label(c) for c in keys]
+    rows = [(row.get("policy"), [fmt_simulation_value(c, row.get(c)) for c in keys]) for row in table]
     active = sim.status in SimulationRun.ACTIVE
     return {"sim": sim, "results": results, "table": table, "columns": columns, "rows": rows,
             "figures": simulation_figures_for(sim), "cluster": results.get("cluster") or {},
-            "assumptions": results.get("assumptions") or {}, "trace": results.get("trace") or {},
+            "assumptions": assumption_rows(results.get("assumptions") or {}), "trace": results.get("trace") or {},
             "cost_minutes": sim.cost_units * SIMULATION_SECONDS_PER_UNIT / 60,
             "waiting_in_fair_queue": sim.status == SimulationRun.Status.QUEUED and sim.dispatched_at is None,
             "can_cancel": active and sim.team_id in scope.writable_ids,

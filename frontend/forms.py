@@ -92,8 +92,13 @@ class StartRunForm(forms.Form):
         return True, options
     # ------------------------------------------------------------------------------------------
 
-    def __init__(self, *args, models=None, **kwargs):
+    def __init__(self, *args, models=None, gpu_available: bool = True, node_cores: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
+        self.gpu_available, self.node_cores = gpu_available, node_cores
+        if not gpu_available:
+            # a cuda run on a cluster without a GPU fails on its worker (and still uses energy): not offered
+            self.fields["target_kind"].choices = [c for c in self.TARGET_CHOICES if c[0] != "cuda"]
+            self.fields["target_kind"].help_text = "No GPU node is registered and live: CPU targets only."
         self.fields["model"].queryset = models if models is not None else DLModel.objects.none()
         self.fields["model"].label_from_instance = lambda m: f"{m.name} ({m.team.name})"
         self.fields["num_cores"].initial = settings.DEFAULT_TUNING_TARGET.get("num-cores")
@@ -112,9 +117,55 @@ class StartRunForm(forms.Form):
 
     def clean(self):
         data = super().clean()
+        # options the page hides are not used, so a bad value left in one must not block the run
+        hidden = [] if data.get("trimmer_enabled") else [n for n in self.TRIMMER_FIELDS if n != "trimmer_enabled"]
+        if data.get("dop_mode") != "fixed":
+            hidden.append("dop_fixed")
+        for name in hidden:
+            if self._errors.pop(name, None) is not None:
+                data[name] = None
         if data.get("dop_mode") == "fixed" and not data.get("dop_fixed"):
             self.add_error("dop_fixed", "Give the fixed degree of parallelism, or choose automatic.")
         return data
+
+    # ---- what the page shows or hides (the same rules drive dashboard.js on change) ----------------
+    def value(self, name: str):
+        """The field's current value: the submitted one on a bound form, else the initial one."""
+        return self[name].value()
+
+    def shows_trimmer_options(self) -> bool:
+        return bool(self.value("trimmer_enabled"))
+
+    def shows_fixed_dop(self) -> bool:
+        return self.value("dop_mode") == "fixed"
+
+    def effective_threads(self) -> int | None:
+        """Threads one measurement takes: threads per measurement, else the target's cores, else every
+        core of the node (the engine's default); None when neither is given and no node reported its cores."""
+        for name in ("threads", "num_cores"):
+            value = self.value(name)
+            if value not in (None, "") and str(value).isdigit() and int(value) > 0:
+                return int(value)
+        return self.node_cores or None
+
+    def dop_stays_one(self) -> bool:
+        """True when one measurement takes every core, so no two can run at once (DOP stays 1): the
+        engine plans node cores // threads measurement slots."""
+        if self.value("target_kind") == "cuda":
+            return False
+        threads = self.effective_threads()
+        if threads is None:
+            return True
+        return bool(self.node_cores) and threads * 2 > self.node_cores
+
+    def dop_note(self) -> str:
+        threads = self.effective_threads()
+        if self.node_cores and threads:
+            return (f"Each measurement takes {threads} of the node's {self.node_cores} cores, so no two run at "
+                    f"once: DOP stays 1 whatever is chosen here. Set fewer threads per measurement (at most "
+                    f"{max(1, self.node_cores // 2)}) to measure in parallel.")
+        return ("Each measurement takes every core (no thread count given), so no two run at once: DOP stays 1 "
+                "whatever is chosen here. Set threads per measurement to measure in parallel.")
 
     def target(self) -> dict:
         kind = self.cleaned_data["target_kind"]

@@ -30,9 +30,12 @@ class RoleForm(forms.Form):
 
 
 class WebhookForm(forms.Form):
-    url = forms.CharField(label="Webhook URL", max_length=500, widget=forms.URLInput(attrs={"size": 60}),
-                          help_text="https:// to a public host. Called when a tuning run or GPU job of the "
-                                    "team ends, with a JSON body signed with HMAC-SHA256.")
+    url = forms.CharField(label="Webhook URL", max_length=500,
+                          widget=forms.URLInput(attrs={"size": 60, "placeholder": "https://hooks.example.com/dlopt"}),
+                          help_text="An https:// URL on a public host, e.g. https://hooks.example.com/dlopt "
+                                    "(addresses on this machine or a private network, such as 127.0.0.1 or "
+                                    "10.x, are refused). Called when a tuning run or GPU job of the team ends, "
+                                    "with a JSON body signed with HMAC-SHA256.")
 
 
 class RecordCacheSettingsForm(forms.Form):

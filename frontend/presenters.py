@@ -12,10 +12,12 @@ from dataclasses import dataclass
 
 from django.core.cache import cache
 from django.urls import reverse
+from django.utils import timezone
 
 from common.units import JOULES_PER_KWH, joules_to_kwh
 from tuning import selectors as tuning_selectors
 from tuning.models import TuningRun
+from tuning.services.runs import Control, Outcome, transition
 
 from . import charts, queries
 
@@ -94,21 +96,103 @@ def fmt_target(target: dict) -> str:
 
 
 def run_actions(run: TuningRun) -> dict:
-    pending = run.requested_action or ""
-    return {
-        "cancel": run.status not in TuningRun.TERMINAL and pending != TuningRun.Action.CANCEL,
-        "pause": run.status in TuningRun.ACTIVE and pending == "",
-        "resume": run.status == TuningRun.Status.PAUSED,
-    }
+    """The controls that would change the run, by the run state machine's own table."""
+    return {control: transition(run.status, run.requested_action, control)[0] not in (Outcome.REFUSED,
+                                                                                       Outcome.UNCHANGED)
+            for control in (Control.CANCEL, Control.PAUSE, Control.RESUME)}
+
+
+def live_wall(run: TuningRun, now=None) -> tuple[float, str | None]:
+    """(tuning wall time so far, the ISO time the running attempt began or None).
+
+    ``wall_seconds`` grows only when an attempt ends, so a running run adds the time since it started;
+    only the first attempt's start is stored, so a resumed run adds nothing until its attempt ends."""
+    if run.status == TuningRun.Status.RUNNING and run.started_at and run.attempts <= 1:
+        now = now or timezone.now()
+        return run.wall_seconds + max(0.0, (now - run.started_at).total_seconds()), run.started_at.isoformat()
+    return run.wall_seconds, None
+
+
+def fmt_wall(run: TuningRun, seconds: float, running_since: str | None) -> str:
+    if run.status != TuningRun.Status.RUNNING:
+        return fmt_duration(run.wall_seconds)
+    if running_since is None:
+        return f"{fmt_duration(run.wall_seconds)} before this attempt (it adds its time when it ends)"
+    return f"{fmt_duration(seconds)} so far"
+
+
+def eta_seconds(run: TuningRun, elapsed: float) -> float | None:
+    """Time left at this run's pace so far (trials per second); None before the first trial."""
+    if run.status != TuningRun.Status.RUNNING or not run.trials_done or elapsed <= 0:
+        return None
+    return max(0, run.max_trials - run.trials_done) * elapsed / run.trials_done
+
+
+def fmt_eta(run: TuningRun, eta: float | None) -> str:
+    if run.status in TuningRun.TERMINAL or run.status == TuningRun.Status.PAUSED:
+        return DASH
+    if eta is None:
+        return "after the first measured round" if run.status == TuningRun.Status.RUNNING else "when it starts"
+    note = ", sooner if Trimmer stops it" if run.trimmer_enabled else ""
+    return f"about {fmt_duration(eta)} (estimate at this run's pace{note})"
+
+
+def fmt_energy_split(energy: dict | None) -> str:
+    """Build, measure and the rest of the total (idle time, the search, compiling the final model), so the
+    parts add up to the total shown above them."""
+    if energy is None:
+        return DASH
+    build, measure, total = energy["build_j"] or 0.0, energy["measure_j"] or 0.0, energy["energy_j"] or 0.0
+    other = total - build - measure
+    text = f"build {fmt_energy(build)} · measure {fmt_energy(measure)}"
+    if other > max(0.5, 0.005 * total):
+        text += f" · other (idle, search) {fmt_energy(other)}"
+    return text + f" = {fmt_energy(max(total, build + measure))}"
+
+
+def fmt_energy_saved(run: TuningRun, energy: dict | None) -> str:
+    """Trimmer's estimated saving; when it is zero, why (the ML filter swaps candidates, it saves no trials)."""
+    if energy is None or energy["saved_j"] is None:
+        return DASH
+    if energy["saved_j"] > 0:
+        return fmt_energy(energy["saved_j"]) + (f" ({energy['trials_saved']:,} trials)"
+                                                 if energy["trials_saved"] else "")
+    if not run.trimmer_enabled:
+        return "0 J (Trimmer was off)"
+    return ("0 J: Trimmer did not stop the run before its budget; filtering picks which candidates are "
+            "measured, it does not measure fewer")
+
+
+def fmt_filtered(run: TuningRun) -> str:
+    if not run.candidates_generated:
+        return DASH
+    return (f"{run.candidates_filtered:,} of {run.candidates_generated:,} scored candidates dropped before "
+            "building (replaced by better-scored ones)")
+
+
+def fmt_charged(run: TuningRun) -> str:
+    """What the team's usage ledger holds for this run: a failed run the ledger did not charge shows no charge."""
+    charged = queries.run_energy_charged(run)
+    if charged is None:
+        if run.status == TuningRun.Status.FAILED and not run.trials_done:
+            return "not charged (failed before any trial)"
+        return "nothing charged yet"
+    text = f"{fmt_energy(charged)} (usage ledger)"
+    if run.status == TuningRun.Status.FAILED and not run.trials_done:
+        text += ": failed before any trial; the energy its worker used is still counted"
+    return text
 
 
 def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
     """The run's headline numbers: raw values for automation, display strings for the page."""
     energy = queries.run_energy(run)
+    wall_so_far, running_since = live_wall(run)
+    eta = eta_seconds(run, wall_so_far) if running_since else None
     raw = {
         "id": run.pk, "status": run.status, "status_label": run.get_status_display(),
         "requested_action": run.requested_action or "", "progress": round(run.progress, 4),
         "trials_done": run.trials_done, "max_trials": run.max_trials, "wall_seconds": run.wall_seconds,
+        "running_since": running_since, "wall_so_far_s": wall_so_far, "eta_s": eta,
         "estimated_latency_s": run.estimated_latency_s, "final_dop": run.final_dop,
         "mean_parallel_error": run.mean_parallel_error, "tuned_latency_s": run.tuned_latency_s,
         "untuned_latency_s": run.untuned_latency_s, "speedup": run.speedup, "outputs_match": run.outputs_match,
@@ -124,11 +208,16 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "measurements_in_flight": run.measurements_in_flight, **onnxruntime_numbers(run),
     }
     pending = {"cancel": " (cancel requested)", "pause": " (pause requested)"}.get(run.requested_action or "", "")
+    position = run.queue_position
+    if position is not None:
+        pending = f" (number {position} waiting for one of the team's run slots)"
+    raw["queue_position"] = position
     display = {
         "status": run.get_status_display() + pending,
         "trials": f"{run.trials_done:,} / {run.max_trials:,}",
         "progress_pct": f"{run.progress * 100:.0f}%",
-        "wall": fmt_duration(run.wall_seconds),
+        "wall": fmt_wall(run, wall_so_far, running_since),
+        "eta": fmt_eta(run, eta),
         "estimate": fmt_estimate(run, raw["tasks_missing_from_estimate"]),
         "final_dop": str(run.final_dop) if run.final_dop else DASH,
         "mean_error": fmt_number(run.mean_parallel_error * 100 if run.mean_parallel_error is not None else None,
@@ -140,16 +229,14 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "energy": "not measured yet" if energy is None else f"{fmt_energy(energy['energy_j'])} ({energy['source']}"
         + (f" at {energy['cpu_watts_per_core']:g} W/core" if "modeled" in energy["source"]
            and energy["cpu_watts_per_core"] else "") + ")",
-        "energy_split": DASH if energy is None else
-        f"build {fmt_energy(energy['build_j'])} · measure {fmt_energy(energy['measure_j'])}",
-        "energy_saved": DASH if energy is None or energy["saved_j"] is None else
-        fmt_energy(energy["saved_j"]) + (f" ({energy['trials_saved']:,} trials)" if energy["trials_saved"] else ""),
+        "energy_split": fmt_energy_split(energy),
+        "energy_charged": fmt_charged(run),
+        "energy_saved": fmt_energy_saved(run, energy),
         "carbon": "not measured yet" if energy is None else (
             fmt_carbon(energy["carbon_g"]) + (f" at {energy['grid_intensity_g_per_kwh']:g} g/kWh"
                                               if energy["grid_intensity_g_per_kwh"] is not None else "")),
         "trimmer": "on" if run.trimmer_enabled else "off",
-        "filtered": f"{run.candidates_filtered:,} of {run.candidates_generated:,}" if run.candidates_generated
-        else DASH,
+        "filtered": fmt_filtered(run),
         "stop_reason": run.stop_reason or DASH,
         "in_flight": (f"{run.builds_in_flight:,} building · {run.measurements_in_flight:,} measuring"
                       if run.is_active else DASH),
@@ -504,6 +591,41 @@ def run_links(run: TuningRun) -> dict:
     }
 
 
+def _settings_of(run: TuningRun) -> dict[str, str]:
+    """The settings a user chose for a run, in words (the compare page lists those that differ)."""
+    trimmer = run.trimmer_options or {}
+    out = {
+        "Model": run.model.name,
+        "Target": fmt_target(run.target),
+        "Measurement mode": run.get_measurement_mode_display(),
+        "DOP": f"fixed {run.dop_fixed}" if run.dop_fixed else "automatic",
+        "Trial budget": f"{run.max_trials:,}",
+        "Trials per round": f"{run.trials_per_round:,}",
+        "Threads per measurement": str(run.threads) if run.threads else "the target's cores",
+        "Trimmer": "on" if run.trimmer_enabled else "off",
+    }
+    if run.trimmer_enabled:
+        for key in sorted(trimmer):
+            out[f"Trimmer: {key.replace('_', ' ')}"] = str(trimmer[key])
+    for key in sorted(run.options or {}):
+        out[f"Option: {key.replace('_', ' ')}"] = str(run.options[key])
+    return out
+
+
+def settings_diff(runs) -> list[dict]:
+    """One row per setting whose value is not the same in every run (a setting a run lacks shows a dash)."""
+    settings = [_settings_of(r) for r in runs]
+    labels: list[str] = []
+    for one in settings:
+        labels.extend(label for label in one if label not in labels)
+    rows = []
+    for label in labels:
+        values = [one.get(label, DASH) for one in settings]
+        if len(set(values)) > 1:
+            rows.append({"label": label, "values": values})
+    return rows
+
+
 def compare_rows(runs) -> list[dict]:
     rows = []
     for run in runs:
@@ -523,3 +645,47 @@ def cached_for_version(key: str, run: TuningRun, build):
         body = build()
         cache.set(key, body, FIGURE_CACHE_S)
     return body
+
+
+# --- the start form's estimate ---------------------------------------------------------------------------
+
+MAX_ESTIMATED_MODELS = 50  # the form's model list is short; beyond this a model gets the team's figures
+
+
+def start_estimates(models, *, default_joules_per_trial: float) -> dict[str, dict]:
+    """Per model: its tuning task count and the per-trial wall time and energy of recent finished runs
+    (the model's own, else the team's), for the start form's estimate (drawn here and by dashboard.js)."""
+    out: dict[str, dict] = {}
+    team_costs: dict[int, dict | None] = {}
+    for index, model in enumerate(models):
+        costs = queries.recent_per_trial_costs(model.team_id, model.pk) if index < MAX_ESTIMATED_MODELS else None
+        if costs is None:
+            if model.team_id not in team_costs:
+                team_costs[model.team_id] = queries.recent_per_trial_costs(model.team_id)
+            costs = team_costs[model.team_id]
+        joules, energy_basis = (costs or {}).get("joules_per_trial"), None
+        if joules is None:
+            joules, energy_basis = default_joules_per_trial, "the platform's default energy per trial"
+        out[str(model.pk)] = {
+            "tasks": model.num_tuning_tasks or 0,
+            "wall_s_per_trial": costs["wall_s_per_trial"] if costs else None,
+            "joules_per_trial": joules,
+            "basis": (costs["basis"] if costs else "no finished run to learn from yet")
+            + (f"; energy from {energy_basis}" if energy_basis else ""),
+        }
+    return out
+
+
+def fmt_start_estimate(entry: dict | None, max_trials) -> str:
+    """The estimate line the start form shows for one model and trial budget (dashboard.js writes the same)."""
+    if entry is None:
+        return ""
+    try:
+        trials = int(max_trials)
+    except (TypeError, ValueError):
+        return "Estimate: give the number of trials."
+    wall = entry["wall_s_per_trial"]
+    time_text = f"about {fmt_duration(wall * trials)}" if wall else "time unknown"
+    tasks = f"; the model has {entry['tasks']} tuning tasks" if entry["tasks"] else ""
+    return (f"Estimate for {trials:,} trials: {time_text}, about {fmt_energy(entry['joules_per_trial'] * trials)} "
+            f"(from {entry['basis']}{tasks}).")

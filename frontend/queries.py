@@ -102,6 +102,31 @@ def run_has_energy(run: TuningRun) -> bool:
     return bool(run.energy_source) or bool(run.energy_joules)
 
 
+def run_energy_charged(run: TuningRun) -> float | None:
+    """Joules the team's usage ledger charged for this run, or None when it charged none."""
+    return UsageCharge.objects.filter(run_id=run.pk, kind=UsageCharge.Kind.ENERGY_JOULES).aggregate(
+        j=Sum("amount"))["j"]
+
+
+def recent_per_trial_costs(team_id: int, model_id: int | None = None, *, limit: int = 10) -> dict | None:
+    """Mean wall seconds and joules per trial of the team's recent finished runs (the model's own when it
+    has some): the start form's estimate. None when no finished run measured a trial."""
+    base = TuningRun.objects.filter(team_id=team_id, status=TuningRun.Status.SUCCEEDED, trials_done__gt=0,
+                                    wall_seconds__gt=0)
+    runs = list(base.filter(model_id=model_id).order_by("-finished_at")[:limit]) if model_id else []
+    basis = "this model's"
+    if not runs:
+        runs, basis = list(base.order_by("-finished_at")[:limit]), "the team's"
+    if not runs:
+        return None
+    trials = sum(r.trials_done for r in runs)
+    with_energy = [r for r in runs if r.energy_joules]
+    energy_trials = sum(r.trials_done for r in with_energy)
+    return {"runs": len(runs), "basis": f"{basis} last {len(runs)} finished run(s)",
+            "wall_s_per_trial": sum(r.wall_seconds for r in runs) / trials,
+            "joules_per_trial": sum(r.energy_joules for r in with_energy) / energy_trials if energy_trials else None}
+
+
 def run_energy(run: TuningRun) -> dict | None:
     """The run's energy figures with their source, or None when none was recorded."""
     if not run_has_energy(run):

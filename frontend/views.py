@@ -24,7 +24,7 @@ from core.exceptions import QuotaExceeded, ServiceError
 from core.models import DLModel
 from core.onnx_models.errors import ERROR_CODES, OnnxValidationError
 from recordcache import selectors as record_cache
-from scheduling.selectors import COLOCATION_BASIS
+from scheduling.selectors import COLOCATION_BASIS, most_registered_cores, schedulable_gpus
 from tuning import services as tuning_services
 from tuning.services.package import package_usage
 
@@ -206,7 +206,8 @@ def run_start(request):
     initial = {}
     if request.GET.get("model", "").isdigit():
         initial["model"] = int(request.GET["model"])
-    form = StartRunForm(request.POST or None, models=models, initial=initial)
+    form = StartRunForm(request.POST or None, models=models, initial=initial, gpu_available=bool(schedulable_gpus()),
+                        node_cores=most_registered_cores())
     quota_error = None
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -223,10 +224,18 @@ def run_start(request):
         except ServiceError as exc:
             form.add_error(SERVICE_FIELD_TO_FORM.get(exc.field or ""), exc.message)
         else:
-            messages.success(request, f"Tuning run {run.pk} of {run.model.name} queued.")
+            waiting = (f" It waits for one of the team's run slots (number {run.queue_position} in line) and "
+                       "starts when a run of the team ends." if run.waiting_since else "")
+            messages.success(request, f"Tuning run {run.pk} of {run.model.name} queued.{waiting}")
             return redirect("run-detail", pk=run.pk)
+    estimates = presenters.start_estimates(
+        models, default_joules_per_trial=core_selectors.energy_model().joules_per_trial_estimate)
+    chosen = str(form["model"].value() or next(iter(estimates), ""))
     return render(request, "frontend/run_start.html", {
-        "scope": scope, "form": form, "quota_error": quota_error, "no_models": not models.exists(),
+        "scope": scope, "form": form, "quota_error": quota_error, "no_models": not estimates,
+        "viewer_only": bool(scope.scoped_teams) and not scope.writable_scoped_teams,
+        "estimates": estimates,
+        "estimate_text": presenters.fmt_start_estimate(estimates.get(chosen), form["max_trials"].value()),
         "nav": "runs"})
 
 
@@ -284,6 +293,7 @@ def run_compare(request):
         curves = {r.pk: presenters.curve_for(r, max_points=presenters.CURVE_MAX_POINTS) for r in runs}
         context["figure"] = charts.compare_figure(runs, curves)
         context["rows"] = presenters.compare_rows(runs)
+        context["settings_diff"] = presenters.settings_diff(runs)
     elif ids:
         messages.info(request, "Pick at least two runs to compare.")
     return render(request, "frontend/run_compare.html", context)

@@ -17,7 +17,7 @@ from core import services as core_services
 from core.exceptions import ServiceError
 from core.models import Membership
 
-from . import accountdata
+from . import accountdata, webhook_test
 from recordcache import selectors as record_cache
 from recordcache import services as record_cache_services
 
@@ -143,6 +143,11 @@ def team_webhook(request, pk: int, action: str):
             change = core_services.set_team_webhook(actor=request.user, team=team, url=form.cleaned_data["url"])
         elif action == "rotate":
             change = core_services.rotate_webhook_secret(actor=request.user, team=team)
+        elif action == "test":
+            webhook_test.send_test_delivery(actor=request.user, team=team)
+            messages.success(request, "Test notification queued: its answer shows under Last deliveries below "
+                                      "(reload in a few seconds).")
+            return redirect("team-page", pk=team.pk)
         elif action == "remove":
             core_services.remove_team_webhook(actor=request.user, team=team)
             messages.success(request, "Webhook removed: no more notifications are sent.")
@@ -155,6 +160,10 @@ def team_webhook(request, pk: int, action: str):
             form.add_error("url", exc.message)
             return team_detail(request, pk, webhook_form=form)
         messages.error(request, exc.message)
+        if action == "test":  # a refused test answers its status (403 not an owner, 429 too soon)
+            response = team_detail(request, pk)
+            response.status_code = exc.status
+            return response
         return redirect("team-page", pk=team.pk)
     if change.secret is None:
         messages.success(request, f"Webhook URL changed to {change.webhook.url}.")

@@ -25,7 +25,8 @@ import onnx
 from common.jsonsafe import json_safe
 from core.exceptions import ServiceError
 from core.models import DLModel
-from core.onnx_models.features import compute_features
+from core.onnx_models.features import GraphFeatures, compute_features
+from core.upload_sandbox import parse_in_sandbox
 
 from .horus import experiments
 from .horus.cost import SECONDS_PER_UNIT as SIMULATION_SECONDS_PER_UNIT
@@ -38,7 +39,9 @@ from .horus.predictor_eval import format_evaluation as format_predictor_evaluati
 from .horus.profiles import (DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, ProfileRecord, gpu_spec, load_profiles,
                              roofline_profile)
 from .horus.traces import Job, TraceFormatError, TraceTooLarge, decode_trace, gpu_request_per_pod, trace_summary
-from .models import GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PredictorVersion, TraceUpload
+from .horus.extender import ExtenderNode
+from .models import (GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PodBinding, PredictorVersion, TraceUpload,
+                     placement_gpu_ids)
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ __all__ = [
     "trace_upload_verdict", "decode_trace_file", "trace_summary", "profile_records_from_rows", "profile_row_values",
     "run_simulation", "seed_profile_records", "simulation_cost", "simulation_results", "simulation_size",
     "SimulationCost", "SimulationStopped", "SIMULATION_SECONDS_PER_UNIT", "trace_input", "file_trace_input",
-    "TraceInput",
+    "TraceInput", "extender_job_view", "extender_node", "pod_view",
     "train_utilization_predictor", "analytic_prediction",
 ]
 
@@ -86,7 +89,8 @@ def make_live_policy(name: str, now: dt.datetime) -> PlacementPolicy:
 
 def job_view(job: GpuJob) -> JobView:
     return JobView(
-        job_id=str(job.pk), submit_time=job.created_at.timestamp(), num_gpus=1,
+        job_id=str(job.pk), submit_time=job.created_at.timestamp(), num_gpus=job.num_gpus,
+        single_node=job.num_gpus > 1,
         pred_util_pct=job.predicted_util_pct if job.predicted_util_pct is not None else FALLBACK_UTIL_PCT,
         pred_mem_mb=job.predicted_mem_mb if job.predicted_mem_mb is not None else FALLBACK_MEM_MB,
         model=job.model.name if job.model_id else None, batch_size=job.batch_size,
@@ -103,17 +107,20 @@ class LiveCluster:
     def expect_workload(self, views: Sequence[JobView]) -> None:
         self.state.workload = workload_types(views)
 
-    def choose(self, policy: PlacementPolicy, view: JobView, now: dt.datetime) -> tuple[GPU, float | None] | None:
-        """``(GPU, score)`` the policy places the job on, counted in the state; None when it waits."""
+    def choose(self, policy: PlacementPolicy, view: JobView,
+               now: dt.datetime) -> tuple[list[GPU], float | None] | None:
+        """``(GPUs, score)`` the policy places the job on (all ``view.num_gpus`` of them, on one node, or
+        none), counted in the state; None when it waits."""
         cv, t = self.state.view(), now.timestamp()
         chosen = policy.place(view, cv, t)
-        if not chosen:
+        if not chosen or len(chosen) != view.num_gpus \
+                or len({self.gpus[int(i)].node_id for i in chosen}) != 1:
             return None
-        i = int(chosen[0])
-        score = policy.score(view, cv, [i])
-        # Until a heartbeat reports, the job's measured load is taken as its prediction.
-        self.state.add(view, [i], true_util=view.pred_util_pct, true_mem=view.pred_mem_mb, now=t)
-        return self.gpus[i], score
+        flat = [int(i) for i in chosen]
+        score = policy.score(view, cv, flat)
+        # Until its worker reports the job's own figures, it counts at its prediction.
+        self.state.add(view, flat, true_util=view.pred_util_pct, true_mem=view.pred_mem_mb, now=t)
+        return [self.gpus[i] for i in flat], score
 
 
 def _node_specs(gpus: list[GPU]) -> list[NodeSpec]:
@@ -130,8 +137,26 @@ def _node_specs(gpus: list[GPU]) -> list[NodeSpec]:
     return specs
 
 
-def cluster_state(gpus: list[GPU], *, active: Iterable[Placement], samples: dict[int, GpuTelemetry]) -> LiveCluster:
-    """The live cluster from its rows: ``active`` placements (with their jobs) and each GPU's fresh sample.
+def pod_view(binding: PodBinding) -> JobView:
+    """A bound pod as the policies see it (its gang on one node)."""
+    return JobView(job_id=f"pod:{binding.pod_uid}", submit_time=binding.bound_at.timestamp(),
+                   num_gpus=binding.num_gpus, pred_util_pct=binding.predicted_util_pct,
+                   pred_mem_mb=binding.predicted_mem_mb, batch_size=binding.batch_size,
+                   single_node=binding.num_gpus > 1)
+
+
+def extender_job_view(*, pod_uid: str, num_gpus: int, batch_size: int, model_name: str,
+                      prediction: dict[str, Any], now: dt.datetime) -> JobView:
+    """A pod the extender is asked about, with its model's prediction (a gang: one node)."""
+    return JobView(job_id=f"pod:{pod_uid}", submit_time=now.timestamp(), num_gpus=num_gpus,
+                   pred_util_pct=prediction["util_pct"], pred_mem_mb=prediction["mem_mb"], model=model_name,
+                   batch_size=batch_size, single_node=num_gpus > 1)
+
+
+def cluster_state(gpus: list[GPU], *, active: Iterable[Placement], samples: dict[int, GpuTelemetry],
+                  bound: Iterable[PodBinding] = ()) -> LiveCluster:
+    """The live cluster from its rows: ``active`` placements (with their jobs), the Kubernetes pods the
+    extender ``bound`` (one row per GPU of a pod) and each GPU's fresh sample.
 
     * predicted load of a GPU = sum of the predictions of the jobs placed on it (what Horus sees);
     * measured load = its latest NVML sample when fresh (what Gandiva-like policies see), plus the
@@ -143,17 +168,48 @@ def cluster_state(gpus: list[GPU], *, active: Iterable[Placement], samples: dict
     newer_mem = [0.0] * len(gpus)
     for p in active:
         view = job_view(p.job)
-        i = flat[p.gpu_id]
-        state.add(view, [i], true_util=view.pred_util_pct, true_mem=view.pred_mem_mb, now=p.placed_at.timestamp())
-        sample = samples.get(p.gpu_id)
-        if sample is not None and p.placed_at > sample.ts:
-            newer_util[i] += view.pred_util_pct
-            newer_mem[i] += view.pred_mem_mb
+        held = [flat[g] for g in placement_gpu_ids(p) if g in flat]  # a gang GPU drained since: not here
+        if not held:
+            continue
+        i = held[0]
+        # A running job's measured load is its own per-process NVML figures once its worker reported them;
+        # until then (placed, or no per-process accounting) it is counted at its prediction, and the GPU's
+        # device sample below replaces the GPU's total either way.
+        live_util, live_mem = p.job.live_util_pct, p.job.live_mem_mb
+        state.add(view, held, true_util=view.pred_util_pct,
+                  true_mem=live_mem if live_mem is not None else view.pred_mem_mb, now=p.placed_at.timestamp(),
+                  meas_util=live_util)
+        for g in placement_gpu_ids(p):
+            sample = samples.get(g)
+            if g in flat and sample is not None and p.placed_at > sample.ts:
+                newer_util[flat[g]] += view.pred_util_pct
+                newer_mem[flat[g]] += view.pred_mem_mb
+    pods: dict[str, list[PodBinding]] = {}
+    for b in bound:
+        if b.gpu_id in flat:
+            pods.setdefault(b.pod_uid, []).append(b)
+    for rows in pods.values():
+        view = pod_view(rows[0])
+        state.add(view, [flat[b.gpu_id] for b in rows], true_util=view.pred_util_pct, true_mem=view.pred_mem_mb,
+                  now=rows[0].bound_at.timestamp())
+        for b in rows:
+            sample = samples.get(b.gpu_id)
+            if sample is not None and b.bound_at > sample.ts:
+                newer_util[flat[b.gpu_id]] += view.pred_util_pct
+                newer_mem[flat[b.gpu_id]] += view.pred_mem_mb
     for gpu_id, sample in samples.items():
         i = flat[gpu_id]
         state.true_util[i] = state.meas_util[i] = float(sample.util_pct) + newer_util[i]
         state.true_mem[i] = float(sample.mem_used_mb) + newer_mem[i]
     return LiveCluster(state=state, gpus=gpus)
+
+
+def extender_node(gpus: list[GPU], *, active: Iterable[Placement], samples: dict[int, GpuTelemetry],
+                  bound: Iterable[PodBinding]) -> ExtenderNode:
+    """One node's GPUs (sorted by NVML index) and their load, as the extender's core takes them."""
+    gpus = sorted(gpus, key=lambda g: g.index)
+    live = cluster_state(gpus, active=active, samples=samples, bound=bound)
+    return ExtenderNode(state=live.state, gpu_indices=tuple(g.index for g in gpus))
 
 
 # ==================================================================================================
@@ -260,8 +316,14 @@ def _model_features(model: DLModel, batch_size: int) -> dict[str, Any]:
         return feats
     try:
         with model.file.open("rb") as f:
-            proto = onnx.load_from_string(f.read())
-        return compute_features(proto, batch_size=batch_size).to_dict()
+            data = f.read()
+        # parsed in the upload sandbox: a team's model is never parsed in the web process
+        answer = parse_in_sandbox("core.onnx_models.features:features_at_batch_in_child", data=data,
+                                  kwargs={"batch_size": int(batch_size)},
+                                  what=f"computing the model's features at batch size {batch_size}")
+        if not isinstance(answer, dict) or not isinstance(answer.get("features"), dict):
+            raise ValueError(answer.get("refused") if isinstance(answer, dict) else "no features")
+        return GraphFeatures.from_dict(answer["features"]).to_dict()  # the child's answer, as plain numbers
     except Exception as exc:
         log.info("features of %s at batch %s scaled linearly (%s)", model, batch_size, exc)
         base = max(1, int(feats.get("batch_size") or model.batch_size or 1))

@@ -1,7 +1,8 @@
 """Run an ONNX model on an NVIDIA GPU and measure what it used. No Django here.
 
-Used by the ``scheduling.run_job`` Celery task (a placed GPU job) and by the
-``profile_gpu`` command (profile records for the predictor). Two runtimes:
+Run for a placed GPU job in the job's own child process (``scheduling.job_process``, started by the
+``scheduling.run_job`` Celery task: never in the worker itself), and by the ``profile_gpu`` command
+(profile records for the predictor). Two runtimes:
 
 * ``onnxruntime`` with the CUDA execution provider (needs the onnxruntime-gpu
   build; the pinned CPU wheel has no CUDA provider and is refused clearly);
@@ -13,6 +14,7 @@ Used by the ``scheduling.run_job`` Celery task (a placed GPU job) and by the
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -20,9 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from .gpu_isolation import ort_cuda_options
 from .telemetry import GpuSampler, NoGpuError, require_gpu
 
-__all__ = ["DurationReached", "GpuRuntimeError", "JobStopped", "rebatch", "run_model_on_gpu", "NoGpuError"]
+__all__ = ["DurationReached", "GpuRuntimeError", "JobStopped", "gpu_facts", "rebatch", "run_data_parallel",
+           "run_model_on_gpu", "NoGpuError"]
 
 # How often a running job asks whether it should stop (a database read in the worker).
 STOP_CHECK_EVERY_S = 1.0
@@ -122,7 +126,7 @@ def _inputs(model, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def _run_onnxruntime(model, inputs, iterations: int, device_index: int, sampler_factory,
-                     check: StopCheck) -> dict[str, Any]:
+                     check: StopCheck, *, mem_limit_mb: float | None = None) -> dict[str, Any]:
     try:
         import onnxruntime as ort
     except ImportError as exc:  # pragma: no cover - pinned dependency
@@ -132,13 +136,14 @@ def _run_onnxruntime(model, inputs, iterations: int, device_index: int, sampler_
             "onnxruntime has no CUDAExecutionProvider here (the CPU wheel is installed; a GPU worker needs "
             f"onnxruntime-gpu). Available: {', '.join(ort.get_available_providers())}")
     sess = ort.InferenceSession(model.SerializeToString(),
-                                providers=[("CUDAExecutionProvider", {"device_id": device_index})])
+                                providers=[("CUDAExecutionProvider", ort_cuda_options(device_index, mem_limit_mb))])
     if sess.get_providers()[0] != "CUDAExecutionProvider":
         raise GpuRuntimeError(f"onnxruntime fell back to {sess.get_providers()[0]}: CUDA could not be initialised")
     sess.run(None, inputs)  # warm-up (kernel selection, allocations)
     with sampler_factory() as sampler:
         lat = timed_iterations(lambda: sess.run(None, inputs), iterations, check)
-    return {"runtime": "onnxruntime", "provider": "CUDAExecutionProvider", "latencies_s": lat, **sampler.result()}
+    return {"runtime": "onnxruntime", "provider": "CUDAExecutionProvider", "latencies_s": lat,
+            "gpu_mem_limit_mb": mem_limit_mb, **sampler.result()}
 
 
 def _run_tvm(model, inputs, iterations: int, device_index: int, sampler_factory,
@@ -167,8 +172,17 @@ def _run_tvm(model, inputs, iterations: int, device_index: int, sampler_factory,
 
 
 # The GPU runtimes a job may ask for, tried in this order for "auto". Each takes (model, inputs,
-# iterations, device_index, sampler_factory, check) and returns {"runtime", "latencies_s", sampler figures}.
+# iterations, device_index, sampler_factory, check) and returns {"runtime", "latencies_s", sampler figures};
+# those in CAPPED_RUNTIMES also take ``mem_limit_mb`` (a memory cap the runtime enforces).
 RUNTIMES: dict[str, Callable[..., dict[str, Any]]] = {"onnxruntime": _run_onnxruntime, "tvm": _run_tvm}
+CAPPED_RUNTIMES = frozenset({"onnxruntime"})
+
+
+def gpu_facts(sample: Any) -> dict[str, Any]:
+    """What a run reports about its GPU, from an NVML sample taken before the run (``mem_used_mb``: the
+    memory in use before the job created its CUDA context). JSON, so a job's child is handed it."""
+    return {"name": sample.name, "gpu_model": sample.gpu_model, "memory_total_mb": sample.memory_total_mb,
+            "mem_used_mb": sample.mem_used_mb}
 
 
 def run_model_on_gpu(
@@ -181,27 +195,50 @@ def run_model_on_gpu(
     nvml: Any = None,
     should_stop: Callable[[], bool] | None = None,
     max_seconds: float | None = None,
+    mem_limit_mb: float | None = None,
+    report: Callable[[dict[str, float | None]], None] | None = None,
+    nvml_index: int | None = None,
+    gpu: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``iterations`` inferences at ``batch_size`` on GPU ``device_index`` while sampling NVML.
+
+    ``device_index`` is the CUDA ordinal the runtime opens; ``nvml_index`` (default: the same) is the
+    GPU's NVML index, which differs in a job's child, where ``CUDA_VISIBLE_DEVICES`` renumbers its GPUs
+    from 0 and NVML still counts every GPU of the host. ``gpu`` (:func:`gpu_facts`) is the GPU as the
+    caller found it with NVML: given, this call does not look for a GPU itself.
 
     ``should_stop`` is asked about once a second between inferences; when it answers True the run
     ends with :class:`JobStopped` (a cancelled job frees its GPU at once and must not keep using it).
     ``max_seconds`` (the job's declared duration) counts from this call, model loading and compiling
-    included: between inferences past it the run ends with :class:`DurationReached`.
+    included: between inferences past it the run ends with :class:`DurationReached`. ``mem_limit_mb``
+    caps the memory onnxruntime's CUDA provider may hold (``gpu_mem_limit``); TVM has no such cap.
+    ``report`` gets this process's latest per-process NVML figures (``{"util_pct", "mem_mb"}``) each
+    time the stop check asks, about once a second.
 
     Returns ``{"runtime", "latency_ms", "throughput_per_s", "util_mean_pct", "mem_peak_mb",
     "mem_used_by_job_mb", "power_mean_w", "energy_j", "gpu_name", ...}``. Raises NoGpuError
     without a GPU and GpuRuntimeError when no runtime can use it.
     """
     started = time.monotonic()
-    reading = require_gpu(nvml)
-    if device_index >= len(reading.gpus):
-        raise NoGpuError(f"no NVIDIA GPU #{device_index} on this host ({reading.summary})")
+    nvml_index = device_index if nvml_index is None else int(nvml_index)
+    if gpu is None:
+        reading = require_gpu(nvml)
+        if nvml_index >= len(reading.gpus):
+            raise NoGpuError(f"no NVIDIA GPU #{nvml_index} on this host ({reading.summary})")
+        gpu = gpu_facts(reading.gpus[nvml_index])
     model = rebatch(model_bytes, batch_size)
     inputs = _inputs(model)
 
+    samplers: list[GpuSampler] = []
+
     def sampler():
-        return GpuSampler(device_index, nvml=nvml)
+        samplers.append(GpuSampler(nvml_index, nvml=nvml, pid=os.getpid()))
+        return samplers[-1]
+
+    def stop_or_report() -> bool:
+        if report is not None and samplers:
+            report(samplers[-1].latest_process())
+        return bool(should_stop is not None and should_stop())
 
     order = list(RUNTIMES) if runtime == "auto" else [runtime]
     if runtime != "auto" and runtime not in RUNTIMES:
@@ -209,8 +246,10 @@ def run_model_on_gpu(
     errors = []
     for name in order:
         try:
+            options = {"mem_limit_mb": mem_limit_mb} if mem_limit_mb is not None and name in CAPPED_RUNTIMES else {}
             out = RUNTIMES[name](model, inputs, iterations, device_index, sampler,
-                                 StopCheck(should_stop, limit_s=max_seconds, started=started))
+                                 StopCheck(stop_or_report if (should_stop or report) else None,
+                                           limit_s=max_seconds, started=started), **options)
             break
         except GpuRuntimeError as exc:
             errors.append(str(exc))
@@ -218,10 +257,9 @@ def run_model_on_gpu(
         raise GpuRuntimeError("no GPU runtime could run the model: " + "; ".join(errors))
     lat = out.pop("latencies_s")
     median = statistics.median(lat) if lat else None
-    gpu = reading.gpus[device_index]
     # Baseline: memory in use before this process created its CUDA context, so
     # the job's figure includes context, weights and activations (as profiles do).
-    peak, base = out.get("mem_peak_mb"), gpu.mem_used_mb
+    peak, base = out.get("mem_peak_mb"), gpu["mem_used_mb"]
     return {
         **out,
         "batch_size": batch_size,
@@ -229,9 +267,85 @@ def run_model_on_gpu(
         "latency_ms": median * 1000 if median is not None else None,
         "throughput_per_s": batch_size / median if median else None,
         "mem_used_by_job_mb": max(0.0, peak - base) if peak is not None else None,
-        "gpu_index": device_index,
-        "gpu_name": gpu.name,
-        "gpu_model": gpu.gpu_model,
-        "gpu_memory_total_mb": gpu.memory_total_mb,
+        "gpu_index": nvml_index,
+        "gpu_name": gpu["name"],
+        "gpu_model": gpu["gpu_model"],
+        "gpu_memory_total_mb": gpu["memory_total_mb"],
         "runtime_errors": errors,
     }
+
+
+def run_data_parallel(model_bytes: bytes, *, device_indices: list[int], nvml_indices: list[int] | None = None,
+                      gpus: list[dict[str, Any]] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """A gang: :func:`run_model_on_gpu` on each of ``device_indices`` at once (one replica per GPU, each
+    at the job's batch size). The lead replica runs in the calling thread and alone calls ``should_stop``
+    and ``report`` (they may read a database); the others run in threads and stop when the lead is told
+    to stop or any replica fails. A failure is raised. The result is the lead GPU's, with the gang's
+    throughput (the sum), its slowest replica's latency, the mean per-process utilization and the summed
+    memory, and every replica's result under ``"replicas"``. ``nvml_indices`` and ``gpus`` are each
+    replica's ``nvml_index`` and ``gpu`` (see :func:`run_model_on_gpu`)."""
+    def where(i: int) -> dict[str, Any]:
+        return {"device_index": device_indices[i], "nvml_index": nvml_indices[i] if nvml_indices else None,
+                "gpu": gpus[i] if gpus else None}
+
+    if len(device_indices) == 1:
+        return run_model_on_gpu(model_bytes, **where(0), **kwargs)
+    import threading
+
+    outer_stop = kwargs.pop("should_stop", None)
+    followers_kwargs = {**kwargs, "report": None}
+    failed, stopped = threading.Event(), threading.Event()
+    results: dict[int, dict[str, Any]] = {}
+    errors: list[BaseException] = []
+
+    def lead_stop() -> bool:
+        if failed.is_set():
+            return True
+        if outer_stop is not None and outer_stop():
+            stopped.set()
+            return True
+        return False
+
+    def follower(i: int, device: int) -> None:
+        try:
+            results[i] = run_model_on_gpu(model_bytes, **where(i),
+                                          should_stop=lambda: failed.is_set() or stopped.is_set(),
+                                          **followers_kwargs)
+        except BaseException as exc:  # handed to the caller below
+            errors.append(exc)
+            failed.set()
+
+    threads = [threading.Thread(target=follower, args=(i, d), name=f"gang-gpu{d}", daemon=True)
+               for i, d in enumerate(device_indices) if i > 0]
+    for t in threads:
+        t.start()
+    try:
+        results[0] = run_model_on_gpu(model_bytes, **where(0), should_stop=lead_stop, **kwargs)
+    except BaseException as exc:
+        errors.insert(0, exc)
+        failed.set()
+    for t in threads:
+        while t.is_alive():
+            t.join(STOP_CHECK_EVERY_S)
+            if t.is_alive() and not stopped.is_set() and outer_stop is not None and outer_stop():
+                stopped.set()
+    if errors:
+        # the first real failure, not the JobStopped it caused in the other replicas
+        raise next((e for e in errors if not isinstance(e, JobStopped) or isinstance(e, DurationReached)), errors[0])
+    replicas = [results[i] for i in range(len(device_indices))]
+
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in replicas if r.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    def total(key: str) -> float | None:
+        vals = [r[key] for r in replicas if r.get(key) is not None]
+        return sum(vals) if vals else None
+
+    latencies = [r["latency_ms"] for r in replicas if r.get("latency_ms") is not None]
+    return {**replicas[0], "gpu_indices": list(nvml_indices or device_indices),
+            "latency_ms": max(latencies) if latencies else None,
+            "throughput_per_s": total("throughput_per_s"), "util_mean_pct": mean("util_mean_pct"),
+            "proc_util_mean_pct": mean("proc_util_mean_pct"), "proc_mem_peak_mb": total("proc_mem_peak_mb"),
+            "mem_used_by_job_mb": total("mem_used_by_job_mb"), "energy_j": total("energy_j"),
+            "replicas": replicas}

@@ -168,6 +168,7 @@ GPU_JOB_LIMITS = {
     "batch_size": (1, 4096),
     "iterations": (1, 10_000_000),
     "duration_estimate_s": (1.0, 30 * 24 * 3600.0),
+    "num_gpus": (1, 8),
 }
 
 
@@ -196,6 +197,9 @@ class GpuJob(models.Model):
                                    related_name="+")
     batch_size = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(4096)])
     runtime = models.CharField(max_length=12, choices=Runtime.choices, default=Runtime.AUTO)
+    num_gpus = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(8)],
+        help_text="GPUs of one node the job runs on data-parallel, placed as one unit (a gang).")
     iterations = models.PositiveIntegerField(default=100, validators=[MinValueValidator(1)],
                                              help_text="Inference iterations the job runs.")
     duration_estimate_s = models.FloatField(validators=[MinValueValidator(1.0)],
@@ -211,6 +215,14 @@ class GpuJob(models.Model):
     worker = models.CharField(max_length=200, blank=True)
     measured_util_pct = models.FloatField(null=True, blank=True)
     measured_mem_mb = models.FloatField(null=True, blank=True)
+    measured_source = models.CharField(
+        max_length=20, blank=True,
+        help_text="Where measured_* come from: nvml-process (the job's own process) or nvml-device (its GPU's).")
+    # The running job's own per-process NVML figures, refreshed by its worker about once a second (the
+    # policies read these as the job's measured load; none until the driver reports one).
+    live_util_pct = models.FloatField(null=True, blank=True)
+    live_mem_mb = models.FloatField(null=True, blank=True)
+    live_sampled_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     placed_at = models.DateTimeField(null=True, blank=True)
@@ -239,6 +251,9 @@ class Placement(models.Model):
 
     job = models.ForeignKey(GpuJob, on_delete=models.CASCADE, related_name="placements")
     gpu = models.ForeignKey(GPU, on_delete=models.PROTECT, related_name="placements")
+    gang_gpu_ids = models.JSONField(
+        default=list, blank=True,
+        help_text="Every GPU of a multi-GPU job (ids, lead GPU first; all on the lead's node); [] for one GPU.")
     policy = models.CharField(max_length=30)
     score = models.FloatField(null=True, blank=True, help_text="The policy's cost of this GPU (lower is better).")
     queue = models.CharField(max_length=200)
@@ -259,6 +274,38 @@ class Placement(models.Model):
     @property
     def is_active(self) -> bool:
         return self.released_at is None
+
+
+class PodBinding(models.Model):
+    """A Kubernetes pod bound by the scheduler extender to one GPU of a node (a gang: one row per GPU).
+    Active (unreleased) bindings count as load on their GPUs for the extender and the placement passes
+    alike. kube-scheduler never says when a pod ends: a binding is released by the extender's release
+    call or counts no more once SCHEDULER_EXTENDER_BINDING_TTL_S has passed."""
+
+    pod_uid = models.CharField(max_length=64, db_index=True)
+    pod_namespace = models.CharField(max_length=253)
+    pod_name = models.CharField(max_length=253)
+    gpu = models.ForeignKey(GPU, on_delete=models.PROTECT, related_name="pod_bindings")
+    model = models.ForeignKey(DLModel, on_delete=models.PROTECT, related_name="pod_bindings")
+    batch_size = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    num_gpus = models.PositiveIntegerField(default=1, help_text="GPUs of the pod's gang (all on this node).")
+    predicted_util_pct = models.FloatField()
+    predicted_mem_mb = models.FloatField()
+    policy = models.CharField(max_length=30)
+    score = models.FloatField(null=True, blank=True, help_text="The policy's cost of the gang's GPUs.")
+    bound_at = models.DateTimeField(db_index=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-bound_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["pod_uid", "gpu"], condition=Q(released_at__isnull=True),
+                                    name="one_active_binding_per_pod_gpu"),
+        ]
+        indexes = [models.Index(fields=["gpu", "released_at"])]
+
+    def __str__(self) -> str:
+        return f"pod {self.pod_namespace}/{self.pod_name} on {self.gpu}"
 
 
 def trace_upload_path(instance: "TraceUpload", filename: str) -> str:
@@ -336,3 +383,8 @@ class SimulationRun(models.Model):
 
     def __str__(self) -> str:
         return f"Simulation {self.pk} of {self.trace} ({self.status})"
+
+
+def placement_gpu_ids(placement: "Placement") -> list[int]:
+    """The GPUs a placement holds: its gang, or its one GPU."""
+    return list(placement.gang_gpu_ids or [placement.gpu_id])

@@ -25,6 +25,7 @@ from .models import (
     GpuTelemetry,
     Node,
     Placement,
+    PodBinding,
     PredictorVersion,
     SimulationRun,
     TraceUpload,
@@ -121,9 +122,30 @@ def heartbeat_fanout_targets(*, exclude: str) -> list[tuple[str, str]]:
 
 
 def active_placements_on(gpu_ids: list[int]) -> QuerySet[Placement]:
-    """Unreleased placements on these GPUs with their jobs, oldest first (the order they were placed)."""
-    return (Placement.objects.filter(released_at__isnull=True, gpu_id__in=gpu_ids)
+    """Unreleased placements holding any of these GPUs (a gang's GPUs are all on its lead GPU's node) with
+    their jobs, oldest first (the order they were placed)."""
+    nodes = GPU.objects.filter(pk__in=gpu_ids).values("node_id")
+    return (Placement.objects.filter(released_at__isnull=True, gpu__node_id__in=nodes)
             .select_related("job", "job__model").order_by("placed_at", "pk"))
+
+
+def extender_binding_ttl_s() -> float:
+    return float(settings.SCHEDULER_EXTENDER_BINDING_TTL_S)
+
+
+def active_pod_bindings_on(gpu_ids: list[int], now: dt.datetime | None = None) -> QuerySet[PodBinding]:
+    """Unreleased pod bindings on these GPUs younger than the binding TTL, oldest first."""
+    now = now or timezone.now()
+    return (PodBinding.objects.filter(released_at__isnull=True, gpu_id__in=gpu_ids,
+                                      bound_at__gte=now - dt.timedelta(seconds=extender_binding_ttl_s()))
+            .order_by("bound_at", "pk"))
+
+
+def active_pod_bindings(pod_uid: str, now: dt.datetime | None = None) -> list[PodBinding]:
+    now = now or timezone.now()
+    return list(PodBinding.objects.filter(pod_uid=pod_uid, released_at__isnull=True,
+                                          bound_at__gte=now - dt.timedelta(seconds=extender_binding_ttl_s()))
+                .select_related("gpu").order_by("gpu__index"))
 
 
 def placements_on_silent_nodes(cutoff: dt.datetime) -> list[tuple[int, str]]:
@@ -268,12 +290,12 @@ def gpu_hours_used(team_id: int, since: dt.datetime, now: dt.datetime | None = N
     rows = (Placement.objects.filter(job__team_id=team_id)
             .filter(Q(released_at__isnull=True) | Q(released_at__gte=since))
             .filter(~Exists(charge_of_placement))
-            .values_list("placed_at", "released_at"))
-    for placed_at, released_at in rows:
+            .values_list("placed_at", "released_at", "gang_gpu_ids"))
+    for placed_at, released_at, gang in rows:
         start = max(placed_at, since)
         end = released_at or now
         if end > start:
-            total += (end - start).total_seconds()
+            total += (end - start).total_seconds() * max(1, len(gang or []))
     return total / 3600.0
 
 
@@ -281,10 +303,10 @@ def gpu_hours_reserved(team_id: int, now: dt.datetime, states=GpuJob.ACTIVE) -> 
     """GPU-hours the team's jobs in ``states`` have declared and not used yet: a running job is stopped
     at its declared duration counted from its start, so it reserves what is left of it; others all of it."""
     reserved = 0.0
-    for estimate, started_at in GpuJob.objects.filter(team_id=team_id, state__in=states).values_list(
-            "duration_estimate_s", "started_at"):
+    for estimate, started_at, num_gpus in GpuJob.objects.filter(team_id=team_id, state__in=states).values_list(
+            "duration_estimate_s", "started_at", "num_gpus"):
         elapsed = (now - started_at).total_seconds() if started_at else 0.0
-        reserved += max(0.0, estimate - elapsed)
+        reserved += max(0.0, estimate - elapsed) * num_gpus
     return reserved / 3600.0
 
 

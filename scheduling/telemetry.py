@@ -16,7 +16,7 @@ from typing import Any
 from common.nvml import NvmlUnavailable, close_nvml, load_nvml, open_nvml, optional, text, total_energy_mj
 
 __all__ = ["GpuSample", "NvmlReading", "load_nvml", "read_gpus", "normalize_gpu_model", "GpuSampler",
-           "NoGpuError", "require_gpu"]
+           "NoGpuError", "job_measurement", "require_gpu"]
 
 MB = 1024 * 1024
 
@@ -139,12 +139,18 @@ class GpuSampler:
         s.result()  # {"util_mean_pct", "util_max_pct", "mem_peak_mb", "mem_baseline_mb", "power_mean_w", "energy_j"}
     """
 
-    def __init__(self, index: int = 0, *, interval_s: float = 0.05, nvml: Any = None):
+    def __init__(self, index: int = 0, *, interval_s: float = 0.05, nvml: Any = None, pid: int | None = None):
         if nvml is None:
             nvml, why = load_nvml()
             if nvml is None:
                 raise NoGpuError(f"no NVIDIA GPU found (pynvml: {why})")
         self.nvml, self.index, self.interval_s = nvml, index, interval_s
+        #: the process whose own utilization and memory are sampled too (NVML per-process accounting)
+        self.pid = pid
+        self.proc_utils: list[float] = []
+        self.proc_mems: list[float] = []
+        self._proc_ts = 0  # NVML returns per-process samples newer than this (microseconds)
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.utils: list[float] = []
@@ -182,6 +188,31 @@ class GpuSampler:
             self.mems.append(float(mem.used) / MB)
         if power is not None:
             self.powers.append(float(power) / 1000.0)
+        if self.pid is not None:
+            self._sample_process()
+
+    def _sample_process(self) -> None:
+        """The pid's SM utilization (``nvmlDeviceGetProcessUtilization``, samples since the last call) and
+        the memory it holds (``nvmlDeviceGetComputeRunningProcesses``); nothing when the GPU or driver
+        does not report them."""
+        samples = optional(getattr(self.nvml, "nvmlDeviceGetProcessUtilization", None) or _none,
+                           self.handle, self._proc_ts) or []
+        procs = optional(getattr(self.nvml, "nvmlDeviceGetComputeRunningProcesses", None) or _none, self.handle) or []
+        with self._lock:
+            for smp in samples:
+                self._proc_ts = max(self._proc_ts, int(getattr(smp, "timeStamp", 0) or 0))
+                if getattr(smp, "pid", None) == self.pid:
+                    self.proc_utils.append(float(smp.smUtil))
+            for proc in procs:
+                used = getattr(proc, "usedGpuMemory", None)
+                if getattr(proc, "pid", None) == self.pid and used is not None:
+                    self.proc_mems.append(float(used) / MB)
+
+    def latest_process(self) -> dict[str, float | None]:
+        """The pid's latest measured utilization and memory so far (None where none was reported)."""
+        with self._lock:
+            return {"util_pct": self.proc_utils[-1] if self.proc_utils else None,
+                    "mem_mb": self.proc_mems[-1] if self.proc_mems else None}
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
@@ -208,4 +239,23 @@ class GpuSampler:
             "energy_source": "nvml-counter" if self.energy0 is not None else ("nvml-power" if self.powers else None),
             "seconds": self.t1 - self.t0,
             "samples": len(self.utils),
+            # the process's own figures (None when NVML reported none for it, e.g. no per-process accounting)
+            "proc_util_mean_pct": sum(self.proc_utils) / len(self.proc_utils) if self.proc_utils else None,
+            "proc_util_max_pct": max(self.proc_utils) if self.proc_utils else None,
+            "proc_mem_peak_mb": max(self.proc_mems) if self.proc_mems else None,
+            "proc_samples": len(self.proc_utils),
         }
+
+
+def _none(*args) -> None:
+    return None
+
+
+def job_measurement(result: dict[str, Any]) -> tuple[float | None, float | None, str]:
+    """``(utilization %, memory MB, source)`` a finished run measured for its job: the process's own NVML
+    figures (``nvml-process``) where the driver reported them, else the device's (``nvml-device``:
+    the GPU's utilization while the job ran, its partners' work included)."""
+    util, mem = result.get("proc_util_mean_pct"), result.get("proc_mem_peak_mb")
+    if util is not None:
+        return util, mem if mem is not None else result.get("mem_used_by_job_mb"), "nvml-process"
+    return result.get("util_mean_pct"), result.get("mem_used_by_job_mb"), "nvml-device"

@@ -3,8 +3,10 @@
 # tuning, telemetry and this node's CPU measurement queues and runs celery beat inside it (-B), so the
 # periodic tasks (stale-run recovery, GPU heartbeat) run without a separate beat process. Its schedule is
 # django-celery-beat's DatabaseScheduler (CELERY_BEAT_SCHEDULER), in the platform database.
-# Run one such worker per deployment (a second -B would run the periodic tasks twice: harmless, they are
-# idempotent, but wasteful); start further workers with WORKER_BEAT=0.
+# The embedded beat dies with its worker (even a SIGKILLed one), and every beat holds
+# $DLOPT_VAR_DIR/celerybeat.lock for its life (config/celery.py): a second -B on this host waits and takes
+# over when the first ends, so there is one beat at a time. Across hosts, run beat on one of them only
+# (start the other workers with WORKER_BEAT=0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

@@ -183,6 +183,9 @@ class TuningRun(models.Model):
 
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
     requested_action = models.CharField(max_length=10, choices=Action.choices, default=Action.NONE, blank=True)
+    # Set while a queued run waits for one of its team's concurrent-run slots (not yet sent to a worker);
+    # the team's waiting runs are sent in this order as slots free (tuning.services.run_queue).
+    waiting_since = models.DateTimeField(null=True, blank=True, editable=False)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -361,6 +364,16 @@ class TuningRun(models.Model):
     def result_identity(self) -> str:
         """What identifies this run's tuning results: its resolved target and its pipeline."""
         return identity_of(self.target_key, self.pipeline_key)
+
+    @property
+    def queue_position(self) -> int | None:
+        """1 for the next of its team's runs waiting for a concurrent-run slot; None when not waiting."""
+        if self.status != self.Status.QUEUED or self.waiting_since is None:
+            return None
+        ahead = TuningRun.objects.filter(
+            team_id=self.team_id, status=self.Status.QUEUED, waiting_since__isnull=False).filter(
+            models.Q(waiting_since__lt=self.waiting_since) | models.Q(waiting_since=self.waiting_since, pk__lt=self.pk))
+        return ahead.count() + 1
 
     @property
     def speedup(self) -> float | None:

@@ -139,7 +139,15 @@ def trials_reserved(team_id: int) -> int:
 
 
 def active_run_count(team_id: int) -> int:
-    return TuningRun.objects.filter(team_id=team_id, status__in=TuningRun.ACTIVE).count()
+    """The team's runs holding a concurrent-run slot: sent to a worker (queued) or running."""
+    return TuningRun.objects.filter(team_id=team_id, status__in=TuningRun.ACTIVE, waiting_since__isnull=True).count()
+
+
+def waiting_runs(team_id: int):
+    """The team's runs waiting for a concurrent-run slot, first to be sent first."""
+    return TuningRun.objects.filter(team_id=team_id, status=TuningRun.Status.QUEUED,
+                                    waiting_since__isnull=False).order_by("waiting_since", "pk")
+
 
 
 def energy_joules_this_month(team_id: int, *, exclude_run: int | None = None) -> float:

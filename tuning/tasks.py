@@ -37,6 +37,7 @@ def recover_stale_runs(recheck: bool = False) -> list[int]:
     """Beat runs it periodically; a starting worker runs it with `recheck`: a run whose dead executor's
     lease has not expired yet is checked again the moment it expires (once), not only at the next beat."""
     recovered = services.recover_stale_runs()
+    services.dispatch_all_waiting_runs()  # a slot freed where no dispatch followed (a crash) is not missed
     if recheck:
         delay = selectors.seconds_until_next_stale()
         if delay is not None:

@@ -10,6 +10,7 @@ from core import selectors, services
 from core.models import ENERGY_LIMITS
 
 from .permissions import IsStaffOrReadOnly
+from .strict import RejectUnknownFieldsMixin, StrictQueryParamsMixin
 
 
 def _limited(name: str, help_text: str) -> serializers.FloatField:
@@ -17,7 +18,7 @@ def _limited(name: str, help_text: str) -> serializers.FloatField:
     return serializers.FloatField(min_value=low, max_value=high, help_text=help_text)
 
 
-class EnergySettingsSerializer(serializers.Serializer):
+class EnergySettingsSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     cpu_watts_per_core = _limited("cpu_watts_per_core", "Watts of one busy CPU core (modeled energy).")
     gpu_board_watts = _limited("gpu_board_watts", "Watts of a busy GPU board (modeled energy).")
     grid_intensity_g_per_kwh = _limited("grid_intensity_g_per_kwh",
@@ -33,7 +34,7 @@ def _payload(model: selectors.EnergyModel) -> dict:
     return {**model.as_dict(), "origin": model.origin, "updated_at": model.updated_at}
 
 
-class EnergySettingsView(APIView):
+class EnergySettingsView(StrictQueryParamsMixin, APIView):
     permission_classes = [permissions.IsAuthenticated, IsStaffOrReadOnly]
 
     @extend_schema(responses=EnergySettingsSerializer, summary="The energy model behind modeled figures",

@@ -6,8 +6,13 @@ broker or cache unreachable) is a 503 in this shape with Retry-After.
 """
 from __future__ import annotations
 
+import re
+
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import Http404
+from django.http import Http404, HttpResponsePermanentRedirect, JsonResponse
+from django.urls import Resolver404, resolve
+from django.views.defaults import page_not_found as django_page_not_found
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -15,6 +20,10 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from core import outages
 from core.exceptions import QuotaExceeded, ServiceError, ServiceUnavailable, TooManyAttempts
 from core.onnx_models.errors import OnnxValidationError
+
+
+# get_object_or_404's message: "No TuningRun matches the given query." (the model's class name)
+DJANGO_NOT_FOUND = re.compile(r"No \w+ matches the given query\.")
 
 
 def _flatten(detail) -> tuple[str, dict]:
@@ -51,6 +60,9 @@ def exception_handler(exc, context):
         return response
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
+    if isinstance(exc, Http404):  # a view's own message is kept; Django's names the model class
+        message = str(exc)
+        exc = exceptions.NotFound(None if not message or DJANGO_NOT_FOUND.fullmatch(message) else message)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -59,7 +71,36 @@ def exception_handler(exc, context):
     code = getattr(exc, "default_code", "error")
     if isinstance(exc, exceptions.ValidationError):
         code = "invalid"
-    elif isinstance(exc, Http404):
+    elif isinstance(exc, exceptions.NotFound):
         code = "not_found"
     response.data = {"detail": message, "code": code, "errors": errors}
     return response
+
+
+NOT_FOUND_BODY = {"detail": "Not found.", "code": "not_found", "errors": {}}
+
+
+def api_not_found(request, *args, **kwargs):
+    """Any /api/ path no route serves: the API's JSON 404, not the dashboard's HTML page. A path that only
+    lacks its trailing slash is redirected for a GET or HEAD (as Django's APPEND_SLASH did before this
+    route caught every /api/ path) and named in the 404 otherwise (a redirect would drop a POST's body)."""
+    if settings.APPEND_SLASH and not request.path_info.endswith("/") and _served(request.path_info + "/"):
+        if request.method in ("GET", "HEAD"):
+            query = request.META.get("QUERY_STRING", "")
+            return HttpResponsePermanentRedirect(request.path + "/" + (f"?{query}" if query else ""))
+        return JsonResponse({**NOT_FOUND_BODY, "detail": f"Not found. Did you mean {request.path}/ ?"}, status=404)
+    return JsonResponse(NOT_FOUND_BODY, status=404)
+
+
+def _served(path: str) -> bool:
+    try:
+        return resolve(path).func is not api_not_found
+    except Resolver404:
+        return False
+
+
+def page_not_found(request, exception=None):
+    """handler404: JSON under /api/ (a 404 raised outside DRF's views), the dashboard's page elsewhere."""
+    if request.path.startswith("/api/"):
+        return api_not_found(request)
+    return django_page_not_found(request, exception)

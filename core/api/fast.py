@@ -25,6 +25,7 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 from .filters import VisibleRowsFilterSet
+from .strict import check_query_params
 
 _MISSING = object()
 # Query parameters the pagination, ordering, search and format machinery read, never a filterset.
@@ -197,7 +198,8 @@ def light_instances(model, rows, *, db: str = "default", related: dict | None = 
 
 
 class QuickFilterBackend(DjangoFilterBackend):
-    """django-filter, skipped when the request carries no filter parameter.
+    """django-filter, skipped when the request carries no filter parameter; first, any query parameter the
+    endpoint does not read is refused (core.api.strict.check_query_params).
 
     Building and validating a bound FilterSet form costs ~0.5 ms a request; with none of its
     parameters present it filters nothing, so the queryset is returned as is. Views with
@@ -209,6 +211,7 @@ class QuickFilterBackend(DjangoFilterBackend):
 
     def filter_queryset(self, request, queryset, view):
         params = request.query_params
+        check_query_params(request, view)  # an unknown parameter is a 400 (core/api/strict.py), never ignored
         if not params or all(name in _NON_FILTER_PARAMS and not self._is_filter(view, name) for name in params):
             return queryset
         return super().filter_queryset(request, queryset, view)

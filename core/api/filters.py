@@ -42,6 +42,20 @@ class IdFilter(django_filters.Filter):
     field_class = IdField
 
 
+class TeamRefFilter(django_filters.CharFilter):
+    """`?team=` by the team's id or its slug (like every team field of the API)."""
+
+    def filter(self, qs, value):
+        if value in (None, ""):
+            return qs
+        value = value.strip()
+        if value.isdigit():
+            if int(value) > 2**63 - 1:
+                return qs.none()
+            return qs.filter(**{f"{self.field_name}_id": int(value)})
+        return qs.filter(**{f"{self.field_name}__slug": value})
+
+
 class VisibleRowsFilterSet(django_filters.FilterSet):
     """The base of every API filter set: a foreign key is filtered by its id as a plain number.
 
@@ -57,3 +71,9 @@ class VisibleRowsFilterSet(django_filters.FilterSet):
         models.ForeignKey: {"filter_class": IdFilter},
         models.OneToOneField: {"filter_class": IdFilter},
     }
+
+    @classmethod
+    def filter_for_field(cls, field, field_name, lookup_expr=None):
+        if field_name == "team" and field.is_relation and field.related_model._meta.label == "core.Team":
+            return TeamRefFilter(field_name=field_name, help_text="A team's id or slug.")
+        return super().filter_for_field(field, field_name, lookup_expr)

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -9,10 +8,34 @@ from core import selectors
 from core.api.fast import FastRepresentationMixin
 from core.models import ApiToken, DLModel, Membership, Quota, Team, TeamInvitation, UsageCharge
 
+from .strict import RejectUnknownFieldsMixin
 
-@extend_schema_field(OpenApiTypes.INT)
-class TeamScopedPrimaryKeyField(serializers.PrimaryKeyRelatedField):
-    """A `team` field that only accepts teams the caller can write to."""
+
+TEAM_REF_SCHEMA = {"oneOf": [{"type": "integer"}, {"type": "string"}],
+                   "description": "A team's id or its slug (see /api/me/ or /api/teams/)."}
+
+
+@extend_schema_field(TEAM_REF_SCHEMA)
+class SlugOrIdRelatedField(serializers.PrimaryKeyRelatedField):
+    """A related object given by its id or by its slug; answered as its id. A row outside the field's
+    queryset and one that does not exist get the same error."""
+
+    slug_field = "slug"
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, (int, str)):
+            self.fail("incorrect_type", data_type=type(data).__name__)
+        if isinstance(data, int) or data.strip().isdigit():
+            return super().to_internal_value(data)
+        row = self.get_queryset().filter(**{self.slug_field: data.strip()}).first()
+        if row is None:
+            self.fail("does_not_exist", pk_value=data)
+        return row
+
+
+@extend_schema_field(TEAM_REF_SCHEMA)
+class TeamScopedPrimaryKeyField(SlugOrIdRelatedField):
+    """A `team` field (id or slug) that only accepts teams the caller can write to."""
 
     def get_queryset(self):
         request = self.context.get("request")
@@ -21,7 +44,7 @@ class TeamScopedPrimaryKeyField(serializers.PrimaryKeyRelatedField):
         return Team.objects.filter(pk__in=selectors.writable_team_ids(request.user))
 
 
-class TeamSerializer(serializers.ModelSerializer):
+class TeamSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     role = serializers.SerializerMethodField(help_text="The caller's role in this team.")
 
     class Meta:
@@ -35,7 +58,7 @@ class TeamSerializer(serializers.ModelSerializer):
         return selectors.role_in_team(request.user, team.pk) if request else None
 
 
-class TeamCreateSerializer(serializers.Serializer):
+class TeamCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     name = serializers.CharField(max_length=100)
     description = serializers.CharField(required=False, allow_blank=True, default="")
     owner = serializers.SlugRelatedField(
@@ -43,11 +66,11 @@ class TeamCreateSerializer(serializers.Serializer):
         help_text="Username of the team's first owner (default: the caller).")
 
 
-class MembershipSerializer(serializers.ModelSerializer):
+class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     username = serializers.SlugRelatedField(
         source="user", slug_field="username", queryset=get_user_model().objects.filter(is_active=True)
     )
-    team = serializers.PrimaryKeyRelatedField(queryset=Team.objects.all())
+    team = SlugOrIdRelatedField(queryset=Team.objects.all(), help_text="A team's id or slug.")
 
     class Meta:
         model = Membership
@@ -61,8 +84,8 @@ class MembershipSerializer(serializers.ModelSerializer):
         return team
 
 
-@extend_schema_field(OpenApiTypes.INT)
-class MemberTeamField(serializers.PrimaryKeyRelatedField):
+@extend_schema_field(TEAM_REF_SCHEMA)
+class MemberTeamField(SlugOrIdRelatedField):
     """A team the caller belongs to; a team that does not exist and another team's id get the same error."""
 
     default_error_messages = {"does_not_exist": "No such team among yours.",
@@ -83,7 +106,7 @@ class TeamInvitationSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class InvitationCreateSerializer(serializers.Serializer):
+class InvitationCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     team = MemberTeamField(help_text="A team you own.")
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(choices=Membership.Role.choices, default=Membership.Role.MEMBER)
@@ -93,11 +116,11 @@ class InvitationSentSerializer(serializers.Serializer):
     detail = serializers.CharField()
 
 
-class MembershipUpdateSerializer(serializers.Serializer):
+class MembershipUpdateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     role = serializers.ChoiceField(choices=Membership.Role.choices)
 
 
-class QuotaSerializer(serializers.ModelSerializer):
+class QuotaSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     team_name = serializers.CharField(source="team.name", read_only=True)
     usage = serializers.SerializerMethodField(help_text="Current usage this calendar month (UTC).")
 
@@ -140,21 +163,21 @@ class DLModelSerializer(FastRepresentationMixin, serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class DLModelUploadSerializer(serializers.Serializer):
+class DLModelUploadSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     team = TeamScopedPrimaryKeyField(help_text="A team you are an owner or member of.")
     name = serializers.CharField(max_length=100)
     description = serializers.CharField(required=False, allow_blank=True, default="")
     file = serializers.FileField(help_text="An .onnx file with static input shapes (batch dim may be symbolic).")
 
 
-class ApiTokenSerializer(serializers.ModelSerializer):
+class ApiTokenSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     class Meta:
         model = ApiToken
         fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
         read_only_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
 
 
-class ApiTokenCreateSerializer(serializers.ModelSerializer):
+class ApiTokenCreateSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     password = serializers.CharField(write_only=True, trim_whitespace=False, style={"input_type": "password"},
                                      help_text="Your account password, typed again: a token acts as you until "
                                                "it is revoked.")
@@ -171,8 +194,15 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
         fields = ApiTokenSerializer.Meta.fields + ["key"]
 
 
+class MeTeamSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    slug = serializers.CharField(help_text="Accepted wherever a team is given, like the id.")
+    name = serializers.CharField()
+    role = serializers.ChoiceField(choices=Membership.Role.choices)
+
+
 class MeSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     username = serializers.CharField()
     is_staff = serializers.BooleanField()
-    teams = serializers.ListField(child=serializers.DictField())
+    teams = MeTeamSerializer(many=True)

@@ -1,8 +1,9 @@
 """Rate limits on API requests and on the expensive or sensitive writes: uploads and token creation.
 
 Each throttle counts the requests it is about per user (per client address when anonymous, from
-core.client_address: X-Forwarded-For is trusted only as far as settings.NUM_PROXIES says), at the rate
-named by its scope in REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], read per request so a test can lower it.
+core.client_address: X-Forwarded-For is trusted only as far as settings.NUM_PROXIES says; an IPv6
+client by its /64), at the rate named by its scope in REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], read
+per request so a test can lower it.
 Counts are atomic (core.ratelimit), so concurrent requests cannot slip past a limit. The dashboard's
 upload and token pages call the same classes, so a user has one upload budget across API and dashboard.
 Logins are limited in core.login_guard (per address and per account).
@@ -13,7 +14,7 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
 from core import ratelimit
-from core.client_address import client_address
+from core.client_address import client_network
 
 
 class WindowThrottle(BaseThrottle):
@@ -26,7 +27,7 @@ class WindowThrottle(BaseThrottle):
         self._wait: int | None = None
 
     def get_ident(self, request) -> str:
-        return client_address(request)
+        return client_network(request)
 
     def cache_key(self, request) -> str:
         user = getattr(request, "user", None)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import django_filters
 from django.conf import settings
-from django.http import FileResponse
+from django.http import FileResponse, Http404
 from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
 from rest_framework import exceptions, mixins, parsers, permissions, status, viewsets
 from rest_framework.decorators import action
@@ -35,17 +35,18 @@ from .serializers import (
     TeamSerializer,
     UsageChargeSerializer,
 )
+from .strict import StrictQueryParamsMixin
 from .throttles import TokenCreateThrottle, UploadThrottle
 from .uploads import body_over, declared_length
 
 MODEL_LIST_VALUES = [*read_columns(DLModel, DLModelSerializer.Meta.fields), "team__name"]
 
 
-class MeView(APIView):
+class MeView(StrictQueryParamsMixin, APIView):
     @extend_schema(responses=MeSerializer, summary="The caller and their teams")
     def get(self, request):
         teams = [
-            {"id": m.team_id, "name": m.team.name, "role": m.role}
+            {"id": m.team_id, "slug": m.team.slug, "name": m.team.name, "role": m.role}
             for m in Membership.objects.filter(user=request.user).select_related("team")
         ]
         return Response(
@@ -69,8 +70,19 @@ class TeamViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Creat
     ordering_fields = ["name", "created_at"]
     http_method_names = ["get", "post", "patch", "head", "options"]
 
+    lookup_value_regex = r"[-a-zA-Z0-9_]+"
+
     def get_queryset(self):
         return selectors.teams_for_user(self.request.user).order_by("name")
+
+    def get_object(self):
+        """/api/teams/<id or slug>/."""
+        queryset = self.filter_queryset(self.get_queryset())
+        team = queryset.filter(**selectors.team_ref_filter(self.kwargs[self.lookup_field])).first()
+        if team is None:
+            raise Http404
+        self.check_object_permissions(self.request, team)
+        return team
 
     def create(self, request, *args, **kwargs):
         services.require_team_creator(request.user)  # a 403 before anything else is looked at
@@ -234,6 +246,7 @@ class DLModelViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModelMi
     search_fields = ["name", "description"]
     ordering_fields = ["name", "created_at", "total_flops", "param_count"]
     ordering = ["-created_at"]
+    query_params = {"list": ["archived"]}  # read by get_queryset (core.api.strict)
     list_model, list_values, list_related = DLModel, MODEL_LIST_VALUES, {"team": Team}
 
     def get_throttles(self):

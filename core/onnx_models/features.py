@@ -60,7 +60,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-__all__ = ["DATA_MOVEMENT_OPS", "GraphFeatures", "compute_features", "layer_class"]
+__all__ = ["DATA_MOVEMENT_OPS", "GraphFeatures", "compute_features", "features_at_batch_in_child",
+           "layer_class"]
 
 
 #: Ops that copy data without arithmetic (counted in ``bytes_moved``).
@@ -515,3 +516,13 @@ def compute_features(model: onnx.ModelProto, *, batch_size: int | None = None) -
         batch_size=int(batch),
         bytes_moved=int(bytes_moved),
     )
+
+
+def features_at_batch_in_child(*, data: bytes, batch_size: int) -> dict[str, Any]:
+    """What the upload sandbox (``common.sandbox.run_in_child``) runs to re-derive a stored model's features
+    at another batch size: ``{"features": GraphFeatures.to_dict()}``, or ``{"refused": reason}`` when the
+    graph hard-codes its batch (:func:`compute_features` raises ValueError)."""
+    try:
+        return {"features": compute_features(onnx.load_from_string(data), batch_size=batch_size).to_dict()}
+    except ValueError as exc:
+        return {"refused": str(exc)[:500]}

@@ -67,7 +67,20 @@ def number(value, digits=2):
 def chart(figure_id: str, label: str, height: int = 360):
     """A chart slot: plotly.js draws the figure from the json_script #<figure_id>; without JS a note shows."""
     return format_html(
-        '<figure class="chart-box"><div class="chart" data-figure="{}" role="img" aria-label="{}" '
+        # the label is on the figure, not on the drawing: Plotly puts buttons and legend toggles inside it,
+        # and an element with role img may not hold interactive controls
+        '<figure class="chart-box" aria-label="{}"><div class="chart" data-figure="{}" '
         'style="min-height:{}px"></div><noscript><p class="muted">Chart: {} (needs JavaScript; '
         'the table below has the same numbers).</p></noscript></figure>',
-        figure_id, label, height, label)
+        label, figure_id, height, label)
+
+
+@register.simple_tag(takes_context=True)
+def pending_invitations(context):
+    """The signed-in user's unanswered team invitations (the scope note points to them)."""
+    from ..accountdata import invitations_for
+
+    request = context.get("request")
+    if request is None or not request.user.is_authenticated:
+        return []
+    return list(invitations_for(request.user))

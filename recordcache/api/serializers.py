@@ -1,9 +1,10 @@
 from rest_framework import serializers
 
+from core.api.strict import RejectUnknownFieldsMixin
 from recordcache.models import CacheLookup, TeamCacheSettings
 
 
-class TeamCacheSettingsSerializer(serializers.ModelSerializer):
+class TeamCacheSettingsSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     class Meta:
         model = TeamCacheSettings
         fields = ["team", "publish", "read", "updated_at"]
@@ -25,7 +26,7 @@ class CacheLookupSerializer(serializers.ModelSerializer):
                   "verification", "cache_best_s", "measured_best_s", "reason", "trials_saved"]
 
 
-class CacheImportSerializer(serializers.Serializer):
+class CacheImportSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     workloads = serializers.FileField(help_text="TVM JSONDatabase database_workload.json")
     records = serializers.FileField(help_text="TVM JSONDatabase database_tuning_record.json")
     target = serializers.JSONField(help_text='The target, from the closed set of fields a run\'s target has, e.g. '
@@ -39,6 +40,6 @@ class CacheImportSerializer(serializers.Serializer):
         return value
 
 
-class PurgeSerializer(serializers.Serializer):
+class PurgeSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     target_key = serializers.CharField(max_length=800, required=False, allow_blank=True, default="")
     tvm_version = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")

@@ -3,7 +3,7 @@ from django.urls import path
 from . import views
 
 urlpatterns = [
-    path("teams/<int:team_id>/record-cache/", views.TeamCacheSettingsView.as_view(), name="team-record-cache"),
+    path("teams/<str:team_ref>/record-cache/", views.TeamCacheSettingsView.as_view(), name="team-record-cache"),
     path("runs/<int:run_id>/record-cache/", views.RunCacheView.as_view(), name="run-record-cache"),
     path("record-cache/", views.CacheStatsView.as_view(), name="record-cache-stats"),
     path("record-cache/export/", views.CacheExportView.as_view(), name="record-cache-export"),

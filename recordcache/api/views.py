@@ -12,8 +12,9 @@ from rest_framework import parsers, permissions, serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.api.strict import StrictQueryParamsMixin
 from core.api.throttles import UploadThrottle
-from core.selectors import teams_for_user
+from core.selectors import team_ref_filter, teams_for_user
 from core.services import read_upload
 from recordcache import adapters, selectors, services
 from tuning.selectors import runs_for_user
@@ -31,23 +32,23 @@ class IsStaff(permissions.BasePermission):
         return bool(request.user and request.user.is_authenticated and request.user.is_staff)
 
 
-class TeamCacheSettingsView(APIView):
+class TeamCacheSettingsView(StrictQueryParamsMixin, APIView):
     permission_classes = [permissions.IsAuthenticated]
 
-    def _team(self, request, team_id):
-        team = teams_for_user(request.user).filter(pk=team_id).first()
+    def _team(self, request, team_ref: str):
+        team = teams_for_user(request.user).filter(**team_ref_filter(team_ref)).first()
         if team is None:
             raise Http404
         return team
 
     @extend_schema(responses=TeamCacheSettingsSerializer, summary="The team's record-cache setting")
-    def get(self, request, team_id: int):
-        return Response(TeamCacheSettingsSerializer(selectors.team_settings(self._team(request, team_id).pk)).data)
+    def get(self, request, team_ref: str):
+        return Response(TeamCacheSettingsSerializer(selectors.team_settings(self._team(request, team_ref).pk)).data)
 
     @extend_schema(request=TeamCacheSettingsSerializer, responses=TeamCacheSettingsSerializer,
                    summary="Publish to / read from the shared record cache (owners)")
-    def patch(self, request, team_id: int):
-        team = self._team(request, team_id)
+    def patch(self, request, team_ref: str):
+        team = self._team(request, team_ref)
         body = TeamCacheSettingsSerializer(data=request.data, partial=True)
         body.is_valid(raise_exception=True)
         row = services.update_team_settings(actor=request.user, team=team, publish=body.validated_data.get("publish"),
@@ -55,7 +56,7 @@ class TeamCacheSettingsView(APIView):
         return Response(TeamCacheSettingsSerializer(row).data)
 
 
-class RunCacheView(APIView):
+class RunCacheView(StrictQueryParamsMixin, APIView):
     permission_classes = [permissions.IsAuthenticated]
 
     @extend_schema(summary="Per task: cache hit or miss, source run, verification, trials saved (estimated)",
@@ -69,7 +70,7 @@ class RunCacheView(APIView):
                          "savings": selectors.run_cache_savings(run)})
 
 
-class CacheStatsView(APIView):
+class CacheStatsView(StrictQueryParamsMixin, APIView):
     permission_classes = [IsStaff]
 
     @extend_schema(summary="Cache size and hit rate (staff)", responses=OpenApiTypes.OBJECT)
@@ -77,8 +78,9 @@ class CacheStatsView(APIView):
         return Response(selectors.cache_stats())
 
 
-class CacheExportView(APIView):
+class CacheExportView(StrictQueryParamsMixin, APIView):
     permission_classes = [IsStaff]
+    query_params = {"get": ["target_key", "tvm_version", "hardware"]}
 
     @extend_schema(summary="Trusted entries (filter: target_key, tvm_version, hardware) as a TVM JSON database zip",
                    responses={(200, "application/zip"): OpenApiTypes.BINARY})
@@ -96,7 +98,7 @@ class CacheExportView(APIView):
         return response
 
 
-class CacheImportView(APIView):
+class CacheImportView(StrictQueryParamsMixin, APIView):
     permission_classes = [IsStaff]
     parser_classes = [parsers.MultiPartParser, parsers.FormParser]
     throttle_classes = [UploadThrottle]
@@ -116,7 +118,7 @@ class CacheImportView(APIView):
         return Response({"imported": n, "status": "pending"})
 
 
-class CachePurgeView(APIView):
+class CachePurgeView(StrictQueryParamsMixin, APIView):
     permission_classes = [IsStaff]
 
     @extend_schema(request=PurgeSerializer, summary="Delete the entries of a target and/or TVM version (staff)",

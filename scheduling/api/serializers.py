@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from core import selectors as core_selectors
 from core.api.serializers import TeamScopedPrimaryKeyField
+from core.api.strict import RejectUnknownFieldsMixin
 from core.models import DLModel
 from scheduling.adapters import EXPERIMENT_PARAMETERS, POLICY_NAMES, SIMULATION_SECONDS_PER_UNIT
 from scheduling.models import (
@@ -100,21 +101,21 @@ class PredictorVersionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class TrainPredictorSerializer(serializers.Serializer):
+class TrainPredictorSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     k_folds = serializers.IntegerField(min_value=2, max_value=20, default=5)
     seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, default=0)
     activate = serializers.BooleanField(default=True)
 
 
 class PredictorTrainingSerializer(serializers.Serializer):
-    """A requested predictor training (scheduling.selectors.PredictorTraining), polled at ``url``."""
+    """A requested predictor training (scheduling.selectors.PredictorTraining), polled at ``url``: output only."""
 
-    task_id = serializers.CharField()
-    state = serializers.ChoiceField(choices=["queued", "running", "succeeded", "failed"])
-    version = serializers.IntegerField(allow_null=True, help_text="The trained version, once succeeded.")
-    error = serializers.CharField(allow_blank=True)
-    requested_at = serializers.DateTimeField()
-    finished_at = serializers.DateTimeField(allow_null=True)
+    task_id = serializers.CharField(read_only=True)
+    state = serializers.ChoiceField(choices=["queued", "running", "succeeded", "failed"], read_only=True)
+    version = serializers.IntegerField(allow_null=True, read_only=True, help_text="The trained version, once succeeded.")
+    error = serializers.CharField(allow_blank=True, read_only=True)
+    requested_at = serializers.DateTimeField(read_only=True)
+    finished_at = serializers.DateTimeField(allow_null=True, read_only=True)
     url = serializers.SerializerMethodField()
 
     def get_url(self, training) -> str:
@@ -139,7 +140,8 @@ class PlacementSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Placement
-        fields = ["id", "job", "gpu", "node", "gpu_index", "queue", "policy", "score", "placed_at", "released_at",
+        fields = ["id", "job", "gpu", "gang_gpu_ids", "node", "gpu_index", "queue", "policy", "score", "placed_at",
+                  "released_at",
                   "active"]
         read_only_fields = fields
 
@@ -151,7 +153,8 @@ class GpuJobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = GpuJob
-        fields = ["id", "team", "model", "model_name", "batch_size", "runtime", "iterations", "duration_estimate_s",
+        fields = ["id", "team", "model", "model_name", "batch_size", "num_gpus", "runtime", "iterations",
+                  "duration_estimate_s",
                   "predicted_util_pct", "predicted_mem_mb", "predicted_for_gpu_model", "predictor", "state",
                   "policy", "placement", "error", "worker", "measured_util_pct", "measured_mem_mb", "result",
                   "created_at", "placed_at", "started_at", "finished_at"]
@@ -163,7 +166,7 @@ class GpuJobSerializer(serializers.ModelSerializer):
         return PlacementSerializer(active[0]).data if active else None
 
 
-class GpuJobCreateSerializer(serializers.Serializer):
+class GpuJobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     model = TeamModelField(help_text="A model of one of your teams.")
     batch_size = serializers.IntegerField(min_value=GPU_JOB_LIMITS["batch_size"][0],
                                           max_value=GPU_JOB_LIMITS["batch_size"][1])
@@ -176,9 +179,13 @@ class GpuJobCreateSerializer(serializers.Serializer):
         "600 s; at most SCHEDULING_MAX_JOB_DURATION_S, 24 h). The job is stopped, and fails, when it has run "
         "this long (counted from its start on the GPU worker, model loading included).")
     runtime = serializers.ChoiceField(choices=GpuJob.Runtime.choices, default=GpuJob.Runtime.AUTO)
+    num_gpus = serializers.IntegerField(
+        min_value=GPU_JOB_LIMITS["num_gpus"][0], max_value=GPU_JOB_LIMITS["num_gpus"][1], default=1,
+        help_text="GPUs of one node the job runs on, data-parallel (one replica at batch_size each), placed "
+        "together or not at all; it reserves num_gpus x duration_estimate_s of the GPU-hour quota.")
 
 
-class PlaceSerializer(serializers.Serializer):
+class PlaceSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     policy = serializers.ChoiceField(choices=sorted(POLICY_NAMES), required=False,
                                      help_text="Default: SCHEDULING_POLICY (horus).")
 
@@ -190,7 +197,7 @@ class TraceUploadSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class TraceUploadCreateSerializer(serializers.Serializer):
+class TraceUploadCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     team = TeamScopedPrimaryKeyField(help_text="A team you are an owner or member of.")
     name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
     file = serializers.FileField(help_text="CSV (or .csv.gz): Philly jobs (timestamp,duration,num_gpus) or an "
@@ -239,7 +246,8 @@ class SimulationRunDetailSerializer(SimulationRunSerializer):
 
 
 class SimulationParametersSerializer(serializers.Serializer):
-    """Documented shape of `parameters` (every key optional)."""
+    """Documented shape of `parameters` (every key optional). Open: SimulationCreateSerializer refuses a key
+    that is no experiment parameter and passes the ones not listed here to the service."""
 
     method = serializers.ChoiceField(choices=["replay", "fill"], required=False,
                                      help_text="Default: replay for Philly, fill (ATC'23) for Alibaba pods.")
@@ -257,7 +265,7 @@ class SimulationParametersSerializer(serializers.Serializer):
     until = serializers.FloatField(required=False, help_text="Fill: stop at this share of capacity requested.")
 
 
-class SimulationCreateSerializer(serializers.Serializer):
+class SimulationCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     team = TeamScopedPrimaryKeyField(help_text="A team you are an owner or member of.")
     trace = serializers.CharField(help_text="'philly', 'alibaba' or the id of a trace your team uploaded.")
     policies = serializers.ListField(child=serializers.CharField(), required=False, default=["all"],

@@ -3,19 +3,22 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from core.fieldtext import fit_to_field
 
-from .. import gpu_runtime, selectors
+from .. import gpu_isolation, job_process, selectors
 from ..gpu_runtime import DurationReached, GpuRuntimeError, JobStopped, NoGpuError
-from ..models import ERROR_TEXT_MAX_CHARS, GpuJob, Placement
+from ..models import ERROR_TEXT_MAX_CHARS, GPU, GpuJob, Placement, placement_gpu_ids
+from ..telemetry import job_measurement
 from .jobs import gpu_job_limits
 from .messages import announce_job_end
-from .placement import dispatch_placement, release_active_placement, request_placement_pass
+from .placement import dispatch_placement, release_active_placement, request_placement_pass, unplace
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +53,7 @@ def finish_job(*, job_id: int, result: dict[str, Any] | None = None, error: str 
         job.state, job.error = GpuJob.State.FAILED, error[:ERROR_TEXT_MAX_CHARS]
     else:
         job.state = GpuJob.State.FINISHED
-        job.measured_util_pct = (result or {}).get("util_mean_pct")
-        job.measured_mem_mb = (result or {}).get("mem_used_by_job_mb")
+        job.measured_util_pct, job.measured_mem_mb, job.measured_source = job_measurement(result or {})
     job.save()
     announce_job_end(job)
     request_placement_pass()
@@ -126,18 +128,72 @@ def execute_job(*, job_id: int, placement_id: int, worker: str, nvml: Any = None
     With no GPU the job fails with "no NVIDIA GPU found (pynvml: ...)"; with no CUDA-capable
     runtime it fails naming what is missing.
     """
-    job = claim_job(job_id=job_id, placement_id=placement_id, worker=worker)
+    placement = Placement.objects.select_related("gpu", "gpu__node").filter(pk=placement_id).first()
+    if placement is None:
+        return None
+    gang = placement_gpu_ids(placement)
+    index_of = dict(GPU.objects.filter(pk__in=gang).values_list("pk", "index"))
+    devices = [index_of[g] for g in gang if g in index_of]
+    slots = [gpu_isolation.GpuSlots(gpu_slots_dir(), d, slots=gpu_isolation.DEFAULT_SLOTS_PER_GPU) for d in devices]
+    held: list[gpu_isolation.GpuSlots] = []
+    try:
+        for s in slots:  # a slot on every GPU of the job, or none
+            s.acquire()
+            held.append(s)
+    except gpu_isolation.NoFreeSlot as exc:  # more jobs reached a GPU than it may run: place it again later
+        for s in held:
+            s.release()
+        log.warning("GPU job %s: %s; back to pending", job_id, exc)
+        unplace(job_id)
+        return None
+    try:
+        return _execute_in_slot(job_id=job_id, placement=placement, worker=worker, nvml=nvml, devices=devices,
+                                slot=held[0].slot)
+    finally:
+        for s in held:
+            s.release()
+
+
+def record_live_measurement(*, job_id: int, live: dict[str, float | None]) -> None:
+    """Store a running job's latest per-process NVML figures (what the policies read as its load)."""
+    if live.get("util_pct") is None and live.get("mem_mb") is None:
+        return
+    GpuJob.objects.filter(pk=job_id, state=GpuJob.State.RUNNING).update(
+        live_util_pct=live.get("util_pct"), live_mem_mb=live.get("mem_mb"), live_sampled_at=timezone.now())
+
+
+def gpu_slots_dir() -> Path:
+    return Path(settings.SCHEDULING_GPU_SLOTS_DIR)
+
+
+def job_process_limits() -> job_process.JobProcessLimits:
+    """The job child's limits from settings (``SCHEDULING_JOB_*``; defaults in JobProcessLimits)."""
+    defaults = job_process.JobProcessLimits()
+    return job_process.JobProcessLimits(
+        grace_s=float(getattr(settings, "SCHEDULING_JOB_KILL_GRACE_S", defaults.grace_s)),
+        cpu_per_wall=float(getattr(settings, "SCHEDULING_JOB_CPU_PER_WALL_S", defaults.cpu_per_wall)),
+        nofile=int(getattr(settings, "SCHEDULING_JOB_MAX_OPEN_FILES", defaults.nofile)),
+        preexec=getattr(settings, "SCHEDULING_JOB_PREEXEC", defaults.preexec) or None,
+        runtimes=dict(getattr(settings, "SCHEDULING_JOB_RUNTIMES", None) or {}))
+
+
+def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: Any, devices: list[int],
+                     slot: int) -> GpuJob | None:
+    job = claim_job(job_id=job_id, placement_id=placement.pk, worker=worker)
     if job is None:
         log.info("GPU job %s: not placed (cancelled or already run); nothing to do", job_id)
         return None
-    placement = Placement.objects.select_related("gpu", "gpu__node").get(pk=placement_id)
+    mem_limit_mb = gpu_isolation.job_memory_limit_mb(job.predicted_mem_mb, placement.gpu.memory_total_mb)
     try:
         with job.model.file.open("rb") as f:
             data = f.read()
-        result = gpu_runtime.run_model_on_gpu(data, batch_size=job.batch_size, iterations=job.iterations,
-                                              device_index=placement.gpu.index, runtime=job.runtime, nvml=nvml,
-                                              should_stop=lambda: selectors.is_job_cancelled(job_id),
-                                              max_seconds=job.duration_estimate_s)
+        # the model is parsed, compiled and run in a child process, never in this worker
+        result = job_process.run_job_in_child(
+            data, device_indices=devices, batch_size=job.batch_size, iterations=job.iterations,
+            runtime=job.runtime, max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb,
+            predicted_util_pct=job.predicted_util_pct, limits=job_process_limits(), nvml=nvml,
+            should_stop=lambda: selectors.is_job_cancelled(job_id),
+            report=lambda live: record_live_measurement(job_id=job_id, live=live))
     except DurationReached as exc:
         log.info("GPU job %s stopped on %s at its declared duration (%g s)", job_id, worker, exc.limit_s)
         return finish_job(job_id=job_id, error=_overran_message(job))
@@ -151,4 +207,6 @@ def execute_job(*, job_id: int, placement_id: int, worker: str, nvml: Any = None
     except Exception as exc:  # the model itself failed: record it, do not retry forever
         log.exception("GPU job %s failed", job_id)
         return finish_job(job_id=job_id, error=f"{type(exc).__name__}: {exc}")
-    return finish_job(job_id=job_id, result=result)
+    return finish_job(job_id=job_id, result={**result, "isolation": {
+        "gpu_slot": slot, "gpu_slots": gpu_isolation.DEFAULT_SLOTS_PER_GPU, "gpu_mem_limit_mb": mem_limit_mb,
+        "gpu_indices": devices}})

@@ -29,10 +29,10 @@ def gpu_job_limits() -> dict[str, tuple[float, float]]:
     return {**GPU_JOB_LIMITS, "duration_estimate_s": (low, max(low, min(high, cap)))}
 
 
-def _check_job_request(*, batch_size, iterations, duration_estimate_s: float, runtime: str) -> None:
+def _check_job_request(*, batch_size, iterations, duration_estimate_s: float, runtime: str, num_gpus=1) -> None:
     limits = gpu_job_limits()
     for name, value in (("batch_size", batch_size), ("iterations", iterations),
-                        ("duration_estimate_s", duration_estimate_s)):
+                        ("duration_estimate_s", duration_estimate_s), ("num_gpus", num_gpus)):
         low, high = limits[name]
         integral = name != "duration_estimate_s"
         if isinstance(value, bool) or not isinstance(value, int if integral else (int, float)) \
@@ -62,24 +62,28 @@ def submit_job(
     iterations: int = 100,
     duration_estimate_s: float | None = None,
     runtime: str = GpuJob.Runtime.AUTO,
+    num_gpus: int = 1,
     place: bool = True,
 ) -> GpuJob:
     """Queue a GPU job with its predicted utilization and memory. Refused (QuotaExceeded) when its
     declared GPU time would exceed the team's monthly GPU-hour quota. The job is stopped (failed) when it
-    reaches that duration, and the quota is checked again when it is placed."""
+    reaches that duration, and the quota is checked again when it is placed. ``num_gpus`` > 1 is a gang:
+    that many GPUs of one node, placed together or not at all, each running a replica of the model at
+    ``batch_size`` (data-parallel); it reserves ``num_gpus`` x its duration in GPU hours."""
     require_team_writer(actor, model.team_id, "submit GPU jobs")
     require_ready(model)
     estimate = duration_estimate_s if duration_estimate_s is not None else default_job_estimate_s()
     _check_job_request(batch_size=batch_size, iterations=iterations, duration_estimate_s=estimate,
-                       runtime=runtime)
+                       runtime=runtime, num_gpus=num_gpus)
     estimate = float(estimate)
     # Never trains: with no predictor yet it is the analytic estimate, and a training is queued.
     prediction = predict_job(model=model, batch_size=batch_size)
     with transaction.atomic():
-        _check_gpu_quota(team_id=model.team_id, hours=estimate / 3600.0)
+        _check_gpu_quota(team_id=model.team_id, hours=estimate * num_gpus / 3600.0)
         job = GpuJob.objects.create(
             team_id=model.team_id, model=model, created_by=actor, batch_size=batch_size, runtime=runtime,
-            iterations=iterations, duration_estimate_s=estimate, predicted_util_pct=prediction["util_pct"],
+            iterations=iterations, duration_estimate_s=estimate, num_gpus=num_gpus,
+            predicted_util_pct=prediction["util_pct"],
             predicted_mem_mb=prediction["mem_mb"], predicted_for_gpu_model=prediction["gpu_model"],
             predictor_version=prediction["predictor_version"],
         )

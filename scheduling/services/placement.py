@@ -64,10 +64,12 @@ def dispatch_placement(*, job_id: int, placement_id: int, queue: str) -> None:
 
 
 def build_cluster_state(gpus: list[GPU], *, now: dt.datetime) -> adapters.LiveCluster:
-    """The live cluster as the policies see it: its GPUs, their active placements and fresh samples."""
+    """The live cluster as the policies see it: its GPUs, their active placements, the Kubernetes pods the
+    scheduler extender bound to them, and fresh samples."""
     ids = [g.pk for g in gpus]
     fresh = selectors.latest_samples(ids, since=now - dt.timedelta(seconds=selectors.telemetry_fresh_s()))
-    return adapters.cluster_state(gpus, active=selectors.active_placements_on(ids), samples=fresh)
+    return adapters.cluster_state(gpus, active=selectors.active_placements_on(ids), samples=fresh,
+                                  bound=selectors.active_pod_bindings_on(ids, now))
 
 
 class GpuHourBudget:
@@ -92,19 +94,19 @@ class GpuHourBudget:
 
     def verdict(self, job: GpuJob) -> str:
         """``"place"``, ``"wait"`` or ``"refuse"``."""
-        t, hours = self._team(job.team_id), job.duration_estimate_s / 3600.0
+        t, hours = self._team(job.team_id), job.duration_estimate_s * job.num_gpus / 3600.0
         if t["used"] + t["reserved"] + hours <= t["limit"] + 1e-9:
             return "place"
         return "wait" if t["used"] + hours <= t["limit"] + 1e-9 else "refuse"
 
     def charge(self, job: GpuJob) -> None:
-        self._team(job.team_id)["reserved"] += job.duration_estimate_s / 3600.0
+        self._team(job.team_id)["reserved"] += job.duration_estimate_s * job.num_gpus / 3600.0
 
     def refusal(self, job: GpuJob) -> str:
         t = self._team(job.team_id)
         return (f"Quota 'GPU hours per month' exhausted when the job was due to be placed: "
-                f"{t['used']:.3f} h of {t['limit']:g} h already used this month, {job.duration_estimate_s / 3600:.3f} "
-                "h declared. It was not run.")
+                f"{t['used']:.3f} h of {t['limit']:g} h already used this month, "
+                f"{job.duration_estimate_s * job.num_gpus / 3600:.3f} h declared. It was not run.")
 
 
 def _refuse_at_placement(job: GpuJob, budget: GpuHourBudget, now: dt.datetime) -> None:
@@ -184,11 +186,13 @@ def _place_one(job: GpuJob, view, pol, cluster: adapters.LiveCluster, *, name: s
     chosen = cluster.choose(pol, view, now)
     if chosen is None:
         return None
-    gpu, score = chosen
+    gpus, score = chosen
+    gpu = gpus[0]  # the lead: its queue's worker runs the job on all of them
     try:
         with transaction.atomic():
-            placement = Placement.objects.create(job=job, gpu=gpu, policy=name, score=score,
-                                                 queue=gpu.queue, placed_at=now)
+            placement = Placement.objects.create(job=job, gpu=gpu, policy=name, score=score, queue=gpu.queue,
+                                                 placed_at=now,
+                                                 gang_gpu_ids=[g.pk for g in gpus] if len(gpus) > 1 else [])
     except IntegrityError:  # already actively placed: never twice
         log.warning("job %s already has an active placement; skipped", job.pk)
         return None

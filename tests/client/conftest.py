@@ -24,5 +24,5 @@ def _isolated_config(tmp_path, monkeypatch):
 def no_broker(monkeypatch):
     """Runs the API starts are recorded (their ids) instead of sent to Celery: no worker tunes them."""
     sent: list[int] = []
-    monkeypatch.setattr("tuning.services.runs.enqueue_run", lambda run: sent.append(run.pk))
+    monkeypatch.setattr("tuning.services.run_queue.enqueue_run", lambda run: sent.append(run.pk))
     return sent

@@ -232,6 +232,17 @@ def test_wait_on_a_cancelled_or_failed_run(dlopt, logged_in, model_a):
     assert result.code == 1 and f"Run {failed.pk} failed: Worker lost three times." in result.err
 
 
+def test_show_says_where_a_waiting_run_is_in_its_teams_queue(dlopt, logged_in, model_a):
+    from django.utils import timezone
+
+    first = TuningRunFactory(model=model_a, waiting_since=timezone.now())
+    second = TuningRunFactory(model=model_a, waiting_since=timezone.now())
+    result = dlopt("runs", "show", second.pk)
+    assert result.code == 0
+    assert f"Run {second.pk}: cnn-a (model {model_a.pk}) queued, number 2 waiting for a run slot" in result.out
+    assert "DOP auto" in result.out and first.pk != second.pk
+
+
 def test_wait_names_the_reason_when_the_server_paused_the_run(dlopt, logged_in, model_a):
     run = TuningRunFactory(model=model_a, paused=True, error="Could not be queued: the task broker is unreachable.")
     result = dlopt("runs", "show", run.pk, "--wait")
@@ -288,7 +299,7 @@ def test_download_fetches_the_deployment_package_by_default(dlopt, logged_in, mo
 def test_exit_codes_and_one_line_errors(dlopt, logged_in, team_a, model_a, model_b, no_broker):
     missing = dlopt("runs", "show", 999999, "--json")
     assert missing.code == 4
-    assert missing.err.strip() == "dlopt: No TuningRun matches the given query. (HTTP 404 not_found)"
+    assert missing.err.strip() == "dlopt: Not found. (HTTP 404 not_found)"  # names no model class
     assert missing.json["exit_code"] == 4
     assert missing.json["error"]["code"] == "not_found" and missing.json["error"]["status"] == 404
     assert dlopt("models", "show", "no-such-model").code == 4

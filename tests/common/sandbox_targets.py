@@ -10,6 +10,7 @@ def describe(data: bytes | None = None) -> dict:
     """What the child runs with: environment names, limits, working directory, the input's length."""
     return {"env": sorted(os.environ), "cwd": os.getcwd(), "pid": os.getpid(), "ppid": os.getppid(),
             "as": resource.getrlimit(resource.RLIMIT_AS)[0], "cpu": resource.getrlimit(resource.RLIMIT_CPU)[0],
+            "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
             "data_len": None if data is None else len(data), "head": None if data is None else data[:4].hex()}
 
 

@@ -82,3 +82,25 @@ def test_hook_runs_in_the_child_before_the_target():
 def test_only_importable_functions_are_accepted():
     with pytest.raises(ValueError):
         run_in_child(lambda: 1, **LIMITS)
+
+
+def test_a_watched_child_is_handed_to_its_caller_and_killed_when_poll_says_stop():
+    import psutil
+
+    started, polls = [], []
+
+    def poll() -> bool:
+        assert psutil.pid_exists(started[0])  # the child runs while it is polled
+        polls.append(1)
+        return len(polls) == 2
+
+    with pytest.raises(SandboxFailure) as err:
+        run_in_child(t.sleep_forever, memory_mb=0, cpu_s=20, wall_s=60, what="running a job",
+                     on_start=started.append, poll=poll)
+    assert err.value.reason == "stopped" and "running a job" in str(err.value) and len(polls) == 2
+    assert started[0] != os.getpid() and not psutil.pid_exists(started[0])  # killed and reaped
+
+
+def test_open_files_are_capped_when_asked():
+    out = run_in_child(t.describe, **LIMITS, nofile=256)
+    assert out["nofile"] == 256

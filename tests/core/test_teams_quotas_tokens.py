@@ -139,4 +139,15 @@ def test_error_format_is_uniform(api_owner):
 
 def test_me_lists_roles(team_a, user_viewer):
     body = client_for(user_viewer).get("/api/me/").json()
-    assert body["teams"] == [{"id": team_a.pk, "name": "Team A", "role": "viewer"}]
+    assert body["teams"] == [{"id": team_a.pk, "slug": team_a.slug, "name": "Team A", "role": "viewer"}]
+
+
+def test_a_token_key_never_starts_with_a_dash(monkeypatch):
+    """A leading '-' makes `dlopt login --token KEY` (and shells) read the key as an option."""
+    import secrets
+
+    from core.models import ApiToken
+
+    drawn = iter(["-leading-dash", "fine-key"])
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda n: next(drawn))
+    assert ApiToken.generate_key() == "fine-key"

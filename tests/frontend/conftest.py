@@ -47,3 +47,17 @@ def run_b(user_other, model_b):
     """A run of team B (another team: a 404 everywhere for team A's users)."""
     run, _ = make_running_run(actor=user_other, model=model_b, max_trials=64, n_tasks=2, rounds=2, per_round=8)
     return run
+
+
+@pytest.fixture
+def live_gpu_node(db):
+    """A registered, live node with one GPU whose queue a worker serves: cuda targets are offered."""
+    from django.utils import timezone
+
+    from scheduling.models import GPU, Node
+
+    node = Node.objects.create(name="gpu-node-1", hostname="gpu-node-1", cpu_cores=16, memory_mb=65536,
+                               nvml_available=True, last_seen=timezone.now(), queues=["measure.gpu-node-1.gpu0"])
+    GPU.objects.create(node=node, index=0, name="NVIDIA H100", gpu_model="H100", memory_total_mb=81559,
+                       queue="measure.gpu-node-1.gpu0")
+    return node

@@ -200,7 +200,7 @@ def _predictor_training_id(w) -> str:
 
 URL_KWARGS = {
     "predictorversion-training": lambda w: {"task_id": _predictor_training_id(w)},
-    "team-record-cache": lambda w: {"team_id": w.team_a.pk},
+    "team-record-cache": lambda w: {"team_ref": w.team_a.pk},
     "run-record-cache": lambda w: {"run_id": w.run.pk},
 }
 
@@ -329,9 +329,10 @@ def api_operations() -> dict[tuple[str, str], str]:
 
 
 def dashboard_routes() -> dict[str, str]:
-    """url name -> route of every dashboard page (everything outside api/ and admin/)."""
+    """url name -> route of every dashboard page (everything outside api/ and admin/; the scheduler
+    extender's machine endpoints, token-only for every role, are covered by tests/scheduling/test_extender_api.py)."""
     return {p.name: route for route, p in _walk(get_resolver().url_patterns)
-            if not route.startswith(("api/", "admin/"))}
+            if not route.startswith(("api/", "admin/", "scheduler/extender/"))}
 
 
 def url_for(name: str, w) -> str:

@@ -8,6 +8,18 @@ import pytest
 from .fakes import FakeNvml, FakeNVMLError, fake_gpu, make_job, register_gpu_node  # noqa: F401 - re-exported
 
 
+@pytest.fixture(autouse=True)
+def job_in_this_process(monkeypatch):
+    """The seam at the job child's boundary: these tests swap the runtime or NVML in this process (stand-ins
+    that read the database while the job runs), so the job runs here, through the code the child runs.
+    test_gpu_job_process.py overrides this fixture and runs the real child."""
+    from scheduling import job_process
+
+    from .fakes import run_job_in_this_process
+
+    monkeypatch.setattr(job_process, "run_job_in_child", run_job_in_this_process)
+
+
 @pytest.fixture
 def fake_nvml():
     return FakeNvml([fake_gpu(), fake_gpu(util=60, used_mb=9000, energy_mj=None)])

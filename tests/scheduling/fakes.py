@@ -17,10 +17,21 @@ class FakeNvml:
     NVML_TEMPERATURE_GPU = 0
     NVMLError = FakeNVMLError
 
-    def __init__(self, gpus=None, *, init_error: str | None = None):
+    def __init__(self, gpus=None, *, init_error: str | None = None, processes=None):
         self.gpus = list(gpus or [])
         self.init_error = init_error
         self.calls = 0
+        #: per GPU index, [(pid, sm util %, memory MB)] that per-process accounting reports (none by default)
+        self.processes = dict(processes or {})
+        self.clock_us = 1_000_000
+
+    def nvmlDeviceGetProcessUtilization(self, h, last_seen_us):
+        self.clock_us += 1000
+        return [SimpleNamespace(pid=pid, timeStamp=self.clock_us, smUtil=util, memUtil=0, encUtil=0, decUtil=0)
+                for pid, util, _ in self.processes.get(h, [])]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=int(mem * MB)) for pid, _, mem in self.processes.get(h, [])]
 
     def nvmlInit(self):
         self.calls += 1
@@ -93,3 +104,14 @@ def make_job(model, *, util=30.0, mem=2000.0, state="pending", estimate=60.0, **
     return GpuJob.objects.create(team_id=model.team_id, model=model, batch_size=extra.pop("batch_size", 8),
                                  duration_estimate_s=estimate, predicted_util_pct=util, predicted_mem_mb=mem,
                                  state=state, **extra)
+
+
+def run_job_in_this_process(data, *, device_indices, batch_size, iterations, runtime, max_seconds, mem_limit_mb,
+                            predicted_util_pct, limits, nvml=None, should_stop=None, report=None):
+    """scheduling.job_process.run_job_in_child without the child: the runtime the child runs, called here
+    with the test's NVML, cancel check and live report (tests that monkeypatch the runtime in-process)."""
+    from scheduling import gpu_runtime
+
+    return gpu_runtime.run_data_parallel(data, device_indices=list(device_indices), batch_size=batch_size,
+                                         iterations=iterations, runtime=runtime, nvml=nvml, should_stop=should_stop,
+                                         max_seconds=max_seconds, mem_limit_mb=mem_limit_mb, report=report)

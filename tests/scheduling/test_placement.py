@@ -266,7 +266,7 @@ def test_a_running_job_is_stopped_at_its_declared_duration(gpu_node, model_a, us
     (p,) = services.place_pending_jobs(policy="horus")
     ran = []
 
-    def cpu_inference(model, inputs, iterations, device_index, sampler_factory, check):
+    def cpu_inference(model, inputs, iterations, device_index, sampler_factory, check, **options):
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         with sampler_factory() as sampler:
             lat = gpu_runtime.timed_iterations(lambda: ran.append(sess.run(None, inputs)), iterations, check)

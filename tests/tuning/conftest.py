@@ -8,5 +8,5 @@ import pytest
 def no_broker(monkeypatch):
     """Runs the services send to Celery are recorded (their ids, in order) instead of sent."""
     sent: list[int] = []
-    monkeypatch.setattr("tuning.services.runs.enqueue_run", lambda run: sent.append(run.pk))
+    monkeypatch.setattr("tuning.services.run_queue.enqueue_run", lambda run: sent.append(run.pk))
     return sent

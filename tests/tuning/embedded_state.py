@@ -2,7 +2,8 @@
 database (DLOPT_VAR_DIR, no DATABASE_URL), which the pytest database is not.
 
     python -m tests.tuning.embedded_state setup   -> creates a user, team, tiny model and a queued run; prints its id
-    python -m tests.tuning.embedded_state state N -> prints the run's status, attempts, losses and measurement keys
+    python -m tests.tuning.embedded_state state N -> prints the run's status, attempts, losses and measurement keys,
+                                                     and its TVM database's record count and duplicates
 """
 import json
 import os
@@ -37,7 +38,20 @@ def main() -> None:
         run = TuningRun.objects.get(pk=int(sys.argv[2]))
         keys = list(Measurement.objects.filter(run=run).values_list("task__index", "candidate_key"))
         print(json.dumps({"status": run.status, "error": run.error, "attempts": run.attempts,
-                          "losses": run.executor_losses, "trials_done": run.trials_done, "keys": keys}))
+                          "losses": run.executor_losses, "trials_done": run.trials_done, "keys": keys,
+                          "max_trials": run.max_trials, "trials_per_round": run.trials_per_round,
+                          **tvm_database(run.pk)}))
+
+
+def tvm_database(run_id: int) -> dict:
+    """How many records the run's TVM database holds, and how many of them repeat a candidate (the same
+    trace of the same workload: what two engines on one work dir write)."""
+    from tuning.adapters import run_files_dir
+
+    path = run_files_dir(run_id) / "work" / "database_tuning_record.json"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    candidates = [(workload, json.dumps(record[0], sort_keys=True)) for workload, record in lines]
+    return {"tvm_records": len(candidates), "tvm_duplicates": len(candidates) - len(set(candidates))}
 
 
 if __name__ == "__main__":

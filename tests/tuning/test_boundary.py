@@ -48,7 +48,7 @@ def test_api_and_service_read_dop_alike(api_owner, model_a, user_owner):
         with pytest.raises(ValueError):
             parse_dop(bad)
     resp = api_owner.post("/api/runs/", {"model": model_a.pk, "max_trials": 8, "dop": "3"}, format="json")
-    assert resp.status_code == 201 and resp.json()["dop_fixed"] == 3
+    assert resp.status_code == 201 and resp.json()["dop"] == "3"  # in and out: "auto" or N
     resp = api_owner.post("/api/runs/", {"model": model_a.pk, "max_trials": 8, "dop": "0"}, format="json")
     assert resp.status_code == 400 and "dop" in resp.json()["errors"]
     with pytest.raises(ServiceError):

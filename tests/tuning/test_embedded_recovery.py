@@ -1,7 +1,9 @@
 """The embedded deployment (SQLite + the SQLite-backed broker under DLOPT_VAR_DIR) with its worker started
 exactly as `make run` starts it (scripts/worker.sh, beat inside): a worker SIGKILLed mid-run, a second
 one started at once, while the dead worker's lease is still live; the run is picked up when the lease
-expires and finishes, no measurement stored twice."""
+expires and finishes, no measurement stored twice. The killed worker's engine (in process groups of its
+own, out of reach of the kill) ends with it; the run stays within its budget plus one round, and its
+store and TVM's database agree, with no candidate twice in either."""
 from __future__ import annotations
 
 import json
@@ -39,6 +41,33 @@ def _worker(env, log_path, name, **extra):
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every live process under ``pid`` (whatever process group or session it moved to)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def _kill(proc):
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -59,8 +88,18 @@ def test_embedded_worker_killed_mid_run_is_recovered_by_the_next_worker(tmp_path
     try:
         wait_for(lambda: _state(env, run_id)["trials_done"] >= 4, 300, "the first measurements",
                  lambda: first_log.read_text(errors="replace"), interval=1.0)
+        tree = _descendants(first.pid)  # the worker's pool, its beat, the run's engine and its workers
+        [engine] = [p for p in tree if "_isolated_child" in open(f"/proc/{p}/cmdline").read()]
+        engine_tree = {engine} | _descendants(engine)
+        with open(f"/proc/{engine}/stat") as fh:
+            executor = int(fh.read().rsplit(")", 1)[1].split()[1])
+        os.kill(executor, signal.SIGKILL)  # the Celery child running the run, alone
+        # the engine leads a process group of its own (its workers too): it must end by itself
+        wait_for(lambda: not [p for p in engine_tree if _alive(p)], 30, "the dead executor's engine to end")
     finally:
         _kill(first)
+    wait_for(lambda: not [p for p in tree if _alive(p)], 30, "every process of the killed worker to end",
+             lambda: str([(p, open(f"/proc/{p}/cmdline").read()) for p in tree if _alive(p)]))
     assert "beat: Starting" in first_log.read_text(errors="replace")  # make run's worker runs beat
     before = _state(env, run_id)
     assert before["status"] == "running" and before["attempts"] == 1
@@ -78,3 +117,6 @@ def test_embedded_worker_killed_mid_run_is_recovered_by_the_next_worker(tmp_path
     keys = [tuple(k) for k in done["keys"]]
     assert len(keys) == len(set(keys)) == done["trials_done"]  # none doubled
     assert {tuple(k) for k in before["keys"]} <= set(keys)      # none lost
+    assert done["trials_done"] <= done["max_trials"] + done["trials_per_round"]  # the budget is a hard cap
+    assert done["tvm_duplicates"] == 0  # one engine at a time wrote TVM's database
+    assert done["tvm_records"] == done["trials_done"]  # everything TVM stored reached the platform

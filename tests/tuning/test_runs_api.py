@@ -26,7 +26,7 @@ def test_create_run_queues_it(api_owner, model_a, no_broker):
     assert resp.status_code == 201, resp.content
     body = resp.json()
     assert body["status"] == "queued" and body["target"] == {"kind": "llvm", "num-cores": 2}
-    assert body["dop_mode"] == "auto" and body["measurement_mode"] == "doppler"
+    assert body["dop"] == "auto" and body["measurement_mode"] == "doppler" and body["queue_position"] is None
     assert no_broker == [body["id"]]
 
 
@@ -73,14 +73,14 @@ def test_viewer_cannot_start_or_cancel(user_viewer, api_owner, model_a):
     assert viewer.post(f"/api/runs/{run_id}/cancel/").status_code == 403
 
 
-def test_concurrent_run_quota(api_owner, model_a, team_a):
+def test_a_run_over_the_concurrent_run_quota_waits_for_a_slot(api_owner, model_a, team_a, no_broker):
     Quota.objects.filter(team=team_a).update(max_concurrent_runs=1)
-    assert start(api_owner, model_a).status_code == 201
+    first = start(api_owner, model_a).json()
     resp = start(api_owner, model_a)
-    assert resp.status_code == 429
-    assert resp.json()["quota"] == "max_concurrent_runs" and "concurrent" in resp.json()["detail"]
-
-
+    assert resp.status_code == 201, resp.content
+    body = resp.json()
+    assert body["status"] == "queued" and body["queue_position"] == 1 and body["waiting_since"]
+    assert no_broker == [first["id"]]  # the second is not sent to a worker yet
 def test_monthly_trial_quota_counts_reserved_trials(api_owner, model_a, team_a):
     Quota.objects.filter(team=team_a).update(tuning_trials_per_month=40, max_concurrent_runs=10)
     assert start(api_owner, model_a, max_trials=30).status_code == 201
@@ -93,7 +93,7 @@ def test_monthly_trial_quota_counts_reserved_trials(api_owner, model_a, team_a):
 def test_control_state_machine(api_owner, model_a):
     run_id = start(api_owner, model_a).json()["id"]
     assert api_owner.post(f"/api/runs/{run_id}/pause/").json()["status"] == "paused"
-    assert api_owner.post(f"/api/runs/{run_id}/pause/").status_code == 409
+    assert api_owner.post(f"/api/runs/{run_id}/pause/").json()["status"] == "paused"  # asked again: as is
     assert api_owner.post(f"/api/runs/{run_id}/resume/").json()["status"] == "queued"
     TuningRun.objects.filter(pk=run_id).update(status="running", heartbeat_at=timezone.now())
     body = api_owner.post(f"/api/runs/{run_id}/cancel/").json()
@@ -179,7 +179,7 @@ def test_best_so_far_curve_is_monotone_and_downsampled(model_a, user_owner):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_starts_never_over_allocate_the_last_run(model_a, user_owner, team_a):
+def test_concurrent_starts_never_over_allocate_the_last_slot(model_a, user_owner, team_a):
     if connection.vendor != "postgresql":
         pytest.skip("row locking race is exercised on PostgreSQL (pass 1 of make test)")
     Quota.objects.filter(team=team_a).update(max_concurrent_runs=3)
@@ -191,8 +191,8 @@ def test_concurrent_starts_never_over_allocate_the_last_run(model_a, user_owner,
 
         try:
             barrier.wait()
-            services.start_run(actor=user_owner, model=model_a, max_trials=4, enqueue=False)
-            outcomes.append("ok")
+            run = services.start_run(actor=user_owner, model=model_a, max_trials=4, enqueue=False)
+            outcomes.append("waiting" if run.waiting_since else "slot")
         except QuotaExceeded:
             outcomes.append("refused")
         finally:
@@ -203,8 +203,8 @@ def test_concurrent_starts_never_over_allocate_the_last_run(model_a, user_owner,
         t.start()
     for t in threads:
         t.join()
-    assert outcomes.count("ok") == 2 and outcomes.count("refused") == 6
-    assert TuningRun.objects.filter(team=team_a, status="queued").count() == 3
+    assert outcomes.count("slot") == 2 and outcomes.count("waiting") == 6
+    assert TuningRun.objects.filter(team=team_a, status="queued", waiting_since__isnull=True).count() == 3
 
 
 def test_trimmer_options_validated_and_stored(api_owner, model_a):
@@ -213,7 +213,7 @@ def test_trimmer_options_validated_and_stored(api_owner, model_a):
     ok = start(api_owner, model_a, trimmer=True, trimmer_options={"plateau_rounds": 3})
     assert ok.status_code == 201
     body = ok.json()
-    assert body["trimmer_enabled"] and body["trimmer_options"]["plateau_rounds"] == 3
+    assert body["trimmer"] and body["trimmer_options"]["plateau_rounds"] == 3
     assert body["energy_joules"] == 0 and body["grid_intensity_g_per_kwh"] == 400.0
 
 

@@ -107,3 +107,46 @@ def test_worker_killed_mid_run_resumes_without_losing_or_duplicating(redis_url, 
               for r in database_records(str(services.run_work_dir(run.pk)), model, run.target)}
     assert in_tvm and in_tvm <= set(after)
     assert run.outputs_match is True
+
+
+def test_every_database_connection_dropped_mid_run_is_ridden_out(redis_url, team_a, user_owner, tmp_path, settings,
+                                                                 django_capture_on_commit_callbacks):
+    """A database restart (every connection of the worker terminated by the server) in the middle of a run:
+    the executor, its heartbeat and the engine's sink reconnect; the run finishes in its first attempt, no
+    executor is counted lost, nothing is measured twice or lost, and the budget holds."""
+    from django.db import connection
+
+    from tests.tuning.onnx_builders import tiny_dense
+
+    if connection.vendor != "postgresql":
+        pytest.skip("dropping connections needs the PostgreSQL server")
+    settings.TUNING_STALE_AFTER_S = 20
+    model = core_services.register_model(team=team_a, name="tiny", data=tiny_dense(), filename="tiny.onnx",
+                                         actor=user_owner)
+    tiny = {"search_population": 16, "genetic_num_iters": 1, "seed": 1,
+            "evaluator": {"number": 2, "repeat": 1, "min_repeat_ms": 1}}
+    with running_worker(broker_url=redis_url, queues="tuning", log_dir=tmp_path, name="dbdrop", pool="prefork",
+                        env_extra={"TUNING_STALE_AFTER_S": 20}) as worker:
+        with django_capture_on_commit_callbacks(execute=True):
+            run = services.start_run(actor=user_owner, model=model, max_trials=16, trials_per_round=4,
+                                     target={"kind": "llvm", "num-cores": 1}, options=tiny)
+        wait_for(lambda: Measurement.objects.filter(run=run).count() >= 4, 300, "the first measurements",
+                 worker.log, interval=0.5)
+        with connection.cursor() as c:  # what a database restart does to the worker's connections
+            c.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                      "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            assert c.fetchone()[0] >= 1
+        run = wait_for(lambda: (r := TuningRun.objects.get(pk=run.pk)).status in TuningRun.TERMINAL and r,
+                       420, "the run to finish", worker.log, interval=0.5)
+    assert run.status == "succeeded", run.error
+    assert run.attempts == 1 and run.executor_losses == 0  # a database blip is not a lost executor
+    stored = list(Measurement.objects.filter(run=run).values_list("task__index", "candidate_key"))
+    assert len(stored) == len(set(stored)) == run.trials_done <= 16 + 4
+    import onnx
+
+    from tuning.engine.session import database_records
+
+    records = database_records(str(services.run_work_dir(run.pk)), onnx.load_model_from_string(tiny_dense()),
+                               run.engine_target)
+    in_tvm = [(r.task_index, r.candidate_key) for r in records]
+    assert len(in_tvm) == len(set(in_tvm)) and set(in_tvm) == set(stored)  # store == TVM's database

@@ -8,9 +8,11 @@ Django models and `tuning.engine`.
 from .energy import energy_model_snapshot, make_energy_meter, run_energy_model
 from .engine import (
     IMPORT_CHECK_TIMEOUT_S,
+    Abort,
     RecordError,
     TargetRefused,
     WorkerError,
+    WorkDirBusy,
     WorkerTimeout,
     build_engine_config,
     call_engine,
@@ -20,6 +22,7 @@ from .engine import (
     database_records,
     engine_error_text,
     engine_target,
+    fenced,
     has_imported,
     precheck,
     recheck_output,
@@ -33,10 +36,10 @@ from .sink import DatabaseSink, LeaseLost
 from .workdir import delete_run_files, public_json, public_text, run_files_dir, run_work_dir, zip_database
 
 __all__ = [
-    "IMPORT_CHECK_TIMEOUT_S", "DatabaseSink", "LeaseLost", "RecordError", "TargetRefused", "WorkerError",
-    "WorkerTimeout", "build_engine_config", "call_engine", "charge_run_usage", "check_import", "checked_target",
-    "compile_and_compare", "database_records", "delete_run_files", "energy_model_snapshot", "engine_error_text",
-    "engine_target", "has_imported", "make_energy_meter",
+    "IMPORT_CHECK_TIMEOUT_S", "Abort", "DatabaseSink", "LeaseLost", "RecordError", "TargetRefused", "WorkDirBusy",
+    "WorkerError", "WorkerTimeout", "build_engine_config", "call_engine", "charge_run_usage", "check_import",
+    "checked_target", "compile_and_compare", "database_records", "delete_run_files", "energy_model_snapshot",
+    "engine_error_text", "engine_target", "fenced", "has_imported", "make_energy_meter",
     "precheck", "public_json", "public_text", "recheck_output", "resolve_target", "run_energy_model", "run_engine",
     "run_files_dir", "run_work_dir", "trimmer_options", "write_imported", "zip_database",
 ]

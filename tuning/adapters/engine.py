@@ -7,12 +7,18 @@ a sandboxed child process (`tuning.engine.isolate`), so a model that crashes TVM
 not the worker."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
 from pathlib import Path
 
+from django.conf import settings
+from django.db.models import Count
+
 from tuning.distributed import celery_submit
-from tuning.engine.isolate import EngineCrashed, EngineError, call_isolated
+from tuning.engine.isolate import Abort, EngineCrashed, EngineError, EngineStopped, call_isolated
+from tuning.engine.lifeline import WorkDirBusy
 from tuning.engine import procpool
 from tuning.engine.procpool import WorkerError, WorkerTimeout
 from tuning.engine.record_check import RecordError, precheck, recheck_output
@@ -20,16 +26,32 @@ from tuning.engine.session import TuningConfig, has_imported, write_imported
 from tuning.engine.targets import TargetRefused, check_target
 from tuning.engine.timer import EvaluatorConfig
 from tuning.engine.trimmer import TrimmerConfig
-from tuning.models import TuningRun
+from tuning.models import Measurement, TuningRun
 
+from .reconnect import FencedSink
 from .sink import LeaseLost
 
 IMPORT_CHECK_TIMEOUT_S = 600
 
-__all__ = ["IMPORT_CHECK_TIMEOUT_S", "RecordError", "TargetRefused", "WorkerError", "WorkerTimeout",
-           "build_engine_config", "call_engine", "check_import", "checked_target", "compile_and_compare",
-           "database_records", "engine_error_text", "engine_target", "has_imported", "precheck", "recheck_output",
-           "resolve_target", "run_engine", "trimmer_options", "write_imported"]
+__all__ = ["IMPORT_CHECK_TIMEOUT_S", "Abort", "RecordError", "TargetRefused", "WorkDirBusy", "WorkerError",
+           "WorkerTimeout", "build_engine_config", "call_engine", "check_import", "checked_target",
+           "compile_and_compare", "database_records", "engine_error_text", "engine_target", "fenced",
+           "has_imported", "precheck", "recheck_output", "resolve_target", "run_engine", "trimmer_options",
+           "write_imported"]
+
+# the executor's fence over the engine calls it makes (its Abort, how long a failing sink is borne)
+_fence: contextvars.ContextVar[tuple[Abort, float] | None] = contextvars.ContextVar("engine_fence", default=None)
+
+
+@contextlib.contextmanager
+def fenced(abort: Abort, *, sink_give_up_after_s: float):
+    """Engine calls made inside the block are killed when ``abort`` triggers (a lost lease, a sink that
+    keeps failing) and raise LeaseLost: the engine lives only as long as its executor holds the run."""
+    token = _fence.set((abort, sink_give_up_after_s))
+    try:
+        yield abort
+    finally:
+        _fence.reset(token)
 
 
 def trimmer_options(options: dict | None) -> dict:
@@ -69,7 +91,15 @@ def build_engine_config(run: TuningRun, work_dir: Path) -> TuningConfig:
         seed=opts.get("seed"), evaluator=EvaluatorConfig.from_any(opts.get("evaluator")),
         search_population=opts.get("search_population"), genetic_num_iters=opts.get("genetic_num_iters"),
         trimmer=TrimmerConfig.from_dict(run.trimmer_options) if run.trimmer_enabled else None, **distributed,
+        trials_spent=trials_stored(run),
+        # a recovered run's old engine lets go of the work dir at its executor's next heartbeat at the latest
+        work_dir_wait_s=settings.TUNING_STALE_AFTER_S / 2 + 10,
     )
+
+
+def trials_stored(run: TuningRun) -> int:
+    """Measurements the platform stored for ``run`` (what an earlier attempt spent of its budget)."""
+    return Measurement.objects.filter(run_id=run.pk).aggregate(n=Count("id"))["n"]
 
 
 def engine_error_text(exc: BaseException) -> str:
@@ -82,10 +112,16 @@ def call_engine(func: str, *args, what: str, sink=None, needs_django: bool = Fal
                 writable: tuple[Path, ...] | None = None, **kwargs):
     """`call_isolated` for the platform: the child sets up Django only when the call needs it
     (distributed measurement sends Celery tasks and reads their results). A sink that lost its lease
-    stops the child's engine, and the call raises LeaseLost. With `writable` (the folders it may
-    write; empty: none), the child runs as the sandbox account; without, as the worker's user (the
-    tuning session: it starts the candidates' sandboxes and owns TVM's database and the GPU locks)."""
+    stops the child's engine, and the call raises LeaseLost; so does the executor's fence (`fenced`),
+    which kills the child. A second engine on a run's work dir raises WorkDirBusy. With `writable` (the
+    folders it may write; empty: none), the child runs as the sandbox account; without, as the worker's
+    user (the tuning session: it starts the candidates' sandboxes and owns TVM's database and the GPU
+    locks)."""
     lease_lost: list[Exception] = []
+    fence = _fence.get()
+    abort = fence[0] if fence else None
+    if sink is not None and fence is not None:
+        sink = FencedSink(sink, abort, give_up_after_s=fence[1])
 
     def on_sink_error(name, exc):
         if isinstance(exc, LeaseLost):
@@ -95,11 +131,19 @@ def call_engine(func: str, *args, what: str, sink=None, needs_django: bool = Fal
 
     # Without Django the child needs no secrets, so it gets the sandbox's scrubbed environment; a
     # distributed run's child sends Celery tasks and reads results, so it keeps the worker's.
-    value = call_isolated(func, *args, what=what, sink=sink, on_sink_error=on_sink_error,
-                          init="django:setup" if needs_django else None, scrub=not needs_django,
-                          sandbox_user=writable is not None and not needs_django, writable=writable or (),
-                          env={"DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "config.settings")},
-                          **kwargs)
+    try:
+        value = call_isolated(func, *args, what=what, sink=sink, on_sink_error=on_sink_error, abort=abort,
+                              init="django:setup" if needs_django else None, scrub=not needs_django,
+                              sandbox_user=writable is not None and not needs_django, writable=writable or (),
+                              env={"DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE",
+                                                                            "config.settings")},
+                              **kwargs)
+    except EngineStopped as exc:
+        raise LeaseLost(f"the engine was stopped: {exc}") from None
+    except EngineError as exc:
+        if str(exc).startswith(f"{WorkDirBusy.__name__}:"):
+            raise WorkDirBusy(str(exc).partition(": ")[2]) from None
+        raise
     if lease_lost:
         raise LeaseLost(str(lease_lost[0]))
     return value

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import json
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core import selectors as core_selectors
 from core.api.fast import FastRepresentationMixin
+from core.api.strict import RejectUnknownFieldsMixin
 from core.exceptions import ServiceError
 from core.models import DLModel
 from tuning import services
@@ -27,10 +30,38 @@ class TeamModelField(serializers.PrimaryKeyRelatedField):
         return core_selectors.models_for_user(request.user)
 
 
+@extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True,
+                       "description": "The resolved target as TVM normalizes it; null until a worker starts the run."})
+class TargetKeyField(serializers.Field):
+    """The run's canonical target key (stored as compact JSON text) as a JSON object."""
+
+    def to_representation(self, value):
+        return json.loads(value) if value else None
+
+
+@extend_schema_field({"type": "object", "properties": {
+    "target": {"type": "object", "nullable": True, "additionalProperties": True},
+    "pipeline": {"type": "string"}}, "required": ["target", "pipeline"]})
+class ResultIdentityField(serializers.Field):
+    """What identifies a run's tuning results: its resolved target (an object) and its pipeline key."""
+
+    def __init__(self, **kwargs):
+        super().__init__(source="*", **kwargs)
+
+    def to_representation(self, run):
+        return {"target": json.loads(run.target_key) if run.target_key else None, "pipeline": run.pipeline_key}
+
+
 class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     model_name = serializers.CharField(source="model.name", read_only=True)
     progress = serializers.FloatField(read_only=True)
-    dop_mode = serializers.CharField(read_only=True)
+    dop = serializers.CharField(source="dop_mode", read_only=True,
+                                help_text="'auto' (DOPpler chooses) or the fixed degree of parallelism.")
+    trimmer = serializers.BooleanField(source="trimmer_enabled", read_only=True, help_text="Trimmer is on.")
+    queue_position = serializers.IntegerField(read_only=True, allow_null=True, help_text=(
+        "While the run waits for one of its team's concurrent-run slots (max_concurrent_runs): 1 for the next "
+        "to start; null when it is not waiting."))
+    target_key = TargetKeyField(read_only=True)
     speedup = serializers.FloatField(read_only=True, allow_null=True)
     energy_kwh = serializers.FloatField(read_only=True)
     carbon_g = serializers.FloatField(read_only=True, allow_null=True,
@@ -42,8 +73,8 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     estimate_gap = serializers.JSONField(read_only=True, allow_null=True, help_text=(
         "When the per-task estimate (estimated_latency_s) is more than 15 % away from the compiled latency: "
         "{ratio: compiled / estimate, gap, note: why}. null otherwise. The verdict never uses the estimate."))
-    result_identity = serializers.CharField(read_only=True, help_text=(
-        "What identifies this run's tuning results: target_key and pipeline_key (tuning.engine.targets.identity_of)."))
+    result_identity = ResultIdentityField(read_only=True, help_text=(
+        "What identifies this run's tuning results: the resolved target and the pipeline key."))
     energy_saved_kind = serializers.CharField(read_only=True, allow_null=True,
         help_text='"estimated" (trials Trimmer did not spend x this run\'s energy per trial; see savings_basis), '
                   "null when nothing was estimated. A saving is never measured within a run.")
@@ -52,7 +83,8 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
         model = TuningRun
         fields = [
             "id", "team", "model", "model_name", "target", "target_kind", "max_trials", "trials_per_round",
-            "measurement_mode", "dop_mode", "dop_fixed", "threads", "options", "status", "requested_action",
+            "measurement_mode", "dop", "threads", "options", "status", "requested_action", "queue_position",
+            "waiting_since",
             "error", "created_at", "started_at", "finished_at", "archived_at", "attempts", "worker", "trials_done",
             "progress",
             "wall_seconds", "estimated_latency_s", "final_dop", "mean_parallel_error", "tuned_latency_s",
@@ -61,7 +93,7 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "ort_outputs_agree", "verdict", "verdict_flag", "timing_load", "estimate_gap", "deploy_verdict",
             "parity_trials",
             "parity_wall_s", "pipeline_key", "result_identity", "summary", "stop_reason",
-            "trimmer_enabled", "trimmer_options", "candidates_generated", "candidates_filtered",
+            "trimmer", "trimmer_options", "candidates_generated", "candidates_filtered",
             "energy_joules", "energy_kwh", "energy_source", "energy_build_joules", "energy_measure_joules",
             "energy_saved_joules", "energy_saved_kind", "trials_saved", "savings_basis", "grid_intensity_g_per_kwh",
             "carbon_g", "builds_in_flight", "measurements_in_flight",
@@ -69,7 +101,7 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class TuningRunCreateSerializer(serializers.Serializer):
+class TuningRunCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     model = TeamModelField(help_text="A model of one of your teams.")
     max_trials = bounded_integer("max_trials")
     target = serializers.JSONField(required=False, help_text=(
@@ -142,6 +174,6 @@ class DopRoundSerializer(FastRepresentationMixin, serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ImportRecordsSerializer(serializers.Serializer):
+class ImportRecordsSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     workloads = serializers.FileField(help_text="TVM JSONDatabase database_workload.json")
     records = serializers.FileField(help_text="TVM JSONDatabase database_tuning_record.json")

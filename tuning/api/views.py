@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import django_filters
+from django.db.models import CharField
+from django.db.models.functions import Cast
 from django.http import FileResponse, Http404, HttpResponse
 from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_view
 from rest_framework import mixins, parsers, permissions, status, viewsets
@@ -34,7 +36,9 @@ from .serializers import (
 
 # The columns TuningRunSerializer shows (its properties derive from shown columns too): parsing the
 # others (lease, energy model, file paths) on every row of a page is wasted work.
-RUN_COLUMNS = [f.name for f in TuningRun._meta.concrete_fields if f.name in TuningRunSerializer.Meta.fields]
+RUN_SOURCES = {"dop": "dop_fixed", "trimmer": "trimmer_enabled", "queue_position": "team"}  # columns they read
+RUN_COLUMNS = [f.name for f in TuningRun._meta.concrete_fields
+               if f.name in TuningRunSerializer.Meta.fields or f.name in RUN_SOURCES.values()]
 RUN_LIST_VALUES = [*read_columns(TuningRun, RUN_COLUMNS), "model__name"]
 IMPORT_WORKLOADS_MAX_BYTES = 50 * 1024 * 1024
 IMPORT_RECORDS_MAX_BYTES = 200 * 1024 * 1024
@@ -64,6 +68,8 @@ class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModel
     filterset_class = TuningRunFilter
     ordering_fields = ["created_at", "status", "trials_done", "wall_seconds", "tuned_latency_s"]
     ordering = ["-created_at"]
+    search_fields = ["model__name", "=status", "=id_text"]
+    query_params = {"list": ["archived"], "measurements": ["task_index"]}  # read by the views (core.api.strict)  # id_text: the id as text (get_queryset)
     list_model, list_values, list_related = TuningRun, RUN_LIST_VALUES, {"model": DLModel}
     parser_classes = [parsers.JSONParser, parsers.MultiPartParser, parsers.FormParser]
 
@@ -81,6 +87,8 @@ class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModel
               .select_related("model").only(*RUN_COLUMNS, "model__name"))
         if getattr(self, "detail", False):  # the object permission reads the caller's role from the same query
             qs = with_caller_role(qs, self.request.user)
+        if self.request.query_params.get("search"):  # ?search= matches a run's id exactly (also on get_object,
+            qs = qs.annotate(id_text=Cast("id", output_field=CharField()))  # which filters the same way)
         return qs
 
     @extend_schema(

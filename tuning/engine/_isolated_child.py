@@ -53,11 +53,15 @@ def _main() -> None:
 
     try:
         (size,) = struct.unpack(">Q", _read_exact(proto_in, 8))
-        request = _read_exact(proto_in, size)
+        request = _read_exact(proto_in, size)  # (a parent that dies meanwhile ends this read)
         if "--sandbox-user" in sys.argv[1:]:  # before the request (the user's model) is parsed
             from common.privileges import drop_privileges
 
             drop_privileges()
+        from tuning.engine.lifeline import die_with_parent
+
+        # after the drop: a change of user clears a parent-death signal set before it
+        die_with_parent()  # its caller waits for it in the thread that started it
         func, args, kwargs, init, methods = pickle.loads(request)
         if init:
             resolve(init)()

@@ -17,10 +17,14 @@ def _main() -> None:
     if root and root not in sys.path:
         sys.path.insert(0, root)
     from common.privileges import drop_privileges  # stdlib only: nothing has run yet
+    from tuning.engine.lifeline import die_with_parent
     from tuning.engine.sandbox import apply_limits_from_env
 
     apply_limits_from_env()
     drop_privileges()  # after the limits (as root it could still raise them), before any user code
+    # a pool may be started from a thread that ends before it: the watchdog only, no death signal
+    # (and after the drop: a change of user clears a parent-death signal)
+    die_with_parent(death_signal=False, parent=os.getppid())
     cpus = os.environ.get("ENGINE_WORKER_CPUS")
     if cpus:
         try:

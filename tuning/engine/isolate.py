@@ -8,6 +8,11 @@ is reported as :class:`EngineCrashed` naming the signal and what it was doing.
 The engine's sink stays in the caller (it writes the platform database): the child gets a proxy whose
 calls travel back over the pipe and are answered by the real sink, one at a time.
 Messages are 8-byte big-endian length + pickle, as in :mod:`.procpool`.
+
+The child lives and dies with its caller: it leads its own process group, which the caller kills when
+the call ends however it ends, and it ends itself when the caller dies (:mod:`.lifeline`). An
+:class:`Abort` the caller triggers (its lease was lost, its sink cannot report) kills the child at once:
+the call raises :class:`EngineStopped`.
 """
 from __future__ import annotations
 
@@ -18,16 +23,18 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from common.privileges import UnreachableFolder, hand_over, sandbox_requirement, take_back
 
+from .lifeline import PARENT_ENV
 from .procpool import loads_from_sandbox
 from .sandbox import private_dir, remove_dir, scrub_env
 
-__all__ = ["EngineCrashed", "EngineError", "call_isolated"]
+__all__ = ["Abort", "EngineCrashed", "EngineError", "EngineStopped", "call_isolated"]
 
 log = logging.getLogger(__name__)
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -41,6 +48,34 @@ class EngineCrashed(RuntimeError):
     def __init__(self, message: str, *, returncode: int | None = None):
         super().__init__(message)
         self.returncode = returncode
+
+
+class EngineStopped(RuntimeError):
+    """The caller's :class:`Abort` stopped the call (the child was killed); the message says why."""
+
+
+class Abort:
+    """Set from any thread to stop a running :func:`call_isolated` (and refuse the next ones)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reason = ""
+
+    def trigger(self, reason: str) -> None:
+        if not self.event.is_set():
+            self.reason = reason
+            self.event.set()
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (it leads one), what it started included."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class EngineError(RuntimeError):
@@ -100,7 +135,8 @@ def _answer_sink(sink, name: str, args: tuple, on_sink_error) -> tuple:
 
 def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | None = None,
                   env: dict[str, str] | None = None, scrub: bool = False, on_sink_error=None,
-                  sandbox_user: bool = False, writable: Sequence[str | os.PathLike] = (), **kwargs):
+                  sandbox_user: bool = False, writable: Sequence[str | os.PathLike] = (),
+                  abort: Abort | None = None, **kwargs):
     """Run ``func`` ("package.module:function") with ``args``/``kwargs`` in a fresh child process.
 
     ``what`` says what the call does, for the crash message ("the TVM compiler crashed (signal 11,
@@ -112,12 +148,16 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
     With ``sandbox_user`` (needs ``scrub``), the child also drops to the sandbox account first thing
     (:func:`common.privileges.drop_privileges`), with a private HOME and TMPDIR: it may write only
     those and the folders in ``writable``, handed to it for the call and taken back afterwards.
+    ``abort``: triggering it kills the child and the call raises :class:`EngineStopped`.
     """
     if sandbox_user and not scrub:
         raise ValueError("sandbox_user needs scrub: a child with the worker's secrets keeps its user")
+    if abort is not None and abort.is_set():
+        raise EngineStopped(abort.reason)
     child_env = scrub_env() if scrub else dict(os.environ)
     child_env.update(env or {})
     child_env["PYTHONPATH"] = _ROOT + (os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else "")
+    child_env[PARENT_ENV] = str(os.getpid())
     home = private_dir() if sandbox_user else None
     given = [home, *writable] if home else []
     try:
@@ -134,7 +174,7 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
         if home:
             child_env["HOME"] = child_env["TMPDIR"] = home
         return _call(func, args, kwargs, what=what, sink=sink, init=init, env=child_env,
-                     on_sink_error=on_sink_error, argv=argv, cwd=home)
+                     on_sink_error=on_sink_error, argv=argv, cwd=home, abort=abort)
     finally:
         for path in given[1:]:
             take_back(path)
@@ -142,9 +182,17 @@ def call_isolated(func: str, *args, what: str, sink: Any = None, init: str | Non
 
 
 def _call(func: str, args: tuple, kwargs: dict, *, what: str, sink: Any, init: str | None, env: dict[str, str],
-          on_sink_error, argv: list[str], cwd: str | None):
+          on_sink_error, argv: list[str], cwd: str | None, abort: Abort | None):
     proc = subprocess.Popen([sys.executable, "-u", _CHILD, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env=env, close_fds=True, cwd=cwd)
+                            env=env, close_fds=True, cwd=cwd, start_new_session=True)
+    done = threading.Event()
+    if abort is not None:
+        def kill_on_abort() -> None:
+            while not done.is_set():
+                if abort.event.wait(0.5) and not done.is_set():
+                    _kill_group(proc)
+                    return
+        threading.Thread(target=kill_on_abort, name=f"engine-{proc.pid}-abort", daemon=True).start()
     try:
         methods = [m for m in SINK_METHODS if sink is not None and hasattr(sink, m)]
         _send(proc.stdin, (func, args, kwargs, init, methods if sink is not None else None))
@@ -156,6 +204,8 @@ def _call(func: str, args: tuple, kwargs: dict, *, what: str, sink: Any, init: s
                 raise EngineCrashed(f"the engine's child sent a refused answer while {what}: {exc}") from None
             except EOFError:
                 code = proc.wait()
+                if abort is not None and abort.is_set():
+                    raise EngineStopped(abort.reason) from None
                 raise EngineCrashed(f"the TVM compiler crashed ({_describe_exit(code)}) while {what}",
                                     returncode=code) from None
             if msg[0] == "sink":
@@ -165,13 +215,15 @@ def _call(func: str, args: tuple, kwargs: dict, *, what: str, sink: Any, init: s
             else:  # ("error", message, traceback)
                 raise EngineError(msg[1], msg[2])
     finally:
+        done.set()
         for stream in (proc.stdin, proc.stdout):
             try:
                 stream.close()
             except OSError:
                 pass
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=0 if abort is not None and abort.is_set() else 30)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            pass
+        _kill_group(proc)  # the child, and whatever of its group outlived it
+        proc.wait()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import statistics
@@ -28,6 +29,7 @@ import numpy as np
 
 from . import record_cache, sandbox, yardstick
 from . import verdict as verdict_rule
+from .lifeline import WorkDirBusy, lock_work_dir
 from .database import (
     DB_RECORDS,
     DB_WORKLOAD,
@@ -76,7 +78,10 @@ __all__ = [
     "has_imported",
     # the run's file layout, from .database
     "DB_WORKLOAD", "DB_RECORDS", "FINAL_DIR", "IMPORTED_DIR", "IMPORTED_DONE_DIR",
+    "FINAL_ROWS", "WorkDirBusy",
 ]
+
+FINAL_ROWS = "final_remeasure.json"  # the final serial re-measure's rows, and whether they were charged
 
 LOCAL_RUNNERS = ("pooled", "local")  # runners that time candidates on this host
 
@@ -137,6 +142,11 @@ class TuningConfig:
     # Trimmer (per-task pre-emption, whole-model stop, ML candidate filter): a
     # TrimmerConfig or its dict; None or enabled=False = off
     trimmer: Any = None
+    # trials the caller already stored for this run (a resumed run): the budget left is counted from the
+    # larger of this and the records in TVM's database, so a store ahead of the database is not re-spent
+    trials_spent: int = 0
+    # how long a run waits for another engine to leave its work dir (a dying one lets go in a second or two)
+    work_dir_wait_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("stock", "doppler"):
@@ -283,7 +293,7 @@ def _prepare(model, cfg: TuningConfig, sink: TuningSink) -> _Run:
         cores=cores, threads=max(1, min(int(cfg.threads or len(cores)), len(cores))), tasks=tasks,
         infos=[TaskInfo(i, t.name, t.flops, t.weight) for i, t in enumerate(tasks)], database=database,
         n_existing=n_existing, known={candidate_key(tasks[i].name, r.trace) for i, recs in existing.items() for r in recs},
-        best0=best0, remaining=max(0, int(cfg.max_trials) - n_existing))
+        best0=best0, remaining=max(0, int(cfg.max_trials) - max(n_existing, int(cfg.trials_spent or 0))))
     run.trimmer = _trimmer_runtime(run, existing)
     run.phases["prepare"] = time.perf_counter() - t0
     return run
@@ -422,17 +432,51 @@ def _tune(run: _Run) -> None:
             # DOPpler's final stage: serial re-measure of the top share per task
             if run.status == "succeeded" and cfg.final_remeasure and parallel:
                 t0 = time.perf_counter()
-                run.final_rows = remeasure.final_remeasure(run.database, run.tasks, run.target, builder, runner,
-                                                           run.work_dir, run.device_type, cfg.final_share)
+                n_records = sum(len(v) for v in records_by_task(run.database, run.tasks).values())
+                saved = load_final_rows(run.work_dir)
+                # done once: a call that resumes a finished search (its executor died in the final stage
+                # or after it) reuses what an earlier call measured; a budget raised since measures again
+                if saved is None or saved["n_records"] != n_records:
+                    saved = {"rows": remeasure.final_remeasure(run.database, run.tasks, run.target, builder,
+                                                               runner, run.work_dir, run.device_type,
+                                                               cfg.final_share),
+                             "charged": False, "n_records": n_records}
+                    save_final_rows(run.work_dir, saved)
+                run.final_rows = saved["rows"]
                 run.phases["final_remeasure"] = time.perf_counter() - t0
-                # every build+measure done on the owner's behalf is charged (one trial each)
-                if run.final_rows and hasattr(run.sink, "on_serial_remeasure"):
-                    state.notify_sink("on_serial_remeasure", remeasure.serial_updates(run.final_rows))
+                # every build+measure done on the owner's behalf is charged (one trial each), once
+                if run.final_rows and not saved["charged"] and hasattr(run.sink, "on_serial_remeasure"):
+                    if state.notify_sink("on_serial_remeasure", remeasure.serial_updates(run.final_rows)):
+                        save_final_rows(run.work_dir, {**saved, "charged": True})
     finally:
         for obj in (runner, builder):
             if obj is not None and hasattr(obj, "shutdown"):
                 with contextlib.suppress(Exception):
                     obj.shutdown()
+
+
+def load_final_rows(work_dir: str) -> dict | None:
+    """The final re-measure an earlier call of this run did (``{"rows", "charged", "n_records"}``: the
+    rows, whether the sink took their charge, the database's record count they were chosen from), or None."""
+    try:
+        with open(os.path.join(work_dir, FINAL_ROWS)) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or not isinstance(saved.get("rows"), list):
+        return None
+    return {"rows": saved["rows"], "charged": bool(saved.get("charged")), "n_records": saved.get("n_records")}
+
+
+def save_final_rows(work_dir: str, saved: dict) -> None:
+    """Written whole or not at all (a rename): a killed call leaves the previous state."""
+    path = os.path.join(work_dir, FINAL_ROWS)
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(saved, f)
+        os.replace(path + ".tmp", path)
+    except (OSError, TypeError, ValueError):  # a full disk: the next call re-measures (and charges) again
+        log.exception("could not save the final re-measure")
 
 
 def _task_results(run: _Run) -> list[TaskResult]:
@@ -482,13 +526,16 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
     IRModule of PrimFuncs) under ``config``; stream to ``sink``."""
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     t_start = time.perf_counter()
-    run = _prepare(model, config, sink or NullSink())
-    try:
-        run.sink.on_tasks(run.infos)
-    except Exception:  # noqa: BLE001
-        log.exception("sink.on_tasks failed")
-    _tune(run)
-    return _summary(run, time.perf_counter() - t_start)
+    # one engine per work dir: a second one (a recovered run whose old engine still lives) waits for the
+    # first to go, or refuses (WorkDirBusy), so two never write one TVM database
+    with lock_work_dir(os.path.abspath(config.work_dir), wait_s=config.work_dir_wait_s):
+        run = _prepare(model, config, sink or NullSink())
+        try:
+            run.sink.on_tasks(run.infos)
+        except Exception:  # noqa: BLE001
+            log.exception("sink.on_tasks failed")
+        _tune(run)
+        return _summary(run, time.perf_counter() - t_start)
 
 
 def count_records(work_dir: str, model, target) -> int:

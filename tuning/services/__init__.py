@@ -30,7 +30,8 @@ from . import runs
 from .executor import claim_run, execute_run, finish_interrupted, reconcile_with_database, recover_stale_runs
 from .finish import NoMeasurement, finish_succeeded
 from .quota import check_run_quota
-from .records import IMPORT_REFUSED_PREFIX, delete_run_files_on_commit, import_database, run_deleted
+from .records import IMPORT_REFUSED_PREFIX, delete_run_files_on_commit, import_database, run_deleted, run_deleting
+from .run_queue import dispatch_all_waiting_runs, dispatch_waiting_runs
 from .runs import (
     SUPPORTED_TARGET_KINDS,
     archive_run,
@@ -50,10 +51,12 @@ from .runs import (
 __all__ = [
     "IMPORT_REFUSED_PREFIX", "SUPPORTED_TARGET_KINDS", "DatabaseSink", "LeaseLost", "NoMeasurement", "archive_run",
     "cancel_run",
-    "check_run_quota", "claim_run", "delete_run_files_on_commit", "energy_joules_this_month", "enqueue_run",
+    "check_run_quota", "claim_run", "delete_run_files_on_commit", "dispatch_all_waiting_runs",
+    "dispatch_waiting_runs", "energy_joules_this_month", "enqueue_run",
     "execute_run", "finish_interrupted", "finish_succeeded", "import_database", "joules_per_trial_estimate",
     "make_energy_meter", "pause_run", "public_json", "public_text", "reconcile_with_database",
-    "recover_stale_runs", "restore_run", "resume_run", "run_deleted", "run_energy_model", "run_work_dir",
+    "recover_stale_runs", "restore_run", "resume_run", "run_deleted", "run_deleting", "run_energy_model",
+    "run_work_dir",
     "seconds_until_next_stale", "start_run", "trials_reserved", "trials_used_this_month",
     "target_core_limit", "validate_measure_queues", "validate_run_bounds", "validate_target",
 ]

@@ -17,14 +17,21 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
 from core.fieldtext import fit_to_field
 from recordcache import services as record_cache
 from tuning import adapters
-from tuning.adapters import DatabaseSink, LeaseLost
+from tuning.adapters import Abort, DatabaseSink, LeaseLost, WorkDirBusy
+from tuning.adapters.reconnect import (
+    TRANSIENT_DB_ERRORS,
+    heartbeat_interval_s,
+    lease_margin_s,
+    reset_connection,
+    wait_for_database,
+)
 from tuning.models import Measurement, TuningRun
 
 from .finish import announce_run_end, finish_succeeded
@@ -52,6 +59,9 @@ def claim_run(run_id: int, *, worker: str) -> str | None:
             _executor_lost(run)
         if run.status != TuningRun.Status.QUEUED:
             log.info("run %s is %s; not executing it again", run_id, run.status)
+            return None
+        if run.waiting_since is not None:  # the team's queue sends it when a slot frees
+            log.info("run %s waits for a concurrent-run slot; not executing it yet", run_id)
             return None
         run.status, run.lease, run.heartbeat_at = TuningRun.Status.RUNNING, lease, now
         run.worker = fit_to_field(TuningRun, "worker", worker)
@@ -109,29 +119,47 @@ def recover_stale_runs(*, stale_after_s: float | None = None) -> list[int]:
     return recovered
 
 
-def heartbeat_interval_s() -> float:
-    """How often a live executor proves it is alive: a quarter of the staleness threshold (so a busy
-    machine can miss three beats before the run is presumed dead), at least every 2 s."""
-    return max(DatabaseSink.HEARTBEAT_EVERY_S, settings.TUNING_STALE_AFTER_S / 4)
-
-
 @contextmanager
-def heartbeat_while_executing(run_id: int, lease: str):
+def heartbeat_while_executing(run_id: int, lease: str, abort: Abort | None = None):
     """Beat the run's heartbeat from a thread for as long as this executor works on it. The engine's own
     beats come with its events; between them (a long TVM compile, the final compile and compare) only this
-    one says the executor is alive, so recovery never re-queues a run whose executor is just busy."""
+    one says the executor is alive, so recovery never re-queues a run whose executor is just busy.
+
+    A database blip is ridden out (the thread reconnects). ``abort`` is triggered, which stops the engine,
+    when the lease is lost (the run is no longer this executor's) or when no beat has landed for
+    `lease_margin_s` (another executor may take the run over soon)."""
     stop = threading.Event()
+    margin = lease_margin_s()
+
+    def fence(reason: str) -> None:
+        log.warning("run %s: %s; stopping its engine", run_id, reason)
+        if abort is not None:
+            abort.trigger(reason)
 
     def beat() -> None:
+        last_beat = time.monotonic()
         try:
             while not stop.wait(heartbeat_interval_s()):
                 try:
-                    TuningRun.objects.filter(pk=run_id, lease=lease, status=TuningRun.Status.RUNNING).update(
-                        heartbeat_at=timezone.now())
-                except Exception as exc:  # a lost database is the executor's own problem to report
+                    if TuningRun.objects.filter(pk=run_id, lease=lease, status=TuningRun.Status.RUNNING).update(
+                            heartbeat_at=timezone.now()):
+                        last_beat = time.monotonic()
+                        continue
+                    # another lease or state: the run is no longer this executor's (a deleted run, or one
+                    # this connection cannot see, is left to the sink, whose every call then fails)
+                    if not stop.is_set() and TuningRun.objects.filter(pk=run_id).exists():
+                        fence(f"run {run_id} is no longer this executor's (its lease was taken over or ended)")
+                    return
+                except (OperationalError, InterfaceError) as exc:
+                    reset_connection()  # the next beat opens a new connection
+                    log.warning("run %s: heartbeat failed, reconnecting: %s", run_id, exc)
+                except Exception as exc:  # noqa: BLE001 - a beat that fails for another reason is retried too
                     log.warning("run %s: heartbeat failed: %s", run_id, exc)
+                if time.monotonic() - last_beat > margin:
+                    fence(f"no heartbeat reached the database for {margin:.0f} s")
+                    return
         finally:
-            connection.close()  # this thread's own connection
+            reset_connection()  # this thread's own connection
 
     thread = threading.Thread(target=beat, name=f"run-{run_id}-heartbeat", daemon=True)
     thread.start()
@@ -156,29 +184,44 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
     work_dir = adapters.run_work_dir(run.pk)
     sink = DatabaseSink(run.pk, lease, meter=adapters.make_energy_meter(run))
     started = time.perf_counter()
+    abort = Abort()  # the engine lives only while this executor holds the run's lease
     try:
         with run.model.file.open("rb") as f:
             model_proto = onnx.load_model_from_string(f.read())
-        resolve_run_target(run, lease)
-        record_cache.seed_before_engine(run=run, model_proto=model_proto)  # cache hits become verified seeds
-        config = adapters.build_engine_config(run, work_dir)
-        with heartbeat_while_executing(run.pk, lease):
-            if run.attempts > 1:
-                reconcile_with_database(sink, model_proto, run, work_dir)
+        with heartbeat_while_executing(run.pk, lease, abort), \
+                adapters.fenced(abort, sink_give_up_after_s=lease_margin_s()):
+            resolve_run_target(run, lease)
+            record_cache.seed_before_engine(run=run, model_proto=model_proto)  # cache hits become verified seeds
+            # measured under an earlier lease but not stored (its executor died between TVM's commit and
+            # ours): stored now, before the engine counts the budget left, and again after it
+            reconcile_with_database(sink, model_proto, run, work_dir)
+            config = adapters.build_engine_config(run, work_dir)
             summary = adapters.run_engine(sink, model_proto, config)
+            wait_for_database(within_s=lease_margin_s())  # its connection may have dropped meanwhile
             status = getattr(summary, "status", "succeeded")
             _add_wall(run.pk, lease, time.perf_counter() - started)
             sink.flush()
-            if run.attempts > 1:  # what the resumed engine committed from its journal, stored too
-                reconcile_with_database(sink, model_proto, run, work_dir)
-                sink.flush()
+            reconcile_with_database(sink, model_proto, run, work_dir)  # on every attempt: nothing measured lost
+            sink.flush()
             if status in ("cancelled", "paused"):
                 return finish_interrupted(run.pk, lease, status, reason=sink.stop_reason)
             finish_succeeded(run.pk, lease, model_proto, summary, work_dir)
-            record_cache.record_run_outcome(run_id=run.pk, model_proto=model_proto)  # publish, verdicts
-            return TuningRun.Status.SUCCEEDED
-    except LeaseLost:
-        log.warning("run %s: lease lost, another executor continues it", run_id)
+        record_cache.record_run_outcome(run_id=run.pk, model_proto=model_proto)  # publish, verdicts
+        return TuningRun.Status.SUCCEEDED
+    except LeaseLost as exc:
+        log.warning("run %s: lease lost, another executor continues it (%s)", run_id, exc)
+        return None
+    except WorkDirBusy as exc:
+        # the previous executor's engine still works in the run's directory (its process tree stopped?):
+        # this attempt steps back; the run is retried like after any executor loss, at most so many times
+        log.warning("run %s: %s", run_id, exc)
+        _step_back(run.pk, lease)
+        return None
+    except TRANSIENT_DB_ERRORS as exc:
+        # the database went away for longer than this executor could wait: not the run's fault; it is
+        # queued again (what it measured is in TVM's database and is reconciled) once the database is back
+        log.warning("run %s: database unreachable (%s); handing the run back", run_id, exc)
+        _hand_back(run.pk, lease)
         return None
     except Exception as exc:  # the run fails; the worker lives on
         log.exception("run %s failed", run_id)
@@ -189,6 +232,34 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
                 status=TuningRun.Status.FAILED, error=error, finished_at=timezone.now()):
             announce_run_end(run.pk)
         return TuningRun.Status.FAILED
+
+
+def _hand_back(run_id: int, lease: str) -> None:
+    """Queue the run again without counting an executor loss (this executor is alive; its database was
+    not). Waits for the database first; if it does not come back, recovery re-queues the run later."""
+    reset_connection()
+    try:
+        wait_for_database(within_s=settings.TUNING_STALE_AFTER_S)
+        with transaction.atomic():
+            run = TuningRun.objects.select_for_update().filter(pk=run_id, lease=lease).first()
+            if run is None:
+                return
+            run.status, run.lease = TuningRun.Status.QUEUED, ""
+            run.save(update_fields=["status", "lease"])
+            dispatch_run(run)
+    except TRANSIENT_DB_ERRORS as exc:
+        log.warning("run %s: database still unreachable (%s); recovery will re-queue it", run_id, exc)
+
+
+def _step_back(run_id: int, lease: str) -> None:
+    """Give the run up as if this executor had died (`_executor_lost`), re-queueing it when it may go on."""
+    with transaction.atomic():
+        run = TuningRun.objects.select_for_update().filter(pk=run_id, lease=lease).first()
+        if run is None:
+            return
+        _executor_lost(run)
+        if run.status == TuningRun.Status.QUEUED:
+            dispatch_run(run)
 
 
 def resolve_run_target(run: TuningRun, lease: str) -> None:

@@ -15,9 +15,12 @@ from core.fieldtext import fit_to_field
 from tuning import adapters
 from tuning.adapters import LeaseLost
 from tuning.engine import verdict as verdict_rule
+from tuning.adapters.reconnect import lease_margin_s, wait_for_database
 from tuning.engine.parallel_error import as_fraction
 from tuning.models import DopRound, Measurement, TuningRun, TuningTask
 from tuning.selectors import time_to_parity
+
+from .run_queue import dispatch_when_slot_frees
 
 
 class NoMeasurement(ServiceError):
@@ -29,6 +32,7 @@ def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Pa
     write (or a lost lease) leaves the run, its tasks and the media directory as they were."""
     run = TuningRun.objects.get(pk=run_id)
     comparison = adapters.compile_and_compare(model_proto, work_dir, run)
+    wait_for_database(within_s=lease_margin_s())  # the compile takes minutes: the connection may have dropped
     require_a_measurement(run)
     records_zip = adapters.zip_database(work_dir)
     trim = (summary.get("trimmer") if isinstance(summary, dict) else getattr(summary, "trimmer", None)) or {}
@@ -65,11 +69,29 @@ def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Pa
         raise
 
 
+def close_task_rows(run: TuningRun) -> None:
+    """No task of a stopped run stays "tuning": a paused run's go back to pending (it resumes them); a
+    finished run's are done when they have a valid measurement, else untuned."""
+    open_rows = TuningTask.objects.filter(run_id=run.pk, status__in=[TuningTask.Status.TUNING,
+                                                                     TuningTask.Status.PENDING])
+    if run.status == TuningRun.Status.PAUSED:
+        open_rows.filter(status=TuningTask.Status.TUNING).update(status=TuningTask.Status.PENDING)
+        return
+    open_rows.filter(best_latency_s__isnull=False).update(status=TuningTask.Status.DONE)
+    open_rows.filter(best_latency_s__isnull=True).update(status=TuningTask.Status.UNTUNED)
+
+
 def announce_run_end(run_id: int) -> None:
-    """Tell the team's webhook (if it has one) that the run ended; call it where a run becomes terminal,
-    inside that transaction (core.services.webhooks sends after commit, once per run)."""
+    """Tell the team's webhook (if it has one) that the run ended; call it where a run becomes terminal or
+    paused, inside that transaction (core.services.webhooks sends after commit, once per run). The team's
+    next run waiting for a concurrent-run slot is sent after the commit."""
     run = TuningRun.objects.select_related("model").filter(pk=run_id).first()
-    if run is None or run.status not in TuningRun.TERMINAL:
+    if run is None:
+        return
+    if run.status not in TuningRun.ACTIVE:  # ended or paused: its concurrent-run slot is free
+        close_task_rows(run)
+        dispatch_when_slot_frees(run.team_id)
+    if run.status not in TuningRun.TERMINAL:
         return
     notify_terminal(team_id=run.team_id, kind="tuning_run", object_id=run.pk, state=run.status, data={
         "model": run.model.name, "trials_done": run.trials_done, "max_trials": run.max_trials,

@@ -8,15 +8,12 @@ from core.services import lock_team_quota
 from tuning import selectors
 
 
-def check_run_quota(*, team_id: int, max_trials: int) -> None:
-    """Concurrent runs, energy and trials of the month. Locks the team's quota row (call inside a
-    transaction), so concurrent starts serialize here."""
+def check_run_quota(*, team_id: int, max_trials: int) -> bool:
+    """Energy and trials of the month (a refusal is a 429 naming the quota); returns whether one of the
+    team's concurrent-run slots is free now (a run without one waits in the team's queue, see
+    tuning.services.run_queue). Locks the team's quota row (call inside a transaction), so concurrent
+    starts serialize here."""
     quota = lock_team_quota(team_id)
-    running = selectors.active_run_count(team_id)
-    if running >= quota.max_concurrent_runs:
-        raise QuotaExceeded(
-            f"Quota 'max concurrent tuning runs' reached: {running} of {quota.max_concurrent_runs} runs are queued "
-            "or running. Wait for one to finish or cancel one.", quota="max_concurrent_runs")
     _check_energy_quota(team_id=team_id, quota=quota, max_trials=max_trials)
     committed = selectors.trials_used_this_month(team_id) + selectors.trials_reserved(team_id)
     if committed + max_trials > quota.tuning_trials_per_month:
@@ -24,6 +21,7 @@ def check_run_quota(*, team_id: int, max_trials: int) -> None:
         raise QuotaExceeded(
             f"Quota 'tuning trials per month' would be exceeded: {max_trials} requested, {left} left of "
             f"{quota.tuning_trials_per_month} this month.", quota="tuning_trials_per_month")
+    return selectors.active_run_count(team_id) < quota.max_concurrent_runs
 
 
 def _check_energy_quota(*, team_id: int, quota, max_trials: int) -> None:

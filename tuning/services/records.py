@@ -100,6 +100,13 @@ def delete_run_files_on_commit(run: TuningRun) -> None:
     transaction.on_commit(delete)
 
 
+def run_deleting(sender, instance: TuningRun, **kwargs) -> None:
+    """pre_delete receiver (connected in TuningConfig.ready): what the run recorded beyond its charges
+    (the energy its heartbeats wrote since the sink last charged) is charged before the row goes, so
+    deleting a running run's model or team (staff) never lowers the month's usage."""
+    adapters.charge_run_usage(instance.pk)
+
+
 def run_deleted(sender, instance: TuningRun, **kwargs) -> None:
     """post_delete receiver (connected in TuningConfig.ready): every path that deletes a run (its model,
     its team, the admin) removes its files on commit."""

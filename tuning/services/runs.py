@@ -1,5 +1,6 @@
-"""The run state machine as users drive it: start (bounds, target, queues, quota), cancel, pause, resume,
-and the one on-commit send of a run to the `tuning` queue."""
+"""The run state machine as users drive it: start (bounds, target, queues, quota: a run over the
+concurrent-run quota waits in its team's queue), cancel, pause, resume (one transition table,
+`TRANSITIONS`), and the one on-commit send of a run to the `tuning` queue."""
 from __future__ import annotations
 
 import os
@@ -11,8 +12,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
-from core.dispatch import send_on_commit
-from core.exceptions import ConflictError, ServiceError
+from core.exceptions import ConflictError, QuotaExceeded, ServiceError
 from core.models import DLModel
 from core.permissions import require_team_writer
 from core.selectors import energy_model
@@ -24,6 +24,7 @@ from tuning.models import MIN_TRIALS_PER_TASK, RUN_LIMITS, TuningRun, min_trials
 
 from .finish import announce_run_end
 from .quota import check_run_quota
+from .run_queue import dispatch_run, enqueue_run, wait_for_slot  # noqa: F401 - enqueue_run re-exported
 
 SUPPORTED_TARGET_KINDS = TARGET_KINDS
 CONTROL_RUNS = "start or control tuning runs"  # what viewers may not do (PermissionDenied's message)
@@ -136,7 +137,11 @@ def start_run(
     trimmer: bool = False,
     trimmer_options: dict | None = None,
     enqueue: bool = True,
+    queue_when_busy: bool = True,
 ) -> TuningRun:
+    """Validate and store a run, and send it to a worker (`enqueue`) when one of the team's concurrent-run
+    slots is free; otherwise it waits in the team's queue, or, with `queue_when_busy=False` (a caller that
+    executes the run itself), it is refused with 429."""
     require_team_writer(actor, model.team_id, CONTROL_RUNS)
     require_ready(model)
     target = validate_target(target or settings.DEFAULT_TUNING_TARGET)
@@ -161,7 +166,11 @@ def start_run(
     grid = model.team.grid_intensity_g_per_kwh
     platform_energy = energy_model()
     with transaction.atomic():
-        check_run_quota(team_id=model.team_id, max_trials=max_trials)
+        slot_free = check_run_quota(team_id=model.team_id, max_trials=max_trials)
+        if not slot_free and not queue_when_busy:
+            raise QuotaExceeded("Quota 'max concurrent tuning runs' reached: every run slot of the team is taken. "
+                                "Wait for a run to finish, cancel one, or send the run to a worker, where it "
+                                "waits for a slot.", quota="max_concurrent_runs")
         run = TuningRun.objects.create(
             team_id=model.team_id, model=model, created_by=actor, target=target, target_kind=target["kind"],
             max_trials=max_trials, trials_per_round=trials_per_round, measurement_mode=measurement_mode,
@@ -169,86 +178,117 @@ def start_run(
             trimmer_enabled=bool(trimmer), trimmer_options=trimmer_cfg if trimmer else {},
             grid_intensity_g_per_kwh=grid if grid is not None else platform_energy.grid_intensity_g_per_kwh,
             energy_model=adapters.energy_model_snapshot(platform_energy),
+            waiting_since=None if slot_free else timezone.now(),
         )
-        if enqueue:
+        if enqueue and slot_free:
             dispatch_run(run)
     return run
-
-
-def enqueue_run(run: TuningRun) -> None:
-    """Send the run to the `tuning` queue once the transaction commits.
-
-    The run is committed by then, so a broker outage must not turn the request into a 500: the run is
-    paused instead (nothing it did is lost; resume it once the broker is back), with the reason in
-    `error`, in the database and on `run`, which the caller answers with."""
-
-    def pause_for_broker(exc: BaseException) -> None:
-        run.status = TuningRun.Status.PAUSED
-        run.error = (f"Could not be queued: the task broker is unreachable ({exc}). The run is paused; "
-                     "resume it when the broker is back.")
-        TuningRun.objects.filter(pk=run.pk, status=TuningRun.Status.QUEUED).update(
-            status=run.status, error=run.error, lease="")
-
-    send_on_commit(lambda: _tasks().execute_run.delay(run.pk), what=f"tuning run {run.pk}",
-                   on_error=pause_for_broker)
-
-
-def _tasks():
-    from tuning import tasks  # services import tasks only when they send one (tasks import services)
-
-    return tasks
-
-
-def dispatch_run(run: TuningRun) -> None:
-    """How every service sends a run (tests replace `enqueue_run`, looked up here at call time)."""
-    enqueue_run(run)
 
 
 def locked(run: TuningRun) -> TuningRun:
     return TuningRun.objects.select_for_update().get(pk=run.pk)
 
 
-@transaction.atomic
-def cancel_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
-    run = locked(run)
-    require_team_writer(actor, run.team_id, CONTROL_RUNS)
+class Control:
+    """What a user asks of a run."""
+
+    CANCEL, PAUSE, RESUME = "cancel", "pause", "resume"
+
+
+S, A = TuningRun.Status, TuningRun.Action
+
+
+class Outcome:
+    """The kinds of answer the transition table gives (see TRANSITIONS)."""
+
+    STOP_NOW = "stop_now"  # status set now, nothing is running
+    REQUEST = "request"  # a running run: ask the engine, which stops at its next control poll (once a round)
+    CLEAR_REQUEST = "clear_request"  # a pending pause withdrawn: the run goes on
+    REQUEUE = "requeue"  # a paused run sent again (or queued for a slot)
+    UNCHANGED = "unchanged"  # asked again what is already asked or true: answered as is
+    REFUSED = "refused"  # 409
+
+
+# (status, pending request) x control -> (outcome, new status, new pending request). One table, so every
+# transition is visible and tested (tests/tuning/test_run_control.py walks it): cancel wins over a pending
+# pause (a later pause does not undo it), a pending pause can be withdrawn by resume, a paused or waiting run
+# is stopped at once.
+TRANSITIONS: dict[tuple[str, str, str], tuple[str, str | None, str | None]] = {
+    (S.QUEUED, A.NONE, Control.CANCEL): (Outcome.STOP_NOW, S.CANCELLED, A.NONE),
+    (S.QUEUED, A.NONE, Control.PAUSE): (Outcome.STOP_NOW, S.PAUSED, A.NONE),
+    (S.QUEUED, A.NONE, Control.RESUME): (Outcome.UNCHANGED, None, None),
+    (S.RUNNING, A.NONE, Control.CANCEL): (Outcome.REQUEST, None, A.CANCEL),
+    (S.RUNNING, A.NONE, Control.PAUSE): (Outcome.REQUEST, None, A.PAUSE),
+    (S.RUNNING, A.NONE, Control.RESUME): (Outcome.UNCHANGED, None, None),
+    (S.RUNNING, A.PAUSE, Control.CANCEL): (Outcome.REQUEST, None, A.CANCEL),
+    (S.RUNNING, A.PAUSE, Control.PAUSE): (Outcome.UNCHANGED, None, None),
+    (S.RUNNING, A.PAUSE, Control.RESUME): (Outcome.CLEAR_REQUEST, None, A.NONE),
+    (S.RUNNING, A.CANCEL, Control.CANCEL): (Outcome.UNCHANGED, None, None),
+    (S.RUNNING, A.CANCEL, Control.PAUSE): (Outcome.REFUSED, None, None),
+    (S.RUNNING, A.CANCEL, Control.RESUME): (Outcome.REFUSED, None, None),
+    (S.PAUSED, A.NONE, Control.CANCEL): (Outcome.STOP_NOW, S.CANCELLED, A.NONE),
+    (S.PAUSED, A.NONE, Control.PAUSE): (Outcome.UNCHANGED, None, None),
+    (S.PAUSED, A.NONE, Control.RESUME): (Outcome.REQUEUE, S.QUEUED, A.NONE),
+}
+
+
+def transition(status: str, requested_action: str, control: str) -> tuple[str, str | None, str | None]:
+    """The table's answer; a finished run, and any pair the table lacks, refuses every control."""
+    return TRANSITIONS.get((status, requested_action or A.NONE, control), (Outcome.REFUSED, None, None))
+
+
+_DONE = {Control.CANCEL: "cancelled", Control.PAUSE: "paused", Control.RESUME: "resumed"}
+
+
+def _refusal(run: TuningRun, control: str) -> ConflictError:
     if run.status in TuningRun.TERMINAL:
-        raise ConflictError(f"Run {run.pk} is already {run.status}.")
-    if run.status in (TuningRun.Status.QUEUED, TuningRun.Status.PAUSED):
-        run.status, run.finished_at = TuningRun.Status.CANCELLED, timezone.now()
-        run.requested_action = TuningRun.Action.NONE
-    else:  # running: the engine stops between rounds and the executor records it
-        run.requested_action = TuningRun.Action.CANCEL
-    run.save(update_fields=["status", "finished_at", "requested_action"])
-    announce_run_end(run.pk)  # cancelled now (a no-op for a requested cancel)
-    return run
+        return ConflictError(f"Run {run.pk} is already {run.status}.")
+    if run.requested_action == A.CANCEL:
+        return ConflictError(f"Run {run.pk} is being cancelled (cancel requested); it cannot be {_DONE[control]}.")
+    return ConflictError(f"Run {run.pk} is {run.status}; it cannot be {_DONE[control]}.")
 
 
 @transaction.atomic
+def control_run(*, actor: AbstractBaseUser, run: TuningRun, control: str) -> TuningRun:
+    """Apply a user's cancel, pause or resume to the run by the transition table."""
+    run = locked(run)
+    require_team_writer(actor, run.team_id, CONTROL_RUNS)
+    outcome, new_status, new_request = transition(run.status, run.requested_action, control)
+    if outcome == Outcome.REFUSED:
+        raise _refusal(run, control)
+    if outcome == Outcome.UNCHANGED:
+        return run
+    fields = ["requested_action"]
+    run.requested_action = new_request
+    if outcome == Outcome.REQUEUE:
+        slot_free = check_run_quota(team_id=run.team_id, max_trials=0)
+        run.status, run.error = new_status, ""
+        if not slot_free:
+            wait_for_slot(run)
+        fields += ["status", "error", "waiting_since"]
+    elif outcome == Outcome.STOP_NOW:
+        run.status, run.waiting_since = new_status, None
+        if new_status == S.CANCELLED:
+            run.finished_at = timezone.now()
+        fields += ["status", "finished_at", "waiting_since"]
+    run.save(update_fields=fields)
+    if outcome == Outcome.REQUEUE and run.waiting_since is None:
+        dispatch_run(run)
+    if outcome == Outcome.STOP_NOW:
+        announce_run_end(run.pk)  # a cancel's webhook; the slot it held goes to the team's next waiting run
+    return run
+
+
+def cancel_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
+    return control_run(actor=actor, run=run, control=Control.CANCEL)
+
+
 def pause_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
-    run = locked(run)
-    require_team_writer(actor, run.team_id, CONTROL_RUNS)
-    if run.status == TuningRun.Status.QUEUED:
-        run.status = TuningRun.Status.PAUSED
-    elif run.status == TuningRun.Status.RUNNING:
-        run.requested_action = TuningRun.Action.PAUSE
-    else:
-        raise ConflictError(f"Only queued or running runs can be paused; run {run.pk} is {run.status}.")
-    run.save(update_fields=["status", "requested_action"])
-    return run
+    return control_run(actor=actor, run=run, control=Control.PAUSE)
 
 
-@transaction.atomic
 def resume_run(*, actor: AbstractBaseUser, run: TuningRun) -> TuningRun:
-    run = locked(run)
-    require_team_writer(actor, run.team_id, CONTROL_RUNS)
-    if run.status != TuningRun.Status.PAUSED:
-        raise ConflictError(f"Only paused runs can be resumed; run {run.pk} is {run.status}.")
-    check_run_quota(team_id=run.team_id, max_trials=0)
-    run.status, run.requested_action, run.error = TuningRun.Status.QUEUED, TuningRun.Action.NONE, ""
-    run.save(update_fields=["status", "requested_action", "error"])
-    dispatch_run(run)
-    return run
+    return control_run(actor=actor, run=run, control=Control.RESUME)
 
 
 @transaction.atomic

@@ -181,9 +181,11 @@ def cmd_models_show(args: argparse.Namespace, out: Output) -> int:
 
 def _run_lines(run: Json) -> list[str]:
     lines = [f"Run {run['id']}: {run['model_name']} (model {run['model']}) {run['status']}"
-             + (f", {run['requested_action']} requested" if run.get("requested_action") else ""),
-             f"  target {json.dumps(run['target'])}, mode {run['measurement_mode']}, DOP {run['dop_mode']}"
-             + (", Trimmer" if run.get("trimmer_enabled") else ""),
+             + (f", {run['requested_action']} requested" if run.get("requested_action") else "")
+             + (f", number {run['queue_position']} waiting for a run slot of its team"
+                if run.get("queue_position") else ""),
+             f"  target {json.dumps(run['target'])}, mode {run['measurement_mode']}, DOP {run['dop']}"
+             + (", Trimmer" if run.get("trimmer") else ""),
              (f"  trials {run['trials_done']}/{run['max_trials']}, wall {_num(run.get('wall_seconds'), '{:.1f}')} s, "
               f"final DOP {run.get('final_dop') or '-'}"
               )]
@@ -274,7 +276,7 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
                       target=_target(args.target), mode=args.mode, dop=args.dop, threads=args.threads,
                       seed=args.seed, trimmer=args.trimmer)
     out.note(f"Run {run['id']}: {run['model_name']} on {json.dumps(run['target'])}, {run['max_trials']} trials, "
-             f"mode {run['measurement_mode']}, DOP {run['dop_mode']}: {run['status']}")
+             f"mode {run['measurement_mode']}, DOP {run['dop']}: {run['status']}")
     if args.wait:
         return _follow(client, run, args.interval, out)
     out.emit(run, f"Follow it: dlopt runs show {run['id']} --wait")
@@ -284,7 +286,7 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
 def cmd_runs_list(args: argparse.Namespace, out: Output) -> int:
     runs = _client().runs(team=args.team, model=args.model, status=args.status, limit=args.limit)
     rows = [[r["id"], r["model_name"], r["status"], f"{r['trials_done']}/{r['max_trials']}", r["measurement_mode"],
-             r["dop_mode"], _ms(r.get("tuned_latency_s")), _num(r.get("speedup")), str(r["created_at"])[:19]]
+             r["dop"], _ms(r.get("tuned_latency_s")), _num(r.get("speedup")), str(r["created_at"])[:19]]
             for r in runs]
     out.emit(runs, _table(["ID", "MODEL", "STATUS", "TRIALS", "MODE", "DOP", "TUNED MS", "SPEEDUP", "CREATED"], rows)
              if runs else "No runs.")
@@ -317,8 +319,8 @@ COMPARE_ROWS: list[tuple[str, Callable[[Json], str]]] = [
     ("model", lambda r: str(r["model_name"])),
     ("status", lambda r: str(r["status"])),
     ("mode", lambda r: str(r["measurement_mode"])),
-    ("DOP (final)", lambda r: f"{r['dop_mode']} ({r.get('final_dop') or '-'})"),
-    ("Trimmer", lambda r: "on" if r.get("trimmer_enabled") else "off"),
+    ("DOP (final)", lambda r: f"{r['dop']} ({r.get('final_dop') or '-'})"),
+    ("Trimmer", lambda r: "on" if r.get("trimmer") else "off"),
     ("trials", lambda r: f"{r['trials_done']}/{r['max_trials']}"),
     ("wall s", lambda r: _num(r.get("wall_seconds"), "{:.1f}")),
     ("tuned ms", lambda r: _ms(r.get("tuned_latency_s"))),

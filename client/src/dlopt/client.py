@@ -128,14 +128,14 @@ class Client:
     # --- account and teams ----------------------------------------------------------------------------
 
     def me(self) -> Json:
-        """The caller: id, username, is_staff, teams [{id, name, role}]."""
+        """The caller: id, username, is_staff, teams [{id, slug, name, role}]."""
         return self._object("GET", "me/")
 
     def teams(self) -> list[Json]:
         return self._pages("teams/", {}, None)
 
     def team_id(self, team: str | int) -> int:
-        """A team's id from its id, slug or name (the API takes ids)."""
+        """A team's id from its id, slug or name (the API takes ids and slugs; names are resolved here)."""
         teams = self.teams()
         ref = str(team).strip()
         for key in ("id", "slug", "name"):

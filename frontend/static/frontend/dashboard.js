@@ -9,7 +9,10 @@
 (function () {
   "use strict";
 
-  var PLOT_CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["sendDataToCloud"] };
+  // On a narrow screen Plotly's toolbar sits over the chart title: leave it out there (pinch-zoom still works).
+  var NARROW = window.matchMedia && window.matchMedia("(max-width: 760px)").matches;
+  var PLOT_CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["sendDataToCloud"],
+                      displayModeBar: NARROW ? false : "hover" };
   var POLL_MS = 2000;
 
   function readFigure(id) {
@@ -124,6 +127,32 @@
     return div.data.reduce(function (m, t) { return Math.max(m, (t.x || []).length); }, 0);
   }
 
+  function fmtDuration(s) {
+    if (s < 120) return s.toFixed(1) + " s";
+    var m = Math.floor(Math.round(s) / 60), sec = Math.round(s) % 60;
+    if (m < 120) return m + " min " + (sec < 10 ? "0" : "") + sec + " s";
+    var h = Math.floor(m / 60), mm = m % 60;
+    return h + " h " + (mm < 10 ? "0" : "") + mm + " min";
+  }
+
+  // A running run's wall time and time left tick every second between polls (the server sends when
+  // the attempt began; wall_seconds grows only when an attempt ends).
+  function tickWall() {
+    var wall = document.getElementById("run-wall");
+    var since = wall && wall.getAttribute("data-running-since");
+    if (!since) return;
+    var started = Date.parse(since);
+    if (isNaN(started)) return;
+    var elapsed = Number(wall.getAttribute("data-wall-base") || 0) + Math.max(0, (Date.now() - started) / 1000);
+    wall.textContent = fmtDuration(elapsed) + " so far";
+    var eta = document.getElementById("run-eta");
+    var done = eta ? Number(eta.getAttribute("data-trials-done")) : 0;
+    if (eta && done > 0) {
+      var left = Math.max(0, Number(eta.getAttribute("data-max-trials")) - done) * elapsed / done;
+      eta.textContent = eta.textContent.replace(/^about .*? \(/, "about " + fmtDuration(left) + " (");
+    }
+  }
+
   function applyRun(root, run) {
     var d = run.display || {};
     document.querySelectorAll("[data-field]").forEach(function (el) {
@@ -156,6 +185,17 @@
     });
     var usage = document.getElementById("package-usage");
     if (usage) usage.hidden = !run.has_module;
+    var wall = document.getElementById("run-wall");
+    if (wall) {
+      wall.setAttribute("data-running-since", run.running_since || "");
+      wall.setAttribute("data-wall-base", String(run.wall_seconds || 0));
+    }
+    var eta = document.getElementById("run-eta");
+    if (eta) {
+      eta.setAttribute("data-trials-done", String(run.trials_done || 0));
+      eta.setAttribute("data-max-trials", String(run.max_trials || 0));
+    }
+    tickWall();
     var gap = document.getElementById("estimate-gap");
     if (gap) gap.hidden = !d.estimate_gap;
   }
@@ -331,11 +371,73 @@
     window.setTimeout(tick, POLL_MS / 2);
   }
 
+  // --- navigation: collapses behind a Menu button on narrow screens (CSS decides when) -----------
+  function navToggle() {
+    var button = document.querySelector(".nav-toggle");
+    var bar = document.querySelector(".topbar");
+    if (!button || !bar) return;
+    bar.classList.add("js-nav");
+    button.addEventListener("click", function () {
+      var open = bar.classList.toggle("nav-open");
+      button.setAttribute("aria-expanded", open ? "true" : "false");
+    });
+  }
+
+  // --- start form: show only the options that apply, and the estimate for the chosen budget --------
+  function startForm(form) {
+    var estimates = readFigure("run-estimates") || {};
+    var nodeCores = Number(form.getAttribute("data-node-cores") || 0);
+    function val(name) { var el = form.elements[name]; return el ? el.value : ""; }
+    function checkedValue(name) {
+      var el = form.querySelector("input[name=" + name + "]:checked");
+      return el ? el.value : "";
+    }
+    function fmtEnergy(j) {
+      if (j >= 0.1 * 3.6e6) return (j / 3.6e6).toFixed(3) + " kWh";
+      if (j >= 1000) return (j / 1000).toFixed(2) + " kJ";
+      return j.toFixed(1) + " J";
+    }
+    function update() {
+      var trimmer = form.elements.trimmer_enabled;
+      var details = document.getElementById("trimmer-details");
+      if (details && trimmer) details.hidden = !trimmer.checked;
+      var fixed = document.getElementById("fixed-dop");
+      if (fixed) fixed.hidden = checkedValue("dop_mode") !== "fixed";
+      var note = document.getElementById("dop-note");
+      if (note) {
+        var threads = Number(val("threads")) || Number(val("num_cores")) || nodeCores;
+        var one = val("target_kind") !== "cuda" && (!threads || (nodeCores > 0 && threads * 2 > nodeCores));
+        note.hidden = !one;
+        if (one && nodeCores > 0) {
+          note.textContent = "Each measurement takes " + threads + " of the node's " + nodeCores + " cores, so no two " +
+            "run at once: DOP stays 1 whatever is chosen here. Set fewer threads per measurement (at most " +
+            Math.max(1, Math.floor(nodeCores / 2)) + ") to measure in parallel.";
+        }
+      }
+      var text = document.getElementById("run-estimate-text");
+      var entry = estimates[val("model")];
+      if (text && entry) {
+        var trials = parseInt(val("max_trials"), 10);
+        if (!(trials > 0)) { text.textContent = "Estimate: give the number of trials."; return; }
+        var time = entry.wall_s_per_trial ? "about " + fmtDuration(entry.wall_s_per_trial * trials) : "time unknown";
+        text.textContent = "Estimate for " + trials.toLocaleString("en-US") + " trials: " + time + ", about " +
+          fmtEnergy(entry.joules_per_trial * trials) + " (from " + entry.basis +
+          (entry.tasks ? "; the model has " + entry.tasks + " tuning tasks" : "") + ").";
+      }
+    }
+    form.addEventListener("change", update);
+    form.addEventListener("input", update);
+    update();
+  }
+
   function start() {
+    var startRun = document.getElementById("start-run-form");
+    if (startRun) startForm(startRun);
+    navToggle();
     teamSwitcher();
     drawAll();
     var live = document.getElementById("run-live");
-    if (live) liveRun(live);
+    if (live) { liveRun(live); tickWall(); window.setInterval(tickWall, 1000); }
     var jobForm = document.getElementById("job-form");
     if (jobForm) jobPreview(jobForm);
     var simProgress = document.getElementById("sim-progress");

@@ -87,7 +87,8 @@ class Command(BaseCommand):
             run = services.start_run(
                 actor=owner.user, model=model, max_trials=opt["trials"], target=target,
                 trials_per_round=opt["trials_per_round"], measurement_mode=opt["mode"], dop=dop,
-                threads=opt["threads"], options=options, enqueue=opt["worker"])
+                threads=opt["threads"], options=options, enqueue=opt["worker"],
+                queue_when_busy=opt["worker"])  # run here: no waiting for a slot the queue would give
         except ServiceError as exc:
             raise CommandError(str(exc)) from exc
         out = sys.stderr if opt["json"] else self.stdout
