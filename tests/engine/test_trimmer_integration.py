@@ -95,7 +95,7 @@ def test_plateaus_are_judged_only_after_the_cost_model_warm_up():
         TrimmerConfig.from_dict({"judge_after_trials": -1})
 
 
-# --- real tuning runs (small ONNX CNN, 6 tasks) ---------------------------------------------
+# --- real tuning runs (small ONNX CNN, 5 tasks) ---------------------------------------------
 
 @pytest.fixture(scope="module")
 def cnn():
