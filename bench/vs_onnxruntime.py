@@ -26,10 +26,21 @@ run and TVM's own warm-up call). Outputs of both TVM builds are checked against
 onnxruntime's (|tvm - ort| <= 1e-4 * max(1, max|ort|) + 1e-4 * |ort|).
 
     .venv/bin/python bench/vs_onnxruntime.py [--quick] [--models small_cnn,...] [--threads 2]
-                                             [--trials N] [--json bench/results/vs_onnxruntime.json]
+                                             [--trials N | --budget-minutes M] [--ablation]
+                                             [--json bench/results/vs_onnxruntime.json]
+
+``--budget-minutes M`` tunes every job for M minutes of wall time (the sink cancels
+tuning between rounds once they are spent; the trial budget is then unbounded unless
+``--trials`` is given too). ``--ablation`` tunes each model once per pass selection
+(:data:`ABLATION`: the shipped v1 pipeline, + ``layout_rewrite``, + ``convert_layout``,
++ both), each its own job and row, so every layout pass is measured on its own.
 
 ``overall.tvm_vs_ort_latency_ratio`` is the geomean over models of tuned TVM
-(mcpu target) / onnxruntime; ``..._no_mcpu`` the same for today's target.
+(mcpu target, the default pass selection where it ran, else the row run) /
+onnxruntime; ``..._no_mcpu`` the same for the portable target; ``by_row`` the
+geomean of every row; ``estimate_vs_compiled`` the largest relative gap between
+a job's end-to-end estimate (sum over tasks of weight x best measured latency)
+and its compiled tuned latency.
 On a shared machine every figure is noisy: the load average is in the JSON.
 """
 
@@ -62,14 +73,23 @@ BUDGETS = {
 }
 QUICK = {"small_cnn": (160, 16)}
 VARIANTS = ("mcpu", "no-mcpu")
+# --ablation: (row label, pass selection); the label says what is added to the shipped v1 pipeline
+ABLATION = (
+    ("shipped", ("fold_batchnorm",)),
+    ("+layout_rewrite", ("fold_batchnorm", "layout_rewrite")),
+    ("+convert_layout", ("fold_batchnorm", "convert_layout")),
+    ("+both", ("fold_batchnorm", "convert_layout", "layout_rewrite")),
+)
+UNBOUNDED_TRIALS = 1_000_000  # --budget-minutes without --trials: the wall-time budget stops tuning
 
 
 # --------------------------------------------------------------------------- child
 class ParitySink(NullSink):
     """Follows the best-so-far end-to-end estimate; remembers when it first reached ``goal_s``."""
 
-    def __init__(self, goal_s: float | None):
+    def __init__(self, goal_s: float | None, budget_s: float | None = None):
         self.goal_s = goal_s
+        self.budget_s = budget_s
         self.t0 = time.perf_counter()
         self.weights: dict[int, float] = {}
         self.best: dict[int, float] = {}
@@ -89,6 +109,12 @@ class ParitySink(NullSink):
                 if lat is not None and lat < 1e9 and lat < self.best.get(rec.task_index, float("inf")):
                     self.best[rec.task_index] = lat
             self._update()
+
+    def control(self):
+        """Cancel (between rounds: the measured records stay in the database) once the wall budget is spent."""
+        if self.budget_s is not None and time.perf_counter() - self.t0 >= self.budget_s:
+            return "cancel"
+        return None
 
     def _update(self) -> None:
         if not self.weights or set(self.best) < set(self.weights):
@@ -144,7 +170,8 @@ def _tune_and_compare(spec: dict) -> dict:
     t0 = time.perf_counter()
     untuned_out, untuned_ms = _time_tvm(compile_model(mod, target), inputs, target, spec)
     untuned_wall = time.perf_counter() - t0
-    sink = ParitySink(ort_before.latency_median_ms / 1e3)
+    budget_s = spec["budget_minutes"] * 60 if spec.get("budget_minutes") else None
+    sink = ParitySink(ort_before.latency_median_ms / 1e3, budget_s)
     summary = run_tuning(mod, tuning_config(dict(spec, target=target)), sink)
     tuned = compile_model(mod, target, database=open_database(spec["work_dir"]))
     tuned_out, tuned_ms = _time_tvm(tuned, inputs, target, spec)
@@ -152,14 +179,18 @@ def _tune_and_compare(spec: dict) -> dict:
     from tuning.engine.yardstick import compare_outputs
 
     untuned_agree, untuned_err = compare_outputs(untuned_out, ort_after.outputs)
+    estimate_ms = (summary.best_latency_s or 0) * 1e3 or None
     return {
+        "variant": spec["variant"], "row": spec["row"], "passes": list(spec["passes"]),
         "target": target, "target_key": canonical_key(target), "pipeline_key": pipeline_key(),
         "n_tasks": len(summary.tasks), "tasks_without_records": [t.name for t in summary.tasks if not t.n_records],
         "ort_before": ort_before.to_dict(), "ort": ort_after.to_dict(),
         "untuned_ms": untuned_ms, "untuned_compile_and_time_s": untuned_wall, "tuned_ms": tuned_ms,
         "tuned_outputs_agree": ort_after.outputs_agree, "tuned_max_abs_err": ort_after.max_abs_err,
         "untuned_outputs_agree": untuned_agree, "untuned_max_abs_err": untuned_err,
-        "tuning_wall_s": summary.wall_secs, "trials": sink.trials, "estimate_ms": (summary.best_latency_s or 0) * 1e3 or None,
+        "tuning_wall_s": summary.wall_secs, "trials": sink.trials, "estimate_ms": estimate_ms,
+        "estimate_vs_compiled": abs(estimate_ms - tuned_ms) / tuned_ms if estimate_ms else None,
+        "budget_minutes": spec.get("budget_minutes"), "status": summary.status, "stop_reason": summary.stop_reason,
         "parity": sink.parity, "trajectory": sink.trajectory[:: max(1, len(sink.trajectory) // 40)],
         "ratio": tuned_ms / ort_after.latency_median_ms,
     }
@@ -181,14 +212,34 @@ def _parse(argv):
     ap.add_argument("--variants", default=",".join(VARIANTS), help="mcpu,no-mcpu (default both)")
     ap.add_argument("--threads", type=int, default=None, help="deployment/measurement threads (default: all cores)")
     ap.add_argument("--trials", type=int, default=None, help="override every model's budget")
+    ap.add_argument("--budget-minutes", type=float, default=None,
+                    help="tune each job for this many minutes of wall time (stops between rounds)")
     ap.add_argument("--passes", default=None, help="graph passes, comma list or 'none' (default: graph_passes.DEFAULT)")
+    ap.add_argument("--ablation", action="store_true",
+                    help="one job per pass selection: shipped v1, +layout_rewrite, +convert_layout, +both")
     ap.add_argument("--repeat", type=int, default=10, help="timing repeats, both engines")
     ap.add_argument("--population", type=int, default=None, help="evolutionary population (quick: 128, else 512)")
     ap.add_argument("--genetic-iters", type=int, default=None, help="genetic iterations (quick: 2, else 4)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the result JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the work directories")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.budget_minutes is not None and args.budget_minutes <= 0:
+        ap.error("--budget-minutes must be positive")
+    if args.trials is not None and args.trials <= 0:
+        ap.error("--trials must be positive")
+    if args.ablation and args.passes is not None:
+        ap.error("--ablation runs its own pass selections; drop --passes")
+    try:
+        from tuning.engine.graph_passes import normalize_passes
+
+        normalize_passes(args.passes)
+    except ValueError as exc:
+        ap.error(str(exc))
+    unknown = sorted(set(v for v in args.variants.split(",") if v) - set(VARIANTS))
+    if unknown:
+        ap.error(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    return args
 
 
 def _specs(args, root: Path, threads: int) -> list[dict]:
@@ -197,15 +248,21 @@ def _specs(args, root: Path, threads: int) -> list[dict]:
     budgets = QUICK if args.quick else BUDGETS
     names = args.models.split(",") if args.models else list(budgets)
     variants = [v for v in args.variants.split(",") if v]
+    selections = ABLATION if args.ablation else ((None, normalize_passes(args.passes)),)
+    jobs = [(variant, row, passes) for variant in variants for row, passes in selections]
     specs = []
     for i, name in enumerate(names):
         trials, per_round = budgets.get(name) or BUDGETS.get(name) or (640, 32)
-        for variant in (variants if i % 2 == 0 else list(reversed(variants))):
-            label = f"{name}__{variant}"
+        if args.budget_minutes and not args.trials:
+            trials = UNBOUNDED_TRIALS
+        for variant, row, passes in (jobs if i % 2 == 0 else list(reversed(jobs))):
+            row = f"{variant} {row}" if row else variant
+            label = f"{name}__{row.replace(' ', '_').replace('+', 'with_')}"
             specs.append({
-                "label": label, "model": name, "variant": variant, "threads": threads,
+                "label": label, "model": name, "variant": variant, "row": row, "threads": threads,
                 "trials": args.trials or trials, "per_round": per_round, "seed": args.seed,
-                "passes": list(normalize_passes(args.passes)), "repeat": args.repeat,
+                "budget_minutes": args.budget_minutes,
+                "passes": list(normalize_passes(passes)), "repeat": args.repeat,
                 "population": args.population or (128 if args.quick else None),
                 "genetic_iters": args.genetic_iters or (2 if args.quick else None),
                 "work_dir": str(root / label), "out": str(root / f"{label}.json"),
@@ -218,12 +275,11 @@ def _fmt(v, digits=3) -> str:
 
 
 def _rows(results: dict) -> list[dict]:
+    """One row per model: every job's result under its row label (``mcpu``, ``mcpu +both``, ...)."""
     rows = []
-    for name, by_variant in results.items():
-        row = {"model": name}
-        for variant, r in by_variant.items():
-            row[variant] = r
-        ok = [r for r in by_variant.values() if "error" not in r]
+    for name, by_row in results.items():
+        row = {"model": name, "jobs": by_row}
+        ok = [r for r in by_row.values() if "error" not in r]
         row["ort_ms"] = min((r["ort"]["latency_median_ms"] for r in ok), default=None)
         rows.append(row)
     return rows
@@ -231,32 +287,50 @@ def _rows(results: dict) -> list[dict]:
 
 def _print_table(rows: list[dict]) -> None:
     print()
-    print(f"{'model':14s} {'variant':8s} {'tasks':>5s} {'trials':>6s} {'ORT ms':>9s} {'untuned':>10s} {'tuned':>9s} "
-          f"{'ratio':>6s} {'parity trials/wall':>19s} {'agree':>5s} {'tune s':>7s}")
+    print(f"{'model':14s} {'row':24s} {'tasks':>5s} {'trials':>6s} {'ORT ms':>9s} {'untuned':>10s} {'tuned':>9s} "
+          f"{'est ms':>9s} {'ratio':>6s} {'parity trials/wall':>19s} {'agree':>5s} {'tune s':>7s}")
     for row in rows:
-        for variant in VARIANTS:
-            r = row.get(variant)
-            if r is None:
-                continue
+        for label, r in row["jobs"].items():
             if "error" in r:
-                print(f"{row['model']:14s} {variant:8s} failed: {r['error'][:120]}")
+                print(f"{row['model']:14s} {label:24s} failed: {r['error'][:120]}")
                 continue
             par = r.get("parity")
             par_s = f"{par['trials']} / {par['wall_s']:.0f} s" if par else "not reached"
-            print(f"{row['model']:14s} {variant:8s} {r['n_tasks']:5d} {r['trials']:6d} {_fmt(r['ort']['latency_median_ms']):>9s} "
-                  f"{_fmt(r['untuned_ms']):>10s} {_fmt(r['tuned_ms']):>9s} {_fmt(r['ratio'], 2):>6s} {par_s:>19s} "
+            print(f"{row['model']:14s} {label:24s} {r['n_tasks']:5d} {r['trials']:6d} {_fmt(r['ort']['latency_median_ms']):>9s} "
+                  f"{_fmt(r['untuned_ms']):>10s} {_fmt(r['tuned_ms']):>9s} {_fmt(r['estimate_ms']):>9s} "
+                  f"{_fmt(r['ratio'], 2):>6s} {par_s:>19s} "
                   f"{str(bool(r['tuned_outputs_agree'] and r['untuned_outputs_agree'])):>5s} {r['tuning_wall_s']:7.0f}")
+
+
+def _headline(row: dict, variant: str) -> dict | None:
+    """The job of ``variant`` that speaks for the model: the default pass selection where it ran, else the
+    variant's only (or first) job."""
+    from tuning.engine.graph_passes import DEFAULT
+
+    jobs = [r for r in row["jobs"].values() if "error" not in r and r.get("variant") == variant]
+    return next((r for r in jobs if tuple(r.get("passes", ())) == DEFAULT), jobs[0] if jobs else None)
 
 
 def _overall(rows: list[dict]) -> dict:
     def ratios(variant):
-        return [row[variant]["ratio"] for row in rows if variant in row and "error" not in row[variant]]
+        return [job["ratio"] for job in (_headline(row, variant) for row in rows) if job is not None]
 
+    by_row: dict[str, list[float]] = {}
+    gaps = []
+    for row in rows:
+        for label, r in row["jobs"].items():
+            if "error" in r:
+                continue
+            by_row.setdefault(label, []).append(r["ratio"])
+            if r.get("estimate_vs_compiled") is not None:
+                gaps.append(r["estimate_vs_compiled"])
     return {
         "tvm_vs_ort_latency_ratio": geomean(ratios("mcpu")),
         "tvm_vs_ort_latency_ratio_no_mcpu": geomean(ratios("no-mcpu")),
+        "by_row": {label: geomean(values) for label, values in by_row.items()},
+        "estimate_vs_compiled": max(gaps) if gaps else None,
         "models_at_or_below_parity": [row["model"] for row in rows
-                                      if "mcpu" in row and "error" not in row["mcpu"] and row["mcpu"]["ratio"] <= 1.0],
+                                      if (job := _headline(row, "mcpu")) is not None and job["ratio"] <= 1.0],
     }
 
 
@@ -270,7 +344,8 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     machine = machine_info(threads=threads)
     specs = _specs(args, root, threads)
-    print(f"# vs_onnxruntime: {len(specs)} jobs, threads={threads}, quick={args.quick}, passes={specs[0]['passes'] if specs else []}")
+    print(f"# vs_onnxruntime: {len(specs)} jobs, threads={threads}, quick={args.quick}, ablation={args.ablation}, "
+          f"budget_minutes={args.budget_minutes}, passes={specs[0]['passes'] if specs else []}")
     print(f"# machine: {machine['cpu']}, load average at start {machine.get('loadavg')}")
     results: dict[str, dict] = {}
     for spec in specs:
@@ -279,17 +354,21 @@ def main(argv=None) -> int:
             res = run_child(SCRIPT, spec, timeout=4 * 3600)
         except Exception as exc:  # noqa: BLE001 - one failed model must not lose the others
             res = {"error": str(exc)[-2000:]}
-        results.setdefault(spec["model"], {})[spec["variant"]] = res
+        results.setdefault(spec["model"], {})[spec["row"]] = res
         print(f"  {spec['label']:28s} job {time.perf_counter() - t0:7.1f} s", flush=True)
     rows = _rows(results)
     _print_table(rows)
     overall = _overall(rows)
     print(f"\noverall tuned TVM / onnxruntime (geomean): mcpu {_fmt(overall['tvm_vs_ort_latency_ratio'], 2)}, "
-          f"no-mcpu {_fmt(overall['tvm_vs_ort_latency_ratio_no_mcpu'], 2)}")
+          f"no-mcpu {_fmt(overall['tvm_vs_ort_latency_ratio_no_mcpu'], 2)}; estimate vs compiled, largest gap "
+          f"{_fmt(overall['estimate_vs_compiled'], 2)}")
+    for label, ratio in overall["by_row"].items():
+        print(f"  {label:24s} geomean ratio {_fmt(ratio, 2)}")
     machine["loadavg_end"] = list(os.getloadavg())
     result = {
         "benchmark": "vs_onnxruntime", "overall": overall, "models": rows, "machine": machine,
-        "settings": {"quick": args.quick, "threads": threads, "repeat": args.repeat, "specs": specs},
+        "settings": {"quick": args.quick, "threads": threads, "repeat": args.repeat, "ablation": args.ablation,
+                 "budget_minutes": args.budget_minutes, "specs": specs},
         "bench_wall_s": time.perf_counter() - started,
     }
     write_result(result, json_path=args.json, work_root=root, keep=args.keep)

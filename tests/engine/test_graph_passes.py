@@ -121,3 +121,169 @@ def test_pass_selection_by_name():
 def test_no_pass_returns_the_module_unchanged(model):
     mod = rp.onnx_to_relax(model)
     assert gp.optimize_for_inference(mod, gp.NONE) is mod
+
+
+# --------------------------------------------------------------------------- data layout (the LAYOUT ablation)
+LAYOUT_SELECTIONS = (
+    gp.SHIPPED_V1,
+    ("fold_batchnorm", "layout_rewrite"),
+    ("fold_batchnorm", "convert_layout"),
+    ("fold_batchnorm", "convert_layout", "layout_rewrite"),
+)
+
+
+def _conv_input_shapes(model, target) -> list[tuple[int, ...]]:
+    """Shape of every buffer of the conv tasks' PrimFuncs."""
+    import re
+
+    shapes = []
+    for task in rp.extract_tasks(model, target):
+        if "conv2d" in task.task_name:
+            script = re.sub(r"T\.int(?:32|64)\((\d+)\)", r"\1", task.dispatched[0]["main"].script())
+            for dims in re.findall(r"T\.Buffer\(\(([\d, ]+)\)", script):
+                shapes.append(tuple(int(d) for d in dims.split(",") if d.strip()))
+    return shapes
+
+
+def test_convert_layout_is_a_named_graph_pass_after_fold_batchnorm():
+    assert gp.PASS_ORDER.index("fold_batchnorm") < gp.PASS_ORDER.index("convert_layout")
+    assert gp.inference_passes(["convert_layout"], gp.GRAPH)
+    assert gp.inference_passes(["convert_layout"], gp.TASKS) == []
+    assert gp.inference_passes(["convert_layout"], gp.TUNED) == []
+    # selectable by name; the default waits for a quiet, full-budget ablation (graph_passes' docstring)
+    assert gp.LAYOUT == ("fold_batchnorm", "convert_layout", "layout_rewrite")
+    assert gp.DEFAULT == gp.SHIPPED_V1
+    assert gp.pipeline_key(gp.LAYOUT) == f"{gp.PIPELINE_NAME}/{gp.PIPELINE_VERSION}:fold_batchnorm+convert_layout+layout_rewrite"
+
+
+def test_every_layout_pass_selection_has_its_own_pipeline_key():
+    keys = {gp.pipeline_key(p) for p in LAYOUT_SELECTIONS}
+    assert len(keys) == len(LAYOUT_SELECTIONS)
+    assert gp.pipeline_key(gp.SHIPPED_V1) != gp.pipeline_key(gp.SHIPPED_V1 + ("convert_layout",))
+
+
+def test_convert_layout_gives_nhwc_conv_tasks(model, cpu_target):
+    with gp.use_passes(gp.SHIPPED_V1):
+        nchw = _conv_input_shapes(model, cpu_target)
+    with gp.use_passes(["fold_batchnorm", "convert_layout"]):
+        nhwc = _conv_input_shapes(model, cpu_target)
+    assert (1, 3, 16, 16) in nchw and (1, 16, 16, 3) not in nchw
+    assert (1, 16, 16, 3) in nhwc and (1, 3, 16, 16) not in nhwc
+    assert (8, 3, 3, 3) in nhwc  # OHWI weight of the first conv (O=8, I=3)
+
+
+def test_layout_passes_compute_the_same(model, cpu_target):
+    """Untuned builds under every layout selection give the outputs of the pipeline without passes (the
+    executable keeps its NCHW interface: the transposes sit inside it)."""
+    inputs = rp.random_inputs(model)
+    with gp.use_passes(gp.NONE):
+        ref, _ = rp.run_and_time(rp.compile_model(model, cpu_target), inputs, cpu_target, number=1, repeat=1, threads=1)
+    for passes in LAYOUT_SELECTIONS:
+        with gp.use_passes(passes):
+            out, _ = rp.run_and_time(rp.compile_model(model, cpu_target), inputs, cpu_target, number=1, repeat=1,
+                                     threads=1)
+        assert out[0].shape == ref[0].shape
+        np.testing.assert_allclose(out[0], ref[0], rtol=1e-4, atol=1e-5, err_msg=str(passes))
+
+
+def test_records_of_one_pipeline_match_no_task_of_another(model, cpu_target):
+    """TVM's database finds a record by its task's workload hash: a conv record tuned under the shipped pipeline
+    (NCHW) has a hash no conv task of the layout pipeline (NHWC) has, so it is never applied there; and the
+    pipeline keys, part of the cache and result identity, differ too."""
+    from tuning.engine.record_cache import task_workloads
+
+    def conv_hashes(passes):
+        with gp.use_passes(passes):
+            return {w["workload_hash"] for w in task_workloads(model, cpu_target) if "conv2d" in w["name"]}
+
+    v1, v2 = conv_hashes(gp.SHIPPED_V1), conv_hashes(gp.LAYOUT)
+    assert v1 and v2 and not (v1 & v2)
+
+
+def _layout_rewritten_schedule(mod, target):
+    """A conv task's first design space with every CPU postproc applied, as MetaSchedule measures it."""
+    from tvm.s_tir import meta_schedule as ms
+
+    ctx = ms.TuneContext(mod=mod, target=rp.make_target(target), space_generator="post-order-apply",
+                         num_threads=1).clone()
+    postprocs = ctx.space_generator.postprocs
+    sch = ctx.space_generator.generate_design_space(ctx.mod)[0]
+    for postproc in postprocs:
+        assert postproc.apply(sch), type(postproc).__name__
+    return sch, postprocs
+
+
+def test_cpu_tuning_applies_rewrite_layout_to_layout_free_weights(model, cpu_target):
+    """The space generator the engine tunes with (post-order-apply, search._tune_contexts) carries TVM's
+    RewriteLayout postproc on CPU targets, and with layout_rewrite selected it rewrites the conv weights:
+    the scheduled module reads them through a layout-rewrite preprocessing block."""
+    with gp.use_passes(gp.LAYOUT):
+        task = next(t for t in rp.extract_tasks(model, cpu_target) if "conv2d" in t.task_name)
+    sch, postprocs = _layout_rewritten_schedule(task.dispatched[0], cpu_target)
+    assert any(type(p).__name__ == "RewriteLayout" for p in postprocs)
+    assert "layout_rewrite_preproc" in sch.mod.script()
+    assert "transform_layout" in str(sch.trace)
+
+
+def test_a_layout_rewritten_candidate_survives_the_journal(model, cpu_target, tmp_path):
+    """A candidate whose trace carries RewriteLayout's IndexMap is journaled and committed back under the
+    key the sink gave it (TuningRecord.as_json() refuses the IndexMap: the journal must not use it)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuning.engine.database import StreamJournal, commit_streamed, open_json_db, records_by_task
+    from tuning.engine.events import candidate_key
+    from tuning.engine.workloads import collect_tasks
+
+    target = rp.make_target(cpu_target)
+    with gp.use_passes(gp.LAYOUT):
+        tasks = collect_tasks(model, target)
+    i = next(k for k, t in enumerate(tasks) if "conv2d" in t.name)
+    sch, _ = _layout_rewritten_schedule(tasks[i].mod, cpu_target)
+    cand = ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_prim_func(tasks[i].mod["main"]))
+    StreamJournal(str(tmp_path), [t.mod for t in tasks]).record([(i, 0, cand, [1e-3])])
+    db = open_json_db(str(tmp_path))
+    assert commit_streamed(str(tmp_path), db, tasks, target) == 1
+    (rec,) = records_by_task(db, tasks)[i]
+    assert candidate_key(tasks[i].name, rec.trace) == candidate_key(tasks[i].name, sch.trace)
+    assert commit_streamed(str(tmp_path), db, tasks, target) == 0  # known by its key: not committed twice
+
+
+def _transform_layout_trace(index_map_text: str) -> list:
+    return [[["GetSBlock", [], ['"conv"', '"main"'], ["b0"]],
+             ["TransformLayout", ["b0", index_map_text], [2, 0, None, False], []]], []]
+
+
+@pytest.fixture(scope="module")
+def index_map_text():
+    import tvm
+    from tvm.tirx import IndexMap
+
+    return tvm.ir.save_json(IndexMap.from_func(lambda o, i: [o // 4, i, o % 4]))
+
+
+def test_a_layout_rewritten_trace_passes_the_record_check(index_map_text):
+    """RewriteLayout's records (IndexMap as TVM's JSON graph text) are imported and seeded like any other."""
+    from tuning.engine.record_check import check_trace_json
+
+    check_trace_json(_transform_layout_trace(index_map_text))
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda g: g["nodes"].append({"type": "ffi.Function", "data": "x"}), "is not index arithmetic"),
+    (lambda g: g["nodes"].append({"type": "ffi.String", "data": "/etc/passwd"}), "not a plain name"),
+    (lambda g: g["nodes"].append({"type": "ffi.Array", "data": [10 ** 6]}), "outside the graph"),
+    (lambda g: g.update(root_index=0), "root is not an IndexMap"),
+    (lambda g: g.update(b64ndarrays=["AAAA"]), "not a JSON graph"),
+    (lambda g: g["nodes"].append({"type": "ir.Var", "data": {"span": 0, "body": 1}}), "unknown fields"),
+])
+def test_a_tampered_index_map_is_refused(index_map_text, tamper, message):
+    import json
+
+    from tuning.engine.record_check import check_trace_json
+
+    graph = json.loads(index_map_text)
+    tamper(graph)
+    with pytest.raises(ValueError, match=message):
+        check_trace_json(_transform_layout_trace(json.dumps(graph)))
+    with pytest.raises(ValueError, match="not finite JSON"):
+        check_trace_json(_transform_layout_trace("{not json"))

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from tuning.engine import graph_passes
 from tuning.engine import relax_pipeline as rp
 from tuning.engine.testing import tiny_cnn_onnx
 
@@ -15,6 +16,11 @@ def model():
 def test_onnx_to_relax_and_tasks(model, cpu_target):
     mod = rp.onnx_to_relax(model)
     assert "main" in [gv.name_hint for gv in mod.get_global_vars()]
+    with graph_passes.use_passes(graph_passes.LAYOUT):
+        # NHWC convs: one more task, the input's NCHW -> NHWC transpose (the one back to NCHW fuses into
+        # the flatten before the matmul)
+        layout_names = rp.count_tuning_tasks(model, cpu_target)
+    assert len(layout_names) == 6 and "transpose" in "".join(layout_names)
     names = rp.count_tuning_tasks(model, cpu_target)
     assert len(names) == 5
     assert any("conv2d" in n for n in names) and any("matmul" in n for n in names)

@@ -4,6 +4,7 @@ never read, and a gigantic body streams through with bounded memory."""
 from __future__ import annotations
 
 import gzip
+import re
 import sys
 import tracemalloc
 import zlib
@@ -984,8 +985,8 @@ def test_import_refuses_unroll_steps_past_metaschedules_largest(import_run):
         assert _nothing_written(run)
 
 
-@pytest.mark.parametrize("kind,reason", [("unroll", "unrolls loops 8192 times over"),
-                                         ("vectorize", "vectorizes a loop of 8192 lanes")])
+@pytest.mark.parametrize("kind,reason", [("unroll", r"unrolls loops \d{4,} times over"),
+                                         ("vectorize", r"vectorizes a loop of \d{3,} lanes")])
 def test_import_refuses_traces_that_unroll_or_vectorize_past_metaschedules_bounds(import_run, kind, reason):
     """Unroll and Vectorize are MetaSchedule's own instructions, but a trace that fully unrolls a task's
     loop nest built for 147 s and 366 MB, and a 4096-lane vector for more than 200 s: every seed of them
@@ -994,7 +995,18 @@ def test_import_refuses_traces_that_unroll_or_vectorize_past_metaschedules_bound
     from tuning.engine.testing import loop_kind_database
 
     client, run, data = import_run
-    wl, rec = loop_kind_database(_onnx(data), run.target, kind)  # small_cnn's first task: 8192 iterations
+    from tvm.s_tir.schedule import ScheduleError
+
+    # small_cnn's first task whose first block takes it (thousands of iterations; under pipeline v2's NHWC
+    # a conv's padding block refuses a whole-nest vector, so a later task carries it)
+    for index in range(6):
+        try:
+            wl, rec = loop_kind_database(_onnx(data), run.target, kind, task_index=index)
+            break
+        except ScheduleError:
+            continue
+    else:
+        pytest.fail(f"no task of small_cnn takes a whole-nest {kind}")
     resp = _post_import(client, run, wl, rec)
-    assert resp.status_code == 400 and reason in resp.json()["detail"], resp.content[:300]
+    assert resp.status_code == 400 and re.search(reason, resp.json()["detail"]), resp.content[:300]
     assert _nothing_written(run)

@@ -240,7 +240,7 @@ class StreamJournal:
         OSError when the journal cannot be written (the caller then leaves them to the join)."""
         from tvm.s_tir import meta_schedule as ms  # TVM: see the module doc
 
-        from .events import ffi_to_py
+        from .events import record_json
 
         lines = []
         for task, rnd, cand, secs in entries:
@@ -249,7 +249,7 @@ class StreamJournal:
             rec = ms.database.TuningRecord(cand.sch.trace, self._workloads[task],
                                            run_secs=[float(x) for x in secs] or [1e10],
                                            args_info=list(cand.args_info))
-            lines.append({"round": int(rnd), "task": int(task), "record": ffi_to_py(rec.as_json())})
+            lines.append({"round": int(rnd), "task": int(task), "record": record_json(rec)})
         self._append(lines)
 
 

@@ -196,7 +196,21 @@ def ffi_to_py(obj: Any) -> Any:
         return {str(k): ffi_to_py(v) for k, v in obj.items()}
     if hasattr(obj, "value"):
         return ffi_to_py(obj.value)
+    if typename == "IndexMap":
+        # a TransformLayout input (MetaSchedule's RewriteLayout): TVM's database writes it as its
+        # JSON graph string and reads that back, so the same text keeps a trace loadable and its key stable
+        import tvm
+
+        return tvm.ir.save_json(obj)
     return str(obj)
+
+
+def record_json(record) -> list:
+    """A ``TuningRecord`` as the plain JSON TVM's database writes (``TuningRecord.from_json`` reads it).
+    Not ``record.as_json()``: its converter refuses the IndexMap of a layout-rewritten schedule."""
+    from tvm.s_tir.meta_schedule import _ffi_api
+
+    return ffi_to_py(_ffi_api.TuningRecordAsJSON(record))
 
 
 def trace_json(trace) -> str:

@@ -19,6 +19,11 @@ Passes (ablation: name any subset, in :data:`PASS_ORDER`'s order):
   whose weight is a constant (PyTorch's conv-before-BN layout; the zoo's CNNs).
 - ``eliminate_common_subexpr``: ``EliminateCommonSubexpr`` + ``DeadCodeElimination``
   (identical shape computations and unused tuple outputs of batch_norm).
+- ``convert_layout``: ``ConvertLayout`` (:data:`CONV_LAYOUTS`: conv2d to NHWC activations and
+  OHWI weights; elementwise ops and pools follow) + ``FoldConstant``, on the graph after ``fold_batchnorm``,
+  so the conv tasks MetaSchedule extracts and tunes are NHWC ones; transposes remain only
+  at the graph's edges (the executable still takes and returns NCHW). Graphs without convs
+  or pools (transformers) are left as they are.
 - ``layout_rewrite``: TVM's CPU weight prepack (``static_shape_tuning``'s
   ``cpu_weight_prepack``): ``AttachAttrLayoutFreeBuffers`` before extraction, so
   MetaSchedule's RewriteLayout may choose the layout a schedule reads a weight in;
@@ -34,9 +39,16 @@ fuses into its conv task, but it removes BatchNorm's subtract/divide/multiply ep
 and three constant inputs from every conv task of resnet18 (untuned resnet18 1,880 vs
 1,892 ms: the same), so it is in :data:`DEFAULT`. ``eliminate_common_subexpr`` changed
 no task on any zoo model. ``layout_rewrite`` marks every conv task's weights
-layout-free; a 40-trial small_cnn tune with and without it under that load proved
-nothing (both tuned modules timed 128-132 ms, slower than the untuned 24 ms build timed
-minutes before: the load, not the passes), so it stays a switch until a quiet measurement.
+layout-free. ``convert_layout`` + ``layout_rewrite`` (:data:`LAYOUT`): on an Intel host
+(resnet18 at ~920-990 trials, tuned/onnxruntime) the shipped pipeline gave 2.43,
++ layout_rewrite 2.15, + NHWC conversion and the rewrite 1.20; a small depthwise-separable
+CNN at ~180-190 trials 2.49 -> 0.93, the same budgets: the CNN gap was data layout. They
+are not in :data:`DEFAULT` yet: on the loaded 2-core AMD host of the ablation
+(``bench/vs_onnxruntime.py --ablation``; docs/research/tuning-vs-onnxruntime.md, "Data
+layout") small_cnn did not gain and resnet18 could not be tuned far enough to tell, so
+the default waits for a quiet, full-budget ablation. ``convert_layout`` changes only
+graphs with convs; ``layout_rewrite`` also lets MetaSchedule repack a transformer's matmul
+weights (not measured on bert_encoder yet).
 ``CombineParallelMatmul`` did not fire on bert_encoder's Q/K/V projections (their
 weights are constants), so it is not offered.
 """
@@ -49,6 +61,9 @@ from collections.abc import Callable, Iterable, Sequence
 __all__ = [
     "PASS_ORDER",
     "DEFAULT",
+    "SHIPPED_V1",
+    "LAYOUT",
+    "CONV_LAYOUTS",
     "NONE",
     "PIPELINE_NAME",
     "PIPELINE_VERSION",
@@ -76,6 +91,20 @@ def _eliminate_common_subexpr() -> dict[str, list]:
     return {GRAPH: [relax.transform.EliminateCommonSubexpr(), relax.transform.DeadCodeElimination()]}
 
 
+# NHWC activations, OHWI weights: the layout MetaSchedule's x86 rules vectorize a conv's output channels in
+# (innermost, contiguous). Pools take no desired layout (TVM refuses one): they follow their input's, so
+# no transpose sits between a conv and its pool
+CONV_LAYOUTS: dict[str, list[str]] = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
+
+
+def _convert_layout() -> dict[str, list]:
+    from tvm import relax
+
+    # after fold_batchnorm (FoldBatchnormToConv2D matches NCHW convs only); the transposes it leaves at the
+    # graph's edges and the weights' OHWI transposes are constants or cheap tasks, FoldConstant folds the latter
+    return {GRAPH: [relax.transform.ConvertLayout(CONV_LAYOUTS), relax.transform.FoldConstant()]}
+
+
 def _layout_rewrite() -> dict[str, list]:
     from tvm import relax
 
@@ -96,10 +125,18 @@ STAGES = (GRAPH, TASKS, TUNED)
 _PASSES: dict[str, Callable[[], dict[str, list]]] = {
     "fold_batchnorm": _fold_batchnorm,
     "eliminate_common_subexpr": _eliminate_common_subexpr,
+    "convert_layout": _convert_layout,
     "layout_rewrite": _layout_rewrite,
 }
 PASS_ORDER: tuple[str, ...] = tuple(_PASSES)
-DEFAULT: tuple[str, ...] = ("fold_batchnorm",)
+# The default stays the first pipeline's until a quiet-host ablation at real budgets supports the layout
+# passes here (docs/research/tuning-vs-onnxruntime.md, "Data layout": on a loaded 2-core AMD host small_cnn
+# at 96 trials read 0.58 of onnxruntime with it and 0.64 with both layout passes, within that host's noise)
+SHIPPED_V1: tuple[str, ...] = ("fold_batchnorm",)
+DEFAULT: tuple[str, ...] = SHIPPED_V1
+# What the layout ablation selects: NHWC convs and MetaSchedule's weight repacking (the issue's Intel
+# figures: resnet18 tuned/onnxruntime 2.43 -> 1.20 at the same budget)
+LAYOUT: tuple[str, ...] = ("fold_batchnorm", "convert_layout", "layout_rewrite")
 NONE: tuple[str, ...] = ()
 # The pipeline's name and version are part of :func:`pipeline_key`: bump the version whenever the
 # passes after these (``relax_pipeline._fuse_passes``) change what a task's workload is, so records
@@ -144,7 +181,7 @@ def use_passes(passes: Iterable[str] | str | None):
 
 def pipeline_key(passes: Iterable[str] | str | None = None) -> str:
     """Stable name + version of the pipeline a selection gives (default: the selected one), e.g.
-    ``dlopt-relax/1:fold_batchnorm`` (``...:none`` when empty): stored on every run and part of what
+    ``dlopt-relax/2:fold_batchnorm+convert_layout+layout_rewrite`` (``...:none`` when empty): stored on every run and part of what
     identifies a tuning result (``targets.result_identity``)."""
     chosen = _selected if passes is None else normalize_passes(passes)
     return f"{PIPELINE_NAME}/{PIPELINE_VERSION}:{'+'.join(chosen) if chosen else 'none'}"

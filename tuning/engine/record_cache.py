@@ -53,7 +53,7 @@ from common.jsonsafe import loads_finite
 from .cost_model_file import CostModelFileError, check_cost_model_file, data_only
 from .database import (COST_MODEL_FILE, DB_RECORDS, TRIMMER_STATE, imported_records, load_exhausted, open_json_db,
                        record_latency, records_by_task, write_imported)
-from .events import ffi_to_py, trace_json
+from .events import ffi_to_py, record_json, trace_json
 from .record_check import MAX_RECORD_LINE, MAX_WORKLOAD_LINE, RecordError, check_trace_json, recheck_output
 from .trimmer import allocate_trials
 from .workloads import round_size
@@ -204,7 +204,7 @@ def _entry(task, index: int, rec) -> dict | None:
     seed = ms.database.TuningRecord(rec.trace, ms.database.Workload(task.mod), None, rec.target, rec.args_info)
     return {"task_index": index, "task_name": task.name, "workload_hash": _structural_hash(task.mod),
             "workload_json": json.dumps(ffi_to_py(ms.database.Workload(task.mod).as_json())),
-            "record_json": json.dumps(ffi_to_py(seed.as_json())), "trace_digest": trace_digest(text),
+            "record_json": json.dumps(record_json(seed)), "trace_digest": trace_digest(text),
             "args_info": ffi_to_py([a.as_json() for a in rec.args_info or []]),
             "run_secs": secs, "latency_s": latency}
 
@@ -688,7 +688,7 @@ def check_cache_import(workloads: bytes, records: bytes, target, max_records: in
         out.append({"task_name": str(mod["main"].attrs.get("global_symbol", "main")) if mod["main"].attrs else "main",
                     "workload_hash": _structural_hash(mod),
                     "workload_json": json.dumps(ffi_to_py(ms.database.Workload(mod).as_json())),
-                    "record_json": json.dumps(ffi_to_py(clean.as_json())), "trace_digest": trace_digest(text),
+                    "record_json": json.dumps(record_json(clean)), "trace_digest": trace_digest(text),
                     "args_info": ffi_to_py([a.as_json() for a in clean.args_info]), "run_secs": [],
                     "latency_s": None})
     from .targets import canonical_key

@@ -42,6 +42,7 @@ import onnx
 from common.jsonsafe import NonFiniteNumber, loads_finite
 
 from .events import ffi_to_py as _plain
+from .events import record_json
 from .relax_pipeline import make_target
 from .workloads import collect_tasks
 
@@ -200,6 +201,78 @@ def _unroll_step_ok(step) -> bool:
     return type(step) is int and 0 <= step <= MAX_UNROLL_STEP
 
 
+# RewriteLayout's TransformLayout carries its IndexMap as TVM's JSON graph text: node kinds an index map
+# of plain integer arithmetic is made of, and nothing else (no function, no buffer, no string of code)
+INDEX_MAP_NODES = frozenset({
+    "None", "int", "ffi.String", "ffi.Array", "ir.PrimType", "ir.Var", "ir.IntImm", "tirx.IndexMap",
+    "prim.Cast", "prim.Add", "prim.Sub", "prim.Mul", "prim.FloorDiv", "prim.FloorMod", "prim.Min", "prim.Max",
+})
+INDEX_MAP_FIELDS = frozenset({"span", "ty", "value", "name", "a", "b", "dtype", "initial_indices",
+                              "final_indices", "inverse_index_map"})
+MAX_INDEX_MAP_NODES = 4096
+
+
+def check_index_map_json(text) -> None:
+    """Pure-Python check of a TransformLayout's IndexMap as TVM's JSON graph writes it: known keys, node
+    kinds of integer index arithmetic only (:data:`INDEX_MAP_NODES`), node references in range, every
+    string a plain name. Raises ValueError naming the first problem."""
+    if not isinstance(text, str):
+        raise ValueError("an index map is not JSON text")
+    try:
+        graph = loads_finite(text)
+    except (ValueError, NonFiniteNumber, RecursionError):
+        raise ValueError("an index map is not finite JSON") from None
+    if not (isinstance(graph, dict) and set(graph) <= {"root_index", "nodes", "metadata"}
+            and isinstance(graph.get("nodes"), list) and 0 < len(graph["nodes"]) <= MAX_INDEX_MAP_NODES):
+        raise ValueError("an index map is not a JSON graph of at most "
+                         f"{MAX_INDEX_MAP_NODES} nodes")
+    n = len(graph["nodes"])
+
+    def ref(value) -> None:
+        if type(value) is not int or not 0 <= value < n:
+            raise ValueError("an index map node refers outside the graph")
+
+    if type(graph.get("root_index")) is not int or not 0 <= graph["root_index"] < n:
+        raise ValueError("an index map's root is outside the graph")
+    if graph["nodes"][graph["root_index"]].get("type") != "tirx.IndexMap":
+        raise ValueError("an index map's root is not an IndexMap")
+    _check_plain(list((graph.get("metadata") or {}).keys()))
+    for node in graph["nodes"]:
+        if not (isinstance(node, dict) and set(node) <= {"type", "data"}):
+            raise ValueError("an index map node is not {type, data}")
+        kind, data = node.get("type"), node.get("data")
+        if kind not in INDEX_MAP_NODES:
+            raise ValueError(f"an index map node of kind {str(kind)[:60]!r} is not index arithmetic")
+        if kind == "int":
+            if type(data) is not int:
+                raise ValueError("an index map integer is not an integer")
+        elif kind == "ffi.String":
+            _check_plain(data)
+        elif kind == "ffi.Array":
+            if not isinstance(data, list):
+                raise ValueError("an index map array is not a list")
+            for item in data:
+                ref(item)
+        elif data is not None:
+            if not (isinstance(data, dict) and set(data) <= INDEX_MAP_FIELDS):
+                raise ValueError(f"an index map {kind} node has unknown fields")
+            for key, value in data.items():
+                if key == "dtype":
+                    _check_plain(value)
+                elif key != "span" or value != 0:
+                    ref(value)
+
+
+def _without_index_map(inst: list) -> list:
+    """A TransformLayout instruction with its IndexMap input checked (:func:`check_index_map_json`) and
+    replaced by a placeholder name, so the plain-name rule applies to the rest."""
+    inputs = list(inst[1])
+    if len(inputs) >= 2:
+        check_index_map_json(inputs[1])
+        inputs[1] = "index_map"
+    return [inst[0], inputs, inst[2], inst[3]]
+
+
 def check_trace_json(trace) -> None:
     """Pure-Python check of a trace as TVM's JSON writes it (``[instructions, decisions]``, an instruction
     ``[kind, inputs, attrs, outputs]``): MetaSchedule's own kinds and annotation keys, plain names and
@@ -224,7 +297,7 @@ def check_trace_json(trace) -> None:
                 raise ValueError(f"instruction {i} annotates {str(key)[:60]!r}, which is not on the allow-list "
                                  "(meta_schedule.*, " + ", ".join(sorted(ALLOWED_ANNOTATIONS)) + ")")
         try:
-            _check_plain(inst)
+            _check_plain(_without_index_map(inst) if kind == "TransformLayout" else inst)
         except ValueError as exc:
             raise ValueError(f"instruction {i} ({kind}): {exc}") from None
         for name in outputs:  # TVM writes each RV once; a redefined name could launder an unroll step
@@ -483,7 +556,7 @@ def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, m
             text = str(exc).strip()
             errors.append(f"{where}: {text.splitlines()[-1][:300] if text else type(exc).__name__}")
             continue
-        out_records.append(json.dumps([ti, [_plain(rec.as_json())[0], None, None, None]]))  # the trace only
+        out_records.append(json.dumps([ti, [record_json(rec)[0], None, None, None]]))  # the trace only
     if errors:
         return {"errors": errors}
     return {"records": out_records}

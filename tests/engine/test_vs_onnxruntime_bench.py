@@ -1,0 +1,83 @@
+"""bench/vs_onnxruntime.py: the wall-time budget, the per-pass ablation rows and the ``overall`` keys."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import vs_onnxruntime as bench
+from tuning.engine import graph_passes as gp
+
+
+def _specs(argv):
+    args = bench._parse(argv)
+    return bench._specs(args, Path("/tmp/unused"), threads=2)
+
+
+def test_budget_minutes_bounds_tuning_by_wall_time_not_trials():
+    specs = _specs(["--models", "small_cnn", "--variants", "mcpu", "--budget-minutes", "2"])
+    assert [s["budget_minutes"] for s in specs] == [2.0]
+    assert specs[0]["trials"] == bench.UNBOUNDED_TRIALS
+    # both given: the trial budget stays, whichever is spent first stops
+    specs = _specs(["--models", "small_cnn", "--variants", "mcpu", "--budget-minutes", "2", "--trials", "64"])
+    assert specs[0]["trials"] == 64 and specs[0]["budget_minutes"] == 2.0
+
+
+def test_ablation_gives_one_job_per_pass_selection():
+    specs = _specs(["--models", "small_cnn,resnet18", "--variants", "mcpu", "--ablation", "--trials", "8"])
+    assert len(specs) == 2 * len(bench.ABLATION)
+    small = [s for s in specs if s["model"] == "small_cnn"]
+    assert [s["row"] for s in small] == [f"mcpu {label}" for label, _ in bench.ABLATION]
+    assert [tuple(s["passes"]) for s in small] == [gp.normalize_passes(p) for _, p in bench.ABLATION]
+    assert tuple(small[0]["passes"]) == gp.SHIPPED_V1 and tuple(small[-1]["passes"]) == gp.LAYOUT
+    # the second model runs the rows in the reverse order (drift on a shared host spreads over both ends)
+    assert [s["row"] for s in specs if s["model"] == "resnet18"] == [s["row"] for s in reversed(small)]
+    assert len({s["work_dir"] for s in specs}) == len(specs)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--budget-minutes", "0"], "--budget-minutes must be positive"),
+    (["--budget-minutes", "-3"], "--budget-minutes must be positive"),
+    (["--budget-minutes", "soon"], "invalid float value"),
+    (["--trials", "0"], "--trials must be positive"),
+    (["--passes", "fold_batchnorm,rm -rf"], "unknown graph pass"),
+    (["--ablation", "--passes", "none"], "drop --passes"),
+    (["--variants", "mcpu,../../etc"], "unknown variant"),
+])
+def test_bad_options_are_refused_with_a_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench._parse(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def _job(variant, passes, ratio, estimate_ms, tuned_ms):
+    return {"variant": variant, "passes": list(passes), "ratio": ratio, "estimate_ms": estimate_ms, "tuned_ms": tuned_ms,
+            "estimate_vs_compiled": abs(estimate_ms - tuned_ms) / tuned_ms}
+
+
+def test_overall_takes_the_default_selection_and_the_largest_estimate_gap():
+    rows = [{"model": "a", "jobs": {"mcpu shipped": _job("mcpu", gp.SHIPPED_V1, 2.0, 1.0, 2.0),
+                                    "mcpu +both": _job("mcpu", gp.LAYOUT, 0.5, 1.0, 1.1)}},
+            {"model": "b", "jobs": {"mcpu shipped": _job("mcpu", gp.SHIPPED_V1, 8.0, 4.0, 4.0),
+                                    "mcpu +both": _job("mcpu", gp.LAYOUT, 2.0, 3.0, 3.0),
+                                    "mcpu +both failed": {"error": "boom"}}}]
+    overall = bench._overall(rows)
+    assert overall["tvm_vs_ort_latency_ratio"] == pytest.approx(4.0)  # geomean(2.0, 8.0): the default rows
+    assert overall["by_row"] == {"mcpu shipped": pytest.approx(4.0), "mcpu +both": pytest.approx(1.0)}
+    assert overall["estimate_vs_compiled"] == pytest.approx(0.5)  # model a, shipped: |1 - 2| / 2
+    assert overall["tvm_vs_ort_latency_ratio_no_mcpu"] is None
+    assert overall["models_at_or_below_parity"] == []
+
+
+@pytest.mark.slow
+def test_the_bench_runs_on_small_cnn_within_a_wall_budget(tmp_path):
+    out = tmp_path / "vs_ort.json"
+    assert bench.main(["--quick", "--models", "small_cnn", "--variants", "mcpu", "--budget-minutes", "0.5",
+                       "--repeat", "3", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert {"tvm_vs_ort_latency_ratio", "estimate_vs_compiled", "by_row"} <= set(result["overall"])
+    job = result["models"][0]["jobs"]["mcpu"]
+    assert job["passes"] == list(gp.DEFAULT) and job["tuned_outputs_agree"] is True
+    assert job["status"] == "cancelled"  # the wall budget, not the (unbounded) trial count, ended tuning
+    assert result["overall"]["tvm_vs_ort_latency_ratio"] == pytest.approx(job["ratio"])
