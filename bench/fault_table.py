@@ -374,19 +374,29 @@ def row_kill_main_twice(row: Row, a) -> dict:
         out["second_kill"] = "missed"
         return out
     time.sleep(1.0)  # in the final compile: the re-measure's rows are saved, the module is being built
-    tree = descendants(second.pid)
-    engines = {p for p in tree if ENGINE_MARKER in cmdline(p)}
-    os.kill(second.pid, signal.SIGKILL)
-    row.note(f"SIGKILL worker main {second.pid} during the final stage (remeasures charged "
-             f"{row.poll().get('serial_remeasures')})")
+    # The worker whose executor runs the final compile: the second one, or the first one's orphaned executor
+    # if it outlived its main process (then there is no main to kill: the executor itself is killed).
+    row.track()
+    engines = [p for p in row.seen if alive(p) and ENGINE_MARKER in cmdline(p)]
+    if not engines:
+        row.note("no engine alive in the final stage")
+        out["second_kill"] = "no engine"
+        return out
+    executor = ppid_of(engines[0])
+    main = ppid_of(executor)
+    victim = main if any(w.pid == main and w.poll() is None for w in row.workers) else executor
+    tree = descendants(victim)
+    row.seen |= tree
+    os.kill(victim, signal.SIGKILL)
+    row.note(f"SIGKILL {'worker main' if victim == main else 'orphaned executor'} {victim} in the final stage "
+             f"(re-measures charged so far {row.poll().get('serial_remeasures')})")
     time.sleep(a.grace_s)
     left2 = [p for p in engines if alive(p)]
     orphans2 = [p for p in tree if alive(p)]
     row.note(f"{a.grace_s}s later: {len(left2)} engines, {len(orphans2)} of its processes alive")
-    row.seen |= tree
     row.start_worker("third")
-    out.update(second_kill="final stage", engines_alive_after_kill=len(left1) + len(left2),
-               orphans_after_second_kill=len(orphans2))
+    out.update(second_kill="worker main" if victim == main else "orphaned executor",
+               engines_alive_after_kill=len(left1) + len(left2), orphans_after_second_kill=len(orphans2))
     return out
 
 
@@ -562,7 +572,8 @@ def main() -> None:
     ap.add_argument("--round", type=int, default=16)
     ap.add_argument("--stale-s", type=float, default=30.0, help="the executor lease (TUNING_STALE_AFTER_S)")
     ap.add_argument("--stop-s", type=float, default=156.0, help="how long SIGSTOP holds the executor")
-    ap.add_argument("--cancel-after-s", type=float, default=20.0, help="cancel sent this long into the stop")
+    ap.add_argument("--cancel-after-s", type=float, default=100.0,
+                    help="cancel sent this long into the stop (after the lease expired and beat swept)")
     ap.add_argument("--fill-s", type=float, default=120.0, help="how long the disk stays full")
     ap.add_argument("--tmpfs-mib", type=int, default=256)
     ap.add_argument("--grace-s", type=float, default=20.0, help="wait after a kill before counting survivors")
