@@ -119,8 +119,8 @@ def helper(argv: list[str]) -> None:
             "final_rows": len(final_rows["rows"]) if final_rows else 0,
             "final_rows_charged": bool(final_rows and final_rows["charged"]),
             "tvm_records": len(raw), "tvm_duplicates": len(raw) - len(set(raw)),
-            "tvm_not_stored": len(in_tvm - set(stored)) if in_tvm else None,
-            "stored_not_in_tvm": len(set(stored) - in_tvm) if in_tvm else None, "tvm_error": tvm_error,
+            "tvm_not_stored": None if tvm_error else len(in_tvm - set(stored)),
+            "stored_not_in_tvm": None if tvm_error else len(set(stored) - in_tvm), "tvm_error": tvm_error,
             "requested_action": run.requested_action}))
     elif cmd == "cache":
         from django.conf import settings
@@ -567,7 +567,7 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma list of {', '.join(ROWS)}")
-    ap.add_argument("--quick", action="store_true", help="32 trials, 8 a round, shorter stop/fill")
+    ap.add_argument("--quick", action="store_true", help="40 trials (small_cnn's minimum), 8 a round")
     ap.add_argument("--trials", type=int, default=64)
     ap.add_argument("--round", type=int, default=16)
     ap.add_argument("--stale-s", type=float, default=30.0, help="the executor lease (TUNING_STALE_AFTER_S)")
@@ -582,7 +582,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the rows' var dirs and logs")
     a = ap.parse_args()
     if a.quick:
-        a.trials, a.round = 32, 8
+        a.trials, a.round = 40, 8  # small_cnn: 5 tasks x the 8-trial minimum
     names = [n for n in a.rows.split(",") if n]
     unknown = sorted(set(names) - set(ROWS))
     if unknown:
