@@ -522,7 +522,7 @@ def verdict(r: dict) -> dict:
     checks = {
         "within_budget": f["trials_done"] <= f["max_trials"] + f["trials_per_round"],
         "no_duplicates": f["tvm_duplicates"] == 0 and f["stored_duplicates"] == 0,
-        "none_lost": f["tvm_not_stored"] in (0, None) and f["stored_not_in_tvm"] in (0, None),
+        "none_lost": f["tvm_not_stored"] == 0 and f["stored_not_in_tvm"] == 0,
         # a killed executor's engine must end with it; a killed main process leaves its executor (and so
         # its engine) running, which the lease fence has to stop instead: only the end counts there
         "no_engine_left": r.get("engines_alive_at_end", 0) == 0 and (
@@ -591,24 +591,29 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="fault-table-"))
     print(f"rows in {work}; budget {a.trials} trials, {a.round} a round; lease {a.stale_s}s", flush=True)
-    results = []
-    try:
-        for name in names:
-            results.append(run_row(name, a, work))
-            print(table(results[-1:]).splitlines()[-1], flush=True)
-    finally:
-        if not a.keep:
-            subprocess.run(["rm", "-rf", str(work)], check=False)
-    print("\n" + table(results))
-    overall = {"rows": len(results), "rows_ok": sum(1 for r in results if r["verdict"]["ok"]),
-               "all_ok": all(r["verdict"]["ok"] in (True, None) for r in results),
-               "trials": a.trials, "trials_per_round": a.round}
-    if a.json:
+    results: list[dict] = []
+
+    def write_json() -> None:  # after every row: a long table interrupted still leaves its finished rows
+        if not a.json:
+            return
+        overall = {"rows": len(results), "rows_ok": sum(1 for r in results if r["verdict"]["ok"]),
+                   "all_ok": all(r["verdict"]["ok"] in (True, None) for r in results),
+                   "trials": a.trials, "trials_per_round": a.round}
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps({
             "overall": overall, "rows": results,
             "machine": machine_info(command=" ".join(sys.argv), lease_s=a.stale_s, date=time.strftime(
                 "%Y-%m-%d %H:%M UTC", time.gmtime()))}, indent=2))
+
+    try:
+        for name in names:
+            results.append(run_row(name, a, work))
+            print(table(results[-1:]).splitlines()[-1], flush=True)
+            write_json()
+    finally:
+        if not a.keep:
+            subprocess.run(["rm", "-rf", str(work)], check=False)
+    print("\n" + table(results))
 
 
 if __name__ == "__main__":
