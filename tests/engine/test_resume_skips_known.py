@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tuning.engine.events import ListSink
 from tuning.engine.config import TuningConfig
+from tuning.engine.events import ListSink
 from tuning.engine.measuring.timer import EvaluatorConfig
 from tuning.engine.search.skip_known import CallBudget, new_candidates
 from tuning.engine.session import run_tuning
