@@ -1,11 +1,15 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test lint-imports setup migrate worker web bench-quick check clean
+.PHONY: run test lint lint-imports setup migrate worker web bench-quick check clean
 
 run:            ## set up, migrate, demo user + zoo, start web server and a Celery worker
 	scripts/run.sh
 
 test:           ## the import contracts, then the whole suite (PostgreSQL + Redis, started if absent; then SQLite)
 	scripts/test.sh $(ARGS)
+
+lint: setup     ## ruff check ([tool.ruff] in pyproject.toml) and the import contracts; no tests
+	.venv/bin/ruff check .
+	.venv/bin/lint-imports --no-cache --no-logo
 
 lint-imports: setup  ## only the architecture contracts (pyproject.toml [tool.importlinter])
 	.venv/bin/lint-imports --no-cache

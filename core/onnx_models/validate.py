@@ -158,7 +158,7 @@ class ValidatedModel:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ValidatedModel":
+    def from_dict(cls, data: dict[str, Any]) -> ValidatedModel:
         """The summary :meth:`to_dict` wrote (e.g. the sandboxed validator's answer), without the model."""
         return cls(
             model=None,

@@ -88,7 +88,7 @@ class Fill:
         self.limit = max_pods if max_pods is not None else 10 * self.state.n_gpus + 1000
         self.popularity = popularity
 
-    def run(self, *, should_stop: StopCheck | None = None) -> "Fill":
+    def run(self, *, should_stop: StopCheck | None = None) -> Fill:
         """Submit pods until the target share; ``should_stop`` (if given) is asked every ``STOP_CHECK_EVERY``
         pods, and True raises :class:`SimulationStopped`."""
         next_mark = 0

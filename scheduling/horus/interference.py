@@ -219,7 +219,7 @@ class FittedInterference:
     name: str = "fitted"  # its name in ``replay.INTERFERENCE_MODELS``
 
     @classmethod
-    def from_data(cls, path: str | Path | None = None) -> "FittedInterference":
+    def from_data(cls, path: str | Path | None = None) -> FittedInterference:
         """Load the cached fit (``data/interference/fitted_params.json`` by default)."""
         doc = json.loads(Path(path or PARAMS_FILE).read_text())
         return cls({g: GpuParams(**v["params"]) for g, v in doc["gpu_types"].items()})

@@ -401,7 +401,7 @@ class Replay:
         self.run_since = [math.nan] * len(self.jobs)
 
     # ---------------------------------------------------------------- main loop
-    def run(self, *, should_stop: StopCheck | None = None) -> "Replay":
+    def run(self, *, should_stop: StopCheck | None = None) -> Replay:
         """Handle every event in time order. ``should_stop`` (if given) is asked every
         ``STOP_CHECK_EVERY`` event batches; when it says True the replay raises :class:`SimulationStopped`."""
         batches = 0

@@ -32,9 +32,9 @@ import math
 import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import IO, Any
 
@@ -390,7 +390,7 @@ def _philly_time(s: str, file: str, line: int) -> float:
     try:
         dt = datetime.fromisoformat(s.strip())
         if dt.tzinfo is not None:
-            dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+            dt = dt.astimezone(UTC).replace(tzinfo=None)
         return (dt - _EPOCH).total_seconds()
     except ValueError:
         raise TraceFormatError(file, line, "timestamp", f"expected 'YYYY-MM-DD HH:MM:SS', got {s!r}") from None

@@ -69,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from .cluster import MILLI, ClusterView, JobView, WorkloadType
+from .cluster import MILLI, ClusterView, JobView
 from .interference import FittedInterference, stretched_speeds
 from .policies import FGD, HORUS_HEADROOM_MB, HORUS_QUEUE_LOOKAHEAD, _base_mask, _choose, _NodeFrag
 

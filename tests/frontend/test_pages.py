@@ -402,7 +402,7 @@ def test_run_list_filters_and_sorting(owner_client, many_runs, run_b, model_a):
     r1, r2, r3 = many_runs
     get = lambda q="": run_ids_in(owner_client.get("/runs/" + q).content.decode())  # noqa: E731
     assert get() == [r3.pk, r2.pk, r1.pk]  # newest first; never team B's run
-    assert run_b.pk not in get("?team=%d" % run_b.team_id)
+    assert run_b.pk not in get(f"?team={run_b.team_id}")
     assert get(f"?model={model_a.pk}") == [r3.pk, r1.pk]
     assert get("?target_kind=cuda") == [r2.pk]
     assert get("?status=succeeded") == [r3.pk]
