@@ -7,8 +7,9 @@ run:            ## set up, migrate, demo user + zoo, start web server and a Cele
 test:           ## the import contracts, then the whole suite (PostgreSQL + Redis, started if absent; then SQLite)
 	scripts/test.sh $(ARGS)
 
-lint: setup     ## ruff check ([tool.ruff] in pyproject.toml) and the import contracts; no tests
+lint: setup     ## ruff check, mypy on the engines ([tool.ruff], [tool.mypy]) and the import contracts; no tests
 	.venv/bin/ruff check .
+	.venv/bin/mypy
 	.venv/bin/lint-imports --no-cache --no-logo
 
 lint-imports: setup  ## only the architecture contracts (pyproject.toml [tool.importlinter])

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test`: the import contracts (lint-imports), ruff, then the whole suite, against real PostgreSQL and Redis.
+# `make test`: the import contracts (lint-imports), ruff, mypy, then the whole suite, against real PostgreSQL and Redis.
 #
 # Uses the servers at their standard local ports when they answer; otherwise
 # starts private ones in a temp dir (installing redis-server with apt-get if
@@ -16,6 +16,8 @@ echo "== import contracts (lint-imports)"
 .venv/bin/lint-imports --no-cache --no-logo
 echo "== lint (ruff check)"
 .venv/bin/ruff check .
+echo "== types (mypy: the engines, [tool.mypy] in pyproject.toml)"
+.venv/bin/mypy
 TMP=$(mktemp -d /tmp/dlopt-test.XXXXXX)
 STARTED=()
 cleanup() {

@@ -417,6 +417,7 @@ def policy_options(name: str, p: ExperimentParams) -> dict[str, Any]:
 def _run_policy(name: str, prep: Prepared, p: ExperimentParams, seed: int,
                 should_stop: StopCheck | None = None) -> dict[str, Any]:
     policy = hpolicies.make_policy(name, **policy_options(name, p))
+    res: hsim.FillResult | hsim.SimulationResult
     if p.method == "fill":
         res = hsim.simulate_fill(prep.jobs, prep.cluster, policy, seed=seed, until=p.until,
                                  predictor_error=p.predictor_error, should_stop=should_stop)

@@ -126,6 +126,22 @@ class Job:
         """GPUs requested (fractional for GPU-sharing pods)."""
         return self.num_gpus * min(self.gpu_milli, MILLI) / MILLI
 
+    @property
+    def run_util_pct(self) -> float:
+        """``true_util_pct``, which a simulation runs; a job without it cannot be simulated."""
+        return _truth(self.true_util_pct, "true_util_pct", self.job_id)
+
+    @property
+    def run_mem_mb(self) -> float:
+        """``true_mem_mb``, which a simulation runs; a job without it cannot be simulated."""
+        return _truth(self.true_mem_mb, "true_mem_mb", self.job_id)
+
+
+def _truth(value: float | None, field: str, job_id: str) -> float:
+    if value is None:
+        raise ValueError(f"job {job_id} has no {field}: assign_workloads sets it before a simulation")
+    return float(value)
+
 
 class TraceTooLarge(TraceFormatError):
     """A trace (or what its gzip data inflates to) is over the byte limit."""
@@ -540,7 +556,7 @@ def with_gpu_types(pods: Sequence[Job], share: float, nodes: Sequence[NodeSpec],
     weights = np.array([gpus[m] for m in models], float)
     rng = np.random.default_rng([seed, 0x7E5])
     gpu_idx = [i for i, p in enumerate(pods) if p.num_gpus > 0 and not p.gpu_type]
-    pick = rng.choice(len(gpu_idx), size=int(round(share * len(gpu_idx))), replace=False) if gpu_idx else []
+    pick: np.ndarray | list[int] = rng.choice(len(gpu_idx), size=int(round(share * len(gpu_idx))), replace=False) if gpu_idx else []
     typed = {gpu_idx[int(i)]: models[int(rng.choice(len(models), p=weights / weights.sum()))] for i in pick}
     return [replace(p, gpu_type=typed[i]) if i in typed else p for i, p in enumerate(pods)]
 
