@@ -4,7 +4,7 @@
 run:            ## set up, migrate, demo user + zoo, start web server and a Celery worker
 	scripts/run.sh
 
-test:           ## the import contracts, then the whole suite (PostgreSQL + Redis, started if absent; then SQLite)
+test:           ## import contracts, ruff, mypy, the whole suite (PostgreSQL + Redis, started if absent), `dialect` tests on SQLite
 	scripts/test.sh $(ARGS)
 
 test-fast:      ## the edit loop: no integration/browser/slow tests, test database kept (--reuse-db), no lint

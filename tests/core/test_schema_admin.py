@@ -109,6 +109,7 @@ def test_admin_upload_registers_model(client, django_user_model, team_a, small_c
     assert DLModel.objects.get(name="cnn").total_flops > 0
 
 
+@pytest.mark.dialect
 def test_migrations_are_complete():
     call_command("makemigrations", "--check", "--dry-run")
 

@@ -8,7 +8,8 @@ from django.db.migrations.executor import MigrationExecutor
 from core.models import UsageCharge
 from core.selectors import quota_usage
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# dialect-sensitive (re-run on SQLite by scripts/test.sh): a data migration
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.dialect]
 
 BEFORE = [("core", "0007_simulation_units"), ("tuning", "0012_run_archived_at"),
           ("scheduling", "0003_simulation_cost_cancel_queue")]

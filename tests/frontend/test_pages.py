@@ -153,6 +153,7 @@ def test_upload_form_too_large(owner_client, team_a, settings):
     assert not DLModel.objects.exists()
 
 
+@pytest.mark.dialect
 def test_upload_form_duplicate_name_is_a_field_error(owner_client, team_a, model_a, small_cnn_bytes):
     resp = owner_client.post("/models/upload/", {"team": team_a.pk, "name": "cnn-a",
                                                  "file": SimpleUploadedFile("a.onnx", small_cnn_bytes)})
@@ -398,6 +399,7 @@ def run_ids_in(html: str) -> list[int]:
     return [int(x) for x in re.findall(r'<a href="/runs/(\d+)/">#', html)]
 
 
+@pytest.mark.dialect
 def test_run_list_filters_and_sorting(owner_client, many_runs, run_b, model_a):
     r1, r2, r3 = many_runs
     get = lambda q="": run_ids_in(owner_client.get("/runs/" + q).content.decode())  # noqa: E731
