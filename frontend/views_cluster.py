@@ -18,7 +18,7 @@ from . import charts
 from .forms_scheduling import GpuJobForm
 from .scope import get_scope
 
-JOB_FIELD_ERRORS = {"batch_size", "iterations", "duration_estimate_s", "runtime"}
+JOB_FIELD_ERRORS = {"batch_size", "iterations", "duration_estimate_s", "runtime", "kind", "optimizer", "learning_rate", "num_gpus"}
 TELEMETRY_MAX_ROWS = 5000
 
 
@@ -37,7 +37,9 @@ def job_new(request):
         try:
             job = services.submit_job(actor=request.user, model=data["model"], batch_size=data["batch_size"],
                                       iterations=data["iterations"], duration_estimate_s=data["duration_estimate_s"],
-                                      runtime=data["runtime"])
+                                      runtime=data["runtime"], kind=data["kind"] or GpuJob.Kind.INFERENCE,
+                                      optimizer=data["optimizer"] or GpuJob.Optimizer.ADAM,
+                                      learning_rate=data["learning_rate"], num_gpus=data["num_gpus"] or 1)
         except QuotaExceeded as exc:
             form.add_error(None, exc.message)
         except ServiceError as exc:

@@ -118,7 +118,8 @@ def reconcile_restarted_gpu_worker(*, queues: list[str], started_before: dt.date
 def _overran_message(job: GpuJob) -> str:
     high = gpu_job_limits()["duration_estimate_s"][1]
     return (f"Stopped: the job reached its declared duration (duration_estimate_s = {job.duration_estimate_s:g} s, "
-            f"counted from its start, model loading included) before finishing its {job.iterations} iterations. "
+            f"counted from its start, model loading included) before finishing its {job.iterations} "
+            f"{'training steps' if job.kind == GpuJob.Kind.TRAIN else 'iterations'}. "
             f"Submit it again with a longer duration_estimate_s (at most {high:g} s) or fewer iterations.")
 
 
@@ -190,7 +191,8 @@ def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: An
         # the model is parsed, compiled and run in a child process, never in this worker
         result = job_process.run_job_in_child(
             data, device_indices=devices, batch_size=job.batch_size, iterations=job.iterations,
-            runtime=job.runtime, max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb,
+            runtime=job.runtime, kind=job.kind, optimizer=job.optimizer, learning_rate=job.learning_rate,
+            max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb,
             predicted_util_pct=job.predicted_util_pct, limits=job_process_limits(), nvml=nvml,
             should_stop=lambda: selectors.is_job_cancelled(job_id),
             report=lambda live: record_live_measurement(job_id=job_id, live=live))

@@ -243,3 +243,16 @@ def test_hostile_ids_and_numbers_never_5xx(owner_client, team_a, model_a, predic
     assert resp.status_code == 200 and not SimulationRun.objects.exists()
     resp = owner_client.post("/simulations/new/", _sim_form(team_a, gpus=10**6, jobs=10**7))
     assert resp.status_code == 200 and resp.context["form"].errors and not SimulationRun.objects.exists()
+
+
+def test_the_dashboard_form_submits_a_two_gpu_training_job(owner_client, model_a, predictor):
+    html = owner_client.get("/cluster/jobs/new/").content.decode()
+    assert 'name="kind"' in html and 'name="optimizer"' in html and 'name="num_gpus"' in html
+    resp = owner_client.post("/cluster/jobs/new/", {"model": model_a.pk, "batch_size": 4, "iterations": 20,
+                                                    "runtime": "auto", "kind": "train", "optimizer": "sgd",
+                                                    "learning_rate": "0.001", "num_gpus": 2})
+    job = GpuJob.objects.get()
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    assert (job.kind, job.optimizer, job.learning_rate, job.num_gpus) == ("train", "sgd", 0.001, 2)
+    detail = owner_client.get(f"/cluster/jobs/{job.pk}/").content.decode()
+    assert "training steps (sgd)" in detail and "2 GPUs" in detail
