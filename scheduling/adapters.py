@@ -179,7 +179,7 @@ def cluster_state(gpus: list[GPU], *, active: Iterable[Placement], samples: dict
         live_util, live_mem = p.job.live_util_pct, p.job.live_mem_mb
         state.add(view, held, true_util=view.pred_util_pct,
                   true_mem=live_mem if live_mem is not None else view.pred_mem_mb, now=p.placed_at.timestamp(),
-                  meas_util=live_util)
+                  meas_util=live_util, migrations=len(p.job.replacements or []))
         for g in placement_gpu_ids(p):
             sample = samples.get(g)
             if g in flat and sample is not None and p.placed_at > sample.ts:
