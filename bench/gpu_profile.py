@@ -295,7 +295,7 @@ def main(argv=None) -> int:
         r = run_one(spec, args.iterations)
         results.append(r)
 
-        def f(key, fmt):
+        def f(key, fmt, r=r):
             return format(r[key], fmt) if r.get(key) is not None else "-"
 
         note = r.get("error", "")

@@ -183,7 +183,11 @@ def _train_tvm(model, inputs, iterations: int, device_index: int, sampler_factor
         raise GpuRuntimeError("TVM sees no CUDA device (a TVM build without CUDA, or no GPU)")
     from tuning.engine.relax_pipeline import make_target
 
-    from .train_step import TrainingUnsupported, build_training_program, run_training_steps
+    from .train_step import (
+        TrainingUnsupported,
+        build_training_program,
+        run_training_steps,
+    )
 
     device = tvm.cuda(device_index)
     try:

@@ -18,8 +18,18 @@ from ..models import ERROR_TEXT_MAX_CHARS, GPU, GpuJob, Placement, placement_gpu
 from ..telemetry import job_measurement
 from .jobs import gpu_job_limits
 from .messages import announce_job_end
-from .placement import dispatch_placement, release_active_placement, request_placement_pass, unplace
-from .replacement import oom_replacement_mem_mb, record_measured_profile, replace_job, replacement_request
+from .placement import (
+    dispatch_placement,
+    release_active_placement,
+    request_placement_pass,
+    unplace,
+)
+from .replacement import (
+    oom_replacement_mem_mb,
+    record_measured_profile,
+    replace_job,
+    replacement_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +223,7 @@ def _replace_after_oom(job: GpuJob, watch: JobWatch, error: str | None = None) -
     detail.setdefault("mem_share_mb", watch.mem_limit_mb)
     mem = oom_replacement_mem_mb(peak_mem_mb=watch.peak_mem_mb, share_mb=watch.mem_limit_mb,
                                  predicted_mem_mb=job.predicted_mem_mb)
-    return replace_job(job_id=job.pk, reason="oom", detail=detail, predicted_mem_mb=mem)
+    return replace_job(job_id=job.pk, reason="oom", detail=detail, predicted_mem_mb=mem, finish=finish_job)
 
 
 def _is_out_of_memory(exc: Exception) -> bool:
@@ -262,7 +272,7 @@ def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: An
         if watch.stop_reason == "interference":
             # the request's figures; the job's measured load becomes its prediction for the next pass
             live = GpuJob.objects.filter(pk=job_id).values("live_util_pct", "live_mem_mb").first() or {}
-            return replace_job(job_id=job_id, reason="interference", detail=watch.detail,
+            return replace_job(job_id=job_id, reason="interference", detail=watch.detail, finish=finish_job,
                                predicted_util_pct=watch.detail.get("job_measured_util_pct"),
                                predicted_mem_mb=live.get("live_mem_mb"))
         # cancel_job already recorded the cancellation and freed the GPU; finish_job keeps both

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -23,7 +24,6 @@ from core.fieldtext import fit_to_field
 from .. import adapters, selectors
 from ..horus.live_rule import interference_moves
 from ..models import ERROR_TEXT_MAX_CHARS, GpuJob, GpuProfile
-from .messages import announce_job_end
 from .placement import release_active_placement, request_placement_pass
 
 log = logging.getLogger(__name__)
@@ -42,12 +42,12 @@ def _done(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in entries or [] if e.get("status") != REQUESTED]
 
 
-def replace_job(*, job_id: int, reason: str, detail: dict[str, Any], predicted_util_pct: float | None = None,
-                predicted_mem_mb: float | None = None) -> GpuJob | None:
+def replace_job(*, job_id: int, reason: str, detail: dict[str, Any], finish: Callable[..., GpuJob | None],
+                predicted_util_pct: float | None = None, predicted_mem_mb: float | None = None) -> GpuJob | None:
     """Stop-and-re-place bookkeeping for a job its worker has stopped: back to pending with the new
-    prediction (or failed past MAX_REPLACEMENTS), the reason recorded. None if the job is gone."""
-    from .execution import finish_job
-
+    prediction, the reason recorded; or, cancelled meanwhile or past MAX_REPLACEMENTS, settled by
+    ``finish`` (``execution.finish_job``) with an error. None if the job is gone."""
+    finish_job = finish
     with transaction.atomic():
         job = GpuJob.objects.select_for_update().filter(pk=job_id).first()
         if job is None:
