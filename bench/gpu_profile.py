@@ -218,6 +218,20 @@ def gpu_or_reason() -> tuple[bool, str, dict]:
     return True, reading.summary, {"name": g.name, "gpu_model": g.gpu_model, "memory_total_mb": g.memory_total_mb}
 
 
+def cuda_runtimes() -> dict[str, bool]:
+    """Which runtimes can use a GPU in this environment: TVM built with CUDA (inference and training),
+    onnxruntime with its CUDA provider (inference only)."""
+    import tvm
+
+    try:
+        import onnxruntime as ort
+
+        ort_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    except ImportError:
+        ort_cuda = False
+    return {"tvm": bool(tvm.runtime.enabled("cuda")), "onnxruntime": ort_cuda}
+
+
 def child(spec: dict) -> dict:
     """One run, in this (child) process: CUDA device 0 is the GPU; NVML index 0 samples it."""
     from scheduling import gpu_runtime
@@ -284,13 +298,22 @@ def main(argv=None) -> int:
             if args.json:
                 Path(args.json).write_text(json.dumps(report, indent=1))
         return 0
-    print(f"profiling on {device['name']} ({summary}); budget {args.budget_s:.0f} s")
+    runtimes = cuda_runtimes()
+    if not any(runtimes.values()):
+        print(f"GPU present ({device['name']}) but no runtime here can use it: this TVM is built without CUDA "
+              "and onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu or a CUDA build of TVM)")
+        return 2
+    print(f"profiling on {device['name']} ({summary}); budget {args.budget_s:.0f} s; CUDA runtimes: "
+          f"{', '.join(k for k, v in runtimes.items() if v)}")
     started, results, skipped = time.monotonic(), [], []
     print(f"{'family':18} {'kind':9} {'batch':>5} {'runtime':>8} {'proc util %':>11} {'proc MB':>9} "
           f"{'dev util %':>10} {'ms/step':>9}  note")
     for spec in plan():
         if time.monotonic() - started > args.budget_s:
             skipped.append({**spec, "why": "time budget"})
+            continue
+        if spec["kind"] == "train" and not runtimes["tvm"]:
+            skipped.append({**spec, "why": "a training step needs TVM built with CUDA"})
             continue
         r = run_one(spec, args.iterations)
         results.append(r)
@@ -301,17 +324,17 @@ def main(argv=None) -> int:
         note = r.get("error", "")
         if r.get("loss_first") is not None:
             note = f"loss {r['loss_first']:.3g} -> {r['loss_last']:.3g}"
-        print(f"{spec['family']:18} {spec['kind']:9} {spec['batch_size']:>5} {str(r.get('runtime') or '-'):>8} "
+        print(f"{spec['family']:18} {spec['kind']:9} {spec['batch_size']:>5} {r.get('runtime') or '-'!s:>8} "
               f"{f('proc_util_mean_pct', '.1f'):>11} {f('proc_mem_peak_mb', '.0f'):>9} {f('util_mean_pct', '.1f'):>10} "
               f"{f('latency_ms', '.2f'):>9}  {note[:80]}", flush=True)
     ok_runs = [r for r in results if "error" not in r]
     families = sorted({r["family"] for r in ok_runs})
-    report = {"source": "measured", "measured": True, "device": device, "nvml": summary,
+    report = {"source": "measured", "measured": True, "device": device, "nvml": summary, "cuda_runtimes": runtimes,
               "iterations": args.iterations, "wall_s": round(time.monotonic() - started, 1),
               "families_measured": families, "profiles": results, "skipped": skipped,
               "note": "per-process figures of one job alone on the GPU; training steps on a fixed synthetic batch"}
     print(f"{len(ok_runs)} of {len(results)} runs measured ({len(families)} families; "
-          f"{sum(r['kind'] == 'train' for r in ok_runs)} training steps), {len(skipped)} skipped for time")
+          f"{sum(r['kind'] == 'train' for r in ok_runs)} training steps), {len(skipped)} skipped")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

@@ -7,7 +7,7 @@
 #   bench/gpu_profile.sh [--json PATH] [--budget-s S] [--iterations N] [--dry-run]
 #
 # Needs on the GPU host: the checkout's Python environment (nvidia-ml-py, TVM with CUDA or onnxruntime-gpu)
-# and the NVIDIA driver.
+# and the NVIDIA driver. Exit codes: 0 measured or "no GPU here", 2 a GPU but no runtime that can use it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
