@@ -41,6 +41,7 @@ from .horus.profiles import (DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, Pro
 from .horus.traces import Job, TraceFormatError, TraceTooLarge, decode_trace, gpu_request_per_pod, trace_summary
 from .horus import extender as extender_core  # the kube-scheduler extender's rules, for services.extender
 from .horus.extender import ExtenderNode
+from .horus.live_rule import InterferenceMove, interference_moves  # the simulator's re-placement rule, live
 from .models import (GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PodBinding, PredictorVersion, TraceUpload,
                      placement_gpu_ids)
 
@@ -54,7 +55,7 @@ __all__ = [
     "run_simulation", "seed_profile_records", "simulation_cost", "simulation_results", "simulation_size",
     "SimulationCost", "SimulationStopped", "SIMULATION_SECONDS_PER_UNIT", "trace_input", "file_trace_input",
     "TraceInput", "extender_core", "extender_job_view", "extender_node", "pod_view",
-    "train_utilization_predictor", "analytic_prediction",
+    "train_utilization_predictor", "analytic_prediction", "InterferenceMove", "interference_moves",
 ]
 
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)

@@ -103,7 +103,11 @@ def _backbone(model, inputs: dict[str, np.ndarray]):
         raise TrainingUnsupported("the optimizer needs every trained parameter to have one dtype")
     func = func.without_attr("params")
     if fixed:
-        func = func.bind_params(fixed)
+        try:
+            func = func.bind_params(fixed)
+        except Exception as exc:  # noqa: BLE001 - e.g. an int32/int64 mix in the imported shape arithmetic
+            raise TrainingUnsupported(f"TVM could not fix the model's non-float initializers: "
+                                      f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from None
     ret = func.ret_ty
     if not isinstance(ret, relax.TensorType) or not _is_float(ret.dtype):
         raise TrainingUnsupported(f"the model's output must be one float tensor, not {ret}")

@@ -22,7 +22,6 @@ from django.utils import timezone
 from core.fieldtext import fit_to_field
 
 from .. import adapters, selectors
-from ..horus.live_rule import interference_moves
 from ..models import ERROR_TEXT_MAX_CHARS, GpuJob, GpuProfile
 from .placement import release_active_placement, request_placement_pass
 
@@ -103,7 +102,7 @@ def request_interference_replacements(*, now: dt.datetime | None = None, toleran
     # 100 % and says nothing of which job diverged
     cluster = adapters.cluster_state(gpus, active=selectors.active_placements_on([g.pk for g in gpus]), samples={},
                                      bound=selectors.active_pod_bindings_on([g.pk for g in gpus], now))
-    moves = interference_moves(cluster.state.view(), now.timestamp(), tolerance_pct=tolerance_pct,
+    moves = adapters.interference_moves(cluster.state.view(), now.timestamp(), tolerance_pct=tolerance_pct,
                                min_runtime_s=min_runtime_s)
     asked = []
     for move in moves:

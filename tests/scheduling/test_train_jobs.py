@@ -159,3 +159,10 @@ def test_the_training_step_of_a_cnn_compiles_for_cuda_on_a_host_without_a_gpu():
                                        target=make_target({"kind": "cuda"}), optimizer="adam")
     assert built.executable is not None and len(built.params) == 6
     assert {"backbone_loss_adjoint", "optimizer"} <= {gv.name_hint for gv in built.train_mod.functions}
+
+
+def test_a_model_with_an_op_relax_cannot_differentiate_is_refused_naming_the_op():
+    from core.onnx_models.zoo import build_model
+
+    with pytest.raises(train_step.TrainingUnsupported, match="relax.erf"):  # BERT's exact GELU
+        _program(build_model("bert_encoder"), "adam", batch=1)
