@@ -83,7 +83,7 @@ def build(mods, target, artifact_dir: str) -> list:
     """The candidates exported as ``.so`` by the engine's persistent builder (failed builds dropped)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.builder import PersistentBuilder
+    from tuning.engine.runners.builder import PersistentBuilder
 
     builder = PersistentBuilder(artifact_dir=artifact_dir)
     try:
@@ -99,8 +99,8 @@ def build(mods, target, artifact_dir: str) -> list:
 
 def slot_target():
     """The target candidates are built for: the host's CPU, one core a measuring slot (T = THREADS)."""
-    from tuning.engine.relax_pipeline import make_target
-    from tuning.engine.targets import resolve_cpu_target
+    from tuning.engine.compile.pipeline import make_target
+    from tuning.engine.compile.targets import resolve_cpu_target
 
     return make_target(resolve_cpu_target(num_cores=THREADS))
 
@@ -117,8 +117,8 @@ def measure_pass(cands, per_round: int, side: dict) -> dict:
     candidate's latency as the runner reports it, and what the DOPpler rounds did."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.rounds import serial_totals
-    from tuning.engine.runner import PooledAsyncRunner
+    from tuning.engine.doppler.rounds import serial_totals
+    from tuning.engine.runners.pooled import PooledAsyncRunner
 
     runner = PooledAsyncRunner(threads=THREADS, dop=side["dop"], dop_rule=side.get("dop_rule"))
     try:

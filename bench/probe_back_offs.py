@@ -71,11 +71,11 @@ COMPARISONS = {  # name -> (timing, reference)
 
 def time_on_slots(cands, passes: int) -> list[dict]:
     """Each candidate's five timings a pass (module doc), on one pinned 1-thread worker per slot."""
-    from tuning.engine.measure import _jsonable
-    from tuning.engine.procpool import ProcessPool, WorkerSpec, available_cpus
+    from tuning.engine.measuring.measure import _jsonable
+    from tuning.engine.process.procpool import ProcessPool, WorkerSpec, available_cpus
 
     cpus = available_cpus()[:2]
-    pools = [ProcessPool([WorkerSpec(name=f"slot{k}", cpu_ids=[c], threads=1)], initializer="tuning.engine.measure:warmup")
+    pools = [ProcessPool([WorkerSpec(name=f"slot{k}", cpu_ids=[c], threads=1)], initializer="tuning.engine.measuring.measure:warmup")
              for k, c in enumerate(cpus)]
     try:
         for pool in pools:
@@ -83,7 +83,7 @@ def time_on_slots(cands, passes: int) -> list[dict]:
 
         def start(slot: int, cand):
             path, args = cand
-            return pools[slot].submit("tuning.engine.measure:measure_path", path, device_type="cpu",
+            return pools[slot].submit("tuning.engine.measuring.measure:measure_path", path, device_type="cpu",
                                       args_info_json=[_jsonable(a.as_json()) for a in args], evaluator=EVALUATOR,
                                       timeout=60)
 
@@ -130,7 +130,7 @@ class ReplayMeasure:
         self.serial_calls: dict[int, int] = {}
 
     def __call__(self, jobs, dop):
-        from tuning.engine.measure import MeasureOutcome
+        from tuning.engine.measuring.measure import MeasureOutcome
 
         out = []
         for k, j in enumerate(jobs):
@@ -152,8 +152,8 @@ def _replayable(rows: list[dict]) -> list[dict]:
 
 def replay_probes(rows: list[dict], rule: str, replays: int, seed: int) -> dict:
     """``replays`` probe rounds of ROUND rows drawn at random, through the engine's round and controller."""
-    from tuning.engine.doppler import DOPController
-    from tuning.engine.rounds import measure_round
+    from tuning.engine.doppler.controller import DOPController
+    from tuning.engine.doppler.rounds import measure_round
 
     usable = _replayable(rows)
     rng = random.Random(seed)
@@ -171,8 +171,8 @@ def replay_probes(rows: list[dict], rule: str, replays: int, seed: int) -> dict:
 def replay_runs(rows: list[dict], rule: dict, runs: int, rounds: int, per_round: int, seed: int) -> dict:
     """``runs`` whole runs of ``rounds`` rounds of ``per_round`` rows drawn at random (with replacement), each
     run's controller (``DOPController.for_dop("auto", 2, **rule)``) carried from round to round."""
-    from tuning.engine.doppler import DOPController
-    from tuning.engine.rounds import measure_round, serial_totals
+    from tuning.engine.doppler.controller import DOPController
+    from tuning.engine.doppler.rounds import measure_round, serial_totals
 
     usable = _replayable(rows)
     rng = random.Random(seed)
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
             return 2
         print(f"# probe_back_offs: the {len(rows)} rows of {args.rows_from} ({workload}), replayed", flush=True)
     else:
-        from tuning.engine.procpool import available_cpus
+        from tuning.engine.process.procpool import available_cpus
 
         if len(available_cpus()) < 2:
             print("probe_back_offs: needs 2 cores in this process's affinity set (one measuring slot each)")

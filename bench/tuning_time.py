@@ -171,7 +171,7 @@ def _job_stock(spec: dict) -> dict:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.compile.pipeline import make_target
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     target = make_target(spec["target"])
@@ -198,7 +198,7 @@ def _job_stock(spec: dict) -> dict:
             seed=spec["seed"],
         )
     else:
-        from tuning.engine.relax_pipeline import extract_tasks
+        from tuning.engine.compile.pipeline import extract_tasks
 
         tasks = extract_tasks(wl, target)
         ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
@@ -276,9 +276,10 @@ def _job_remeasure(spec: dict) -> dict:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.relax_pipeline import compile_model, make_target, random_inputs, run_and_time
-    from tuning.engine.session import collect_tasks, open_database
-    from tuning.engine.timer import EvaluatorConfig, time_module
+    from tuning.engine.compile.pipeline import compile_model, make_target, random_inputs, run_and_time
+    from tuning.engine.compile.workloads import collect_tasks
+    from tuning.engine.workdir import open_database
+    from tuning.engine.measuring.timer import EvaluatorConfig, time_module
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     target = make_target(spec["target"])

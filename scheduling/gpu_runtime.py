@@ -156,7 +156,7 @@ def _run_tvm(model, inputs, iterations: int, device_index: int, sampler_factory,
         raise GpuRuntimeError(f"TVM is not installed ({exc})") from None
     if not tvm.cuda(device_index).exist:
         raise GpuRuntimeError("TVM sees no CUDA device (a TVM build without CUDA, or no GPU)")
-    from tuning.engine.relax_pipeline import compile_model, run_and_time
+    from tuning.engine.compile.pipeline import compile_model, run_and_time
 
     target = {"kind": "cuda"}
     exe = compile_model(model, target)

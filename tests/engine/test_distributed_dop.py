@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tuning.engine.runner import DistributedRunner, MeasureJob, deal_by_capacity
+from tuning.engine.runners.pooled import DistributedRunner, MeasureJob, deal_by_capacity
 
 
 class FakeHosts:
@@ -138,8 +138,8 @@ def test_a_lost_measurement_is_an_infrastructure_error_not_a_hang(tmp_path):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_describe_host_reports_cpu_slots(threads):
-    from tuning.engine.measure import describe_host
-    from tuning.engine.slots import cpu_slots
+    from tuning.engine.measuring.measure import describe_host
+    from tuning.engine.measuring.slots import cpu_slots
 
     d = describe_host(threads, "cpu")
     assert d["slots"] == len(cpu_slots(threads)) and d["threads"] == min(threads, d["threads"])

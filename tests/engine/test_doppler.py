@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tuning.engine.doppler import DOPController, robust_z_scores
+from tuning.engine.doppler.controller import DOPController, robust_z_scores
 
 HALF_NORMAL_SD = math.sqrt(math.pi / 2 - 1)  # sd / mean of the absolute value of a centred normal
 
@@ -85,7 +85,7 @@ def test_noisy_probe_backs_off_then_reprobes_on_a_bounded_schedule():
         c.update_serial_round(32)
         assert c.dop == 1
     assert [h.dop for h in c.history][:6] == [1, 2, 1, 1, 2, 1]
-    # the run's figure is the median of the probes' errors (tuning.engine.parallel_error), a fraction
+    # the run's figure is the median of the probes' errors (tuning.engine.doppler.parallel_error), a fraction
     assert c.mean_parallel_error() == pytest.approx(sorted([0.5, (0.5 + 1 / 3) / 2, 0.5])[1])
 
 
@@ -303,7 +303,7 @@ def test_confirm_wanted_only_when_the_rule_would_back_off_on_the_error():
 
 
 def test_a_runs_dop_rule_carries_its_back_off_choice():
-    from tuning.engine.session import TuningConfig
+    from tuning.engine.config import TuningConfig
 
     assert TuningConfig(target="llvm", max_trials=8).dop_rule["back_off"] == "confirmed"
     assert DOPController.for_dop("auto", 2, **TuningConfig(target="llvm", max_trials=8,
@@ -313,7 +313,7 @@ def test_a_runs_dop_rule_carries_its_back_off_choice():
 
 
 def test_a_runs_dop_rule_carries_its_probe_choice():
-    from tuning.engine.session import TuningConfig
+    from tuning.engine.config import TuningConfig
 
     assert TuningConfig(target="llvm", max_trials=8).dop_rule["probe"] == "pairs"
     platform = DOPController.for_dop("auto", 2, **TuningConfig(target="llvm", max_trials=8).dop_rule)

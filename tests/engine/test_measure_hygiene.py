@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from tuning.engine.procpool import WorkerProcess, WorkerSpec, WorkerTimeout
-from tuning.engine.runner import INFRASTRUCTURE_ERROR, MeasureJob, PooledAsyncRunner
-from tuning.engine.slots import Slot
-from tuning.engine.timer import EvaluatorConfig
+from tuning.engine.process.procpool import WorkerProcess, WorkerSpec, WorkerTimeout
+from tuning.engine.runners.pooled import INFRASTRUCTURE_ERROR, MeasureJob, PooledAsyncRunner
+from tuning.engine.measuring.slots import Slot
+from tuning.engine.measuring.timer import EvaluatorConfig
 
 FAST = EvaluatorConfig(number=1, repeat=1, min_repeat_ms=1)
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from tuning.engine.doppler import DOPController
-from tuning.engine.parallel_error import MAX_ROUND_ERROR, as_fraction, summarize_parallel_error
+from tuning.engine.doppler.controller import DOPController
+from tuning.engine.doppler.parallel_error import MAX_ROUND_ERROR, as_fraction, summarize_parallel_error
 
 
 def test_round_errors_become_bounded_fractions():

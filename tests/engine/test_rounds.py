@@ -2,9 +2,9 @@
 
 import pytest
 
-from tuning.engine.doppler import DOPController
-from tuning.engine.measure import MeasureOutcome
-from tuning.engine.rounds import measure_round
+from tuning.engine.doppler.controller import DOPController
+from tuning.engine.measuring.measure import MeasureOutcome
+from tuning.engine.doppler.rounds import measure_round
 
 
 class FakeMeasure:
@@ -228,7 +228,7 @@ def test_a_probe_times_two_of_its_candidates_twice_serially():
 @pytest.fixture
 def clocked(monkeypatch):
     """A FakeMeasure class on a fake clock: one second per job measured serially, half a second in parallel."""
-    import tuning.engine.rounds as rounds
+    import tuning.engine.doppler.rounds as rounds
 
     clock = [0.0]
     monkeypatch.setattr(rounds.time, "perf_counter", lambda: clock[0])
@@ -262,7 +262,7 @@ def test_serial_time_is_booked_to_why_it_was_spent(clocked):
     """The serial share of a round says what it paid for: DOPpler's sample (with the parallel failures
     among it), the noise pairs, the probe, or the rest of a round whose error was past correction_limit
     (on the fake clock)."""
-    import tuning.engine.rounds as rounds
+    import tuning.engine.doppler.rounds as rounds
 
     Clocked = clocked
     # a validated DOP whose parallel timings are 40 % slow: past correction_limit 0.25, the whole rest
