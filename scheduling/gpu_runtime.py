@@ -181,7 +181,7 @@ def _train_tvm(model, inputs, iterations: int, device_index: int, sampler_factor
         raise GpuRuntimeError(f"TVM is not installed ({exc})") from None
     if not tvm.cuda(device_index).exist:
         raise GpuRuntimeError("TVM sees no CUDA device (a TVM build without CUDA, or no GPU)")
-    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.compile.pipeline import make_target
 
     from .train_step import (
         TrainingUnsupported,

@@ -152,7 +152,7 @@ def test_the_training_step_of_a_cnn_compiles_for_cuda_on_a_host_without_a_gpu():
     """Every kernel of the training module (forward, backward, Adam) gets a GPU schedule: DLight's rule
     that fails on some of them in TVM 0.27 is dropped for those kernels only."""
     from core.onnx_models.zoo import build_model
-    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.compile.pipeline import make_target
 
     rebatched = gpu_runtime.rebatch(build_model("small_cnn").SerializeToString(), 4)
     built = train_step.compile_trainer(rebatched, gpu_runtime._inputs(rebatched),
