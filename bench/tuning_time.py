@@ -373,7 +373,7 @@ def _parallel_pairs(args, names, spec, root: Path, seed: int, sides: list[str]) 
     target = {"kind": "llvm", "num-cores": PARALLEL_THREADS}
     tir = [n for n in names if WORKLOADS.get(n, ("onnx",))[0] == "tir"]
     # 32 a round: six rounds of --quick's 192 trials (--parallel-trials), eight of 256. Fewer rounds (two of
-    # 64 trials) leave the controller no round to recover in after a noisy probe (it re-probes two rounds
+    # 64 trials) leave the DOP rule no round to recover in after a noisy probe (it re-probes two rounds
     # after a back-off), and its fixed costs (the probe, the first pooled pairs) a large share of its
     # serial timings; smaller rounds pay the search's fixed cost a round more often and a pooled round's
     # serial timing of its fastest (1/16 of a round's measuring at 16 a round) twice as often
@@ -492,7 +492,7 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         "parallel_serial_ratio_by_reason": {
             reason: statistics.mean((p.get("serial_ratio_by_reason") or {}).get(reason, 0.0) for p in pairs)
             for reason in sorted({r for p in pairs for r in (p.get("serial_ratio_by_reason") or {})})},
-        # share of DOP auto's rounds measured at DOP > 1 (the final DOP is where the controller ended,
+        # share of DOP auto's rounds measured at DOP > 1 (the final DOP is where the rule ended,
         # after the last round)
         "parallel_rounds_above_dop1": _share_above_dop1(pairs),
         # the least wall ratio this machine allows (_wall_ratio_floor) and the cores each side kept busy
