@@ -71,8 +71,8 @@ class DistributedRunner(PyRunner):
 
     Per queue: the host reports its measurement slots (a ``describe`` payload, answered by
     :func:`~.measure.describe_host` on that host), which bound that queue's own
-    :class:`~tuning.engine.doppler.rule.DopRule`; each batch is dealt in proportion to the queues' current DOPs, and each
-    queue's share is measured as one DOPpler round (:func:`~.rounds.measure_round`) *on that host*:
+    DOP rule (:class:`~tuning.engine.doppler.rule.DopRule`); each batch is dealt in proportion to the
+    queues' current DOPs, and each queue's share is measured as one DOPpler round (:func:`~.rounds.measure_round`) *on that host*:
     at most DOP candidates in flight (each tagged with its slot), a sample re-measured with one in
     flight (the host's serial reference), the error and DOP that host's own. Nothing is queued
     behind a busy host by us (at most DOP in flight), and the remote deadline starts when a worker
