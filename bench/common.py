@@ -135,8 +135,8 @@ def run_child(script: str, spec: dict, *, timeout: float, env: dict | None = Non
 def tuning_config(spec: dict, **extra):
     """The engine's TuningConfig for a child job's spec (the fields every tuning benchmark sets the same
     way: DOPpler measurement, the default evaluator, the spec's budget and search); ``extra`` adds the rest."""
-    from tuning.engine.session import TuningConfig
-    from tuning.engine.timer import EvaluatorConfig
+    from tuning.engine.config import TuningConfig
+    from tuning.engine.measuring.timer import EvaluatorConfig
 
     return TuningConfig(
         target=spec["target"],

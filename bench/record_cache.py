@@ -87,7 +87,7 @@ class _CurveSink:
 
 def _seed_from_cache(spec: dict, model) -> dict:
     """The platform's lookup (services.seed_run without the rows): hash the tasks, match the key, seed."""
-    from tuning.engine import record_cache as rc
+    from tuning.engine.records import cache as rc
 
     cache = json.loads(Path(spec["cache"]).read_text())
     key = {"hardware": rc.hardware_fingerprint(spec["target"]), "tvm_version": rc.tvm_version()}
@@ -105,7 +105,7 @@ def _seed_from_cache(spec: dict, model) -> dict:
 
 def _publish(spec: dict, model) -> dict:
     """What the platform publishes after A: its final (serial) records and a cost model trained on them."""
-    from tuning.engine import record_cache as rc
+    from tuning.engine.records import cache as rc
 
     entries = rc.entries_from_run(spec["work_dir"], model, spec["target"])
     for i, e in enumerate(entries):
@@ -122,7 +122,7 @@ def _publish(spec: dict, model) -> dict:
 
 
 def _job_tune(spec: dict) -> dict:
-    from tuning.engine import record_cache as rc
+    from tuning.engine.records import cache as rc
     from tuning.engine.session import run_tuning
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
@@ -141,8 +141,8 @@ def _job_tune(spec: dict) -> dict:
 
 
 def _job_remeasure(spec: dict) -> dict:
-    from tuning.engine.relax_pipeline import compile_model, make_target, random_inputs, run_and_time
-    from tuning.engine.session import open_database
+    from tuning.engine.compile.pipeline import compile_model, make_target, random_inputs, run_and_time
+    from tuning.engine.workdir import open_database
 
     target = make_target(spec["target"])
     model = make_model(spec["pair"], "B")
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     cores = len(os.sched_getaffinity(0))
     threads = args.threads or cores
     target = {"kind": "llvm", "num-cores": threads}
-    from tuning.engine.targets import resolve_cpu_target
+    from tuning.engine.compile.targets import resolve_cpu_target
 
     target.update(resolve_cpu_target(num_cores=threads))  # named CPU (mcpu), as the platform's runs
     trials = args.trials or (96 if args.quick else 320)

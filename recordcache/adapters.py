@@ -1,15 +1,15 @@
-"""Where cache rows meet the engine (``tuning.engine.record_cache``): every TVM call on a team's model
+"""Where cache rows meet the engine (``tuning.engine.records.cache``): every TVM call on a team's model
 or on imported records runs in a sandboxed child (``tuning.adapters.call_engine`` / ``procpool``)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from tuning.adapters import call_engine, checked_target, engine_target, run_work_dir
-from tuning.engine import procpool
-from tuning.engine import record_cache as engine
-from tuning.engine.cost_model_file import CostModelFileError, check_cost_model_file
-from tuning.engine.procpool import WorkerError, WorkerTimeout
-from tuning.engine.record_check import RecordError, precheck
+from tuning.engine.process import procpool
+from tuning.engine.records import cache as engine
+from tuning.engine.records.cost_model_file import CostModelFileError, check_cost_model_file
+from tuning.engine.process.procpool import WorkerError, WorkerTimeout
+from tuning.engine.records.check import RecordError, precheck
 from tuning.models import TuningRun
 
 IMPORT_CHECK_TIMEOUT_S = 600
@@ -35,12 +35,12 @@ def cache_key_of(run: TuningRun) -> dict:
 
 
 def task_workloads(model_proto, run: TuningRun) -> list[dict]:
-    return call_engine("tuning.engine.record_cache:task_workloads", model_proto, engine_target(run),
+    return call_engine(engine.task_workloads, model_proto, engine_target(run),
                        what="looking the run's tasks up in the record cache")
 
 
 def publish_from_run(model_proto, run: TuningRun, cached: list[dict], cost_model_path: Path) -> dict:
-    return call_engine("tuning.engine.record_cache:publish_from_run", str(run_work_dir(run.pk)), model_proto,
+    return call_engine(engine.publish_from_run, str(run_work_dir(run.pk)), model_proto,
                        engine_target(run), cached, str(cost_model_path), int(run.threads or 1),
                        what="reading the run's serially re-measured records for the cache and training its cost model")
 
@@ -50,5 +50,5 @@ def write_seeds(run: TuningRun, hits: dict[int, list[dict]], tolerance: float) -
 
 
 def check_cache_import(workloads: bytes, records: bytes, target: dict, max_records: int) -> dict:
-    return procpool.run_isolated("tuning.engine.record_cache:check_cache_import", workloads, records,
+    return procpool.run_isolated(engine.check_cache_import, workloads, records,
                                  checked_target(target), max_records, timeout=IMPORT_CHECK_TIMEOUT_S)

@@ -27,7 +27,7 @@ from core.models import ApiToken, DLModel, EnergySettings, Membership, Quota, Te
 from recordcache.models import CacheEntry, TeamCacheSettings
 from scheduling.models import (GPU, GpuJob, GpuProfile, GpuTelemetry, Node, Placement, PredictorVersion, SimulationRun,
                                TraceUpload, gpu_queue_name)
-from tuning.engine import record_cache as record_cache_engine
+from tuning.engine.records import cache as record_cache_engine
 from tuning.models import DopRound, Measurement, TuningRun, TuningTask
 
 from .helpers import PHILLY_CSV

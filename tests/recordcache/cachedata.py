@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tuning.engine import record_cache
-from tuning.engine.database import DB_RECORDS, DB_WORKLOAD, FINAL_DIR
+from tuning.engine.records import cache as record_cache
+from tuning.engine.workdir import DB_RECORDS, DB_WORKLOAD, FINAL_DIR
 from tuning.engine.testing import tuning_database
 
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from tuning.engine import record_cache as rc
-from tuning.engine.database import DB_RECORDS, DB_WORKLOAD, IMPORTED_DIR, IMPORTED_RECORDS, has_imported
+from tuning.engine.records import cache as rc
+from tuning.engine.workdir import DB_RECORDS, DB_WORKLOAD, IMPORTED_DIR, IMPORTED_RECORDS, has_imported
 from tuning.engine.events import TaskInfo
 
 CPUINFO = """processor\t: 0
@@ -319,7 +319,7 @@ def test_export_is_a_tvm_json_database_with_the_platform_times():
 def test_place_cost_model_only_for_a_fresh_run(tmp_path):
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.cost_model_file import data_only
+    from tuning.engine.records.cost_model_file import data_only
 
     src = tmp_path / "cm.xgb"
     data_only(ms.cost_model.XGBModel(num_tuning_cores=1)).save(str(src))  # the platform's data-only format
@@ -345,9 +345,10 @@ def test_seeded_run_verifies_skips_and_refuses_a_poisoned_entry(tmp_path, cpu_ta
     import tvm
 
     from tuning.engine.events import ListSink
-    from tuning.engine.session import TuningConfig, run_tuning
+    from tuning.engine.config import TuningConfig
+    from tuning.engine.session import run_tuning
     from tuning.engine.testing import matmul_primfunc
-    from tuning.engine.timer import EvaluatorConfig
+    from tuning.engine.measuring.timer import EvaluatorConfig
 
     from .cachedata import final_entries
 
@@ -391,8 +392,8 @@ def test_publish_reads_only_the_final_database_and_trains_a_loadable_cost_model(
     path = str(tmp_path / "cm.xgb")
     out = rc.publish_from_run(str(tmp_path), model, cpu_target, [], path)
     assert len(out["entries"]) == 3 and out["cost_model_records"] == 3
-    from tuning.engine.cost_model_file import check_cost_model_file
-    from tuning.engine.search import load_cost_model
+    from tuning.engine.records.cost_model_file import check_cost_model_file
+    from tuning.engine.search.loop import load_cost_model
 
     assert check_cost_model_file(path) == 3  # data only: XGBoost JSON and plain arrays
     cm = ms.cost_model.XGBModel(num_tuning_cores=1)
@@ -406,7 +407,7 @@ def test_published_entries_say_how_far_the_source_tuned_their_task(tmp_path, cpu
     started from) and whether its search had converged (Trimmer state, or a settled cache verdict)."""
     from pathlib import Path
 
-    from tuning.engine.database import DB_WORKLOAD, TRIMMER_STATE, save_exhausted
+    from tuning.engine.workdir import DB_WORKLOAD, TRIMMER_STATE, save_exhausted
     from tuning.engine.testing import matmul_primfunc, tuning_database
 
     from .cachedata import final_entries

@@ -11,8 +11,8 @@ from core.exceptions import PermissionDenied, ServiceError
 from recordcache import adapters, selectors, services
 from recordcache.models import CacheEntry, CacheLookup, TeamCacheSettings
 from tests.factories import CacheEntryFactory, TeamFactory, TuningRunFactory, TuningTaskFactory
-from tuning.engine import record_cache as rc
-from tuning.engine.database import has_imported
+from tuning.engine.records import cache as rc
+from tuning.engine.workdir import has_imported
 
 from .cachedata import give_final_database, opt_in
 
@@ -80,7 +80,7 @@ def test_an_empty_cache_costs_no_task_extraction(monkeypatch):
 def _data_only_cost_model(path) -> bytes:
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.cost_model_file import data_only
+    from tuning.engine.records.cost_model_file import data_only
 
     data_only(ms.cost_model.XGBModel(num_tuning_cores=1)).save(str(path))
     return path.read_bytes()

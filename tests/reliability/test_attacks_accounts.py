@@ -315,7 +315,7 @@ def test_hostile_record_files_are_refused_with_a_message(import_run, user_owner,
 
 
 def test_a_huge_integer_in_a_record_is_refused_by_the_precheck():
-    from tuning.engine.record_check import RecordError, precheck
+    from tuning.engine.records.check import RecordError, precheck
 
     with pytest.raises(RecordError, match="Tuning record line 1"):
         precheck(b"{}\n", HOSTILE_RECORDS[0], max_records=8)
@@ -326,7 +326,7 @@ def test_a_huge_integer_in_a_record_is_refused_by_the_precheck():
 def test_a_record_file_of_millions_of_lines_is_refused_before_they_are_parsed(monkeypatch):
     """Was broken: the budget was checked after every line had been parsed, so one 200 MB upload of
     tiny records held a web worker for tens of seconds and gigabytes (the dashboard and the API)."""
-    from tuning.engine import record_check
+    from tuning.engine.records import check as record_check
 
     parsed = []
     real_loads = record_check.json.loads
