@@ -38,7 +38,7 @@ from .horus.predictor_eval import evaluate_predictor as evaluate_utilization_pre
 from .horus.predictor_eval import format_evaluation as format_predictor_evaluation
 from .horus.profiles import (DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, ProfileRecord, gpu_spec, load_profiles,
                              roofline_profile)
-from .horus.traces import Job, TraceFormatError, TraceTooLarge, decode_trace, gpu_request_per_pod, trace_summary
+from .horus.traces import TraceFormatError, TraceTooLarge, decode_trace, gpu_request_per_pod, trace_summary
 from .horus import extender as extender_core  # the kube-scheduler extender's rules, for services.extender
 from .horus.extender import ExtenderNode
 from .horus.live_rule import InterferenceMove, interference_moves  # the simulator's re-placement rule, live

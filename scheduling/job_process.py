@@ -25,7 +25,8 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from common.sandbox import PRIVILEGE_DROP_HOOK, SandboxFailure, run_in_child
 

@@ -329,7 +329,7 @@ class PodBinding(models.Model):
         return f"pod {self.pod_namespace}/{self.pod_name} on {self.gpu}"
 
 
-def trace_upload_path(instance: "TraceUpload", filename: str) -> str:
+def trace_upload_path(instance: TraceUpload, filename: str) -> str:
     return f"traces/{instance.team_id}/{instance.sha256[:16]}-{filename[-60:]}"
 
 
@@ -406,6 +406,6 @@ class SimulationRun(models.Model):
         return f"Simulation {self.pk} of {self.trace} ({self.status})"
 
 
-def placement_gpu_ids(placement: "Placement") -> list[int]:
+def placement_gpu_ids(placement: Placement) -> list[int]:
     """The GPUs a placement holds: its gang, or its one GPU."""
     return list(placement.gang_gpu_ids or [placement.gpu_id])

@@ -129,7 +129,7 @@ class ZooModel:
     validated: object  # core.onnx_models.validate.ValidatedModel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def zoo_model(name: str = "small_cnn") -> ZooModel:
     """A zoo model's ONNX bytes and what the registry's validation found in them: built and validated
     once per test process, with the platform's limits (tuning tasks are not counted in tests)."""
@@ -319,7 +319,7 @@ class TrainedPredictorFile:
     n_records: int
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def small_predictor() -> TrainedPredictorFile:
     """A small Horus predictor (10 trees, 2 folds) trained on the shipped seed profiles, once per test
     process, as the file ``PredictorVersion`` stores."""

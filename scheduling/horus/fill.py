@@ -88,7 +88,7 @@ class Fill:
         self.limit = max_pods if max_pods is not None else 10 * self.state.n_gpus + 1000
         self.popularity = popularity
 
-    def run(self, *, should_stop: StopCheck | None = None) -> "Fill":
+    def run(self, *, should_stop: StopCheck | None = None) -> Fill:
         """Submit pods until the target share; ``should_stop`` (if given) is asked every ``STOP_CHECK_EVERY``
         pods, and True raises :class:`SimulationStopped`."""
         next_mark = 0
@@ -115,8 +115,8 @@ class Fill:
         held = self.policy.reserve(view, self.cv)
         gpus = checked_placement(self.policy, held, self.state, self.cv, 0.0)
         if gpus is not None:
-            if self.state.fits_memory(gpus, float(p.true_mem_mb)):
-                self.state.add(held, gpus, true_util=float(p.true_util_pct), true_mem=float(p.true_mem_mb), now=0.0)
+            if self.state.fits_memory(gpus, p.run_mem_mb):
+                self.state.add(held, gpus, true_util=p.run_util_pct, true_mem=p.run_mem_mb, now=0.0)
                 self.placed += 1
                 self.allocated += req
                 self.reserved += held.num_gpus * min(held.gpu_milli, MILLI)

@@ -140,7 +140,6 @@ def test_pooled_runner_measures_on_slots(matmul_artifacts, n_cores):
     from tvm.s_tir.meta_schedule.arg_info import TensorInfo
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    from tuning.engine.doppler.doppler_rule import DopplerRule
     from tuning.engine.runners.pooled import PooledAsyncRunner
 
     paths, args = matmul_artifacts

@@ -88,6 +88,7 @@ def _race(first, second, monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.dialect
 def test_two_owners_demoting_each_other_at_once_leave_one_owner(monkeypatch):
     alice, bob, team, m_alice, m_bob = _two_owner_team()
     outcomes = _race(lambda: services.change_member_role(actor=alice, membership=m_bob, role="viewer"),
@@ -97,6 +98,7 @@ def test_two_owners_demoting_each_other_at_once_leave_one_owner(monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.dialect
 def test_two_owners_removing_each_other_at_once_leave_one_owner(monkeypatch):
     alice, bob, team, m_alice, m_bob = _two_owner_team()
     outcomes = _race(lambda: services.remove_member(actor=alice, membership=m_bob),
@@ -105,6 +107,7 @@ def test_two_owners_removing_each_other_at_once_leave_one_owner(monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.dialect
 def test_two_owners_leaving_at_once_leave_one_owner(monkeypatch):
     alice, bob, team, m_alice, m_bob = _two_owner_team()
     outcomes = _race(lambda: services.remove_member(actor=alice, membership=m_alice),

@@ -8,7 +8,7 @@ import pytest
 
 from core.exceptions import QuotaExceeded, ServiceError
 from scheduling import gpu_runtime, services, tasks
-from scheduling.gpu_isolation import GpuSlots
+from scheduling.gpu_isolation import GpuSlots, NoFreeSlot
 from scheduling.models import GpuJob, Placement
 
 from .fakes import FakeNvml, fake_gpu, make_job, register_gpu_node
@@ -105,7 +105,7 @@ def test_a_gang_runs_a_replica_on_every_gpu_holding_a_slot_on_each(gpu_node, mod
     ran = []
 
     def replica(model, inputs, iterations, device_index, sampler_factory, check, **options):
-        with pytest.raises(Exception):  # this job holds a slot on the GPU while it runs
+        with pytest.raises(NoFreeSlot):  # this job holds a slot on the GPU while it runs
             GpuSlots(tmp_path, device_index, slots=1).acquire()
         with sampler_factory() as sampler:
             gpu_runtime.timed_iterations(lambda: ran.append(device_index), iterations, check)
