@@ -3,7 +3,12 @@
 python -m bench.gpu_check MODE ARCH WAYS: MODE check|prepare, ARCH sm_XY or "", WAYS all|window|budgets.
 ``budget_sweep`` takes any device's jobs and runner factory (nothing in it is CUDA's).
 """
-import json, os, signal, statistics, sys, time
+import json
+import os
+import signal
+import statistics
+import sys
+import time
 from pathlib import Path
 
 CAND = Path("bench/gpu_candidates")

@@ -169,7 +169,6 @@ def _strategy(spec: dict):
 
 
 def _job_stock(spec: dict) -> dict:
-    import tvm
     from tvm.s_tir import meta_schedule as ms
 
     from tuning.engine.compile.pipeline import make_target
@@ -185,7 +184,7 @@ def _job_stock(spec: dict) -> dict:
     cost_model = ms.cost_model.XGBModel(num_tuning_cores=None, tree_method="auto")
     t0 = time.perf_counter()
     if WORKLOADS.get(spec["workload"], ("onnx",))[0] == "tir":
-        db = ms.tune_tir(
+        ms.tune_tir(
             wl,
             target,
             spec["work_dir"],
@@ -205,7 +204,7 @@ def _job_stock(spec: dict) -> dict:
         ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
             tasks, spec["work_dir"], strategy=strategy, num_threads=search_threads, seed=spec["seed"]
         )
-        db = ms.tune_tasks(
+        ms.tune_tasks(
             tasks=ctxs,
             task_weights=weights,
             work_dir=spec["work_dir"],
