@@ -82,7 +82,7 @@ class _Run:
     trimmer: TrimmerRuntime | None = None
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     serial_by_reason: dict[str, dict] = dataclasses.field(default_factory=dict)
-    state: Any = None  # callbacks.EngineState, once the builder and runner exist
+    state: Any = None  # search.engine_state.EngineState, once the builder and runner exist
     controller: DOPController | None = None
     status: str = "succeeded"
     final_rows: list[dict] = dataclasses.field(default_factory=list)
@@ -212,11 +212,11 @@ def _tune(run: _Run) -> None:
     from tuning.engine.runners.pooled import MeasureLedger
     from tuning.engine.search import loop as search
     from tuning.engine.search.callbacks import (
-        EngineState,
         ObservedBuilder,
         ProgressStreamer,
         StreamingRunner,
     )
+    from tuning.engine.search.engine_state import EngineState
 
     cfg, builder, runner = run.cfg, None, None
     ledger = MeasureLedger()
