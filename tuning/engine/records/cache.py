@@ -646,7 +646,7 @@ def export_lines(entries: list[dict]) -> tuple[list[str], list[str]]:
 def recheck_cache_entries(entries: list[dict]) -> None:
     """Plain-Python check, in the parent, of the entries :func:`check_cache_import`'s sandboxed worker
     returned (it parsed hostile input in C++: trust nothing it hands back): each record's trace passes
-    ``record_check.check_trace_json``, it holds no run times, its workload is strict JSON, and the keys the
+    ``records.check.check_trace_json``, it holds no run times, its workload is strict JSON, and the keys the
     cache indexes by are what the platform writes. Raises RecordError."""
     for n, e in enumerate(entries, 1):
         where = f"Checked cache entry {n}"
@@ -684,7 +684,8 @@ def check_cache_import(workloads: bytes, records: bytes, target, max_records: in
     from tvm.s_tir import meta_schedule as ms
 
     from tuning.engine.compile.pipeline import make_target
-    from tuning.engine.records.check import check_and_replay, precheck, trace_only
+    from tuning.engine.records.check import precheck, trace_only
+    from tuning.engine.records.check_replay import check_and_replay
 
     try:
         wl_lines, rec_lines = precheck(workloads, records, max_records=max_records)
