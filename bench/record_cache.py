@@ -97,7 +97,8 @@ def _seed_from_cache(spec: dict, model) -> dict:
     for e in sorted(cache["entries"], key=lambda e: e["latency_s"]):
         by_hash.setdefault(e["workload_hash"], []).append(e)
     tasks = publish.task_workloads(model, spec["target"])
-    hits = {t["index"]: by_hash[t["workload_hash"]][:seeds.DEFAULT_TOP_K] for t in tasks if t["workload_hash"] in by_hash}
+    hits = {t["index"]: by_hash[t["workload_hash"]][:seeds.DEFAULT_TOP_K]
+            for t in tasks if t["workload_hash"] in by_hash}
     n = seeds.write_seeds(spec["work_dir"], hits)
     publish.place_cost_model(spec["work_dir"], cache.get("cost_model"))
     return {"hits": len(hits), "seeds": n, "tasks": len(tasks)}

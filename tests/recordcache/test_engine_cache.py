@@ -1,5 +1,5 @@
 """The engine side of the record cache (no Django): the key, seeds without cached times, verification
-(verified / stale / untrusted), verified tasks skipped through Trimmer's allocation, export."""
+(verified / stale / untrusted), verified tasks settled through the run's trial budget, export."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ from tuning.engine.records import cache_key, exchange, publish, seeds, settle
 from tuning.engine.workdir import DB_RECORDS, DB_WORKLOAD, IMPORTED_DIR, IMPORTED_RECORDS, has_imported
 from tuning.engine.events import TaskInfo
 from tuning.engine.trimmer.hooks import TrimmerRuntime
+from tuning.engine.trimmer.rules import TrimmerConfig
 
 CPUINFO = """processor\t: 0
 model name\t: AMD EPYC 7B13
@@ -139,6 +140,44 @@ def test_verified_tasks_are_preempted_from_the_start_not_reported_as_trimmer_sav
     assert tr.choose([0, 1], remaining=8) == 1  # the share allocation gives the trials to the other task
 
 
+def _seeded_run(tmp_path, verdicts, *, trimmer=None):
+    """What the session hands the cache after the seeds were measured: a run whose verification is on disk."""
+    from types import SimpleNamespace
+
+    from tuning.engine.config import TuningConfig
+
+    tmp_path.mkdir()
+    (tmp_path / seeds.VERIFY_FILE).write_text(json.dumps({"tolerance": 0.1, "tasks": verdicts}))
+    infos = [TaskInfo(0, "a", 1.0, 1.0), TaskInfo(1, "b", 1.0, 1.0)]
+    cfg = TuningConfig(target={"kind": "llvm"}, work_dir=str(tmp_path), max_trials=40, trials_per_round=4, seed=0)
+    return SimpleNamespace(work_dir=str(tmp_path), tasks=infos, database=None, infos=infos, cfg=cfg, n_existing=0,
+                           remaining=36, state=SimpleNamespace(trimmer=trimmer))
+
+
+def _verdict_of(task, *, settled, verified=True):
+    return {"task_index": task, "task_name": "t", "verified": verified, "settled": settled, "share_trials": 20,
+            "measured_best_s": 1e-3, "n_seeds": 2}
+
+
+def test_the_session_settles_through_a_passive_runtime_only_when_the_seeds_need_a_budget(tmp_path):
+    from tuning.engine.session import _apply_cache_seeds
+
+    run = _seeded_run(tmp_path / "a", [_verdict_of(0, settled=True), _verdict_of(1, settled=False, verified=False)])
+    _apply_cache_seeds(run, retime=None)
+    tr = run.state.trimmer
+    assert tr is not None and not tr.config.enabled and tr.settled == {0} and tr.budget.trials == {0: 2, 1: 2}
+    assert tr.budget.per_round == 4 and tr.take_pending() == [0]
+    # seeds that verified nothing change nothing without Trimmer: no runtime is made for them
+    run = _seeded_run(tmp_path / "b", [_verdict_of(0, settled=False, verified=False)])
+    _apply_cache_seeds(run, retime=None)
+    assert run.state.trimmer is None
+    # with Trimmer on, the cache uses the run's own budget
+    own = TrimmerRuntime(TrimmerConfig(), run.infos, max_trials=40)
+    run = _seeded_run(tmp_path / "c", [_verdict_of(1, settled=False)], trimmer=own)
+    _apply_cache_seeds(run, retime=None)
+    assert run.state.trimmer is own and own.budget.judged_after == {1: 20} and own.budget.seed_best == {1: 1e-3}
+
+
 def _manifest(entries, tol=0.1):
     return {"tolerance": tol, "tasks": {"0": {"workload_hash": "h", "cache_best_s": min(
         e["latency_s"] for e in entries), "entries": {e["trace_digest"]: {"id": e["id"], "source_run": 3,
@@ -202,7 +241,8 @@ def test_the_host_factor_needs_seeds_counts_only_a_slower_host_and_is_bounded():
     assert seeds.host_factor(_manifest_tasks({0: {"a": 1e-3}, 1: {"b": 1e-3}}), {0: {"a": 3e-3}, 1: {"b": 3e-3}}) == 1.0
     m = _manifest_tasks(cached)
     assert seeds.host_factor(m, {0: {"a": 5e-4}, 1: {"b": 5e-4}, 2: {"c": 5e-4}}) == 1.0  # faster now: no credit
-    assert seeds.host_factor(m, {0: {"a": 1e-2}, 1: {"b": 1e-2}, 2: {"c": 1e-2}}) == seeds.HOST_FACTOR_MAX  # 10x: capped
+    capped = seeds.host_factor(m, {0: {"a": 1e-2}, 1: {"b": 1e-2}, 2: {"c": 1e-2}})
+    assert capped == seeds.HOST_FACTOR_MAX  # 10x: capped
     assert seeds.host_factor(m, {0: {"a": 2e-3}, 1: {"b": None}, 2: {"c": 2e-3}}) == 1.0  # a failure is no ratio
     # a fake nanosecond time among real ones is one ratio of many: it does not move the factor, nor verify
     poisoned = _manifest_tasks({0: {"a": 1e-3}, 1: {"b": 1e-3}, 2: {"c": 1e-3}, 3: {"f": 1e-9}})
