@@ -70,7 +70,7 @@ def build_run(n_measurements: int, n_tasks: int, per_round: int):
     from core import services as core_services
     from core.models import Quota
     from core.onnx_models import zoo
-    from tests.frontend.fakes import FakeWorker
+    from bench._support import FakeWorker
     from tuning import services as tuning_services
 
     user = get_user_model().objects.create_user("bench", password="bench-pw")
