@@ -192,7 +192,8 @@ def check(ways):
     from tuning.engine.measuring.gpu_slots import (TIMING_LOCK_VAR, GpuSlotGroup, ensure_mps, gpu_slot_groups, mps_pipe_dir,
                                          require_gpus, stop_mps, timing_lock_path)
     from tuning.engine.runners.plugins import gpu_worker_slots
-    from tuning.engine.runners.pooled import MeasureJob, PooledAsyncRunner
+    from tuning.engine.runners.measure_jobs import MeasureJob
+    from tuning.engine.runners.pooled import PooledAsyncRunner
     from tuning.engine.measuring.timer import default_evaluator
 
     gpus = require_gpus()

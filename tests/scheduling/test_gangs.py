@@ -132,7 +132,7 @@ def test_a_failing_replica_stops_the_gang_and_fails_the_job(gpu_node, model_a, u
 
     def replica(model, inputs, iterations, device_index, sampler_factory, check, **options):
         if device_index == 1:
-            raise gpu_runtime.GpuRuntimeError("replica on GPU 1 ran out of memory")
+            raise gpu_runtime.GpuRuntimeError("replica on GPU 1 hit an illegal memory access")
         check.every_s = 0
         gpu_runtime.timed_iterations(lambda: None, iterations, check)  # stops once the other failed
         raise AssertionError("the lead ran to the end")
@@ -141,5 +141,5 @@ def test_a_failing_replica_stops_the_gang_and_fails_the_job(gpu_node, model_a, u
     monkeypatch.setitem(gpu_runtime.RUNTIMES, "tvm", replica)
     services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w", nvml=nvml)
     job.refresh_from_db()
-    assert job.state == "failed" and "replica on GPU 1 ran out of memory" in job.error
+    assert job.state == "failed" and "replica on GPU 1 hit an illegal memory access" in job.error
     assert GpuJob.objects.get(pk=job.pk).num_gpus == 2

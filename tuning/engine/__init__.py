@@ -4,7 +4,7 @@ One folder per mechanism (import modules directly; nothing heavy is imported her
 
 - ``compile/``: ONNX -> Relax (``pipeline``), the graph passes (``passes``), task
   extraction (``workloads``), targets and their closed schema, TVM workarounds.
-- ``doppler/``: DOPpler's degree-of-parallelism rule (``controller``), one measuring
+- ``doppler/``: DOPpler's degree-of-parallelism rules (``rule``, ``doppler_rule``, ``platform_rule``), one measuring
   round as a pure function (``rounds``), the parallel-vs-serial error.
 - ``trimmer/``: Trimmer's pure rules (``rules``), its runtime in a run (``hooks``), the
   candidate filter (``filter``), its latency predictor.

@@ -26,8 +26,8 @@ from tuning.engine.compile.pipeline import make_target, target_device_type
 from tuning.engine.compile.targets import check_measurable_here
 from tuning.engine.compile.workloads import Task, collect_tasks, round_size
 from tuning.engine.config import LOCAL_RUNNERS, TaskResult, TuningConfig, TuningSummary
-from tuning.engine.doppler.controller import DOPController
 from tuning.engine.doppler.rounds import serial_totals
+from tuning.engine.doppler.rule import DopRule
 from tuning.engine.events import (
     MeasurementRecord,
     NullSink,
@@ -83,7 +83,7 @@ class _Run:
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     serial_by_reason: dict[str, dict] = dataclasses.field(default_factory=dict)
     state: Any = None  # search.engine_state.EngineState, once the builder and runner exist
-    controller: DOPController | None = None
+    dop_rule: DopRule | None = None
     status: str = "succeeded"
     final_rows: list[dict] = dataclasses.field(default_factory=list)
 
@@ -228,7 +228,7 @@ def _tune(run: _Run) -> None:
     # TVM's compiler, imported when a run starts, not when a web process imports this module
     from tuning.engine import remeasure
     from tuning.engine.runners import plugins
-    from tuning.engine.runners.pooled import MeasureLedger
+    from tuning.engine.runners.measure_jobs import MeasureLedger
     from tuning.engine.search import loop as search
     from tuning.engine.search.callbacks import (
         ObservedBuilder,
@@ -245,7 +245,7 @@ def _tune(run: _Run) -> None:
                                       threads=run.threads, cores=run.cores, ledger=ledger)
             builder = plugins.make_builder(cfg.builder, ctx)
             runner = plugins.make_runner(cfg.runner, ctx)
-            run.controller = getattr(runner, "controller", None)
+            run.dop_rule = getattr(runner, "rule", None)
             parallel = plugins.is_parallel_runner(cfg.runner)
             state = run.state = EngineState(
                 run.sink, run.infos, known_keys=run.known, ledger=ledger if parallel else None,
@@ -323,7 +323,7 @@ def _task_results(run: _Run) -> list[TaskResult]:
 
 
 def _summary(run: _Run, wall_secs: float) -> TuningSummary:
-    cfg, state, controller, trimmer = run.cfg, run.state, run.controller, run.trimmer
+    cfg, state, dop_rule, trimmer = run.cfg, run.state, run.dop_rule, run.trimmer
     results = _task_results(run)
     return TuningSummary(
         status=run.status,
@@ -332,9 +332,9 @@ def _summary(run: _Run, wall_secs: float) -> TuningSummary:
         n_measurements=state.n_reported if state else 0,
         n_total_records=sum(r.n_records for r in results),
         trials_requested=run.remaining,
-        final_dop=controller.dop if controller is not None else (1 if cfg.runner != "distributed" else None),
-        dop_history=controller.history_dicts() if controller is not None else [],
-        mean_parallel_error=controller.mean_parallel_error() if controller is not None else None,
+        final_dop=dop_rule.dop if dop_rule is not None else (1 if cfg.runner != "distributed" else None),
+        dop_history=dop_rule.history_dicts() if dop_rule is not None else [],
+        mean_parallel_error=dop_rule.mean_parallel_error() if dop_rule is not None else None,
         database_path=run.work_dir,
         database_paths=database_paths(run.work_dir),
         final_remeasure=run.final_rows,

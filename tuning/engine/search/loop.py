@@ -21,7 +21,7 @@ from tuning.engine.records.cost_model_file import (
     data_only,
     load_xgb_model,
 )
-from tuning.engine.runners.pooled import is_infrastructure_failure
+from tuning.engine.runners.measure_jobs import is_infrastructure_failure
 from tuning.engine.search.callbacks import StreamingMeasureCallback
 from tuning.engine.search.engine_state import EngineState
 from tuning.engine.search.task_scheduler import ControlledScheduler
