@@ -6,7 +6,8 @@ import pytest
 from tuning.engine.energy import (
     CompositeMeter, EnergyAccount, ModeledMeter, NvmlMeter, RaplMeter, available_meters, carbon_grams,
 )
-from tuning.engine.trimmer.rules import ModelStopper, TaskPlateauTracker, TrimmerConfig, allocate_trials
+from tuning.engine.budget import allocate_trials
+from tuning.engine.trimmer.rules import ModelStopper, TaskPlateauTracker, TrimmerConfig
 
 
 # --- pre-emption --------------------------------------------------------------------

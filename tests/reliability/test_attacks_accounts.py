@@ -326,26 +326,26 @@ def test_a_huge_integer_in_a_record_is_refused_by_the_precheck():
 def test_a_record_file_of_millions_of_lines_is_refused_before_they_are_parsed(monkeypatch):
     """Was broken: the budget was checked after every line had been parsed, so one 200 MB upload of
     tiny records held a web worker for tens of seconds and gigabytes (the dashboard and the API)."""
-    from tuning.engine.records import check as record_check
+    from tuning.engine.records import check as records_check
 
     parsed = []
-    real_loads = record_check.json.loads
+    real_loads = records_check.json.loads
 
     class CountingJson:
-        JSONDecodeError = record_check.json.JSONDecodeError
+        JSONDecodeError = records_check.json.JSONDecodeError
 
         @staticmethod
         def loads(text):
             parsed.append(1)
             return real_loads(text)
-    monkeypatch.setattr(record_check, "json", CountingJson)
-    with pytest.raises(record_check.RecordError, match="budget of 8"):
-        record_check.precheck(b"{}\n", b"[0, [[[], []]]]\n" * 200_000, max_records=8)
+    monkeypatch.setattr(records_check, "json", CountingJson)
+    with pytest.raises(records_check.RecordError, match="budget of 8"):
+        records_check.precheck(b"{}\n", b"[0, [[[], []]]]\n" * 200_000, max_records=8)
     assert len(parsed) <= 1 + 9
     parsed.clear()
-    with pytest.raises(record_check.RecordError, match="workload"):
-        record_check.precheck(b"{}\n" * 200_000, b"[0, [[[], []]]]\n", max_records=8)
-    assert len(parsed) <= record_check.MAX_WORKLOADS + 1
+    with pytest.raises(records_check.RecordError, match="workload"):
+        records_check.precheck(b"{}\n" * 200_000, b"[0, [[[], []]]]\n", max_records=8)
+    assert len(parsed) <= records_check.MAX_WORKLOADS + 1
 
 
 def test_a_model_name_cannot_inject_headers_into_its_download(team_a, user_owner):

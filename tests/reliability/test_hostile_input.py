@@ -794,7 +794,7 @@ def test_records_the_checker_accepts_are_ones_metaschedule_can_mutate():
 
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.records.check import check_trace
+    from tuning.engine.records.check_replay import check_trace
     from tuning.engine.compile.pipeline import make_target
     from tuning.engine.testing import matmul_primfunc, tuning_database
 

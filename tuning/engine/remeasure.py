@@ -19,7 +19,7 @@ from tuning.engine.latency import TVM_FAILED_RUN_SECS
 from tuning.engine.measuring.measure import MeasureOutcome, _jsonable
 from tuning.engine.runners.measure_jobs import MeasureJob
 from tuning.engine.runners.plugins import build_all, measure_serially
-from tuning.engine.search.callbacks import EngineState
+from tuning.engine.search.engine_state import EngineState
 from tuning.engine.workdir import (
     FINAL_DIR,
     imported_records,

@@ -38,7 +38,7 @@ from tuning.engine.events import (
 from tuning.engine.process import sandbox
 from tuning.engine.process.lifeline import lock_work_dir
 from tuning.engine.process.procpool import available_cpus, unpin_current_thread
-from tuning.engine.records import cache as record_cache
+from tuning.engine.records import settle as cache_settle
 from tuning.engine.trimmer.hooks import TrimmerRuntime
 from tuning.engine.workdir import (
     StreamJournal,
@@ -82,7 +82,7 @@ class _Run:
     trimmer: TrimmerRuntime | None = None
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     serial_by_reason: dict[str, dict] = dataclasses.field(default_factory=dict)
-    state: Any = None  # callbacks.EngineState, once the builder and runner exist
+    state: Any = None  # search.engine_state.EngineState, once the builder and runner exist
     dop_rule: DopRule | None = None
     status: str = "succeeded"
     final_rows: list[dict] = dataclasses.field(default_factory=list)
@@ -190,7 +190,7 @@ def _pace(run: _Run, builder, runner, state) -> None:
 
 
 def _cache_retimer(run: _Run, builder, runner):
-    """The record cache's second re-time of a seed that timed slow (``record_cache.verify_seeds``): built
+    """The record cache's second re-time of a seed that timed slow (``records.seeds.verify_seeds``): built
     and timed serially with the run's builder and runner, charged to the run's budget."""
     from tuning.engine import remeasure
 
@@ -204,6 +204,25 @@ def _cache_retimer(run: _Run, builder, runner):
     return retime
 
 
+def _apply_cache_seeds(run: _Run, retime) -> None:
+    """The record cache's verified seeds, through the run's trial budget: settled tasks leave the search,
+    the others are searched on from their seeds (``records.settle``). The budget is Trimmer's; a run
+    without Trimmer gets a passive runtime when the seeds need one (it feeds the budget from the measured
+    batches and judges the searched seeds by the plateau rule)."""
+    decisions = cache_settle.seed_decisions(run.work_dir, run.tasks, run.database, run.infos,
+                                            int(run.cfg.max_trials), resumed=bool(run.n_existing), retime=retime)
+    state = run.state
+    if decisions is None or state is None:
+        return
+    if state.trimmer is None:
+        if not decisions.needs_budget:
+            return
+        state.trimmer = TrimmerRuntime.passive(
+            run.infos, max_trials=int(run.cfg.max_trials), seed=run.cfg.seed,
+            per_round=round_size(run.cfg.trials_per_round, run.remaining, len(run.tasks)))
+    cache_settle.apply_seed_decisions(state.trimmer.budget, decisions)
+
+
 def _tune(run: _Run) -> None:
     """Make the builder and runner, measure the imported seeds, search, re-measure the best."""
     # TVM's compiler, imported when a run starts, not when a web process imports this module
@@ -212,11 +231,11 @@ def _tune(run: _Run) -> None:
     from tuning.engine.runners.measure_jobs import MeasureLedger
     from tuning.engine.search import loop as search
     from tuning.engine.search.callbacks import (
-        EngineState,
         ObservedBuilder,
         ProgressStreamer,
         StreamingRunner,
     )
+    from tuning.engine.search.engine_state import EngineState
 
     cfg, builder, runner = run.cfg, None, None
     ledger = MeasureLedger()
@@ -243,7 +262,7 @@ def _tune(run: _Run) -> None:
                 run.remaining = max(0, run.remaining - n_imported)
                 run.phases["imported"] = time.perf_counter() - t0
             # verified cache hits need no search; a seed that timed slow is timed once more first
-            record_cache.apply_seed_verification(run, retime=_cache_retimer(run, builder, runner))
+            _apply_cache_seeds(run, retime=_cache_retimer(run, builder, runner))
             if run.remaining > 0:
                 # results reach the sink as each measurement lands, not at TVM's joins (see callbacks)
                 streamer = ProgressStreamer(state)
