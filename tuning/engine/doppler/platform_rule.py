@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tuning.engine.doppler.doppler_rule import DopplerRule
 from tuning.engine.doppler.rule import DopRule, FixedDop, is_valid_latency
@@ -206,7 +206,7 @@ class PlatformRule(ProbeStart, PairsProbe, PooledSample, MeasuredNoise, Rankable
     """The platform's rule: DOPpler's with every refinement of the module doc."""
 
 
-def make_rule(dop: str | int, max_dop: int, rule: type[DopRule] | None = None) -> DopRule:
+def make_rule(dop: str | int, max_dop: int, rule: Callable[[int], DopRule] | None = None) -> DopRule:
     """The rule a runner uses for a run's ``dop`` setting: "auto" adapts (``rule``, default
     :class:`PlatformRule`; benches pass an ablation), a number is a :class:`FixedDop`."""
     if dop == "auto":

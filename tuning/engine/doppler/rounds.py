@@ -170,9 +170,11 @@ class _Round:
         seconds = [None if out.error else latency_of(out.run_secs) for out, _ in outs]
         rule.record_serial_repeat([self.results[i].serial_latency_s for i in idx], seconds)
         for i, (out, _), sec in zip(idx, outs, seconds):
+            c = self.results[i]
             if sec is not None:
-                self.results[i].serial_repeat_s = sec
-                self.results[i].final_secs = list(self.results[i].final_secs) + list(out.run_secs)
+                assert c.final_secs is not None  # idx kept only candidates with final timings; _timed keeps them
+                c.serial_repeat_s = sec
+                c.final_secs = list(c.final_secs) + list(out.run_secs)
 
     def references(self, idx: Sequence[int]) -> list[float | None]:
         return [self.results[i].serial_reference_s for i in idx]
@@ -189,8 +191,8 @@ class _Round:
 
     def fastest_serial(self, idx: Sequence[int], k: int) -> list[int]:
         """The ``k`` candidates of ``idx`` with the fastest serial timings (the ones ranking matters most for)."""
-        timed = [i for i in idx if self.results[i].serial_latency_s is not None]
-        return sorted(timed, key=lambda i: self.results[i].serial_latency_s)[:max(0, k)]
+        timed = [(i, secs) for i in idx if (secs := self.results[i].serial_latency_s) is not None]
+        return [i for i, _ in sorted(timed, key=lambda pair: pair[1])][:max(0, k)]
 
     def latencies(self, idx: Sequence[int]) -> list[float | None]:
         return [self.results[i].latency_s for i in idx]
@@ -200,8 +202,11 @@ class _Round:
         return sum(1 for i in failed if self.results[i].final_error is None)
 
     def correct(self, idx: Sequence[int], rule: DopRule, err: float | None) -> None:
+        """``idx``: candidates with final timings (both callers keep only those)."""
         for i in idx:
-            self.results[i].final_secs = rule.correct(self.results[i].final_secs, err)
+            secs = self.results[i].final_secs
+            assert secs is not None, "only candidates with final timings are corrected"
+            self.results[i].final_secs = rule.correct(secs, err)
             self.correction_applied = True
 
 
@@ -272,7 +277,7 @@ def _sampled_round(rnd: _Round, rule: DopRule, dop: int, validated: set[int],
         # past correction: time the rest serially, but for the candidates that rank after the round's
         # median whatever their serial timing (DopRule.rankable_bound), left as measured
         bound = rule.rankable_bound(lat, dop, err)
-        rankable = [i for i in rest if bound is None or lat[i] is None or lat[i] <= bound]
+        rankable = [i for i in rest if bound is None or (parallel_s := lat[i]) is None or parallel_s <= bound]
         rnd.outliers_skipped += len(set(rest) - set(rankable) - set(skipped))  # the sample's were counted
         rnd.serial(rankable, count_as_remeasure=True, reason="uncorrectable")
     return decision

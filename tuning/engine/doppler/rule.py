@@ -25,6 +25,7 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
+from typing import TypeGuard
 
 from tuning.engine.doppler.parallel_error import summarize_parallel_error
 from tuning.engine.latency import is_failed_latency
@@ -39,7 +40,9 @@ def default_max_dop() -> int:
     return max(1, len(available_cpus()))
 
 
-def is_valid_latency(x) -> bool:
+def is_valid_latency(x: float | None) -> TypeGuard[float]:
+    """A measured latency (a float, finite, below TVM's failure marker); a failed one may still be a float
+    (NaN, inf, the marker), so only the True branch narrows."""
     return not is_failed_latency(x)
 
 
@@ -258,8 +261,8 @@ class DopRule:
     @staticmethod
     def _scored(latencies: Sequence[float | None]) -> tuple[list[int], list[float]]:
         """The indices of the valid ``latencies`` and their robust z-scores."""
-        idx = [i for i, x in enumerate(latencies) if is_valid_latency(x)]
-        return idx, robust_z_scores([latencies[i] for i in idx])
+        valid = [(i, x) for i, x in enumerate(latencies) if is_valid_latency(x)]
+        return [i for i, _ in valid], robust_z_scores([x for _, x in valid])
 
     def _good_sorted(self, latencies, idx: list[int], z: list[float]) -> list[int]:
         return sorted((i for i, zi in zip(idx, z) if abs(zi) <= self.settings.z_threshold), key=lambda i: latencies[i])
@@ -360,7 +363,7 @@ class DopRule:
 
     def correct(self, latencies: Sequence[float], mean_error: float | None) -> list[float]:
         """Scale latencies by (1 - mean_error) when |mean_error| < correction_limit."""
-        if not self.can_correct(mean_error):
+        if mean_error is None or not self.can_correct(mean_error):
             return [float(x) for x in latencies]
         return [float(x) * (1.0 - mean_error) if is_valid_latency(x) else x for x in latencies]
 

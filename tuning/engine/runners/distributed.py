@@ -203,8 +203,8 @@ class DistributedRunner(PyRunner):
                                    is_serial_config=lambda d: int(d) <= 1, validated=self._validated[q])
         except BaseException as exc:  # noqa: BLE001 - never leave futures hanging
             for job in jobs:
-                if not job.future.done():
-                    job.future.set_result((None, f"{INFRASTRUCTURE_ERROR}round on {q} failed: {exc!r}"))
+                if not job.search_future.done():
+                    job.search_future.set_result((None, f"{INFRASTRUCTURE_ERROR}round on {q} failed: {exc!r}"))
             return
         self._validated[q] = result.validated
         for job, c in zip(jobs, result.candidates):
@@ -218,7 +218,7 @@ class DistributedRunner(PyRunner):
             n_failures=result.n_failures, wall_secs=time.perf_counter() - t0,
             correction_applied=result.correction_applied))
         for job, c in zip(jobs, result.candidates):
-            job.future.set_result((c.final_secs, c.final_error if not c.final_secs else None))
+            job.search_future.set_result((c.final_secs, c.final_error if not c.final_secs else None))
 
     def _add_part(self, rnd: int, part: RoundReport) -> None:
         """One queue's share of round ``rnd``; the round's report (the DOP chart's point) is the sum
@@ -244,7 +244,7 @@ class DistributedRunner(PyRunner):
             if mine:
                 self._rounds[q].submit(self._queue_round, q, rnd, mine)
         # a bound on the engine's join: every candidate waited for twice (parallel and serially)
-        return [EngineFuture(j.future, 2 * self.wait_timeout_sec + 60) for j in jobs]
+        return [EngineFuture(j.search_future, 2 * self.wait_timeout_sec + 60) for j in jobs]
 
     def measure_serial(self, jobs: Sequence[MeasureJob]) -> list[MeasureOutcome]:
         """Measure ``jobs`` one at a time on one device of the run's target class (the final serial

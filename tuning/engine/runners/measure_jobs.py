@@ -160,6 +160,13 @@ class MeasureJob:
     args_info: list
     future: concurrent.futures.Future | None = None
 
+    @property
+    def search_future(self) -> concurrent.futures.Future:
+        """:attr:`future`, for the runners' rounds, which only measure jobs their ``run`` gave one."""
+        if self.future is None:
+            raise RuntimeError(f"{self.path}: a measurement outside the search has no future to answer")
+        return self.future
+
 
 def runner_object(runner):
     """The Python object behind a ``derived_object`` runner (its ``run`` returns our own futures)."""

@@ -333,7 +333,7 @@ class PooledAsyncRunner(PyRunner):
         )
         self.ledger.add_round(report)
         for job, c in zip(jobs, result.candidates):
-            job.future.set_result((c.final_secs, c.final_error if not c.final_secs else None))
+            job.search_future.set_result((c.final_secs, c.final_error if not c.final_secs else None))
         if self.on_round is not None:
             try:
                 self.on_round(report)

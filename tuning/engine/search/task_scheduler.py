@@ -101,7 +101,7 @@ class ControlledScheduler(PyTaskScheduler):
         return False
 
     def next_task_id(self) -> int:
-        outer = self._outer()  # type: ignore[attr-defined]
+        outer = self._outer()
         st = self.state
         st.scheduler, st.launching = outer, None
         tasks = outer.tasks_
