@@ -49,9 +49,9 @@ def allocate_trials(remaining: int, tasks: Mapping[int, tuple[float, float | Non
     active = list(active)
     if remaining <= 0 or not active:
         return {t: 0 for t in active}
-    known = [tasks[t][0] * tasks[t][1] for t in active if tasks[t][1]]
-    fallback = (sum(known) / len(known)) if known else 1.0
-    shares = {t: (tasks[t][0] * tasks[t][1]) if tasks[t][1] else fallback for t in active}
+    weighted = {t: tasks[t][0] * best for t in active if (best := tasks[t][1])}
+    fallback = (sum(weighted.values()) / len(weighted)) if weighted else 1.0
+    shares = {t: weighted.get(t, fallback) for t in active}
     total = sum(shares.values()) or 1.0
     exact = {t: remaining * s / total for t, s in shares.items()}
     alloc = {t: int(math.floor(x)) for t, x in exact.items()}
@@ -219,4 +219,4 @@ class TrialBudget:
             if not parked:
                 return None
             shares = self.shares(parked)
-            return max(parked, key=lambda i: (shares[i][0] * shares[i][1]) if shares[i][1] else 0.0)
+            return max(parked, key=lambda i: shares[i][0] * (shares[i][1] or 0.0))

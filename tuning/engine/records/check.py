@@ -95,7 +95,7 @@ def _lines(data: bytes, what: str, limit: int, max_count: int, too_many: str) ->
         text = data.decode()
     except UnicodeDecodeError as exc:
         raise RecordError(f"{what} file", f"not UTF-8 text ({exc})") from None
-    out = []
+    out: list[tuple[int, Any]] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue

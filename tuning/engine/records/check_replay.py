@@ -187,7 +187,7 @@ def _match_workloads(wl_lines, task_mods) -> dict[int, int]:
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    hashes = {}
+    hashes: dict[int, int] = {}
     for ti, mod in enumerate(task_mods):
         hashes.setdefault(int(tvm_ffi.structural_hash(mod)), ti)
     out = {}
@@ -196,9 +196,9 @@ def _match_workloads(wl_lines, task_mods) -> dict[int, int]:
             mod = ms.database.Workload.from_json(value).mod
         except Exception:  # noqa: BLE001 - refused when a record uses it
             continue
-        ti = hashes.get(int(tvm_ffi.structural_hash(mod)))
-        if ti is not None and tvm_ffi.structural_equal(mod, task_mods[ti]):
-            out[wi] = ti
+        match = hashes.get(int(tvm_ffi.structural_hash(mod)))
+        if match is not None and tvm_ffi.structural_equal(mod, task_mods[match]):
+            out[wi] = match
     return out
 
 

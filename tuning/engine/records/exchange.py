@@ -32,7 +32,8 @@ def export_lines(entries: list[dict]) -> tuple[list[str], list[str]]:
     """Entries as a standard TVM JSON database (workload file lines, tuning-record file lines), with the
     platform's serial run times."""
     wl_index: dict[str, int] = {}
-    wl_lines, rec_lines = [], []
+    wl_lines: list[str] = []
+    rec_lines: list[str] = []
     for e in entries:
         if e["workload_hash"] not in wl_index:
             wl_index[e["workload_hash"]] = len(wl_lines)

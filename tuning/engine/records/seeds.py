@@ -64,7 +64,8 @@ def write_seeds(work_dir: str, hits: dict[int, list[dict]], *, tolerance: float 
     through the imported-seed path (built and measured serially on this host before the search, their
     cached times not kept); the manifest (``SEEDS_FILE``) keeps what verification compares with.
     Returns the number of seeds."""
-    rec_lines, manifest = [], {"tolerance": float(tolerance), "tasks": {}}
+    rec_lines: list[str] = []
+    manifest: dict[str, Any] = {"tolerance": float(tolerance), "tasks": {}}
     for task_index, entries in sorted(hits.items()):
         if not entries:
             continue

@@ -271,7 +271,8 @@ class ProgressStreamer:
         if st.journal is None:
             return True
         try:
-            st.journal.record([(e.task_index, e.record.round_index, e.cand, e.record.run_secs) for e in entries])
+            st.journal.record([(e.task_index, e.record.round_index, e.cand, e.record.run_secs)
+                               for e in entries if e.record is not None])
             return True
         except Exception as exc:  # noqa: BLE001 - a full disk must not stop the run
             log.exception("could not journal streamed results")

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["make_filtered_search", "choose_kept"]  # and FilteredSearch, through __getattr__
 
 
-def choose_kept(n: int, want: int, keep_explore: float, predicted_log: Sequence[float] | None,
+def choose_kept(n: int, want: int, keep_explore: float, predicted_log: Sequence[float] | np.ndarray | None,
                 threshold: float | None) -> tuple[list[int], list[int]]:
     """Which of ``n`` candidates (in the search's own order, best first) are measured: the first
     ``want`` of them, except those past the first ``keep_explore`` share of the slots whose
@@ -145,7 +145,7 @@ def _filtered_search_class():
             if self.runtime is not None:
                 ranked = None if len(cands) <= want else (predicted is not None and threshold is not None)
                 self.runtime.note_generated(self.task_index, len(cands), len(cands) - len(kept), ranked)
-                if vetoed:
+                if vetoed and predicted is not None:  # a veto needs a prediction (choose_kept)
                     self.runtime.note_vetoed(self.task_index, [
                         {"trace": trace_json(cands[i].sch.trace), "predicted_s": math.exp(float(predicted[i])),
                          "best_s": self.runtime.task_best(self.task_index)} for i in vetoed])

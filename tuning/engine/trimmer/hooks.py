@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from tuning.engine.budget import TrialBudget
 from tuning.engine.events import TaskInfo
-from tuning.engine.latency import is_failed_latency
+from tuning.engine.latency import is_timing
 from tuning.engine.trimmer.rules import (
     ModelStopper,
     TaskPlateauTracker,
@@ -217,7 +217,7 @@ class TrimmerRuntime:
                                                measured=len(latencies))
             else:
                 self.state.measured += len(latencies)
-            valid = [x for x in latencies if not is_failed_latency(x) and x > 0]
+            valid = [x for x in latencies if is_timing(x) and x > 0]
             self.budget.observe_best(task, valid)
             short = exhausted or (len(latencies) < self.per_round
                                   and self.budget.spent() + len(latencies) < self.max_trials)
