@@ -386,9 +386,24 @@ ARTIFACT_UNALLOC = {
         "random_ref": (850.9, 821, 878), "dot_prod_ref": (582.6, 559, 600), "gpu_clustering_ref": (518.7, 450, 583),
         "gpu_packing_ref": (510.7, 461, 555), "best_fit_ref": (443.4, 432, 457), "fgd_ref": (296.5, 287, 307),
     },
+    "openb_pod_list_gpushare40": {
+        "random_ref": (940.2, 916, 977), "dot_prod_ref": (664.4, 650, 678), "gpu_clustering_ref": (636.3, 586, 721),
+        "gpu_packing_ref": (635.2, 591, 702), "best_fit_ref": (531.6, 514, 562), "fgd_ref": (375.1, 368, 384),
+    },
+    "openb_pod_list_gpushare100": {
+        "random_ref": (1310.7, 1298, 1328), "dot_prod_ref": (1119.5, 1098, 1155),
+        "gpu_clustering_ref": (1104.2, 1055, 1173), "gpu_packing_ref": (1109.8, 1067, 1178),
+        "best_fit_ref": (955.7, 932, 972), "fgd_ref": (829.9, 813, 846),
+    },
+    "openb_pod_list_multigpu20": {
+        "random_ref": (812.6, 752, 860), "dot_prod_ref": (506.5, 470, 531), "gpu_clustering_ref": (413.5, 357, 463),
+        "gpu_packing_ref": (403.8, 351, 456), "best_fit_ref": (389.2, 365, 413), "fgd_ref": (277.8, 260, 291),
+    },
 }
 #: the pod lists this project ships, by the artifact's workload name -> the shipped trace
-SHIPPED_POD_LISTS = {"openb_pod_list_default": "alibaba"}
+SHIPPED_POD_LISTS = {"openb_pod_list_default": "alibaba", "openb_pod_list_gpushare40": "alibaba_gpushare40",
+                     "openb_pod_list_gpushare100": "alibaba_gpushare100",
+                     "openb_pod_list_multigpu20": "alibaba_multigpu20"}
 REF_SEEDS_QUICK, REF_SEEDS_FULL = tuple(range(5)), tuple(range(10))
 REF_TOLERANCE = 0.05
 
@@ -447,7 +462,17 @@ def reference_baselines(bench: Bench, seeds: tuple[int, ...]) -> dict[str, Any]:
         return max(abs(r[policy]["relative_deviation"]) for r in rows.values())
 
     default = rows["openb_pod_list_default"]
+    per_list = {pl: {n: {"artifact": r[n]["artifact_mean"], "here": r[n]["mean"],
+                         "relative_deviation": r[n]["relative_deviation"]} for n in r} for pl, r in rows.items()}
+    log("\n   summary, unallocated GPUs (artifact / here, relative deviation):")
+    log(f"   {'pod list':<28}{'FGD artifact':>13}{'fgd_ref':>9}{'dev':>8}{'BestFit art.':>14}{'best_fit_ref':>13}{'dev':>8}")
+    for pl, r in per_list.items():
+        f, b = r["fgd_ref"], r["best_fit_ref"]
+        log(f"   {pl:<28}{f['artifact']:13.1f}{f['here']:9.1f}{f['relative_deviation'] * 100:+7.1f}%"
+            f"{b['artifact']:14.1f}{b['here']:13.1f}{b['relative_deviation'] * 100:+7.1f}%")
+    outside = sorted(f"{pl}:{n}" for pl, r in rows.items() for n, x in r.items() if not x["within_tolerance"])
     return {"fgd_vs_artifact": worst("fgd_ref"), "best_fit_vs_artifact": worst("best_fit_ref"),
+            "per_pod_list": per_list, "outside_tolerance": outside,
             "reference_vs_artifact": {n: worst(n) for n in ARTIFACT_NAMES},
             "fgd_ref_vs_best_fit_ref_unallocated": default["fgd_ref"]["mean"] / default["best_fit_ref"]["mean"],
             "artifact_fgd_vs_best_fit_unallocated": default["fgd_ref"]["artifact_mean"] / default["best_fit_ref"]["artifact_mean"],
