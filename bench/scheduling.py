@@ -3,7 +3,8 @@
     python bench/scheduling.py --quick            # ~35 min on 2 cores (2,233 s measured, CI on the other core)
     python bench/scheduling.py --json out.json    # full run, over an hour
     python bench/scheduling.py --quick --heldout-only --json out.json   # the held-out section alone (< 10 min)
-    python bench/scheduling.py --reference-only   # the ATC'23 artifact's baselines alone: ~7 min (--quick ~5)
+    python bench/scheduling.py --reference-only   # the ATC'23 artifact's baselines alone, 4 pod lists (--quick ~7 min)
+    python bench/scheduling.py --overcommit-only --quick   # usage_fgd vs the baselines given its reservation rule
 
 Every policy runs in the same process on the same jobs, cluster and seed, through the same
 path the dashboard and ``manage.py simulate`` use (``scheduling.horus.experiments.run_experiment``).
@@ -110,7 +111,7 @@ def replay_table(title: str, scale: str, results: list[dict[str, Any]], base: di
     log(f"\n== {title}")
     log(f"   scale: {scale}")
     log(f"   {'policy':<{w}}{'makespan':>9}{'wait':>8}{'p95wait':>9}{'JCT':>8}{'util%':>7}{'occ%':>7}{'busy%':>7}"
-        f"{'mk/FIFO':>8}{'wt/FIFO':>8}{'ut/FIFO':>8}{'oversub':>8}{'OOM':>6}{'migr':>6}{'wall':>6}")
+        f"{'mk/FIFO':>8}{'wt/FIFO':>8}{'ut/FIFO':>8}{'oversub':>8}{'OOM':>6}{'migr':>6}{'slow':>6}{'p95sl':>6}{'p99sl':>6}{'wall':>6}")
     for r in results:
         mk = _ratio(r["makespan_s"], base["makespan_s"]) if base else None
         wt = _ratio(r["mean_wait_s"], base["mean_wait_s"]) if base else None
@@ -118,6 +119,7 @@ def replay_table(title: str, scale: str, results: list[dict[str, Any]], base: di
         log(f"   {r['label']:<{w}}{_fmt_t(r['makespan_s']):>9}{_fmt_t(r['mean_wait_s']):>8}{_fmt_t(r['p95_wait_s']):>9}"
             f"{_fmt_t(r['mean_jct_s']):>8}{r['util_mean_pct']:7.1f}{r.get('occupancy_pct', 0.0):7.1f}{r['util_busy_pct']:7.1f}"
             f"{_r(mk):>8}{_r(wt):>8}{_r(ut):>8}{r['oversub_gpu_time_frac']:8.2f}{r['oom_events']:6d}{r['migrations']:6d}"
+            f"{r.get('mean_slowdown', 1.0):6.2f}{r.get('p95_slowdown', 1.0):6.2f}{r.get('p99_slowdown', 1.0):6.2f}"
             f"{r['wall_s']:5.1f}s")
 
 
@@ -227,7 +229,8 @@ def philly_seeds(bench: Bench, seeds: tuple[int, ...]) -> tuple[list[dict[str, A
         per_seed.append(res)
     med = [{**{k: _median([next(r for r in rs if r["label"] == name)[k] for rs in per_seed])
                for k in ("makespan_s", "mean_wait_s", "p95_wait_s", "mean_jct_s", "util_mean_pct", "occupancy_pct",
-                         "util_busy_pct", "oversub_gpu_time_frac", "wall_s")},
+                         "util_busy_pct", "oversub_gpu_time_frac", "wall_s", "mean_slowdown", "p95_slowdown",
+                         "p99_slowdown")},
             "label": name, "oom_events": 0, "migrations": 0} for name in ALL]
     for m in med:
         rs = [next(r for r in x if r["label"] == m["label"]) for x in per_seed]
@@ -296,12 +299,13 @@ def fill_table(title: str, scale: str, fill: list[dict[str, Any]]) -> None:
     log(f"\n== {title}")
     log(f"   scale: {scale}")
     log(f"   {'policy':<16}{'allocated':>10}{'unalloc GPUs':>13}{'frag rate':>10}{'frag GPUs':>10}{'failed':>8}{'cpu fail':>9}"
-        f"{'reserved':>9}{'slowdown':>9}{'p95 slow':>9}{'wall':>7}")
+        f"{'reserved':>9}{'slowdown':>9}{'p95 slow':>9}{'p99 slow':>9}{'over-bnd':>9}{'wall':>7}")
     for r in fill:
         sh, cp = r.get("sharing") or {}, r.get("cpu_pods") or {}
         log(f"   {r['label']:<16}{r['allocated_share'] * 100:9.1f}%{r['unallocated_gpus']:13.0f}{r['frag_rate']:10.2f}"
             f"{r['frag_gpus']:10.0f}{r['failed']:8d}{cp.get('failed', 0):9d}{r.get('reserved_share', 0) * 100:8.1f}%"
-            f"{sh.get('mean_slowdown', 1.0):9.3f}{sh.get('p95_slowdown', 1.0):9.3f}{r['wall_s']:6.1f}s")
+            f"{sh.get('mean_slowdown', 1.0):9.3f}{sh.get('p95_slowdown', 1.0):9.3f}{sh.get('p99_slowdown', 1.0):9.3f}"
+            f"{sh.get('gpus_over_bound', 0):9d}{r['wall_s']:6.1f}s")
 
 
 def _alloc_at(curve: list[dict[str, float]], arrived: float) -> float:
@@ -477,6 +481,91 @@ def reference_baselines(bench: Bench, seeds: tuple[int, ...]) -> dict[str, Any]:
             "fgd_ref_vs_best_fit_ref_unallocated": default["fgd_ref"]["mean"] / default["best_fit_ref"]["mean"],
             "artifact_fgd_vs_best_fit_unallocated": default["fgd_ref"]["artifact_mean"] / default["best_fit_ref"]["artifact_mean"],
             "reference_seeds": list(seeds), "artifact_source": src}
+# ---------------------------------------------------------------------------------------------------------
+# Overcommit at equal terms (issue 42): the baselines given usage_fgd's reservation rule
+# ---------------------------------------------------------------------------------------------------------
+#: policies of the overcommit table: usage_fgd, then each baseline as published and given the rule
+OVERCOMMIT_ROWS = ("usage_fgd", "fgd_ref", "fgd_ref+reserve", "best_fit_ref", "best_fit_ref+reserve",
+                   "fgd", "best_fit+reserve")
+OVERCOMMIT_SEEDS_QUICK, OVERCOMMIT_SEEDS_FULL = (0,), (0, 1, 2)
+
+
+def _overcommit_policy(name: str):
+    from scheduling.horus.overcommit import with_reservation
+    from scheduling.horus.policies import POLICIES, make_policy
+    from scheduling.horus.reference_policies import make_reference_policy
+
+    base, _, rule = name.partition("+")
+    inner = make_policy(base) if base in POLICIES else make_reference_policy(base)
+    return with_reservation(inner) if rule == "reserve" else inner
+
+
+def overcommit_fill(bench: Bench, trace: str, name: str, seed: int) -> dict[str, Any]:
+    """One full-scale fill of ``name`` with the trained predictor's out-of-fold predictions (what
+    ``usage_fgd`` reserves by, so every ``+reserve`` row holds exactly what it would hold)."""
+    from scheduling.horus import experiments as hexp
+    from scheduling.horus.fill import Fill
+
+    kind, pods = hexp.load_jobs(trace)
+    params = hexp.ExperimentParams.from_dict({**ALIBABA_FILL, "predictions": "predictor"}).validate(kind)
+    prep = hexp.prepare_experiment(kind, pods, params, seed=seed, profiles=bench.records, predictor=bench.predictor)
+    t0 = time.perf_counter()
+    fill = Fill(prep.jobs, prep.cluster, _overcommit_policy(name), seed=seed).run()
+    res = fill.result(wall_s=time.perf_counter() - t0).to_dict()
+    res.pop("curve", None)
+    return res
+
+
+def overcommit_section(bench: Bench, seeds: tuple[int, ...]) -> dict[str, Any]:
+    """usage_fgd beside the baselines as published and given its reservation rule, on every shipped pod
+    list: unallocated GPUs (by requests), GPUs held, the TRUE slowdown distribution and the GPUs where a
+    pod runs below the interference bound on its TRUE utilization."""
+    from scheduling.horus.fill import BOUND_MIN_SPEED
+
+    log("\n== Overcommit at equal terms: full-scale fill, every policy on the same predicted utilizations")
+    log("   '+reserve': the policy holds each pod at usage_fgd's reservation (predicted usage x 1.25, >= 50 milli, "
+        "<= request) and nothing else of usage_fgd (no interference bound, no job cap per GPU)")
+    log("   OOM: pods refused because their TRUE memory did not fit the GPU (the *_ref policies do not look at GPU "
+        "memory; usage_fgd and best_fit check predicted memory)")
+    log(f"   slowdown: the fitted interference model on the pods' TRUE utilizations (modeled, not measured); "
+        f"over-bound: GPUs where a pod keeps < {BOUND_MIN_SPEED:g} of its standalone speed "
+        f"(usage_fgd enforces that bound on PREDICTIONS); utilizations from SYNTHETIC profiles")
+    rows: dict[str, dict[str, Any]] = {}
+    for pod_list, trace in SHIPPED_POD_LISTS.items():
+        log(f"   pod list {pod_list}, seeds {', '.join(map(str, seeds))} (means)")
+        log(f"   {'policy':<22}{'unalloc GPUs':>13}{'held %':>8}{'alloc %':>8}{'slowdown':>9}{'p95':>7}{'p99':>7}"
+            f"{'over-bound':>11}{'OOM':>6}{'wall':>7}")
+        rows[pod_list] = {}
+        for name in OVERCOMMIT_ROWS:
+            runs = [overcommit_fill(bench, trace, name, sd) for sd in seeds]
+            sh = [r["sharing"] for r in runs]
+            row = {"unallocated_gpus": float(np.mean([r["unallocated_gpus"] for r in runs])),
+                   "reserved_share": float(np.mean([r["reserved_share"] for r in runs])),
+                   "allocated_share": float(np.mean([r["allocated_share"] for r in runs])),
+                   "mean_slowdown": float(np.mean([x["mean_slowdown"] for x in sh])),
+                   "p95_slowdown": float(np.mean([x["p95_slowdown"] for x in sh])),
+                   "p99_slowdown": float(np.mean([x["p99_slowdown"] for x in sh])),
+                   "gpus_over_bound": float(np.mean([x["gpus_over_bound"] for x in sh])),
+                   "oom_failures": float(np.mean([r["oom_events"] for r in runs])),
+                   "per_seed_unallocated": [r["unallocated_gpus"] for r in runs], "seeds": list(seeds),
+                   "wall_s": float(np.sum([r["wall_s"] for r in runs]))}
+            rows[pod_list][name] = row
+            log(f"   {name:<22}{row['unallocated_gpus']:13.0f}{row['reserved_share'] * 100:8.1f}"
+                f"{row['allocated_share'] * 100:8.1f}{row['mean_slowdown']:9.3f}{row['p95_slowdown']:7.3f}"
+                f"{row['p99_slowdown']:7.3f}{row['gpus_over_bound']:11.0f}{row['oom_failures']:6.0f}{row['wall_s']:6.0f}s")
+    bench.experiments.append({"name": "overcommit-equal-terms", "rows": list(OVERCOMMIT_ROWS), "results": rows,
+                              "bound_min_speed": BOUND_MIN_SPEED, "profiles": "synthetic"})
+    best_reserve = {pl: min(("fgd_ref+reserve", "best_fit_ref+reserve", "best_fit+reserve"),
+                            key=lambda n: r[n]["unallocated_gpus"]) for pl, r in rows.items()}
+    return {"overcommit": {pl: {"ours_unallocated": r[OURS]["unallocated_gpus"],
+                                "best_reserve_baseline": best_reserve[pl],
+                                "ours_vs_best_reserve_unallocated": r[OURS]["unallocated_gpus"]
+                                / max(r[best_reserve[pl]]["unallocated_gpus"], 1e-9),
+                                "ours_p95_slowdown": r[OURS]["p95_slowdown"],
+                                "best_reserve_p95_slowdown": r[best_reserve[pl]]["p95_slowdown"],
+                                "ours_gpus_over_bound": r[OURS]["gpus_over_bound"]} for pl, r in rows.items()}}
+
+
 def reference_only_main(args: argparse.Namespace, records, t_start: float) -> int:
     """``--reference-only``: the reference-baselines section alone (no predictor is trained)."""
     bench = Bench(args.seed, records, None)
@@ -777,6 +866,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout-only", action="store_true",
                     help="run only the held-out Philly section (policy and physics apart)")
     ap.add_argument("--workers", type=int, default=2, help="processes for the held-out section (default 2)")
+    ap.add_argument("--overcommit-only", action="store_true",
+                    help="only the overcommit-at-equal-terms fill table (usage_fgd vs baselines + its reservation)")
     ap.add_argument("--reference-only", action="store_true",
                     help="only the reference baselines against the ATC'23 artifact (a few minutes)")
     args = ap.parse_args(argv)
@@ -785,6 +876,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference_only:
         return reference_only_main(args, records, t_start)
     pred = reference_predictor(seed=args.seed)
+    if args.overcommit_only:
+        bench = Bench(args.seed, records, pred)
+        overall = overcommit_section(bench, OVERCOMMIT_SEEDS_QUICK if args.quick else OVERCOMMIT_SEEDS_FULL)
+        if args.json:
+            p = Path(args.json)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps({"overall": overall, "experiments": bench.experiments, "machine": machine_info(),
+                                     "mode": ("quick" if args.quick else "full") + ", overcommit only"},
+                                    indent=1, allow_nan=False))
+            log(f"   wrote {p}")
+        return 0
     if args.heldout_only:
         heldout = heldout_section(records, pred, args.seed, args.quick, max(1, args.workers))
         if args.json:
@@ -814,6 +916,7 @@ def main(argv: list[str] | None = None) -> int:
     fill = fill_seeds(bench, seeds[:2] if args.quick else seeds)
     variants = fill_variants(bench, VARIANT_SCALE_QUICK if args.quick else 1.0)
     reference = reference_baselines(bench, REF_SEEDS_QUICK if args.quick else REF_SEEDS_FULL)
+    reference.update(overcommit_section(bench, OVERCOMMIT_SEEDS_QUICK if args.quick else OVERCOMMIT_SEEDS_FULL))
     if not args.quick:
         bench.replay("alibaba-replay-1/32", "Alibaba-2023 replay, queue skips pods that do not fit (first 64 waiting), "
                      "gpu_milli enforced", "alibaba", ALL, extra={"queue": "backfill 64"}, **ALIBABA_REPLAY)

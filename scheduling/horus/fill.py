@@ -25,7 +25,7 @@ from .sim_inputs import (STOP_CHECK_EVERY, SimulationStopped, StopCheck, checked
                          noisy_predictions, validate_jobs)
 from .traces import Job
 
-__all__ = ["FillResult", "Fill", "FGD_POPULARITY", "sharing_stats"]
+__all__ = ["FillResult", "Fill", "FGD_POPULARITY", "BOUND_MIN_SPEED", "sharing_stats"]
 
 #: share of the pods FGD's typical task shapes cover (the artifact's ``podPopularityThreshold``, 95 %)
 FGD_POPULARITY = 0.95
@@ -174,24 +174,33 @@ class Fill:
         )
 
 
-def sharing_stats(state: ClusterState, model: FittedInterference | None = None) -> dict[str, Any]:
+#: the interference bound checked on TRUE utilizations: every pod keeps this share of its standalone speed
+#: (``usage_fgd``'s ``min_speed``: the bound it enforces on its PREDICTIONS)
+BOUND_MIN_SPEED = 0.75
+
+
+def sharing_stats(state: ClusterState, model: FittedInterference | None = None,
+                  min_speed: float = BOUND_MIN_SPEED) -> dict[str, Any]:
     """How the final placement shares GPUs, under the fitted interference model with the pods' TRUE
-    utilizations: GPUs with more than one pod, the pods' mean and 95th-percentile slowdown (1 / speed)
-    and the share of pods slowed by more than 25 %. (A fill has no time: this is what running the final
-    placement would cost, not a measurement.)"""
+    utilizations: GPUs with more than one pod, the pods' mean, 95th- and 99th-percentile slowdown
+    (1 / speed), the share of pods slowed by more than 25 %, and the GPUs where a pod runs below
+    ``min_speed`` (the interference bound, judged on the truth). (A fill has no time: this is what
+    running the final placement would cost, not a measurement.)"""
     model = model or _fitted_model()
     slow: list[float] = []
-    shared = 0
+    shared = over = 0
     for g, ids in enumerate(state.jobs_on):
         if not ids:
             continue
         utils = [min(1.0, state.running[j].meas_util_pct / 100.0) for j in ids]
         speeds = model.speeds(utils, gpu_type=state.gpu_model[g]) if len(ids) > 1 else [1.0]
         shared += len(ids) > 1
+        over += min(speeds) < min_speed - 1e-12
         slow.extend(1.0 / max(s, 1e-9) for s in speeds)
     arr = np.array(slow) if slow else np.ones(1)
     return {"shared_gpus": shared, "mean_slowdown": float(arr.mean()), "p95_slowdown": float(np.percentile(arr, 95)),
-            "share_slowed_over_25pct": float((arr > 1.25).mean()), "model": "fitted (true utilizations)"}
+            "p99_slowdown": float(np.percentile(arr, 99)), "share_slowed_over_25pct": float((arr > 1.25).mean()),
+            "bound_min_speed": min_speed, "gpus_over_bound": int(over), "model": "fitted (true utilizations)"}
 
 
 _FITTED_CACHE: list[FittedInterference] = []
