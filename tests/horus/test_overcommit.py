@@ -74,3 +74,19 @@ def test_replay_reports_the_slowdown_tail():
     d = r.to_dict()
     assert d["p99_slowdown"] >= d["p95_slowdown"] >= d["mean_slowdown"] > 1.0  # two heavy jobs share each GPU
     assert d["p99_jct_s"] >= d["p95_jct_s"]
+
+
+def test_reserving_baseline_co_locates_only_where_predicted_memory_fits():
+    spec = ClusterSpec((node("n0", 2),), "hand-made", enforce_milli=True)
+    st = ClusterState(spec)
+    # GPU 0 holds a light pod with 14 GB predicted: a second 2 GB pod would leave < 500 MB of 16 GB
+    st.add(JobView("a", 0.0, 1, 150, 10.0, 14000.0, 1000, 1000, True), [0], true_util=10.0, true_mem=14000.0, now=0.0)
+    st.add(JobView("b", 0.0, 1, 150, 10.0, 1000.0, 1000, 1000, True), [1], true_util=10.0, true_mem=1000.0, now=0.0)
+    incoming = JobView("c", 0.0, 1, 1000, 10.0, 2000.0, 1000, 1000, True)
+    for memory_check, expect in ((True, [1]), (False, [0])):
+        policy = with_reservation(BestFitRef(), memory_check=memory_check)
+        policy.reset(0)
+        held = policy.reserve(incoming, st.view())
+        # best fit alone prefers GPU 0 (slot order among equal shares); the memory rule sends it to GPU 1
+        assert policy.place(held, st.view(), 0.0) == expect
+    assert with_reservation(BestFitRef(), memory_check=False).name == "best_fit_ref+reserve-nomem"
