@@ -21,6 +21,7 @@ from common.jsonsafe import json_safe
 from .cluster import MILLI, ClusterSpec, ClusterState, JobView
 from .interference import FittedInterference
 from .policies import PlacementPolicy
+from .profiles import util_on_gpu
 from .sim_inputs import (STOP_CHECK_EVERY, SimulationStopped, StopCheck, checked_placement, job_views,
                          noisy_predictions, validate_jobs)
 from .traces import Job
@@ -116,7 +117,7 @@ class Fill:
         gpus = checked_placement(self.policy, held, self.state, self.cv, 0.0)
         if gpus is not None:
             if self.state.fits_memory(gpus, float(p.true_mem_mb)):
-                self.state.add(held, gpus, true_util=float(p.true_util_pct), true_mem=float(p.true_mem_mb), now=0.0)
+                self.state.add(held, gpus, true_util=self._true_util(p, gpus), true_mem=float(p.true_mem_mb), now=0.0)
                 self.placed += 1
                 self.allocated += req
                 self.reserved += held.num_gpus * min(held.gpu_milli, MILLI)
@@ -125,6 +126,14 @@ class Fill:
         self.failed += 1
         if self.first_fail is None:
             self.first_fail = self.arrived / self.capacity
+
+    def _true_util(self, p: Job, gpus: Sequence[int]) -> float:
+        """The pod's TRUE utilization on the GPU type it got (its profile's holds for ``util_gpu_model``;
+        a slower type is busier for the same work, :func:`.profiles.util_on_gpu`)."""
+        if p.util_gpu_model is None:
+            return float(p.true_util_pct)
+        return max(util_on_gpu(float(p.true_util_pct), measured_on=p.util_gpu_model, run_on=m, model=p.model)
+                   for m in {self.state.gpu_model[g] for g in gpus})
 
     def _submit_cpu_pod(self, view: JobView) -> None:
         """A CPU-only pod takes CPU and memory on the node its policy picks (no GPU request)."""

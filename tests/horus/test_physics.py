@@ -137,3 +137,16 @@ def test_sharing_on_a_k80_slows_by_interference_and_by_type_and_telemetry_sees_o
     # delivered work on the K80: both jobs at their K80 utilization for their K80 standalone time
     delivered = r.util_mean_pct / 100 * r.makespan_s
     assert delivered == pytest.approx(2 * u * HOUR / ratio, rel=1e-6)
+
+
+def test_a_fill_books_each_pod_at_its_utilization_on_the_gpu_type_it_got():
+    from scheduling.horus.cluster import NodeSpec
+    from scheduling.horus.fill import Fill
+    from scheduling.horus.profiles import util_on_gpu
+
+    spec = ClusterSpec((NodeSpec("k", 1, "K80", 12288.0),), "one K80", enforce_milli=True)
+    pod = typed_job("p", 1.0, util=40.0)
+    fill = Fill([pod], spec, make_policy("best_fit"), seed=0, max_pods=1).run()
+    rj = next(iter(fill.state.running.values()))
+    assert rj.true_util_pct == pytest.approx(util_on_gpu(40.0, measured_on="V100", run_on="K80", model="resnet18"))
+    assert rj.true_util_pct > 40.0
