@@ -785,7 +785,7 @@ def _ci(d: dict[str, Any], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
 def heldout_table(summary: list[dict[str, Any]]) -> None:
     """One table per (cluster size, mismatch): means over slices with 95 % t-intervals."""
     head = ["policy", "makespan d", "mk / horus_migrate", "mean JCT h", "p95 JCT h", "p99 JCT h", "slowdown",
-            "p95 slowdown", "stretch", "util%", "FTF", "p95 FTF"]
+            "p95 slowdown", "stretch", "p95 str", "p99 str", "util%", "FTF", "p95 FTF"]
     for gpus in sorted({e["gpus"] for e in summary}):
         for mm in sorted({e["mismatch"] for e in summary if e["gpus"] == gpus}):
             rows = [e for e in summary if e["gpus"] == gpus and e["mismatch"] == mm]
@@ -794,6 +794,7 @@ def heldout_table(summary: list[dict[str, Any]]) -> None:
             body = [[e["policy"], _ci(e["makespan_s"], 86400), _ci(e["makespan_s_vs_horus_migrate"], 1, "{:.3f}"),
                      _ci(e["mean_jct_s"], 3600), _ci(e["p95_jct_s"], 3600), _ci(e["p99_jct_s"], 3600),
                      _ci(e["mean_slowdown"]), _ci(e["p95_slowdown"]), f"{e['mean_run_stretch']['mean']:.2f}",
+                     f"{e['p95_run_stretch']['mean']:.2f}", f"{e['p99_run_stretch']['mean']:.2f}",
                      f"{e['util_mean_pct']['mean']:.1f}", _ci(e["mean_ftf"], 1, "{:.2f}"), f"{e['p95_ftf']['mean']:.2f}"]
                     for e in rows]
             widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
@@ -851,7 +852,8 @@ def heldout_section(records, pred, seed: int, quick: bool, workers: int) -> dict
     log(f"   observation: lag {HELDOUT_OBSERVATION.lag_s:g} s, noise {HELDOUT_OBSERVATION.noise_pct:g} pct-pts, "
         f"{HELDOUT_OBSERVATION.level}-level counters (split evenly among a GPU's jobs); "
         "'usage_fgd[per-process obs]' is the old view (per-process, noise-free) at x1")
-    log("   JCT = finish - submit; slowdown = JCT / standalone time; stretch = run time / standalone time; "
+    log("   JCT = finish - submit; slowdown = JCT / standalone time; stretch = run time / standalone time (the TRUE "
+        "slowdown of running: interference, preemption; mean, p95, p99); "
         "FTF = JCT / (standalone x max(1, requested GPUs in system / cluster GPUs) averaged over the job's life)")
     ctx = multiprocessing.get_context("fork")
     if workers > 1:
