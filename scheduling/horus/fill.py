@@ -65,7 +65,8 @@ class Fill:
 
     def __init__(self, pods: Sequence[Job], spec: ClusterSpec, policy: PlacementPolicy, *, seed: int = 0,
                  until: float = 1.0, checkpoints: int = 20, predictor_error: float = 0.0,
-                 max_pods: int | None = None, popularity: float = FGD_POPULARITY):
+                 max_pods: int | None = None, popularity: float = FGD_POPULARITY, sampling: str = "replacement",
+                 tune: float = 1.3):
         self.pods = list(pods)
         validate_jobs(self.pods)
         if not any(p.num_gpus > 0 for p in self.pods):
@@ -88,6 +89,10 @@ class Fill:
         self.marks = [self.capacity * until * (k + 1) / checkpoints for k in range(checkpoints)]
         self.limit = max_pods if max_pods is not None else 10 * self.state.n_gpus + 1000
         self.popularity = popularity
+        if sampling not in ("replacement", "tuned"):
+            raise ValueError("sampling must be 'replacement' or 'tuned'")
+        self.sampling, self.tune = sampling, float(tune)
+        self.order = self._tuned_order() if sampling == "tuned" else None
 
     def run(self, *, should_stop: StopCheck | None = None) -> "Fill":
         """Submit pods until the target share; ``should_stop`` (if given) is asked every ``STOP_CHECK_EVERY``
@@ -102,9 +107,34 @@ class Fill:
                 next_mark += 1
         return self
 
+    def _tuned_order(self) -> list[int]:
+        """The ATC'23 artifact's workload tuning: every pod of the list once, then pods drawn uniformly
+        (with replacement) and appended until the list's GPU request reaches ``tune`` x capacity (pods
+        removed at random instead where it is above), the whole stream shuffled."""
+        req = [p.num_gpus * min(p.gpu_milli, MILLI) for p in self.pods]
+        order = list(range(len(self.pods)))
+        total, target = float(sum(req)), self.tune * self.capacity
+        while total > target and order:
+            total -= req[order.pop(int(self.rng.integers(len(order))))]
+        while True:
+            k = int(self.rng.integers(len(self.pods)))
+            # the artifact stops at the first draw whose per-GPU share would pass the target
+            if total + min(self.pods[k].gpu_milli, MILLI) > target:
+                break
+            total += req[k]
+            order.append(k)
+        self.rng.shuffle(order)
+        return order
+
     def _submit_one(self) -> None:
         """Sample a pod, submit it; it is placed (and stays) or counted as failed."""
-        k = int(self.rng.integers(len(self.pods)))
+        if self.order is not None:
+            if self.submitted >= len(self.order):
+                self.limit = self.submitted  # the tuned stream is used up
+                return
+            k = self.order[self.submitted]
+        else:
+            k = int(self.rng.integers(len(self.pods)))
         p = self.pods[k]
         view = replace(self.views[k], job_id=f"{p.job_id}#{self.submitted}", submit_time=0.0)
         self.submitted += 1
@@ -176,6 +206,7 @@ class Fill:
             curve=self.curve,
             wall_s=wall_s,
             params={"policy": self.policy.describe(), "until": self.until, "predictor_error": self.predictor_error,
+                    "sampling": self.sampling, **({"tune": self.tune} if self.sampling == "tuned" else {}),
                     "fgd_popularity": self.popularity, "fgd_task_shapes": len(self.state.workload)},
             cpu_pods=dict(self.cpu_count),
             reserved_share=self.reserved / self.capacity,
