@@ -46,8 +46,15 @@ from .features import DATA_DIR
 from .predictor import DEFAULT_XGB_PARAMS, _regressor, _x_row
 from .profiles import ProfileFormatError, ProfileRecord, gpu_spec
 
-__all__ = ["MODEL_FAMILIES", "model_family", "evaluate_predictor", "format_evaluation", "load_profile_sources",
-           "online_profile_estimates", "PROFILES_DIR"]
+__all__ = [
+    "MODEL_FAMILIES",
+    "PROFILES_DIR",
+    "evaluate_predictor",
+    "format_evaluation",
+    "load_profile_sources",
+    "model_family",
+    "online_profile_estimates",
+]
 
 PROFILES_DIR = DATA_DIR / "profiles"
 #: default online-profiling window (seconds), NVML sample period (seconds) and per-sample noise (points)
@@ -113,10 +120,10 @@ def online_profile_estimates(records: Sequence[ProfileRecord], *, window_s: floa
         samples = r.meta.get("util_samples")
         if samples:
             period = float(r.meta.get("sample_period_s") or sample_period_s)
-            k = max(1, int(round(window_s / period)))
+            k = max(1, round(window_s / period))
             est[i], measured[i] = float(np.mean(np.asarray(samples[:k], float))), True
         else:
-            k = max(1, int(round(window_s / sample_period_s)))
+            k = max(1, round(window_s / sample_period_s))
             noise = rng.normal(0.0, sample_noise_pct, k).mean()
             est[i] = r.gpu_util_pct + noise
     return np.clip(est, 0.0, 100.0), measured
@@ -233,7 +240,7 @@ def evaluate_predictor(records: Sequence[ProfileRecord], *, seed: int = 0,
     if len(sources) > 1:
         for s_name in sources:
             idx = np.flatnonzero(src == s_name)
-            per_source[s_name] = {"n": int(len(idx)), "mae_pct": {m: float(np.mean(np.abs(pred[m][idx] - true[idx])))
+            per_source[s_name] = {"n": len(idx), "mae_pct": {m: float(np.mean(np.abs(pred[m][idx] - true[idx])))
                                                                   for m in names}}
     out = {
         "method": "leave one model family out (families: " + ", ".join(families) + ")",
@@ -247,7 +254,7 @@ def evaluate_predictor(records: Sequence[ProfileRecord], *, seed: int = 0,
         out["online_profile"] = {
             "name": online_name, "window_s": online_window_s, "gpu_seconds_per_job": online_window_s,
             "records_measured": n_meas, "records_modeled": len(recs) - n_meas,
-            "modeled_as": f"truth + mean of {max(1, int(round(online_window_s / SAMPLE_PERIOD_S)))} samples of "
+            "modeled_as": f"truth + mean of {max(1, round(online_window_s / SAMPLE_PERIOD_S))} samples of "
                           f"N(0, {SAMPLE_NOISE_PCT:g} pts) noise (no warm-up: on synthetic profiles it wins by construction)"}
     return out
 

@@ -10,7 +10,12 @@ import pytest
 
 from scheduling.horus.cluster import ClusterSpec, ClusterState, NodeSpec
 from scheduling.horus.policies import Horus, HorusMigrate, make_policy
-from scheduling.horus.profiles import ProfileTable, load_profiles, speed_on_gpu, util_on_gpu
+from scheduling.horus.profiles import (
+    ProfileTable,
+    load_profiles,
+    speed_on_gpu,
+    util_on_gpu,
+)
 from scheduling.horus.replay import Replay, measured_util, summarize
 from scheduling.horus.simulator import simulate
 from scheduling.horus.traces import TraceFormatError, assign_workloads, load_philly

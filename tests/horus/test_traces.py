@@ -45,7 +45,13 @@ def test_bundled_traces_parse():
 
 
 def test_artifact_pod_lists_are_shipped_traces():
-    from scheduling.horus.experiments import SHIPPED_TRACES, ExperimentError, ExperimentParams, load_jobs, prepare_experiment
+    from scheduling.horus.experiments import (
+        SHIPPED_TRACES,
+        ExperimentError,
+        ExperimentParams,
+        load_jobs,
+        prepare_experiment,
+    )
 
     expect = {"alibaba_gpushare40": (8152, 4001, 62), "alibaba_gpushare100": (8152, 7064, 0),
               "alibaba_multigpu20": (8324, 3078, 247)}  # pods, GPU-sharing pods, multi-GPU pods
