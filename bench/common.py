@@ -60,7 +60,23 @@ def machine_info(**extra) -> dict:
         info["tvm_ffi"] = version("apache-tvm-ffi")
     except Exception:  # noqa: BLE001
         pass
+    info.update(provenance())
     info.update(extra)
+    return info
+
+
+def provenance() -> dict:
+    """When and on which commit a result was measured, for bench/results/INDEX.md: ``date`` (UTC) and
+    ``commit`` (short hash, ``+dirty`` when tracked files had changes); no commit outside a git checkout."""
+    info = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return info
+    info["commit"] = head + ("+dirty" if dirty else "")
     return info
 
 
@@ -119,8 +135,8 @@ def run_child(script: str, spec: dict, *, timeout: float, env: dict | None = Non
 def tuning_config(spec: dict, **extra):
     """The engine's TuningConfig for a child job's spec (the fields every tuning benchmark sets the same
     way: DOPpler measurement, the default evaluator, the spec's budget and search); ``extra`` adds the rest."""
-    from tuning.engine.session import TuningConfig
-    from tuning.engine.timer import EvaluatorConfig
+    from tuning.engine.config import TuningConfig
+    from tuning.engine.measuring.timer import EvaluatorConfig
 
     return TuningConfig(
         target=spec["target"],

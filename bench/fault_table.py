@@ -94,7 +94,8 @@ def helper(argv: list[str]) -> None:
         import onnx
 
         from tuning.adapters import run_files_dir
-        from tuning.engine.session import database_records, load_final_rows
+        from tuning.engine.session import database_records
+        from tuning.engine.workdir import load_final_rows
 
         run = TuningRun.objects.get(pk=int(argv[1]))
         stored = list(Measurement.objects.filter(run=run).values_list("task__index", "candidate_key"))

@@ -3,7 +3,12 @@
 python -m bench.gpu_check MODE ARCH WAYS: MODE check|prepare, ARCH sm_XY or "", WAYS all|window|budgets.
 ``budget_sweep`` takes any device's jobs and runner factory (nothing in it is CUDA's).
 """
-import json, os, signal, statistics, sys, time
+import json
+import os
+import signal
+import statistics
+import sys
+import time
 from pathlib import Path
 
 CAND = Path("bench/gpu_candidates")
@@ -36,11 +41,11 @@ def schedules():
 def prepare(arch):
     import tvm
     from tvm.s_tir import meta_schedule as ms
-    from tuning.engine.cuda_binaries import precompile_kernels
-    from tuning.engine.measure import _jsonable
+    from tuning.engine.measuring.cuda_binaries import precompile_kernels
+    from tuning.engine.measuring.measure import _jsonable
 
     if not arch:
-        from tuning.engine.gpu_slots import require_gpus
+        from tuning.engine.measuring.gpu_slots import require_gpus
         arch = require_gpus()[0].arch  # the target arch comes from the device
     target = tvm.target.Target({"kind": "cuda", "arch": arch, "host": {"kind": "llvm"}})
     CAND.mkdir(parents=True, exist_ok=True)
@@ -54,7 +59,7 @@ def prepare(arch):
         path = CAND / f"{name}.so"
         lib.export_library(str(path))
         # TVM 0.27 keeps the kernel as CUDA source and compiles it at load time; a runtime-only
-        # worker takes this binary instead (tuning/engine/cuda_binaries.py)
+        # worker takes this binary instead (tuning/engine/measuring/cuda_binaries.py)
         precompile_kernels(lib, arch, CAND / "cuda_bin")
         args = [_jsonable(a.as_json()) for a in ms.arg_info.ArgInfo.from_prim_func(func)]
         manifest["candidates"].append({"name": name, "path": str(path), "args_info": args})
@@ -88,7 +93,7 @@ def budgets():
     previous GPU default (10 x 3 samples of at least 50 ms), TVM's own default, then shorter ones
     (``number`` is raised until one sample lasts min_repeat_ms, so number=1 is a floor). The platform's
     present default is among them (marked in the log)."""
-    from tuning.engine.timer import EvaluatorConfig
+    from tuning.engine.measuring.timer import EvaluatorConfig
 
     configs = [EvaluatorConfig(number=10, repeat=3, min_repeat_ms=50), EvaluatorConfig(number=3, repeat=1, min_repeat_ms=100),
                EvaluatorConfig(number=1, repeat=3, min_repeat_ms=20), EvaluatorConfig(number=1, repeat=3, min_repeat_ms=5),
@@ -138,7 +143,7 @@ def budget_sweep(jobs, names, make_runner, group, budget_configs, dops, meter=No
     the reference), then the timing window at each DOP (speed-up over its own serial wall, error against
     its own serial mean). ``make_runner(evaluator, group)``
     returns a PooledAsyncRunner's plain object; ``group`` carries the timing lock (the platform's way)."""
-    from tuning.engine.timer import default_evaluator
+    from tuning.engine.measuring.timer import default_evaluator
 
     rows, reference = [], None
     for label, evaluator in budget_configs.items():
@@ -188,12 +193,13 @@ def _num(v):
 
 
 def check(ways):
-    from tuning.engine import sandbox
-    from tuning.engine.gpu_slots import (TIMING_LOCK_VAR, GpuSlotGroup, ensure_mps, gpu_slot_groups, mps_pipe_dir,
+    from tuning.engine.process import sandbox
+    from tuning.engine.measuring.gpu_slots import (TIMING_LOCK_VAR, GpuSlotGroup, ensure_mps, gpu_slot_groups, mps_pipe_dir,
                                          require_gpus, stop_mps, timing_lock_path)
-    from tuning.engine.plugins import gpu_worker_slots
-    from tuning.engine.runner import MeasureJob, PooledAsyncRunner
-    from tuning.engine.timer import default_evaluator
+    from tuning.engine.runners.plugins import gpu_worker_slots
+    from tuning.engine.runners.measure_jobs import MeasureJob
+    from tuning.engine.runners.pooled import PooledAsyncRunner
+    from tuning.engine.measuring.timer import default_evaluator
 
     gpus = require_gpus()
     if not (CAND / "manifest.json").exists():
@@ -212,7 +218,7 @@ def check(ways):
     # Workers load each kernel from the binaries built beside the candidates (cuda_bin/); what they must
     # compile here (nvcc, the device's arch) lands in a fresh cache, counted below (DLOPT_CUDA_* is on
     # the sandbox's allow-list, so the variable reaches the workers)
-    from tuning.engine.cuda_binaries import CACHE_DIR_VAR
+    from tuning.engine.measuring.cuda_binaries import CACHE_DIR_VAR
     import tempfile
     compiled_here = Path(tempfile.mkdtemp(prefix="gpu-check-nvcc-"))
     os.environ[CACHE_DIR_VAR] = str(compiled_here)
@@ -339,7 +345,7 @@ def main(argv):
     try:
         return (prepare(arch) or 0) if mode == "prepare" else check(ways)
     except Exception as exc:  # noqa: BLE001
-        from tuning.engine.gpu_slots import NeedsGPU
+        from tuning.engine.measuring.gpu_slots import NeedsGPU
         if isinstance(exc, NeedsGPU):
             print(f"gpu_check: no GPU here ({exc}). Exit 0.")
             return 0

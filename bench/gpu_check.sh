@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check for DOPpler's GPU mechanism (CUDA MPS; see tuning/engine/gpu_slots.py), under 8 minutes.
+# GPU check for DOPpler's GPU mechanism (CUDA MPS; see tuning/engine/measuring/gpu_slots.py), under 8 minutes.
 #
 #   bench/gpu_check.sh                       # on a host with an NVIDIA GPU: build (or use prebuilt) CUDA
 #                                            # candidates, measure serially and at DOP 2/4/8, print the
@@ -18,7 +18,7 @@
 # Exit codes: 0 PASS or "no GPU here" (nothing to check on this host), 1 FAIL, 2 setup error.
 # Measures four ways on one GPU, each against its own serial reference: without MPS and with it, and
 # candidates timed concurrently (the ablation) or prepared in parallel and timed one at a time under the
-# GPU's timing lock ("window", the platform's way: tuning/engine/measure.py timing_window).
+# GPU's timing lock ("window", the platform's way: tuning/engine/measuring/measure.py timing_window).
 # PASS: the platform's way (MPS + window; no MPS + window where MPS is missing) at some DOP > 1 keeps the
 # mean parallel-vs-serial error <= 5 % (DOPpler's threshold) with a measuring speed-up >= 1.2x over serial.
 set -euo pipefail

@@ -252,7 +252,7 @@ def _time_schedule(mod, target, dev, trace_text: str | None = None) -> float | N
     sch = Schedule(mod)
     if trace_text is not None:
         Trace.apply_json_to_schedule(json.loads(trace_text), sch)
-    from tuning.engine.timer import EvaluatorConfig, time_module
+    from tuning.engine.measuring.timer import EvaluatorConfig, time_module
 
     rt_mod = tvm.compile(sch.mod, target=target).mod
     args = [tvm.runtime.tensor(np.random.default_rng(0).standard_normal([int(x) for x in a.shape])
@@ -263,10 +263,10 @@ def _time_schedule(mod, target, dev, trace_text: str | None = None) -> float | N
 
 def _audit_vetoed(wl, spec: dict, summary) -> dict:
     """Time each vetoed candidate of the sample and its task's best record, the same way, here."""
-    from tuning.engine.database import open_json_db, record_latency, records_by_task
+    from tuning.engine.workdir import open_json_db, record_latency, records_by_task
     from tuning.engine.events import trace_json
-    from tuning.engine.relax_pipeline import make_target
-    from tuning.engine.workloads import collect_tasks
+    from tuning.engine.compile.pipeline import make_target
+    from tuning.engine.compile.workloads import collect_tasks
 
     import tvm
 
@@ -298,8 +298,8 @@ def _job_remeasure(spec: dict) -> dict:
     """Compile every (workload, side) with its database and time them alternately in this process."""
     import numpy as np
 
-    from tuning.engine.relax_pipeline import compile_model, make_target, random_inputs, run_and_time
-    from tuning.engine.session import open_database
+    from tuning.engine.compile.pipeline import compile_model, make_target, random_inputs, run_and_time
+    from tuning.engine.workdir import open_database
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     target = make_target(spec["target"])
@@ -332,7 +332,7 @@ def reaudit(root: str, json_out: str | None) -> int:
     JSON is timed against its task's best record, as the tuning job does after its run."""
     from types import SimpleNamespace
 
-    from tuning.engine.relax_pipeline import make_target  # noqa: F401 - TVM up before the jobs
+    from tuning.engine.compile.pipeline import make_target  # noqa: F401 - TVM up before the jobs
 
     out = {}
     for path in sorted(Path(root).glob("*__trimmed__*.json")):

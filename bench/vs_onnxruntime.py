@@ -5,12 +5,12 @@ For each zoo model, two tuning jobs (each in a fresh interpreter, order
 alternating between models), with the platform's engine
 (``tuning.engine.session.run_tuning``, DOPpler mode, the bench's stated budget):
 
-  mcpu     the canonical target, ``tuning.engine.targets.resolve_cpu_target(threads)``
+  mcpu     the canonical target, ``tuning.engine.compile.targets.resolve_cpu_target(threads)``
            (``mcpu`` = this host's CPU as LLVM names it, ``mtriple``, ``num-cores``)
   no-mcpu  ``{"kind": "llvm", "num-cores": threads}``, the target the platform uses today
 
 Both jobs extract tasks, tune, and compile the untuned baseline and the tuned model
-through the platform's one pipeline (``tuning.engine.relax_pipeline``) with the
+through the platform's one pipeline (``tuning.engine.compile.pipeline``) with the
 graph passes ``--passes`` selects (``graph_passes.use_passes``; default
 ``graph_passes.DEFAULT``), so the records match what is compiled.
 
@@ -127,7 +127,7 @@ class ParitySink(NullSink):
 
 
 def _target(variant: str, threads: int) -> dict:
-    from tuning.engine.targets import resolve_cpu_target
+    from tuning.engine.compile.targets import resolve_cpu_target
 
     if variant == "mcpu":
         return resolve_cpu_target(num_cores=threads)
@@ -135,7 +135,7 @@ def _target(variant: str, threads: int) -> dict:
 
 
 def _time_tvm(executable, inputs, target, spec) -> tuple[list, float]:
-    from tuning.engine.relax_pipeline import run_and_time
+    from tuning.engine.compile.pipeline import run_and_time
 
     outs, secs = run_and_time(executable, inputs, target, number=1, repeat=spec["repeat"],
                               threads=spec["threads"], min_repeat_ms=50)
@@ -149,7 +149,7 @@ def _yardstick(model, inputs, spec, tvm_outputs=None):
 
 
 def _job_variant(spec: dict) -> dict:
-    from tuning.engine.graph_passes import use_passes
+    from tuning.engine.compile.passes import use_passes
 
     with use_passes(spec["passes"]):  # extraction, tuning and both compilations: one pipeline
         return _tune_and_compare(spec)
@@ -157,10 +157,11 @@ def _job_variant(spec: dict) -> dict:
 
 def _tune_and_compare(spec: dict) -> dict:
     from core.onnx_models.zoo import build_model
-    from tuning.engine.graph_passes import pipeline_key
-    from tuning.engine.relax_pipeline import compile_model, onnx_to_relax, random_inputs
-    from tuning.engine.session import open_database, run_tuning
-    from tuning.engine.targets import canonical_key
+    from tuning.engine.compile.passes import pipeline_key
+    from tuning.engine.compile.pipeline import compile_model, onnx_to_relax, random_inputs
+    from tuning.engine.workdir import open_database
+    from tuning.engine.session import run_tuning
+    from tuning.engine.compile.targets import canonical_key
 
     model = build_model(spec["model"])
     inputs = random_inputs(model, seed=0)
@@ -231,7 +232,7 @@ def _parse(argv):
     if args.ablation and args.passes is not None:
         ap.error("--ablation runs its own pass selections; drop --passes")
     try:
-        from tuning.engine.graph_passes import normalize_passes
+        from tuning.engine.compile.passes import normalize_passes
 
         normalize_passes(args.passes)
     except ValueError as exc:
@@ -243,7 +244,7 @@ def _parse(argv):
 
 
 def _specs(args, root: Path, threads: int) -> list[dict]:
-    from tuning.engine.graph_passes import normalize_passes
+    from tuning.engine.compile.passes import normalize_passes
 
     budgets = QUICK if args.quick else BUDGETS
     names = args.models.split(",") if args.models else list(budgets)
@@ -305,7 +306,7 @@ def _print_table(rows: list[dict]) -> None:
 def _headline(row: dict, variant: str) -> dict | None:
     """The job of ``variant`` that speaks for the model: the default pass selection where it ran, else the
     variant's only (or first) job."""
-    from tuning.engine.graph_passes import DEFAULT
+    from tuning.engine.compile.passes import DEFAULT
 
     jobs = [r for r in row["jobs"].values() if "error" not in r and r.get("variant") == variant]
     return next((r for r in jobs if tuple(r.get("passes", ())) == DEFAULT), jobs[0] if jobs else None)

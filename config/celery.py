@@ -78,12 +78,12 @@ def _one_beat_at_a_time(sender=None, **_):
 
     from django.conf import settings
 
-    from tuning.engine.lifeline import take_lock
+    from tuning.engine.process.lifeline import take_lock
 
     global _beat_lock_fd
     log = logging.getLogger("celery.beat")
     if _is_embedded_beat():  # first: a beat still waiting for the lock must not outlive its worker either
-        from tuning.engine.lifeline import die_with_parent
+        from tuning.engine.process.lifeline import die_with_parent
 
         die_with_parent(parent=os.getppid())  # forked by the worker's main thread, which lives as long as it
     path = str(settings.VAR_DIR / "celerybeat.lock")

@@ -291,7 +291,7 @@ ONNX_ASYNC_VALIDATION_BYTES = env.int("ONNX_ASYNC_VALIDATION_BYTES", default=4 *
 ONNX_COUNT_TUNING_TASKS = env.bool("ONNX_COUNT_TUNING_TASKS", default=True)
 # What names a model's tuning tasks (a dotted path, resolved when a model is validated): the tuning
 # engine's, chosen here so that core imports no tuning code. Empty: TVM only checks the import.
-ONNX_TASK_COUNTER = env.str("ONNX_TASK_COUNTER", default="tuning.engine.relax_pipeline.count_tuning_tasks")
+ONNX_TASK_COUNTER = env.str("ONNX_TASK_COUNTER", default="tuning.engine.compile.pipeline.count_tuning_tasks")
 # Every upload (ONNX validation with TVM's import and task extraction, cluster-trace parsing) is parsed
 # in a short-lived child process (common.sandbox), never in a web or Celery worker: its address space
 # (MB), CPU seconds and wall-clock seconds are capped; a child stopped at a limit refuses the upload.
@@ -399,7 +399,7 @@ ENERGY_JOULES_PER_TRIAL_ESTIMATE = env.float("ENERGY_JOULES_PER_TRIAL_ESTIMATE",
 # Processes that hold these settings' secrets are non-dumpable: the sandboxes (same user) cannot read
 # their /proc/<pid>/environ or memory, nor ptrace them. DLOPT_ALLOW_DUMPABLE=1 for debugging (py-spy).
 if not env.bool("DLOPT_ALLOW_DUMPABLE", default=False):
-    from tuning.engine.sandbox import protect_secrets
+    from tuning.engine.process.sandbox import protect_secrets
 
     protect_secrets()
 

@@ -56,7 +56,7 @@ class StartRunForm(forms.Form):
                                         help_text="Evolutionary search population (smaller = faster).")
     seed = bounded_integer("seed", required=False)
 
-    # ---- Trimmer (tuning.engine.trimmer.TrimmerConfig) -------------------------------------
+    # ---- Trimmer (tuning.engine.trimmer.rules.TrimmerConfig) -------------------------------------
     trimmer_enabled = forms.BooleanField(label="Enable Trimmer", required=False, help_text=(
         "Stop tuning operators that stopped improving, stop the whole run on a plateau, and drop "
         "candidates the cost model predicts to be poor before they are built and measured."))

@@ -14,7 +14,7 @@ from django_celery_results.models import TaskResult
 
 from core.models import UsageCharge
 from core.selectors import energy_model, month_start, teams_for_user
-from tuning.engine.target_schema import valid_mcpu, valid_triple
+from tuning.engine.compile.target_schema import valid_mcpu, valid_triple
 
 from . import adapters
 from .models import (

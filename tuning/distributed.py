@@ -5,7 +5,7 @@
 concurrent.futures.Future that resolves to the worker's outcome dict, so the
 tuning host keeps searching and building while remote devices measure.
 
-The tuning engine runs in a child process of the Celery worker (tuning.engine.isolate), never in task
+The tuning engine runs in a child process of the Celery worker (tuning.engine.process.isolate), never in task
 context, and the waiters below never call `AsyncResult.get()`: they poll the task's state in the result
 backend. The measuring deadline starts when a worker reports the task STARTED (task_track_started), not
 at submission: a candidate waiting in a busy queue is not a failed one. Everything that is not the
@@ -69,7 +69,7 @@ def _wait(async_result, queue: str) -> dict:
 
 def celery_submit(payload: dict, target: dict | None = None) -> concurrent.futures.Future:
     """Send `payload` to its queue. `target`: what the candidate was built for; the measuring worker
-    refuses it when its own CPU is another (tuning.engine.targets.measurable_refusal)."""
+    refuses it when its own CPU is another (tuning.engine.compile.targets.measurable_refusal)."""
     from .tasks import measure_candidate
 
     if target:

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from common.units import joules_to_kwh
 from core.models import DLModel, Team, UsageCharge
-from tuning.engine.targets import identity_of
+from tuning.engine.compile.targets import identity_of
 from tuning.engine import verdict as verdict_rule
 
 # (min, max) of each bound of a run: the model, the service, the API serializer, the dashboard form and
@@ -98,7 +98,7 @@ class TuningRunQuerySet(models.QuerySet):
         """Bump the runs' version after a write to their tasks or rounds only (the run row is unchanged)."""
         return self.update()
 
-    def of_team_since(self, team_id: int, since) -> "TuningRunQuerySet":
+    def of_team_since(self, team_id: int, since) -> TuningRunQuerySet:
         return self.filter(team_id=team_id, created_at__gte=since)
 
     def energy_joules(self) -> float:
@@ -163,7 +163,7 @@ class TuningRun(models.Model):
     target = models.JSONField(help_text='TVM target dict, e.g. {"kind": "llvm", "num-cores": 2}')
     target_kind = models.CharField(max_length=20, db_index=True, editable=False)
     # What the executing worker resolved `target` to (its CPU as LLVM names it, triple, thread count):
-    # the target every build, measurement and record of the run uses (tuning.engine.targets).
+    # the target every build, measurement and record of the run uses (tuning.engine.compile.targets).
     resolved_target = models.JSONField(null=True, blank=True, editable=False,
                                        help_text="The target as resolved on the executing host (mcpu, mtriple, "
                                                  "num-cores); empty until a worker starts the run.")
@@ -254,7 +254,7 @@ class TuningRun(models.Model):
     stop_reason = models.CharField(max_length=300, blank=True,
                                    help_text="Why the run ended before its budget (Trimmer model stop, quota...).")
 
-    # Trimmer (cost cutting). Options: see tuning.engine.trimmer.TrimmerConfig.
+    # Trimmer (cost cutting). Options: see tuning.engine.trimmer.rules.TrimmerConfig.
     trimmer_enabled = models.BooleanField(default=False)
     trimmer_options = models.JSONField(default=dict, blank=True)
     candidates_generated = models.PositiveIntegerField(default=0)

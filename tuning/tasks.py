@@ -15,7 +15,7 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
-from tuning.engine.measure import measure_payload_isolated
+from tuning.engine.measuring.measure import measure_payload_isolated
 
 from . import selectors, services
 

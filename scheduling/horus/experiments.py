@@ -95,7 +95,7 @@ class ExperimentParams:
     usage_fgd_gang_moves: bool = True  # usage_fgd moves a gang off another gang's GPU to idle GPUs (False: the ablation)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> "ExperimentParams":
+    def from_dict(cls, data: dict[str, Any] | None) -> ExperimentParams:
         data = dict(data or {})
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(data) - set(known))
@@ -113,7 +113,7 @@ class ExperimentParams:
                 raise ExperimentError(f"{name} must be a {kind}, got {value!r}", field=name) from None
         return out
 
-    def validate(self, kind: str) -> "ExperimentParams":
+    def validate(self, kind: str) -> ExperimentParams:
         if self.method == "":
             self.method = "fill" if kind == "alibaba_pods" else "replay"
         for ok, name, message in self._checks(kind):
@@ -423,6 +423,7 @@ def policy_options(name: str, p: ExperimentParams) -> dict[str, Any]:
 def _run_policy(name: str, prep: Prepared, p: ExperimentParams, seed: int,
                 should_stop: StopCheck | None = None) -> dict[str, Any]:
     policy = hpolicies.make_policy(name, **policy_options(name, p))
+    res: hsim.FillResult | hsim.SimulationResult
     if p.method == "fill":
         res = hsim.simulate_fill(prep.jobs, prep.cluster, policy, seed=seed, until=p.until,
                                  predictor_error=p.predictor_error, should_stop=should_stop)

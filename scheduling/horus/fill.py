@@ -94,7 +94,7 @@ class Fill:
         self.sampling, self.tune = sampling, float(tune)
         self.order = self._tuned_order() if sampling == "tuned" else None
 
-    def run(self, *, should_stop: StopCheck | None = None) -> "Fill":
+    def run(self, *, should_stop: StopCheck | None = None) -> Fill:
         """Submit pods until the target share; ``should_stop`` (if given) is asked every ``STOP_CHECK_EVERY``
         pods, and True raises :class:`SimulationStopped`."""
         next_mark = 0
@@ -146,8 +146,8 @@ class Fill:
         held = self.policy.reserve(view, self.cv)
         gpus = checked_placement(self.policy, held, self.state, self.cv, 0.0)
         if gpus is not None:
-            if self.state.fits_memory(gpus, float(p.true_mem_mb)):
-                self.state.add(held, gpus, true_util=self._true_util(p, gpus), true_mem=float(p.true_mem_mb), now=0.0)
+            if self.state.fits_memory(gpus, p.run_mem_mb):
+                self.state.add(held, gpus, true_util=self._true_util(p, gpus), true_mem=p.run_mem_mb, now=0.0)
                 self.placed += 1
                 self.allocated += req
                 self.reserved += held.num_gpus * min(held.gpu_milli, MILLI)
@@ -161,8 +161,8 @@ class Fill:
         """The pod's TRUE utilization on the GPU type it got (its profile's holds for ``util_gpu_model``;
         a slower type is busier for the same work, :func:`.profiles.util_on_gpu`)."""
         if p.util_gpu_model is None:
-            return float(p.true_util_pct)
-        return max(util_on_gpu(float(p.true_util_pct), measured_on=p.util_gpu_model, run_on=m, model=p.model)
+            return p.run_util_pct
+        return max(util_on_gpu(p.run_util_pct, measured_on=p.util_gpu_model, run_on=m, model=p.model)
                    for m in {self.state.gpu_model[g] for g in gpus})
 
     def _submit_cpu_pod(self, view: JobView) -> None:

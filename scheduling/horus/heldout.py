@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,7 +130,7 @@ def job_metrics(submit: Sequence[float], start: Sequence[float], finish: Sequenc
     }
 
 
-def t_interval(values: Sequence[float], conf: float = 0.95) -> dict[str, float | int | None]:
+def t_interval(values: Sequence[float | None], conf: float = 0.95) -> dict[str, float | int | None]:
     """Mean and two-sided Student-t interval over independent replicates (here: slices)."""
     from scipy.stats import t as student_t
 
@@ -187,7 +187,7 @@ def run_cell(jobs: Sequence[Any], spec: Any, cell: HeldoutCell, *, sim_model: Fi
     replay = Replay(jobs, spec, policy, seed=seed, interference=physics, observation=observation).run()
     res = summarize(replay, wall_s=time.perf_counter() - t0, timeseries_points=2, record_jobs=True)
     gpus_of = {j.job_id: j.num_gpus for j in jobs}
-    rec = res.jobs or {}
+    rec: Mapping[str, Any] = res.jobs or {}
     metrics = job_metrics(rec["submit"], rec["start"], rec["finish"], rec["duration"],
                           [gpus_of[i] for i in rec["id"]], spec.n_gpus)
     return {"slice_start": cell.slice_start, "gpus": cell.gpus, "mismatch": cell.mismatch, "policy": cell.policy,

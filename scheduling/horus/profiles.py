@@ -187,7 +187,7 @@ class ProfileRecord:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, where: str = "record") -> "ProfileRecord":
+    def from_dict(cls, d: Mapping[str, Any], *, where: str = "record") -> ProfileRecord:
         try:
             rec = cls(
                 model=str(d["model"]),

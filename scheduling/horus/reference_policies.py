@@ -398,7 +398,7 @@ class FGDRef(ReferencePolicy):
 PolicyFactory = Callable[..., PlacementPolicy]
 
 #: name -> factory of the artifact's six baselines
-REFERENCE_POLICIES: dict[str, PolicyFactory] = {
+REFERENCE_POLICIES: dict[str, type[ReferencePolicy]] = {
     cls.name: cls for cls in (RandomRef, DotProdRef, GpuClusteringRef, GpuPackingRef, BestFitRef, FGDRef)
 }
 #: our name -> the artifact's label in its expected results

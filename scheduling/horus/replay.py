@@ -20,7 +20,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, cast, runtime_checkable
 
 import numpy as np
 
@@ -64,7 +64,8 @@ class InterferenceModel(Protocol):
     the ``GpuLoad`` alone (the replay keeps it until the next change). ``describe()`` is recorded with
     the results."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def slowdowns(self, load: GpuLoad) -> Sequence[float]:
         """One slowdown per job of ``load``, in ``load.job_ids`` order."""
@@ -72,6 +73,24 @@ class InterferenceModel(Protocol):
 
     def describe(self) -> dict[str, Any]:
         ...
+
+
+class JobTimes(TypedDict):
+    """Each job's id and times in seconds, in submit order (``summarize(record_jobs=True)``)."""
+
+    id: list[str]
+    submit: list[float]
+    start: list[float]
+    finish: list[float]
+    duration: list[float]
+
+
+class AttainedServicePolicy(Protocol):
+    """A least-attained-service policy (Tiresias): what the replay calls when ``Replay.las`` is set."""
+
+    def service_level(self, attained_gpu_s: float) -> int: ...
+
+    def demotion_after(self, attained_gpu_s: float, num_gpus: int) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -160,7 +179,7 @@ class SimulationResult:
     wall_s: float
     timeseries: dict[str, list[float]]
     params: dict[str, Any]
-    jobs: dict[str, list[float]] | None = None
+    jobs: JobTimes | None = None
     occupancy_pct: float = 0.0  # the GPUs' sum of their jobs' standalone utilizations, capped at 100 each
     over_capacity_work_pct: float = 0.0  # work a non-work-conserving model claims beyond one GPU per GPU
     peak_gpu_delivered_pct: float = 0.0  # the most one GPU delivered at any time (before the cap)
@@ -218,9 +237,9 @@ class ReplayJobs:
         self.jobs = list(jobs)
         self.views = views
         n = len(self.jobs)
-        self.true_util = [float(j.true_util_pct) for j in self.jobs]  # on the GPU model ``util_gpu_model[i]``
+        self.true_util = [j.run_util_pct for j in self.jobs]  # on the GPU model ``util_gpu_model[i]``
         self.util_gpu_model = [j.util_gpu_model for j in self.jobs]
-        self.true_mem = [float(j.true_mem_mb) for j in self.jobs]
+        self.true_mem = [j.run_mem_mb for j in self.jobs]
         self.duration = [float(j.duration_s) for j in self.jobs]
         self.submit = [float(j.submit_time) for j in self.jobs]
         self.index = {j.job_id: i for i, j in enumerate(self.jobs)}
@@ -385,7 +404,7 @@ class Replay:
         self.check_invariants = check_invariants
         self.state = state = ClusterState(spec)
         biggest = float(state.mem_cap.max())
-        kept = [j for j in jobs if 0 < j.num_gpus <= state.n_gpus and float(j.true_mem_mb) <= biggest]
+        kept = [j for j in jobs if 0 < j.num_gpus <= state.n_gpus and j.run_mem_mb <= biggest]
         self.dropped = len(jobs) - len(kept)
         order = sorted(range(len(kept)), key=lambda i: (kept[i].submit_time, i))
         jl = [kept[i] for i in order]
@@ -416,7 +435,7 @@ class Replay:
         self.run_since = [math.nan] * len(self.jobs)
 
     # ---------------------------------------------------------------- main loop
-    def run(self, *, should_stop: StopCheck | None = None) -> "Replay":
+    def run(self, *, should_stop: StopCheck | None = None) -> Replay:
         """Handle every event in time order. ``should_stop`` (if given) is asked every
         ``STOP_CHECK_EVERY`` event batches; when it says True the replay raises :class:`SimulationStopped`."""
         batches = 0
@@ -507,7 +526,7 @@ class Replay:
         self._update_rates(gpus, now)
         if self.las:
             self.run_since[i] = now
-            left = self.policy.demotion_after(self.attained[i], len(gpus))
+            left = cast(AttainedServicePolicy, self.policy).demotion_after(self.attained[i], len(gpus))
             if left is not None and left > 0:
                 self.events.push(now + left, DEMOTE, i, J.epoch[i])
 
@@ -637,7 +656,7 @@ class Replay:
         return self.attained[i] + run
 
     def _level(self, i: int, now: float) -> int:
-        return int(self.policy.service_level(self.attained_service(i, now)))
+        return int(cast(AttainedServicePolicy, self.policy).service_level(self.attained_service(i, now)))
 
     def _schedule_las(self, now: float) -> None:
         """Order the queue by level, then arrival (FIFO within a level), offer it; while the first waiting

@@ -17,8 +17,9 @@ from django.utils import timezone
 
 from core.exceptions import ServiceError
 from core.fieldtext import fit_to_field
-from tuning.engine.isolate import call_isolated
-from tuning.engine.target_schema import valid_mcpu, valid_triple
+from tuning.engine.process.isolate import call_isolated
+from tuning.engine.compile.target_schema import valid_mcpu, valid_triple
+from tuning.engine.compile.targets import host_cpu_facts
 
 from .. import telemetry
 from ..models import GPU, GpuTelemetry, Node, gpu_queue_name
@@ -42,7 +43,7 @@ def _llvm_cpu() -> tuple[str, str]:
     """This host's CPU and triple as LLVM names them, asked once per process of a child that loads TVM
     (a worker process must not: it forks); ("", "") when that fails, and the node's runs build generic code."""
     try:
-        facts = call_isolated("tuning.engine.targets:host_cpu_facts", what="naming this host's CPU", scrub=True,
+        facts = call_isolated(host_cpu_facts, what="naming this host's CPU", scrub=True,
                               sandbox_user=True)
         return str(facts["mcpu"]), str(facts["triple"])
     except Exception:  # noqa: BLE001 - a node without a working TVM still registers

@@ -280,7 +280,7 @@ def test_download_the_tuned_module(dlopt, logged_in, model_a, model_b, tmp_path)
 def test_download_fetches_the_deployment_package_by_default(dlopt, logged_in, model_a, model_b, tmp_path):
     import zipfile
 
-    from tuning.engine.package import MEMBERS
+    from tuning.engine.deploy.package import MEMBERS
 
     run = TuningRunFactory(model=model_a, succeeded=True, faster_engine="tvm", ratio_to_ort=0.5,
                            module_file=ContentFile(b"\x7fELF tuned module", name="m.so"))

@@ -90,6 +90,7 @@ def test_missing_file_and_name_are_field_errors(api_owner, team_a):
     assert {"name", "file"} <= set(resp.json()["errors"])
 
 
+@pytest.mark.dialect
 def test_duplicate_name_is_409(api_owner, team_a, small_cnn_bytes):
     assert upload(api_owner, team_a.pk, small_cnn_bytes).status_code == 201
     resp = upload(api_owner, team_a.pk, small_cnn_bytes)
@@ -175,11 +176,11 @@ def test_task_counting_follows_the_settings(settings):
     """core.services.task_counter: the dotted path in ONNX_TASK_COUNTER (the tuning engine's by default, so
     core imports no tuning code), None when counting is off or no counter is named."""
     from core import services
-    from tuning.engine.relax_pipeline import count_tuning_tasks
+    from tuning.engine.compile.pipeline import count_tuning_tasks
 
     settings.ONNX_COUNT_TUNING_TASKS = True
     assert services.task_counter() is count_tuning_tasks
     settings.ONNX_TASK_COUNTER = ""
     assert services.task_counter() is None
-    settings.ONNX_TASK_COUNTER, settings.ONNX_COUNT_TUNING_TASKS = "tuning.engine.relax_pipeline.count_tuning_tasks", False
+    settings.ONNX_TASK_COUNTER, settings.ONNX_COUNT_TUNING_TASKS = "tuning.engine.compile.pipeline.count_tuning_tasks", False
     assert services.task_counter() is None

@@ -87,7 +87,7 @@ def zoo_models() -> dict[str, onnx.ModelProto]:
 @pytest.fixture(scope="module")
 def relax_pipeline():
     """The tuning engine's TVM bridge (imports TVM once for the module)."""
-    return pytest.importorskip("tuning.engine.relax_pipeline")
+    return pytest.importorskip("tuning.engine.compile.pipeline")
 
 
 # --------------------------------------------------------------------------- features
@@ -476,7 +476,7 @@ def test_without_a_task_counter_still_imports_into_tvm(monkeypatch, relax_pipeli
     is never imported (it is made unimportable here)."""
     import sys
 
-    monkeypatch.setitem(sys.modules, "tuning.engine.relax_pipeline", None)  # import fails
+    monkeypatch.setitem(sys.modules, "tuning.engine.compile.pipeline", None)  # import fails
     v = validate_onnx_bytes(_tiny_net().SerializeToString(), filename="m.onnx", max_bytes=MB)
     assert v.num_tuning_tasks is None and v.task_names == []
 

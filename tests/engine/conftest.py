@@ -21,14 +21,14 @@ def cpu_target():
 
 @pytest.fixture(scope="session")
 def n_cores():
-    from tuning.engine.procpool import available_cpus
+    from tuning.engine.process.procpool import available_cpus
 
     return len(available_cpus())
 
 
 @pytest.fixture(scope="session")
 def builder():
-    from tuning.engine.builder import PersistentBuilder
+    from tuning.engine.runners.builder import PersistentBuilder
 
     b = PersistentBuilder(max_workers=2)
     yield b
@@ -41,8 +41,8 @@ def matmul_artifacts(builder, cpu_target):
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.measure import _jsonable
-    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.measuring.measure import _jsonable
+    from tuning.engine.compile.pipeline import make_target
     from tuning.engine.testing import matmul_primfunc
 
     func = matmul_primfunc(64)

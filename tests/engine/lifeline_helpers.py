@@ -11,7 +11,7 @@ def engine_tree_then_hang(pid_file: str) -> None:
     """Start what a run's engine starts (a builder/measurement worker of the process pool, which leads
     its own process group, and a compiler-like grandchild in the engine's group), name them all in
     ``pid_file``, then hang like a long search."""
-    from tuning.engine.procpool import WorkerProcess, WorkerSpec
+    from tuning.engine.process.procpool import WorkerProcess, WorkerSpec
 
     worker = WorkerProcess(WorkerSpec(name="fence-test"))
     worker.start()
@@ -30,14 +30,14 @@ def leave_a_grandchild() -> int:
 
 def executor_main(pid_file: str) -> None:
     """An executor: runs the engine call above in an isolated child, as `call_engine` does."""
-    from tuning.engine.isolate import call_isolated
+    from tuning.engine.process.isolate import call_isolated
 
     call_isolated("tests.engine.lifeline_helpers:engine_tree_then_hang", pid_file, what="hanging")
 
 
 def hold_work_dir(work_dir: str, ready_file: str) -> None:
     """An engine that holds ``work_dir``'s lock until it is killed."""
-    from tuning.engine.lifeline import lock_work_dir
+    from tuning.engine.process.lifeline import lock_work_dir
 
     with lock_work_dir(work_dir, wait_s=0):
         open(ready_file, "w").close()

@@ -1,4 +1,4 @@
-"""CUDA binaries for runtime-only GPU workers (tuning/engine/cuda_binaries.py).
+"""CUDA binaries for runtime-only GPU workers (tuning/engine/measuring/cuda_binaries.py).
 
 TVM 0.27 compiles a CUDA candidate's source when the library is loaded, through a Python
 callback that needs TVM's compiler library; a runtime-only worker gets this module's callback
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tuning.engine.cuda_binaries import binary_name
+from tuning.engine.measuring.cuda_binaries import binary_name
 
 KERNEL = 'extern "C" __global__ void k(float* __restrict__ a) { a[threadIdx.x] = 1.0f; }\n'
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,7 +21,7 @@ FATBIN_MAGIC = bytes.fromhex("50ed55ba")
 def _run_callback(sources, env_extra, loading=""):
     code = (
         "import contextlib, json, sys, tvm_ffi\n"
-        "from tuning.engine.cuda_binaries import install_runtime_compiler, loading\n"
+        "from tuning.engine.measuring.cuda_binaries import install_runtime_compiler, loading\n"
         "installed = install_runtime_compiler('sm_90')\n"
         "f = tvm_ffi.get_global_func('tvm_callback_cuda_compile')\n"
         "out = []\n"
@@ -84,7 +84,7 @@ def test_the_builder_compiles_a_cuda_candidates_kernels_for_the_workers(tmp_path
     import tvm
     from tvm import s_tir
 
-    from tuning.engine.builder import _target_json, build_in_worker, tvm_save_json
+    from tuning.engine.runners.builder import _target_json, build_in_worker, tvm_save_json
     from tuning.engine.testing import matmul_primfunc
 
     sch = s_tir.Schedule(tvm.IRModule({"main": matmul_primfunc(64)}))
@@ -106,7 +106,7 @@ def test_the_builder_compiles_a_cuda_candidates_kernels_for_the_workers(tmp_path
 def test_a_payload_carries_the_kernels_and_a_hostile_name_is_refused():
     """A remote GPU worker gets the candidate's kernel binaries with it; their names are checked
     before anything is written (no path can be smuggled in)."""
-    from tuning.engine.measure import make_payload, measure_payload
+    from tuning.engine.measuring.measure import make_payload, measure_payload
 
     name = binary_name(KERNEL, "sm_90")
     ok = make_payload(b"not a shared library", device_type="cuda", args_info_json=[], evaluator=None,
@@ -125,7 +125,7 @@ def test_a_payload_carries_the_kernels_and_a_hostile_name_is_refused():
 def test_the_parent_reads_no_link_and_nothing_but_fatbins_from_beside_a_candidate(tmp_path):
     """The payload's binaries are read by the secret-holding tuning process from a folder a build
     worker wrote: a link (say to /proc/self/environ) or a non-fatbin file never goes into a payload."""
-    from tuning.engine.cuda_binaries import binaries_beside
+    from tuning.engine.measuring.cuda_binaries import binaries_beside
 
     cand = tmp_path / "cand_x"
     (cand / "cuda_bin").mkdir(parents=True)

@@ -5,7 +5,7 @@ search.load_cost_model reads such a file back (TVM's own loader loses its data).
 import numpy as np
 import pytest
 
-from tuning.engine.search import load_cost_model, train_when_needed
+from tuning.engine.search.loop import load_cost_model, train_when_needed
 
 pytest.importorskip("xgboost")
 

@@ -6,9 +6,11 @@ the charge."""
 import pytest
 
 from tuning.engine.events import ListSink
-from tuning.engine.session import FINAL_ROWS, TuningConfig, load_final_rows, run_tuning
+from tuning.engine.workdir import FINAL_ROWS, load_final_rows
+from tuning.engine.config import TuningConfig
+from tuning.engine.session import run_tuning
 from tuning.engine.testing import matmul_primfunc
-from tuning.engine.timer import EvaluatorConfig
+from tuning.engine.measuring.timer import EvaluatorConfig
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,10 @@ import types
 
 import pytest
 
-from tuning.engine import gpu_slots, sandbox
-from tuning.engine.gpu_slots import DeviceQuery, MpsStatus, NeedsGPU, ensure_mps, gpu_slot_groups, list_gpus
+from tuning.engine.measuring import gpu_slots
+
+from tuning.engine.process import sandbox
+from tuning.engine.measuring.gpu_slots import DeviceQuery, MpsStatus, NeedsGPU, ensure_mps, gpu_slot_groups, list_gpus
 
 SMI = "0, NVIDIA H200, GPU-aaa, 9.0, 143771\n1, NVIDIA A100-SXM4-80GB, GPU-bbb, 8.0, 81920\n"
 
@@ -92,14 +94,14 @@ def test_one_slot_group_per_gpu_with_mps(tmp_path, monkeypatch):
 
 
 def _fake_ctx(dop="auto"):
-    from tuning.engine.timer import EvaluatorConfig
+    from tuning.engine.measuring.timer import EvaluatorConfig
 
-    cfg = types.SimpleNamespace(dop=dop, timeout_sec=30.0, evaluator=EvaluatorConfig(), controller=None, dop_rule={})
+    cfg = types.SimpleNamespace(dop=dop, timeout_sec=30.0, evaluator=EvaluatorConfig(), dop_rule=None)
     return types.SimpleNamespace(config=cfg, device_type="cuda", cores=[0, 1], ledger=None, work_dir="/tmp")
 
 
 def test_the_gpu_runner_needs_a_gpu(monkeypatch):
-    from tuning.engine import plugins
+    from tuning.engine.runners import plugins
 
     monkeypatch.setattr(gpu_slots, "list_gpus", lambda query=None: [])
     with pytest.raises(NeedsGPU, match="needs a GPU"):
@@ -107,14 +109,14 @@ def test_the_gpu_runner_needs_a_gpu(monkeypatch):
 
 
 def test_the_gpu_runner_makes_one_device_runner_per_gpu(monkeypatch):
-    from tuning.engine import plugins
-    from tuning.engine.timer import default_evaluator
+    from tuning.engine.runners import plugins
+    from tuning.engine.measuring.timer import default_evaluator
 
     made = []
 
     class FakeRunner:
         def __init__(self, **kw):
-            self.kw, self.controller, self.ledger, self.device_index = kw, types.SimpleNamespace(dop=1), None, 0
+            self.kw, self.rule, self.ledger, self.device_index = kw, types.SimpleNamespace(dop=1), None, 0
             made.append(self)
 
     monkeypatch.setattr(gpu_slots, "list_gpus", lambda query=None: list_gpus(FakeDriver().query()))
@@ -129,11 +131,11 @@ def test_the_gpu_runner_makes_one_device_runner_per_gpu(monkeypatch):
 
 
 def test_multi_device_runner_deals_by_each_devices_dop():
-    from tuning.engine.runner import MultiDeviceRunner
+    from tuning.engine.runners.multi_device import MultiDeviceRunner
 
     class Dev:
         def __init__(self, dop):
-            self.controller, self.ledger, self.got, self.device_index = types.SimpleNamespace(dop=dop), None, [], 0
+            self.rule, self.ledger, self.got, self.device_index = types.SimpleNamespace(dop=dop), None, [], 0
 
         def run(self, inputs):
             self.got.extend(inputs)
@@ -159,8 +161,8 @@ def test_a_queue_worker_and_a_local_runner_on_one_gpu_share_its_timing_lock(monk
 def test_a_runner_in_a_timing_window_waits_for_the_others_and_keeps_its_own_kernel_cache(tmp_path):
     """Workers of a GPU's slot group time one at a time: a call's (and a round's) deadline allows for
     the pool's other windows, and the workers share a kernel cache of their own, gone at shutdown."""
-    from tuning.engine.runner import PooledAsyncRunner
-    from tuning.engine.slots import Slot
+    from tuning.engine.runners.pooled import PooledAsyncRunner
+    from tuning.engine.measuring.slots import Slot
 
     slots = [Slot(k, (0,), 1) for k in range(4)]
     plain = PooledAsyncRunner._cls(threads=1, slots=slots, timeout_sec=10.0)

@@ -4,8 +4,8 @@ pipeline (extraction, tuned and untuned compilation) running the selected passes
 import numpy as np
 import pytest
 
-from tuning.engine import graph_passes as gp
-from tuning.engine import relax_pipeline as rp
+from tuning.engine.compile import passes as gp
+from tuning.engine.compile import pipeline as rp
 
 
 def conv_bn_onnx(channels: int = 8, size: int = 16, seed: int = 0):
@@ -190,7 +190,7 @@ def test_records_of_one_pipeline_match_no_task_of_another(model, cpu_target):
     """TVM's database finds a record by its task's workload hash: a conv record tuned under the shipped pipeline
     (NCHW) has a hash no conv task of the layout pipeline (NHWC) has, so it is never applied there; and the
     pipeline keys, part of the cache and result identity, differ too."""
-    from tuning.engine.record_cache import task_workloads
+    from tuning.engine.records.publish import task_workloads
 
     def conv_hashes(passes):
         with gp.use_passes(passes):
@@ -230,9 +230,9 @@ def test_a_layout_rewritten_candidate_survives_the_journal(model, cpu_target, tm
     key the sink gave it (TuningRecord.as_json() refuses the IndexMap: the journal must not use it)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.database import StreamJournal, commit_streamed, open_json_db, records_by_task
+    from tuning.engine.workdir import StreamJournal, commit_streamed, open_json_db, records_by_task
     from tuning.engine.events import candidate_key
-    from tuning.engine.workloads import collect_tasks
+    from tuning.engine.compile.workloads import collect_tasks
 
     target = rp.make_target(cpu_target)
     with gp.use_passes(gp.LAYOUT):
@@ -263,7 +263,7 @@ def index_map_text():
 
 def test_a_layout_rewritten_trace_passes_the_record_check(index_map_text):
     """RewriteLayout's records (IndexMap as TVM's JSON graph text) are imported and seeded like any other."""
-    from tuning.engine.record_check import check_trace_json
+    from tuning.engine.records.check import check_trace_json
 
     check_trace_json(_transform_layout_trace(index_map_text))
 
@@ -279,7 +279,7 @@ def test_a_layout_rewritten_trace_passes_the_record_check(index_map_text):
 def test_a_tampered_index_map_is_refused(index_map_text, tamper, message):
     import json
 
-    from tuning.engine.record_check import check_trace_json
+    from tuning.engine.records.check import check_trace_json
 
     graph = json.loads(index_map_text)
     tamper(graph)

@@ -4,10 +4,10 @@ line only (logged), never the run."""
 
 import json
 
-from tuning.engine.database import IMPORTED_DIR, IMPORTED_RECORDS, has_imported, imported_records, write_imported
+from tuning.engine.workdir import IMPORTED_DIR, IMPORTED_RECORDS, has_imported, imported_records, write_imported
 from tuning.engine.testing import matmul_primfunc, tuning_database
-from tuning.engine.relax_pipeline import make_target
-from tuning.engine.workloads import collect_tasks
+from tuning.engine.compile.pipeline import make_target
+from tuning.engine.compile.workloads import collect_tasks
 
 
 def test_lines_pair_with_the_runs_own_tasks_and_bad_ones_are_skipped(tmp_path, cpu_target, caplog):

@@ -7,12 +7,13 @@ import os
 
 import pytest
 
-from tuning.engine.database import open_json_db
+from tuning.engine.workdir import open_json_db
 from tuning.engine.events import ListSink
-from tuning.engine.session import (DB_RECORDS, IMPORTED_DONE_DIR, TuningConfig, has_imported,
-                                   run_tuning, write_imported)
+from tuning.engine.workdir import DB_RECORDS, IMPORTED_DONE_DIR, has_imported, write_imported
+from tuning.engine.config import TuningConfig
+from tuning.engine.session import run_tuning
 from tuning.engine.testing import matmul_primfunc, tuning_database
-from tuning.engine.timer import EvaluatorConfig
+from tuning.engine.measuring.timer import EvaluatorConfig
 
 pytestmark = pytest.mark.slow
 

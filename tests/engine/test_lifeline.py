@@ -8,14 +8,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.workers import wait_for
-from tuning.engine.isolate import Abort, EngineStopped, call_isolated
-from tuning.engine.lifeline import WorkDirBusy, lock_work_dir
+from tuning.engine.process.isolate import Abort, EngineStopped, call_isolated
+from tuning.engine.process.lifeline import WorkDirBusy, lock_work_dir
 
 ROOT = str(Path(__file__).resolve().parents[2])
 HELPERS = "tests.engine.lifeline_helpers"
@@ -126,7 +125,8 @@ def test_second_engine_waits_for_a_dying_one(tmp_path):
 
 
 def test_run_tuning_refuses_a_work_dir_another_engine_holds(tmp_path, cpu_target):
-    from tuning.engine.session import TuningConfig, run_tuning
+    from tuning.engine.config import TuningConfig
+    from tuning.engine.session import run_tuning
     from tuning.engine.testing import matmul_primfunc
 
     work_dir, ready = tmp_path / "work", tmp_path / "ready"

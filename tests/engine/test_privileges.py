@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from common import privileges
-from tuning.engine import sandbox
+from tuning.engine.process import sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"  # stdlib only, readable by every account (common.privileges needs no more)
@@ -147,10 +147,10 @@ def test_a_missing_sandbox_account_is_refused_where_required(monkeypatch):
 
 
 def test_an_unprivileged_sandbox_needs_scrub():
-    from tuning.engine.isolate import call_isolated
+    from tuning.engine.process.isolate import call_isolated
 
     with pytest.raises(ValueError, match="needs scrub"):
-        call_isolated("tuning.engine.sandbox:describe_process", what="probing", sandbox_user=True)
+        call_isolated("tuning.engine.process.sandbox:describe_process", what="probing", sandbox_user=True)
 
 
 # --- the engine's sandboxes, where this host lets the sandbox account run its Python --------------------
@@ -168,12 +168,12 @@ needs_account = pytest.mark.skipif(_account() is None, reason="this process may 
 
 @needs_account
 def test_build_and_measure_workers_run_as_the_sandbox_account_in_a_folder_of_their_own():
-    from tuning.engine.procpool import WorkerProcess, WorkerSpec
+    from tuning.engine.process.procpool import WorkerProcess, WorkerSpec
 
     uid, gid = _account()
     worker = WorkerProcess(WorkerSpec(name="probe"))
     try:
-        info = worker.call("tuning.engine.sandbox:describe_process", timeout=120)
+        info = worker.call("tuning.engine.process.sandbox:describe_process", timeout=120)
         cwd = Path(info["cwd"])
         assert tuple(info["uids"]) == (uid,) * 3 and tuple(info["gids"]) == (gid,) * 3 and info["groups"] in ([], [gid])
         assert cwd.stat().st_uid == uid  # its private folder was handed to it
@@ -187,13 +187,13 @@ def test_build_and_measure_workers_run_as_the_sandbox_account_in_a_folder_of_the
 @needs_account
 def test_a_gpu_measuring_worker_gets_its_timing_lock_open(tmp_path):
     """The sandbox account cannot reach the worker's private runtime folder: the lock comes as an fd."""
-    from tuning.engine.gpu_slots import TIMING_LOCK_VAR
-    from tuning.engine.procpool import WorkerProcess, WorkerSpec
+    from tuning.engine.measuring.gpu_slots import TIMING_LOCK_VAR
+    from tuning.engine.process.procpool import WorkerProcess, WorkerSpec
 
     lock = tmp_path / "timing-0.lock"
     worker = WorkerProcess(WorkerSpec(name="gpu-probe", env={TIMING_LOCK_VAR: str(lock)}))
     try:
-        info = worker.call("tuning.engine.sandbox:describe_process", timeout=120)
+        info = worker.call("tuning.engine.process.sandbox:describe_process", timeout=120)
         env = dict(item.split(b"=", 1) for item in Path(f"/proc/{info['pid']}/environ").read_bytes().split(b"\0") if item)
         fd = int(env[sandbox.TIMING_LOCK_FD_VAR.encode()])
         assert os.readlink(f"/proc/{info['pid']}/fd/{fd}") == str(lock)
@@ -203,14 +203,14 @@ def test_a_gpu_measuring_worker_gets_its_timing_lock_open(tmp_path):
 
 @needs_account
 def test_the_engine_child_that_runs_the_tuned_model_writes_only_the_folders_handed_to_it(shared_tmp):
-    from tuning.engine.isolate import EngineError, call_isolated
+    from tuning.engine.process.isolate import EngineError, call_isolated
 
     uid, _ = _account()
     work, other = shared_tmp / "work", shared_tmp / "other"
     work.mkdir()
     other.mkdir(mode=0o755)
     (work / "database_tuning_record.json").write_text("")  # written by the worker before the call
-    info = call_isolated("tuning.engine.sandbox:describe_process", what="probing", scrub=True, sandbox_user=True,
+    info = call_isolated("tuning.engine.process.sandbox:describe_process", what="probing", scrub=True, sandbox_user=True,
                          writable=[work])
     assert tuple(info["uids"]) == (uid,) * 3
     call_isolated("tests.engine.test_privileges:append_to", str(work / "database_tuning_record.json"),

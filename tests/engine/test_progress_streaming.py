@@ -5,11 +5,12 @@ import threading
 
 import pytest
 
-from tuning.engine import plugins
+from tuning.engine.runners import plugins
 from tuning.engine.events import ListSink
-from tuning.engine.session import TuningConfig, run_tuning
+from tuning.engine.config import TuningConfig
+from tuning.engine.session import run_tuning
 from tuning.engine.testing import tiny_cnn_onnx
-from tuning.engine.timer import EvaluatorConfig
+from tuning.engine.measuring.timer import EvaluatorConfig
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +116,7 @@ def test_results_streamed_before_a_kill_are_in_the_resumed_database(tmp_path, cp
     call must know them (its budget is not spent on them again) and number its rounds after theirs."""
     import os
 
-    from tuning.engine.database import DB_RECORDS, ROUNDS_FILE, STREAM_JOURNAL, next_round_offset
+    from tuning.engine.workdir import DB_RECORDS, ROUNDS_FILE, STREAM_JOURNAL, next_round_offset
 
     _, gate = gated_builder
     sink = gate["sink"] = _EventSink()

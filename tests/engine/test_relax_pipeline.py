@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from tuning.engine import graph_passes
-from tuning.engine import relax_pipeline as rp
+from tuning.engine.compile import passes as graph_passes
+from tuning.engine.compile import pipeline as rp
 from tuning.engine.testing import tiny_cnn_onnx
 
 

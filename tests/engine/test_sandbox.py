@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tuning.engine import sandbox
+from tuning.engine.process import sandbox
 
 SECRETS = {"DATABASE_URL": "postgres://u:pw@db/x", "DJANGO_SECRET_KEY": "s3cret", "REDIS_URL": "redis://:pw@r/0",
            "CELERY_BROKER_URL": "redis://:pw@r/1", "AWS_SECRET_ACCESS_KEY": "k", "TEST_DATABASE_URL": "postgres://t"}
@@ -41,15 +41,15 @@ def _assert_sandboxed(info: dict, pid: int, *, address_space: bool = True) -> No
 
 
 def test_measuring_and_building_workers_are_sandboxed(secrets_in_env):
-    from tuning.engine.builder import PersistentBuilder
-    from tuning.engine.runner import PooledAsyncRunner
+    from tuning.engine.runners.builder import PersistentBuilder
+    from tuning.engine.runners.pooled import PooledAsyncRunner
 
     runner = PooledAsyncRunner(threads=1, dop=1, worker_limits=sandbox.default_limits())
     builder = PersistentBuilder(max_workers=1)
     cwds = []
     try:
         for pool in (runner._pool(1), builder.pool):
-            info = pool.submit("tuning.engine.sandbox:describe_process").result(timeout=120)
+            info = pool.submit("tuning.engine.process.sandbox:describe_process").result(timeout=120)
             _assert_sandboxed(info, info["pid"])
             cwds.append(info["cwd"])
         assert len(set(cwds)) == 2  # one private directory per worker
@@ -66,8 +66,8 @@ def test_gpu_measuring_workers_have_no_address_space_cap_but_the_rest():
 
 def test_celery_measure_task_measures_in_a_sandboxed_subprocess(secrets_in_env):
     """The distributed measure task never loads a shipped .so in the Celery worker process."""
-    from tuning.engine import measure
-    from tuning.engine.measure import make_payload
+    from tuning.engine.measuring import measure
+    from tuning.engine.measuring.measure import make_payload
     from tuning.tasks import measure_candidate
 
     payload = make_payload(b"not a shared library", device_type="cpu", args_info_json=[], evaluator=None,
@@ -76,15 +76,16 @@ def test_celery_measure_task_measures_in_a_sandboxed_subprocess(secrets_in_env):
     assert out["error"] and out["worker"].split(":")[1] != str(os.getpid())
     worker = measure._ISOLATED[(False, 0, 0)]  # (gpu, device, slot): the host's slot-0 worker
     assert worker.alive and worker.pid != os.getpid()
-    info = worker.call("tuning.engine.sandbox:describe_process", timeout=60)
+    info = worker.call("tuning.engine.process.sandbox:describe_process", timeout=60)
     _assert_sandboxed(info, worker.pid)
 
 
 def test_a_queue_workers_gpu_slots_share_the_gpus_timing_lock(secrets_in_env, monkeypatch):
     """A remote queue's GPU worker (one per device and slot) runs on TVM's runtime only, with that
     GPU's timing lock, without a kernel cache and without the host's secrets."""
-    from tuning.engine import gpu_slots, measure
-    from tuning.engine.measure import make_payload, measure_payload_isolated
+    from tuning.engine.measuring import gpu_slots
+    from tuning.engine.measuring import measure
+    from tuning.engine.measuring.measure import make_payload, measure_payload_isolated
 
     monkeypatch.setattr(gpu_slots, "list_gpus", lambda query=None: [])  # no GPU here: locks by index
     payload = make_payload(b"not a shared library", device_type="cuda", args_info_json=[], evaluator=None,
@@ -112,7 +113,7 @@ def test_stock_mode_workers_get_the_sandbox_too(secrets_in_env):
 _READ_PARENT = ("import os\n"
                 "try:\n    print('SECRET_X' in open(f'/proc/{os.getppid()}/environ').read())\n"
                 "except OSError:\n    print('refused')\n")
-_PARENT = ("import subprocess, sys\nfrom tuning.engine import sandbox\n"
+_PARENT = ("import subprocess, sys\nfrom tuning.engine.process import sandbox\n"
            "if sys.argv[1] == 'protect':\n    assert sandbox.protect_secrets()\n"
            "print(subprocess.run([sys.executable, '-c', sys.argv[2]], env=sandbox.scrub_env(), text=True,\n"
            "                     capture_output=True).stdout.strip())\n")
@@ -126,7 +127,7 @@ def test_a_sandbox_cannot_read_its_secret_holding_parents_environ(mode, expected
     /proc/<ppid>/environ; a process that calls protect_secrets() (settings do) is non-dumpable: refused."""
     import subprocess
 
-    root = str(Path(sandbox.__file__).resolve().parents[2])
+    root = str(Path(sandbox.__file__).resolve().parents[3])
     out = subprocess.run(["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                           "/usr/bin/python3", "-c", _PARENT, mode, _READ_PARENT],
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": root, "SECRET_X": "hunter2"},
@@ -158,7 +159,7 @@ def hostile_answer(marker: str):
 def test_a_workers_answer_cannot_run_code_in_the_parent(tmp_path):
     """The parent (a tuning child, a Celery measure worker, the web's import check) unpickled whatever
     the sandboxed worker wrote: a candidate ran os.system in the parent, outside the sandbox."""
-    from tuning.engine.procpool import WorkerError, WorkerProcess, WorkerSpec
+    from tuning.engine.process.procpool import WorkerError, WorkerProcess, WorkerSpec
 
     marker = tmp_path / "ran-in-parent"
     worker = WorkerProcess(WorkerSpec(name="hostile"))
@@ -171,13 +172,13 @@ def test_a_workers_answer_cannot_run_code_in_the_parent(tmp_path):
     # the engine's own results still come back
     worker = WorkerProcess(WorkerSpec(name="probe"))
     try:
-        assert "cwd" in worker.call("tuning.engine.sandbox:describe_process", timeout=120)
+        assert "cwd" in worker.call("tuning.engine.process.sandbox:describe_process", timeout=120)
     finally:
         worker.close()
 
 
 def test_the_engine_childs_answer_cannot_run_code_in_the_celery_worker(tmp_path):
-    from tuning.engine.isolate import EngineCrashed, call_isolated
+    from tuning.engine.process.isolate import EngineCrashed, call_isolated
 
     marker = tmp_path / "ran-in-worker"
     with pytest.raises(EngineCrashed, match="refused answer"):
@@ -223,7 +224,7 @@ def test_workers_get_the_kernel_cache_and_timing_lock_but_no_other_dlopt_setting
 
 
 def test_a_payload_cannot_make_a_queue_host_start_workers_without_bound():
-    from tuning.engine.measure import make_payload, measure_payload_isolated
+    from tuning.engine.measuring.measure import make_payload, measure_payload_isolated
 
     payload = make_payload(b"x", device_type="cuda", args_info_json=[], evaluator=None, threads=None)
     for bad in ({"slot": 10**6}, {"device_index": 10**6}, {"slot": -1}, {"slot": "many"}):
@@ -233,7 +234,7 @@ def test_a_payload_cannot_make_a_queue_host_start_workers_without_bound():
 def test_the_tuning_process_ships_only_a_built_shared_object(tmp_path):
     """A build worker names the artifact the secret-holding tuning process reads and ships: a link,
     or a path to /proc/self/environ, is refused as the candidate's error, not sent."""
-    from tuning.engine.runner import read_artifact
+    from tuning.engine.runners.distributed import read_artifact
 
     real = tmp_path / "cand.so"
     real.write_bytes(b"\x7fELF" + b"\0" * 60)

@@ -8,10 +8,12 @@ import shutil
 import pytest
 
 from tuning.engine.events import ListSink
-from tuning.engine.measure import measure_payload
-from tuning.engine.session import TuningConfig, compile_and_compare, count_records, run_tuning
+from tuning.engine.measuring.measure import measure_payload
+from tuning.engine.config import TuningConfig
+from tuning.engine.compare import compile_and_compare
+from tuning.engine.session import count_records, run_tuning
 from tuning.engine.testing import matmul_primfunc, tiny_cnn_onnx
-from tuning.engine.timer import EvaluatorConfig
+from tuning.engine.measuring.timer import EvaluatorConfig
 
 pytestmark = pytest.mark.slow
 
@@ -141,7 +143,7 @@ def test_onnx_model_tune_and_compare(tmp_path, cpu_target):
     assert res["ratio_to_onnxruntime"] == pytest.approx(res["tuned_latency_s"] / res["onnxruntime_latency_s"])
     # what MetaSchedule really writes (postprocessors' Parallel/Vectorize/Unroll included) passes the
     # import check, bounds on unrolling and vectorizing included: the check refuses attacks, not records
-    from tuning.engine.record_check import check_import
+    from tuning.engine.records.check_replay import check_import
 
     records = (tmp_path / "database_tuning_record.json").read_bytes()
     checked = check_import(model.SerializeToString(), cpu_target, (tmp_path / "database_workload.json").read_bytes(),
@@ -167,7 +169,7 @@ def test_compare_for_another_hosts_cpu_compiles_and_says_why_nothing_was_timed(t
 def test_local_runner_refuses_a_target_built_for_another_cpu(tmp_path, cpu_target):
     from tvm.target import codegen
 
-    from tuning.engine.targets import TargetMismatch
+    from tuning.engine.compile.targets import TargetMismatch
 
     here = str(codegen.llvm_get_system_cpu())
     other = "skylake" if here != "skylake" else "znver3"
@@ -181,7 +183,7 @@ def test_cuda_candidates_build_here_and_ship_to_a_gpu_queue(tmp_path):
     fake "remote" answers with a synthetic time, as a GPU worker would."""
     import base64
 
-    from tuning.engine.measure import MeasureOutcome
+    from tuning.engine.measuring.measure import MeasureOutcome
 
     sent = []
 
@@ -220,7 +222,7 @@ def test_cuda_candidates_build_here_and_ship_to_a_gpu_queue(tmp_path):
 
 
 def test_rounds_are_lowered_so_the_budget_reaches_every_task():
-    from tuning.engine.workloads import round_size
+    from tuning.engine.compile.workloads import round_size
 
     assert round_size(32, 640, 33) == 19  # 33 rounds of 32 would need 1,056 trials: 13 tasks never measured
     assert round_size(32, 640, 5) == 32  # room for everyone's first round: unchanged

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tuning.engine.slots import parse_cpu_list, plan_slots, read_topology
+from tuning.engine.measuring.slots import parse_cpu_list, plan_slots, read_topology
 
 
 def fake_sys(tmp_path, siblings: dict[int, str], nodes: dict[int, str] | None = None):

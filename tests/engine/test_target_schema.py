@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from tuning.engine import targets as tg
-from tuning.engine.record_check import RecordError, precheck
-from tuning.engine.relax_pipeline import make_target
+from tuning.engine.compile import targets as tg
+from tuning.engine.records.check import RecordError, precheck
+from tuning.engine.compile.pipeline import make_target
 
 KNOWN = {"znver3": "x86_64-pc-linux-gnu"}
 
@@ -138,7 +138,7 @@ def test_tvm_never_parses_a_foreign_key():
 
 
 def test_a_measuring_worker_refuses_a_foreign_key_before_tvm():
-    from tuning.engine.measure import measure_payload
+    from tuning.engine.measuring.measure import measure_payload
 
     payload = {"artifact_b64": "", "device_type": "cpu", "args_info": [], "queue": "measure.x.cpu",
                "target": {"kind": "llvm", "num-cores": 1, "cl-opt": ["-load=/tmp/evil.so"]}}
@@ -171,7 +171,7 @@ def test_an_imported_workload_carrying_a_target_is_refused_before_tvm():
 
 def test_an_imported_record_keeps_its_trace_only():
     """A record's own target, run times and argument info never reach TVM's parser."""
-    from tuning.engine.record_check import trace_only
+    from tuning.engine.records.check import trace_only
 
     body = [[[], []], [1e-3], {"kind": "llvm", "cl-opt": ["-load=/tmp/evil.so"]}, [["TENSOR", "float32", [1]]]]
     assert trace_only(body) == [[[], []], None, None, None]

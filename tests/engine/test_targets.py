@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tuning.engine import targets as tg
+from tuning.engine.compile import targets as tg
 
 
 def _other_cpu() -> str:
@@ -80,7 +80,7 @@ def test_cuda_target_from_arch_and_refusal_without_gpu():
 
 
 def test_result_identity_is_target_and_pipeline():
-    from tuning.engine import graph_passes as gp
+    from tuning.engine.compile import passes as gp
 
     t = tg.resolve_cpu_target(num_cores=2)
     identity = tg.result_identity(t)
@@ -94,7 +94,7 @@ def test_result_identity_is_target_and_pipeline():
 
 
 def test_a_resolved_run_target_names_its_pipeline():
-    from tuning.engine import graph_passes as gp
+    from tuning.engine.compile import passes as gp
 
     resolved = tg.resolve_run_target({"kind": "llvm"}, threads=1)
     assert resolved["target"]["mcpu"] == tg.host_cpu()

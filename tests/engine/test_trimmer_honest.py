@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from tuning.engine.events import TaskInfo
-from tuning.engine.trimmer import TrimmerConfig
-from tuning.engine.trimmer_hooks import ALL_PREEMPTED, TrimmerRuntime, choose_kept
-from tuning.engine.trimmer_predictor import RidgeLatencyPredictor, pool_store_features
+from tuning.engine.trimmer.rules import TrimmerConfig
+from tuning.engine.trimmer.filter import choose_kept
+from tuning.engine.trimmer.hooks import ALL_PREEMPTED, TrimmerRuntime
+from tuning.engine.trimmer.predictor import RidgeLatencyPredictor, pool_store_features
 
 
 def _tasks(*weights):

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from tuning.engine.events import ListSink, TaskInfo
-from tuning.engine.trimmer import TrimmerConfig
-from tuning.engine.trimmer_hooks import ALL_PREEMPTED, TrimmerRuntime
+from tuning.engine.trimmer.rules import TrimmerConfig
+from tuning.engine.trimmer.hooks import ALL_PREEMPTED, TrimmerRuntime
 
 FAST_SEARCH = dict(trials_per_round=8, search_population=48, genetic_num_iters=1, seed=1)
 
@@ -105,8 +105,8 @@ def cnn():
 
 
 def _cfg(cpu_target, work_dir, max_trials, trimmer, **kw):
-    from tuning.engine.session import TuningConfig
-    from tuning.engine.timer import EvaluatorConfig
+    from tuning.engine.config import TuningConfig
+    from tuning.engine.measuring.timer import EvaluatorConfig
 
     opts = {**FAST_SEARCH, **kw}
     return TuningConfig(target=cpu_target, max_trials=max_trials, work_dir=str(work_dir),

@@ -68,11 +68,11 @@ def _compare(tmp_path, cpu_target, monkeypatch, loads):
     import onnx
 
     from tests.tuning.onnx_builders import tiny_dense
-    from tuning.engine import session
+    from tuning.engine import compare
 
     readings = iter(loads)
-    monkeypatch.setattr(session, "_load_now", lambda: next(readings))
-    return session.compile_and_compare(onnx.load_from_string(tiny_dense()), str(tmp_path), cpu_target,
+    monkeypatch.setattr(compare, "_load_now", lambda: next(readings))
+    return compare.compile_and_compare(onnx.load_from_string(tiny_dense()), str(tmp_path), cpu_target,
                                        threads=1, repeat=5, min_repeat_ms=5)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from bench import vs_onnxruntime as bench
-from tuning.engine import graph_passes as gp
+from tuning.engine.compile import passes as gp
 
 
 def _specs(argv):

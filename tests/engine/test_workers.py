@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tuning.engine.measure import (
+from tuning.engine.measuring.measure import (
     MeasureOutcome,
     make_payload,
     measure_artifact,
@@ -14,8 +14,8 @@ from tuning.engine.measure import (
     measure_payload,
     queue_name,
 )
-from tuning.engine.runner import device_index_from_queue
-from tuning.engine.timer import EvaluatorConfig, default_evaluator
+from tuning.engine.runners.distributed import device_index_from_queue
+from tuning.engine.measuring.timer import EvaluatorConfig, default_evaluator
 
 FAST = EvaluatorConfig(number=2, repeat=2, min_repeat_ms=5)
 
@@ -32,7 +32,9 @@ def test_queue_names():
 def test_evaluator_config_roundtrip():
     cfg = EvaluatorConfig(number=5, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=True)
     assert EvaluatorConfig.from_any(cfg.to_dict()) == cfg
-    tvm_cfg = cfg.to_tvm()
+    from tuning.engine.runners.plugins import tvm_evaluator_config
+
+    tvm_cfg = tvm_evaluator_config(cfg)
     assert EvaluatorConfig.from_any(tvm_cfg) == cfg
     assert default_evaluator("cpu") == EvaluatorConfig()
     assert default_evaluator("cuda").repeat >= 3
@@ -67,7 +69,7 @@ def test_persistent_builder_reuses_workers(builder, cpu_target):
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.compile.pipeline import make_target
     from tuning.engine.testing import matmul_primfunc
 
     mod = tvm.IRModule({"main": matmul_primfunc(32)})
@@ -86,8 +88,8 @@ def test_builder_recycles_after_max_uses(cpu_target):
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.builder import PersistentBuilder
-    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.runners.builder import PersistentBuilder
+    from tuning.engine.compile.pipeline import make_target
     from tuning.engine.testing import matmul_primfunc
 
     b = PersistentBuilder(max_workers=1, max_uses=2)
@@ -109,7 +111,7 @@ def test_builder_reports_errors(builder, cpu_target):
     from tvm import te
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.compile.pipeline import make_target
 
     # a cuda-only construct for a CPU target: thread binding fails to build on llvm
     a = te.placeholder((64,), name="A")
@@ -138,7 +140,7 @@ def test_pooled_runner_measures_on_slots(matmul_artifacts, n_cores):
     from tvm.s_tir.meta_schedule.arg_info import TensorInfo
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    from tuning.engine.runner import PooledAsyncRunner
+    from tuning.engine.runners.pooled import PooledAsyncRunner
 
     paths, args = matmul_artifacts
     infos = [TensorInfo(a[1], a[2]) for a in args]
@@ -162,7 +164,7 @@ def test_pooled_runner_measures_on_slots(matmul_artifacts, n_cores):
             metas = [runner.ledger.pop(p) for p in paths]
             assert {m.dop for m in metas} == {dop}
             assert any(m.remeasured_serially for m in metas)
-            assert runner.controller.history and runner.controller.history[0].n_sampled >= 1
+            assert runner.rule.history and runner.rule.history[0].n_sampled >= 1
         # worker processes keep their affinity, and measure on TVM's runtime library alone (no compiler)
         for w in pool_workers:
             assert set(os.sched_getaffinity(w.pid)) == set(w.spec.cpu_ids)
@@ -178,7 +180,8 @@ def test_distributed_runner_sends_payloads(matmul_artifacts):
     from tvm.s_tir.meta_schedule.arg_info import TensorInfo
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    from tuning.engine.runner import DistributedRunner
+    from tuning.engine.doppler.doppler_rule import DopplerRule
+    from tuning.engine.runners.distributed import DistributedRunner
 
     paths, args = matmul_artifacts
     infos = [TensorInfo(a[1], a[2]) for a in args]
@@ -191,7 +194,7 @@ def test_distributed_runner_sends_payloads(matmul_artifacts):
 
     queues = [queue_name("hostA", "cpu"), queue_name("hostB", "cpu")]
     # DOPpler's serial start: the first round measures each host's serial reference (DOP 1)
-    runner = DistributedRunner(submit, queues, evaluator=FAST, threads=1, dop_rule={"start": "serial"})
+    runner = DistributedRunner(submit, queues, evaluator=FAST, threads=1, dop_rule=DopplerRule)
     futs = runner.run([RunnerInput(p, "cpu", infos) for p in paths])
     results = [f.result() for f in futs]
     pool.shutdown()
@@ -210,7 +213,7 @@ def test_distributed_runner_surfaces_remote_errors(matmul_artifacts):
     from tvm.s_tir.meta_schedule.arg_info import TensorInfo
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    from tuning.engine.runner import DistributedRunner
+    from tuning.engine.runners.distributed import DistributedRunner
 
     paths, args = matmul_artifacts
     infos = [TensorInfo(a[1], a[2]) for a in args]
@@ -234,7 +237,7 @@ def test_measure_needs_only_the_runtime(matmul_artifacts):
     paths, args = matmul_artifacts
     code = (
         "import json, sys\n"
-        "from tuning.engine.measure import measure_path\n"
+        "from tuning.engine.measuring.measure import measure_path\n"
         f"o = measure_path({paths[1]!r}, device_type='cpu', args_info_json={json.dumps(args)}, "
         "evaluator={'number': 2, 'repeat': 1, 'min_repeat_ms': 5}, threads=1)\n"
         "print(json.dumps({'err': o.error, 'n': len(o.run_secs), "
@@ -265,7 +268,7 @@ def _lock_is_free(path) -> bool:
 def test_candidates_are_timed_inside_the_devices_timing_window(matmul_artifacts, tmp_path, monkeypatch):
     """With a slot group's timing lock set, measure_path holds it while timing, and only then:
     another worker of the group can load and prepare meanwhile, but not time."""
-    from tuning.engine import measure
+    from tuning.engine.measuring import measure
 
     paths, args = matmul_artifacts
     lock = tmp_path / "gpu0.lock"
@@ -300,7 +303,7 @@ def test_runtime_only_worker_loads_the_cuda_runtime():
 
     code = (
         "import json, tvm_ffi\n"
-        "from tuning.engine.timer import DeviceUnavailable, check_device\n"
+        "from tuning.engine.measuring.timer import DeviceUnavailable, check_device\n"
         "err = None\n"
         "try:\n"
         "    check_device('cuda')\n"
@@ -326,13 +329,14 @@ def test_probe_first_validates_a_new_dop(matmul_artifacts, n_cores):
     from tvm.s_tir.meta_schedule.arg_info import TensorInfo
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    from tuning.engine.doppler import DOPController
-    from tuning.engine.runner import PooledAsyncRunner
+    from tuning.engine.doppler.doppler_rule import DopplerRule
+    from tuning.engine.runners.pooled import PooledAsyncRunner
 
     paths, args = matmul_artifacts
     infos = [TensorInfo(a[1], a[2]) for a in args]
-    ctrl = DOPController(max_dop=n_cores, initial_dop=2)
-    runner = PooledAsyncRunner(evaluator=FAST, threads=1, controller=ctrl)
+    runner = PooledAsyncRunner(evaluator=FAST, threads=1,
+                               dop_rule=lambda max_dop: DopplerRule(max_dop, initial_dop=2))
+    ctrl = runner.rule
     try:
         jobs = [RunnerInput(paths[i % len(paths)], "cpu", infos) for i in range(12)]
         results = [f.result() for f in runner.run(jobs)]

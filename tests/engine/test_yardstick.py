@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from tuning.engine import relax_pipeline as rp  # noqa: E402
+from tuning.engine.compile import pipeline as rp  # noqa: E402
 from tuning.engine import yardstick as ys  # noqa: E402
 from tuning.engine.testing import tiny_cnn_onnx  # noqa: E402
 

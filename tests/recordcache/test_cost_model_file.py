@@ -1,5 +1,5 @@
 """The record cache's transferred cost model is data only: XGBoost's JSON model and plain numpy arrays in an
-uncompressed tar read in memory (``tuning.engine.cost_model_file``, ``common.archive``). A file that holds a
+uncompressed tar read in memory (``tuning.engine.records.cost_model_file``, ``common.archive``). A file that holds a
 pickle anywhere (TVM's own format, an object array, a pickle under an expected name) is refused unread: the
 pickles below create a marker file when unpickled, and the marker never appears."""
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from common.archive import ArchiveError, read_tar_members
-from tuning.engine import cost_model_file as cmf
-from tuning.engine import record_cache as rc
-from tuning.engine.search import _cost_model, load_cost_model, train_when_needed
+from tuning.engine.records import cost_model_file as cmf
+from tuning.engine.records import publish
+from tuning.engine.search.loop import _cost_model, load_cost_model, train_when_needed
 
 pytest.importorskip("xgboost")
 
@@ -249,14 +249,14 @@ def test_a_refused_cache_model_is_skipped_and_the_run_tunes_without_it(tmp_path,
     marker = tmp_path / "pwned"
     old = _tvm_format_with_payload(tmp_path, marker)
     work = tmp_path / "run"
-    with caplog.at_level(logging.WARNING, logger="tuning.engine.record_cache"):
-        assert not rc.place_cost_model(str(work), old)
+    with caplog.at_level(logging.WARNING, logger="tuning.engine.records.publish"):
+        assert not publish.place_cost_model(str(work), old)
     assert "skipped" in caplog.text and "old-format" in caplog.text
     assert not (work / "cost_model.xgb").exists() and os.listdir(work) == []
 
     good = str(tmp_path / "good.xgb")
     _trained_model().save(good)
-    assert rc.place_cost_model(str(work), good)
+    assert publish.place_cost_model(str(work), good)
     assert (work / "cost_model.xgb").read_bytes() == open(good, "rb").read()
     assert not marker.exists()
 
@@ -265,6 +265,6 @@ def test_a_runs_own_pickled_model_does_not_load_the_search_starts_fresh(tmp_path
     """A resumed run whose work dir holds a file in TVM's format (or a planted one): warned, never loaded."""
     marker = tmp_path / "pwned"
     path = _tvm_format_with_payload(tmp_path, marker)
-    with caplog.at_level(logging.WARNING, logger="tuning.engine.search"):
+    with caplog.at_level(logging.WARNING, logger="tuning.engine.search.loop"):
         cm = _cost_model(path, resumed=True)
     assert "refused" in caplog.text and cm._inst.data_size == 0 and not marker.exists()

@@ -45,7 +45,7 @@ def test_a_run_publishes_and_the_next_one_is_seeded_and_served(model_a, user_own
     # the cost models the runs saved and the cache handed on are data only (XGBoost JSON, plain arrays)
     from recordcache.adapters import run_work_dir
     from recordcache.models import CostModelFile
-    from tuning.engine.cost_model_file import check_cost_model_file
+    from tuning.engine.records.cost_model_file import check_cost_model_file
 
     assert check_cost_model_file(CostModelFile.objects.get().file.path) > 0
     assert check_cost_model_file(str(run_work_dir(first.pk) / "cost_model.xgb")) > 0

@@ -5,12 +5,12 @@ takes its records and the cost models trained on them back); another team's run 
 team A's run ids or model names, only that a task hit the shared cache."""
 from __future__ import annotations
 
-import importlib
 import json
 import re
 
 import pytest
-from django.apps import apps as django_apps
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 
 from recordcache import adapters, selectors, services
@@ -86,16 +86,19 @@ def test_only_pending_staff_imports_are_served_without_a_team(team_a):
     assert orphan.pk not in [e["id"] for e in selectors.trusted_entries(key)]
 
 
+@pytest.mark.dialect
+@pytest.mark.django_db(transaction=True)  # the executor migrates back and forth
 def test_the_migration_withdraws_consent_given_by_the_old_default(team_a, team_b):
-    TeamCacheSettings.objects.create(team=team_a, publish=True, read=False)
-    TeamCacheSettings.objects.create(team=team_b, publish=False, read=True)
-    import pkgutil
-
-    import recordcache.migrations as migrations
-
-    name = next(m.name for m in pkgutil.iter_modules(migrations.__path__) if m.name.endswith("_publish_opt_in"))
-    migration = importlib.import_module(f"recordcache.migrations.{name}")
-    migration.withdraw_default_consent(django_apps, None)
+    before = [("recordcache", "0001_initial")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    try:
+        old_settings = executor.loader.project_state(before).apps.get_model("recordcache", "TeamCacheSettings")
+        old_settings.objects.create(team_id=team_a.pk, publish=True, read=False)
+        old_settings.objects.create(team_id=team_b.pk, publish=False, read=True)
+    finally:  # forward through 0002_withdraw_default_publish_consent to today's schema
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
     assert set(TeamCacheSettings.objects.values_list("publish", "read")) == {(False, False), (False, True)}
 
 

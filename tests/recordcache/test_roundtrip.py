@@ -86,7 +86,7 @@ def test_import_of_a_number_tvm_cannot_load_back_is_refused(user_staff, cpu_targ
 def test_import_trusts_nothing_the_checker_returns(monkeypatch, user_staff, cpu_target):
     """The cache's checker parses hostile bytes in C++ too: a subverted one's entries are refused by the
     parent's plain-Python check (trace, times, digests), nothing stored; a well-formed answer is stored."""
-    from tuning.engine import procpool
+    from tuning.engine.process import procpool
 
     wl, rec = tuning_database(matmul_primfunc(64), cpu_target)
     body = json.loads(rec.decode().splitlines()[0])[1]

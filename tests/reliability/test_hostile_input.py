@@ -794,8 +794,8 @@ def test_records_the_checker_accepts_are_ones_metaschedule_can_mutate():
 
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.record_check import check_trace
-    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.records.check_replay import check_trace
+    from tuning.engine.compile.pipeline import make_target
     from tuning.engine.testing import matmul_primfunc, tuning_database
 
     target = {"kind": "llvm", "num-cores": 1}
@@ -817,8 +817,8 @@ def test_records_the_checker_accepts_are_ones_metaschedule_can_mutate():
     mod, good = traces((("meta_schedule.parallel", 16),))
     check_trace(good)
     mutate(mod, good)
-    for annotations in ((("meta_schedule.unroll_explicit", 16),), (("meta_schedule.parallel", "x"),)):
-        mod, bad = traces(annotations)
+    for bad_annotations in ((("meta_schedule.unroll_explicit", 16),), (("meta_schedule.parallel", "x"),)):
+        mod, bad = traces(bad_annotations)
         with pytest.raises(ValueError):
             check_trace(bad)
         with pytest.raises(Exception):  # noqa: B017 - TVM's own error, whatever its class
@@ -828,12 +828,9 @@ def test_records_the_checker_accepts_are_ones_metaschedule_can_mutate():
 def test_import_accepts_the_records_metaschedule_writes(import_run):
     """What a user really brings: a tuning run's records (MetaSchedule's sampled traces), not only the
     hand-made traces of the refusal tests."""
-    import json
-
-    from tuning import services as tuning_services
-    from tuning.engine.relax_pipeline import make_target
+    from tuning.engine.compile.pipeline import make_target
     from tuning.engine.testing import design_space_database
-    from tuning.engine.workloads import collect_tasks
+    from tuning.engine.compile.workloads import collect_tasks
 
     client, run, data = import_run
     tasks = collect_tasks(_onnx(data), make_target(run.target))
@@ -902,7 +899,7 @@ def test_import_trusts_nothing_the_checker_returns(import_run, monkeypatch):
     must still be refused by the parent's plain-Python check, and nothing written."""
     import json
 
-    from tuning.engine import procpool
+    from tuning.engine.process import procpool
     from tuning.engine.testing import tuning_database
 
     client, run, data = import_run

@@ -18,7 +18,7 @@ from django.core.files.base import ContentFile
 from core import services as core_services
 from tests.tuning.onnx_builders import tiny_dense
 from tuning import services
-from tuning.engine.package import MEMBERS
+from tuning.engine.deploy.package import MEMBERS
 from tuning.models import TuningRun
 from tuning.services.package import build_run_package
 
@@ -31,9 +31,9 @@ def tiny_module(tmp_path_factory) -> tuple[bytes, dict, dict]:
     the module's bytes, its resolved target and the build host's facts, as a run's finish records them."""
     import onnx
 
-    from tuning.engine.relax_pipeline import compile_model
-    from tuning.engine.session import build_host_facts
-    from tuning.engine.targets import resolve_cpu_target
+    from tuning.engine.compile.pipeline import compile_model
+    from tuning.engine.compare import build_host_facts
+    from tuning.engine.compile.targets import resolve_cpu_target
 
     target = resolve_cpu_target(num_cores=1)
     path = tmp_path_factory.mktemp("module") / "tuned_module.so"

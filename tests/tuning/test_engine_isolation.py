@@ -119,7 +119,7 @@ def test_engine_child_gets_no_secrets_unless_it_needs_django(monkeypatch):
     monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/x")
     monkeypatch.setenv("DJANGO_SECRET_KEY", "s3cret")
     monkeypatch.setenv("CELERY_BROKER_URL", "redis://secret@broker/0")
-    probe = "tuning.engine.sandbox:describe_process"
+    probe = "tuning.engine.process.sandbox:describe_process"
     seen = adapters.call_engine(probe, what="probing the child's environment")["env"]
     assert not {"DATABASE_URL", "DJANGO_SECRET_KEY", "CELERY_BROKER_URL"} & set(seen), seen
     assert "PATH" in seen
@@ -131,7 +131,7 @@ def test_engine_child_gets_no_secrets_unless_it_needs_django(monkeypatch):
 def test_engine_child_passes_large_messages_both_ways():
     """A model proto and a run summary are megabytes: a pipe hands them over in pieces, and neither side
     may take a short read or write for the end of the message."""
-    from tuning.engine.isolate import call_isolated
+    from tuning.engine.process.isolate import call_isolated
 
     assert call_isolated("builtins:len", b"x" * 10_000_000, what="receiving a large argument") == 10_000_000
     assert len(call_isolated("builtins:bytes", 20_000_000, what="sending a large answer")) == 20_000_000

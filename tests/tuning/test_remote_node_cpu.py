@@ -9,8 +9,8 @@ from scheduling import services as scheduling_services
 from scheduling.telemetry import NvmlReading
 from tests.factories import NodeFactory
 from tuning import services
-from tuning.engine.measure import measure_payload
-from tuning.engine.targets import host_cpu_facts, host_triple
+from tuning.engine.measuring.measure import measure_payload
+from tuning.engine.compile.targets import host_cpu_facts, host_triple
 from tuning.models import TuningRun
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]

@@ -47,8 +47,8 @@ def test_a_run_executed_here_records_this_hosts_mcpu(model_a, user_owner, monkey
     assert run.resolved_target["num-cores"] == 1 and run.resolved_target["mtriple"]
     assert seen["target"] == run.resolved_target  # the engine tunes for the resolved target
     assert run.target_key and _host_cpu() in run.target_key
-    from tuning.engine.graph_passes import pipeline_key
-    from tuning.engine.targets import identity_of
+    from tuning.engine.compile.passes import pipeline_key
+    from tuning.engine.compile.targets import identity_of
 
     assert run.pipeline_key == pipeline_key()  # the pipeline the engine extracts and compiles with
     assert run.result_identity == identity_of(run.target_key, run.pipeline_key)
@@ -58,7 +58,7 @@ def test_a_target_built_for_another_cpu_is_refused_with_the_reason(model_a, user
     """The real engine child refuses before extracting tasks: the run fails saying which CPUs differ. A
     target names a CPU only as a registered node reports it (the closed target schema)."""
     from tests.factories import NodeFactory
-    from tuning.engine.targets import host_triple
+    from tuning.engine.compile.targets import host_triple
 
     other = _another_cpu()
     NodeFactory(name="other-cpu-node", cpu_mcpu=other, cpu_triple=host_triple())

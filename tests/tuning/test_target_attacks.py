@@ -16,7 +16,7 @@ from scheduling import services as scheduling_services
 from scheduling.telemetry import NvmlReading
 from tests.factories import NodeFactory
 from tuning import services
-from tuning.engine.targets import USER_FIELDS, host_triple
+from tuning.engine.compile.targets import USER_FIELDS, host_triple
 from tuning.models import TuningRun
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
@@ -115,7 +115,7 @@ def _spy_on_engine_children(monkeypatch) -> list:
     """Record every sandboxed child the worker starts (the only way TVM is reached from it); calls pass
     through unchanged."""
     from tuning.adapters import engine as adapter_engine
-    from tuning.engine import procpool
+    from tuning.engine.process import procpool
 
     calls: list = []
     real_isolated, real_pool = adapter_engine.call_isolated, procpool.run_isolated

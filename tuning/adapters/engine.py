@@ -3,7 +3,7 @@
 `build_engine_config(run)` turns a `TuningRun` into the engine's `TuningConfig`; `trimmer_options`
 reads Trimmer's options the way the engine will; every call that runs TVM on a team's model
 (`run_engine`, `compile_and_compare`, `database_records`, `check_import`) goes through `call_engine`,
-a sandboxed child process (`tuning.engine.isolate`), so a model that crashes TVM fails its run and
+a sandboxed child process (`tuning.engine.process.isolate`), so a model that crashes TVM fails its run and
 not the worker."""
 from __future__ import annotations
 
@@ -11,21 +11,27 @@ import contextlib
 import contextvars
 import functools
 import os
+from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 from django.conf import settings
 from django.db.models import Count
 
 from tuning.distributed import celery_submit
-from tuning.engine.isolate import Abort, EngineCrashed, EngineError, EngineStopped, call_isolated
-from tuning.engine.lifeline import WorkDirBusy
-from tuning.engine import procpool
-from tuning.engine.procpool import WorkerError, WorkerTimeout
-from tuning.engine.record_check import RecordError, precheck, recheck_output
-from tuning.engine.session import TuningConfig, has_imported, write_imported
-from tuning.engine.targets import TargetRefused, check_target
-from tuning.engine.timer import EvaluatorConfig
-from tuning.engine.trimmer import TrimmerConfig
+from tuning.engine.process.isolate import Abort, EngineCrashed, EngineError, EngineStopped, call_isolated
+from tuning.engine.process.lifeline import WorkDirBusy
+from tuning.engine import compare, session
+from tuning.engine.compile import targets as engine_targets
+from tuning.engine.process import procpool
+from tuning.engine.records import check_replay
+from tuning.engine.process.procpool import WorkerError, WorkerTimeout
+from tuning.engine.records.check import RecordError, precheck, recheck_output
+from tuning.engine.config import TuningConfig
+from tuning.engine.workdir import has_imported, write_imported
+from tuning.engine.compile.targets import TargetRefused, check_target
+from tuning.engine.measuring.timer import EvaluatorConfig
+from tuning.engine.trimmer.rules import TrimmerConfig
 from tuning.models import Measurement, TuningRun
 
 from .reconnect import FencedSink
@@ -60,7 +66,7 @@ def trimmer_options(options: dict | None) -> dict:
 
 
 def checked_target(target) -> dict:
-    """The closed target schema (`tuning.engine.targets.check_target`), re-applied in the worker right before
+    """The closed target schema (`tuning.engine.compile.targets.check_target`), re-applied in the worker right before
     a target reaches TVM: a row stored before the schema was closed, or written around the API, fails its
     run here with the refused key named, and TVM never parses it."""
     try:
@@ -108,7 +114,7 @@ def engine_error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def call_engine(func: str, *args, what: str, sink=None, needs_django: bool = False,
+def call_engine(func: Callable[..., Any] | str, *args, what: str, sink=None, needs_django: bool = False,
                 writable: tuple[Path, ...] | None = None, **kwargs):
     """`call_isolated` for the platform: the child sets up Django only when the call needs it
     (distributed measurement sends Celery tasks and reads their results). A sink that lost its lease
@@ -151,7 +157,7 @@ def call_engine(func: str, *args, what: str, sink=None, needs_django: bool = Fal
 
 def run_engine(sink, model_proto, config: TuningConfig):
     """Tune: the engine's `run_tuning` in a child, its events answered by `sink` (a DatabaseSink)."""
-    return call_engine("tuning.engine.session:run_tuning", model_proto, config, sink=sink,
+    return call_engine(session.run_tuning, model_proto, config, sink=sink,
                        what="tuning the model (task extraction, search and measurement)",
                        needs_django=config.distributed_submit is not None)
 
@@ -161,7 +167,7 @@ def compile_and_compare(model_proto, work_dir: Path, run: TuningRun) -> dict:
     compare latencies and outputs."""
     target = engine_target(run)
     threads = run.threads or target.get("num-cores")
-    return call_engine("tuning.engine.session:compile_and_compare", model_proto, str(work_dir), target,
+    return call_engine(compare.compile_and_compare, model_proto, str(work_dir), target,
                        threads, export_path=str(work_dir / "tuned_module.so"), writable=(work_dir,),
                        what="compiling the tuned and untuned model and comparing their outputs")
 
@@ -175,19 +181,19 @@ def resolve_target(run: TuningRun, remote_cpu: dict | None = None) -> dict:
         for key, value in (remote_cpu or {"mcpu": "generic"}).items():
             target.setdefault(key, value)
         target = checked_target(target)  # the node registry's names too
-    return call_engine("tuning.engine.targets:resolve_run_target", target, run.threads, writable=(),
+    return call_engine(engine_targets.resolve_run_target, target, run.threads, writable=(),
                        what="resolving the run's target on this host")
 
 
 def database_records(model_proto, work_dir: Path, run: TuningRun) -> list:
     """Every record of the run's TVM database, as the engine's MeasurementRecords."""
-    return call_engine("tuning.engine.session:database_records", str(work_dir), model_proto, engine_target(run),
+    return call_engine(session.database_records, str(work_dir), model_proto, engine_target(run),
                        writable=(work_dir,), what="reading the run's tuning database back")
 
 
 def check_import(model_bytes: bytes, run: TuningRun, workloads: bytes, records: bytes, budget: int) -> dict:
     """TVM parses the uploaded database in a sandbox and says which records it accepts
-    (`tuning.engine.record_check.check_import`); raises WorkerError/WorkerTimeout when the checker fails."""
+    (`tuning.engine.records.check_replay.check_import`); raises WorkerError/WorkerTimeout when the checker fails."""
     # looked up on the module when called, so a test can stand in for a subverted checker
-    return procpool.run_isolated("tuning.engine.record_check:check_import", model_bytes, engine_target(run), workloads,
+    return procpool.run_isolated(check_replay.check_import, model_bytes, engine_target(run), workloads,
                                  records, budget, timeout=IMPORT_CHECK_TIMEOUT_S)

@@ -1,7 +1,7 @@
-"""A run's rows and files as the engine's deployment package (tuning.engine.package)."""
+"""A run's rows and files as the engine's deployment package (tuning.engine.deploy.package)."""
 from __future__ import annotations
 
-from tuning.engine.package import MEMBERS, USAGE, build_package
+from tuning.engine.deploy.package import MEMBERS, USAGE, build_package
 from tuning.models import TuningRun
 
 __all__ = ["MEMBERS", "USAGE", "package_bytes"]

@@ -74,7 +74,7 @@ def wait_for_database(*, within_s: float) -> None:
 class FencedSink:
     """Wraps a DatabaseSink for an engine call: the same methods, each reconnecting on a transient error;
     after ``give_up_after_s`` of failing calls (or at a lost lease) ``abort`` is triggered, which kills
-    the engine (tuning.engine.isolate.Abort)."""
+    the engine (tuning.engine.process.isolate.Abort)."""
 
     def __init__(self, sink, abort, *, give_up_after_s: float):
         self._sink, self._abort, self._give_up_after_s = sink, abort, give_up_after_s

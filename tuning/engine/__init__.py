@@ -1,34 +1,31 @@
 """The tuning engine: TVM 0.27 MetaSchedule plug-ins, no Django, no Celery.
 
-Modules (import them directly; nothing heavy is imported here):
+One folder per mechanism (import modules directly; nothing heavy is imported here):
 
-- ``relax_pipeline``: ONNX -> Relax, the pre-tuning passes, task extraction,
-  compile (tuned/untuned), end-to-end timing.
-- ``session``: ``TuningConfig``, ``run_tuning`` (stock or DOPpler mode,
-  resumable, cancel/pause through the sink), ``compile_and_compare``; cheap to
-  import (TVM's compiler is imported when a run starts).
-- ``workloads`` / ``database``: the tasks of a model; the run's files in its
-  ``work_dir`` (TVM's JSONDatabase, ``final/``, imported seeds, resume state).
-- ``plugins``: the plug points, ``make_builder(kind)`` / ``make_runner(kind)``
-  (a registry, like TVM's ``Builder.create`` / ``Runner.create``).
-- ``search`` / ``remeasure``: the run's steps that need TVM (the MetaSchedule
-  search; imported seeds and DOPpler's final serial re-measure).
-- ``builder``: ``PersistentBuilder`` (long-lived Popen workers, ``.so``).
-- ``runner``: ``PooledAsyncRunner`` (core-partitioned pool, DOP control) and
-  ``DistributedRunner`` (injected ``submit`` -> per-device measure queues).
-- ``doppler`` / ``rounds``: ``DOPController`` (pure DOPpler rule) and one
-  measuring round as a pure function over (jobs, measure, controller).
-- ``measure`` / ``timer``: the pure measuring function a remote worker runs
-  with only TVM's runtime, and the per-device timer.
-- ``callbacks`` / ``scheduler`` / ``events``: streaming to a ``TuningSink``.
-- ``trimmer`` (pure rules) / ``trimmer_hooks`` (``TrimmerRuntime``,
-  ``FilteredSearch``): Trimmer's pre-emption, whole-model stop and candidate
-  filter, on with ``TuningConfig(trimmer=...)``.
-- ``energy``: RAPL / NVML / modeled meters, each reading labeled.
-- ``isolate`` / ``sandbox`` / ``procpool``: child processes for TVM calls on
-  user input, their environment and limits, persistent worker pools.
-- ``yardstick`` / ``verdict``: onnxruntime timed like the tuned module; the one
-  rule that turns both engines' repeat samples and the host load into a verdict.
-- ``package`` / ``package_run``: a run's deployment zip (module, manifest) and
-  the ``run.py`` shipped in it (numpy + TVM runtime only).
+- ``compile/``: ONNX -> Relax (``pipeline``), the graph passes (``passes``), task
+  extraction (``workloads``), targets and their closed schema, TVM workarounds.
+- ``doppler/``: DOPpler's degree-of-parallelism rules (``rule``, ``doppler_rule``, ``platform_rule``), one measuring
+  round as a pure function (``rounds``), the parallel-vs-serial error.
+- ``trimmer/``: Trimmer's pure rules (``rules``), its runtime in a run (``hooks``), the
+  candidate filter (``filter``), its latency predictor.
+- ``records/``: the import check of a TVM database (``check``, ``check_replay``), the
+  record cache's engine side (``cache_key``, ``seeds``, ``settle``, ``publish``,
+  ``exchange``), the cost model's data-only file format.
+- ``search/``: MetaSchedule's evolutionary search (``loop``), the task scheduler with
+  a stop switch, the state they share (``engine_state``), the callbacks that stream
+  measurements to a ``TuningSink``.
+- ``runners/``: the pooled and distributed measuring runners, the persistent builder,
+  the plug-point registry (``plugins.make_builder`` / ``make_runner``).
+- ``measuring/``: the pure measuring function a remote worker runs with TVM's runtime
+  only, per-device timers, CPU and GPU measurement slots.
+- ``process/``: persistent worker pools, one-shot isolated calls, the sandbox, and the
+  lifeline that ends the engine with its starter.
+- ``deploy/``: a run's deployment package and the ``run.py`` shipped in it.
+
+Top level: ``session`` (``TuningConfig``, ``run_tuning``, ``compile_and_compare``; cheap
+to import), ``workdir`` (a run's files: TVM's JSONDatabase, ``final/``, resume state),
+``events`` (what the engine reports), ``remeasure`` (measurements outside the search),
+``energy`` (labelled meters), ``yardstick`` (onnxruntime timed the same way),
+``verdict`` (the one deployment-verdict rule), ``testing`` (small workloads), ``budget``
+(a run's trials per task and their share allocation: Trimmer and the record cache both use it).
 """

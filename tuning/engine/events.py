@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 
+
 @dataclasses.dataclass
 class TaskInfo:
     index: int

@@ -13,13 +13,21 @@ from typing import Any
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Schedule
 
-from .callbacks import EngineState
-from .database import FINAL_DIR, imported_records, open_json_db, record_latency, records_by_task, retire_imported
-from .events import MeasurementRecord, candidate_key
-from .measure import MeasureOutcome, _jsonable
-from .plugins import build_all, measure_serially
-from .runner import MeasureJob
-from .workloads import Task
+from tuning.engine.compile.workloads import Task
+from tuning.engine.events import MeasurementRecord, candidate_key
+from tuning.engine.latency import TVM_FAILED_RUN_SECS
+from tuning.engine.measuring.measure import MeasureOutcome, _jsonable
+from tuning.engine.runners.measure_jobs import MeasureJob
+from tuning.engine.runners.plugins import build_all, measure_serially
+from tuning.engine.search.engine_state import EngineState
+from tuning.engine.workdir import (
+    FINAL_DIR,
+    imported_records,
+    open_json_db,
+    record_latency,
+    records_by_task,
+    retire_imported,
+)
 
 __all__ = ["measure_imported", "retime_traces", "final_remeasure", "serial_updates"]
 
@@ -74,7 +82,7 @@ def measure_imported(work_dir: str, tasks: list[Task], target, builder, runner, 
         secs = [float(x) for x in out.run_secs] if out is not None and not out.error else []
         error = None if secs else ("build failed" if out is None else f"run: {out.error or 'no result'}")
         database.commit_tuning_record(ms.database.TuningRecord(
-            trace, database.commit_workload(tasks[i].mod), secs or [1e10], target, args[i]))
+            trace, database.commit_workload(tasks[i].mod), secs or [TVM_FAILED_RUN_SECS], target, args[i]))
         if secs:
             state.best[i] = min(state.best.get(i, math.inf), sum(secs) / len(secs))
         state.known_keys.add(key)

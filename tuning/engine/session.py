@@ -17,223 +17,48 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
-import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from . import record_cache, sandbox, yardstick
-from . import verdict as verdict_rule
-from .lifeline import WorkDirBusy, lock_work_dir
-from .database import (
-    DB_RECORDS,
-    DB_WORKLOAD,
-    FINAL_DIR,
-    IMPORTED_DIR,
-    IMPORTED_DONE_DIR,
+from tuning.engine.compile.pipeline import make_target, target_device_type
+from tuning.engine.compile.targets import check_measurable_here
+from tuning.engine.compile.workloads import Task, collect_tasks, round_size
+from tuning.engine.config import LOCAL_RUNNERS, TaskResult, TuningConfig, TuningSummary
+from tuning.engine.doppler.rounds import serial_totals
+from tuning.engine.doppler.rule import DopRule
+from tuning.engine.events import (
+    MeasurementRecord,
+    NullSink,
+    TaskInfo,
+    TuningSink,
+    candidate_key,
+)
+from tuning.engine.process import sandbox
+from tuning.engine.process.lifeline import lock_work_dir
+from tuning.engine.process.procpool import available_cpus, unpin_current_thread
+from tuning.engine.records import settle as cache_settle
+from tuning.engine.trimmer.hooks import TrimmerRuntime
+from tuning.engine.workdir import (
     StreamJournal,
     commit_streamed,
     database_paths,
     has_imported,
+    load_final_rows,
     load_trimmer_preempted,
     next_round_offset,
-    open_database,
     open_json_db,
     record_latency,
     records_by_task,
+    save_final_rows,
     save_round_offset,
-    write_imported,
 )
-from .doppler import DOP_BACK_OFFS, DOP_NOISES, DOP_OUTLIERS, DOP_PROBES, DOP_SAMPLES, DOP_STARTS, DOPController
-from .events import MeasurementRecord, NullSink, TaskInfo, TuningSink, candidate_key
-from .procpool import available_cpus, unpin_current_thread
-from .targets import TargetMismatch, check_measurable_here
-from .relax_pipeline import (compile_model, make_target, random_inputs, run_and_time, run_and_time_samples,
-                             target_device_type)
-from .rounds import serial_totals
-from .timer import EvaluatorConfig
-from .trimmer import TrimmerConfig
-from .trimmer_hooks import TrimmerRuntime
-from .workloads import Task, collect_tasks, round_size
 
 logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "TuningConfig",
-    "TaskResult",
-    "TuningSummary",
-    "run_tuning",
-    "collect_tasks",
-    "open_database",
-    "compile_and_compare",
-    "count_records",
-    "database_records",
-    "write_imported",
-    "has_imported",
-    # the run's file layout, from .database
-    "DB_WORKLOAD", "DB_RECORDS", "FINAL_DIR", "IMPORTED_DIR", "IMPORTED_DONE_DIR",
-    "FINAL_ROWS", "WorkDirBusy",
-]
-
-FINAL_ROWS = "final_remeasure.json"  # the final serial re-measure's rows, and whether they were charged
-
-LOCAL_RUNNERS = ("pooled", "local")  # runners that time candidates on this host
-
-
-@dataclasses.dataclass
-class TuningConfig:
-    """How to tune. ``mode``: "stock" = TVM's LocalBuilder + LocalRunner (the
-    baseline the platform offers), "doppler" = persistent builder + pooled
-    asynchronous runner with DOPpler's DOP control (or the distributed runner
-    when ``distributed_submit`` is given)."""
-
-    target: dict | str
-    max_trials: int
-    trials_per_round: int = 32  # MetaSchedule's num_trials_per_iter
-    mode: str = "doppler"
-    dop: str | int = "auto"
-    dop_start: str = "probe"  # DOP "auto": "probe" (first round probes a parallel DOP) or "serial" (DOPpler's DOP 1)
-    # DOP "auto": "pooled" (once recent rounds hold enough pairs, a round re-times its fastest and decides on
-    # the pooled pairs), "adaptive" (calm rounds sample half as much) or "fixed" (DOPpler's 20 % every round)
-    dop_sample: str = "pooled"
-    # DOP "auto": "measured" (the error threshold counts above the host's measured serial noise) or
-    # "none" (DOPpler's rule: one serial timing taken as exact)
-    dop_noise: str = "measured"
-    # DOP "auto": "rankable" (slow outliers past DOP x the round's median are not re-timed serially) or
-    # "all" (DOPpler's rule: every outlier is)
-    dop_outliers: str = "rankable"
-    # DOP "auto": "confirmed" (a round about to back off for its error times its sample serially once more
-    # and decides on both timings) or "immediate" (DOPpler's rule: it decides on the first)
-    dop_back_off: str = "confirmed"
-    # DOP "auto" with dop_sample "pooled": "pairs" (a probe times the pairs the pooled rule decides on, 4 at
-    # DOP 2) or "share" (DOPpler's 20 % of the round)
-    dop_probe: str = "pairs"
-    threads: int | None = None  # deployment/measurement thread count (default: all cores)
-    work_dir: str = "tuning_work"
-    seed: int | None = None
-    evaluator: EvaluatorConfig = dataclasses.field(default_factory=EvaluatorConfig)
-    search_population: int | None = None  # EvolutionarySearch population (TVM default 512)
-    genetic_num_iters: int | None = None  # TVM default 4
-    distributed_submit: Callable[[dict], Any] | None = None
-    device_queue: str | list[str] | None = None
-    # finer switches (ablation / platform knobs)
-    builder: str | None = None  # "persistent" | "local" (default from mode)
-    runner: str | None = None  # "pooled" | "local" | "distributed" (default from mode)
-    builder_workers: int | None = None
-    # the evolutionary search's threads: TVM hands sampling work to threads in arrival order, so only a
-    # one-thread search proposes the same candidates from the same seed (bench/tuning_time.py pairs sides so)
-    search_threads: int | str = "physical"
-    cpu_ids: list[int] | None = None  # cores to measure on
-    # None: pooled runner -> builds (and, on CPUs, searches) wait for it (shared cores); distributed -> overlap
-    overlap_measurement: bool | None = None
-    final_remeasure: bool | None = None  # default: True in doppler mode
-    final_share: float = 0.1
-    timeout_sec: float = 30.0
-    max_trials_per_task: int | None = None
-    controller: DOPController | None = None
-    light_intrinsics: bool | None = None  # default: True in doppler mode (see tvm_compat)
-    deferred_cost_model: bool | None = None  # default: True in doppler mode (search.train_when_needed)
-    # Trimmer (per-task pre-emption, whole-model stop, ML candidate filter): a
-    # TrimmerConfig or its dict; None or enabled=False = off
-    trimmer: Any = None
-    # trials the caller already stored for this run (a resumed run): the budget left is counted from the
-    # larger of this and the records in TVM's database, so a store ahead of the database is not re-spent
-    trials_spent: int = 0
-    # how long a run waits for another engine to leave its work dir (a dying one lets go in a second or two)
-    work_dir_wait_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("stock", "doppler"):
-            raise ValueError("mode must be 'stock' or 'doppler'")
-        for name, allowed in (("dop_start", DOP_STARTS), ("dop_sample", DOP_SAMPLES), ("dop_noise", DOP_NOISES),
-                              ("dop_outliers", DOP_OUTLIERS), ("dop_back_off", DOP_BACK_OFFS),
-                              ("dop_probe", DOP_PROBES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}")
-        self.evaluator = EvaluatorConfig.from_any(self.evaluator)
-        if isinstance(self.trimmer, dict):
-            self.trimmer = TrimmerConfig.from_dict(self.trimmer)
-        if self.builder is None:
-            self.builder = "local" if self.mode == "stock" else "persistent"
-        if self.runner is None:
-            if self.mode == "stock":
-                self.runner = "local"
-            else:
-                self.runner = "distributed" if self.distributed_submit is not None else "pooled"
-        if self.final_remeasure is None:
-            self.final_remeasure = self.mode == "doppler"
-        if self.light_intrinsics is None:
-            self.light_intrinsics = self.mode == "doppler"
-        if self.deferred_cost_model is None:
-            self.deferred_cost_model = self.mode == "doppler"
-
-    @property
-    def dop_rule(self) -> dict[str, str]:
-        """The DOP "auto" rule's choices, as ``DOPController.for_dop`` takes them."""
-        return {"start": self.dop_start, "sample": self.dop_sample, "noise": self.dop_noise,
-                "outliers": self.dop_outliers, "back_off": self.dop_back_off, "probe": self.dop_probe}
-
-
-@dataclasses.dataclass
-class TaskResult:
-    index: int
-    name: str
-    weight: float
-    flops: float
-    n_records: int
-    best_latency_s: float | None
-    final_latency_s: float | None = None
-    n_final_remeasured: int = 0
-
-
-@dataclasses.dataclass
-class TuningSummary:
-    status: str  # "succeeded" | "cancelled" | "paused"
-    wall_secs: float
-    tasks: list[TaskResult]
-    n_measurements: int  # records reported by this call
-    n_total_records: int  # records in the database for these tasks
-    trials_requested: int  # budget this call tried to spend
-    final_dop: int | None
-    dop_history: list[dict]
-    mean_parallel_error: float | None
-    database_path: str
-    database_paths: dict[str, str]
-    final_remeasure: list[dict] = dataclasses.field(default_factory=list)
-    mode: str = "doppler"
-    n_duplicates: int = 0  # measured again by TVM but already stored: not re-reported
-    phase_secs: dict[str, float] = dataclasses.field(default_factory=dict)
-    # of phase_secs["measure_serial"]: {reason: {"n": timings, "secs": wall}} (rounds.SERIAL_REASONS)
-    serial_by_reason: dict[str, dict] = dataclasses.field(default_factory=dict)
-    sink_errors: list[str] = dataclasses.field(default_factory=list)
-    # Trimmer's report (TrimmerRuntime.to_dict(): pre-empted tasks with their trial
-    # count at pre-emption, model_stop_reason, generated/filtered/measured totals,
-    # reallocations); None when Trimmer was off
-    trimmer: dict | None = None
-    stop_reason: str | None = None  # why a "succeeded" run ended before its budget (Trimmer)
-
-    @property
-    def best_latency_s(self) -> float | None:
-        """Weighted sum of the per-task best latencies (final when re-measured)."""
-        vals = []
-        for t in self.tasks:
-            v = t.final_latency_s if t.final_latency_s is not None else t.best_latency_s
-            if v is None:
-                return None
-            vals.append(v * t.weight)
-        return sum(vals) if vals else None
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["best_latency_s"] = self.best_latency_s
-        return d
-
+__all__ = ["run_tuning", "count_records", "database_records"]
 
 # --------------------------------------------------------------------------- run
 @dataclasses.dataclass
@@ -257,8 +82,8 @@ class _Run:
     trimmer: TrimmerRuntime | None = None
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     serial_by_reason: dict[str, dict] = dataclasses.field(default_factory=dict)
-    state: Any = None  # callbacks.EngineState, once the builder and runner exist
-    controller: DOPController | None = None
+    state: Any = None  # search.engine_state.EngineState, once the builder and runner exist
+    dop_rule: DopRule | None = None
     status: str = "succeeded"
     final_rows: list[dict] = dataclasses.field(default_factory=list)
 
@@ -365,9 +190,9 @@ def _pace(run: _Run, builder, runner, state) -> None:
 
 
 def _cache_retimer(run: _Run, builder, runner):
-    """The record cache's second re-time of a seed that timed slow (``record_cache.verify_seeds``): built
+    """The record cache's second re-time of a seed that timed slow (``records.seeds.verify_seeds``): built
     and timed serially with the run's builder and runner, charged to the run's budget."""
-    from . import remeasure
+    from tuning.engine import remeasure
 
     def retime(items):
         t0 = time.perf_counter()
@@ -379,12 +204,38 @@ def _cache_retimer(run: _Run, builder, runner):
     return retime
 
 
+def _apply_cache_seeds(run: _Run, retime) -> None:
+    """The record cache's verified seeds, through the run's trial budget: settled tasks leave the search,
+    the others are searched on from their seeds (``records.settle``). The budget is Trimmer's; a run
+    without Trimmer gets a passive runtime when the seeds need one (it feeds the budget from the measured
+    batches and judges the searched seeds by the plateau rule)."""
+    decisions = cache_settle.seed_decisions(run.work_dir, run.tasks, run.database, run.infos,
+                                            int(run.cfg.max_trials), resumed=bool(run.n_existing), retime=retime)
+    state = run.state
+    if decisions is None or state is None:
+        return
+    if state.trimmer is None:
+        if not decisions.needs_budget:
+            return
+        state.trimmer = TrimmerRuntime.passive(
+            run.infos, max_trials=int(run.cfg.max_trials), seed=run.cfg.seed,
+            per_round=round_size(run.cfg.trials_per_round, run.remaining, len(run.tasks)))
+    cache_settle.apply_seed_decisions(state.trimmer.budget, decisions)
+
+
 def _tune(run: _Run) -> None:
     """Make the builder and runner, measure the imported seeds, search, re-measure the best."""
     # TVM's compiler, imported when a run starts, not when a web process imports this module
-    from . import plugins, remeasure, search
-    from .callbacks import EngineState, ObservedBuilder, ProgressStreamer, StreamingRunner
-    from .runner import MeasureLedger
+    from tuning.engine import remeasure
+    from tuning.engine.runners import plugins
+    from tuning.engine.runners.measure_jobs import MeasureLedger
+    from tuning.engine.search import loop as search
+    from tuning.engine.search.callbacks import (
+        ObservedBuilder,
+        ProgressStreamer,
+        StreamingRunner,
+    )
+    from tuning.engine.search.engine_state import EngineState
 
     cfg, builder, runner = run.cfg, None, None
     ledger = MeasureLedger()
@@ -394,7 +245,7 @@ def _tune(run: _Run) -> None:
                                       threads=run.threads, cores=run.cores, ledger=ledger)
             builder = plugins.make_builder(cfg.builder, ctx)
             runner = plugins.make_runner(cfg.runner, ctx)
-            run.controller = getattr(runner, "controller", None)
+            run.dop_rule = getattr(runner, "rule", None)
             parallel = plugins.is_parallel_runner(cfg.runner)
             state = run.state = EngineState(
                 run.sink, run.infos, known_keys=run.known, ledger=ledger if parallel else None,
@@ -411,7 +262,7 @@ def _tune(run: _Run) -> None:
                 run.remaining = max(0, run.remaining - n_imported)
                 run.phases["imported"] = time.perf_counter() - t0
             # verified cache hits need no search; a seed that timed slow is timed once more first
-            record_cache.apply_seed_verification(run, retime=_cache_retimer(run, builder, runner))
+            _apply_cache_seeds(run, retime=_cache_retimer(run, builder, runner))
             if run.remaining > 0:
                 # results reach the sink as each measurement lands, not at TVM's joins (see callbacks)
                 streamer = ProgressStreamer(state)
@@ -455,30 +306,6 @@ def _tune(run: _Run) -> None:
                     obj.shutdown()
 
 
-def load_final_rows(work_dir: str) -> dict | None:
-    """The final re-measure an earlier call of this run did (``{"rows", "charged", "n_records"}``: the
-    rows, whether the sink took their charge, the database's record count they were chosen from), or None."""
-    try:
-        with open(os.path.join(work_dir, FINAL_ROWS)) as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(saved, dict) or not isinstance(saved.get("rows"), list):
-        return None
-    return {"rows": saved["rows"], "charged": bool(saved.get("charged")), "n_records": saved.get("n_records")}
-
-
-def save_final_rows(work_dir: str, saved: dict) -> None:
-    """Written whole or not at all (a rename): a killed call leaves the previous state."""
-    path = os.path.join(work_dir, FINAL_ROWS)
-    try:
-        with open(path + ".tmp", "w") as f:
-            json.dump(saved, f)
-        os.replace(path + ".tmp", path)
-    except (OSError, TypeError, ValueError):  # a full disk: the next call re-measures (and charges) again
-        log.exception("could not save the final re-measure")
-
-
 def _task_results(run: _Run) -> list[TaskResult]:
     by_task = records_by_task(open_json_db(run.work_dir), run.tasks)
     finals: dict[int, list[dict]] = {}
@@ -496,7 +323,7 @@ def _task_results(run: _Run) -> list[TaskResult]:
 
 
 def _summary(run: _Run, wall_secs: float) -> TuningSummary:
-    cfg, state, controller, trimmer = run.cfg, run.state, run.controller, run.trimmer
+    cfg, state, dop_rule, trimmer = run.cfg, run.state, run.dop_rule, run.trimmer
     results = _task_results(run)
     return TuningSummary(
         status=run.status,
@@ -505,9 +332,9 @@ def _summary(run: _Run, wall_secs: float) -> TuningSummary:
         n_measurements=state.n_reported if state else 0,
         n_total_records=sum(r.n_records for r in results),
         trials_requested=run.remaining,
-        final_dop=controller.dop if controller is not None else (1 if cfg.runner != "distributed" else None),
-        dop_history=controller.history_dicts() if controller is not None else [],
-        mean_parallel_error=controller.mean_parallel_error() if controller is not None else None,
+        final_dop=dop_rule.dop if dop_rule is not None else (1 if cfg.runner != "distributed" else None),
+        dop_history=dop_rule.history_dicts() if dop_rule is not None else [],
+        mean_parallel_error=dop_rule.mean_parallel_error() if dop_rule is not None else None,
         database_path=run.work_dir,
         database_paths=database_paths(run.work_dir),
         final_remeasure=run.final_rows,
@@ -557,138 +384,3 @@ def database_records(work_dir: str, model, target) -> list:
                 candidate_key=candidate_key(tasks[i].name, rec.trace), run_secs=secs,
                 error=None if secs else "no latency recorded", worker="tvm-database"))
     return out
-
-
-# --------------------------------------------------------------------------- compare
-# Final timings: like onnxruntime's (yardstick), repeats of at least FINAL_MIN_REPEAT_MS each, the median and
-# IQR over FINAL_REPEATS of them.
-FINAL_REPEATS = 15
-FINAL_MIN_REPEAT_MS = 50
-
-
-def _load_now() -> float | None:
-    try:
-        return float(os.getloadavg()[0])
-    except (AttributeError, OSError):  # pragma: no cover - not Unix
-        return None
-
-
-def build_host_facts(target) -> dict:
-    """What the package needs to check a host without TVM's compiler: the build host's CPU flags, and of
-    them the instruction sets code built for ``target`` may use (none for a portable mcpu)."""
-    from .package import runtime_versions
-    from .targets import PORTABLE_CPUS, canonical_target, host_cpu_flags, isa_flags
-
-    spec = canonical_target(target)
-    cpu = dict(spec.get("host") or {}) if spec.get("kind") != "llvm" else spec
-    flags = host_cpu_flags()
-    portable = str(cpu.get("mcpu") or "") in PORTABLE_CPUS
-    return {"cpu_flags": flags, "required_cpu_flags": [] if portable else isa_flags(flags, cpu.get("mtriple", "")),
-            "versions": runtime_versions()}
-
-
-def compile_and_compare(
-    model,
-    database_dir: str,
-    target,
-    threads: int | None = None,
-    *,
-    number: int = 1,
-    repeat: int = FINAL_REPEATS,
-    min_repeat_ms: int = FINAL_MIN_REPEAT_MS,
-    rtol: float = 1e-4,
-    atol: float = 1e-4,
-    seed: int = 0,
-    export_path: str | None = None,
-) -> dict[str, Any]:
-    """Compile ``model`` tuned (database in ``database_dir``) and untuned, run
-    both on the same random inputs: latencies, max |diff|, outputs match.
-    ``export_path``: also export the tuned executable there (a ``.so``).
-
-    The tuned module and onnxruntime are timed back to back, each as ``repeat`` repeats (median and IQR),
-    with the host's load sampled before, between and after; the verdict is :func:`verdict.verdict`'s. A
-    timing on an overloaded host is repeated once; if the host is still overloaded the result is flagged.
-
-    A target this host cannot run (another CPU's ``mcpu``, another GPU: a run measured on a remote host)
-    is still compiled, tuned and untuned, and exported, so the tuning is kept; nothing is timed or
-    compared here, and ``not_measured_here`` says why (timings of code built for another machine would
-    describe neither)."""
-    try:
-        check_measurable_here(target, check_cores=False)
-        why = None
-    except TargetMismatch as exc:
-        why = f"compiled, not timed or compared on this host: {exc}"
-    tuned = compile_model(model, target, database=open_database(database_dir))
-    untuned = compile_model(model, target, database=None)
-    if export_path:
-        tuned.export_library(export_path)
-    build_host = build_host_facts(target)
-    if why is not None:
-        return {"tuned_latency_s": None, "untuned_latency_s": None, "speedup": None, "max_abs_diff": None,
-                "outputs_match": None, "threads": threads, "onnxruntime": None,
-                "not_measured_here": why, "onnxruntime_error": why, "build_host": build_host}
-    inputs = random_inputs(model, seed=seed)
-    timing = dict(number=number, repeat=repeat, threads=threads, min_repeat_ms=min_repeat_ms)
-    out_u, samples_u = run_and_time_samples(untuned, inputs, target, **timing)
-    cores = int(threads or (target.get("num-cores") if isinstance(target, dict) else None) or 1)
-    attempts = []
-    for _ in range(2):  # an overloaded host gets one more try
-        loads = [_load_now()]
-        out_t, samples_t = run_and_time_samples(tuned, inputs, target, **timing)
-        loads.append(_load_now())
-        ort = onnxruntime_comparison(model, inputs, out_t, target, threads, seed=seed)
-        loads.append(_load_now())
-        known = [x for x in loads if x is not None]
-        load = verdict_rule.HostLoad(max(known), cores) if known else None
-        outcome = verdict_rule.verdict(samples_t, ort.pop("samples_s", None), load)
-        attempts.append({"load": load.load if load else None, "cores": cores, "label": outcome.label})
-        if outcome.label != verdict_rule.FLAGGED:
-            break
-    diffs = [float(np.max(np.abs(a.astype("float64") - b.astype("float64")))) if a.size else 0.0 for a, b in zip(out_t, out_u)]
-    match = len(out_t) == len(out_u) and all(
-        np.allclose(a, b, rtol=rtol, atol=atol * max(1.0, float(np.max(np.abs(b))) if b.size else 1.0))
-        for a, b in zip(out_t, out_u)
-    )
-    lat_t, lat_u = outcome.tuned_median, float(statistics.median(samples_u))
-    ort_s = outcome.ort_median
-    return {
-        "tuned_latency_s": lat_t,
-        "tuned_latency_iqr_s": outcome.tuned_iqr,
-        "tuned_samples_s": samples_t,
-        "untuned_latency_s": lat_u,
-        "speedup": (lat_u / lat_t) if lat_t else None,
-        "max_abs_diff": max(diffs) if diffs else 0.0,
-        "outputs_match": bool(match),
-        "threads": threads,
-        **ort,
-        "onnxruntime_latency_s": ort_s,
-        "onnxruntime_latency_iqr_s": outcome.ort_iqr,
-        "ratio_to_onnxruntime": outcome.ratio,
-        "untuned_ratio_to_onnxruntime": (lat_u / ort_s) if ort_s else None,
-        "faster_engine": outcome.faster_engine,
-        "verdict": outcome.to_dict(),
-        "timing_attempts": attempts,
-        "build_host": build_host,
-    }
-
-
-def onnxruntime_comparison(model, inputs, tvm_outputs, target, threads, *, seed=0) -> dict:
-    """The same ONNX model under onnxruntime (same inputs, thread count and device kind): its timing
-    samples (seconds, one per repeat; ``samples_s``) and whether its outputs agree with the tuned module's.
-    A model that is not ONNX, or an onnxruntime that cannot run it here, gives the reason instead: the
-    yardstick must not fail a run whose tuned module is fine."""
-    if not hasattr(model, "graph"):
-        return {"onnxruntime": None, "onnxruntime_error": "not an ONNX model: no onnxruntime comparison"}
-    device = "cuda" if target_device_type(target) == "cuda" else "cpu"
-    try:
-        ort = yardstick.measure_onnxruntime(model, inputs, threads=int(threads or 1), device=device,
-                                            tvm_outputs=tvm_outputs, seed=seed, repeat=FINAL_REPEATS,
-                                            min_repeat_ms=FINAL_MIN_REPEAT_MS)
-    except Exception as exc:  # noqa: BLE001 - ProviderUnavailable, or an op onnxruntime lacks
-        return {"onnxruntime": None, "onnxruntime_error": f"{type(exc).__name__}: {exc}"}
-    return {
-        "onnxruntime": ort.to_dict(),
-        "samples_s": [ms / 1e3 for ms in ort.samples_ms],
-        "onnxruntime_outputs_agree": ort.outputs_agree,
-        "onnxruntime_error": "",
-    }

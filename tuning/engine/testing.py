@@ -12,9 +12,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .events import ffi_to_py
-from .relax_pipeline import make_target
-from .workloads import collect_tasks
+from tuning.engine.compile.pipeline import make_target
+from tuning.engine.compile.workloads import collect_tasks
+from tuning.engine.events import ffi_to_py
 
 
 def tiny_cnn_onnx(seed: int = 0, channels: int = 8, size: int = 16, classes: int = 10):

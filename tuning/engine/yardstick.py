@@ -196,7 +196,7 @@ def measure_onnxruntime(
     if inputs is None:
         import onnx
 
-        from .relax_pipeline import random_inputs
+        from tuning.engine.compile.pipeline import random_inputs
 
         inputs = random_inputs(onnx.load_from_string(data), seed=seed)
     feed = {k: np.ascontiguousarray(v) for k, v in inputs.items()}

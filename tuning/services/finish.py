@@ -16,7 +16,7 @@ from tuning import adapters
 from tuning.adapters import LeaseLost
 from tuning.engine import verdict as verdict_rule
 from tuning.adapters.reconnect import lease_margin_s, wait_for_database
-from tuning.engine.parallel_error import as_fraction
+from tuning.engine.doppler.parallel_error import as_fraction
 from tuning.models import DopRound, Measurement, TuningRun, TuningTask
 from tuning.selectors import time_to_parity
 

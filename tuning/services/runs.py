@@ -19,7 +19,7 @@ from core.selectors import energy_model
 from core.services import require_ready
 from scheduling import selectors as scheduling_selectors
 from tuning import adapters
-from tuning.engine.targets import TARGET_KINDS, TargetRefused, build_target
+from tuning.engine.compile.targets import TARGET_KINDS, TargetRefused, build_target
 from tuning.models import MIN_TRIALS_PER_TASK, RUN_LIMITS, TuningRun, min_trials_for, parse_dop, run_bound_error
 
 from .finish import announce_run_end
@@ -42,7 +42,7 @@ def target_core_limit() -> int:
 
 
 def validate_target(target) -> dict:
-    """The run's target, built by the engine's one builder (`tuning.engine.targets.build_target`) from the
+    """The run's target, built by the engine's one builder (`tuning.engine.compile.targets.build_target`) from the
     fields a user may set: kind llvm or cuda, `num-cores` (1 to `target_core_limit()`), `mcpu` only as a
     registered node reports it (its triple added from the registration), `arch` sm_XY for cuda. Any other
     key (TVM's cl-opt, mattr, libs, host, ...) is refused naming it; nothing is stored."""

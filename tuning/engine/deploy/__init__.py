@@ -1,0 +1,1 @@
+"""The deployment package of a run and the run.py shipped in it."""

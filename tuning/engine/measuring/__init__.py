@@ -1,0 +1,1 @@
+"""Timing built candidates: the pure measuring function, per-device timers, CPU/GPU measurement slots (TVM runtime only)."""

@@ -1,0 +1,1 @@
+"""The search step: MetaSchedule's evolutionary search, the task scheduler with a stop switch, streaming callbacks."""
