@@ -31,7 +31,7 @@ class WithReservation(PlacementPolicy):
 
     def __init__(self, inner: PlacementPolicy, *, margin: float | None = None, floor_milli: int | None = None,
                  memory_check: bool = True, headroom_mb: float = HORUS_HEADROOM_MB):
-        ref = UsageFGD.__init__.__kwdefaults__  # the same margin, floor and headroom as usage_fgd's defaults
+        ref = UsageFGD.__init__.__kwdefaults__ or {}  # the same margin and floor as usage_fgd's defaults
         self.inner = inner
         self.margin = float(ref["margin"] if margin is None else margin)
         self.floor_milli = int(ref["floor_milli"] if floor_milli is None else floor_milli)

@@ -249,7 +249,7 @@ def evaluate_predictor(records: Sequence[ProfileRecord], *, seed: int = 0,
         "methods": {m: _scores(pred[m], true, gpus, groups) for m in names},
         "folds": folds, "per_source": per_source,
     }
-    if online_name is not None:
+    if online_name is not None and online_measured is not None and online_window_s is not None:
         n_meas = int(online_measured.sum())
         out["online_profile"] = {
             "name": online_name, "window_s": online_window_s, "gpu_seconds_per_job": online_window_s,
