@@ -30,7 +30,7 @@ from .cluster import MILLI, ClusterSpec, ClusterState, JobView, PlacementError, 
 from .interference import FittedInterference, flat_sharing_slowdown
 from .observation import ObservationModel, observe, per_process_util
 from .policies import PlacementPolicy
-from .profiles import util_on_gpu
+from .profiles import speed_on_gpu, util_on_gpu
 from .sim_inputs import (STOP_CHECK_EVERY, SimulationStopped, StopCheck, checked_placement, job_views,
                          noisy_predictions, validate_jobs)
 from .traces import Job
@@ -184,6 +184,10 @@ class SimulationResult:
     over_capacity_work_pct: float = 0.0  # work a non-work-conserving model claims beyond one GPU per GPU
     peak_gpu_delivered_pct: float = 0.0  # the most one GPU delivered at any time (before the cap)
     preemptions: int = 0  # jobs stopped and requeued by a least-attained-service queue
+    # the TRUE slowdown's tail: run time / standalone time (interference, preemption), per finished job
+    p95_slowdown: float = 1.0
+    p99_slowdown: float = 1.0
+    p99_jct_s: float = 0.0
 
     def to_dict(self, *, with_jobs: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -245,6 +249,9 @@ class ReplayJobs:
         self.finish = [math.nan] * n
         self.remaining = [0.0] * n
         self.rate = [0.0] * n
+        #: standalone speed on the GPUs it runs on, relative to the GPU its duration was measured on
+        #: (Gavel's per-type throughputs; a gang runs at its slowest GPU's): rate = type_speed / slowdown
+        self.type_speed = [1.0] * n
         self.last = [0.0] * n
         self.version = [0] * n
         self.epoch = [0] * n  # starts so far (a telemetry sample belongs to one start)
@@ -264,6 +271,14 @@ class ReplayJobs:
         if ref is None:
             return u
         return max(util_on_gpu(u, measured_on=ref, run_on=m, model=self.jobs[i].model) for m in set(gpu_models))
+
+    def speed_on(self, i: int, gpu_models: Sequence[str]) -> float:
+        """Job ``i``'s standalone speed on GPUs of these models relative to the one its duration and
+        utilization were measured on (:func:`.profiles.speed_on_gpu`); a gang runs at its slowest GPU's."""
+        ref = self.util_gpu_model[i]
+        if ref is None:
+            return 1.0
+        return min(speed_on_gpu(measured_on=ref, run_on=m, model=self.jobs[i].model) for m in set(gpu_models))
 
     def learn_memory(self, i: int) -> None:
         """After an out-of-memory crash the job is known to need its true memory."""
@@ -504,6 +519,7 @@ class Replay:
             J.remaining[i] = J.duration[i]
         J.last[i] = now
         J.rate[i] = 0.0
+        J.type_speed[i] = J.speed_on(i, [state.gpu_model[g] for g in gpus])
         for g in gpus:
             self.acct.refresh_gpu(g, state.true_util[g], len(state.jobs_on[g]))
             self.acct.note_memory(state.true_mem[g] / state.mem_cap[g])
@@ -542,7 +558,7 @@ class Replay:
                 factors = slow[g]
                 if factors is not None and factors[job_id] > s:
                     s = factors[job_id]
-            r = 1.0 / s
+            r = J.type_speed[i] / s
             if r != J.rate[i]:
                 J.progress(i, now)
                 J.rate[i] = r
@@ -569,7 +585,9 @@ class Replay:
 
     def _process_util(self, job_id: str) -> float:
         i = self.jobs.index[job_id]
-        return measured_util(self.state.running[job_id].true_util_pct, 1.0 / max(self.jobs.rate[i], 1e-12))
+        # the interference slowdown alone: a slower GPU type is already in the job's (busier) true util there
+        return measured_util(self.state.running[job_id].true_util_pct,
+                             self.jobs.type_speed[i] / max(self.jobs.rate[i], 1e-12))
 
     def _observe(self, i: int) -> None:
         """Set what policies read of running job ``i`` from the observation model (its truth stays here)."""
@@ -582,9 +600,11 @@ class Replay:
         s.set_measured_util(job_id, observe(self.observation, self._process_util(job_id), on_gpus, draw))
 
     def _delivered_on(self, g: int) -> float:
-        """Standalone-equivalent work GPU ``g`` does now, in % of one GPU: its jobs' true util x rate."""
+        """Standalone-equivalent work GPU ``g`` does now, in % of one GPU: its jobs' true util (on this GPU
+        type) x their speed under interference (rate / type speed)."""
         J, running = self.jobs, self.state.running
-        return sum(running[jid].true_util_pct * J.rate[J.index[jid]] for jid in self.state.jobs_on[g])
+        return sum(running[jid].true_util_pct * J.rate[J.index[jid]] / J.type_speed[J.index[jid]]
+                   for jid in self.state.jobs_on[g])
 
     # ---------------------------------------------------------------- queue
     def _schedule(self, now: float) -> None:
@@ -732,6 +752,7 @@ class Replay:
                   migrations=migrations, meas_util=None if self.telemetry_delay_s <= 0 else was.meas_util_pct)
         J.remaining[i] += self.migration_cost_s  # checkpoint + restore, as extra work
         J.rate[i] = 0.0
+        J.type_speed[i] = J.speed_on(i, [state.gpu_model[g] for g in new])
         self._refresh(new)
         self._update_rates(list(old) + new, now)
         self.migrations += 1
@@ -802,13 +823,17 @@ def _job_stats(J: ReplayJobs) -> tuple[float, float, dict[str, float]]:
     if not done:
         return t0, t_end, {"mean_wait_s": 0.0, "median_wait_s": 0.0, "p95_wait_s": 0.0, "mean_jct_s": 0.0,
                            "p95_jct_s": 0.0, "mean_slowdown": 1.0}
+    stretch = (fin - start) / np.maximum(np.array(J.duration)[done], 1e-9)
     return t0, t_end, {
         "mean_wait_s": float(waits.mean()),
         "median_wait_s": float(np.median(waits)),
         "p95_wait_s": float(np.percentile(waits, 95)),
         "mean_jct_s": float(jct.mean()),
         "p95_jct_s": float(np.percentile(jct, 95)),
-        "mean_slowdown": float(np.mean((fin - start) / np.array(J.duration)[done])),
+        "mean_slowdown": float(np.mean(stretch)),
+        "p95_slowdown": float(np.percentile(stretch, 95)),
+        "p99_slowdown": float(np.percentile(stretch, 99)),
+        "p99_jct_s": float(np.percentile(jct, 99)),
     }
 
 

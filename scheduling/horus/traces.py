@@ -68,6 +68,7 @@ __all__ = [
     "DEFAULT_TRACE_DIR",
     "ALIBABA_NODES_PATH",
     "ALIBABA_PODS_PATH",
+    "ALIBABA_POD_LISTS",
     "PHILLY_PATH",
 ]
 
@@ -75,6 +76,15 @@ Node = NodeSpec
 DEFAULT_TRACE_DIR = DATA_DIR / "traces"
 ALIBABA_NODES_PATH = DEFAULT_TRACE_DIR / "alibaba-gpu-2023" / "openb_node_list_gpu_node.csv"
 ALIBABA_PODS_PATH = DEFAULT_TRACE_DIR / "alibaba-gpu-2023" / "openb_pod_list_default.csv"
+#: the ATC'23 artifact's pod lists shipped here: trace name -> file (its workload name is the file's stem).
+#: gpushare40/100 re-draw the GPU-sharing pods' shares (40 %/100 % of GPU pods share a GPU), multigpu20
+#: makes 20 % of GPU pods multi-GPU; multigpu20 has no timestamps (fill method only)
+ALIBABA_POD_LISTS = {
+    "alibaba": ALIBABA_PODS_PATH,
+    "alibaba_gpushare40": DEFAULT_TRACE_DIR / "alibaba-gpu-2023" / "openb_pod_list_gpushare40.csv",
+    "alibaba_gpushare100": DEFAULT_TRACE_DIR / "alibaba-gpu-2023" / "openb_pod_list_gpushare100.csv",
+    "alibaba_multigpu20": DEFAULT_TRACE_DIR / "alibaba-gpu-2023" / "openb_pod_list_multigpu20.csv",
+}
 PHILLY_PATH = DEFAULT_TRACE_DIR / "philly" / "philly.csv.gz"
 
 
