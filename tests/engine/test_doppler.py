@@ -15,7 +15,8 @@ from tuning.engine.doppler.platform_rule import (
     RankableOutliers,
     make_rule,
 )
-from tuning.engine.doppler.rule import DopSettings, FixedDop, robust_z_scores
+from tuning.engine.doppler.plan import DopSettings
+from tuning.engine.doppler.rule import FixedDop, robust_z_scores
 
 
 class Measured(MeasuredNoise, DopplerRule):

@@ -26,7 +26,8 @@ as many, at most ``max_reprobes`` times (RoundStat.reprobe). The platform's refi
 
 from __future__ import annotations
 
-from tuning.engine.doppler.rule import DopRule, DopSettings
+from tuning.engine.doppler.plan import DopSettings
+from tuning.engine.doppler.rule import DopRule
 
 __all__ = ["DopplerRule"]
 

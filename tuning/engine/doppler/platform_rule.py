@@ -76,7 +76,8 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from tuning.engine.doppler.doppler_rule import DopplerRule
-from tuning.engine.doppler.rule import DopRule, FixedDop, is_valid_latency
+from tuning.engine.doppler.rule import DopRule, FixedDop
+from tuning.engine.latency import is_timing
 
 __all__ = ["ProbeStart", "PooledSample", "PairsProbe", "MeasuredNoise", "RankableOutliers", "ConfirmedBackOff",
            "PlatformRule", "make_rule"]
@@ -185,7 +186,7 @@ class RankableOutliers(DopplerRule):
                        mean_signed_error: float | None = None) -> float | None:
         """DOP x the median of the valid ``latencies`` (None at DOP 1), widened by (1 - error) when the
         round's serial timings came out slower than its parallel ones (a negative signed error)."""
-        valid = [x for x in latencies if is_valid_latency(x)]
+        valid = [x for x in latencies if is_timing(x)]
         if not valid or dop <= 1:
             return None
         widen = max(1.0, 1.0 - mean_signed_error) if mean_signed_error is not None else 1.0

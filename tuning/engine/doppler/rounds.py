@@ -27,7 +27,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tuning.engine.doppler.rule import DopRule, RoundDecision
+from tuning.engine.doppler.plan import RoundDecision
+from tuning.engine.doppler.rule import DopRule
 from tuning.engine.latency import is_failed_latency
 from tuning.engine.measuring.measure import MeasureOutcome
 

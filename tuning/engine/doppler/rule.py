@@ -21,29 +21,21 @@ methods a subclass overrides (this base class states DOPpler's choice for each):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
-from typing import TypeGuard
 
 from tuning.engine.doppler.parallel_error import summarize_parallel_error
-from tuning.engine.latency import is_failed_latency
+from tuning.engine.doppler.plan import DopSettings, RoundDecision, RoundPlan, RoundStat
+from tuning.engine.latency import is_timing
 from tuning.engine.process.procpool import available_cpus
 
-__all__ = ["DopSettings", "DopRule", "FixedDop", "RoundPlan", "RoundDecision", "RoundStat", "robust_z_scores",
-           "default_max_dop", "is_valid_latency"]
+__all__ = ["DopRule", "FixedDop", "robust_z_scores", "default_max_dop"]
 
 
 def default_max_dop() -> int:
     """Cores this process may use (its affinity set): each parallel worker needs a core of its own."""
     return max(1, len(available_cpus()))
-
-
-def is_valid_latency(x: float | None) -> TypeGuard[float]:
-    """A measured latency (a float, finite, below TVM's failure marker); a failed one may still be a float
-    (NaN, inf, the marker), so only the True branch narrows."""
-    return not is_failed_latency(x)
 
 
 def robust_z_scores(values: Sequence[float]) -> list[float]:
@@ -70,88 +62,6 @@ def robust_z_scores(values: Sequence[float]) -> list[float]:
         else:
             out.append(0.6745 * dev / mad)
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class DopSettings:
-    """The rules' tunable numbers, each with its one default (DOPpler's where the paper states one)."""
-
-    cap: float = 128.0  # DOPpler's initial DOP cap
-    error_threshold: float = 0.05  # mean parallel-vs-serial error a DOP may show (above the serial noise)
-    failure_threshold: float = 0.05  # failures caused by parallelism a round may show, x DOP
-    z_threshold: float = 3.0  # |robust z| past which a candidate is an outlier (re-timed serially)
-    sample_share: float = 0.2  # DOPpler's share of a round's good candidates re-timed serially
-    correction_limit: float = 0.25  # |mean signed error| below which the rest is corrected, not re-timed
-    min_step: int = 2  # a good round raises the DOP by half the way to the cap, clamped to [min, max]
-    max_step: int = 7
-    reprobe_after: int = 2  # rounds at DOP 1 after a back-off before parallelism is re-probed (then 2x, 4x)
-    max_reprobes: int = 3
-    noise_window: int = 16  # measured serial noise: the last repeated serial timings averaged
-    noise_z: float = 1.0  # standard errors of (mean error - mean noise) allowed on top of the threshold
-    pair_window: int = 12  # pooled sample: the recent pairs at the current DOP a round decides on
-    min_pooled_pairs: int = 4  # pooled sample: pairs after which a round re-times only its fastest
-    min_noise_pairs: int = 2  # pooled sample: noise pairs known before a round stops adding one
-
-    def __post_init__(self) -> None:
-        for name in ("reprobe_after", "noise_window", "pair_window", "min_pooled_pairs", "min_noise_pairs",
-                     "min_step", "max_step"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)!r}")
-        for name in ("max_reprobes", "noise_z", "error_threshold", "failure_threshold", "correction_limit"):
-            if float(getattr(self, name)) < 0:
-                raise ValueError(f"{name} must not be negative, not {getattr(self, name)!r}")
-        if not 0 < float(self.sample_share) <= 1:
-            raise ValueError(f"sample_share must be in (0, 1], not {self.sample_share!r}")
-        if float(self.cap) < 1:
-            raise ValueError(f"cap must be at least 1, not {self.cap!r}")
-
-
-@dataclasses.dataclass
-class RoundStat:
-    dop: int
-    mean_error: float | None
-    n_sampled: int
-    failures: int = 0
-    cap: float = 128.0
-    dop_after: int = 1
-    mean_signed_error: float | None = None
-    adapted: bool = True
-    reprobe: bool = False  # this round's decision re-opened parallelism after a back-off to 1
-    sample_share: float | None = None  # the share of good candidates this round re-measured serially
-    serial_noise: float | None = None  # the host's serial noise this round's decision allowed for
-    outliers_skipped: int = 0  # slow candidates left as measured, not timed serially (rankable_bound)
-    sample_topped_up: int = 0  # candidates added to a shrunk sample whose error was past correction (top_up_sample)
-    n_pooled: int | None = None  # the pairs this round's decision used (pooled sample: recent rounds' too)
-    allowed_error: float | None = None  # the mean error this round could show and keep its DOP (allowed_error)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass
-class RoundDecision:
-    dop_before: int
-    dop_after: int
-    mean_error: float | None
-    mean_signed_error: float | None
-    n_sampled: int
-    failures: int
-    backed_off: bool
-    cap_before: float
-    cap_after: float
-    corrected_latencies: list[float] | None = None
-    correction_applied: bool = False
-    errors: list[float] = dataclasses.field(default_factory=list)
-    serial_noise: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundPlan:
-    """How a round of ``n`` candidates starts: the DOP it measures at, and the candidates it probes
-    first (in parallel, then serially) when that DOP is not validated yet (empty: no probe)."""
-
-    dop: int
-    probe: tuple[int, ...] = ()
 
 
 class DopRule:
@@ -261,7 +171,7 @@ class DopRule:
     @staticmethod
     def _scored(latencies: Sequence[float | None]) -> tuple[list[int], list[float]]:
         """The indices of the valid ``latencies`` and their robust z-scores."""
-        valid = [(i, x) for i, x in enumerate(latencies) if is_valid_latency(x)]
+        valid = [(i, x) for i, x in enumerate(latencies) if is_timing(x)]
         return [i for i, _ in valid], robust_z_scores([x for _, x in valid])
 
     def _good_sorted(self, latencies, idx: list[int], z: list[float]) -> list[int]:
@@ -306,7 +216,7 @@ class DopRule:
     def record_serial_repeat(self, first: Sequence[float | None], second: Sequence[float | None]) -> None:
         """Two serial timings of the same candidates: their relative differences are the host's serial noise."""
         for a, b in zip(first, second):
-            if is_valid_latency(a) and is_valid_latency(b) and a > 0:
+            if is_timing(a) and is_timing(b) and a > 0:
                 self.noise_errors.append(abs(a - b) / a)
         del self.noise_errors[:-self.settings.noise_window]
 
@@ -354,7 +264,7 @@ class DopRule:
         if len(parallel) != len(serial):
             raise ValueError("parallel and serial must be paired")
         return [(p - s) / p for p, s in zip(parallel, serial)
-                if is_valid_latency(p) and is_valid_latency(s) and p > 0]
+                if is_timing(p) and is_timing(s) and p > 0]
 
     def sample_error(self, parallel: Sequence[float | None], serial: Sequence[float | None]) -> float | None:
         """The signed mean error of paired timings (what :meth:`decide` corrects by); None without a pair."""
@@ -365,7 +275,7 @@ class DopRule:
         """Scale latencies by (1 - mean_error) when |mean_error| < correction_limit."""
         if mean_error is None or not self.can_correct(mean_error):
             return [float(x) for x in latencies]
-        return [float(x) * (1.0 - mean_error) if is_valid_latency(x) else x for x in latencies]
+        return [float(x) * (1.0 - mean_error) if is_timing(x) else x for x in latencies]
 
     def can_correct(self, mean_error: float | None) -> bool:
         return mean_error is not None and abs(mean_error) < self.settings.correction_limit
