@@ -1,11 +1,19 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test lint-imports setup migrate worker web bench-quick check clean
+.PHONY: help run test test-fast lint lint-imports setup migrate worker web bench-quick check clean
 
 run:            ## set up, migrate, demo user + zoo, start web server and a Celery worker
 	scripts/run.sh
 
-test:           ## the import contracts, then the whole suite (PostgreSQL + Redis, started if absent; then SQLite)
+test:           ## import contracts, ruff, mypy, the whole suite (PostgreSQL + Redis, started if absent), `dialect` tests on SQLite
 	scripts/test.sh $(ARGS)
+
+test-fast:      ## the edit loop: no integration/browser/slow tests, test database kept (--reuse-db), no lint
+	scripts/test_fast.sh $(ARGS)
+
+lint: setup     ## ruff check, mypy on the engines ([tool.ruff], [tool.mypy]) and the import contracts; no tests
+	.venv/bin/ruff check .
+	.venv/bin/mypy
+	.venv/bin/lint-imports --no-cache --no-logo
 
 lint-imports: setup  ## only the architecture contracts (pyproject.toml [tool.importlinter])
 	.venv/bin/lint-imports --no-cache
@@ -32,3 +40,6 @@ bench-quick: setup
 
 clean:
 	rm -rf var staticfiles .pytest_cache
+
+help:           ## this list
+	@grep -E '^[a-z-]+:.*## ' Makefile | sed -E 's/:[^#]*## /\t/' | expand -t 16

@@ -91,7 +91,7 @@ def build_run(n_measurements: int, n_tasks: int, per_round: int):
     worker.preempt(n_tasks - 1)
     build_s = time.perf_counter() - t0
     # a few more runs so the list page has rows to render
-    for k in range(30):
+    for _ in range(30):
         tuning_services.start_run(actor=user, model=model, max_trials=64, enqueue=False)
     run.refresh_from_db()
     return user, run, build_s
@@ -151,7 +151,7 @@ def main(argv=None) -> dict:
     baseline_bytes = ours_bytes = 0
     baseline_points = ours_points = 0
 
-    for name, url in endpoints.items():  # warm-up (imports, template compilation)
+    for url in endpoints.values():  # warm-up (imports, template compilation)
         timed_get(client, url)
     for _ in range(repeats):  # interleaved
         for name, url in endpoints.items():

@@ -46,11 +46,9 @@ THREADS = 1  # each core a measurement slot (as bench/tuning_time.py's parallel 
 SIDES = {
     "dop1": dict(dop=1),
     "dop_auto": dict(dop="auto"),
-    "all_outliers": dict(dop="auto", dop_rule={"outliers": "all"}),
-    "dopplers_threshold": dict(dop="auto", dop_rule={"noise": "none"}),
-    "fixed_sample": dict(dop="auto", dop_rule={"sample": "fixed"}),
-    "immediate_back_off": dict(dop="auto", dop_rule={"back_off": "immediate"}),
-    "share_probe": dict(dop="auto", dop_rule={"probe": "share"}),
+    # the platform's rule with one of DOPpler's choices put back (bench/dop_presets.py)
+    **{name: dict(dop="auto", dop_rule=name)
+       for name in ("all_outliers", "dopplers_threshold", "fixed_sample", "immediate_back_off", "share_probe")},
 }
 
 
@@ -117,10 +115,11 @@ def measure_pass(cands, per_round: int, side: dict) -> dict:
     candidate's latency as the runner reports it, and what the DOPpler rounds did."""
     from tvm.s_tir import meta_schedule as ms
 
+    from bench.dop_presets import rule_named
     from tuning.engine.doppler.rounds import serial_totals
     from tuning.engine.runners.pooled import PooledAsyncRunner
 
-    runner = PooledAsyncRunner(threads=THREADS, dop=side["dop"], dop_rule=side.get("dop_rule"))
+    runner = PooledAsyncRunner(threads=THREADS, dop=side["dop"], dop_rule=rule_named(side.get("dop_rule")))
     try:
         runner.wait_ready()  # workers up (TVM imported) before the clock starts
         lat: list[float | None] = []
@@ -133,11 +132,11 @@ def measure_pass(cands, per_round: int, side: dict) -> dict:
                 secs = [float(getattr(x, "value", x)) for x in res.run_secs] if res.run_secs is not None and not res.error_msg else []
                 lat.append(statistics.mean(secs) if secs else None)
         wall = time.perf_counter() - t0
-        hist = runner.controller.history_dicts()
+        hist = runner.rule.history_dicts()
         return {
             "wall_s": wall,
             "latencies": lat,
-            "final_dop": runner.controller.dop,
+            "final_dop": runner.rule.dop,
             "dops": [h["dop"] for h in hist],
             "rounds_above_dop1": sum(1 for h in hist if h["dop"] > 1),
             "serial_by_reason": serial_totals(runner.ledger.rounds.values()),

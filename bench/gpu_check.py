@@ -3,7 +3,12 @@
 python -m bench.gpu_check MODE ARCH WAYS: MODE check|prepare, ARCH sm_XY or "", WAYS all|window|budgets.
 ``budget_sweep`` takes any device's jobs and runner factory (nothing in it is CUDA's).
 """
-import json, os, signal, statistics, sys, time
+import json
+import os
+import signal
+import statistics
+import sys
+import time
 from pathlib import Path
 
 CAND = Path("bench/gpu_candidates")
@@ -192,7 +197,8 @@ def check(ways):
     from tuning.engine.measuring.gpu_slots import (TIMING_LOCK_VAR, GpuSlotGroup, ensure_mps, gpu_slot_groups, mps_pipe_dir,
                                          require_gpus, stop_mps, timing_lock_path)
     from tuning.engine.runners.plugins import gpu_worker_slots
-    from tuning.engine.runners.pooled import MeasureJob, PooledAsyncRunner
+    from tuning.engine.runners.measure_jobs import MeasureJob
+    from tuning.engine.runners.pooled import PooledAsyncRunner
     from tuning.engine.measuring.timer import default_evaluator
 
     gpus = require_gpus()

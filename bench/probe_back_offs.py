@@ -16,11 +16,11 @@ and reports the relative differences (signed median, mean and largest absolute):
 the serial repeat, and each parallel timing against the serial one. Interference shows as parallel
 timings slower than serial ones by more than serial timings differ from each other.
 
-Then the engine's own round (``rounds.measure_round`` and ``DOPController.for_dop("auto", 2)``) is replayed
+Then the engine's own round (``rounds.measure_round`` and the platform's ``PlatformRule(2)``) is replayed
 over those timings: R probe rounds of 16 candidates drawn from the timed ones (a first serial timing is
 s0, a second one s0b, a parallel one p0 or p1 by the candidate's place in the round), under each
 back-off rule: "confirmed" (the platform's: a round about to back off times its sample serially once
-more) and "immediate" (DOPpler's). The share of probes that back off is how often that rule would have
+more) and "immediate" (DOPpler's: ``bench/dop_presets.py``'s ImmediateBackOff). The share of probes that back off is how often that rule would have
 sent a run to DOP 1 for nothing but the host's noise, at the serial timings it paid.
 
     .venv/bin/python bench/probe_back_offs.py [--workload matmul512] [--candidates 16] [--passes 3]
@@ -28,8 +28,8 @@ sent a run to DOP 1 for nothing but the host's noise, at the serial timings it p
 
 Whole runs too (``--runs N``): N runs of ``--run-rounds`` rounds of ``--run-round`` candidates (6 x 32:
 the quick bench's parallel pairs) drawn from the timed rows, replayed through the same round and a
-controller that carries its state from round to round, for the platform's rule and each of DOPpler's
-choices put back (``RUN_RULES``): serial timings a run by reason and rounds above DOP 1, what the rule
+rule that carries its state from round to round, for the platform's rule and each of DOPpler's
+choices put back (``RUN_RULES``, presets of ``bench/dop_presets.py``): serial timings a run by reason and rounds above DOP 1, what the rule
 pays for its error control on this host's timings with no search trajectory in the way.
 ``--rows-from FILE.json`` replays the rows an earlier run wrote instead of timing new ones (seconds, not
 minutes; no cores needed).
@@ -53,14 +53,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine_info  # noqa: E402
+from bench.dop_presets import FixedSample, ImmediateBackOff, PlatformRule, ShareProbe  # noqa: E402
 from bench.doppler_replay import built_candidates, slot_target  # noqa: E402
 from bench.tuning_time import TIR_WORKLOADS  # noqa: E402
 
 EVALUATOR = {"number": 3, "repeat": 1, "min_repeat_ms": 100}  # the tuning evaluator (bench/tuning_time.py)
 ROUND = 16  # candidates a replayed round (the quick bench's rounds)
 # whole-run replays: the platform's rule, and DOPpler's choices put back one at a time
-RUN_RULES = {"platform": {}, "share_probe": {"probe": "share"}, "fixed_sample": {"sample": "fixed"},
-             "immediate_back_off": {"back_off": "immediate"}}
+RUN_RULES = {"platform": PlatformRule, "share_probe": ShareProbe, "fixed_sample": FixedSample,
+             "immediate_back_off": ImmediateBackOff}
+# probe replays: the back-off rules compared
+PROBE_RULES = {"confirmed": PlatformRule, "immediate": ImmediateBackOff}
 COMPARISONS = {  # name -> (timing, reference)
     "slot1_error": ("s1", "s0"),
     "serial_repeat_error": ("s0b", "s0"),
@@ -151,8 +154,8 @@ def _replayable(rows: list[dict]) -> list[dict]:
 
 
 def replay_probes(rows: list[dict], rule: str, replays: int, seed: int) -> dict:
-    """``replays`` probe rounds of ROUND rows drawn at random, through the engine's round and controller."""
-    from tuning.engine.doppler.controller import DOPController
+    """``replays`` probe rounds of ROUND rows drawn at random, through the engine's round and the
+    ``PROBE_RULES[rule]`` rule."""
     from tuning.engine.doppler.rounds import measure_round
 
     usable = _replayable(rows)
@@ -160,28 +163,27 @@ def replay_probes(rows: list[dict], rule: str, replays: int, seed: int) -> dict:
     backed, serial = 0, []
     for _ in range(replays):
         picked = rng.sample(usable, min(ROUND, len(usable)))
-        ctrl = DOPController.for_dop("auto", 2, back_off=rule)
-        res = measure_round(list(range(len(picked))), ReplayMeasure(picked), ctrl, is_serial_config=lambda d: d <= 1)
+        res = measure_round(list(range(len(picked))), ReplayMeasure(picked), PROBE_RULES[rule](2),
+                            is_serial_config=lambda d: d <= 1)
         backed += res.decision.backed_off
         serial.append(sum(row["n"] for row in res.serial_by_reason.values()))
     return {"back_off_share": backed / replays, "serial_timings_mean": statistics.mean(serial), "replays": replays,
             "round": min(ROUND, len(usable))}
 
 
-def replay_runs(rows: list[dict], rule: dict, runs: int, rounds: int, per_round: int, seed: int) -> dict:
+def replay_runs(rows: list[dict], rule_class, runs: int, rounds: int, per_round: int, seed: int) -> dict:
     """``runs`` whole runs of ``rounds`` rounds of ``per_round`` rows drawn at random (with replacement), each
-    run's controller (``DOPController.for_dop("auto", 2, **rule)``) carried from round to round."""
-    from tuning.engine.doppler.controller import DOPController
+    run's rule (``rule_class(2)``) carried from round to round."""
     from tuning.engine.doppler.rounds import measure_round, serial_totals
 
     usable = _replayable(rows)
     rng = random.Random(seed)
     serial, above, final, by_reason = [], [], [], {}
     for _ in range(runs):
-        ctrl, validated, results = DOPController.for_dop("auto", 2, **rule), set(), []
+        rule, validated, results = rule_class(2), set(), []
         for _ in range(rounds):
             picked = [rng.choice(usable) for _ in range(per_round)]
-            res = measure_round(list(range(per_round)), ReplayMeasure(picked), ctrl, is_serial_config=lambda d: d <= 1,
+            res = measure_round(list(range(per_round)), ReplayMeasure(picked), rule, is_serial_config=lambda d: d <= 1,
                                 validated=validated)
             validated = res.validated
             results.append(res)
@@ -190,7 +192,7 @@ def replay_runs(rows: list[dict], rule: dict, runs: int, rounds: int, per_round:
             by_reason[reason] = by_reason.get(reason, 0) + row["n"]
         serial.append(sum(row["n"] for row in totals.values()))
         above.append(sum(1 for r in results if r.dop > 1))
-        final.append(ctrl.dop)
+        final.append(rule.dop)
     return {"serial_timings_mean": statistics.mean(serial), "rounds_above_dop1_mean": statistics.mean(above),
             "final_dop_median": statistics.median(final),
             "serial_timings_by_reason": {k: v / runs for k, v in sorted(by_reason.items())},
@@ -235,7 +237,7 @@ def main(argv=None) -> int:
             rows = time_on_slots(cands, args.passes)
         n_cands = len(cands)
     diffs = differences(rows)
-    rules = {rule: replay_probes(rows, rule, args.replays, args.seed) for rule in ("confirmed", "immediate")}
+    rules = {rule: replay_probes(rows, rule, args.replays, args.seed) for rule in PROBE_RULES}
 
     print(f"\n  {'timing vs reference':24s} {'signed median':>13s} {'mean |d|':>9s} {'max |d|':>8s}")
     for name, d in diffs.items():

@@ -2,7 +2,7 @@
 """Never tune the same workload twice: model B tuned cold vs warm from the record cache filled by model A.
 
   A        zoo ``small_cnn`` (10 classes, weight seed 0), tuned cold (cache empty). Its trusted cache entries are what
-           the platform publishes: the records of its final serial re-measure (``record_cache.
+           the platform publishes: the records of its final serial re-measure (``records.publish.
            entries_from_run``), and the cache's XGBoost cost model is trained on them.
   B cold   ``--pair finetuned`` (default): A with other weights (a fine-tuned copy: every task is one of
            A's workloads); ``--pair head``: A with a 100-class head (the convolutions, the pool and the
@@ -11,7 +11,7 @@
            workload hash under the same key (target key, hardware fingerprint, TVM version), the hits
            (top-k per task) are seeded through the imported-record path, re-timed serially on this host,
            verified against the cache's best (tolerance ``DEFAULT_TOLERANCE``); a verified task whose
-           record is converged (``record_cache.convergence``: A's search had plateaued or run out, or
+           record is converged (``records.settle.convergence``: A's search had plateaued or run out, or
            two runs agree) gets no further trials (Trimmer's share allocation gives them
            to the rest), the others are searched on from their seeds (plateau-judged after their share);
            the cost model is loaded.
@@ -87,32 +87,33 @@ class _CurveSink:
 
 def _seed_from_cache(spec: dict, model) -> dict:
     """The platform's lookup (services.seed_run without the rows): hash the tasks, match the key, seed."""
-    from tuning.engine.records import cache as rc
+    from tuning.engine.records import cache_key, publish, seeds
 
     cache = json.loads(Path(spec["cache"]).read_text())
-    key = {"hardware": rc.hardware_fingerprint(spec["target"]), "tvm_version": rc.tvm_version()}
+    key = {"hardware": cache_key.hardware_fingerprint(spec["target"]), "tvm_version": cache_key.tvm_version()}
     if {k: cache["key"][k] for k in key} != key:
         return {"hits": 0, "seeds": 0, "why": "another key"}
     by_hash: dict[str, list[dict]] = {}
     for e in sorted(cache["entries"], key=lambda e: e["latency_s"]):
         by_hash.setdefault(e["workload_hash"], []).append(e)
-    tasks = rc.task_workloads(model, spec["target"])
-    hits = {t["index"]: by_hash[t["workload_hash"]][:rc.DEFAULT_TOP_K] for t in tasks if t["workload_hash"] in by_hash}
-    n = rc.write_seeds(spec["work_dir"], hits)
-    rc.place_cost_model(spec["work_dir"], cache.get("cost_model"))
+    tasks = publish.task_workloads(model, spec["target"])
+    hits = {t["index"]: by_hash[t["workload_hash"]][:seeds.DEFAULT_TOP_K]
+            for t in tasks if t["workload_hash"] in by_hash}
+    n = seeds.write_seeds(spec["work_dir"], hits)
+    publish.place_cost_model(spec["work_dir"], cache.get("cost_model"))
     return {"hits": len(hits), "seeds": n, "tasks": len(tasks)}
 
 
 def _publish(spec: dict, model) -> dict:
     """What the platform publishes after A: its final (serial) records and a cost model trained on them."""
-    from tuning.engine.records import cache as rc
+    from tuning.engine.records import cache_key, publish
 
-    entries = rc.entries_from_run(spec["work_dir"], model, spec["target"])
+    entries = publish.entries_from_run(spec["work_dir"], model, spec["target"])
     for i, e in enumerate(entries):
         e["id"], e["source_run"] = i, "A"
     cm = str(Path(spec["work_dir"]) / "cache_cost_model.xgb")
-    n_cm = rc.train_cost_model(entries, spec["target"], cm, num_cores=spec["threads"])
-    key = {"hardware": rc.hardware_fingerprint(spec["target"]), "tvm_version": rc.tvm_version()}
+    n_cm = publish.train_cost_model(entries, spec["target"], cm, num_cores=spec["threads"])
+    key = {"hardware": cache_key.hardware_fingerprint(spec["target"]), "tvm_version": cache_key.tvm_version()}
     Path(spec["publish"]).write_text(json.dumps({"key": key, "entries": entries,
                                                  "cost_model": cm if n_cm else None}))
     tasks = sorted({e["task_index"] for e in entries})
@@ -122,7 +123,7 @@ def _publish(spec: dict, model) -> dict:
 
 
 def _job_tune(spec: dict) -> dict:
-    from tuning.engine.records import cache as rc
+    from tuning.engine.records import seeds
     from tuning.engine.session import run_tuning
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
@@ -135,7 +136,7 @@ def _job_tune(spec: dict) -> dict:
     published = _publish(spec, model) if spec.get("publish") else None
     return {"wall_s": wall, "status": s.status, "n_measured": s.n_measurements + s.n_duplicates,
             "estimated_latency_s": s.best_latency_s, "seeding": seeding,
-            "verification": rc.load_verification(spec["work_dir"]), "curve": sink.curve,
+            "verification": seeds.load_verification(spec["work_dir"]), "curve": sink.curve,
             "stop_reason": s.stop_reason, "published": published,
             "tasks": [{"name": t.name, "records": t.n_records, "best_s": t.best_latency_s} for t in s.tasks]}
 

@@ -116,14 +116,15 @@ PARALLEL_THREADS = 1
 # of DOP auto that each put back one of DOPpler's published choices: its start (the first round serial at
 # DOP 1), its fixed 20 % serial sample every round, its threshold against one serial timing taken as exact,
 # its serial re-measure of every outlier, its back-off on the first serial timings, and its probe of 20 % of a
-# round (the pooled rule's probes the 4 pairs it decides on)
+# round (the pooled rule's probes the 4 pairs it decides on): bench/dop_presets.py, named here because the
+# sides' overrides travel to the child processes as JSON
 PARALLEL_SIDES = {"dop1": dict(dop=1), "dop_auto": dict(dop="auto"),
-                  "dop_auto_serial_start": dict(dop="auto", dop_start="serial"),
-                  "dop_auto_fixed_sample": dict(dop="auto", dop_sample="fixed"),
-                  "dop_auto_dopplers_threshold": dict(dop="auto", dop_noise="none"),
-                  "dop_auto_all_outliers": dict(dop="auto", dop_outliers="all"),
-                  "dop_auto_immediate_back_off": dict(dop="auto", dop_back_off="immediate"),
-                  "dop_auto_share_probe": dict(dop="auto", dop_probe="share")}
+                  "dop_auto_serial_start": dict(dop="auto", dop_rule="serial_start"),
+                  "dop_auto_fixed_sample": dict(dop="auto", dop_rule="fixed_sample"),
+                  "dop_auto_dopplers_threshold": dict(dop="auto", dop_rule="dopplers_threshold"),
+                  "dop_auto_all_outliers": dict(dop="auto", dop_rule="all_outliers"),
+                  "dop_auto_immediate_back_off": dict(dop="auto", dop_rule="immediate_back_off"),
+                  "dop_auto_share_probe": dict(dop="auto", dop_rule="share_probe")}
 # the ablation sides (each puts back one of DOPpler's published choices), with the overall keys' suffix
 PARALLEL_ABLATIONS = {"dop_auto_serial_start": "serial_start", "dop_auto_fixed_sample": "fixed_sample",
                       "dop_auto_dopplers_threshold": "dopplers_threshold", "dop_auto_all_outliers": "all_outliers",
@@ -168,7 +169,6 @@ def _strategy(spec: dict):
 
 
 def _job_stock(spec: dict) -> dict:
-    import tvm
     from tvm.s_tir import meta_schedule as ms
 
     from tuning.engine.compile.pipeline import make_target
@@ -184,7 +184,7 @@ def _job_stock(spec: dict) -> dict:
     cost_model = ms.cost_model.XGBModel(num_tuning_cores=None, tree_method="auto")
     t0 = time.perf_counter()
     if WORKLOADS.get(spec["workload"], ("onnx",))[0] == "tir":
-        db = ms.tune_tir(
+        ms.tune_tir(
             wl,
             target,
             spec["work_dir"],
@@ -204,7 +204,7 @@ def _job_stock(spec: dict) -> dict:
         ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
             tasks, spec["work_dir"], strategy=strategy, num_threads=search_threads, seed=spec["seed"]
         )
-        db = ms.tune_tasks(
+        ms.tune_tasks(
             tasks=ctxs,
             task_weights=weights,
             work_dir=spec["work_dir"],
@@ -252,8 +252,13 @@ def shared_candidates(a: dict | None, b: dict | None) -> float | None:
 def _job_ours(spec: dict) -> dict:
     from tuning.engine.session import run_tuning
 
+    from bench.dop_presets import rule_named
+
     wl = make_workload(spec["workload"])
-    cfg = tuning_config(spec, search_threads=_search_threads(spec), **(spec.get("overrides") or {}))
+    overrides = dict(spec.get("overrides") or {})
+    if "dop_rule" in overrides:  # an ablation's name (bench/dop_presets.py)
+        overrides["dop_rule"] = rule_named(overrides["dop_rule"])
+    cfg = tuning_config(spec, search_threads=_search_threads(spec), **overrides)
     t0 = time.perf_counter()
     s = run_tuning(wl, cfg)
     wall = time.perf_counter() - t0
@@ -367,7 +372,7 @@ def _parallel_pairs(args, names, spec, root: Path, seed: int, sides: list[str]) 
     target = {"kind": "llvm", "num-cores": PARALLEL_THREADS}
     tir = [n for n in names if WORKLOADS.get(n, ("onnx",))[0] == "tir"]
     # 32 a round: six rounds of --quick's 192 trials (--parallel-trials), eight of 256. Fewer rounds (two of
-    # 64 trials) leave the controller no round to recover in after a noisy probe (it re-probes two rounds
+    # 64 trials) leave the DOP rule no round to recover in after a noisy probe (it re-probes two rounds
     # after a back-off), and its fixed costs (the probe, the first pooled pairs) a large share of its
     # serial timings; smaller rounds pay the search's fixed cost a round more often and a pooled round's
     # serial timing of its fastest (1/16 of a round's measuring at 16 a round) twice as often
@@ -486,7 +491,7 @@ def _parallel_overall(pairs: list[dict]) -> dict:
         "parallel_serial_ratio_by_reason": {
             reason: statistics.mean((p.get("serial_ratio_by_reason") or {}).get(reason, 0.0) for p in pairs)
             for reason in sorted({r for p in pairs for r in (p.get("serial_ratio_by_reason") or {})})},
-        # share of DOP auto's rounds measured at DOP > 1 (the final DOP is where the controller ended,
+        # share of DOP auto's rounds measured at DOP > 1 (the final DOP is where the rule ended,
         # after the last round)
         "parallel_rounds_above_dop1": _share_above_dop1(pairs),
         # the least wall ratio this machine allows (_wall_ratio_floor) and the cores each side kept busy

@@ -231,7 +231,7 @@ def drop_privileges() -> int:
     return uid
 
 
-def _chown_tree(path: str | os.PathLike, uid: int, gid: int) -> None:
+def _chown_tree(path: str | os.PathLike[str], uid: int, gid: int) -> None:
     """``path`` and everything under it to ``uid``:``gid``, top down, links not followed (a link the
     sandbox planted changes owner itself, never its target); folders get their owner's rwx back."""
     os.chown(path, uid, gid, follow_symlinks=False)

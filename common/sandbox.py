@@ -200,6 +200,8 @@ def _exchange(proc: subprocess.Popen, request: bytes, data: bytes | None, *, wal
     """Feed stdin, collect stdout (bounded: None when over ``max_answer``) and stderr's tail until the child
     exits, ``wall_s`` passes or ``poll`` says stop (then its process group is killed). Returns (answer,
     stderr tail, timed out, stopped)."""
+    if proc.stdin is None or proc.stdout is None or proc.stderr is None:
+        raise ValueError("the child needs stdin, stdout and stderr as pipes")
     deadline = time.monotonic() + wall_s
     stopped, polled = False, time.monotonic()
     writer = threading.Thread(target=_feed, args=(proc.stdin, request, data), daemon=True)
@@ -244,7 +246,8 @@ def _exchange(proc: subprocess.Popen, request: bytes, data: bytes | None, *, wal
         writer.join(timeout=5)
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             try:
-                stream.close()
+                if stream is not None:
+                    stream.close()
             except (OSError, ValueError):
                 pass
     return (None if too_big else bytes(answer)), tail.decode("utf-8", "replace"), timed_out, stopped

@@ -3,7 +3,7 @@ outage into the request or task that committed the work (it is logged and handed
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from django.db import transaction
 from kombu.exceptions import OperationalError as BrokerError

@@ -3,7 +3,7 @@ behind, and a file goes only once the deletion of its row has committed."""
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage

@@ -180,7 +180,7 @@ class ApiToken(models.Model):
         return self.revoked_at is None
 
 
-def model_upload_path(instance: "DLModel", filename: str) -> str:
+def model_upload_path(instance: DLModel, filename: str) -> str:
     return f"models/{instance.team_id}/{instance.sha256[:16]}.onnx"
 
 

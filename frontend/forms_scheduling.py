@@ -17,12 +17,23 @@ class GpuJobForm(forms.Form):
     model = forms.ModelChoiceField(queryset=DLModel.objects.none(), empty_label=None)
     batch_size = forms.IntegerField(min_value=_limit("batch_size", 0), max_value=_limit("batch_size", 1), initial=32)
     iterations = forms.IntegerField(min_value=_limit("iterations", 0), max_value=_limit("iterations", 1),
-                                    initial=100, help_text="Forward passes the job runs.")
+                                    initial=100, help_text="Forward passes (inference) or training steps (train).")
     duration_estimate_s = forms.FloatField(
         label="Duration (s)", min_value=_limit("duration_estimate_s", 0), required=False,
         help_text="GPU time reserved against the monthly GPU-hour quota; the job is stopped at it. "
                   "Empty = the platform default.")
     runtime = forms.ChoiceField(choices=GpuJob.Runtime.choices, initial=GpuJob.Runtime.AUTO)
+    # not required: a form posted without them (older pages, scripts) submits a one-GPU inference job
+    kind = forms.ChoiceField(choices=GpuJob.Kind.choices, initial=GpuJob.Kind.INFERENCE, required=False,
+                             help_text="A training job runs on TVM: forward, backward and optimizer update on a "
+                                       "fixed synthetic batch.")
+    optimizer = forms.ChoiceField(choices=GpuJob.Optimizer.choices, initial=GpuJob.Optimizer.ADAM, required=False,
+                                  help_text="Used by training jobs.")
+    learning_rate = forms.FloatField(min_value=_limit("learning_rate", 0), max_value=_limit("learning_rate", 1),
+                                     required=False, help_text="Training jobs; empty = the optimizer's default.")
+    num_gpus = forms.IntegerField(label="GPUs", min_value=_limit("num_gpus", 0), max_value=_limit("num_gpus", 1),
+                                  initial=1, required=False, help_text="More than one: a gang of one node, placed as one unit and "
+                                                       "charged per GPU.")
 
     def __init__(self, *args, models=None, **kwargs):
         super().__init__(*args, **kwargs)

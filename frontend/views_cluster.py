@@ -13,12 +13,13 @@ from core.exceptions import QuotaExceeded, ServiceError
 from core.models import DLModel
 from scheduling import selectors, services
 from scheduling.models import GPU_JOB_LIMITS, GpuJob, GpuTelemetry, Placement
+from scheduling.services.jobs import TRAIN_MEMORY_FACTOR
 
 from . import charts
 from .forms_scheduling import GpuJobForm
 from .scope import get_scope
 
-JOB_FIELD_ERRORS = {"batch_size", "iterations", "duration_estimate_s", "runtime"}
+JOB_FIELD_ERRORS = {"batch_size", "iterations", "duration_estimate_s", "runtime", "kind", "optimizer", "learning_rate", "num_gpus"}
 TELEMETRY_MAX_ROWS = 5000
 
 
@@ -37,7 +38,9 @@ def job_new(request):
         try:
             job = services.submit_job(actor=request.user, model=data["model"], batch_size=data["batch_size"],
                                       iterations=data["iterations"], duration_estimate_s=data["duration_estimate_s"],
-                                      runtime=data["runtime"])
+                                      runtime=data["runtime"], kind=data["kind"] or GpuJob.Kind.INFERENCE,
+                                      optimizer=data["optimizer"] or GpuJob.Optimizer.ADAM,
+                                      learning_rate=data["learning_rate"], num_gpus=data["num_gpus"] or 1)
         except QuotaExceeded as exc:
             form.add_error(None, exc.message)
         except ServiceError as exc:
@@ -61,6 +64,9 @@ def job_preview(request):
     """Predicted utilization and memory of (model, batch size), and the policy that would place it. Only
     models the user may submit (404 otherwise); the batch size is bounded as submit_job bounds it."""
     raw_model, raw_batch = request.GET.get("model", ""), request.GET.get("batch_size", "")
+    kind = request.GET.get("kind") or GpuJob.Kind.INFERENCE
+    if kind not in GpuJob.Kind.values:
+        return _preview_error("kind", f"kind must be one of {', '.join(GpuJob.Kind.values)}.")
     if not raw_model.isdigit():
         return _preview_error("model", "model must be the id of one of your ready models.")
     low, high = GPU_JOB_LIMITS["batch_size"]
@@ -75,8 +81,11 @@ def job_preview(request):
     except ServiceError as exc:
         return _preview_error("model", exc.message)
     pv = prediction["predictor_version"]
-    body = {"model": model.pk, "batch_size": int(raw_batch), "util_pct": prediction["util_pct"],
-            "mem_mb": prediction["mem_mb"], "gpu_model": prediction["gpu_model"],
+    mem_mb = prediction["mem_mb"]
+    if kind == GpuJob.Kind.TRAIN:  # as submit_job predicts a training job's memory (modeled)
+        mem_mb = round(mem_mb * TRAIN_MEMORY_FACTOR, 1)
+    body = {"model": model.pk, "batch_size": int(raw_batch), "kind": kind, "util_pct": prediction["util_pct"],
+            "mem_mb": mem_mb, "gpu_model": prediction["gpu_model"],
             "predictor_version": pv.version if pv else None, "policy": services.default_policy()}
     if prediction["method"] == "analytic":
         body["note"] = ("No predictor is trained yet: this is the analytic estimate (FLOPs and memory against the "

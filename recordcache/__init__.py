@@ -1,2 +1,2 @@
 """The platform-wide tuning-record cache: trusted serial measurements of every successful run, looked up
-by every run's tasks (see tuning/engine/records/cache.py for the engine side)."""
+by every run's tasks (see tuning/engine/records/ for the engine side)."""

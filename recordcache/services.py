@@ -136,7 +136,7 @@ def record_run_outcome(*, run_id: int, model_proto) -> None:
 
 
 def apply_verification(run: TuningRun) -> None:
-    """The engine's verdicts (``record_cache.verify_seeds``) onto the run's lookups and the entries."""
+    """The engine's verdicts (``records.seeds.verify_seeds``) onto the run's lookups and the entries."""
     result = adapters.load_verification(str(adapters.run_work_dir(run.pk)))
     if not result:
         return
@@ -208,7 +208,7 @@ def publish_run(*, run: TuningRun, model_proto) -> int:
 
 
 def _source_effort(key: dict, entry: dict) -> dict:
-    """How far the entry's workload was tuned (``record_cache.source_effort``); a schedule already cached
+    """How far the entry's workload was tuned (``records.publish.source_effort``); a schedule already cached
     keeps the larger of its two histories: another run that found it again does not make it less tuned."""
     trials, converged = entry.get("source_trials"), bool(entry.get("source_converged"))
     old = (CacheEntry.objects.filter(**key, workload_hash=entry["workload_hash"], trace_digest=entry["trace_digest"])

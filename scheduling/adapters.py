@@ -38,9 +38,10 @@ from .horus.predictor_eval import evaluate_predictor as evaluate_utilization_pre
 from .horus.predictor_eval import format_evaluation as format_predictor_evaluation
 from .horus.profiles import (DEFAULT_SEED_PROFILES_PATH, ProfileFormatError, ProfileRecord, gpu_spec, load_profiles,
                              roofline_profile)
-from .horus.traces import Job, TraceFormatError, TraceTooLarge, decode_trace, gpu_request_per_pod, trace_summary
+from .horus.traces import TraceFormatError, TraceTooLarge, decode_trace, gpu_request_per_pod, trace_summary
 from .horus import extender as extender_core  # the kube-scheduler extender's rules, for services.extender
 from .horus.extender import ExtenderNode
+from .horus.live_rule import InterferenceMove, interference_moves  # the simulator's re-placement rule, live
 from .models import (GPU, GpuJob, GpuProfile, GpuTelemetry, Placement, PodBinding, PredictorVersion, TraceUpload,
                      placement_gpu_ids)
 
@@ -54,7 +55,7 @@ __all__ = [
     "run_simulation", "seed_profile_records", "simulation_cost", "simulation_results", "simulation_size",
     "SimulationCost", "SimulationStopped", "SIMULATION_SECONDS_PER_UNIT", "trace_input", "file_trace_input",
     "TraceInput", "extender_core", "extender_job_view", "extender_node", "pod_view",
-    "train_utilization_predictor", "analytic_prediction",
+    "train_utilization_predictor", "analytic_prediction", "InterferenceMove", "interference_moves",
 ]
 
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
@@ -179,7 +180,7 @@ def cluster_state(gpus: list[GPU], *, active: Iterable[Placement], samples: dict
         live_util, live_mem = p.job.live_util_pct, p.job.live_mem_mb
         state.add(view, held, true_util=view.pred_util_pct,
                   true_mem=live_mem if live_mem is not None else view.pred_mem_mb, now=p.placed_at.timestamp(),
-                  meas_util=live_util)
+                  meas_util=live_util, migrations=len(p.job.replacements or []))
         for g in placement_gpu_ids(p):
             sample = samples.get(g)
             if g in flat and sample is not None and p.placed_at > sample.ts:

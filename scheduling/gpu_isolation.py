@@ -110,7 +110,7 @@ class GpuSlots:
             os.close(self._fd)
             self._fd = self.slot = None
 
-    def __enter__(self) -> "GpuSlots":
+    def __enter__(self) -> GpuSlots:
         self.acquire()
         return self
 

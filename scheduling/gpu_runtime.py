@@ -9,7 +9,9 @@ Run for a placed GPU job in the job's own child process (``scheduling.job_proces
 * ``tvm``: the model compiled for ``{"kind": "cuda"}`` by the tuning engine's
   Relax pipeline (needs a CUDA-enabled TVM build).
 
-``auto`` tries onnxruntime, then TVM. With no GPU every entry point raises
+``auto`` tries onnxruntime, then TVM. A training job (kind ``train``) runs a training step loop
+(:mod:`scheduling.train_step`: TVM Relax training, forward + backward + optimizer update) on TVM's
+CUDA target: onnxruntime-training is not installed, so TVM is its only runtime. With no GPU every entry point raises
 :class:`~scheduling.telemetry.NoGpuError` ("no NVIDIA GPU found (pynvml: ...)").
 """
 from __future__ import annotations
@@ -171,11 +173,42 @@ def _run_tvm(model, inputs, iterations: int, device_index: int, sampler_factory,
     return {"runtime": "tvm", "provider": "cuda", "latencies_s": lat, **sampler.result()}
 
 
+def _train_tvm(model, inputs, iterations: int, device_index: int, sampler_factory, check: StopCheck, *,
+               optimizer: str = "adam", learning_rate: float | None = None) -> dict[str, Any]:
+    try:
+        import tvm
+    except ImportError as exc:  # pragma: no cover
+        raise GpuRuntimeError(f"TVM is not installed ({exc})") from None
+    if not tvm.cuda(device_index).exist:
+        raise GpuRuntimeError("TVM sees no CUDA device (a TVM build without CUDA, or no GPU)")
+    from tuning.engine.compile.pipeline import make_target
+
+    from .train_step import (
+        TrainingUnsupported,
+        build_training_program,
+        run_training_steps,
+    )
+
+    device = tvm.cuda(device_index)
+    try:
+        program = build_training_program(model, inputs, target=make_target({"kind": "cuda"}), device=device,
+                                         optimizer=optimizer, lr=learning_rate)
+    except TrainingUnsupported as exc:
+        raise GpuRuntimeError(f"the model cannot be trained here: {exc}") from None
+    with sampler_factory() as sampler:
+        out = run_training_steps(program, iterations, check, sync=device.sync)
+    return {"runtime": "tvm", "provider": "cuda", **out, **sampler.result()}
+
+
 # The GPU runtimes a job may ask for, tried in this order for "auto". Each takes (model, inputs,
 # iterations, device_index, sampler_factory, check) and returns {"runtime", "latencies_s", sampler figures};
 # those in CAPPED_RUNTIMES also take ``mem_limit_mb`` (a memory cap the runtime enforces).
 RUNTIMES: dict[str, Callable[..., dict[str, Any]]] = {"onnxruntime": _run_onnxruntime, "tvm": _run_tvm}
 CAPPED_RUNTIMES = frozenset({"onnxruntime"})
+# The runtimes of a training job (kind "train"): same arguments, plus ``optimizer``; the result also has
+# the per-step ``losses``; they take ``optimizer`` and ``learning_rate``.
+TRAIN_RUNTIMES: dict[str, Callable[..., dict[str, Any]]] = {"tvm": _train_tvm}
+KINDS = ("inference", "train")
 
 
 def gpu_facts(sample: Any) -> dict[str, Any]:
@@ -199,8 +232,12 @@ def run_model_on_gpu(
     report: Callable[[dict[str, float | None]], None] | None = None,
     nvml_index: int | None = None,
     gpu: dict[str, Any] | None = None,
+    kind: str = "inference",
+    optimizer: str = "adam",
+    learning_rate: float | None = None,
 ) -> dict[str, Any]:
-    """Run ``iterations`` inferences at ``batch_size`` on GPU ``device_index`` while sampling NVML.
+    """Run ``iterations`` inferences (``kind="inference"``) or training steps with ``optimizer``
+    (``kind="train"``, at ``learning_rate`` or the optimizer's default) at ``batch_size`` on GPU ``device_index`` while sampling NVML.
 
     ``device_index`` is the CUDA ordinal the runtime opens; ``nvml_index`` (default: the same) is the
     GPU's NVML index, which differs in a job's child, where ``CUDA_VISIBLE_DEVICES`` renumbers its GPUs
@@ -240,14 +277,21 @@ def run_model_on_gpu(
             report(samplers[-1].latest_process())
         return bool(should_stop is not None and should_stop())
 
-    order = list(RUNTIMES) if runtime == "auto" else [runtime]
-    if runtime != "auto" and runtime not in RUNTIMES:
-        raise GpuRuntimeError(f"unknown runtime {runtime!r}; use auto, {' or '.join(RUNTIMES)}")
+    if kind not in KINDS:
+        raise GpuRuntimeError(f"unknown job kind {kind!r}; use {' or '.join(KINDS)}")
+    registry = TRAIN_RUNTIMES if kind == "train" else RUNTIMES
+    order = list(registry) if runtime == "auto" else [runtime]
+    if runtime != "auto" and runtime not in registry:
+        raise GpuRuntimeError(f"runtime {runtime!r} cannot run a{'' if kind == 'train' else 'n'} {kind} job; "
+                              f"use auto, {' or '.join(registry)}")
     errors = []
     for name in order:
         try:
-            options = {"mem_limit_mb": mem_limit_mb} if mem_limit_mb is not None and name in CAPPED_RUNTIMES else {}
-            out = RUNTIMES[name](model, inputs, iterations, device_index, sampler,
+            if kind == "train":
+                options: dict[str, Any] = {"optimizer": optimizer, "learning_rate": learning_rate}
+            else:
+                options = {"mem_limit_mb": mem_limit_mb} if mem_limit_mb is not None and name in CAPPED_RUNTIMES else {}
+            out = registry[name](model, inputs, iterations, device_index, sampler,
                                  StopCheck(stop_or_report if (should_stop or report) else None,
                                            limit_s=max_seconds, started=started), **options)
             break
@@ -262,6 +306,7 @@ def run_model_on_gpu(
     peak, base = out.get("mem_peak_mb"), gpu["mem_used_mb"]
     return {
         **out,
+        "kind": kind,
         "batch_size": batch_size,
         "iterations": iterations,
         "latency_ms": median * 1000 if median is not None else None,

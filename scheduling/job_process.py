@@ -25,7 +25,8 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from common.sandbox import PRIVILEGE_DROP_HOOK, SandboxFailure, run_in_child
 
@@ -61,7 +62,7 @@ class JobProcessLimits:
     cpu_per_wall: float = 2.0
     nofile: int = 4096
     preexec: str | None = PRIVILEGE_DROP_HOOK
-    runtimes: dict[str, str] = field(default_factory=dict)
+    runtimes: dict[str, str] = field(default_factory=dict)  # "train:<name>" keys: training runtimes
 
 
 def _resolve(path: str) -> Callable[..., Any]:
@@ -73,16 +74,18 @@ def _resolve(path: str) -> Callable[..., Any]:
 
 def child_entry(*, data: bytes, nvml_indices: list[int], gpus: list[dict[str, Any]], batch_size: int,
                 iterations: int, runtime: str, max_seconds: float | None, mem_limit_mb: float | None,
-                runtimes: dict[str, str] | None = None) -> dict[str, Any]:
+                runtimes: dict[str, str] | None = None, kind: str = "inference",
+                optimizer: str = "adam", learning_rate: float | None = None) -> dict[str, Any]:
     """In the child: the job's run on CUDA devices ``0..N-1`` (its GPUs, renumbered by
     ``CUDA_VISIBLE_DEVICES``), sampled with NVML at their host indices ``nvml_indices``. Returns the
     run's figures (JSON)."""
-    for name, path in (runtimes or {}).items():
-        gpu_runtime.RUNTIMES[name] = _resolve(path)
+    for name, path in (runtimes or {}).items():  # "train:<name>" replaces a training runtime
+        registry = gpu_runtime.TRAIN_RUNTIMES if name.startswith("train:") else gpu_runtime.RUNTIMES
+        registry[name.removeprefix("train:")] = _resolve(path)
     return gpu_runtime.run_data_parallel(
         data, device_indices=list(range(len(nvml_indices))), nvml_indices=list(nvml_indices), gpus=gpus,
         batch_size=batch_size, iterations=iterations, runtime=runtime, max_seconds=max_seconds,
-        mem_limit_mb=mem_limit_mb)
+        mem_limit_mb=mem_limit_mb, kind=kind, optimizer=optimizer, learning_rate=learning_rate)
 
 
 def run_job_in_child(
@@ -99,6 +102,9 @@ def run_job_in_child(
     nvml: Any = None,
     should_stop: Callable[[], bool] | None = None,
     report: Callable[[dict[str, float | None]], None] | None = None,
+    kind: str = "inference",
+    optimizer: str = "adam",
+    learning_rate: float | None = None,
 ) -> dict[str, Any]:
     """Run the job (its model ``data`` on GPUs ``device_indices``, NVML indices of this node) in a child
     and return its figures, as :func:`scheduling.gpu_runtime.run_data_parallel` does in-process.
@@ -136,7 +142,8 @@ def run_job_in_child(
 
     kwargs = {"nvml_indices": list(device_indices), "gpus": [gpu_facts(reading.gpus[i]) for i in device_indices],
               "batch_size": batch_size, "iterations": iterations, "runtime": runtime, "max_seconds": max_seconds,
-              "mem_limit_mb": mem_limit_mb, "runtimes": dict(limits.runtimes)}
+              "mem_limit_mb": mem_limit_mb, "runtimes": dict(limits.runtimes), "kind": kind, "optimizer": optimizer,
+              "learning_rate": learning_rate}
     try:
         return run_in_child(CHILD_TARGET, kwargs=kwargs, data=data, memory_mb=0, cpu_s=cpu_s, wall_s=wall_s,
                             nofile=limits.nofile, preexec=limits.preexec, what=WHAT, env=env,

@@ -169,11 +169,13 @@ GPU_JOB_LIMITS = {
     "iterations": (1, 10_000_000),
     "duration_estimate_s": (1.0, 30 * 24 * 3600.0),
     "num_gpus": (1, 8),
+    "learning_rate": (1e-7, 1.0),
 }
 
 
 class GpuJob(models.Model):
-    """A job that runs a registered model on one GPU, placed by a policy."""
+    """A job that runs a registered model on its GPUs (one, or a gang of one node), placed by a policy:
+    an inference loop or a training step loop (``kind``)."""
 
     class State(models.TextChoices):
         PENDING = "pending", "Pending"
@@ -186,6 +188,14 @@ class GpuJob(models.Model):
     ACTIVE = (State.PENDING, State.PLACED, State.RUNNING)
     TERMINAL = (State.FINISHED, State.FAILED, State.CANCELLED)
 
+    class Kind(models.TextChoices):
+        INFERENCE = "inference", "Inference loop"
+        TRAIN = "train", "Training step loop (TVM Relax training, synthetic batch)"
+
+    class Optimizer(models.TextChoices):
+        ADAM = "adam", "Adam"
+        SGD = "sgd", "SGD"
+
     class Runtime(models.TextChoices):
         AUTO = "auto", "Auto (onnxruntime CUDA, else TVM CUDA)"
         ONNXRUNTIME = "onnxruntime", "onnxruntime (CUDA execution provider)"
@@ -197,11 +207,19 @@ class GpuJob(models.Model):
                                    related_name="+")
     batch_size = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(4096)])
     runtime = models.CharField(max_length=12, choices=Runtime.choices, default=Runtime.AUTO)
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.INFERENCE,
+                            help_text="inference: timed inferences; train: training steps (forward, backward, "
+                                      "optimizer update) compiled by TVM Relax training.")
+    optimizer = models.CharField(max_length=8, choices=Optimizer.choices, default=Optimizer.ADAM,
+                                 help_text="The optimizer of a training job (unused by inference).")
+    learning_rate = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(1e-7), MaxValueValidator(1.0)],
+        help_text="The training job's learning rate; empty: the optimizer's default (scheduling.train_step).")
     num_gpus = models.PositiveSmallIntegerField(
         default=1, validators=[MinValueValidator(1), MaxValueValidator(8)],
         help_text="GPUs of one node the job runs on data-parallel, placed as one unit (a gang).")
     iterations = models.PositiveIntegerField(default=100, validators=[MinValueValidator(1)],
-                                             help_text="Inference iterations the job runs.")
+                                             help_text="Inferences (inference) or training steps (train) the job runs.")
     duration_estimate_s = models.FloatField(validators=[MinValueValidator(1.0)],
                                             help_text="GPU time reserved against the team's GPU-hour quota.")
     predicted_util_pct = models.FloatField(null=True, blank=True)
@@ -224,6 +242,9 @@ class GpuJob(models.Model):
     live_mem_mb = models.FloatField(null=True, blank=True)
     live_sampled_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(default=dict, blank=True)
+    replacements = models.JSONField(
+        default=list, blank=True,
+        help_text="Each time the job was stopped and placed again: when, why (oom, interference) and the figures.")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     placed_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -308,7 +329,7 @@ class PodBinding(models.Model):
         return f"pod {self.pod_namespace}/{self.pod_name} on {self.gpu}"
 
 
-def trace_upload_path(instance: "TraceUpload", filename: str) -> str:
+def trace_upload_path(instance: TraceUpload, filename: str) -> str:
     return f"traces/{instance.team_id}/{instance.sha256[:16]}-{filename[-60:]}"
 
 
@@ -385,6 +406,6 @@ class SimulationRun(models.Model):
         return f"Simulation {self.pk} of {self.trace} ({self.status})"
 
 
-def placement_gpu_ids(placement: "Placement") -> list[int]:
+def placement_gpu_ids(placement: Placement) -> list[int]:
     """The GPUs a placement holds: its gang, or its one GPU."""
     return list(placement.gang_gpu_ids or [placement.gpu_id])

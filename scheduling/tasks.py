@@ -67,11 +67,12 @@ def heartbeat(node: str | None = None, queues: list[str] | None = None, fanout: 
     if worker_started is not None and queues:
         # A (re)started worker: jobs its previous incarnation left on its GPU queues are settled.
         services.reconcile_restarted_gpu_worker(
-            queues=queues, started_before=datetime.datetime.fromtimestamp(worker_started, datetime.timezone.utc))
+            queues=queues, started_before=datetime.datetime.fromtimestamp(worker_started, datetime.UTC))
     if fanout and not node:
         for other, queue in selectors.heartbeat_fanout_targets(exclude=local):
             heartbeat.apply_async(kwargs={"node": other, "fanout": False}, queue=queue)
         services.recover_lost_jobs()
+        services.request_interference_replacements()  # the simulator's re-placement rule, on measured load
         services.request_placement_pass(only_if_pending=True)
         services.dispatch_simulations()  # a slot freed by a run whose worker died before dispatching the next
     return result.as_dict()

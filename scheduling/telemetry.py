@@ -160,7 +160,7 @@ class GpuSampler:
         self.energy0 = self.energy1 = None
         self.t0 = self.t1 = 0.0
 
-    def __enter__(self) -> "GpuSampler":
+    def __enter__(self) -> GpuSampler:
         try:
             open_nvml(self.nvml)
         except NvmlUnavailable as exc:

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# `make test`: the import contracts (lint-imports), then the whole suite, against real PostgreSQL and Redis.
+# `make test`: the import contracts (lint-imports), ruff, mypy, then the whole suite, against real PostgreSQL and Redis.
 #
 # Uses the servers at their standard local ports when they answer; otherwise
 # starts private ones in a temp dir (installing redis-server with apt-get if
 # missing; PostgreSQL 15 with initdb + pg_ctl), so it also passes on a bare
 # machine. Pass 1 runs everything against PostgreSQL; pass 2 re-runs the
-# database tests (not the slow or multi-process ones) against SQLite.
+# dialect-sensitive tests (marker `dialect`; not the slow or multi-process ones) against SQLite.
 # Extra arguments go to both pytest passes (e.g. `make test ARGS="-k quota"`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,10 @@ PY=.venv/bin/python
 # The architecture first (pyproject.toml [tool.importlinter]): a broken contract fails the command at once.
 echo "== import contracts (lint-imports)"
 .venv/bin/lint-imports --no-cache --no-logo
+echo "== lint (ruff check)"
+.venv/bin/ruff check .
+echo "== types (mypy: the engines, [tool.mypy] in pyproject.toml)"
+.venv/bin/mypy
 TMP=$(mktemp -d /tmp/dlopt-test.XXXXXX)
 STARTED=()
 cleanup() {
@@ -81,8 +85,10 @@ echo "== pass 1: whole suite on PostgreSQL ($TEST_DATABASE_URL), Redis $TEST_RED
 set +e
 DATABASE_URL="$TEST_DATABASE_URL" $PY -m pytest "$@"
 rc1=$?
-echo "== pass 2: database tests on SQLite"
-DATABASE_URL="sqlite:///$TMP/sqlite-test.db" $PY -m pytest -m "db and not integration and not slow" -q "$@"
+# Pass 2 re-runs only the tests marked `dialect` (behaviour that can differ by database: locks,
+# constraints, the ledger trigger, migrations, date functions and sums), not every database test.
+echo "== pass 2: dialect-sensitive database tests on SQLite"
+DATABASE_URL="sqlite:///$TMP/sqlite-test.db" $PY -m pytest -m "dialect and not integration and not slow" -q "$@"
 rc2=$?
 set -e
 # pytest exits 5 when a selection holds no test; an empty pass 2 is not a failure.

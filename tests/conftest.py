@@ -19,8 +19,8 @@ DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "django_db
 
 
 def pytest_collection_modifyitems(config, items):
-    # Mark every test that touches the database, so scripts/test.sh can re-run
-    # exactly those against SQLite after the PostgreSQL pass.
+    # Mark every test that touches the database (`-m db` / `-m "not db"` select them); the SQLite
+    # pass of scripts/test.sh re-runs only those also marked `dialect`.
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if item.get_closest_marker("django_db") or fixtures & DB_FIXTURES or "client" in fixtures \

@@ -27,7 +27,7 @@ from core.models import ApiToken, DLModel, EnergySettings, Membership, Quota, Te
 from recordcache.models import CacheEntry, TeamCacheSettings
 from scheduling.models import (GPU, GpuJob, GpuProfile, GpuTelemetry, Node, Placement, PredictorVersion, SimulationRun,
                                TraceUpload, gpu_queue_name)
-from tuning.engine.records import cache as record_cache_engine
+from tuning.engine.records import cache_key
 from tuning.models import DopRound, Measurement, TuningRun, TuningTask
 
 from .helpers import PHILLY_CSV
@@ -129,7 +129,7 @@ class ZooModel:
     validated: object  # core.onnx_models.validate.ValidatedModel
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def zoo_model(name: str = "small_cnn") -> ZooModel:
     """A zoo model's ONNX bytes and what the registry's validation found in them: built and validated
     once per test process, with the platform's limits (tuning tasks are not counted in tests)."""
@@ -319,7 +319,7 @@ class TrainedPredictorFile:
     n_records: int
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def small_predictor() -> TrainedPredictorFile:
     """A small Horus predictor (10 trees, 2 folds) trained on the shipped seed profiles, once per test
     process, as the file ``PredictorVersion`` stores."""
@@ -438,8 +438,8 @@ class CacheEntryFactory(DjangoModelFactory):
     source_team = factory.LazyAttribute(lambda e: e.source_run.team)
     workload_hash = factory.Sequence(lambda n: f"{1000 + n}")
     target_key = factory.LazyAttribute(lambda e: e.source_run.target_key)
-    hardware = factory.LazyFunction(lambda: record_cache_engine.hardware_fingerprint({"kind": "llvm"}))
-    tvm_version = factory.LazyFunction(lambda: record_cache_engine.tvm_version())
+    hardware = factory.LazyFunction(lambda: cache_key.hardware_fingerprint({"kind": "llvm"}))
+    tvm_version = factory.LazyFunction(lambda: cache_key.tvm_version())
     trace_digest = factory.Sequence(lambda n: hashlib.sha1(str(n).encode()).hexdigest())
     task_name = "fused_conv2d_add_relu"
     workload_json = '{"workload": 1}'

@@ -98,7 +98,7 @@ class TuningRunQuerySet(models.QuerySet):
         """Bump the runs' version after a write to their tasks or rounds only (the run row is unchanged)."""
         return self.update()
 
-    def of_team_since(self, team_id: int, since) -> "TuningRunQuerySet":
+    def of_team_since(self, team_id: int, since) -> TuningRunQuerySet:
         return self.filter(team_id=team_id, created_at__gte=since)
 
     def energy_joules(self) -> float:

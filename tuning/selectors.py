@@ -51,7 +51,7 @@ def _best_so_far(run: TuningRun, *, state: dict | None = None):
             .values_list("task__index", "latency_s", "error", "created_at", "id"))
     best: dict[int, float] = {}
     n, last_id = 0, 0
-    for n, (task_index, latency, error, created_at, last_id) in enumerate(rows.iterator(), 1):
+    for n, (task_index, latency, error, created_at, last_id) in enumerate(rows.iterator(), 1):  # noqa: B007 - read after the loop
         if latency is not None and not error and latency < best.get(task_index, float("inf")):
             best[task_index] = latency
         yield n, task_index, best, created_at

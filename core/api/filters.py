@@ -20,7 +20,7 @@ class UtcIsoDateTimeField(forms.DateTimeField):
         if parsed is None or parsed.tzinfo is None:
             return parsed
         try:
-            return parsed.astimezone(dt.timezone.utc)
+            return parsed.astimezone(dt.UTC)
         except (OverflowError, ValueError):
             raise forms.ValidationError("Date out of range.", code="invalid") from None
 

@@ -174,7 +174,7 @@ class GraphFeatures:
         return {k: (int(v) if isinstance(v, (int, np.integer)) else v) for k, v in d.items()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "GraphFeatures":
+    def from_dict(cls, data: dict[str, Any]) -> GraphFeatures:
         """Inverse of :meth:`to_dict`; unknown keys are ignored (forward compatible)."""
         names = {f for f in cls.__dataclass_fields__}
         kwargs = {k: v for k, v in data.items() if k in names}

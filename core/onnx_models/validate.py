@@ -158,7 +158,7 @@ class ValidatedModel:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ValidatedModel":
+    def from_dict(cls, data: dict[str, Any]) -> ValidatedModel:
         """The summary :meth:`to_dict` wrote (e.g. the sandboxed validator's answer), without the model."""
         return cls(
             model=None,
@@ -225,8 +225,8 @@ def validate_onnx_file(
         name = filename or os.path.basename(os.fspath(path))
         _check_filename(name)
         _check_size(os.stat(path).st_size, max_bytes)
-        with open(path, "rb") as fh:
-            data = _read_bounded(fh, max_bytes)
+        with open(path, "rb") as stream:
+            data = _read_bounded(stream, max_bytes)
     else:
         fh = path
         name = filename or os.path.basename(str(getattr(fh, "name", "") or ""))
@@ -433,11 +433,15 @@ def _last_field_number(data: bytes) -> int | None:
     pos, last = 0, None
     while pos < len(data):
         tag, pos = _read_varint(data, pos)
+        if tag is None:  # truncated after all: the fields read so far stand
+            break
         last = tag >> 3
         if tag & 7 == 0:
             _, pos = _read_varint(data, pos)
         else:
             length, pos = _read_varint(data, pos)
+            if length is None:
+                break
             pos += length
     return last
 
@@ -854,7 +858,8 @@ def _run_checks(
     _check_ops(model)
     features = compute_features(model)
     _check_cost(features, max_gflops=max_gflops, max_activation_bytes=max_activation_bytes)
-    num_tasks, names = (None, [])
+    num_tasks: int | None = None
+    names: list[str] = []
     if count_tasks:
         num_tasks, names = _tuning_tasks(model, dict(target or DEFAULT_TARGET), task_counter)
     inputs = _io_dicts(_graph_inputs(model))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import numpy as np
 import onnx
@@ -79,7 +80,14 @@ class _Graph:
     def small(self, shape: Sequence[int], prefix: str, scale: float = 0.02) -> str:
         return self.init((self.rng.standard_normal(shape) * scale).astype(np.float32), prefix)
 
+    @overload
+    def node(self, op: str, inputs: Sequence[str], n_out: Literal[1] = 1, **attrs) -> str: ...
+
+    @overload
+    def node(self, op: str, inputs: Sequence[str], n_out: int, **attrs) -> list[str]: ...
+
     def node(self, op: str, inputs: Sequence[str], n_out: int = 1, **attrs) -> str | list[str]:
+        """One node; its output's name, or the list of them when ``n_out`` > 1."""
         base = self.name(op.lower())
         outs = [base] if n_out == 1 else [f"{base}_o{i}" for i in range(n_out)]
         self.nodes.append(helper.make_node(op, list(inputs), outs, name=base, **attrs))
@@ -243,8 +251,9 @@ VGG11_DOC = (
 def vgg11(batch_size: int = 1, seed: int = 0) -> onnx.ModelProto:
     g = _Graph(seed)
     x, cin = "input", 3
-    for v in [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]:
-        if v == "M":
+    layers: list[int | str] = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
+    for v in layers:
+        if isinstance(v, str):  # "M": a max pool
             x = g.node("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2])
         else:
             x = g.relu(g.conv(x, cin, v, 3, bias=True))

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def task_counter() -> "TaskCounter | None":
+def task_counter() -> TaskCounter | None:
     """The function that names a model's tuning tasks: settings.ONNX_TASK_COUNTER (a dotted path; the
     tuning engine's by default, so core imports no tuning code), None when counting is switched off."""
     if not settings.ONNX_COUNT_TUNING_TASKS or not settings.ONNX_TASK_COUNTER:
@@ -35,7 +35,7 @@ def task_counter() -> "TaskCounter | None":
     return import_string(settings.ONNX_TASK_COUNTER)
 
 
-def validate_model_bytes(*, data: bytes, filename: str, background: bool = False) -> "ValidatedModel":
+def validate_model_bytes(*, data: bytes, filename: str, background: bool = False) -> ValidatedModel:
     """Run the registry's validation with the platform's limits; raises OnnxValidationError.
 
     Only the name and size are checked here; everything that parses the bytes (onnx's checker and shape
@@ -126,7 +126,7 @@ def _name_taken(team, name: str, *, archived: bool) -> str:
     return f"Team {team} already has a model named '{name}'."
 
 
-def _apply_validated(model: DLModel, validated: "ValidatedModel") -> None:
+def _apply_validated(model: DLModel, validated: ValidatedModel) -> None:
     """Copy what validation found (inputs, outputs, graph features, tuning tasks) onto the row."""
     features = validated.features
     model.opset, model.ir_version, model.producer = validated.opset, validated.ir_version, fit_to_field(
@@ -164,7 +164,7 @@ def register_model(
     actor: AbstractBaseUser | None = None,
     description: str = "",
     source: str = DLModel.Source.UPLOAD,
-    validated: "ValidatedModel | None" = None,
+    validated: ValidatedModel | None = None,
     background: bool = False,
 ) -> DLModel:
     """Validate an ONNX file and store it with its features (state ready). Nothing is stored on failure.

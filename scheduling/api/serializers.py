@@ -153,11 +153,11 @@ class GpuJobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = GpuJob
-        fields = ["id", "team", "model", "model_name", "batch_size", "num_gpus", "runtime", "iterations",
-                  "duration_estimate_s",
+        fields = ["id", "team", "model", "model_name", "kind", "optimizer", "learning_rate", "batch_size", "num_gpus", "runtime",
+                  "iterations", "duration_estimate_s",
                   "predicted_util_pct", "predicted_mem_mb", "predicted_for_gpu_model", "predictor", "state",
                   "policy", "placement", "error", "worker", "measured_util_pct", "measured_mem_mb", "result",
-                  "created_at", "placed_at", "started_at", "finished_at"]
+                  "replacements", "created_at", "placed_at", "started_at", "finished_at"]
         read_only_fields = fields
 
     @extend_schema_field(PlacementSerializer(allow_null=True))
@@ -183,6 +183,15 @@ class GpuJobCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
         min_value=GPU_JOB_LIMITS["num_gpus"][0], max_value=GPU_JOB_LIMITS["num_gpus"][1], default=1,
         help_text="GPUs of one node the job runs on, data-parallel (one replica at batch_size each), placed "
         "together or not at all; it reserves num_gpus x duration_estimate_s of the GPU-hour quota.")
+    kind = serializers.ChoiceField(
+        choices=GpuJob.Kind.choices, default=GpuJob.Kind.INFERENCE,
+        help_text="inference: `iterations` timed inferences; train: `iterations` training steps (forward, backward, "
+        "optimizer update; TVM Relax training on a fixed synthetic batch, runtime auto or tvm).")
+    optimizer = serializers.ChoiceField(choices=GpuJob.Optimizer.choices, default=GpuJob.Optimizer.ADAM,
+                                        help_text="The optimizer of a training job.")
+    learning_rate = serializers.FloatField(
+        min_value=GPU_JOB_LIMITS["learning_rate"][0], max_value=GPU_JOB_LIMITS["learning_rate"][1], required=False,
+        allow_null=True, help_text="The training job's learning rate (default: the optimizer's, 1e-4).")
 
 
 class PlaceSerializer(RejectUnknownFieldsMixin, serializers.Serializer):

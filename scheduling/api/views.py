@@ -259,7 +259,8 @@ class GpuJobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
         data = body.validated_data
         job = services.submit_job(actor=request.user, model=data["model"], batch_size=data["batch_size"],
                                   iterations=data["iterations"], duration_estimate_s=data.get("duration_estimate_s"),
-                                  runtime=data["runtime"], num_gpus=data["num_gpus"])
+                                  runtime=data["runtime"], num_gpus=data["num_gpus"], kind=data["kind"],
+                                  optimizer=data["optimizer"], learning_rate=data.get("learning_rate"))
         return Response(GpuJobSerializer(self.get_queryset().get(pk=job.pk)).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=GpuJobSerializer, summary="Cancel a GPU job")

@@ -18,7 +18,7 @@ GPU shares are in milli-GPUs (1000 = one whole GPU), as in the Alibaba trace.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -78,7 +78,7 @@ class ClusterSpec:
     def uniform(
         cls, n_nodes: int, gpus_per_node: int, *, gpu_model: str = "V100", gpu_mem_mb: float = 16384.0,
         name: str | None = None, enforce_milli: bool = False, note: str = "",
-    ) -> "ClusterSpec":
+    ) -> ClusterSpec:
         nodes = tuple(NodeSpec(f"node-{i:04d}", gpus_per_node, gpu_model, gpu_mem_mb) for i in range(n_nodes))
         return cls(nodes, name or f"{n_nodes}x{gpus_per_node} {gpu_model}", enforce_milli, note)
 
@@ -86,7 +86,7 @@ class ClusterSpec:
     def n_gpus(self) -> int:
         return sum(n.num_gpus for n in self.nodes)
 
-    def scaled(self, fraction: float, *, seed: int = 0, name: str | None = None) -> "ClusterSpec":
+    def scaled(self, fraction: float, *, seed: int = 0, name: str | None = None) -> ClusterSpec:
         """A stratified sample of the nodes (same mix of GPU model and GPU count), at least one node per stratum."""
         if not 0 < fraction <= 1:
             raise ValueError("fraction must be in (0, 1]")
@@ -454,7 +454,7 @@ class ClusterState:
                                  access=self.type_access(t))
         return float(frag.sum()), free
 
-    def view(self) -> "ClusterView":
+    def view(self) -> ClusterView:
         if self._view is None:
             self._view = ClusterView(self)
         return self._view

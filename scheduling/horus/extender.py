@@ -210,19 +210,20 @@ def prioritize(args: Any, nodes: Mapping[str, ExtenderNode], job: JobView | None
         for name in names:
             node = nodes.get(name)
             chosen = None if node is None else _placement(node, job, policy, now)
-            if chosen is not None:
+            if node is not None and chosen is not None:
                 cost = policy.score(job, node.state.view(), chosen)
                 costs[name] = cost if cost is not None and math.isfinite(cost) else None
     ranked = [c for c in costs.values() if c is not None]
     low, high = (min(ranked), max(ranked)) if ranked else (0.0, 0.0)
     out = []
     for name in names:
+        node_cost = costs.get(name)
         if name not in costs:
             score = 0
-        elif costs[name] is None or high - low < 1e-12:
+        elif node_cost is None or high - low < 1e-12:
             score = MAX_EXTENDER_PRIORITY
         else:
-            score = int(round(MAX_EXTENDER_PRIORITY * (high - costs[name]) / (high - low)))
+            score = int(round(MAX_EXTENDER_PRIORITY * (high - node_cost) / (high - low)))
         out.append({"Host": name, "Score": score})
     return out
 

@@ -191,7 +191,7 @@ class ZooFeatureTable:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "ZooFeatureTable":
+    def from_json(cls, data: Mapping[str, Any]) -> ZooFeatureTable:
         if int(data.get("version", 0)) != _TABLE_VERSION:
             raise ValueError(f"unsupported zoo feature table version {data.get('version')!r}")
         return cls({m: {int(b): f for b, f in per.items()} for m, per in data["models"].items()}, meta=data.get("meta"))
@@ -204,7 +204,7 @@ class ZooFeatureTable:
         tmp.replace(p)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "ZooFeatureTable":
+    def load(cls, path: str | os.PathLike[str]) -> ZooFeatureTable:
         return cls.from_json(json.loads(Path(path).read_text()))
 
 

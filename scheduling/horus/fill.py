@@ -21,11 +21,12 @@ from common.jsonsafe import json_safe
 from .cluster import MILLI, ClusterSpec, ClusterState, JobView
 from .interference import FittedInterference
 from .policies import PlacementPolicy
+from .profiles import util_on_gpu
 from .sim_inputs import (STOP_CHECK_EVERY, SimulationStopped, StopCheck, checked_placement, job_views,
                          noisy_predictions, validate_jobs)
 from .traces import Job
 
-__all__ = ["FillResult", "Fill", "FGD_POPULARITY", "sharing_stats"]
+__all__ = ["FillResult", "Fill", "FGD_POPULARITY", "BOUND_MIN_SPEED", "sharing_stats"]
 
 #: share of the pods FGD's typical task shapes cover (the artifact's ``podPopularityThreshold``, 95 %)
 FGD_POPULARITY = 0.95
@@ -64,7 +65,8 @@ class Fill:
 
     def __init__(self, pods: Sequence[Job], spec: ClusterSpec, policy: PlacementPolicy, *, seed: int = 0,
                  until: float = 1.0, checkpoints: int = 20, predictor_error: float = 0.0,
-                 max_pods: int | None = None, popularity: float = FGD_POPULARITY):
+                 max_pods: int | None = None, popularity: float = FGD_POPULARITY, sampling: str = "replacement",
+                 tune: float = 1.3):
         self.pods = list(pods)
         validate_jobs(self.pods)
         if not any(p.num_gpus > 0 for p in self.pods):
@@ -87,8 +89,12 @@ class Fill:
         self.marks = [self.capacity * until * (k + 1) / checkpoints for k in range(checkpoints)]
         self.limit = max_pods if max_pods is not None else 10 * self.state.n_gpus + 1000
         self.popularity = popularity
+        if sampling not in ("replacement", "tuned"):
+            raise ValueError("sampling must be 'replacement' or 'tuned'")
+        self.sampling, self.tune = sampling, float(tune)
+        self.order = self._tuned_order() if sampling == "tuned" else None
 
-    def run(self, *, should_stop: StopCheck | None = None) -> "Fill":
+    def run(self, *, should_stop: StopCheck | None = None) -> Fill:
         """Submit pods until the target share; ``should_stop`` (if given) is asked every ``STOP_CHECK_EVERY``
         pods, and True raises :class:`SimulationStopped`."""
         next_mark = 0
@@ -101,9 +107,34 @@ class Fill:
                 next_mark += 1
         return self
 
+    def _tuned_order(self) -> list[int]:
+        """The ATC'23 artifact's workload tuning: every pod of the list once, then pods drawn uniformly
+        (with replacement) and appended until the list's GPU request reaches ``tune`` x capacity (pods
+        removed at random instead where it is above), the whole stream shuffled."""
+        req = [p.num_gpus * min(p.gpu_milli, MILLI) for p in self.pods]
+        order = list(range(len(self.pods)))
+        total, target = float(sum(req)), self.tune * self.capacity
+        while total > target and order:
+            total -= req[order.pop(int(self.rng.integers(len(order))))]
+        while True:
+            k = int(self.rng.integers(len(self.pods)))
+            # the artifact stops at the first draw whose per-GPU share would pass the target
+            if total + min(self.pods[k].gpu_milli, MILLI) > target:
+                break
+            total += req[k]
+            order.append(k)
+        self.rng.shuffle(order)
+        return order
+
     def _submit_one(self) -> None:
         """Sample a pod, submit it; it is placed (and stays) or counted as failed."""
-        k = int(self.rng.integers(len(self.pods)))
+        if self.order is not None:
+            if self.submitted >= len(self.order):
+                self.limit = self.submitted  # the tuned stream is used up
+                return
+            k = self.order[self.submitted]
+        else:
+            k = int(self.rng.integers(len(self.pods)))
         p = self.pods[k]
         view = replace(self.views[k], job_id=f"{p.job_id}#{self.submitted}", submit_time=0.0)
         self.submitted += 1
@@ -115,8 +146,8 @@ class Fill:
         held = self.policy.reserve(view, self.cv)
         gpus = checked_placement(self.policy, held, self.state, self.cv, 0.0)
         if gpus is not None:
-            if self.state.fits_memory(gpus, float(p.true_mem_mb)):
-                self.state.add(held, gpus, true_util=float(p.true_util_pct), true_mem=float(p.true_mem_mb), now=0.0)
+            if self.state.fits_memory(gpus, p.run_mem_mb):
+                self.state.add(held, gpus, true_util=self._true_util(p, gpus), true_mem=p.run_mem_mb, now=0.0)
                 self.placed += 1
                 self.allocated += req
                 self.reserved += held.num_gpus * min(held.gpu_milli, MILLI)
@@ -125,6 +156,14 @@ class Fill:
         self.failed += 1
         if self.first_fail is None:
             self.first_fail = self.arrived / self.capacity
+
+    def _true_util(self, p: Job, gpus: Sequence[int]) -> float:
+        """The pod's TRUE utilization on the GPU type it got (its profile's holds for ``util_gpu_model``;
+        a slower type is busier for the same work, :func:`.profiles.util_on_gpu`)."""
+        if p.util_gpu_model is None:
+            return p.run_util_pct
+        return max(util_on_gpu(p.run_util_pct, measured_on=p.util_gpu_model, run_on=m, model=p.model)
+                   for m in {self.state.gpu_model[g] for g in gpus})
 
     def _submit_cpu_pod(self, view: JobView) -> None:
         """A CPU-only pod takes CPU and memory on the node its policy picks (no GPU request)."""
@@ -167,6 +206,7 @@ class Fill:
             curve=self.curve,
             wall_s=wall_s,
             params={"policy": self.policy.describe(), "until": self.until, "predictor_error": self.predictor_error,
+                    "sampling": self.sampling, **({"tune": self.tune} if self.sampling == "tuned" else {}),
                     "fgd_popularity": self.popularity, "fgd_task_shapes": len(self.state.workload)},
             cpu_pods=dict(self.cpu_count),
             reserved_share=self.reserved / self.capacity,
@@ -174,24 +214,33 @@ class Fill:
         )
 
 
-def sharing_stats(state: ClusterState, model: FittedInterference | None = None) -> dict[str, Any]:
+#: the interference bound checked on TRUE utilizations: every pod keeps this share of its standalone speed
+#: (``usage_fgd``'s ``min_speed``: the bound it enforces on its PREDICTIONS)
+BOUND_MIN_SPEED = 0.75
+
+
+def sharing_stats(state: ClusterState, model: FittedInterference | None = None,
+                  min_speed: float = BOUND_MIN_SPEED) -> dict[str, Any]:
     """How the final placement shares GPUs, under the fitted interference model with the pods' TRUE
-    utilizations: GPUs with more than one pod, the pods' mean and 95th-percentile slowdown (1 / speed)
-    and the share of pods slowed by more than 25 %. (A fill has no time: this is what running the final
-    placement would cost, not a measurement.)"""
+    utilizations: GPUs with more than one pod, the pods' mean, 95th- and 99th-percentile slowdown
+    (1 / speed), the share of pods slowed by more than 25 %, and the GPUs where a pod runs below
+    ``min_speed`` (the interference bound, judged on the truth). (A fill has no time: this is what
+    running the final placement would cost, not a measurement.)"""
     model = model or _fitted_model()
     slow: list[float] = []
-    shared = 0
+    shared = over = 0
     for g, ids in enumerate(state.jobs_on):
         if not ids:
             continue
         utils = [min(1.0, state.running[j].meas_util_pct / 100.0) for j in ids]
         speeds = model.speeds(utils, gpu_type=state.gpu_model[g]) if len(ids) > 1 else [1.0]
         shared += len(ids) > 1
+        over += min(speeds) < min_speed - 1e-12
         slow.extend(1.0 / max(s, 1e-9) for s in speeds)
     arr = np.array(slow) if slow else np.ones(1)
     return {"shared_gpus": shared, "mean_slowdown": float(arr.mean()), "p95_slowdown": float(np.percentile(arr, 95)),
-            "share_slowed_over_25pct": float((arr > 1.25).mean()), "model": "fitted (true utilizations)"}
+            "p99_slowdown": float(np.percentile(arr, 99)), "share_slowed_over_25pct": float((arr > 1.25).mean()),
+            "bound_min_speed": min_speed, "gpus_over_bound": int(over), "model": "fitted (true utilizations)"}
 
 
 _FITTED_CACHE: list[FittedInterference] = []

@@ -219,7 +219,7 @@ class FittedInterference:
     name: str = "fitted"  # its name in ``replay.INTERFERENCE_MODELS``
 
     @classmethod
-    def from_data(cls, path: str | Path | None = None) -> "FittedInterference":
+    def from_data(cls, path: str | Path | None = None) -> FittedInterference:
         """Load the cached fit (``data/interference/fitted_params.json`` by default)."""
         doc = json.loads(Path(path or PARAMS_FILE).read_text())
         return cls({g: GpuParams(**v["params"]) for g, v in doc["gpu_types"].items()})
@@ -473,7 +473,8 @@ def fit_job_util(pairs: PairSet, job: int, partners: Sequence[int], utils: np.nd
     return float(minimize_scalar(sse, bounds=(_MIN_UTIL, 1.0), method="bounded", options={"xatol": 1e-6}).x)
 
 
-def _job_mean_speeds(pairs: PairSet, rows: np.ndarray, job_rows: Mapping[int, np.ndarray]) -> dict[int, float]:
+def _job_mean_speeds(pairs: PairSet, rows: np.ndarray,
+                     job_rows: Mapping[int, tuple[np.ndarray, np.ndarray]]) -> dict[int, float]:
     """Baseline: each job type's mean speed, over the ``rows`` it appears in
     (training types) or over its own probe pairs (``job_rows``, held-out types)."""
     means: dict[int, float] = {int(i): float(np.mean(x[:, 0])) for i, (_, x) in job_rows.items()}

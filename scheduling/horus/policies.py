@@ -401,8 +401,14 @@ class HorusMigrate(Horus):
                 cost = horus_score(dem[idx], mem[idx], nj[idx], cluster.mem_cap_mb[idx], u, m)
                 t = int(idx[np.argmin(cost)])
                 moves.append((rj.view.job_id, [t]))
-                dem[g] -= u; mem[g] -= m; nj[g] -= 1; milli[g] -= rj.view.gpu_milli
-                dem[t] += u; mem[t] += m; nj[t] += 1; milli[t] += rj.view.gpu_milli
+                dem[g] -= u
+                mem[g] -= m
+                nj[g] -= 1
+                milli[g] -= rj.view.gpu_milli
+                dem[t] += u
+                mem[t] += m
+                nj[t] += 1
+                milli[t] += rj.view.gpu_milli
                 open_gpu[g] = nj[g] < self.max_jobs
                 open_gpu[t] = nj[t] < self.max_jobs
                 room = 100.0 - float(np.min(np.where(open_gpu, dem, np.inf))) if open_gpu.any() else 0.0
@@ -566,7 +572,7 @@ class FGD(PlacementPolicy):
                                                  job.gpu_type)]
 
     @staticmethod
-    def _place_node(job, cv, nf, mask, need, frag: "_NodeFrag") -> list[int] | None:
+    def _place_node(job, cv, nf, mask, need, frag: _NodeFrag) -> list[int] | None:
         k = job.num_gpus
         best: tuple[float, int] | None = None
         best_gpus = None
@@ -593,7 +599,7 @@ class _NodeFrag:
     """FGD's fragmentation of chosen nodes for one job's placement: the nodes' CPU/memory free before
     (``taken=False``) or after (``taken=True``) the job takes its CPU and memory there."""
 
-    def __init__(self, cv: ClusterView, types: Sequence[WorkloadType], job: JobView, cache: "_DeltaCache | None" = None):
+    def __init__(self, cv: ClusterView, types: Sequence[WorkloadType], job: JobView, cache: _DeltaCache | None = None):
         self.cv, self.types, self.job, self.cache = cv, types, job, cache
         self.cpu, self.ram = cv.node_cpu_free(), cv.node_ram_free()
         self.access = cv.type_access(types)

@@ -75,7 +75,7 @@ class _Booster:
         self.seed = seed
         self.booster = booster
 
-    def fit(self, X: np.ndarray, y: np.ndarray) -> "_Booster":
+    def fit(self, X: np.ndarray, y: np.ndarray) -> _Booster:
         import xgboost as xgb
 
         p = dict(self.params)
@@ -94,7 +94,7 @@ class _Booster:
         return bytes(self.booster.save_raw("json"))
 
     @classmethod
-    def from_raw(cls, raw: bytes) -> "_Booster":
+    def from_raw(cls, raw: bytes) -> _Booster:
         import xgboost as xgb
 
         b = xgb.Booster()
@@ -178,7 +178,7 @@ class TrainedPredictor:
         tmp.replace(p)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "TrainedPredictor":
+    def load(cls, path: str | os.PathLike[str]) -> TrainedPredictor:
         body = json.loads(Path(path).read_text())
         if body.get("format") != "horus-predictor":
             raise ValueError(f"{path}: not a horus predictor file")

@@ -66,6 +66,7 @@ __all__ = [
     "ZOO_GAVEL_FAMILY",
     "gavel_speed_ratios",
     "util_on_gpu",
+    "speed_on_gpu",
 ]
 
 SYNTHETIC_SOURCE = "synthetic-roofline-v1"
@@ -152,6 +153,20 @@ def util_on_gpu(util_pct: float, *, measured_on: str, run_on: str, model: str | 
     return float(min(100.0, max(1.0, 100.0 * (1.0 - (1.0 - util_pct / 100.0) * r))))
 
 
+def speed_on_gpu(*, measured_on: str, run_on: str, model: str | None = None) -> float:
+    """How fast a job runs on ``run_on`` relative to ``measured_on`` (its standalone throughput ratio):
+    Gavel's measured standalone throughputs for the job's family (:data:`ZOO_GAVEL_FAMILY`, else the median
+    over Gavel's 26 job types) on the GPU types that stand in for both (``interference.fitted_gpu_type``).
+    A trace's duration was measured on ``measured_on``; on a K80 the same work takes ``1 / ratio`` as long.
+    Same stand-in type (every type Gavel did not measure maps to one it did): 1.0."""
+    a, b = fitted_gpu_type(measured_on), fitted_gpu_type(run_on)
+    if a == b:
+        return 1.0
+    ratios = gavel_speed_ratios()
+    fam = ratios.get(ZOO_GAVEL_FAMILY.get(model or "", ""), ratios["*"])
+    return float(fam[b] / fam[a])
+
+
 class ProfileFormatError(ValueError):
     """A profile file or record is malformed (the message names the record)."""
 
@@ -172,7 +187,7 @@ class ProfileRecord:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, where: str = "record") -> "ProfileRecord":
+    def from_dict(cls, d: Mapping[str, Any], *, where: str = "record") -> ProfileRecord:
         try:
             rec = cls(
                 model=str(d["model"]),

@@ -148,7 +148,8 @@ class ReferencePolicy(PlacementPolicy):
         free = _free_row(cv, node)
         first = int(cv.node_first_gpu[node])
         if job.num_gpus > 1 or job.gpu_milli >= MILLI:
-            return [first + int(s) for s in np.flatnonzero(free >= MILLI)[: job.num_gpus]]
+            # whole GPUs: the first idle ones; a reserved (overcommitted) share: the first that hold it
+            return [first + int(s) for s in np.flatnonzero(free >= min(job.gpu_milli, MILLI))[: job.num_gpus]]
         fits = np.flatnonzero(free >= job.gpu_milli)
         if self.gpu_selection == "random":
             return [first + int(self.rng.choice(fits))]
@@ -397,7 +398,7 @@ class FGDRef(ReferencePolicy):
 PolicyFactory = Callable[..., PlacementPolicy]
 
 #: name -> factory of the artifact's six baselines
-REFERENCE_POLICIES: dict[str, PolicyFactory] = {
+REFERENCE_POLICIES: dict[str, type[ReferencePolicy]] = {
     cls.name: cls for cls in (RandomRef, DotProdRef, GpuClusteringRef, GpuPackingRef, BestFitRef, FGDRef)
 }
 #: our name -> the artifact's label in its expected results

@@ -20,7 +20,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, cast, runtime_checkable
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from .cluster import MILLI, ClusterSpec, ClusterState, JobView, PlacementError, 
 from .interference import FittedInterference, flat_sharing_slowdown
 from .observation import ObservationModel, observe, per_process_util
 from .policies import PlacementPolicy
-from .profiles import util_on_gpu
+from .profiles import speed_on_gpu, util_on_gpu
 from .sim_inputs import (STOP_CHECK_EVERY, SimulationStopped, StopCheck, checked_placement, job_views,
                          noisy_predictions, validate_jobs)
 from .traces import Job
@@ -64,7 +64,8 @@ class InterferenceModel(Protocol):
     the ``GpuLoad`` alone (the replay keeps it until the next change). ``describe()`` is recorded with
     the results."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def slowdowns(self, load: GpuLoad) -> Sequence[float]:
         """One slowdown per job of ``load``, in ``load.job_ids`` order."""
@@ -72,6 +73,24 @@ class InterferenceModel(Protocol):
 
     def describe(self) -> dict[str, Any]:
         ...
+
+
+class JobTimes(TypedDict):
+    """Each job's id and times in seconds, in submit order (``summarize(record_jobs=True)``)."""
+
+    id: list[str]
+    submit: list[float]
+    start: list[float]
+    finish: list[float]
+    duration: list[float]
+
+
+class AttainedServicePolicy(Protocol):
+    """A least-attained-service policy (Tiresias): what the replay calls when ``Replay.las`` is set."""
+
+    def service_level(self, attained_gpu_s: float) -> int: ...
+
+    def demotion_after(self, attained_gpu_s: float, num_gpus: int) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -160,11 +179,15 @@ class SimulationResult:
     wall_s: float
     timeseries: dict[str, list[float]]
     params: dict[str, Any]
-    jobs: dict[str, list[float]] | None = None
+    jobs: JobTimes | None = None
     occupancy_pct: float = 0.0  # the GPUs' sum of their jobs' standalone utilizations, capped at 100 each
     over_capacity_work_pct: float = 0.0  # work a non-work-conserving model claims beyond one GPU per GPU
     peak_gpu_delivered_pct: float = 0.0  # the most one GPU delivered at any time (before the cap)
     preemptions: int = 0  # jobs stopped and requeued by a least-attained-service queue
+    # the TRUE slowdown's tail: run time / standalone time (interference, preemption), per finished job
+    p95_slowdown: float = 1.0
+    p99_slowdown: float = 1.0
+    p99_jct_s: float = 0.0
 
     def to_dict(self, *, with_jobs: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -214,9 +237,9 @@ class ReplayJobs:
         self.jobs = list(jobs)
         self.views = views
         n = len(self.jobs)
-        self.true_util = [float(j.true_util_pct) for j in self.jobs]  # on the GPU model ``util_gpu_model[i]``
+        self.true_util = [j.run_util_pct for j in self.jobs]  # on the GPU model ``util_gpu_model[i]``
         self.util_gpu_model = [j.util_gpu_model for j in self.jobs]
-        self.true_mem = [float(j.true_mem_mb) for j in self.jobs]
+        self.true_mem = [j.run_mem_mb for j in self.jobs]
         self.duration = [float(j.duration_s) for j in self.jobs]
         self.submit = [float(j.submit_time) for j in self.jobs]
         self.index = {j.job_id: i for i, j in enumerate(self.jobs)}
@@ -226,6 +249,9 @@ class ReplayJobs:
         self.finish = [math.nan] * n
         self.remaining = [0.0] * n
         self.rate = [0.0] * n
+        #: standalone speed on the GPUs it runs on, relative to the GPU its duration was measured on
+        #: (Gavel's per-type throughputs; a gang runs at its slowest GPU's): rate = type_speed / slowdown
+        self.type_speed = [1.0] * n
         self.last = [0.0] * n
         self.version = [0] * n
         self.epoch = [0] * n  # starts so far (a telemetry sample belongs to one start)
@@ -245,6 +271,14 @@ class ReplayJobs:
         if ref is None:
             return u
         return max(util_on_gpu(u, measured_on=ref, run_on=m, model=self.jobs[i].model) for m in set(gpu_models))
+
+    def speed_on(self, i: int, gpu_models: Sequence[str]) -> float:
+        """Job ``i``'s standalone speed on GPUs of these models relative to the one its duration and
+        utilization were measured on (:func:`.profiles.speed_on_gpu`); a gang runs at its slowest GPU's."""
+        ref = self.util_gpu_model[i]
+        if ref is None:
+            return 1.0
+        return min(speed_on_gpu(measured_on=ref, run_on=m, model=self.jobs[i].model) for m in set(gpu_models))
 
     def learn_memory(self, i: int) -> None:
         """After an out-of-memory crash the job is known to need its true memory."""
@@ -370,7 +404,7 @@ class Replay:
         self.check_invariants = check_invariants
         self.state = state = ClusterState(spec)
         biggest = float(state.mem_cap.max())
-        kept = [j for j in jobs if 0 < j.num_gpus <= state.n_gpus and float(j.true_mem_mb) <= biggest]
+        kept = [j for j in jobs if 0 < j.num_gpus <= state.n_gpus and j.run_mem_mb <= biggest]
         self.dropped = len(jobs) - len(kept)
         order = sorted(range(len(kept)), key=lambda i: (kept[i].submit_time, i))
         jl = [kept[i] for i in order]
@@ -401,7 +435,7 @@ class Replay:
         self.run_since = [math.nan] * len(self.jobs)
 
     # ---------------------------------------------------------------- main loop
-    def run(self, *, should_stop: StopCheck | None = None) -> "Replay":
+    def run(self, *, should_stop: StopCheck | None = None) -> Replay:
         """Handle every event in time order. ``should_stop`` (if given) is asked every
         ``STOP_CHECK_EVERY`` event batches; when it says True the replay raises :class:`SimulationStopped`."""
         batches = 0
@@ -485,13 +519,14 @@ class Replay:
             J.remaining[i] = J.duration[i]
         J.last[i] = now
         J.rate[i] = 0.0
+        J.type_speed[i] = J.speed_on(i, [state.gpu_model[g] for g in gpus])
         for g in gpus:
             self.acct.refresh_gpu(g, state.true_util[g], len(state.jobs_on[g]))
             self.acct.note_memory(state.true_mem[g] / state.mem_cap[g])
         self._update_rates(gpus, now)
         if self.las:
             self.run_since[i] = now
-            left = self.policy.demotion_after(self.attained[i], len(gpus))
+            left = cast(AttainedServicePolicy, self.policy).demotion_after(self.attained[i], len(gpus))
             if left is not None and left > 0:
                 self.events.push(now + left, DEMOTE, i, J.epoch[i])
 
@@ -523,7 +558,7 @@ class Replay:
                 factors = slow[g]
                 if factors is not None and factors[job_id] > s:
                     s = factors[job_id]
-            r = 1.0 / s
+            r = J.type_speed[i] / s
             if r != J.rate[i]:
                 J.progress(i, now)
                 J.rate[i] = r
@@ -550,7 +585,9 @@ class Replay:
 
     def _process_util(self, job_id: str) -> float:
         i = self.jobs.index[job_id]
-        return measured_util(self.state.running[job_id].true_util_pct, 1.0 / max(self.jobs.rate[i], 1e-12))
+        # the interference slowdown alone: a slower GPU type is already in the job's (busier) true util there
+        return measured_util(self.state.running[job_id].true_util_pct,
+                             self.jobs.type_speed[i] / max(self.jobs.rate[i], 1e-12))
 
     def _observe(self, i: int) -> None:
         """Set what policies read of running job ``i`` from the observation model (its truth stays here)."""
@@ -563,9 +600,11 @@ class Replay:
         s.set_measured_util(job_id, observe(self.observation, self._process_util(job_id), on_gpus, draw))
 
     def _delivered_on(self, g: int) -> float:
-        """Standalone-equivalent work GPU ``g`` does now, in % of one GPU: its jobs' true util x rate."""
+        """Standalone-equivalent work GPU ``g`` does now, in % of one GPU: its jobs' true util (on this GPU
+        type) x their speed under interference (rate / type speed)."""
         J, running = self.jobs, self.state.running
-        return sum(running[jid].true_util_pct * J.rate[J.index[jid]] for jid in self.state.jobs_on[g])
+        return sum(running[jid].true_util_pct * J.rate[J.index[jid]] / J.type_speed[J.index[jid]]
+                   for jid in self.state.jobs_on[g])
 
     # ---------------------------------------------------------------- queue
     def _schedule(self, now: float) -> None:
@@ -617,7 +656,7 @@ class Replay:
         return self.attained[i] + run
 
     def _level(self, i: int, now: float) -> int:
-        return int(self.policy.service_level(self.attained_service(i, now)))
+        return int(cast(AttainedServicePolicy, self.policy).service_level(self.attained_service(i, now)))
 
     def _schedule_las(self, now: float) -> None:
         """Order the queue by level, then arrival (FIFO within a level), offer it; while the first waiting
@@ -713,6 +752,7 @@ class Replay:
                   migrations=migrations, meas_util=None if self.telemetry_delay_s <= 0 else was.meas_util_pct)
         J.remaining[i] += self.migration_cost_s  # checkpoint + restore, as extra work
         J.rate[i] = 0.0
+        J.type_speed[i] = J.speed_on(i, [state.gpu_model[g] for g in new])
         self._refresh(new)
         self._update_rates(list(old) + new, now)
         self.migrations += 1
@@ -783,13 +823,17 @@ def _job_stats(J: ReplayJobs) -> tuple[float, float, dict[str, float]]:
     if not done:
         return t0, t_end, {"mean_wait_s": 0.0, "median_wait_s": 0.0, "p95_wait_s": 0.0, "mean_jct_s": 0.0,
                            "p95_jct_s": 0.0, "mean_slowdown": 1.0}
+    stretch = (fin - start) / np.maximum(np.array(J.duration)[done], 1e-9)
     return t0, t_end, {
         "mean_wait_s": float(waits.mean()),
         "median_wait_s": float(np.median(waits)),
         "p95_wait_s": float(np.percentile(waits, 95)),
         "mean_jct_s": float(jct.mean()),
         "p95_jct_s": float(np.percentile(jct, 95)),
-        "mean_slowdown": float(np.mean((fin - start) / np.array(J.duration)[done])),
+        "mean_slowdown": float(np.mean(stretch)),
+        "p95_slowdown": float(np.percentile(stretch, 95)),
+        "p99_slowdown": float(np.percentile(stretch, 99)),
+        "p99_jct_s": float(np.percentile(jct, 99)),
     }
 
 

@@ -32,9 +32,9 @@ import math
 import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import IO, Any
 
@@ -68,6 +68,7 @@ __all__ = [
     "DEFAULT_TRACE_DIR",
     "ALIBABA_NODES_PATH",
     "ALIBABA_PODS_PATH",
+    "ALIBABA_POD_LISTS",
     "PHILLY_PATH",
 ]
 
@@ -75,6 +76,15 @@ Node = NodeSpec
 DEFAULT_TRACE_DIR = DATA_DIR / "traces"
 ALIBABA_NODES_PATH = DEFAULT_TRACE_DIR / "alibaba-gpu-2023" / "openb_node_list_gpu_node.csv"
 ALIBABA_PODS_PATH = DEFAULT_TRACE_DIR / "alibaba-gpu-2023" / "openb_pod_list_default.csv"
+#: the ATC'23 artifact's pod lists shipped here: trace name -> file (its workload name is the file's stem).
+#: gpushare40/100 re-draw the GPU-sharing pods' shares (40 %/100 % of GPU pods share a GPU), multigpu20
+#: makes 20 % of GPU pods multi-GPU; multigpu20 has no timestamps (fill method only)
+ALIBABA_POD_LISTS = {
+    "alibaba": ALIBABA_PODS_PATH,
+    "alibaba_gpushare40": DEFAULT_TRACE_DIR / "alibaba-gpu-2023" / "openb_pod_list_gpushare40.csv",
+    "alibaba_gpushare100": DEFAULT_TRACE_DIR / "alibaba-gpu-2023" / "openb_pod_list_gpushare100.csv",
+    "alibaba_multigpu20": DEFAULT_TRACE_DIR / "alibaba-gpu-2023" / "openb_pod_list_multigpu20.csv",
+}
 PHILLY_PATH = DEFAULT_TRACE_DIR / "philly" / "philly.csv.gz"
 
 
@@ -125,6 +135,22 @@ class Job:
     def gpu_request(self) -> float:
         """GPUs requested (fractional for GPU-sharing pods)."""
         return self.num_gpus * min(self.gpu_milli, MILLI) / MILLI
+
+    @property
+    def run_util_pct(self) -> float:
+        """``true_util_pct``, which a simulation runs; a job without it cannot be simulated."""
+        return _truth(self.true_util_pct, "true_util_pct", self.job_id)
+
+    @property
+    def run_mem_mb(self) -> float:
+        """``true_mem_mb``, which a simulation runs; a job without it cannot be simulated."""
+        return _truth(self.true_mem_mb, "true_mem_mb", self.job_id)
+
+
+def _truth(value: float | None, field: str, job_id: str) -> float:
+    if value is None:
+        raise ValueError(f"job {job_id} has no {field}: assign_workloads sets it before a simulation")
+    return float(value)
 
 
 class TraceTooLarge(TraceFormatError):
@@ -390,7 +416,7 @@ def _philly_time(s: str, file: str, line: int) -> float:
     try:
         dt = datetime.fromisoformat(s.strip())
         if dt.tzinfo is not None:
-            dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+            dt = dt.astimezone(UTC).replace(tzinfo=None)
         return (dt - _EPOCH).total_seconds()
     except ValueError:
         raise TraceFormatError(file, line, "timestamp", f"expected 'YYYY-MM-DD HH:MM:SS', got {s!r}") from None
@@ -540,7 +566,7 @@ def with_gpu_types(pods: Sequence[Job], share: float, nodes: Sequence[NodeSpec],
     weights = np.array([gpus[m] for m in models], float)
     rng = np.random.default_rng([seed, 0x7E5])
     gpu_idx = [i for i, p in enumerate(pods) if p.num_gpus > 0 and not p.gpu_type]
-    pick = rng.choice(len(gpu_idx), size=int(round(share * len(gpu_idx))), replace=False) if gpu_idx else []
+    pick: np.ndarray | list[int] = rng.choice(len(gpu_idx), size=int(round(share * len(gpu_idx))), replace=False) if gpu_idx else []
     typed = {gpu_idx[int(i)]: models[int(rng.choice(len(models), p=weights / weights.sum()))] for i in pick}
     return [replace(p, gpu_type=typed[i]) if i in typed else p for i, p in enumerate(pods)]
 

@@ -69,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from .cluster import MILLI, ClusterView, JobView, WorkloadType
+from .cluster import MILLI, ClusterView, JobView
 from .interference import FittedInterference, stretched_speeds
 from .policies import FGD, HORUS_HEADROOM_MB, HORUS_QUEUE_LOOKAHEAD, _base_mask, _choose, _NodeFrag
 
@@ -267,8 +267,7 @@ class UsageFGD(FGD):
             return []
         moves: list[tuple[str, list[int]]] = []
         taken: set[int] = set()
-        for g in np.flatnonzero(np.asarray(cv.n_jobs) >= 2):
-            g = int(g)
+        for g in map(int, np.flatnonzero(np.asarray(cv.n_jobs) >= 2)):
             counts = cv.gpu_counts_on(g)
             if g in taken or max(counts) < 2:
                 continue
@@ -328,8 +327,7 @@ class UsageFGD(FGD):
         jmem = max(job.pred_mem_mb, job.mem_floor_mb, rj.meas_mem_mb)
         mask &= cv.mem_cap_mb - (np.maximum(cv.pred_mem_mb, cv.meas_mem_mb) + jmem) >= self.headroom_mb
         best, best_speed = None, self.min_speed_whole
-        for t in np.flatnonzero(mask):
-            t = int(t)
+        for t in map(int, np.flatnonzero(mask)):
             if max(cv.gpu_counts_on(t)) > 1:
                 continue
             speeds = job_speeds(cv.meas_utils_on(t) + (rj.meas_util_pct,), cv.gpu_model[t], self.interference)

@@ -4,6 +4,8 @@
 * ``predictors``  profile records, training/activating/loading predictor versions, job predictions;
 * ``jobs``        GPU-job bounds, the GPU-hour quota, submit and cancel;
 * ``placement``   placement passes and the one way to ask for one (``request_placement_pass``);
+* ``replacement`` stopping a running job and placing it again (memory share exceeded, interference),
+                  measured profiles back to the predictor;
 * ``execution``   running a placed job on its GPU's worker; settling jobs of dead or silent workers;
 * ``simulations`` trace uploads, queued simulations (cost-checked) and their results;
 * ``simulation_queue`` the simulation worker's fair queue (one per team at a time) and cancelling;
@@ -56,6 +58,13 @@ from .predictors import (
     train_predictor,
     training_records,
 )
+from .replacement import (
+    MAX_REPLACEMENTS,
+    MEASURED_JOB_SOURCE,
+    record_measured_profile,
+    replace_job,
+    request_interference_replacements,
+)
 from .simulation_queue import cancel_check, cancel_simulation, dispatch_simulations, fair_dispatch_order
 from .simulations import (
     estimate_simulation,
@@ -83,4 +92,6 @@ __all__ = [
     "request_predictor_training", "run_requested_training", "start_predictor_training",
     "training_records", "upload_trace", "cancel_check", "cancel_simulation", "dispatch_simulations",
     "estimate_simulation", "fair_dispatch_order",
+    "MAX_REPLACEMENTS", "MEASURED_JOB_SOURCE", "record_measured_profile", "replace_job",
+    "request_interference_replacements",
 ]

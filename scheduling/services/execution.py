@@ -18,7 +18,18 @@ from ..models import ERROR_TEXT_MAX_CHARS, GPU, GpuJob, Placement, placement_gpu
 from ..telemetry import job_measurement
 from .jobs import gpu_job_limits
 from .messages import announce_job_end
-from .placement import dispatch_placement, release_active_placement, request_placement_pass, unplace
+from .placement import (
+    dispatch_placement,
+    release_active_placement,
+    request_placement_pass,
+    unplace,
+)
+from .replacement import (
+    oom_replacement_mem_mb,
+    record_measured_profile,
+    replace_job,
+    replacement_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +66,12 @@ def finish_job(*, job_id: int, result: dict[str, Any] | None = None, error: str 
         job.state = GpuJob.State.FINISHED
         job.measured_util_pct, job.measured_mem_mb, job.measured_source = job_measurement(result or {})
     job.save()
+    if job.state == GpuJob.State.FINISHED:
+        try:
+            with transaction.atomic():
+                record_measured_profile(job)
+        except Exception:  # a profile the predictor misses is no reason to lose the job's outcome
+            log.exception("GPU job %s: its measured profile was not stored", job.pk)
     announce_job_end(job)
     request_placement_pass()
     return job
@@ -118,7 +135,8 @@ def reconcile_restarted_gpu_worker(*, queues: list[str], started_before: dt.date
 def _overran_message(job: GpuJob) -> str:
     high = gpu_job_limits()["duration_estimate_s"][1]
     return (f"Stopped: the job reached its declared duration (duration_estimate_s = {job.duration_estimate_s:g} s, "
-            f"counted from its start, model loading included) before finishing its {job.iterations} iterations. "
+            f"counted from its start, model loading included) before finishing its {job.iterations} "
+            f"{'training steps' if job.kind == GpuJob.Kind.TRAIN else 'iterations'}. "
             f"Submit it again with a longer duration_estimate_s (at most {high:g} s) or fewer iterations.")
 
 
@@ -162,6 +180,56 @@ def record_live_measurement(*, job_id: int, live: dict[str, float | None]) -> No
         live_util_pct=live.get("util_pct"), live_mem_mb=live.get("mem_mb"), live_sampled_at=timezone.now())
 
 
+class JobWatch:
+    """What the worker learns about its running job about once a second, and whether to stop it.
+
+    ``report`` stores the child's per-process NVML figures and notices memory above the job's share
+    (``oom``: the job is stopped and placed again with its measured memory); ``should_stop`` also
+    stops it when it was cancelled or the interference rule asked for its re-placement."""
+
+    def __init__(self, job_id: int, mem_limit_mb: float | None):
+        self.job_id, self.mem_limit_mb = job_id, mem_limit_mb
+        self.peak_mem_mb: float | None = None
+        self.stop_reason: str | None = None
+        self.detail: dict[str, Any] = {}
+
+    def report(self, live: dict[str, float | None]) -> None:
+        record_live_measurement(job_id=self.job_id, live=live)
+        mem = live.get("mem_mb")
+        if mem is None:
+            return
+        self.peak_mem_mb = max(self.peak_mem_mb or 0.0, float(mem))
+        if self.stop_reason is None and self.mem_limit_mb is not None and mem > self.mem_limit_mb:
+            self.stop_reason = "oom"
+            self.detail = {"measured_mem_mb": round(float(mem), 1), "mem_share_mb": round(self.mem_limit_mb, 1),
+                           "seen_by": "nvml-process"}
+
+    def should_stop(self) -> bool:
+        if self.stop_reason is not None:
+            return True
+        job = GpuJob.objects.filter(pk=self.job_id).only("state", "replacements").first()
+        if job is None or job.state == GpuJob.State.CANCELLED:
+            return True
+        request = replacement_request(job)
+        if request is not None:
+            self.stop_reason, self.detail = "interference", {k: v for k, v in request.items()
+                                                             if k not in ("status", "at", "reason")}
+            return True
+        return False
+
+
+def _replace_after_oom(job: GpuJob, watch: JobWatch, error: str | None = None) -> GpuJob | None:
+    detail = dict(watch.detail) if watch.stop_reason == "oom" else {"seen_by": "runtime", "error": error or ""}
+    detail.setdefault("mem_share_mb", watch.mem_limit_mb)
+    mem = oom_replacement_mem_mb(peak_mem_mb=watch.peak_mem_mb, share_mb=watch.mem_limit_mb,
+                                 predicted_mem_mb=job.predicted_mem_mb)
+    return replace_job(job_id=job.pk, reason="oom", detail=detail, predicted_mem_mb=mem, finish=finish_job)
+
+
+def _is_out_of_memory(exc: Exception) -> bool:
+    return isinstance(exc, job_process.JobOutOfMemory) or "out of memory" in str(exc).lower()
+
+
 def gpu_slots_dir() -> Path:
     return Path(settings.SCHEDULING_GPU_SLOTS_DIR)
 
@@ -184,27 +252,40 @@ def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: An
         log.info("GPU job %s: not placed (cancelled or already run); nothing to do", job_id)
         return None
     mem_limit_mb = gpu_isolation.job_memory_limit_mb(job.predicted_mem_mb, placement.gpu.memory_total_mb)
+    watch = JobWatch(job_id, mem_limit_mb)
     try:
         with job.model.file.open("rb") as f:
             data = f.read()
         # the model is parsed, compiled and run in a child process, never in this worker
         result = job_process.run_job_in_child(
             data, device_indices=devices, batch_size=job.batch_size, iterations=job.iterations,
-            runtime=job.runtime, max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb,
+            runtime=job.runtime, kind=job.kind, optimizer=job.optimizer, learning_rate=job.learning_rate,
+            max_seconds=job.duration_estimate_s, mem_limit_mb=mem_limit_mb,
             predicted_util_pct=job.predicted_util_pct, limits=job_process_limits(), nvml=nvml,
-            should_stop=lambda: selectors.is_job_cancelled(job_id),
-            report=lambda live: record_live_measurement(job_id=job_id, live=live))
+            should_stop=watch.should_stop, report=watch.report)
     except DurationReached as exc:
         log.info("GPU job %s stopped on %s at its declared duration (%g s)", job_id, worker, exc.limit_s)
         return finish_job(job_id=job_id, error=_overran_message(job))
     except JobStopped:
+        if watch.stop_reason == "oom":
+            return _replace_after_oom(job, watch)
+        if watch.stop_reason == "interference":
+            # the request's figures; the job's measured load becomes its prediction for the next pass
+            live = GpuJob.objects.filter(pk=job_id).values("live_util_pct", "live_mem_mb").first() or {}
+            return replace_job(job_id=job_id, reason="interference", detail=watch.detail, finish=finish_job,
+                               predicted_util_pct=watch.detail.get("job_measured_util_pct"),
+                               predicted_mem_mb=live.get("live_mem_mb"))
         # cancel_job already recorded the cancellation and freed the GPU; finish_job keeps both
         log.info("GPU job %s cancelled while running on %s: stopped", job_id, worker)
         return finish_job(job_id=job_id, error="cancelled while running")
     except (NoGpuError, GpuRuntimeError) as exc:
+        if not isinstance(exc, NoGpuError) and _is_out_of_memory(exc):
+            return _replace_after_oom(job, watch, str(exc)[:500])
         log.warning("GPU job %s failed on %s: %s", job_id, worker, exc)
         return finish_job(job_id=job_id, error=str(exc))
     except Exception as exc:  # the model itself failed: record it, do not retry forever
+        if _is_out_of_memory(exc):
+            return _replace_after_oom(job, watch, str(exc)[:500])
         log.exception("GPU job %s failed", job_id)
         return finish_job(job_id=job_id, error=f"{type(exc).__name__}: {exc}")
     return finish_job(job_id=job_id, result={**result, "isolation": {

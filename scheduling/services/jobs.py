@@ -29,7 +29,15 @@ def gpu_job_limits() -> dict[str, tuple[float, float]]:
     return {**GPU_JOB_LIMITS, "duration_estimate_s": (low, max(low, min(high, cap)))}
 
 
-def _check_job_request(*, batch_size, iterations, duration_estimate_s: float, runtime: str, num_gpus=1) -> None:
+#: A training step keeps the forward pass's activations for the backward pass and holds gradients and the
+#: optimizer's state beside the weights: its memory is modeled as this multiple of the inference
+#: prediction (the predictor is trained on inference profiles) until measured figures replace it.
+TRAIN_MEMORY_FACTOR = 3.0
+
+
+def _check_job_request(*, batch_size, iterations, duration_estimate_s: float, runtime: str, num_gpus=1,
+                       kind: str = GpuJob.Kind.INFERENCE, optimizer: str = GpuJob.Optimizer.ADAM,
+                       learning_rate: float | None = None) -> None:
     limits = gpu_job_limits()
     for name, value in (("batch_size", batch_size), ("iterations", iterations),
                         ("duration_estimate_s", duration_estimate_s), ("num_gpus", num_gpus)):
@@ -42,6 +50,18 @@ def _check_job_request(*, batch_size, iterations, duration_estimate_s: float, ru
                                f"to {high:g}{unit}.", field=name)
     if runtime not in GpuJob.Runtime.values:
         raise ServiceError(f"runtime must be one of {', '.join(GpuJob.Runtime.values)}.", field="runtime")
+    if kind not in GpuJob.Kind.values:
+        raise ServiceError(f"kind must be one of {', '.join(GpuJob.Kind.values)}.", field="kind")
+    if optimizer not in GpuJob.Optimizer.values:
+        raise ServiceError(f"optimizer must be one of {', '.join(GpuJob.Optimizer.values)}.", field="optimizer")
+    if learning_rate is not None:
+        low, high = limits["learning_rate"]
+        if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) \
+                or not low <= learning_rate <= high:
+            raise ServiceError(f"learning_rate must be a number from {low:g} to {high:g}.", field="learning_rate")
+    if kind == GpuJob.Kind.TRAIN and runtime == GpuJob.Runtime.ONNXRUNTIME:
+        raise ServiceError("a training job runs on TVM (Relax training); onnxruntime-training is not installed. "
+                           "Use runtime auto or tvm.", field="runtime")
 
 
 def _check_gpu_quota(*, team_id: int, hours: float) -> None:
@@ -63,27 +83,35 @@ def submit_job(
     duration_estimate_s: float | None = None,
     runtime: str = GpuJob.Runtime.AUTO,
     num_gpus: int = 1,
+    kind: str = GpuJob.Kind.INFERENCE,
+    optimizer: str = GpuJob.Optimizer.ADAM,
+    learning_rate: float | None = None,
     place: bool = True,
 ) -> GpuJob:
     """Queue a GPU job with its predicted utilization and memory. Refused (QuotaExceeded) when its
     declared GPU time would exceed the team's monthly GPU-hour quota. The job is stopped (failed) when it
     reaches that duration, and the quota is checked again when it is placed. ``num_gpus`` > 1 is a gang:
     that many GPUs of one node, placed together or not at all, each running a replica of the model at
-    ``batch_size`` (data-parallel); it reserves ``num_gpus`` x its duration in GPU hours."""
+    ``batch_size`` (data-parallel); it reserves ``num_gpus`` x its duration in GPU hours. ``kind``
+    ``train`` runs ``iterations`` training steps with ``optimizer`` (at ``learning_rate``, default its own) instead of inferences (TVM only); its
+    memory is predicted as :data:`TRAIN_MEMORY_FACTOR` x the inference prediction (modeled)."""
     require_team_writer(actor, model.team_id, "submit GPU jobs")
     require_ready(model)
     estimate = duration_estimate_s if duration_estimate_s is not None else default_job_estimate_s()
     _check_job_request(batch_size=batch_size, iterations=iterations, duration_estimate_s=estimate,
-                       runtime=runtime, num_gpus=num_gpus)
+                       runtime=runtime, num_gpus=num_gpus, kind=kind, optimizer=optimizer,
+                       learning_rate=learning_rate)
     estimate = float(estimate)
     # Never trains: with no predictor yet it is the analytic estimate, and a training is queued.
     prediction = predict_job(model=model, batch_size=batch_size)
+    if kind == GpuJob.Kind.TRAIN:
+        prediction["mem_mb"] = round(prediction["mem_mb"] * TRAIN_MEMORY_FACTOR, 1)
     with transaction.atomic():
         _check_gpu_quota(team_id=model.team_id, hours=estimate * num_gpus / 3600.0)
         job = GpuJob.objects.create(
             team_id=model.team_id, model=model, created_by=actor, batch_size=batch_size, runtime=runtime,
-            iterations=iterations, duration_estimate_s=estimate, num_gpus=num_gpus,
-            predicted_util_pct=prediction["util_pct"],
+            iterations=iterations, duration_estimate_s=estimate, num_gpus=num_gpus, kind=kind, optimizer=optimizer,
+            learning_rate=learning_rate, predicted_util_pct=prediction["util_pct"],
             predicted_mem_mb=prediction["mem_mb"], predicted_for_gpu_model=prediction["gpu_model"],
             predictor_version=prediction["predictor_version"],
         )

@@ -61,7 +61,7 @@ def fair_dispatch_order(waiting: Iterable[WaitingSimulation], *, busy_teams: Ite
         best = oldest.get(w.team_id)
         if best is None or (w.created_at, w.run_id) < (best.created_at, best.run_id):
             oldest[w.team_id] = w
-    never = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+    never = dt.datetime.min.replace(tzinfo=dt.UTC)
     ordered = sorted(oldest.values(), key=lambda w: (last_served.get(w.team_id) or never, w.created_at, w.run_id))
     return [w.run_id for w in ordered]
 

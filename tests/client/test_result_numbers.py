@@ -21,7 +21,7 @@ NUMBERS = {"tuned_latency_s": 388.1e-6, "tuned_latency_iqr_s": 12.5e-6, "untuned
            "estimated_latency_s": 220.7e-6, "verdict": "within noise", "outputs_match": True}
 
 
-def test_page_api_and_clis_show_the_same_numbers(dlopt, logged_in, model_a, client, user_owner):
+def test_page_api_and_clis_show_the_same_numbers(dlopt, logged_in, model_a, client, user_owner):  # noqa: F811
     run = TuningRunFactory(model=model_a, succeeded=True, **NUMBERS)
     api = dlopt("runs", "show", run.pk, "--json").json  # the dlopt client's view is the API's body
     for field, value in NUMBERS.items():
@@ -58,7 +58,7 @@ def test_page_api_and_clis_show_the_same_numbers(dlopt, logged_in, model_a, clie
     assert api["deploy_verdict"] in printed and note in printed
 
 
-def test_an_overloaded_timing_is_flagged_everywhere(dlopt, logged_in, model_a, client, user_owner):
+def test_an_overloaded_timing_is_flagged_everywhere(dlopt, logged_in, model_a, client, user_owner):  # noqa: F811
     reason = "host load 7.10 was above the 2 core(s) the timing uses: the timings describe a contended machine"
     run = TuningRunFactory(model=model_a, succeeded=True, **{**NUMBERS, "verdict": "overloaded"},
                            verdict_flag=reason, timing_load=7.1)

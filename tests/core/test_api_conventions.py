@@ -15,7 +15,6 @@ from core.api.fast import QuickFilterBackend
 from core.api.strict import RejectUnknownFieldsMixin, StrictQueryParamsMixin
 from core.models import TeamInvitation
 from tests.factories import TuningRunFactory, UserFactory
-from tests.helpers import client_for
 from tuning.models import TuningRun
 
 pytestmark = [pytest.mark.django_db]

@@ -90,6 +90,7 @@ def test_missing_file_and_name_are_field_errors(api_owner, team_a):
     assert {"name", "file"} <= set(resp.json()["errors"])
 
 
+@pytest.mark.dialect
 def test_duplicate_name_is_409(api_owner, team_a, small_cnn_bytes):
     assert upload(api_owner, team_a.pk, small_cnn_bytes).status_code == 201
     resp = upload(api_owner, team_a.pk, small_cnn_bytes)

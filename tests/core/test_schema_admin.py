@@ -73,7 +73,8 @@ def test_quota_admin_shows_usage_and_edits_limits(client, django_user_model, tea
                  f"form-{i}-max_simulation_job_gpus": "4000", f"form-{i}-max_simulation_units": "70000"}
     resp = client.post("/admin/core/quota/", form)
     assert resp.status_code == 302, resp.content.decode()[:2000]
-    qa.refresh_from_db(); qb.refresh_from_db()
+    qa.refresh_from_db()
+    qb.refresh_from_db()
     assert (qa.max_concurrent_runs, qb.tuning_trials_per_month, qb.energy_kwh_per_month) == (5, 123, 2.5)
     assert (qa.max_concurrent_simulations, qb.max_simulation_job_gpus, qb.max_simulation_units) == (3, 4000, 70000)
 
@@ -108,6 +109,7 @@ def test_admin_upload_registers_model(client, django_user_model, team_a, small_c
     assert DLModel.objects.get(name="cnn").total_flops > 0
 
 
+@pytest.mark.dialect
 def test_migrations_are_complete():
     call_command("makemigrations", "--check", "--dry-run")
 

@@ -11,6 +11,7 @@ from tests.helpers import client_for
 pytestmark = pytest.mark.django_db
 
 
+@pytest.mark.dialect  # "vision" is taken by "Vision": a case-insensitive lookup
 def test_staff_create_a_team_with_its_owner_and_quota(user_staff, user_owner):
     api_staff = client_for(user_staff)
     resp = api_staff.post("/api/teams/", {"name": "Vision", "owner": user_owner.username})

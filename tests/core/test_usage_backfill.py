@@ -8,7 +8,8 @@ from django.db.migrations.executor import MigrationExecutor
 from core.models import UsageCharge
 from core.selectors import quota_usage
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# dialect-sensitive (re-run on SQLite by scripts/test.sh): a data migration
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.dialect]
 
 # Every table exists here; only the backfill (core 0003) and the append-only trigger after it (0004) are not
 # applied, as on a database that held runs, placements and simulations before the ledger was charged.

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from tuning.engine.runners.pooled import DistributedRunner, MeasureJob, deal_by_capacity
+from tuning.engine.runners.distributed import DistributedRunner
+from tuning.engine.runners.measure_jobs import MeasureJob, deal_by_capacity
 
 
 class FakeHosts:
@@ -77,13 +78,13 @@ def test_dop_per_host_from_its_slots_and_its_own_error(tmp_path):
         dops = runner.queue_dops()
         assert dops["measure.quiet.cpu"] == 4  # no error there: grows to the host's slots
         assert dops["measure.noisy.cpu"] < 4  # ~33 % error there: backs off, on that host only
-        noisy = runner.controllers["measure.noisy.cpu"].history
+        noisy = runner.rules["measure.noisy.cpu"].history
         assert any(h.mean_error and h.mean_error > 0.05 for h in noisy)  # its error, sampled there
-        assert all(h.mean_error in (None, 0.0) for h in runner.controllers["measure.quiet.cpu"].history)
+        assert all(h.mean_error in (None, 0.0) for h in runner.rules["measure.quiet.cpu"].history)
         # one DOP-chart point per round, over both hosts: total DOP and every candidate
         last = runner.ledger.rounds[3]
         assert last.n_candidates == 24 and last.dop == sum(h[3].dop for h in
-                                                            (runner.controllers[q].history for q in hosts.slots))
+                                                            (runner.rules[q].history for q in hosts.slots))
         # never more in flight on a host than its DOP allows (nothing waits in a backed-up queue of ours)
         assert all(hosts.max_in_flight[q] <= hosts.slots[q] for q in hosts.slots)
     finally:

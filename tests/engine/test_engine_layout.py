@@ -31,3 +31,10 @@ def test_the_check_sees_a_compiler_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from tvm.s_tir import meta_schedule\n    import tvm.relax\n")
     assert _tvm_imports(bad) - RUNTIME_MODULES == {"tvm.s_tir", "tvm.relax"}
+
+
+def test_every_engine_module_fits_one_read():
+    """One mechanism per folder, no module a newcomer must page through (issue 44: at most 500 lines)."""
+    too_long = {str(p.relative_to(ENGINE)): n for p in ENGINE.rglob("*.py")
+                if (n := len(p.read_text().splitlines())) > 500}
+    assert not too_long, too_long

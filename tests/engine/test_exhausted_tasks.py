@@ -2,7 +2,8 @@
 Trimmer off too, across calls, and a record-cache entry published from it says its search converged
 (a one-schedule reshape was published as "not converged" when the run had no Trimmer state)."""
 
-from tuning.engine.search.callbacks import EngineState, StreamingMeasureCallback
+from tuning.engine.search.callbacks import StreamingMeasureCallback
+from tuning.engine.search.engine_state import EngineState
 from tuning.engine.workdir import load_exhausted, save_exhausted
 from tuning.engine.events import TaskInfo
 

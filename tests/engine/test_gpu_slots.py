@@ -96,7 +96,7 @@ def test_one_slot_group_per_gpu_with_mps(tmp_path, monkeypatch):
 def _fake_ctx(dop="auto"):
     from tuning.engine.measuring.timer import EvaluatorConfig
 
-    cfg = types.SimpleNamespace(dop=dop, timeout_sec=30.0, evaluator=EvaluatorConfig(), controller=None, dop_rule={})
+    cfg = types.SimpleNamespace(dop=dop, timeout_sec=30.0, evaluator=EvaluatorConfig(), dop_rule=None)
     return types.SimpleNamespace(config=cfg, device_type="cuda", cores=[0, 1], ledger=None, work_dir="/tmp")
 
 
@@ -116,7 +116,7 @@ def test_the_gpu_runner_makes_one_device_runner_per_gpu(monkeypatch):
 
     class FakeRunner:
         def __init__(self, **kw):
-            self.kw, self.controller, self.ledger, self.device_index = kw, types.SimpleNamespace(dop=1), None, 0
+            self.kw, self.rule, self.ledger, self.device_index = kw, types.SimpleNamespace(dop=1), None, 0
             made.append(self)
 
     monkeypatch.setattr(gpu_slots, "list_gpus", lambda query=None: list_gpus(FakeDriver().query()))
@@ -131,11 +131,11 @@ def test_the_gpu_runner_makes_one_device_runner_per_gpu(monkeypatch):
 
 
 def test_multi_device_runner_deals_by_each_devices_dop():
-    from tuning.engine.runners.pooled import MultiDeviceRunner
+    from tuning.engine.runners.multi_device import MultiDeviceRunner
 
     class Dev:
         def __init__(self, dop):
-            self.controller, self.ledger, self.got, self.device_index = types.SimpleNamespace(dop=dop), None, [], 0
+            self.rule, self.ledger, self.got, self.device_index = types.SimpleNamespace(dop=dop), None, [], 0
 
         def run(self, inputs):
             self.got.extend(inputs)

@@ -190,7 +190,7 @@ def test_records_of_one_pipeline_match_no_task_of_another(model, cpu_target):
     """TVM's database finds a record by its task's workload hash: a conv record tuned under the shipped pipeline
     (NCHW) has a hash no conv task of the layout pipeline (NHWC) has, so it is never applied there; and the
     pipeline keys, part of the cache and result identity, differ too."""
-    from tuning.engine.records.cache import task_workloads
+    from tuning.engine.records.publish import task_workloads
 
     def conv_hashes(passes):
         with gp.use_passes(passes):

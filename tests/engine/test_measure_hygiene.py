@@ -7,7 +7,8 @@ import time
 import pytest
 
 from tuning.engine.process.procpool import WorkerProcess, WorkerSpec, WorkerTimeout
-from tuning.engine.runners.pooled import INFRASTRUCTURE_ERROR, MeasureJob, PooledAsyncRunner
+from tuning.engine.runners.measure_jobs import INFRASTRUCTURE_ERROR, MeasureJob
+from tuning.engine.runners.pooled import PooledAsyncRunner
 from tuning.engine.measuring.slots import Slot
 from tuning.engine.measuring.timer import EvaluatorConfig
 
@@ -105,7 +106,7 @@ def test_slots_decide_dop_and_the_serial_reference():
     slots = [Slot(0, (0,), 1), Slot(1, (1,), 1)]
     runner = PooledAsyncRunner(evaluator=FAST, threads=1, dop="auto", slots=slots)
     try:
-        assert runner.controller.max_dop == 2
+        assert runner.rule.max_dop == 2
         assert runner.worker_layout(1) == [([0], 1)]  # serial: T threads on slot 0, the others idle
         assert runner.worker_layout(2) == [([0], 1), ([1], 1)]  # same T per worker: same program
         assert runner.is_serial_config(1) and not runner.is_serial_config(2)
@@ -113,7 +114,7 @@ def test_slots_decide_dop_and_the_serial_reference():
         runner.shutdown()
     wide = PooledAsyncRunner(evaluator=FAST, threads=2, dop="auto", slots=[Slot(0, (0, 1), 2)])
     try:
-        assert wide.controller.max_dop == 1  # T = every core: no room for a second slot
+        assert wide.rule.max_dop == 1  # T = every core: no room for a second slot
     finally:
         wide.shutdown()
 
@@ -124,7 +125,7 @@ def test_a_parallel_pool_reuses_the_serial_worker_on_slot_0():
     slots = [Slot(0, (0,), 1), Slot(1, (1,), 1)]
     runner = PooledAsyncRunner(evaluator=FAST, threads=1, dop="auto", slots=slots)
     try:
-        assert runner.controller.dop == 2 and set(runner._pools) == {1, 2}  # both started at once
+        assert runner.rule.dop == 2 and set(runner._pools) == {1, 2}  # both started at once
         serial, parallel = runner._pools[1], runner._pools[2]
         assert len(parallel) == 2 and parallel.workers[0] is serial.workers[0]
         assert parallel.workers[1].spec.cpu_ids == [1]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tuning.engine.doppler.controller import DOPController
+from tuning.engine.doppler.doppler_rule import DopplerRule
 from tuning.engine.doppler.parallel_error import MAX_ROUND_ERROR, as_fraction, summarize_parallel_error
 
 
@@ -19,12 +19,12 @@ def test_median_over_rounds_keeps_an_outlier_from_standing_for_the_run():
     assert summarize_parallel_error([None]) is None and summarize_parallel_error([]) is None
 
 
-def test_controller_with_a_truncated_parallel_timing_reports_a_fraction():
+def test_a_rule_with_a_truncated_parallel_timing_reports_a_fraction():
     """A parallel timing 1/150 of the serial one (a truncated measurement) made the old mean read 30-ish."""
-    c = DOPController(max_dop=8)
+    c = DopplerRule(8)
     for _ in range(2):
-        c.update([1.0, 1.01, 0.99], [1.0, 1.0, 1.0])
-    c.update([0.01, 1.0], [1.5, 1.0])  # round error (149 + 0) / 2 = 74.5
+        c.decide([1.0, 1.01, 0.99], [1.0, 1.0, 1.0])
+    c.decide([0.01, 1.0], [1.5, 1.0])  # round error (149 + 0) / 2 = 74.5
     err = c.mean_parallel_error()
     assert 0.0 <= err <= 1.0
     assert err == pytest.approx(0.01, abs=0.01)

@@ -1,10 +1,49 @@
-"""``rounds.measure_round`` driven by a fake ``measure`` and a real DOP controller: no processes, no TVM."""
+"""``rounds.measure_round`` driven by a fake ``measure`` and a real DOP rule: no processes, no TVM."""
 
 import pytest
 
-from tuning.engine.doppler.controller import DOPController
-from tuning.engine.measuring.measure import MeasureOutcome
+from bench.dop_presets import AdaptiveSample, ImmediateBackOff
+from tuning.engine.doppler.doppler_rule import DopplerRule
+from tuning.engine.doppler.platform_rule import (
+    MeasuredNoise,
+    PairsProbe,
+    PlatformRule,
+    PooledSample,
+    ProbeStart,
+    RankableOutliers,
+    make_rule,
+)
 from tuning.engine.doppler.rounds import measure_round
+from tuning.engine.measuring.measure import MeasureOutcome
+
+
+class Measured(MeasuredNoise, DopplerRule):
+    """DOPpler's rule judging its error above the measured serial noise."""
+
+
+class ProbeFirst(ProbeStart, DopplerRule):
+    """DOPpler's rule starting at the DOP a serial first round would have led to."""
+
+
+class ProbePooled(ProbeStart, PooledSample, MeasuredNoise, DopplerRule):
+    """Pooled pairs above the measured noise from a probe start; the probe DOPpler's 20 %."""
+
+
+class ProbePooledPairs(ProbeStart, PairsProbe, PooledSample, MeasuredNoise, DopplerRule):
+    """ProbePooled whose probe times the pooled rule's pairs."""
+
+
+class ProbeMeasured(ProbeStart, MeasuredNoise, DopplerRule):
+    """DOPpler's fixed 20 % sample above the measured noise, from a probe start."""
+
+
+class AdaptiveMeasured(AdaptiveSample, MeasuredNoise, DopplerRule):
+    """The halving sample above the measured noise."""
+
+
+OUTLIER_RULES = {"rankable": type("Rankable", (RankableOutliers, DopplerRule), {}), "all": DopplerRule}
+NOISE_RULES = {"measured": Measured, "none": DopplerRule}
+BACK_OFF_RULES = {"confirmed": PlatformRule, "immediate": ImmediateBackOff}
 
 
 class FakeMeasure:
@@ -36,7 +75,7 @@ def parallel_layout(dop):
 
 
 def test_serial_configuration_measures_each_job_once():
-    ctrl = DOPController(max_dop=4)
+    ctrl = DopplerRule(4)
     fake = FakeMeasure([1e-3, 2e-3, 3e-3])
     res = measure_round([0, 1, 2], fake, ctrl, is_serial_config=lambda d: True)
     assert fake.calls == [([0, 1, 2], 1)]
@@ -47,7 +86,7 @@ def test_serial_configuration_measures_each_job_once():
 
 
 def test_small_error_is_corrected_and_the_dop_validated():
-    ctrl = DOPController(max_dop=4, initial_dop=2)
+    ctrl = DopplerRule(4, initial_dop=2)
     base = [1e-3 * (1 + 0.01 * i) for i in range(10)]
     fake = FakeMeasure(base, slowdown=1.02)
     res = measure_round(list(range(10)), fake, ctrl, is_serial_config=parallel_layout, probe_first=False)
@@ -66,7 +105,7 @@ def test_small_error_is_corrected_and_the_dop_validated():
 
 
 def test_a_probe_with_a_large_error_backs_off_and_measures_the_rest_serially_once():
-    ctrl = DOPController(max_dop=2, initial_dop=2)
+    ctrl = DopplerRule(2, initial_dop=2)
     fake = FakeMeasure([1e-3] * 12, slowdown=2.0)
     res = measure_round(list(range(12)), fake, ctrl, is_serial_config=parallel_layout)
     probe = fake.measured_at(2)
@@ -80,7 +119,7 @@ def test_a_probe_with_a_large_error_backs_off_and_measures_the_rest_serially_onc
 
 
 def test_failures_caused_by_parallelism_are_remeasured_and_counted():
-    ctrl = DOPController(max_dop=4, initial_dop=2)
+    ctrl = DopplerRule(4, initial_dop=2)
     fake = FakeMeasure([1e-3] * 8, fail_parallel={3}, fail_always={5})
     res = measure_round(list(range(8)), fake, ctrl, is_serial_config=parallel_layout, probe_first=False)
     assert {3, 5} <= set(fake.measured_at(1))
@@ -95,7 +134,7 @@ def test_failures_caused_by_parallelism_are_remeasured_and_counted():
 def test_far_slow_outliers_are_not_timed_serially_unless_dopplers_rule_says_so(outliers):
     """A candidate 40x the round's median costs 40x the serial time and ranks last either way: the
     "rankable" rule leaves it as measured (corrected like the rest) and books it on the round's row."""
-    ctrl = DOPController(max_dop=2, initial_dop=2, outliers=outliers)
+    ctrl = OUTLIER_RULES[outliers](2, initial_dop=2)
     base = [1e-3 * (1 + 0.01 * i) for i in range(15)] + [40e-3]
     fake = FakeMeasure(base)
     res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout, validated={2})
@@ -112,7 +151,7 @@ def test_far_slow_outliers_are_not_timed_serially_unless_dopplers_rule_says_so(o
 
 
 def test_a_probes_rest_leaves_far_slow_outliers_as_measured():
-    ctrl = DOPController(max_dop=2, initial_dop=2, outliers="rankable")
+    ctrl = OUTLIER_RULES["rankable"](2, initial_dop=2)
     base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
     base[13] = 40e-3  # not in the probe (0, 4, 8, 12)
     fake = FakeMeasure(base)
@@ -122,7 +161,7 @@ def test_a_probes_rest_leaves_far_slow_outliers_as_measured():
 
 
 def test_validated_dop_skips_the_probe_and_the_input_set_is_left_alone():
-    ctrl = DOPController(max_dop=4, initial_dop=2)
+    ctrl = DopplerRule(4, initial_dop=2)
     fake = FakeMeasure([1e-3] * 12)
     before = {2}
     res = measure_round(list(range(12)), fake, ctrl, is_serial_config=parallel_layout, validated=before)
@@ -131,9 +170,9 @@ def test_validated_dop_skips_the_probe_and_the_input_set_is_left_alone():
 
 
 def test_probe_start_validates_the_first_parallel_dop_without_a_serial_round():
-    """dop_start "probe": the first round measures at the DOP a serial round would have led to; its
+    """A probe start (ProbeStart): the first round measures at the DOP a serial round would have led to; its
     probe is re-measured serially before the rest, and a good probe keeps the DOP for the rest."""
-    ctrl = DOPController(max_dop=2, start="probe")
+    ctrl = ProbeFirst(2)
     assert ctrl.dop == 2
     base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
     fake = FakeMeasure(base, slowdown=1.01)
@@ -145,7 +184,7 @@ def test_probe_start_validates_the_first_parallel_dop_without_a_serial_round():
 
 
 def test_probe_start_with_a_bad_probe_measures_the_rest_serially():
-    ctrl = DOPController(max_dop=2, start="probe")
+    ctrl = ProbeFirst(2)
     base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
     fake = FakeMeasure(base, slowdown=1.5)  # interference: parallel numbers are 50 % off
     res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout)
@@ -157,13 +196,10 @@ def test_probe_start_with_a_bad_probe_measures_the_rest_serially():
         assert c.final_secs is not None and c.final_secs[0] in base
 
 
-def test_dop_start_names_are_checked():
-    import pytest
-
-    with pytest.raises(ValueError, match="start must be one of"):
-        DOPController(max_dop=2, start="eager")
-    assert DOPController(max_dop=16, start="probe").dop == 8  # 1 + the rule's largest step (7)
-    assert DOPController(max_dop=16, start="probe", adaptive=False).dop == 1  # a fixed DOP stays fixed
+def test_a_probe_start_is_where_a_serial_first_round_would_have_led():
+    assert ProbeFirst(16).dop == 8  # 1 + the rule's largest step (7)
+    assert DopplerRule(16).dop == 1  # DOPpler's start
+    assert make_rule(1, 16).dop == 1  # a fixed DOP stays fixed
 
 
 class JitteryMeasure(FakeMeasure):
@@ -186,7 +222,7 @@ class JitteryMeasure(FakeMeasure):
 
 
 def _noisy_round(noise, slowdown):
-    ctrl = DOPController(max_dop=4, initial_dop=2, noise=noise)
+    ctrl = NOISE_RULES[noise](4, initial_dop=2)
     fake = JitteryMeasure([1e-3 * (1 + 0.01 * i) for i in range(16)], jitter=0.08, slowdown=slowdown)
     res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout, probe_first=False)
     return ctrl, fake, res
@@ -212,12 +248,12 @@ def test_measured_serial_noise_still_backs_off_on_real_interference():
     assert ctrl.serial_noise is not None
     # one noise pair of 15 % leaves a wide allowance, but a bias past the correction limit backs off anyway
     assert res.decision.mean_error < ctrl.allowed_error(res.decision.errors)
-    assert res.decision.mean_signed_error > ctrl.correction_limit
+    assert res.decision.mean_signed_error > ctrl.settings.correction_limit
     assert res.decision.backed_off and ctrl.dop == 1 and "uncorrectable" in res.serial_by_reason
 
 
 def test_a_probe_times_two_of_its_candidates_twice_serially():
-    ctrl = DOPController(max_dop=2, initial_dop=2, noise="measured")
+    ctrl = Measured(2, initial_dop=2)
     fake = JitteryMeasure([1e-3] * 12, jitter=0.08)
     res = measure_round(list(range(12)), fake, ctrl, is_serial_config=parallel_layout)
     probe = fake.calls[0][0]  # the first call: the probe, in parallel
@@ -245,7 +281,7 @@ def test_round_wall_time_is_split_between_its_dop_and_the_serial_sample(clocked)
     """The round's measuring time is booked to the DOP it measured at or to the serial re-measures,
     call by call (on the fake clock)."""
     Clocked = clocked
-    ctrl = DOPController(max_dop=4, initial_dop=2)
+    ctrl = DopplerRule(4, initial_dop=2)
     fake = Clocked([1e-3 * (1 + 0.01 * i) for i in range(10)], slowdown=1.02)
     res = measure_round(list(range(10)), fake, ctrl, is_serial_config=parallel_layout, probe_first=False)
     serial_jobs = len(fake.measured_at(1))
@@ -253,7 +289,7 @@ def test_round_wall_time_is_split_between_its_dop_and_the_serial_sample(clocked)
     assert res.parallel_wall_s == 10 * 0.5
     assert res.serial_wall_s == serial_jobs * 1.0
 
-    ctrl1 = DOPController(max_dop=1)
+    ctrl1 = DopplerRule(1)
     res1 = measure_round([0, 1, 2], Clocked([1e-3] * 3), ctrl1, is_serial_config=lambda d: True)
     assert res1.parallel_wall_s == 3.0 and res1.serial_wall_s == 0.0  # a DOP 1 round has no sample
 
@@ -267,7 +303,7 @@ def test_serial_time_is_booked_to_why_it_was_spent(clocked):
     Clocked = clocked
     # a validated DOP whose parallel timings are 40 % slow: past correction_limit 0.25, the whole rest
     # of the round is timed serially too
-    ctrl = DOPController(max_dop=2, initial_dop=2, noise="measured", adaptive=True)
+    ctrl = Measured(2, initial_dop=2)
     fake = Clocked([1e-3 * (1 + 0.01 * i) for i in range(10)], slowdown=1.0 / 0.6, fail_parallel={9})
     res = measure_round(list(range(10)), fake, ctrl, is_serial_config=parallel_layout, probe_first=False)
     by = res.serial_by_reason
@@ -278,7 +314,7 @@ def test_serial_time_is_booked_to_why_it_was_spent(clocked):
     assert sum(row["secs"] for row in by.values()) == res.serial_wall_s == sum(row["n"] for row in by.values())
 
     # a probe of a DOP not validated yet books its serial timings to "probe"; the totals add up over rounds
-    ctrl2 = DOPController(max_dop=2, initial_dop=2, noise="measured")
+    ctrl2 = Measured(2, initial_dop=2)
     res2 = measure_round(list(range(12)), Clocked([1e-3] * 12), ctrl2, is_serial_config=parallel_layout)
     assert res2.serial_by_reason["probe"]["n"] == 4 and res2.serial_by_reason["noise"]["n"] == 2
     total = rounds.serial_totals([res, res2])
@@ -289,7 +325,7 @@ def test_serial_time_is_booked_to_why_it_was_spent(clocked):
 def test_an_uncorrectable_round_times_its_rest_serially_but_for_far_slow_candidates(outliers):
     """Parallel timings 40 % slow (past correction_limit): the rest of the round is timed serially, except,
     under "rankable", the candidates past DOP x the round's median, which rank last whatever they take."""
-    ctrl = DOPController(max_dop=2, initial_dop=2, outliers=outliers)
+    ctrl = OUTLIER_RULES[outliers](2, initial_dop=2)
     base = [1e-3 * (1 + 0.01 * i) for i in range(14)] + [40e-3, 50e-3]
     fake = FakeMeasure(base, slowdown=1.0 / 0.6)
     res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout, validated={2})
@@ -320,9 +356,9 @@ class GlitchMeasure(FakeMeasure):
         return out
 
 
-def _calm_then(fake2, sample="adaptive"):
+def _calm_then(fake2, rule=AdaptiveMeasured):
     """A calm round that shrinks the adaptive sample, then a round measured by ``fake2``."""
-    ctrl = DOPController(max_dop=2, initial_dop=2, sample=sample, noise="measured")
+    ctrl = rule(2, initial_dop=2)
     base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
     measure_round(list(range(16)), FakeMeasure(base), ctrl, is_serial_config=parallel_layout, validated={2})
     shrunk = ctrl.share
@@ -334,7 +370,7 @@ def test_a_shrunk_sample_with_an_uncorrectable_error_is_topped_up_before_the_rou
     # one glitched serial timing (1.8x) in a 2-candidate sample reads as a -0.4 error: past correction
     # limit; topped up to 4 candidates it is -0.2, and the rest is corrected instead of timed serially
     ctrl, shrunk, res = _calm_then(lambda b: GlitchMeasure(b, glitch=0, factor=1.8))
-    assert shrunk < ctrl.sample_share
+    assert shrunk < ctrl.settings.sample_share
     assert ctrl.history[-1].sample_topped_up == 2 and res.decision.n_sampled == 4
     assert res.decision.mean_signed_error == pytest.approx(-0.2)
     assert "uncorrectable" not in res.serial_by_reason and res.correction_applied
@@ -353,13 +389,13 @@ def test_a_shrunk_sample_with_an_uncorrectable_error_is_topped_up_before_the_rou
     assert "uncorrectable" not in res.serial_by_reason and res.correction_applied
 
     # DOPpler's fixed sample never shrinks, so there is nothing to top up
-    ctrl, shrunk, res = _calm_then(lambda b: GlitchMeasure(b, glitch=0, factor=1.8), sample="fixed")
-    assert shrunk == ctrl.sample_share and ctrl.history[-1].sample_topped_up == 0
+    ctrl, shrunk, res = _calm_then(lambda b: GlitchMeasure(b, glitch=0, factor=1.8), rule=Measured)
+    assert shrunk == ctrl.settings.sample_share and ctrl.history[-1].sample_topped_up == 0
 
 
 def _pooled_after_probe(fake):
-    """A calm probe round (4 pairs, 1 noise pair) under sample="pooled", then a round measured by ``fake``."""
-    ctrl = DOPController(max_dop=2, start="probe", sample="pooled", noise="measured")
+    """A calm probe round (4 pairs, 1 noise pair) under the pooled sample, then a round measured by ``fake``."""
+    ctrl = ProbePooled(2)
     base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
     first = measure_round(list(range(16)), FakeMeasure(base), ctrl, is_serial_config=parallel_layout)
     assert ctrl.history[-1].n_pooled == 4 and len(ctrl.pairs) == 4 and ctrl.share == 0.0
@@ -391,7 +427,7 @@ def test_a_pooled_round_whose_own_pair_shows_real_interference_tops_up_and_decid
     assert ctrl.history[-1].n_pooled == 4  # the probe's calm pairs were dropped, not averaged in
     assert res.decision.backed_off and ctrl.dop == 1 and ctrl.pairs == []
     assert "uncorrectable" in res.serial_by_reason and not res.correction_applied
-    assert ctrl.share == ctrl.sample_share  # the next parallel round samples in full again
+    assert ctrl.share == ctrl.settings.sample_share  # the next parallel round samples in full again
 
 
 def test_a_pooled_round_whose_own_pair_glitched_is_topped_up_and_kept_by_the_pooled_pairs():
@@ -405,11 +441,11 @@ def test_a_pooled_round_whose_own_pair_glitched_is_topped_up_and_kept_by_the_poo
 
 
 def test_pooled_pairs_restart_when_the_dop_changes():
-    ctrl = DOPController(max_dop=16, start="probe", sample="pooled", noise="measured")
+    ctrl = ProbePooled(16)
     assert ctrl.dop == 8
     res = measure_round(list(range(32)), FakeMeasure([1e-3] * 32), ctrl, is_serial_config=parallel_layout)
     assert not res.decision.backed_off and ctrl.dop > 8  # a calm probe raises the DOP
-    assert ctrl.pairs == [] and ctrl.share == ctrl.sample_share  # pairs of DOP 8 say nothing about DOP 12
+    assert ctrl.pairs == [] and ctrl.share == ctrl.settings.sample_share  # pairs of DOP 8 say nothing about DOP 12
 
 
 class FirstSerialSlow(FakeMeasure):
@@ -437,7 +473,7 @@ def test_a_probe_about_to_back_off_on_glitched_serial_timings_times_them_again_f
     bias, past correction_limit. Confirmed (the platform's rule), the probe is timed serially once more,
     the references become the mean of two timings (-0.2 bias, noise pairs of 0.44) and DOP 2 stays;
     DOPpler's immediate rule backs off to DOP 1."""
-    ctrl = DOPController.for_dop("auto", 2, back_off=back_off)
+    ctrl = BACK_OFF_RULES[back_off](2)
     base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
     fake = FirstSerialSlow(base, slow={4: 1.8, 8: 1.8})
     res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout)
@@ -458,12 +494,12 @@ def test_real_interference_backs_off_after_the_second_look():
     """Parallel timings 40 % slow stay slow however often the serial ones are taken: the probe, and a
     sampled round of a validated DOP, back off after their second serial look."""
     base = [1e-3 * (1 + 0.01 * i) for i in range(16)]
-    ctrl = DOPController.for_dop("auto", 2)
+    ctrl = make_rule("auto", 2)
     res = measure_round(list(range(16)), FakeMeasure(base, slowdown=1.0 / 0.6), ctrl, is_serial_config=parallel_layout)
     assert res.serial_by_reason["confirm"]["n"] == 3
     assert res.decision.mean_signed_error == pytest.approx(0.4) and res.decision.backed_off and ctrl.dop == 1
 
-    ctrl = DOPController.for_dop("auto", 2)
+    ctrl = make_rule("auto", 2)
     fake = FakeMeasure(base, slowdown=1.0 / 0.6)
     res = measure_round(list(range(16)), fake, ctrl, is_serial_config=parallel_layout, validated={2})
     sample = [i for i, c in enumerate(res.candidates) if c.serial_repeat_s is not None]
@@ -473,20 +509,18 @@ def test_real_interference_backs_off_after_the_second_look():
 
 
 def test_a_calm_round_takes_no_second_look():
-    ctrl = DOPController.for_dop("auto", 2)
+    ctrl = make_rule("auto", 2)
     res = measure_round(list(range(16)), FakeMeasure([1e-3] * 16, slowdown=1.02), ctrl,
                         is_serial_config=parallel_layout)
     assert "confirm" not in res.serial_by_reason and not res.decision.backed_off
 
 
-@pytest.mark.parametrize("sample, probe, max_dop, probed", [
-    ("pooled", "pairs", 2, 4), ("pooled", "pairs", 4, 8), ("pooled", "share", 2, 7), ("fixed", "pairs", 2, 7)])
-def test_a_pooled_probe_times_the_pairs_the_pooled_rule_decides_on_not_a_fifth_of_the_round(sample, probe, max_dop,
-                                                                                           probed):
+@pytest.mark.parametrize("rule, max_dop, probed", [
+    (ProbePooledPairs, 2, 4), (ProbePooledPairs, 4, 8), (ProbePooled, 2, 7), (ProbeMeasured, 2, 7)])
+def test_a_pooled_probe_times_the_pairs_the_pooled_rule_decides_on_not_a_fifth_of_the_round(rule, max_dop, probed):
     """A round of 32: DOPpler's probe is 20 % of it (7), the pooled rule's is its min_pooled_pairs (4), two
     per slot at least (8 at DOP 4); the probe's pairs fill the window the next rounds add to."""
-    ctrl = DOPController(max_dop=max_dop, initial_dop=max_dop, start="probe", sample=sample, noise="measured",
-                         probe=probe)
+    ctrl = rule(max_dop, initial_dop=max_dop)
     fake = FakeMeasure([1e-3 * (1 + 0.01 * i) for i in range(32)])
     res = measure_round(list(range(32)), fake, ctrl, is_serial_config=parallel_layout)
     assert len(fake.calls[0][0]) == probed and fake.calls[0][1] == max_dop
@@ -497,8 +531,8 @@ def test_a_pooled_probe_times_the_pairs_the_pooled_rule_decides_on_not_a_fifth_o
 
 
 def _confirmed_pooled_after_probe(fake):
-    """The platform's controller (for_dop: pooled, measured noise, confirmed back-off) after a calm probe."""
-    ctrl = DOPController.for_dop("auto", 2)
+    """The platform's rule (pooled, measured noise, confirmed back-off) after a calm probe."""
+    ctrl = make_rule("auto", 2)
     base = [1e-3 * (1 + 0.01 * i) for i in range(32)]
     first = measure_round(list(range(32)), FakeMeasure(base), ctrl, is_serial_config=parallel_layout)
     assert ctrl.share == 0.0 and len(ctrl.pairs) == 4
@@ -524,7 +558,7 @@ def test_real_interference_survives_the_second_look_and_is_topped_up_and_backs_o
 
 def test_the_whole_run_replay_charges_the_platform_rule_fewer_serial_timings_than_dopplers_sample(tmp_path):
     """bench/probe_back_offs.py --rows-from: recorded per-slot timings (here: a calm host, parallel 1 % slow)
-    replayed as whole runs through the engine's round and controller, each of DOPpler's choices put back."""
+    replayed as whole runs through the engine's round and rules, each of DOPpler's choices put back."""
     import json
 
     from bench import probe_back_offs

@@ -234,7 +234,7 @@ def test_a_payload_cannot_make_a_queue_host_start_workers_without_bound():
 def test_the_tuning_process_ships_only_a_built_shared_object(tmp_path):
     """A build worker names the artifact the secret-holding tuning process reads and ships: a link,
     or a path to /proc/self/environ, is refused as the candidate's error, not sent."""
-    from tuning.engine.runners.pooled import read_artifact
+    from tuning.engine.runners.distributed import read_artifact
 
     real = tmp_path / "cand.so"
     real.write_bytes(b"\x7fELF" + b"\0" * 60)

@@ -143,7 +143,7 @@ def test_onnx_model_tune_and_compare(tmp_path, cpu_target):
     assert res["ratio_to_onnxruntime"] == pytest.approx(res["tuned_latency_s"] / res["onnxruntime_latency_s"])
     # what MetaSchedule really writes (postprocessors' Parallel/Vectorize/Unroll included) passes the
     # import check, bounds on unrolling and vectorizing included: the check refuses attacks, not records
-    from tuning.engine.records.check import check_import
+    from tuning.engine.records.check_replay import check_import
 
     records = (tmp_path / "database_tuning_record.json").read_bytes()
     checked = check_import(model.SerializeToString(), cpu_target, (tmp_path / "database_workload.json").read_bytes(),

@@ -6,7 +6,8 @@ import pytest
 from tuning.engine.energy import (
     CompositeMeter, EnergyAccount, ModeledMeter, NvmlMeter, RaplMeter, available_meters, carbon_grams,
 )
-from tuning.engine.trimmer.rules import ModelStopper, TaskPlateauTracker, TrimmerConfig, allocate_trials
+from tuning.engine.budget import allocate_trials
+from tuning.engine.trimmer.rules import ModelStopper, TaskPlateauTracker, TrimmerConfig
 
 
 # --- pre-emption --------------------------------------------------------------------
@@ -23,7 +24,8 @@ def test_task_preempted_after_two_rounds_without_improvement():
 
 def test_failed_batches_count_as_no_improvement_and_tasks_are_independent():
     tracker = TaskPlateauTracker(TrimmerConfig(plateau_rounds=2))
-    tracker.observe(0, [1.0]); tracker.observe(1, [1.0])
+    tracker.observe(0, [1.0])
+    tracker.observe(1, [1.0])
     assert not tracker.observe(0, [None, None])
     assert not tracker.observe(1, [0.5])
     assert tracker.observe(0, [float("nan")])

@@ -9,7 +9,8 @@ import pytest
 
 from tuning.engine.events import TaskInfo
 from tuning.engine.trimmer.rules import TrimmerConfig
-from tuning.engine.trimmer.hooks import ALL_PREEMPTED, TrimmerRuntime, choose_kept
+from tuning.engine.trimmer.filter import choose_kept
+from tuning.engine.trimmer.hooks import ALL_PREEMPTED, TrimmerRuntime
 from tuning.engine.trimmer.predictor import RidgeLatencyPredictor, pool_store_features
 
 

@@ -14,7 +14,7 @@ from tuning.engine.measuring.measure import (
     measure_payload,
     queue_name,
 )
-from tuning.engine.runners.pooled import device_index_from_queue
+from tuning.engine.runners.distributed import device_index_from_queue
 from tuning.engine.measuring.timer import EvaluatorConfig, default_evaluator
 
 FAST = EvaluatorConfig(number=2, repeat=2, min_repeat_ms=5)
@@ -164,7 +164,7 @@ def test_pooled_runner_measures_on_slots(matmul_artifacts, n_cores):
             metas = [runner.ledger.pop(p) for p in paths]
             assert {m.dop for m in metas} == {dop}
             assert any(m.remeasured_serially for m in metas)
-            assert runner.controller.history and runner.controller.history[0].n_sampled >= 1
+            assert runner.rule.history and runner.rule.history[0].n_sampled >= 1
         # worker processes keep their affinity, and measure on TVM's runtime library alone (no compiler)
         for w in pool_workers:
             assert set(os.sched_getaffinity(w.pid)) == set(w.spec.cpu_ids)
@@ -180,7 +180,8 @@ def test_distributed_runner_sends_payloads(matmul_artifacts):
     from tvm.s_tir.meta_schedule.arg_info import TensorInfo
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    from tuning.engine.runners.pooled import DistributedRunner
+    from tuning.engine.doppler.doppler_rule import DopplerRule
+    from tuning.engine.runners.distributed import DistributedRunner
 
     paths, args = matmul_artifacts
     infos = [TensorInfo(a[1], a[2]) for a in args]
@@ -193,7 +194,7 @@ def test_distributed_runner_sends_payloads(matmul_artifacts):
 
     queues = [queue_name("hostA", "cpu"), queue_name("hostB", "cpu")]
     # DOPpler's serial start: the first round measures each host's serial reference (DOP 1)
-    runner = DistributedRunner(submit, queues, evaluator=FAST, threads=1, dop_rule={"start": "serial"})
+    runner = DistributedRunner(submit, queues, evaluator=FAST, threads=1, dop_rule=DopplerRule)
     futs = runner.run([RunnerInput(p, "cpu", infos) for p in paths])
     results = [f.result() for f in futs]
     pool.shutdown()
@@ -212,7 +213,7 @@ def test_distributed_runner_surfaces_remote_errors(matmul_artifacts):
     from tvm.s_tir.meta_schedule.arg_info import TensorInfo
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    from tuning.engine.runners.pooled import DistributedRunner
+    from tuning.engine.runners.distributed import DistributedRunner
 
     paths, args = matmul_artifacts
     infos = [TensorInfo(a[1], a[2]) for a in args]
@@ -328,13 +329,14 @@ def test_probe_first_validates_a_new_dop(matmul_artifacts, n_cores):
     from tvm.s_tir.meta_schedule.arg_info import TensorInfo
     from tvm.s_tir.meta_schedule.runner import RunnerInput
 
-    from tuning.engine.doppler.controller import DOPController
+    from tuning.engine.doppler.doppler_rule import DopplerRule
     from tuning.engine.runners.pooled import PooledAsyncRunner
 
     paths, args = matmul_artifacts
     infos = [TensorInfo(a[1], a[2]) for a in args]
-    ctrl = DOPController(max_dop=n_cores, initial_dop=2)
-    runner = PooledAsyncRunner(evaluator=FAST, threads=1, controller=ctrl)
+    runner = PooledAsyncRunner(evaluator=FAST, threads=1,
+                               dop_rule=lambda max_dop: DopplerRule(max_dop, initial_dop=2))
+    ctrl = runner.rule
     try:
         jobs = [RunnerInput(paths[i % len(paths)], "cpu", infos) for i in range(12)]
         results = [f.result() for f in runner.run(jobs)]

@@ -96,6 +96,7 @@ def test_compare_endpoint(api_owner, user_owner, model_a, run_a, run_b, roomy_qu
     assert api_owner.get(f"/api/charts/runs/compare/?runs={run_a.pk},{run_b.pk}").status_code == 404
 
 
+@pytest.mark.dialect  # months by TruncMonth and sums over them
 def test_energy_figure_uses_recorded_energy(api_owner, owner_client, run_a):
     TuningRun.objects.filter(pk=run_a.pk).update(energy_joules=7200.0, energy_source="rapl",
                                                  energy_build_joules=2000.0, energy_measure_joules=5000.0,

@@ -85,7 +85,7 @@ def test_api_tokens_page(pages, live_server, shots, user_owner, team_a):  # noqa
 
 
 def test_teams_members_and_invitations(pages, live_server, shots, user_owner, team_a):  # noqa: F811
-    bob = UserFactory(username="bob", email="bob@example.org")
+    UserFactory(username="bob", email="bob@example.org")
     alice_page, bob_page = pages(), pages()
     login(alice_page, live_server)
     alice_page.click("nav.mainnav >> text=Teams")
@@ -123,8 +123,8 @@ def test_teams_members_and_invitations(pages, live_server, shots, user_owner, te
     assert alice_page.problems == [] and bob_page.problems == []
 
 
-def test_team_webhook_is_called_signed_when_a_run_ends(pages, live_server, shots, user_owner, team_a, model_a,
-                                                       settings, celery_outbox):  # noqa: F811
+def test_team_webhook_is_called_signed_when_a_run_ends(pages, live_server, shots, user_owner, team_a, model_a,  # noqa: F811
+                                                       settings, celery_outbox):
     settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES, settings.WEBHOOK_HTTP_HOSTS = False, []
     page = pages()
     login(page, live_server)
@@ -163,8 +163,8 @@ def test_team_webhook_is_called_signed_when_a_run_ends(pages, live_server, shots
     assert page.problems == []
 
 
-def test_record_import_and_model_download(pages, live_server, shots, user_owner, team_a, model_a,
-                                          roomy_quota, tmp_path):  # noqa: F811
+def test_record_import_and_model_download(pages, live_server, shots, user_owner, team_a, model_a,  # noqa: F811
+                                          roomy_quota, tmp_path):
     import onnx
 
     from tuning.engine.testing import tuning_database

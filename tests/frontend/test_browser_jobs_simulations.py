@@ -13,14 +13,14 @@ from .test_browser import browser, login, page, shots, wait_for_chart  # noqa: F
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-def api_json(page, live_server, path: str) -> dict:
+def api_json(page, live_server, path: str) -> dict:  # noqa: F811
     """GET an API path with the page's own session (what the user could open in a tab)."""
     resp = page.request.get(live_server.url + path)
     assert resp.ok, (path, resp.status)
     return resp.json()
 
 
-def test_submit_a_gpu_job_with_its_prediction_previewed(page, live_server, shots, user_owner, team_a, model_a):
+def test_submit_a_gpu_job_with_its_prediction_previewed(page, live_server, shots, user_owner, team_a, model_a):  # noqa: F811
     from scheduling import services
 
     services.ensure_active_predictor()  # trained from the seed profiles (the preview never trains one)
@@ -53,7 +53,7 @@ def test_submit_a_gpu_job_with_its_prediction_previewed(page, live_server, shots
     assert page.problems == []
 
 
-def test_upload_a_trace_and_follow_its_simulation(page, live_server, shots, user_owner, team_a):
+def test_upload_a_trace_and_follow_its_simulation(page, live_server, shots, user_owner, team_a):  # noqa: F811
     from scheduling import services
 
     Quota.objects.filter(team=team_a).update(max_concurrent_simulations=5)
@@ -94,7 +94,7 @@ def test_upload_a_trace_and_follow_its_simulation(page, live_server, shots, user
     assert page.problems == []
 
 
-def test_admin_page_loads_without_a_console_error(page, live_server, user_staff):
+def test_admin_page_loads_without_a_console_error(page, live_server, user_staff):  # noqa: F811
     user_staff.set_password("pw-stan")
     user_staff.save()
     failed = []
@@ -105,7 +105,7 @@ def test_admin_page_loads_without_a_console_error(page, live_server, user_staff)
     assert failed == [] and page.problems == [], failed + page.problems
 
 
-def test_live_page_polls_conditionally_and_still_follows_progress(page, live_server, user_owner, team_a, model_a):
+def test_live_page_polls_conditionally_and_still_follows_progress(page, live_server, user_owner, team_a, model_a):  # noqa: F811
     """An unchanged run answers the page's poll with 304 (If-None-Match); a write makes it fetch again."""
     from .fakes import make_running_run
 

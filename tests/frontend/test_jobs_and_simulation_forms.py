@@ -243,3 +243,46 @@ def test_hostile_ids_and_numbers_never_5xx(owner_client, team_a, model_a, predic
     assert resp.status_code == 200 and not SimulationRun.objects.exists()
     resp = owner_client.post("/simulations/new/", _sim_form(team_a, gpus=10**6, jobs=10**7))
     assert resp.status_code == 200 and resp.context["form"].errors and not SimulationRun.objects.exists()
+
+
+def test_the_dashboard_form_submits_a_two_gpu_training_job(owner_client, model_a, predictor):
+    html = owner_client.get("/cluster/jobs/new/").content.decode()
+    assert 'name="kind"' in html and 'name="optimizer"' in html and 'name="num_gpus"' in html
+    resp = owner_client.post("/cluster/jobs/new/", {"model": model_a.pk, "batch_size": 4, "iterations": 20,
+                                                    "runtime": "auto", "kind": "train", "optimizer": "sgd",
+                                                    "learning_rate": "0.001", "num_gpus": 2})
+    job = GpuJob.objects.get()
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    assert (job.kind, job.optimizer, job.learning_rate, job.num_gpus) == ("train", "sgd", 0.001, 2)
+    detail = owner_client.get(f"/cluster/jobs/{job.pk}/").content.decode()
+    assert "training steps (sgd)" in detail and "2 GPUs" in detail
+
+
+def test_the_preview_of_a_training_job_shows_its_training_memory(owner_client, model_a, predictor):
+    from scheduling.services.jobs import TRAIN_MEMORY_FACTOR
+
+    base = owner_client.get(f"/cluster/jobs/preview/?model={model_a.pk}&batch_size=8").json()
+    train = owner_client.get(f"/cluster/jobs/preview/?model={model_a.pk}&batch_size=8&kind=train").json()
+    assert train["kind"] == "train" and train["util_pct"] == base["util_pct"]
+    assert train["mem_mb"] == round(base["mem_mb"] * TRAIN_MEMORY_FACTOR, 1)
+    bad = owner_client.get(f"/cluster/jobs/preview/?model={model_a.pk}&batch_size=8&kind=finetune")
+    assert bad.status_code == 400 and "kind" in bad.json()["errors"]
+
+
+def test_the_job_page_shows_its_replacements_and_training_loss(owner_client, model_a):
+    job = GpuJob.objects.create(
+        team_id=model_a.team_id, model=model_a, batch_size=4, kind="train", iterations=10, duration_estimate_s=60,
+        state="finished", result={"losses": [1.5, 0.5], "loss_first": 1.5, "loss_last": 0.5, "steps": 2,
+                                  "optimizer": "adam", "learning_rate": 0.0001},
+        replacements=[{"status": "done", "at": "2026-01-01T00:00:00+00:00", "reason": "oom", "measured_mem_mb": 4100.0,
+                       "mem_share_mb": 2512.0, "predicted_util_pct_before": 30.0, "predicted_mem_mb_before": 2000.0,
+                       "predicted_util_pct_after": 30.0, "predicted_mem_mb_after": 4100.0},
+                      {"status": "done", "at": "2026-01-01T00:05:00+00:00", "reason": "interference",
+                       "rule": "horus_migrate", "gpu_measured_util_pct": 120.0, "gpu_predicted_util_pct": 90.0,
+                       "bound_pct": 105.0, "job_measured_util_pct": 20.0, "job_predicted_util_pct": 30.0,
+                       "predicted_util_pct_before": 30.0, "predicted_mem_mb_before": 4100.0,
+                       "predicted_util_pct_after": 20.0, "predicted_mem_mb_after": 900.0}])
+    html = owner_client.get(f"/cluster/jobs/{job.pk}/").content.decode()
+    assert 'id="replacements-table"' in html and "over its memory share" in html and "4100 MB" in html
+    assert "interference (horus_migrate)" in html and "GPU at 120.0 % measured (90.0 % predicted)" in html
+    assert 'id="training-loss"' in html and "1.5000 at the first step" in html and "0.5000 at step 2" in html

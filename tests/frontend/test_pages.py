@@ -153,6 +153,7 @@ def test_upload_form_too_large(owner_client, team_a, settings):
     assert not DLModel.objects.exists()
 
 
+@pytest.mark.dialect
 def test_upload_form_duplicate_name_is_a_field_error(owner_client, team_a, model_a, small_cnn_bytes):
     resp = owner_client.post("/models/upload/", {"team": team_a.pk, "name": "cnn-a",
                                                  "file": SimpleUploadedFile("a.onnx", small_cnn_bytes)})
@@ -398,11 +399,12 @@ def run_ids_in(html: str) -> list[int]:
     return [int(x) for x in re.findall(r'<a href="/runs/(\d+)/">#', html)]
 
 
+@pytest.mark.dialect
 def test_run_list_filters_and_sorting(owner_client, many_runs, run_b, model_a):
     r1, r2, r3 = many_runs
     get = lambda q="": run_ids_in(owner_client.get("/runs/" + q).content.decode())  # noqa: E731
     assert get() == [r3.pk, r2.pk, r1.pk]  # newest first; never team B's run
-    assert run_b.pk not in get("?team=%d" % run_b.team_id)
+    assert run_b.pk not in get(f"?team={run_b.team_id}")
     assert get(f"?model={model_a.pk}") == [r3.pk, r1.pk]
     assert get("?target_kind=cuda") == [r2.pk]
     assert get("?status=succeeded") == [r3.pk]

@@ -224,7 +224,18 @@ def test_jct_slowdown_percentiles_on_a_hand_made_replay():
     assert m["p99_jct_s"] == pytest.approx(397.0)
     assert m["mean_slowdown"] == pytest.approx(2.5) and m["p95_slowdown"] == pytest.approx(3.85)
     assert m["mean_run_stretch"] == pytest.approx(1.0)
+    assert m["p95_run_stretch"] == m["p99_run_stretch"] == pytest.approx(1.0)  # one at a time: no interference
     assert m["makespan_s"] == pytest.approx(400.0)
+
+
+def test_run_stretch_tail_shows_the_jobs_slowed_by_sharing():
+    from scheduling.horus.policies import make_policy
+
+    # three jobs on one GPU: gandiva packs them and the two heavy ones slow each other
+    jobs = [job("a", 0.0, 100.0, util=95.0), job("b", 0.0, 100.0, util=95.0), job("c", 0.0, 100.0, util=5.0)]
+    res = _run(jobs, make_policy("gandiva"))
+    m = job_metrics(res.jobs["submit"], res.jobs["start"], res.jobs["finish"], res.jobs["duration"], [1] * 3, 1)
+    assert m["p99_run_stretch"] >= m["p95_run_stretch"] >= m["mean_run_stretch"] > 1.0
 
 
 def test_finish_time_fairness_by_hand():

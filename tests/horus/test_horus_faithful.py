@@ -10,7 +10,12 @@ import pytest
 
 from scheduling.horus.cluster import ClusterSpec, ClusterState, NodeSpec
 from scheduling.horus.policies import Horus, HorusMigrate, make_policy
-from scheduling.horus.profiles import ProfileTable, load_profiles, util_on_gpu
+from scheduling.horus.profiles import (
+    ProfileTable,
+    load_profiles,
+    speed_on_gpu,
+    util_on_gpu,
+)
 from scheduling.horus.replay import Replay, measured_util, summarize
 from scheduling.horus.simulator import simulate
 from scheduling.horus.traces import TraceFormatError, assign_workloads, load_philly
@@ -95,7 +100,7 @@ def test_horus_migrate_cannot_read_the_jobs_true_utilization():
     simulate(jobs, ClusterSpec.uniform(1, 1, gpu_mem_mb=16384.0), spy)
     first = [(j, m, t) for j, m, t in spy.seen_jobs if j in ("j0", "j1")][:2]
     assert [j for j, _, _ in first] == ["j0", "j1"], spy.seen_jobs
-    for _, meas, true in spy.seen_jobs:
+    for _, _, true in spy.seen_jobs:
         assert math.isnan(true)  # the view's copies carry no true utilization
     for _, meas, _ in first:
         assert meas > 40.0 + 1.0  # slowed by its partner: telemetry shows more than its standalone 40 %
@@ -117,8 +122,11 @@ def test_replay_runs_each_job_at_its_utilization_on_the_gpu_it_got():
         j.util_gpu_model = "V100"
     res = simulate(jobs, spec, make_policy("fifo_exclusive"))
     on_k80 = util_on_gpu(50.0, measured_on="V100", run_on="K80", model="m")
-    # one job per GPU, both alone for the whole span: delivered = mean of their per-type utilizations
-    assert res.util_mean_pct == pytest.approx((50.0 + on_k80) / 2)
+    r = speed_on_gpu(measured_on="V100", run_on="K80", model="m")
+    # one job per GPU, each alone: the V100 one for 1000 s at 50 %, the K80 one for 1000 / r s at its K80 util
+    span = 1000.0 / r
+    assert res.makespan_s == pytest.approx(span)
+    assert res.util_mean_pct == pytest.approx((50.0 * 1000.0 + on_k80 * span) / (2 * span))
 
 
 def test_philly_gpu_util_column_is_the_jobs_true_utilization():

@@ -73,3 +73,80 @@ def test_flat_sensitivity_claims_work_beyond_one_gpu_and_is_labelled():
     assert r.peak_gpu_delivered_pct == pytest.approx(250.0)
     assert r.over_capacity_work_pct == pytest.approx(150.0)
     assert r.params["interference"]["kind"].startswith("sensitivity")
+
+
+# ------------------------------------------------------------------ durations by GPU type (Gavel's throughputs)
+def typed_job(name: str, duration: float, *, util: float = 100.0, num_gpus: int = 1, model: str = "resnet18"):
+    j = job(name, 0, duration, util=util, mem=2000, num_gpus=num_gpus)
+    j.util_gpu_model, j.model = "V100", model  # duration and utilization measured on a V100
+    return j
+
+
+def test_a_job_measured_on_a_v100_runs_longer_on_a_k80_by_gavels_throughput_ratio():
+    from scheduling.horus.profiles import gavel_speed_ratios, speed_on_gpu
+
+    ratio = gavel_speed_ratios()["ResNet-18"]["k80"] / gavel_speed_ratios()["ResNet-18"]["v100"]
+    assert 0 < ratio < 1 and speed_on_gpu(measured_on="V100", run_on="K80", model="resnet18") == pytest.approx(ratio)
+    v100 = simulate([typed_job("a", HOUR)], ClusterSpec.uniform(1, 1, gpu_model="V100"), make_policy("fifo_exclusive"),
+                    check_invariants=True)
+    k80 = simulate([typed_job("a", HOUR)], ClusterSpec.uniform(1, 1, gpu_model="K80", gpu_mem_mb=12288.0),
+                   make_policy("fifo_exclusive"), check_invariants=True)
+    assert v100.makespan_s == pytest.approx(HOUR)
+    assert k80.makespan_s == pytest.approx(HOUR / ratio)
+    assert k80.mean_slowdown == pytest.approx(1.0 / ratio)  # the true slowdown counts the slower GPU
+    assert k80.util_mean_pct <= 100.0 + 1e-9
+
+
+def test_families_keep_their_own_ratio_and_same_stand_in_types_run_at_the_measured_speed():
+    from scheduling.horus.profiles import speed_on_gpu
+
+    lm = speed_on_gpu(measured_on="V100", run_on="K80", model="lstm_lm")
+    cnn = speed_on_gpu(measured_on="V100", run_on="K80", model="resnet18")
+    assert lm != cnn
+    assert speed_on_gpu(measured_on="V100", run_on="V100M32", model="resnet18") == 1.0  # both stand in as v100
+    assert speed_on_gpu(measured_on="V100", run_on="T4") == speed_on_gpu(measured_on="V100", run_on="P100")
+    back = speed_on_gpu(measured_on="K80", run_on="V100", model="resnet18")
+    assert back * cnn == pytest.approx(1.0)
+
+
+def test_a_gang_across_gpu_types_runs_at_its_slowest_gpus_speed():
+    from scheduling.horus.cluster import NodeSpec
+    from scheduling.horus.profiles import speed_on_gpu
+
+    spec = ClusterSpec((NodeSpec("v", 1, "V100", 16384.0), NodeSpec("k", 1, "K80", 12288.0)), "mixed")
+    r = simulate([typed_job("g", HOUR, num_gpus=2)], spec, make_policy("fifo_exclusive"), check_invariants=True)
+    assert r.makespan_s == pytest.approx(HOUR / speed_on_gpu(measured_on="V100", run_on="K80", model="resnet18"))
+
+
+def test_a_job_without_a_measured_gpu_type_keeps_its_duration_everywhere():
+    r = simulate([job("a", 0, HOUR, util=100.0, mem=2000)], ClusterSpec.uniform(1, 1, gpu_model="K80", gpu_mem_mb=12288.0),
+                 make_policy("fifo_exclusive"))
+    assert r.makespan_s == pytest.approx(HOUR)
+
+
+def test_sharing_on_a_k80_slows_by_interference_and_by_type_and_telemetry_sees_only_interference():
+    from scheduling.horus.profiles import speed_on_gpu, util_on_gpu
+
+    spec = ClusterSpec.uniform(1, 1, gpu_model="K80", gpu_mem_mb=12288.0)
+    jobs = [typed_job(n, HOUR, util=30.0) for n in "ab"]
+    r = simulate(jobs, spec, make_policy("gandiva"), record_jobs=True, check_invariants=True)
+    ratio = speed_on_gpu(measured_on="V100", run_on="K80", model="resnet18")
+    u = util_on_gpu(30.0, measured_on="V100", run_on="K80", model="resnet18") / 100.0
+    speed = make_interference("fitted").speeds([u, u], gpu_type="K80")[0]
+    assert r.makespan_s == pytest.approx(HOUR / (ratio * speed), rel=1e-6)
+    # delivered work on the K80: both jobs at their K80 utilization for their K80 standalone time
+    delivered = r.util_mean_pct / 100 * r.makespan_s
+    assert delivered == pytest.approx(2 * u * HOUR / ratio, rel=1e-6)
+
+
+def test_a_fill_books_each_pod_at_its_utilization_on_the_gpu_type_it_got():
+    from scheduling.horus.cluster import NodeSpec
+    from scheduling.horus.fill import Fill
+    from scheduling.horus.profiles import util_on_gpu
+
+    spec = ClusterSpec((NodeSpec("k", 1, "K80", 12288.0),), "one K80", enforce_milli=True)
+    pod = typed_job("p", 1.0, util=40.0)
+    fill = Fill([pod], spec, make_policy("best_fit"), seed=0, max_pods=1).run()
+    rj = next(iter(fill.state.running.values()))
+    assert rj.true_util_pct == pytest.approx(util_on_gpu(40.0, measured_on="V100", run_on="K80", model="resnet18"))
+    assert rj.true_util_pct > 40.0

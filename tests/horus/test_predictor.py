@@ -22,7 +22,6 @@ from scheduling.horus.predictor import PREDICTOR_COLUMNS, TrainedPredictor, Util
 from scheduling.horus.profiles import (
     SYNTHETIC_SOURCE,
     ProfileFormatError,
-    ProfileRecord,
     ProfileTable,
     gpu_spec,
     load_profiles,

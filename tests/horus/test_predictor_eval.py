@@ -43,3 +43,55 @@ def test_evaluation_needs_two_families():
     recs = [r for r in load_profiles() if r.model == "resnet18"]
     with pytest.raises(ValueError, match="at least 2 model families"):
         evaluate_predictor(recs)
+
+
+# ------------------------------------------------------------------ any profile file with a source; online profiling
+def _measured_file(tmp_path, rows):
+    import json
+
+    (tmp_path / "gpu_profiles_h100.json").write_text(json.dumps({"records": rows}))
+    (tmp_path / "zoo_features.json").write_text(json.dumps({"models": {}, "version": 1}))  # not a profile file
+
+
+def test_profile_sources_read_measured_files_and_fill_zoo_features(tmp_path):
+    from scheduling.horus.predictor_eval import load_profile_sources
+
+    _measured_file(tmp_path, [
+        {"model": "resnet18", "batch_size": 32, "gpu_model": "H100", "gpu_util_pct": 71.0, "peak_mem_mb": 3000.0,
+         "power_w": None, "source": "measured-nvml-h100", "meta": {"mode": "training"}},
+        {"model": "no_such_model", "batch_size": 8, "gpu_model": "H100", "gpu_util_pct": 10.0, "peak_mem_mb": 900.0,
+         "source": "measured-nvml-h100"},
+        {"model": "resnet18", "batch_size": 32, "gpu_model": "H100", "gpu_util_pct": 71.0, "peak_mem_mb": 3000.0},
+    ])
+    records, skipped = load_profile_sources(tmp_path)
+    assert [(r.model, r.source) for r in records] == [("resnet18", "measured-nvml-h100")]
+    assert records[0].features["total_flops"] > 0  # the zoo's graph features for resnet18 at batch 32
+    assert [s["why"] for s in skipped] == ["no graph features for no_such_model at batch 8", "no 'source' field"]
+
+
+def test_shipped_profiles_are_all_read_and_synthetic():
+    from scheduling.horus.predictor_eval import load_profile_sources
+
+    records, skipped = load_profile_sources()
+    assert len(records) == len(load_profiles()) and not skipped
+    assert {r.source for r in records} == {"synthetic-roofline-v1"}
+
+
+def test_online_profile_uses_measured_samples_warm_up_included():
+    from scheduling.horus.predictor_eval import online_profile_estimates
+
+    recs = load_profiles()[:2]
+    meta = {"util_samples": [0.0] * 10 + [80.0] * 50, "sample_period_s": 1.0}
+    measured = type(recs[0])(**{**recs[0].to_dict(), "gpu_util_pct": 80.0, "meta": meta})
+    est, is_measured = online_profile_estimates([measured, recs[1]], window_s=20.0, seed=0)
+    assert is_measured.tolist() == [True, False]
+    assert est[0] == pytest.approx(40.0)  # 10 s of warm-up at 0 and 10 s at 80: a short profile under-reads
+    assert abs(est[1] - recs[1].gpu_util_pct) < 10.0  # modeled: truth + the mean of 20 noisy samples
+
+
+def test_evaluation_reports_online_profiling_beside_the_analytic_baseline_and_labels_it_modeled():
+    ev = evaluate_predictor(load_profiles(), seed=0, online_window_s=30.0)
+    assert set(ev["methods"]) == {"predictor", "constant", "analytic_flops", "online_profile_30s"}
+    assert ev["online_profile"]["records_modeled"] == ev["n_records"] and ev["online_profile"]["gpu_seconds_per_job"] == 30.0
+    text = format_evaluation(ev)
+    assert "SYNTHETIC" in text and "MODELED" in text

@@ -191,3 +191,21 @@ def test_reference_policies_honour_cpu_memory_type_and_one_node(name):
 def test_unknown_reference_policy_lists_the_known_ones():
     with pytest.raises(KeyError, match="fgd_ref"):
         make_reference_policy("fgd_reference")
+
+
+def test_tuned_stream_submits_every_pod_once_plus_extras_to_the_target():
+    # the artifact's workload tuning: 4 pods asking 0.5 GPU each on 2 GPUs (1.0 of capacity) -> to 1.3 x 2 GPUs
+    pods = [Job(f"p{i}", 0.0, 1.0, 1, 500, cpu_milli=1000, ram_mib=1000, true_util_pct=50.0, true_mem_mb=1000.0,
+                pred_util_pct=50.0, pred_mem_mb=1000.0) for i in range(4)]
+    spec = ClusterSpec((node("n0"),), "hand-made", enforce_milli=True)
+    fill = Fill(pods, spec, BestFitRef(), seed=3, sampling="tuned", tune=1.3)
+    order = fill.order
+    assert sorted(set(order)) == [0, 1, 2, 3] and len(order) == 5  # 4 originals + 1 extra (2.5 of 2.6 GPUs)
+    fill.run()
+    assert fill.submitted == 4  # the fill stops when the arrived request reaches 100 % of capacity
+    # a list above the target loses pods at random: 8 of 0.5 GPU on one 2-GPU node at tune 1.3 keep 5
+    many = [Job(f"q{i}", 0.0, 1.0, 1, 500, cpu_milli=1000, ram_mib=1000, true_util_pct=50.0, true_mem_mb=1000.0,
+                pred_util_pct=50.0, pred_mem_mb=1000.0) for i in range(8)]
+    assert len(Fill(many, spec, BestFitRef(), seed=0, sampling="tuned").order) == 5
+    with pytest.raises(ValueError, match="sampling"):
+        Fill(pods, spec, BestFitRef(), sampling="bogus")

@@ -44,6 +44,29 @@ def test_bundled_traces_parse():
     assert spec.enforce_milli and spec.n_gpus == 6212
 
 
+def test_artifact_pod_lists_are_shipped_traces():
+    from scheduling.horus.experiments import (
+        SHIPPED_TRACES,
+        ExperimentError,
+        ExperimentParams,
+        load_jobs,
+        prepare_experiment,
+    )
+
+    expect = {"alibaba_gpushare40": (8152, 4001, 62), "alibaba_gpushare100": (8152, 7064, 0),
+              "alibaba_multigpu20": (8324, 3078, 247)}  # pods, GPU-sharing pods, multi-GPU pods
+    for name, (n, share, multi) in expect.items():
+        assert name in SHIPPED_TRACES
+        kind, pods = load_jobs(name)
+        assert kind == "alibaba_pods" and len(pods) == n
+        assert sum(0 < p.gpu_milli < 1000 for p in pods) == share and sum(p.num_gpus > 1 for p in pods) == multi
+    # multigpu20 carries no times: a replay of it would be all pods at t=0 for 1 s, so it is refused
+    kind, pods = load_jobs("alibaba_multigpu20")
+    params = ExperimentParams(method="replay", predictions="oracle").validate(kind)
+    with pytest.raises(ExperimentError, match="no creation/deletion times"):
+        prepare_experiment(kind, pods, params, seed=0, profiles=load_profiles())
+
+
 def test_upload_file_like_text_bytes_and_gzip():
     text = PHILLY_HEAD + "2017-10-09 07:01:55,66.0,1,66.0,c\n2017-10-09 07:00:55,10,2,20,c\n"
     a = load_philly(io.StringIO(text), name="up.csv")

@@ -1,11 +1,11 @@
 """Cache entries made the way the platform makes them: a TVM database written as a run's ``final`` (serially
-re-measured) database, read back by ``record_cache.entries_from_run``."""
+re-measured) database, read back by ``publish.entries_from_run``."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from tuning.engine.records import cache as record_cache
+from tuning.engine.records import publish
 from tuning.engine.workdir import DB_RECORDS, DB_WORKLOAD, FINAL_DIR
 from tuning.engine.testing import tuning_database
 
@@ -34,7 +34,7 @@ def final_entries(work_dir: str, model, target, *, run_secs=(1e-3,), task_index:
     os.makedirs(d, exist_ok=True)
     Path(d, DB_WORKLOAD).write_bytes(wl)
     Path(d, DB_RECORDS).write_bytes(rec)
-    entries = record_cache.entries_from_run(work_dir, model, target)
+    entries = publish.entries_from_run(work_dir, model, target)
     for i, e in enumerate(entries):
         e["id"], e["source_run"] = first_id + i, source_run
     return entries

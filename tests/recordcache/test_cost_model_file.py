@@ -15,7 +15,7 @@ import pytest
 
 from common.archive import ArchiveError, read_tar_members
 from tuning.engine.records import cost_model_file as cmf
-from tuning.engine.records import cache as rc
+from tuning.engine.records import publish
 from tuning.engine.search.loop import _cost_model, load_cost_model, train_when_needed
 
 pytest.importorskip("xgboost")
@@ -249,14 +249,14 @@ def test_a_refused_cache_model_is_skipped_and_the_run_tunes_without_it(tmp_path,
     marker = tmp_path / "pwned"
     old = _tvm_format_with_payload(tmp_path, marker)
     work = tmp_path / "run"
-    with caplog.at_level(logging.WARNING, logger="tuning.engine.records.cache"):
-        assert not rc.place_cost_model(str(work), old)
+    with caplog.at_level(logging.WARNING, logger="tuning.engine.records.publish"):
+        assert not publish.place_cost_model(str(work), old)
     assert "skipped" in caplog.text and "old-format" in caplog.text
     assert not (work / "cost_model.xgb").exists() and os.listdir(work) == []
 
     good = str(tmp_path / "good.xgb")
     _trained_model().save(good)
-    assert rc.place_cost_model(str(work), good)
+    assert publish.place_cost_model(str(work), good)
     assert (work / "cost_model.xgb").read_bytes() == open(good, "rb").read()
     assert not marker.exists()
 

@@ -86,6 +86,7 @@ def test_only_pending_staff_imports_are_served_without_a_team(team_a):
     assert orphan.pk not in [e["id"] for e in selectors.trusted_entries(key)]
 
 
+@pytest.mark.dialect
 @pytest.mark.django_db(transaction=True)  # the executor migrates back and forth
 def test_the_migration_withdraws_consent_given_by_the_old_default(team_a, team_b):
     before = [("recordcache", "0001_initial")]

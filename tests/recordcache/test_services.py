@@ -11,7 +11,7 @@ from core.exceptions import PermissionDenied, ServiceError
 from recordcache import adapters, selectors, services
 from recordcache.models import CacheEntry, CacheLookup, TeamCacheSettings
 from tests.factories import CacheEntryFactory, TeamFactory, TuningRunFactory, TuningTaskFactory
-from tuning.engine.records import cache as rc
+from tuning.engine.records import cache_key, seeds
 from tuning.engine.workdir import has_imported
 
 from .cachedata import give_final_database, opt_in
@@ -48,7 +48,7 @@ def test_same_key_hits_other_mcpu_tvm_version_or_device_misses():
 
 def test_the_pipeline_key_is_part_of_the_target_key():
     run = _run(options={"pipeline_key": "fold-bn-v2"})
-    assert adapters.cache_key_of(run)["target_key"] == rc.cache_target_key(KEY, "fold-bn-v2")
+    assert adapters.cache_key_of(run)["target_key"] == cache_key.cache_target_key(KEY, "fold-bn-v2")
 
 
 def test_seed_run_records_hits_and_misses_and_writes_seeds_without_times(tasks):
@@ -65,7 +65,7 @@ def test_seed_run_records_hits_and_misses_and_writes_seeds_without_times(tasks):
     assert not rows[1].hit and rows[1].n_seeds == 0
     work = str(adapters.run_work_dir(run.pk))
     assert has_imported(work)
-    manifest = json.loads((adapters.run_work_dir(run.pk) / rc.SEEDS_FILE).read_text())
+    manifest = json.loads((adapters.run_work_dir(run.pk) / seeds.SEEDS_FILE).read_text())
     assert manifest["tasks"]["0"]["cache_best_s"] == 1e-3
     best.refresh_from_db()
     assert best.hits == 1
@@ -221,7 +221,7 @@ def test_a_verified_hit_searched_on_saves_no_trials():
 def _verification(run, verdicts):
     d = adapters.run_work_dir(run.pk)
     d.mkdir(parents=True, exist_ok=True)
-    (d / rc.VERIFY_FILE).write_text(json.dumps({"tolerance": 0.1, "tasks": verdicts}))
+    (d / seeds.VERIFY_FILE).write_text(json.dumps({"tolerance": 0.1, "tasks": verdicts}))
 
 
 def test_verdicts_mark_stale_entries_and_count_trials_saved():

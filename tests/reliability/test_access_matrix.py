@@ -15,7 +15,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from django.conf import settings
@@ -405,12 +405,12 @@ def cleanup_run_files(world):
 def test_api_access_matrix(world, cleanup_run_files):
     failures, checked = [], 0
     clients = {role: api_client(world, role) for role in ROLES}
-    for (name, method), route in sorted(api_operations().items()):
+    for (name, method), _route in sorted(api_operations().items()):
         url = url_for(name, world)
         for role in ROLES:
             body = BODIES[(name, method)](world) if (name, method) in BODIES else None
             expected = EXPECTED[(name, method)][role]
-            resp, ok = call(clients[role], method, url, body, after=lambda r: expected.check(r, world))
+            resp, ok = call(clients[role], method, url, body, after=lambda r, expected=expected: expected.check(r, world))
             cleanup_run_files()
             checked += 1
             if os.environ.get("ACCESS_MATRIX_DUMP"):
@@ -808,7 +808,7 @@ def test_dashboard_access_matrix(world, celery_outbox, settings):
                 client.force_login(world.users[role])
             body = (dashboard_body(name, world, role), None) if method == "POST" else None
             expected = per_role[role]
-            resp, ok = call(client, method, url, body, after=lambda r: expected.check(r, world))
+            resp, ok = call(client, method, url, body, after=lambda r, expected=expected: expected.check(r, world))
             if resp.status_code >= 500 or not ok:
                 failures.append(f"{method} {url} as {role}: got {resp.status_code} "
                                 f"{resp.get('Location', '')}, expected {expected!r}")
@@ -900,7 +900,7 @@ def test_session_authenticated_api_writes_need_csrf(world):
     strict.force_login(world.users["owner"])
     # force_login + APIClient: authenticate through the session, not force_authenticate
     failures = []
-    for (name, method), route in sorted(api_operations().items()):
+    for (name, method), _route in sorted(api_operations().items()):
         if method == "GET":
             continue
         url = url_for(name, world)

@@ -88,6 +88,7 @@ def _race(first, second, monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.dialect
 def test_two_owners_demoting_each_other_at_once_leave_one_owner(monkeypatch):
     alice, bob, team, m_alice, m_bob = _two_owner_team()
     outcomes = _race(lambda: services.change_member_role(actor=alice, membership=m_bob, role="viewer"),
@@ -97,6 +98,7 @@ def test_two_owners_demoting_each_other_at_once_leave_one_owner(monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.dialect
 def test_two_owners_removing_each_other_at_once_leave_one_owner(monkeypatch):
     alice, bob, team, m_alice, m_bob = _two_owner_team()
     outcomes = _race(lambda: services.remove_member(actor=alice, membership=m_bob),
@@ -105,6 +107,7 @@ def test_two_owners_removing_each_other_at_once_leave_one_owner(monkeypatch):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.dialect
 def test_two_owners_leaving_at_once_leave_one_owner(monkeypatch):
     alice, bob, team, m_alice, m_bob = _two_owner_team()
     outcomes = _race(lambda: services.remove_member(actor=alice, membership=m_alice),
@@ -323,26 +326,26 @@ def test_a_huge_integer_in_a_record_is_refused_by_the_precheck():
 def test_a_record_file_of_millions_of_lines_is_refused_before_they_are_parsed(monkeypatch):
     """Was broken: the budget was checked after every line had been parsed, so one 200 MB upload of
     tiny records held a web worker for tens of seconds and gigabytes (the dashboard and the API)."""
-    from tuning.engine.records import check as record_check
+    from tuning.engine.records import check as records_check
 
     parsed = []
-    real_loads = record_check.json.loads
+    real_loads = records_check.json.loads
 
     class CountingJson:
-        JSONDecodeError = record_check.json.JSONDecodeError
+        JSONDecodeError = records_check.json.JSONDecodeError
 
         @staticmethod
         def loads(text):
             parsed.append(1)
             return real_loads(text)
-    monkeypatch.setattr(record_check, "json", CountingJson)
-    with pytest.raises(record_check.RecordError, match="budget of 8"):
-        record_check.precheck(b"{}\n", b"[0, [[[], []]]]\n" * 200_000, max_records=8)
+    monkeypatch.setattr(records_check, "json", CountingJson)
+    with pytest.raises(records_check.RecordError, match="budget of 8"):
+        records_check.precheck(b"{}\n", b"[0, [[[], []]]]\n" * 200_000, max_records=8)
     assert len(parsed) <= 1 + 9
     parsed.clear()
-    with pytest.raises(record_check.RecordError, match="workload"):
-        record_check.precheck(b"{}\n" * 200_000, b"[0, [[[], []]]]\n", max_records=8)
-    assert len(parsed) <= record_check.MAX_WORKLOADS + 1
+    with pytest.raises(records_check.RecordError, match="workload"):
+        records_check.precheck(b"{}\n" * 200_000, b"[0, [[[], []]]]\n", max_records=8)
+    assert len(parsed) <= records_check.MAX_WORKLOADS + 1
 
 
 def test_a_model_name_cannot_inject_headers_into_its_download(team_a, user_owner):

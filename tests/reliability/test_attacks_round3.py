@@ -58,7 +58,7 @@ def test_done_when_targets_are_400_and_store_nothing(api_owner, model_a, key):
 BYPASS_TARGETS = {
     "json_string": json.dumps({"kind": "llvm", "cl-opt": [EVIL]}),
     "json_string_padded": "  \n" + json.dumps({"kind": "llvm", "cl-opt": [EVIL]}),
-    "duplicate_keys_in_string": '{"kind": "llvm", "mcpu": "generic", "mcpu": "x", "cl-opt": ["%s"]}' % EVIL,
+    "duplicate_keys_in_string": '{"kind": "llvm", "mcpu": "generic", "mcpu": "x", "cl-opt": ["' + EVIL + '"]}',
     "tvm_option_string": f"llvm -cl-opt={EVIL}",
     "kind_with_options": "llvm -mattr=+avx2",
     "list": [["kind", "llvm"], ["cl-opt", [EVIL]]],
@@ -122,9 +122,11 @@ def test_done_when_nested_gzip_trace_is_4xx_and_the_web_process_stays_small(api_
 def test_done_when_constant_expansion_model_costs_the_web_process_little(api_owner, team_a, settings, capsys):
     settings.ONNX_COUNT_TUNING_TASKS = True  # TVM imports the model, as in production
     settings.UPLOAD_SANDBOX_MEMORY_MB = 1536
-    post = (lambda data, name: api_owner.post(
-        "/api/models/", {"team": team_a.pk, "name": name, "file": SimpleUploadedFile("m.onnx", data)},
-        format="multipart"))
+
+    def post(data, name):
+        return api_owner.post("/api/models/", {"team": team_a.pk, "name": name,
+                                               "file": SimpleUploadedFile("m.onnx", data)}, format="multipart")
+
     post(b"warm up", "warm")
     bomb = _constant_folding_bomb()
     with _memory_growth() as grown:

@@ -68,7 +68,7 @@ def test_other_spellings_of_local_hosts_and_odd_characters_are_refused(url, monk
 
 
 def test_a_stored_url_that_cannot_be_sent_fails_the_delivery_instead_of_crashing_it(
-        team_a, user_owner, local_receivers, django_capture_on_commit_callbacks, celery_outbox, settings):
+        team_a, user_owner, local_receivers, django_capture_on_commit_callbacks, celery_outbox, settings):  # noqa: F811
     """A URL stored before the checks tightened (or by the admin): the attempt fails and is counted, so
     the delivery ends after WEBHOOK_MAX_ATTEMPTS instead of being re-sent by beat forever (held)."""
     services.set_team_webhook(actor=user_owner, team=team_a, url="http://127.0.0.1:9/")
@@ -83,7 +83,7 @@ def test_a_stored_url_that_cannot_be_sent_fails_the_delivery_instead_of_crashing
     assert delivery.state == "failed" and delivery.attempts == settings.WEBHOOK_MAX_ATTEMPTS
 
 
-def test_a_delivery_out_of_attempts_is_not_sent_again(team_a, user_owner, local_receivers, settings,
+def test_a_delivery_out_of_attempts_is_not_sent_again(team_a, user_owner, local_receivers, settings,  # noqa: F811
                                                      django_capture_on_commit_callbacks, celery_outbox):
     """A worker killed mid-attempt leaves a delivery pending; beat re-sends it: past its attempts it ends."""
     with Receiver() as rx:

@@ -23,7 +23,8 @@ from tests.helpers import PHILLY_CSV
 
 from .faults import count_statements, fail_nth
 
-pytestmark = pytest.mark.django_db
+# dialect-sensitive (re-run on SQLite by scripts/test.sh): transactions rolled back on a database error
+pytestmark = [pytest.mark.django_db, pytest.mark.dialect]
 
 WRITES = r"^\s*(INSERT|UPDATE|DELETE)\b"
 

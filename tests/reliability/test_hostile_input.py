@@ -794,7 +794,7 @@ def test_records_the_checker_accepts_are_ones_metaschedule_can_mutate():
 
     from tvm.s_tir import meta_schedule as ms
 
-    from tuning.engine.records.check import check_trace
+    from tuning.engine.records.check_replay import check_trace
     from tuning.engine.compile.pipeline import make_target
     from tuning.engine.testing import matmul_primfunc, tuning_database
 
@@ -817,8 +817,8 @@ def test_records_the_checker_accepts_are_ones_metaschedule_can_mutate():
     mod, good = traces((("meta_schedule.parallel", 16),))
     check_trace(good)
     mutate(mod, good)
-    for annotations in ((("meta_schedule.unroll_explicit", 16),), (("meta_schedule.parallel", "x"),)):
-        mod, bad = traces(annotations)
+    for bad_annotations in ((("meta_schedule.unroll_explicit", 16),), (("meta_schedule.parallel", "x"),)):
+        mod, bad = traces(bad_annotations)
         with pytest.raises(ValueError):
             check_trace(bad)
         with pytest.raises(Exception):  # noqa: B017 - TVM's own error, whatever its class
@@ -828,9 +828,6 @@ def test_records_the_checker_accepts_are_ones_metaschedule_can_mutate():
 def test_import_accepts_the_records_metaschedule_writes(import_run):
     """What a user really brings: a tuning run's records (MetaSchedule's sampled traces), not only the
     hand-made traces of the refusal tests."""
-    import json
-
-    from tuning import services as tuning_services
     from tuning.engine.compile.pipeline import make_target
     from tuning.engine.testing import design_space_database
     from tuning.engine.compile.workloads import collect_tasks

@@ -19,7 +19,8 @@ from scheduling import selectors
 from scheduling.models import GpuJob
 from tuning.models import TuningRun
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# dialect-sensitive (re-run on SQLite by scripts/test.sh): row locks under concurrent starts
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.dialect]
 
 THREADS = 12
 

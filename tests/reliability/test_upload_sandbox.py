@@ -177,6 +177,7 @@ def test_async_validation_of_a_normal_model_ends_ready_with_its_features(uploade
     monkeypatch.setattr(tasks.validate_model, "delay", queued.append)
     with django_capture_on_commit_callbacks(execute=True):
         resp = _model_post(client, team, small_cnn_bytes, name="good")
+    assert resp.status_code == 202 and queued == [resp.json()["id"]]
     result = tasks.validate_model.apply(args=[queued[0]])
     assert result.successful() and result.get() == "ready"
     row = DLModel.objects.get(pk=queued[0])

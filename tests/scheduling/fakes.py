@@ -107,11 +107,13 @@ def make_job(model, *, util=30.0, mem=2000.0, state="pending", estimate=60.0, **
 
 
 def run_job_in_this_process(data, *, device_indices, batch_size, iterations, runtime, max_seconds, mem_limit_mb,
-                            predicted_util_pct, limits, nvml=None, should_stop=None, report=None):
+                            predicted_util_pct, limits, nvml=None, should_stop=None, report=None,
+                            kind="inference", optimizer="adam", learning_rate=None):
     """scheduling.job_process.run_job_in_child without the child: the runtime the child runs, called here
     with the test's NVML, cancel check and live report (tests that monkeypatch the runtime in-process)."""
     from scheduling import gpu_runtime
 
     return gpu_runtime.run_data_parallel(data, device_indices=list(device_indices), batch_size=batch_size,
                                          iterations=iterations, runtime=runtime, nvml=nvml, should_stop=should_stop,
-                                         max_seconds=max_seconds, mem_limit_mb=mem_limit_mb, report=report)
+                                         max_seconds=max_seconds, mem_limit_mb=mem_limit_mb, report=report,
+                                         kind=kind, optimizer=optimizer, learning_rate=learning_rate)

@@ -59,3 +59,17 @@ def leaves_a_grandchild(model, inputs, iterations, device_index, sampler_factory
 
     subprocess.Popen(["sleep", "600"])
     never_returns(model, inputs, iterations, device_index, sampler_factory, check)
+
+
+def train_on_cpu(model, inputs, iterations, device_index, sampler_factory, check, *, optimizer="adam",
+                 learning_rate=None):
+    """The training runtime of a ``train`` job with TVM's llvm target standing in for cuda: the same
+    scheduling.train_step program (Relax training: loss, gradient, optimizer), built and stepped here."""
+    import tvm
+
+    from scheduling.train_step import build_training_program, run_training_steps
+
+    program = build_training_program(model, inputs, target={"kind": "llvm"}, device=tvm.cpu(), optimizer=optimizer,
+                                     lr=learning_rate)
+    out = run_training_steps(program, iterations, check)
+    return {"runtime": "tvm", "provider": "llvm", **out, "child": what_the_child_saw(device_index, {})}

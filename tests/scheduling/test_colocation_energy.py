@@ -13,7 +13,8 @@ from scheduling.selectors import colocation_savings_by_team_month
 
 from .fakes import make_job
 
-pytestmark = pytest.mark.django_db
+# dialect-sensitive (re-run on SQLite by scripts/test.sh): energy sums over time windows
+pytestmark = [pytest.mark.django_db, pytest.mark.dialect]
 
 H = dt.timedelta(hours=1)
 

@@ -14,7 +14,6 @@ from django.test import Client
 
 from scheduling import tasks
 from scheduling.models import PodBinding
-from scheduling.services import extender as extender_service
 from scheduling.services import place_pending_jobs, set_node_drained
 
 from .fakes import fake_gpu, make_job, register_gpu_node

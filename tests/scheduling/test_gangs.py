@@ -8,7 +8,7 @@ import pytest
 
 from core.exceptions import QuotaExceeded, ServiceError
 from scheduling import gpu_runtime, services, tasks
-from scheduling.gpu_isolation import GpuSlots
+from scheduling.gpu_isolation import GpuSlots, NoFreeSlot
 from scheduling.models import GpuJob, Placement
 
 from .fakes import FakeNvml, fake_gpu, make_job, register_gpu_node
@@ -105,7 +105,7 @@ def test_a_gang_runs_a_replica_on_every_gpu_holding_a_slot_on_each(gpu_node, mod
     ran = []
 
     def replica(model, inputs, iterations, device_index, sampler_factory, check, **options):
-        with pytest.raises(Exception):  # this job holds a slot on the GPU while it runs
+        with pytest.raises(NoFreeSlot):  # this job holds a slot on the GPU while it runs
             GpuSlots(tmp_path, device_index, slots=1).acquire()
         with sampler_factory() as sampler:
             gpu_runtime.timed_iterations(lambda: ran.append(device_index), iterations, check)
@@ -132,7 +132,7 @@ def test_a_failing_replica_stops_the_gang_and_fails_the_job(gpu_node, model_a, u
 
     def replica(model, inputs, iterations, device_index, sampler_factory, check, **options):
         if device_index == 1:
-            raise gpu_runtime.GpuRuntimeError("replica on GPU 1 ran out of memory")
+            raise gpu_runtime.GpuRuntimeError("replica on GPU 1 hit an illegal memory access")
         check.every_s = 0
         gpu_runtime.timed_iterations(lambda: None, iterations, check)  # stops once the other failed
         raise AssertionError("the lead ran to the end")
@@ -141,5 +141,5 @@ def test_a_failing_replica_stops_the_gang_and_fails_the_job(gpu_node, model_a, u
     monkeypatch.setitem(gpu_runtime.RUNTIMES, "tvm", replica)
     services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w", nvml=nvml)
     job.refresh_from_db()
-    assert job.state == "failed" and "replica on GPU 1 ran out of memory" in job.error
+    assert job.state == "failed" and "replica on GPU 1 hit an illegal memory access" in job.error
     assert GpuJob.objects.get(pk=job.pk).num_gpus == 2

@@ -118,12 +118,15 @@ def test_a_job_killed_at_its_wall_clock_cap_fails_with_the_reason(model_a, setti
     assert _children() <= before  # its process group is gone
 
 
-def test_a_job_over_its_gpu_memory_fails_saying_it_exceeded_its_share(model_a, settings):
+def test_a_job_over_its_gpu_memory_is_stopped_and_placed_again_saying_it_exceeded_its_share(model_a, settings):
     job, p = _placed_on_gpu1(model_a, "out_of_gpu_memory", settings, batch_size=1, mem=2000.0)
     services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w", nvml=FakeNvml([fake_gpu(), fake_gpu()]))
     job.refresh_from_db()
-    assert job.state == GpuJob.State.FAILED
-    assert job.error.startswith("the job exceeded its memory share of 2512 MB and was stopped"), job.error
+    assert job.state == GpuJob.State.PENDING and job.error == ""  # re-placed, not failed
+    (entry,) = job.replacements
+    assert entry["reason"] == "oom" and entry["mem_share_mb"] == 2512.0
+    assert entry["error"].startswith("the job exceeded its memory share of 2512 MB and was stopped"), entry
+    assert job.predicted_mem_mb == pytest.approx(2512.0 * 1.5)
 
 
 def test_a_crashing_child_fails_the_job_and_not_the_worker(model_a, settings):

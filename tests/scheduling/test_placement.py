@@ -16,6 +16,9 @@ from scheduling.models import GPU, GpuJob, GpuTelemetry, Node, Placement
 
 from .fakes import FakeNvml, fake_gpu, make_job, register_gpu_node
 
+# dialect-sensitive (re-run on SQLite by scripts/test.sh): row locks, IntegrityError, a SQLite-only branch
+pytestmark = pytest.mark.dialect
+
 
 @pytest.fixture
 def celery_sends():

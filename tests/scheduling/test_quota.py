@@ -15,6 +15,9 @@ from scheduling.models import GpuJob, Placement
 
 from .fakes import make_job
 
+# dialect-sensitive (re-run on SQLite by scripts/test.sh): GPU-hours summed over date ranges
+pytestmark = pytest.mark.dialect
+
 
 @pytest.fixture(autouse=True)
 def _no_celery():

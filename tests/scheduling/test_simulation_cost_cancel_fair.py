@@ -136,7 +136,7 @@ def test_the_cancel_flag_is_read_from_the_database_at_most_once_per_interval(use
     run = services.start_simulation(actor=user_owner, team=team_a, trace="philly", parameters=SMALL)
     now = [0.0]
     check = cancel_check(run.pk, every_s=1.0, clock=lambda: now[0])
-    SimulationRun.objects.filter(pk=run.pk).update(cancel_requested_at=dt.datetime.now(dt.timezone.utc))
+    SimulationRun.objects.filter(pk=run.pk).update(cancel_requested_at=dt.datetime.now(dt.UTC))
     assert check() is False  # not looked at yet: the engine asks far more often than once a second
     now[0] = 1.0
     assert check() is True and check() is True
@@ -166,7 +166,7 @@ def test_one_teams_five_simulations_do_not_delay_anothers_first_beyond_one_slot(
 
 
 def _at(minute: int) -> dt.datetime:
-    return dt.datetime(2026, 1, 1, 12, minute, tzinfo=dt.timezone.utc)
+    return dt.datetime(2026, 1, 1, 12, minute, tzinfo=dt.UTC)
 
 
 def test_dispatch_order_is_round_robin_by_team():

@@ -27,7 +27,8 @@ from tuning.adapters.reconnect import FencedSink
 from tuning.models import TuningRun
 from tuning.services import executor
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker")]
+# dialect-sensitive (re-run on SQLite by scripts/test.sh): leases (select_for_update) and reconnecting after a blip
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("no_broker"), pytest.mark.dialect]
 
 
 def _alive(pid: int) -> bool:

@@ -79,6 +79,7 @@ def _start(api, model):
     return resp.json()
 
 
+@pytest.mark.dialect
 def test_waiting_runs_get_slots_in_order_as_runs_end(api_owner, model_a, team_a, no_broker,
                                                      django_capture_on_commit_callbacks):
     Quota.objects.filter(team=team_a).update(max_concurrent_runs=1)
@@ -104,6 +105,7 @@ def test_a_cancelled_waiting_run_leaves_the_queue_without_freeing_a_slot(api_own
     assert api_owner.get(f"/api/runs/{third['id']}/").json()["queue_position"] == 1
 
 
+@pytest.mark.dialect
 def test_a_resumed_run_over_the_quota_waits_at_the_back(api_owner, model_a, team_a, no_broker, user_owner):
     Quota.objects.filter(team=team_a).update(max_concurrent_runs=1)
     paused = TuningRunFactory(model=model_a, team=team_a, created_by=user_owner, paused=True)

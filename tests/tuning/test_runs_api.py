@@ -81,6 +81,7 @@ def test_a_run_over_the_concurrent_run_quota_waits_for_a_slot(api_owner, model_a
     body = resp.json()
     assert body["status"] == "queued" and body["queue_position"] == 1 and body["waiting_since"]
     assert no_broker == [first["id"]]  # the second is not sent to a worker yet
+@pytest.mark.dialect
 def test_monthly_trial_quota_counts_reserved_trials(api_owner, model_a, team_a):
     Quota.objects.filter(team=team_a).update(tuning_trials_per_month=40, max_concurrent_runs=10)
     assert start(api_owner, model_a, max_trials=30).status_code == 201
@@ -137,6 +138,7 @@ def _record(task_index, key, secs, round_index=0, error=None):
                              worker="w", dop=1, remeasured_serially=False, serial_secs=None)
 
 
+@pytest.mark.dialect
 def test_sink_stores_each_candidate_once_and_tracks_best(model_a, user_owner):
     from tuning.engine.events import RoundInfo, TaskInfo
 
@@ -179,6 +181,7 @@ def test_best_so_far_curve_is_monotone_and_downsampled(model_a, user_owner):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.dialect
 def test_concurrent_starts_never_over_allocate_the_last_slot(model_a, user_owner, team_a):
     if connection.vendor != "postgresql":
         pytest.skip("row locking race is exercised on PostgreSQL (pass 1 of make test)")
@@ -246,6 +249,7 @@ def test_running_run_stops_cleanly_at_energy_quota(model_a, user_owner, team_a):
 
 
 @pytest.mark.parametrize("path", ["/api/runs/", "/api/gpu-jobs/", "/api/gpu-telemetry/"])
+@pytest.mark.dialect
 def test_datetime_filters_with_extreme_offsets_never_5xx(api_owner, path):
     # Found by schemathesis: PostgreSQL refuses UTC offsets beyond +-15:59.
     field = "since" if "telemetry" in path else "created_before"

@@ -21,7 +21,8 @@ from tuning.engine.energy import ModeledMeter
 from tuning.engine.events import MeasurementRecord
 from tuning.models import Measurement, TuningRun
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker")]
+# dialect-sensitive (re-run on SQLite by scripts/test.sh): the append-only trigger, constraints, monthly sums
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_broker"), pytest.mark.dialect]
 
 N_TRIALS = 6
 JOULES = 7200.0  # 0.002 kWh

@@ -24,7 +24,7 @@ from tuning.engine.process.lifeline import WorkDirBusy
 from tuning.engine import compare, session
 from tuning.engine.compile import targets as engine_targets
 from tuning.engine.process import procpool
-from tuning.engine.records import check as record_check
+from tuning.engine.records import check_replay
 from tuning.engine.process.procpool import WorkerError, WorkerTimeout
 from tuning.engine.records.check import RecordError, precheck, recheck_output
 from tuning.engine.config import TuningConfig
@@ -207,7 +207,7 @@ def commit_stored_journal(model_proto, work_dir: Path, run: TuningRun) -> int:
 
 def check_import(model_bytes: bytes, run: TuningRun, workloads: bytes, records: bytes, budget: int) -> dict:
     """TVM parses the uploaded database in a sandbox and says which records it accepts
-    (`tuning.engine.records.check.check_import`); raises WorkerError/WorkerTimeout when the checker fails."""
+    (`tuning.engine.records.check_replay.check_import`); raises WorkerError/WorkerTimeout when the checker fails."""
     # looked up on the module when called, so a test can stand in for a subverted checker
-    return procpool.run_isolated(record_check.check_import, model_bytes, engine_target(run), workloads,
+    return procpool.run_isolated(check_replay.check_import, model_bytes, engine_target(run), workloads,
                                  records, budget, timeout=IMPORT_CHECK_TIMEOUT_S)

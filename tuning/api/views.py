@@ -1,7 +1,6 @@
 """Tuning API: runs (create/list/detail/cancel/pause/resume), tasks, measurements, artifacts."""
 from __future__ import annotations
 
-import django_filters
 from django.db.models import CharField
 from django.db.models.functions import Cast
 from django.http import FileResponse, Http404, HttpResponse

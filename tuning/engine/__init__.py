@@ -4,13 +4,16 @@ One folder per mechanism (import modules directly; nothing heavy is imported her
 
 - ``compile/``: ONNX -> Relax (``pipeline``), the graph passes (``passes``), task
   extraction (``workloads``), targets and their closed schema, TVM workarounds.
-- ``doppler/``: DOPpler's degree-of-parallelism rule (``controller``), one measuring
+- ``doppler/``: DOPpler's degree-of-parallelism rules (``rule``, ``doppler_rule``, ``platform_rule``), one measuring
   round as a pure function (``rounds``), the parallel-vs-serial error.
-- ``trimmer/``: Trimmer's pure rules, their hooks into a run, its latency predictor.
-- ``records/``: the import check of a TVM database, the record cache (engine side),
-  the cost model's data-only file format.
+- ``trimmer/``: Trimmer's pure rules (``rules``), its runtime in a run (``hooks``), the
+  candidate filter (``filter``), its latency predictor.
+- ``records/``: the import check of a TVM database (``check``, ``check_replay``), the
+  record cache's engine side (``cache_key``, ``seeds``, ``settle``, ``publish``,
+  ``exchange``), the cost model's data-only file format.
 - ``search/``: MetaSchedule's evolutionary search (``loop``), the task scheduler with
-  a stop switch, the callbacks that stream measurements to a ``TuningSink``.
+  a stop switch, the state they share (``engine_state``), the callbacks that stream
+  measurements to a ``TuningSink``.
 - ``runners/``: the pooled and distributed measuring runners, the persistent builder,
   the plug-point registry (``plugins.make_builder`` / ``make_runner``).
 - ``measuring/``: the pure measuring function a remote worker runs with TVM's runtime
@@ -23,5 +26,6 @@ Top level: ``session`` (``TuningConfig``, ``run_tuning``, ``compile_and_compare`
 to import), ``workdir`` (a run's files: TVM's JSONDatabase, ``final/``, resume state),
 ``events`` (what the engine reports), ``remeasure`` (measurements outside the search),
 ``energy`` (labelled meters), ``yardstick`` (onnxruntime timed the same way),
-``verdict`` (the one deployment-verdict rule), ``testing`` (small workloads).
+``verdict`` (the one deployment-verdict rule), ``testing`` (small workloads), ``budget``
+(a run's trials per task and their share allocation: Trimmer and the record cache both use it).
 """

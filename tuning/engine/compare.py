@@ -96,13 +96,17 @@ def compile_and_compare(
                 "outputs_match": None, "threads": threads, "onnxruntime": None,
                 "not_measured_here": why, "onnxruntime_error": why, "build_host": build_host}
     inputs = random_inputs(model, seed=seed)
-    timing = dict(number=number, repeat=repeat, threads=threads, min_repeat_ms=min_repeat_ms)
-    out_u, samples_u = run_and_time_samples(untuned, inputs, target, **timing)
+
+    def timed(executable) -> tuple[list[np.ndarray], list[float]]:
+        return run_and_time_samples(executable, inputs, target, number=number, repeat=repeat, threads=threads,
+                                    min_repeat_ms=min_repeat_ms)
+
+    out_u, samples_u = timed(untuned)
     cores = int(threads or (target.get("num-cores") if isinstance(target, dict) else None) or 1)
     attempts = []
     for _ in range(2):  # an overloaded host gets one more try
         loads = [_load_now()]
-        out_t, samples_t = run_and_time_samples(tuned, inputs, target, **timing)
+        out_t, samples_t = timed(tuned)
         loads.append(_load_now())
         ort = onnxruntime_comparison(model, inputs, out_t, target, threads, seed=seed)
         loads.append(_load_now())

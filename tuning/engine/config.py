@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tuning.engine.doppler.controller import (
-    DOP_BACK_OFFS,
-    DOP_NOISES,
-    DOP_OUTLIERS,
-    DOP_PROBES,
-    DOP_SAMPLES,
-    DOP_STARTS,
-    DOPController,
-)
 from tuning.engine.measuring.timer import EvaluatorConfig
 from tuning.engine.trimmer.rules import TrimmerConfig
+
+if TYPE_CHECKING:
+    from tuning.engine.doppler.rule import DopRule
 
 __all__ = ["TuningConfig", "TaskResult", "TuningSummary", "LOCAL_RUNNERS"]
 
@@ -39,22 +33,9 @@ class TuningConfig:
     trials_per_round: int = 32  # MetaSchedule's num_trials_per_iter
     mode: str = "doppler"
     dop: str | int = "auto"
-    dop_start: str = "probe"  # DOP "auto": "probe" (first round probes a parallel DOP) or "serial" (DOPpler's DOP 1)
-    # DOP "auto": "pooled" (once recent rounds hold enough pairs, a round re-times its fastest and decides on
-    # the pooled pairs), "adaptive" (calm rounds sample half as much) or "fixed" (DOPpler's 20 % every round)
-    dop_sample: str = "pooled"
-    # DOP "auto": "measured" (the error threshold counts above the host's measured serial noise) or
-    # "none" (DOPpler's rule: one serial timing taken as exact)
-    dop_noise: str = "measured"
-    # DOP "auto": "rankable" (slow outliers past DOP x the round's median are not re-timed serially) or
-    # "all" (DOPpler's rule: every outlier is)
-    dop_outliers: str = "rankable"
-    # DOP "auto": "confirmed" (a round about to back off for its error times its sample serially once more
-    # and decides on both timings) or "immediate" (DOPpler's rule: it decides on the first)
-    dop_back_off: str = "confirmed"
-    # DOP "auto" with dop_sample "pooled": "pairs" (a probe times the pairs the pooled rule decides on, 4 at
-    # DOP 2) or "share" (DOPpler's 20 % of the round)
-    dop_probe: str = "pairs"
+    # DOP "auto"'s rule: a DopRule class or factory called with the measuring slots (None: the platform's,
+    # doppler/platform_rule.py); benches pass DOPpler's published rule or an ablation (bench/dop_presets.py)
+    dop_rule: Callable[[int], DopRule] | None = None
     threads: int | None = None  # deployment/measurement thread count (default: all cores)
     work_dir: str = "tuning_work"
     seed: int | None = None
@@ -77,7 +58,6 @@ class TuningConfig:
     final_share: float = 0.1
     timeout_sec: float = 30.0
     max_trials_per_task: int | None = None
-    controller: DOPController | None = None
     light_intrinsics: bool | None = None  # default: True in doppler mode (see tvm_compat)
     deferred_cost_model: bool | None = None  # default: True in doppler mode (search.train_when_needed)
     # Trimmer (per-task pre-emption, whole-model stop, ML candidate filter): a
@@ -92,11 +72,8 @@ class TuningConfig:
     def __post_init__(self) -> None:
         if self.mode not in ("stock", "doppler"):
             raise ValueError("mode must be 'stock' or 'doppler'")
-        for name, allowed in (("dop_start", DOP_STARTS), ("dop_sample", DOP_SAMPLES), ("dop_noise", DOP_NOISES),
-                              ("dop_outliers", DOP_OUTLIERS), ("dop_back_off", DOP_BACK_OFFS),
-                              ("dop_probe", DOP_PROBES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}")
+        if self.dop != "auto" and (isinstance(self.dop, bool) or not isinstance(self.dop, int) or self.dop < 1):
+            raise ValueError(f"dop must be 'auto' or a whole number of at least 1, not {self.dop!r}")
         self.evaluator = EvaluatorConfig.from_any(self.evaluator)
         if isinstance(self.trimmer, dict):
             self.trimmer = TrimmerConfig.from_dict(self.trimmer)
@@ -113,12 +90,6 @@ class TuningConfig:
             self.light_intrinsics = self.mode == "doppler"
         if self.deferred_cost_model is None:
             self.deferred_cost_model = self.mode == "doppler"
-
-    @property
-    def dop_rule(self) -> dict[str, str]:
-        """The DOP "auto" rule's choices, as ``DOPController.for_dop`` takes them."""
-        return {"start": self.dop_start, "sample": self.dop_sample, "noise": self.dop_noise,
-                "outliers": self.dop_outliers, "back_off": self.dop_back_off, "probe": self.dop_probe}
 
 
 @dataclasses.dataclass

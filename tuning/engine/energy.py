@@ -93,9 +93,12 @@ class NvmlMeter:
         self._start_mj = self._counters_mj()
 
     def _counters_mj(self) -> list[float]:
-        counters = [total_energy_mj(self.nvml, h) for h in self.handles]
-        if None in counters:  # a board without the counter: the caller falls back to a modeled meter
-            raise OSError("NVML: a GPU has no total-energy counter")
+        counters: list[float] = []
+        for handle in self.handles:
+            mj = total_energy_mj(self.nvml, handle)
+            if mj is None:  # a board without the counter: the caller falls back to a modeled meter
+                raise OSError("NVML: a GPU has no total-energy counter")
+            counters.append(mj)
         return counters
 
     def read(self) -> EnergySample:

@@ -17,9 +17,9 @@ from tuning.engine.compile.workloads import Task
 from tuning.engine.events import MeasurementRecord, candidate_key
 from tuning.engine.latency import TVM_FAILED_RUN_SECS
 from tuning.engine.measuring.measure import MeasureOutcome, _jsonable
+from tuning.engine.runners.measure_jobs import MeasureJob
 from tuning.engine.runners.plugins import build_all, measure_serially
-from tuning.engine.runners.pooled import MeasureJob
-from tuning.engine.search.callbacks import EngineState
+from tuning.engine.search.engine_state import EngineState
 from tuning.engine.workdir import (
     FINAL_DIR,
     imported_records,
@@ -47,9 +47,10 @@ def _remove_artifact(path: str) -> None:
 
 
 # --------------------------------------------------------------------------- imported seeds
-def _imported_plan(work_dir: str, tasks: list[Task], known_keys: set[str], budget: int) -> list[tuple]:
+def _imported_plan(work_dir: str, tasks: list[Task], known_keys: set[str],
+                   budget: int) -> list[tuple[int, Any, str, Any]]:
     """(task index, trace, candidate key, scheduled module) of the imported records to measure."""
-    plan = []
+    plan: list[tuple[int, Any, str, Any]] = []
     for i, recs in imported_records(work_dir, tasks).items():
         for rec in recs:
             key = candidate_key(tasks[i].name, rec.trace)
@@ -133,11 +134,11 @@ def _final_plan(database, tasks: list[Task], share: float) -> list[tuple[int, An
     by_task = records_by_task(database, tasks)
     plan: list[tuple[int, Any, Any]] = []
     for i, t in enumerate(tasks):
-        valid = [r for r in by_task[i] if record_latency(r) is not None]
+        valid = [(secs, r) for r in by_task[i] if (secs := record_latency(r)) is not None]
         if not valid:
             continue
         k = max(1, math.ceil(share * len(valid)))
-        for rec in sorted(valid, key=record_latency)[:k]:
+        for _, rec in sorted(valid, key=lambda pair: pair[0])[:k]:
             try:
                 plan.append((i, rec, _replay(t, rec.trace)))
             except Exception as exc:  # noqa: BLE001

@@ -26,8 +26,8 @@ from tuning.engine.compile.pipeline import make_target, target_device_type
 from tuning.engine.compile.targets import check_measurable_here
 from tuning.engine.compile.workloads import Task, collect_tasks, round_size
 from tuning.engine.config import LOCAL_RUNNERS, TaskResult, TuningConfig, TuningSummary
-from tuning.engine.doppler.controller import DOPController
 from tuning.engine.doppler.rounds import serial_totals
+from tuning.engine.doppler.rule import DopRule
 from tuning.engine.events import (
     MeasurementRecord,
     NullSink,
@@ -38,7 +38,7 @@ from tuning.engine.events import (
 from tuning.engine.process import sandbox
 from tuning.engine.process.lifeline import lock_work_dir
 from tuning.engine.process.procpool import available_cpus, unpin_current_thread
-from tuning.engine.records import cache as record_cache
+from tuning.engine.records import settle as cache_settle
 from tuning.engine.trimmer.hooks import TrimmerRuntime
 from tuning.engine.workdir import (
     StreamJournal,
@@ -83,8 +83,8 @@ class _Run:
     trimmer: TrimmerRuntime | None = None
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     serial_by_reason: dict[str, dict] = dataclasses.field(default_factory=dict)
-    state: Any = None  # callbacks.EngineState, once the builder and runner exist
-    controller: DOPController | None = None
+    state: Any = None  # search.engine_state.EngineState, once the builder and runner exist
+    dop_rule: DopRule | None = None
     status: str = "succeeded"
     final_rows: list[dict] = dataclasses.field(default_factory=list)
 
@@ -191,7 +191,7 @@ def _pace(run: _Run, builder, runner, state) -> None:
 
 
 def _cache_retimer(run: _Run, builder, runner):
-    """The record cache's second re-time of a seed that timed slow (``record_cache.verify_seeds``): built
+    """The record cache's second re-time of a seed that timed slow (``records.seeds.verify_seeds``): built
     and timed serially with the run's builder and runner, charged to the run's budget."""
     from tuning.engine import remeasure
 
@@ -205,19 +205,38 @@ def _cache_retimer(run: _Run, builder, runner):
     return retime
 
 
+def _apply_cache_seeds(run: _Run, retime) -> None:
+    """The record cache's verified seeds, through the run's trial budget: settled tasks leave the search,
+    the others are searched on from their seeds (``records.settle``). The budget is Trimmer's; a run
+    without Trimmer gets a passive runtime when the seeds need one (it feeds the budget from the measured
+    batches and judges the searched seeds by the plateau rule)."""
+    decisions = cache_settle.seed_decisions(run.work_dir, run.tasks, run.database, run.infos,
+                                            int(run.cfg.max_trials), resumed=bool(run.n_existing), retime=retime)
+    state = run.state
+    if decisions is None or state is None:
+        return
+    if state.trimmer is None:
+        if not decisions.needs_budget:
+            return
+        state.trimmer = TrimmerRuntime.passive(
+            run.infos, max_trials=int(run.cfg.max_trials), seed=run.cfg.seed,
+            per_round=round_size(run.cfg.trials_per_round, run.remaining, len(run.tasks)))
+    cache_settle.apply_seed_decisions(state.trimmer.budget, decisions)
+
+
 def _tune(run: _Run) -> None:
     """Make the builder and runner, measure the imported seeds, search, re-measure the best."""
     # TVM's compiler, imported when a run starts, not when a web process imports this module
     from tuning.engine import remeasure
     from tuning.engine.runners import plugins
-    from tuning.engine.runners.pooled import MeasureLedger
+    from tuning.engine.runners.measure_jobs import MeasureLedger
     from tuning.engine.search import loop as search
     from tuning.engine.search.callbacks import (
-        EngineState,
         ObservedBuilder,
         ProgressStreamer,
         StreamingRunner,
     )
+    from tuning.engine.search.engine_state import EngineState
 
     cfg, builder, runner = run.cfg, None, None
     ledger = MeasureLedger()
@@ -227,7 +246,7 @@ def _tune(run: _Run) -> None:
                                       threads=run.threads, cores=run.cores, ledger=ledger)
             builder = plugins.make_builder(cfg.builder, ctx)
             runner = plugins.make_runner(cfg.runner, ctx)
-            run.controller = getattr(runner, "controller", None)
+            run.dop_rule = getattr(runner, "rule", None)
             parallel = plugins.is_parallel_runner(cfg.runner)
             state = run.state = EngineState(
                 run.sink, run.infos, known_keys=run.known, ledger=ledger if parallel else None,
@@ -244,7 +263,7 @@ def _tune(run: _Run) -> None:
                 run.remaining = max(0, run.remaining - n_imported)
                 run.phases["imported"] = time.perf_counter() - t0
             # verified cache hits need no search; a seed that timed slow is timed once more first
-            record_cache.apply_seed_verification(run, retime=_cache_retimer(run, builder, runner))
+            _apply_cache_seeds(run, retime=_cache_retimer(run, builder, runner))
             if run.remaining > 0:
                 # results reach the sink as each measurement lands, not at TVM's joins (see callbacks)
                 streamer = ProgressStreamer(state)
@@ -305,7 +324,7 @@ def _task_results(run: _Run) -> list[TaskResult]:
 
 
 def _summary(run: _Run, wall_secs: float) -> TuningSummary:
-    cfg, state, controller, trimmer = run.cfg, run.state, run.controller, run.trimmer
+    cfg, state, dop_rule, trimmer = run.cfg, run.state, run.dop_rule, run.trimmer
     results = _task_results(run)
     return TuningSummary(
         status=run.status,
@@ -314,9 +333,9 @@ def _summary(run: _Run, wall_secs: float) -> TuningSummary:
         n_measurements=state.n_reported if state else 0,
         n_total_records=sum(r.n_records for r in results),
         trials_requested=run.remaining,
-        final_dop=controller.dop if controller is not None else (1 if cfg.runner != "distributed" else None),
-        dop_history=controller.history_dicts() if controller is not None else [],
-        mean_parallel_error=controller.mean_parallel_error() if controller is not None else None,
+        final_dop=dop_rule.dop if dop_rule is not None else (1 if cfg.runner != "distributed" else None),
+        dop_history=dop_rule.history_dicts() if dop_rule is not None else [],
+        mean_parallel_error=dop_rule.mean_parallel_error() if dop_rule is not None else None,
         database_path=run.work_dir,
         database_paths=database_paths(run.work_dir),
         final_remeasure=run.final_rows,

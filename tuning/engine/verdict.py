@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Sequence
+from typing import NamedTuple
 
 __all__ = ["ESTIMATE_GAP_LIMIT", "FASTER", "FLAGGED", "HostLoad", "LABELS", "NO_COMPARISON", "SLOWER", "Verdict",
            "WITHIN_NOISE", "estimate_gap", "spread", "verdict"]
@@ -94,31 +95,45 @@ class Verdict:
         return {**dataclasses.asdict(self), "faster_engine": self.faster_engine, "sentence": self.sentence}
 
 
-def _summary(samples: Sequence[float] | None) -> tuple[float | None, float | None, float | None, float | None]:
+class _Spread(NamedTuple):
+    median: float
+    iqr: float
+    q25: float
+    q75: float
+
+
+def _summary(samples: Sequence[float] | None) -> _Spread | None:
     if not samples:
-        return None, None, None, None
+        return None
     median, q25, q75 = spread(samples)
-    return median, q75 - q25, q25, q75
+    return _Spread(median, q75 - q25, q25, q75)
 
 
 def verdict(tuned_samples: Sequence[float] | None, ort_samples: Sequence[float] | None,
             load: HostLoad | None = None) -> Verdict:
     """The verdict of the tuned module's timing samples against onnxruntime's (any one unit, the same for
     both), given the host load sampled around the timing (None: not sampled)."""
-    tuned_median, tuned_iqr, t25, t75 = _summary(tuned_samples)
-    ort_median, ort_iqr, o25, o75 = _summary(ort_samples)
-    ratio = tuned_median / ort_median if tuned_median is not None and ort_median else None
-    numbers = dict(ratio=ratio, tuned_median=tuned_median, tuned_iqr=tuned_iqr, ort_median=ort_median,
-                   ort_iqr=ort_iqr)
-    if tuned_median is None:
-        return Verdict(NO_COMPARISON, **numbers)
+    tuned = _summary(tuned_samples)
+    ort = _summary(ort_samples)
+    ratio = tuned.median / ort.median if tuned is not None and ort is not None and ort.median else None
+
+    def judged(label: str, flagged_reason: str = "") -> Verdict:
+        return Verdict(label, ratio=ratio,
+                       tuned_median=None if tuned is None else tuned.median,
+                       tuned_iqr=None if tuned is None else tuned.iqr,
+                       ort_median=None if ort is None else ort.median,
+                       ort_iqr=None if ort is None else ort.iqr,
+                       flagged_reason=flagged_reason)
+
+    if tuned is None:
+        return judged(NO_COMPARISON)
     if load is not None and load.overloaded:
-        return Verdict(FLAGGED, **numbers, flagged_reason=load.reason())
-    if ort_median is None:
-        return Verdict(NO_COMPARISON, **numbers)
-    if t25 <= o75 and o25 <= t75:  # the IQR intervals overlap
-        return Verdict(WITHIN_NOISE, **numbers)
-    return Verdict(FASTER if tuned_median < ort_median else SLOWER, **numbers)
+        return judged(FLAGGED, flagged_reason=load.reason())
+    if ort is None:
+        return judged(NO_COMPARISON)
+    if tuned.q25 <= ort.q75 and ort.q25 <= tuned.q75:  # the IQR intervals overlap
+        return judged(WITHIN_NOISE)
+    return judged(FASTER if tuned.median < ort.median else SLOWER)
 
 
 def estimate_gap(estimate_s: float | None, compiled_s: float | None) -> dict | None:

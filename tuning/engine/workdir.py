@@ -83,7 +83,7 @@ def database_paths(work_dir: str) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- imported records
 def write_imported(work_dir: str, record_lines: list[str]) -> None:
-    """Store checked imported records (``record_check.recheck_output``'s lines: the index of the run's
+    """Store checked imported records (``records.check.recheck_output``'s lines: the index of the run's
     task and the trace) apart from the run's database: they count and seed the search only once the
     platform has built and measured them itself. No workload is stored: the engine pairs each trace with
     its own task module, so nothing an import (or its checker) wrote is parsed as a TVM graph."""

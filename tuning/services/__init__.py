@@ -26,7 +26,7 @@ from tuning.selectors import (
     trials_used_this_month,
 )
 
-from . import runs
+from . import runs as runs  # the submodule, as tuning.services.runs
 from .executor import claim_run, execute_run, finish_interrupted, reconcile_with_database, recover_stale_runs
 from .finish import NoMeasurement, finish_succeeded
 from .quota import check_run_quota

@@ -26,7 +26,7 @@ def import_database(*, actor: AbstractBaseUser, run: TuningRun, workloads: bytes
 
     Records are parsed by TVM in a sandboxed subprocess and refused unless their workload is one of
     the run's tasks and their trace holds only MetaSchedule's own instructions and annotations
-    (tuning.engine.records.check). At most the run's remaining trials; nothing is written on refusal.
+    (tuning.engine.records.check, check_replay). At most the run's remaining trials; nothing is written on refusal.
     Accepted records are seeds only: their latencies are dropped, and the engine builds and measures
     each one itself as a trial of this run (a Measurement, charged to the trial quota) before it
     counts or seeds the search.

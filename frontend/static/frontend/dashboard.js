@@ -324,6 +324,8 @@
         return;
       }
       var q = url + "?model=" + encodeURIComponent(model.value) + "&batch_size=" + encodeURIComponent(batch.value);
+      var kind = form.querySelector("#id_kind");
+      if (kind && kind.value) q += "&kind=" + encodeURIComponent(kind.value);
       pending = q;
       fetch(q, { credentials: "same-origin", headers: { Accept: "application/json" } })
         .then(function (r) { return r.json().then(function (b) { return { ok: r.ok, body: b }; }); })
@@ -337,6 +339,8 @@
     }
     form.querySelector("#id_model").addEventListener("change", preview);
     form.querySelector("#id_batch_size").addEventListener("input", preview);
+    var kindField = form.querySelector("#id_kind");
+    if (kindField) kindField.addEventListener("change", preview);
     preview();
   }
 

@@ -66,7 +66,7 @@ def ensure_tensor_intrin(target) -> str:
         sys.modules[_PKG] = mod
         import tvm.s_tir  # after the stub is registered: any tensor_intrin import from here on finds the stub
 
-        tvm.s_tir.tensor_intrin = mod  # type: ignore[attr-defined]
+        tvm.s_tir.tensor_intrin = mod
     for name in subs:
         importlib.import_module(f"{_PKG}.{name}")
     return "light:" + ",".join(subs)

@@ -37,10 +37,11 @@ def _dtype(elem_type: int) -> str:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
 
 
-def _dims(value_info) -> tuple[list, list[int]]:
+def _dims(value_info) -> tuple[list[int | str | None], list[int]]:
     """(declared dims: ints, or the symbol's name / None when unknown; dims as compiled: unknown -> 1, as
     ``relax_pipeline.onnx_input_specs`` compiles them)."""
-    declared, compiled = [], []
+    declared: list[int | str | None] = []
+    compiled: list[int] = []
     for dim in value_info.type.tensor_type.shape.dim:
         if dim.HasField("dim_value") and dim.dim_value > 0:
             declared.append(int(dim.dim_value))
@@ -70,7 +71,7 @@ def io_signature(model_bytes: bytes) -> dict:
 
 def runtime_versions() -> dict:
     """Versions of what the package was built with (this process's installs)."""
-    out = {"python": platform.python_version()}
+    out: dict[str, str | None] = {"python": platform.python_version()}
     for name in ("apache-tvm", "apache-tvm-ffi", "numpy", "onnx", "onnxruntime"):
         try:
             out[name] = metadata.version(name)

@@ -194,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"output {spec['name']}: shape {list(np.shape(out))} {np.asarray(out).dtype}")
     if args.save_outputs:
         named = {spec["name"]: np.asarray(out) for spec, out in zip(manifest["outputs"], outputs)}
-        np.savez(args.save_outputs, **named)
+        # numpy >= 2.1 types savez's keyword-only allow_pickle, which **named could hit; older numpy, which
+        # run.py also serves, has no such parameter, so passing it explicitly is not an option
+        np.savez(args.save_outputs, **named)  # type: ignore[arg-type]
     q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
     median = statistics.median(times)
     print(f"latency: median {median * 1e3:.4f} ms (IQR {(q[2] - q[0]) * 1e3:.4f} ms) over {args.runs} runs")

@@ -1,1 +1,2 @@
-"""DOPpler: the degree-of-parallelism rule, one measuring round, and the parallel-vs-serial error."""
+"""DOPpler: the degree-of-parallelism rules (fixed, DOPpler's, the platform's), one measuring round, and the
+parallel-vs-serial error."""

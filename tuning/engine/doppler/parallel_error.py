@@ -1,7 +1,7 @@
 """DOPpler's run-level parallel-vs-serial timing error: one unit (a fraction), outliers bounded.
 
 Django-free. A round's error is the mean over its re-measured sample of
-``|parallel - serial| / parallel`` (``doppler.DOPController.update``): 0.05 is 5 %.
+``|parallel - serial| / parallel`` (``DopRule.decide``): 0.05 is 5 %.
 A parallel timing far *below* the serial one (a failed or truncated parallel
 measurement read as a tiny latency) makes that ratio unbounded: one such round gave a
 run-level mean of 30.63 (3063 %) where the other runs of the same model read 0.475.

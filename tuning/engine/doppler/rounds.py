@@ -1,22 +1,23 @@
-"""One DOPpler measuring round as a pure function over (jobs, measure, controller).
+"""One DOPpler measuring round as a pure function over (jobs, measure, rule).
 
-:func:`measure_round` decides what to measure at which DOP and what to re-measure serially, from
-the :class:`~.doppler.DOPController`'s rule; ``measure(jobs, dop)`` does the measuring (the pooled
-runner passes its worker pools; a test passes a fake). Nothing here starts a process or touches TVM.
+:func:`measure_round` asks the :class:`~tuning.engine.doppler.rule.DopRule` what to measure at which DOP
+and what to re-measure serially, and tells it what was measured; ``measure(jobs, dop)`` does the
+measuring (the pooled runner passes its worker pools; a test passes a fake). Nothing here starts a
+process, touches TVM or writes into the rule's state.
 
 A round (see ``runner`` for the whole picture):
 
 * the configuration *is* the serial one (DOP 1 at the deployment thread count): measure once;
 * a DOP not validated yet (``probe_first``): measure an evenly spread probe in parallel, re-measure
   it serially, and decide before spending the whole round at that DOP;
-* else: measure everything in parallel, re-measure the controller's sample and the failures
+* else: measure everything in parallel, re-measure the rule's sample and the failures
   serially (a sample the adaptive or pooled rule shrank is timed serially once more, then topped up to
   the full share, when it contests the round's DOP), then correct the rest by the mean error, or, when
   that is too large to correct, re-measure the rest serially but for the candidates that rank after the
   round's median anyway.
 
 Before either kind of round backs off for its error, its sample is timed serially once more when the
-controller asks (``DOPController.confirm_wanted``): the round decides on the mean of two serial timings.
+rule asks (``DopRule.confirm_wanted``): the round decides on the mean of two serial timings.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tuning.engine.doppler.controller import DOPController, RoundDecision
+from tuning.engine.doppler.plan import RoundDecision
+from tuning.engine.doppler.rule import DopRule
 from tuning.engine.latency import is_failed_latency
 from tuning.engine.measuring.measure import MeasureOutcome
 
@@ -116,8 +118,8 @@ class _Round:
         self.parallel_wall_s = 0.0
         self.serial_wall_s = 0.0
         self.serial_by_reason: dict[str, dict] = {}
-        self.outliers_skipped = 0  # slow candidates left as measured (DOPController.rankable_bound)
-        self.sample_topped_up = 0  # candidates a shrunk sample was topped up with (DOPController.top_up_sample)
+        self.outliers_skipped = 0  # slow candidates left as measured (DopRule.rankable_bound)
+        self.sample_topped_up = 0  # candidates a shrunk sample was topped up with (DopRule.top_up_sample)
 
     def _timed(self, idx: Sequence[int], dop: int, *,
                serial: str | None) -> Sequence[tuple[MeasureOutcome, float | None]]:
@@ -157,9 +159,9 @@ class _Round:
             c.final_secs = out.run_secs if not out.error else None
             c.final_error = out.error
 
-    def serial_repeat(self, idx: Sequence[int], ctrl: DOPController, reason: str = "noise") -> None:
+    def serial_repeat(self, idx: Sequence[int], rule: DopRule, reason: str = "noise") -> None:
         """Time candidates timed serially once (not twice) once more, serially: the pair tells the
-        controller the host's serial noise; the candidate keeps both timings' samples, and their mean
+        rule the host's serial noise; the candidate keeps both timings' samples, and their mean
         is its serial reference."""
         idx = [i for i in idx if self.results[i].serial_latency_s is not None and self.results[i].final_secs
                and self.results[i].serial_repeat_s is None]
@@ -167,29 +169,31 @@ class _Round:
             return
         outs = self._timed(idx, 1, serial=reason)
         seconds = [None if out.error else latency_of(out.run_secs) for out, _ in outs]
-        ctrl.record_serial_repeat([self.results[i].serial_latency_s for i in idx], seconds)
+        rule.record_serial_repeat([self.results[i].serial_latency_s for i in idx], seconds)
         for i, (out, _), sec in zip(idx, outs, seconds):
+            c = self.results[i]
             if sec is not None:
-                self.results[i].serial_repeat_s = sec
-                self.results[i].final_secs = list(self.results[i].final_secs) + list(out.run_secs)
+                assert c.final_secs is not None  # idx kept only candidates with final timings; _timed keeps them
+                c.serial_repeat_s = sec
+                c.final_secs = list(c.final_secs) + list(out.run_secs)
 
     def references(self, idx: Sequence[int]) -> list[float | None]:
         return [self.results[i].serial_reference_s for i in idx]
 
     def confirmed_references(self, idx: Sequence[int], parallel: Sequence[float | None],
-                             ctrl: DOPController) -> list[float | None]:
+                             rule: DopRule) -> list[float | None]:
         """The serial references of the sampled ``idx`` (parallel timings ``parallel``), after a second
-        serial timing of each when the controller is about to back off on them (confirm_wanted)."""
+        serial timing of each when the rule is about to back off on them (confirm_wanted)."""
         refs = self.references(idx)
-        if ctrl.confirm_wanted(parallel, refs):
-            self.serial_repeat(idx, ctrl, reason="confirm")
+        if rule.confirm_wanted(parallel, refs):
+            self.serial_repeat(idx, rule, reason="confirm")
             refs = self.references(idx)
         return refs
 
     def fastest_serial(self, idx: Sequence[int], k: int) -> list[int]:
         """The ``k`` candidates of ``idx`` with the fastest serial timings (the ones ranking matters most for)."""
-        timed = [i for i in idx if self.results[i].serial_latency_s is not None]
-        return sorted(timed, key=lambda i: self.results[i].serial_latency_s)[:max(0, k)]
+        timed = [(i, secs) for i in idx if (secs := self.results[i].serial_latency_s) is not None]
+        return [i for i, _ in sorted(timed, key=lambda pair: pair[1])][:max(0, k)]
 
     def latencies(self, idx: Sequence[int]) -> list[float | None]:
         return [self.results[i].latency_s for i in idx]
@@ -198,28 +202,29 @@ class _Round:
         """Failed in parallel, fine serially."""
         return sum(1 for i in failed if self.results[i].final_error is None)
 
-    def correct(self, idx: Sequence[int], ctrl: DOPController, err: float | None) -> None:
+    def correct(self, idx: Sequence[int], rule: DopRule, err: float | None) -> None:
+        """``idx``: candidates with final timings (both callers keep only those)."""
         for i in idx:
-            self.results[i].final_secs = ctrl.correct(self.results[i].final_secs, err)
+            secs = self.results[i].final_secs
+            assert secs is not None, "only candidates with final timings are corrected"
+            self.results[i].final_secs = rule.correct(secs, err)
             self.correction_applied = True
 
 
-def _probe_then_rest(rnd: _Round, ctrl: DOPController, dop: int, n_probe: int, validated: set[int],
+def _probe_then_rest(rnd: _Round, rule: DopRule, dop: int, probe: list[int], validated: set[int],
                      is_serial_config: Callable[[int], bool]) -> RoundDecision:
     """A DOP not validated yet: decide on a probe, then measure the rest accordingly."""
     n = len(rnd.jobs)
-    step = n / n_probe
-    probe = sorted({int(k * step) for k in range(n_probe)})
     rnd.parallel(probe, dop)
     plat = rnd.latencies(probe)
     failed = [i for i in probe if rnd.results[i].first_failed]
     rnd.serial(probe, count_as_remeasure=True, reason="probe")
-    rnd.serial_repeat(rnd.fastest_serial(probe, ctrl.noise_pairs_wanted(probe=True)), ctrl)
-    decision = ctrl.update(plat, rnd.confirmed_references(probe, plat, ctrl),
+    rnd.serial_repeat(rnd.fastest_serial(probe, rule.noise_pairs_wanted(probe=True)), rule)
+    decision = rule.decide(plat, rnd.confirmed_references(probe, plat, rule),
                            rnd.failures_due_to_parallelism(failed))
     in_probe = set(probe)
     rest = [i for i in range(n) if i not in in_probe]
-    if decision.backed_off or not ctrl.can_correct(decision.mean_signed_error):
+    if decision.backed_off or not rule.can_correct(decision.mean_signed_error):
         smaller = max(1, min(decision.dop_after, n))
         if is_serial_config(smaller):
             rnd.serial(rest, count_as_remeasure=False)
@@ -228,52 +233,52 @@ def _probe_then_rest(rnd: _Round, ctrl: DOPController, dop: int, n_probe: int, v
         return decision
     validated.add(dop)
     rnd.parallel(rest, dop)
-    keep, skip = ctrl.split_outliers(rnd.latencies(rest), dop)
+    keep, skip = rule.split_outliers(rnd.latencies(rest), dop)
     outliers = [rest[k] for k in keep]
     rnd.outliers_skipped += len(skip)
     rest_failed = [i for i in rest if rnd.results[i].first_failed]
     rnd.serial(sorted(set(outliers) | set(rest_failed)), count_as_remeasure=True, reason="sample")
     rnd.correct([i for i in rest if not rnd.results[i].remeasured and rnd.results[i].final_secs],
-                ctrl, decision.mean_signed_error)
+                rule, decision.mean_signed_error)
     return decision
 
 
-def _sampled_round(rnd: _Round, ctrl: DOPController, dop: int, validated: set[int],
+def _sampled_round(rnd: _Round, rule: DopRule, dop: int, validated: set[int],
                    remeasure_on_large_error: bool) -> RoundDecision:
-    """Everything in parallel; the controller's sample and the failures serially; the rest corrected."""
+    """Everything in parallel; the rule's sample and the failures serially; the rest corrected."""
     n = len(rnd.jobs)
     rnd.parallel(list(range(n)), dop)
     lat = rnd.latencies(range(n))
-    sample, skipped = ctrl.sample_for_serial(lat, dop)
+    sample, skipped = rule.serial_sample(lat, dop)
     rnd.outliers_skipped += len(skipped)
     failed = [i for i in range(n) if rnd.results[i].first_failed]
     rnd.serial(sorted(set(sample) | set(failed)), count_as_remeasure=True)
-    extra = ctrl.top_up_sample(lat, sample, rnd.references(sample))
-    if extra and ctrl.second_look:
+    extra = rule.top_up_sample(lat, sample, rnd.references(sample))
+    if extra and rule.second_look:
         # a second serial timing of the shrunk sample is one timing a candidate where a top-up is several:
         # a single glitched serial timing no longer buys the whole share
-        rnd.serial_repeat(sample, ctrl, reason="confirm")
-        extra = ctrl.top_up_sample(lat, sample, rnd.references(sample))
+        rnd.serial_repeat(sample, rule, reason="confirm")
+        extra = rule.top_up_sample(lat, sample, rnd.references(sample))
     if extra:  # a shrunk sample showed an uncorrectable error: decide on the full share first
         rnd.serial(extra, count_as_remeasure=True)
         rnd.sample_topped_up += len(extra)
         sample = sorted(set(sample) | set(extra))
     sampled_parallel = [lat[i] for i in sample]
-    contested = ctrl.contested(sampled_parallel, rnd.references(sample))
-    rnd.serial_repeat(rnd.fastest_serial(sample, ctrl.noise_pairs_wanted(contested=contested)), ctrl)
-    decision = ctrl.update(sampled_parallel, rnd.confirmed_references(sample, sampled_parallel, ctrl),
+    contested = rule.contested(sampled_parallel, rnd.references(sample))
+    rnd.serial_repeat(rnd.fastest_serial(sample, rule.noise_pairs_wanted(contested=contested)), rule)
+    decision = rule.decide(sampled_parallel, rnd.confirmed_references(sample, sampled_parallel, rule),
                            rnd.failures_due_to_parallelism(failed))
     if not decision.backed_off:
         validated.add(dop)
     rest = [i for i in range(n) if not rnd.results[i].remeasured and rnd.results[i].final_secs]
     err = decision.mean_signed_error
-    if rest and ctrl.can_correct(err):
-        rnd.correct(rest, ctrl, err)
+    if rest and rule.can_correct(err):
+        rnd.correct(rest, rule, err)
     elif rest and err is not None and remeasure_on_large_error:
         # past correction: time the rest serially, but for the candidates that rank after the round's
-        # median whatever their serial timing (DOPController.rankable_bound), left as measured
-        bound = ctrl.rankable_bound(lat, dop, err)
-        rankable = [i for i in rest if bound is None or lat[i] is None or lat[i] <= bound]
+        # median whatever their serial timing (DopRule.rankable_bound), left as measured
+        bound = rule.rankable_bound(lat, dop, err)
+        rankable = [i for i in rest if bound is None or (parallel_s := lat[i]) is None or parallel_s <= bound]
         rnd.outliers_skipped += len(set(rest) - set(rankable) - set(skipped))  # the sample's were counted
         rnd.serial(rankable, count_as_remeasure=True, reason="uncorrectable")
     return decision
@@ -294,7 +299,7 @@ def serial_totals(reports) -> dict[str, dict]:
 def measure_round(
     jobs: Sequence[Any],
     measure: Measure,
-    controller: DOPController,
+    rule: DopRule,
     *,
     is_serial_config: Callable[[int], bool],
     validated: set[int] | frozenset[int] = frozenset(),
@@ -303,29 +308,26 @@ def measure_round(
 ) -> RoundResult:
     """Measure ``jobs`` as one DOPpler round (module doc). ``is_serial_config(dop)``: whether that
     DOP's worker layout is the serial one; ``validated``: DOPs already validated (not changed: the
-    result carries the new set). The controller's state (DOP, cap, history) advances by one round."""
-    ctrl = controller
+    result carries the new set). The rule decides one round (its DOP, cap and history advance)."""
     n = len(jobs)
-    dop = max(1, min(ctrl.dop, ctrl.max_dop, n))
+    plan = rule.plan_round(n, validated=validated, probe_first=probe_first)
+    dop = plan.dop
     rnd = _Round(jobs, measure)
     validated = set(validated)
     warm_dop = None
     if is_serial_config(dop):
         rnd.parallel(list(range(n)), dop)
-        decision = ctrl.update_serial_round(n)
+        decision = rule.decide_serial_round()
     else:
-        n_probe = ctrl.probe_size(n, dop)
-        if probe_first and dop not in validated and n > n_probe:
-            decision = _probe_then_rest(rnd, ctrl, dop, n_probe, validated, is_serial_config)
+        if plan.probe:
+            decision = _probe_then_rest(rnd, rule, dop, list(plan.probe), validated, is_serial_config)
         else:
-            decision = _sampled_round(rnd, ctrl, dop, validated, remeasure_on_large_error)
+            decision = _sampled_round(rnd, rule, dop, validated, remeasure_on_large_error)
         if decision.backed_off:
             validated.discard(dop)
         if decision.dop_after != dop:
             warm_dop = decision.dop_after
-        if ctrl.history:
-            ctrl.history[-1].outliers_skipped = rnd.outliers_skipped  # this round's row
-            ctrl.history[-1].sample_topped_up = rnd.sample_topped_up
+        rule.note_round(outliers_skipped=rnd.outliers_skipped, sample_topped_up=rnd.sample_topped_up)
     return RoundResult(dop=dop, decision=decision, candidates=rnd.results,
                        correction_applied=rnd.correction_applied, validated=validated, warm_dop=warm_dop,
                        parallel_wall_s=rnd.parallel_wall_s, serial_wall_s=rnd.serial_wall_s,

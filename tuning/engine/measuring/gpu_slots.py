@@ -20,7 +20,7 @@ noise 0.1 %):
 The other GPU levers: kernels compiled by the builder, not at load time in the measuring worker
 (cuda_binaries.py: the serial measuring wall of those 18 candidates fell from 9.0 to 4.4 s), the
 evaluator's budget (4.8 s -> 1.05 s serial, ``gpu_check_h200_s20_budgets.json``), and one slot group
-per GPU, each with its own DOP controller, error samples and timing lock.
+per GPU, each with its own DOP rule, error samples and timing lock.
 ``MAX_DOP_PER_GPU`` is 4: with exclusive timing a worker only needs to be ready when the window
 frees; DOP 8 measured x2.51 against x2.23 at DOP 4 (H200, MPS): 12 % more for twice the workers,
 each holding a CUDA context (without MPS, its own). MPS is optional (the workers then share one GPU

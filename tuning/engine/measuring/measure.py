@@ -3,7 +3,7 @@
 Needs only TVM's runtime (works with ``TVM_USE_RUNTIME_LIB=1`` and
 ``libtvm_compiler.so`` absent): nothing here imports ``tvm.s_tir`` or the
 compiler. A remote Celery worker calls :func:`measure_payload` with the dict a
-:class:`~tuning.engine.runners.pooled.DistributedRunner` sent; the local pool calls
+:class:`~tuning.engine.runners.distributed.DistributedRunner` sent; the local pool calls
 :func:`measure_path`.
 
 Thread count: TVM's pool can be shrunk in-process (``runtime.config_threadpool``)

@@ -224,6 +224,8 @@ def _call(func: str, args: tuple, kwargs: dict, *, what: str, sink: Any, init: s
     finally:
         done.set()
         for stream in (proc.stdin, proc.stdout):
+            if stream is None:  # never: both are pipes; this narrows Popen's Optional streams
+                continue
             try:
                 stream.close()
             except OSError:

@@ -341,6 +341,10 @@ class WorkerProcess:
             return value
 
 
+# A queued call: its future, the function's importable name, args, kwargs and timeout (None ends a loop).
+_Job = tuple[concurrent.futures.Future, str, tuple, dict, float | None]
+
+
 class ProcessPool:
     """A fixed set of :class:`WorkerProcess` fed from one job queue.
 
@@ -361,7 +365,7 @@ class ProcessPool:
         own = [WorkerProcess(s, initializer=initializer, max_uses=max_uses, stderr=stderr) for s in specs]
         self.workers = list(shared) + own
         self._owned = {id(w) for w in own}
-        self._jobs: queue.Queue = queue.Queue()
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._closed = False
         for w in self.workers:

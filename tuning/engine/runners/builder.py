@@ -15,6 +15,7 @@ its JSON export; the worker returns the artifact path.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -138,7 +139,7 @@ class PersistentBuilder(PyBuilder):
         if self.before_build is not None:
             self.before_build()
         self.batches += 1
-        jobs = []
+        jobs: list[concurrent.futures.Future | None] = []  # None: refused before submitting
         for inp in build_inputs:
             if inp.params is not None and len(inp.params):
                 jobs.append(None)  # params are not supported by MetaSchedule's default build either

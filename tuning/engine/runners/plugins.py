@@ -33,13 +33,10 @@ from tuning.engine.measuring.timer import EvaluatorConfig, default_evaluator
 from tuning.engine.process import sandbox
 from tuning.engine.process.procpool import available_cpus
 from tuning.engine.runners.builder import PersistentBuilder
-from tuning.engine.runners.pooled import (
-    DistributedRunner,
-    MeasureJob,
-    MeasureLedger,
-    MultiDeviceRunner,
-    PooledAsyncRunner,
-)
+from tuning.engine.runners.distributed import DistributedRunner
+from tuning.engine.runners.measure_jobs import MeasureJob, MeasureLedger
+from tuning.engine.runners.multi_device import MultiDeviceRunner
+from tuning.engine.runners.pooled import PooledAsyncRunner
 
 __all__ = ["PlugContext", "make_builder", "make_runner", "register_builder", "register_runner",
            "builder_kinds", "runner_kinds", "is_parallel_runner", "build_all", "measure_serially"]
@@ -144,7 +141,6 @@ def _pooled_runner(ctx: PlugContext):
         cpu_ids=ctx.cores,
         dop=cfg.dop,
         dop_rule=cfg.dop_rule,
-        controller=cfg.controller,
         timeout_sec=cfg.timeout_sec,
         ledger=ctx.ledger,
         worker_limits=sandbox.default_limits(gpu=False),
@@ -163,7 +159,7 @@ def gpu_worker_slots(group: gpu_slots.GpuSlotGroup, cores: Sequence[int]) -> lis
 
 
 def _gpu_runner(ctx: PlugContext):
-    """One pooled runner per GPU (slot group: MPS clients of that device, its own DOP controller and
+    """One pooled runner per GPU (slot group: MPS clients of that device, its own DOP rule and
     error samples); several GPUs are fed by a MultiDeviceRunner. Raises NeedsGPU without a GPU."""
     cfg = ctx.config
     gpus = gpu_slots.require_gpus()

@@ -21,11 +21,12 @@ from tuning.engine.records.cost_model_file import (
     data_only,
     load_xgb_model,
 )
-from tuning.engine.runners.pooled import is_infrastructure_failure
-from tuning.engine.search.callbacks import EngineState, StreamingMeasureCallback
+from tuning.engine.runners.measure_jobs import is_infrastructure_failure
+from tuning.engine.search.callbacks import StreamingMeasureCallback
+from tuning.engine.search.engine_state import EngineState
 from tuning.engine.search.skip_known import CallBudget, SkipKnownSearch
 from tuning.engine.search.task_scheduler import ControlledScheduler
-from tuning.engine.trimmer.hooks import make_filtered_search
+from tuning.engine.trimmer.filter import make_filtered_search
 from tuning.engine.workdir import COST_MODEL_FILE, save_exhausted, save_trimmer_state
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ the streaming callback), because TVM does not expose it to Python. Which task
 has measurements in flight is tracked here too: TVM's ``JoinRunningTask``
 must only be called on such a task.
 
-With Trimmer (``state.trimmer``, a :class:`~.trimmer_hooks.TrimmerRuntime`),
+With Trimmer (``state.trimmer``, a :class:`~tuning.engine.trimmer.hooks.TrimmerRuntime`),
 ``next_task_id`` also applies what the callback decided: it joins the tasks
 that plateaued and gives them no more rounds (parked, not terminated: Trimmer
 may resume one when budget is left; only a task whose search space ran out is
@@ -32,7 +32,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.task_scheduler import PyTaskScheduler
 
 from tuning.engine.latency import is_failed_latency
-from tuning.engine.search.callbacks import EngineState
+from tuning.engine.search.engine_state import EngineState
 
 __all__ = ["ControlledScheduler"]
 
@@ -101,7 +101,7 @@ class ControlledScheduler(PyTaskScheduler):
         return False
 
     def next_task_id(self) -> int:
-        outer = self._outer()  # type: ignore[attr-defined]
+        outer = self._outer()
         st = self.state
         st.scheduler, st.launching = outer, None
         tasks = outer.tasks_

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tuning.engine.latency import is_failed_latency
+from tuning.engine.latency import is_timing
 
 __all__ = ["RidgeLatencyPredictor", "pool_store_features"]
 
@@ -54,7 +54,7 @@ class RidgeLatencyPredictor:
     def add(self, features: Sequence[np.ndarray], latencies: Sequence[float | None]) -> None:
         """Measured candidates: a failed one (None) says nothing about speed and is left out."""
         for f, lat in zip(features, latencies):
-            if not is_failed_latency(lat) and lat > 0:
+            if is_timing(lat) and lat > 0:
                 self.x.append(np.asarray(f, dtype="float64"))
                 self.y.append(math.log(lat))
         if len(self.y) > self.max_samples:  # keep the newest: the search has moved on

@@ -10,7 +10,9 @@
   ``max_resumes`` times each; one batch without a gain parks it again).
 - Budget re-allocation: the trials a pre-empted task no longer uses go to the
   tasks still improving, weighted by their share of end-to-end latency
-  (weight x best latency).
+  (weight x best latency): :func:`tuning.engine.budget.allocate_trials`, on the
+  run's :class:`~tuning.engine.budget.TrialBudget`, which the record cache
+  shares.
 - Whole-model stop: the estimated end-to-end latency (sum of weight x best)
   over a window of rounds fails to improve by more than ``model_min_improvement``
   ``model_patience`` times in a row, or reaches ``target_latency_s``.
@@ -28,7 +30,9 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
-__all__ = ["TrimmerConfig", "TaskPlateauTracker", "ModelStopper", "allocate_trials", "TrimmerState"]
+from tuning.engine.budget import TrialBudget
+
+__all__ = ["TrimmerConfig", "TaskPlateauTracker", "ModelStopper", "TrimmerState"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,28 +87,46 @@ class TrimmerConfig:
 
 
 class TaskPlateauTracker:
-    """Counts, per task, the consecutive rounds whose batch did not improve its best."""
+    """Counts, per task, the consecutive rounds whose batch did not improve its best.
 
-    def __init__(self, config: TrimmerConfig, min_trials: int | None = None):
+    The trials, parked tasks and resumes it counts are the run's :class:`TrialBudget`'s (the record
+    cache reads and writes the same ledger); without one it keeps a budget of its own."""
+
+    def __init__(self, config: TrimmerConfig, min_trials: int | None = None, budget: TrialBudget | None = None):
         self.config = config
         self.min_trials = config.min_trials_per_task if min_trials is None else int(min_trials)
-        self.best: dict[int, float] = {}
+        self.budget = budget if budget is not None else TrialBudget((), max_trials=0, max_resumes=config.max_resumes)
+        self.best: dict[int, float] = {}  # the best each task's own batches reached (plateau baseline)
         self.stale_rounds: dict[int, int] = {}
-        self.trials: dict[int, int] = {}
-        self.preempted: dict[int, int] = {}  # task -> trials it had when pre-empted
-        self.resumes: dict[int, int] = {}  # task -> times it was resumed after a pre-emption
-        # tasks judged by the plateau rule even when Trimmer is off, each never before its own number of
-        # trials (a record-cache seed whose source was not converged: searched on from the seed, stopped
-        # once the search no longer beats it)
-        self.judged: dict[int, int] = {}
+
+    @property
+    def trials(self) -> dict[int, int]:
+        return self.budget.trials
+
+    @property
+    def preempted(self) -> dict[int, int]:
+        """task -> trials it had when pre-empted (parked in the budget)."""
+        return self.budget.parked
+
+    @property
+    def judged(self) -> dict[int, int]:
+        """Tasks judged by the plateau rule even when Trimmer is off, each never before its own number of
+        trials (a record-cache seed whose source was not converged: searched on from the seed, stopped
+        once the search no longer beats it)."""
+        return self.budget.judged_after
+
+    def baseline(self, task: int) -> float | None:
+        """What a batch of ``task`` must beat: its best so far, or a record-cache seed's time here."""
+        best = min(self.best.get(task, math.inf), self.budget.seed_best.get(task, math.inf))
+        return best if math.isfinite(best) else None
 
     def observe(self, task: int, batch_latencies: Sequence[float | None]) -> bool:
         """Record one measured batch of a task; returns True when the task is (now) pre-empted."""
         if task in self.preempted:
             return True
         valid = [x for x in batch_latencies if x is not None and math.isfinite(x) and x > 0]
-        self.trials[task] = self.trials.get(task, 0) + len(batch_latencies)
-        previous = self.best.get(task)
+        self.budget.add_trials(task, len(batch_latencies))
+        previous = self.baseline(task)
         batch_best = min(valid) if valid else None
         if batch_best is not None and (previous is None or batch_best < previous * (1 - self.config.min_improvement)):
             self.stale_rounds[task] = 0
@@ -116,20 +138,19 @@ class TaskPlateauTracker:
         need = self.min_trials if floor is None else max(self.min_trials, floor)
         if ((self.config.enabled or floor is not None) and self.stale_rounds[task] >= self.config.plateau_rounds
                 and self.trials[task] >= need):
-            self.preempted[task] = self.trials[task]
+            self.budget.park(task)
             return True
         return False
 
     def is_preempted(self, task: int) -> bool:
-        return task in self.preempted
+        return self.budget.is_parked(task)
 
     def can_resume(self, task: int) -> bool:
-        return task in self.preempted and self.resumes.get(task, 0) < self.config.max_resumes
+        return self.budget.can_resume(task)
 
     def resume(self, task: int) -> None:
         """Give a pre-empted task another probe: one more batch without a gain parks it again."""
-        self.preempted.pop(task, None)
-        self.resumes[task] = self.resumes.get(task, 0) + 1
+        self.budget.resume(task)
         self.stale_rounds[task] = max(0, self.config.plateau_rounds - 1)
 
 
@@ -165,28 +186,6 @@ class ModelStopper:
                            f"{cfg.model_min_improvement:.1%} for {self.misses} windows of {w} rounds")
             return True
         return False
-
-
-def allocate_trials(remaining: int, tasks: Mapping[int, tuple[float, float | None]], active: Sequence[int]) -> dict[int, int]:
-    """Split ``remaining`` trials among ``active`` tasks by share of end-to-end latency.
-
-    ``tasks`` maps task -> (weight, best latency or None). A task with no
-    measurement yet gets the mean share, so new tasks are not starved.
-    Largest-remainder rounding: the result sums to ``remaining`` exactly.
-    """
-    active = list(active)
-    if remaining <= 0 or not active:
-        return {t: 0 for t in active}
-    known = [tasks[t][0] * tasks[t][1] for t in active if tasks[t][1]]
-    fallback = (sum(known) / len(known)) if known else 1.0
-    shares = {t: (tasks[t][0] * tasks[t][1]) if tasks[t][1] else fallback for t in active}
-    total = sum(shares.values()) or 1.0
-    exact = {t: remaining * s / total for t, s in shares.items()}
-    alloc = {t: int(math.floor(x)) for t, x in exact.items()}
-    left = remaining - sum(alloc.values())
-    for t in sorted(active, key=lambda t: exact[t] - alloc[t], reverse=True)[:left]:
-        alloc[t] += 1
-    return alloc
 
 
 @dataclasses.dataclass
