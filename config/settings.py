@@ -238,6 +238,12 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     # every operation documents its 400/401/403/404/409/429 with the one error body (core/schema.py)
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "core.schema.add_error_responses"],
+    # three models have a `kind`: name each enum after its model, not after a hash of its values
+    "ENUM_NAME_OVERRIDES": {
+        "GpuJobKindEnum": "scheduling.models.GpuJob.Kind",
+        "TraceUploadKindEnum": "scheduling.models.TraceUpload.Kind",
+        "UsageChargeKindEnum": "core.models.UsageCharge.Kind",
+    },
 }
 
 # Throttle and sign-in lockout counts, figure bodies: Redis in deployment so every web worker shares them.
