@@ -4,7 +4,8 @@ Each row starts a real worker the way `make run` does (scripts/worker.sh, beat i
 default (SQLite + the SQLite-backed broker in a fresh DLOPT_VAR_DIR; the PostgreSQL row uses a throwaway
 database on 127.0.0.1:5432), starts a run of the zoo's small_cnn with the row's budget, injects the fault
 once the first round of measurements has landed, restarts the worker the way a user would where the row
-needs it, waits for the run to end and counts:
+needs it, waits for the run to end (and for the live workers' attempts on it to close: a cancel can end the
+run while the executor it stopped still has its attempt to close) and counts:
 
 * trials stored against the budget (and the round size: the budget may be overshot by the round in flight);
 * duplicate records in the run's TVM database (the same workload with the same trace);
@@ -268,12 +269,38 @@ class Row:
     def finished(self, timeout: float) -> dict:
         return self.wait(lambda s: s["status"] in ("succeeded", "failed", "cancelled"), timeout, "the run's end")
 
+    def attempts_open(self) -> int:
+        """``tuning.execute_run`` tasks a live worker received and has not finished yet (from its log)."""
+        open_ids: set[str] = set()
+        for proc in self.workers:
+            if proc.poll() is not None:
+                continue
+            for line in (self.dir / f"worker-{proc.tag}.log").read_text(errors="replace").splitlines():
+                if "tuning.execute_run[" not in line:
+                    continue
+                task_id = line.split("tuning.execute_run[", 1)[1].split("]", 1)[0]
+                if line.rstrip().endswith("] received"):
+                    open_ids.add(task_id)
+                elif any(w in line for w in (" succeeded in ", " failed:", " raised ", " retry:")):
+                    open_ids.discard(task_id)
+        return len(open_ids)
+
+    def attempts_ended(self, timeout: float) -> None:
+        """Wait (bounded) until the live workers' attempts on the run have ended: a run can end (a cancel
+        honoured by recovery) while an executor still has its attempt to close (the stopped one, resumed)."""
+        deadline = time.monotonic() + timeout
+        while self.attempts_open() and time.monotonic() < deadline:
+            time.sleep(1.0)
+        left = self.attempts_open()
+        self.note(f"attempts still open: {left}" if left else "every attempt on live workers ended")
+
     # ----- workers
     def start_worker(self, tag: str, **extra) -> subprocess.Popen:
         log = open(self.dir / f"worker-{tag}.log", "wb")
         proc = subprocess.Popen(["scripts/worker.sh"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 env=self.env | {"WORKER_HOSTNAME": f"{tag}@embedded"} | extra,
                                 start_new_session=True)
+        proc.tag = tag  # its log: worker-<tag>.log
         self.workers.append(proc)
         self.note(f"worker {tag} started (pid {proc.pid})")
         return proc
@@ -484,6 +511,7 @@ def run_row(name: str, a, work: Path) -> dict:
         if name != "dead_redis":
             end = row.finished(a.row_timeout)
             row.note(f"run ended: {end['status']}")
+            row.attempts_ended(a.attempt_end_s)
             for proc in row.workers:
                 if proc.poll() is None:
                     row.stop_worker(proc)
@@ -578,6 +606,8 @@ def main() -> None:
     ap.add_argument("--fill-s", type=float, default=120.0, help="how long the disk stays full")
     ap.add_argument("--tmpfs-mib", type=int, default=256)
     ap.add_argument("--grace-s", type=float, default=20.0, help="wait after a kill before counting survivors")
+    ap.add_argument("--attempt-end-s", type=float, default=90.0,
+                    help="after the run ends, how long its live workers' attempts may take to close")
     ap.add_argument("--row-timeout", type=float, default=900.0, help="bound on each wait of a row")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the rows' var dirs and logs")

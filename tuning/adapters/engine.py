@@ -28,7 +28,7 @@ from tuning.engine.records import check_replay
 from tuning.engine.process.procpool import WorkerError, WorkerTimeout
 from tuning.engine.records.check import RecordError, precheck, recheck_output
 from tuning.engine.config import TuningConfig
-from tuning.engine.workdir import has_imported, write_imported
+from tuning.engine.workdir import has_imported, has_journal, write_imported
 from tuning.engine.compile.targets import TargetRefused, check_target
 from tuning.engine.measuring.timer import EvaluatorConfig
 from tuning.engine.trimmer.rules import TrimmerConfig
@@ -41,7 +41,8 @@ IMPORT_CHECK_TIMEOUT_S = 600
 
 __all__ = ["IMPORT_CHECK_TIMEOUT_S", "Abort", "RecordError", "TargetRefused", "WorkDirBusy", "WorkerError",
            "WorkerTimeout", "build_engine_config", "call_engine", "check_import", "checked_target",
-           "compile_and_compare", "database_records", "engine_error_text", "engine_target", "fenced",
+           "commit_stored_journal", "compile_and_compare", "database_records", "engine_error_text",
+           "engine_target", "fenced",
            "has_imported", "precheck", "recheck_output", "resolve_target", "run_engine", "trimmer_options",
            "write_imported"]
 
@@ -189,6 +190,19 @@ def database_records(model_proto, work_dir: Path, run: TuningRun) -> list:
     """Every record of the run's TVM database, as the engine's MeasurementRecords."""
     return call_engine(session.database_records, str(work_dir), model_proto, engine_target(run),
                        writable=(work_dir,), what="reading the run's tuning database back")
+
+
+def commit_stored_journal(model_proto, work_dir: Path, run: TuningRun) -> int:
+    """Commit to the run's TVM database the streamed results the platform stored but TVM's database lacks
+    (the engine was killed between reporting them and TVM's join, and no later call committed them);
+    only what the store holds, so TVM's database never gains a result stored under no lease. Runs as the
+    worker's user (the engine's, who owns TVM's database and its lock); WorkDirBusy when a live engine
+    works in the directory (it commits them when it starts)."""
+    stored = set(Measurement.objects.filter(run_id=run.pk).values_list("task__index", "candidate_key"))
+    if not stored or not has_journal(str(work_dir)):
+        return 0
+    return call_engine(session.commit_journal, str(work_dir), model_proto, engine_target(run), stored,
+                       what="committing the run's stored results to its tuning database")
 
 
 def check_import(model_bytes: bytes, run: TuningRun, workloads: bytes, records: bytes, budget: int) -> dict:

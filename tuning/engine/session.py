@@ -45,6 +45,7 @@ from tuning.engine.workdir import (
     commit_streamed,
     database_paths,
     has_imported,
+    has_journal,
     load_final_rows,
     load_trimmer_preempted,
     next_round_offset,
@@ -58,7 +59,7 @@ from tuning.engine.workdir import (
 logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
 log = logging.getLogger(__name__)
 
-__all__ = ["run_tuning", "count_records", "database_records"]
+__all__ = ["run_tuning", "count_records", "database_records", "commit_journal"]
 
 # --------------------------------------------------------------------------- run
 @dataclasses.dataclass
@@ -361,7 +362,15 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
             run.sink.on_tasks(run.infos)
         except Exception:  # noqa: BLE001
             log.exception("sink.on_tasks failed")
-        _tune(run)
+        try:
+            _tune(run)
+        finally:
+            # TVM's joins commit what the search measured; what streamed out of a batch that was never
+            # joined (the search raised) is committed here, so TVM's database never lags what was reported
+            try:
+                commit_streamed(run.work_dir, run.database, run.tasks, run.target)
+            except Exception:  # noqa: BLE001 - the next call on the work dir commits them when it starts
+                log.exception("could not commit the streamed results")
         return _summary(run, time.perf_counter() - t_start)
 
 
@@ -384,3 +393,20 @@ def database_records(work_dir: str, model, target) -> list:
                 candidate_key=candidate_key(tasks[i].name, rec.trace), run_secs=secs,
                 error=None if secs else "no latency recorded", worker="tvm-database"))
     return out
+
+
+def commit_journal(work_dir: str, model, target, only: set[tuple[int, str]] | None = None, *,
+                   wait_s: float = 10.0) -> int:
+    """Commit to the run's TVM database the streamed results it lacks; returns how many. An engine killed
+    between reporting results (the journal, then the sink) and TVM's join leaves them out of TVM's
+    database; the next call on the work dir commits them when it starts (``_prepare``), but a run that
+    ends without one (cancelled while its engine was stopped, failed) would keep a TVM database that lags
+    its store. ``only``: the (task index, candidate key) pairs to commit (what the platform stored under
+    a valid lease), None: all. Under the work dir's engine lock: :class:`WorkDirBusy` when a live engine
+    holds it past ``wait_s`` (that engine commits them itself)."""
+    work_dir = os.path.abspath(work_dir)
+    if not has_journal(work_dir):
+        return 0
+    with lock_work_dir(work_dir, wait_s=wait_s):
+        tgt = make_target(target)
+        return commit_streamed(work_dir, open_json_db(work_dir), collect_tasks(model, tgt), tgt, only=only)

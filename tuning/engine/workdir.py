@@ -26,7 +26,7 @@ __all__ = [
     "COST_MODEL_FILE",
     "open_json_db", "open_database", "imported_records", "write_imported", "has_imported", "database_paths",
     "records_by_task", "record_latency", "load_trimmer_preempted", "save_trimmer_state",
-    "next_round_offset", "save_round_offset", "FINAL_ROWS", "load_final_rows", "save_final_rows", "StreamJournal", "commit_streamed", "save_exhausted",
+    "next_round_offset", "save_round_offset", "FINAL_ROWS", "load_final_rows", "save_final_rows", "StreamJournal", "commit_streamed", "has_journal", "save_exhausted",
     "load_exhausted",
 ]
 
@@ -272,9 +272,16 @@ def _journal_lines(work_dir: str) -> list[dict]:
     return out
 
 
-def commit_streamed(work_dir: str, db, tasks, target) -> int:
+def has_journal(work_dir: str) -> bool:
+    """Whether the run's engine streamed results (the journal exists and is not empty); no TVM."""
+    p = os.path.join(work_dir, STREAM_JOURNAL)
+    return os.path.exists(p) and os.path.getsize(p) > 0
+
+
+def commit_streamed(work_dir: str, db, tasks, target, only: set[tuple[int, str]] | None = None) -> int:
     """Commit to ``db`` the journal's records it lacks (an earlier call was killed between reporting
-    them and TVM's join); returns how many. Records are keyed like the sink's (task, trace)."""
+    them and TVM's join); returns how many. Records are keyed like the sink's (task, trace).
+    ``only``: commit just these (task index, candidate key) pairs (e.g. what the platform stored)."""
     from tvm.s_tir import meta_schedule as ms  # TVM: see the module doc
 
     from tuning.engine.events import candidate_key, canonical_trace_text
@@ -292,7 +299,7 @@ def commit_streamed(work_dir: str, db, tasks, target) -> int:
             key = (i, candidate_key(tasks[i].name, canonical_trace_text(line["record"][0])))
         except (TypeError, IndexError, KeyError, ValueError):
             continue
-        if key in have:
+        if key in have or (only is not None and key not in only):
             continue
         try:
             workload = db.commit_workload(tasks[i].mod)

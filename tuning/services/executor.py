@@ -185,6 +185,7 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
     sink = DatabaseSink(run.pk, lease, meter=adapters.make_energy_meter(run))
     started = time.perf_counter()
     abort = Abort()  # the engine lives only while this executor holds the run's lease
+    model_proto = None
     try:
         with run.model.file.open("rb") as f:
             model_proto = onnx.load_model_from_string(f.read())
@@ -210,6 +211,7 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
         return TuningRun.Status.SUCCEEDED
     except LeaseLost as exc:
         log.warning("run %s: lease lost, another executor continues it (%s)", run_id, exc)
+        settle_tvm_database(run, model_proto, work_dir)  # the run may end here (cancelled while stopped)
         return None
     except WorkDirBusy as exc:
         # the previous executor's engine still works in the run's directory (its process tree stopped?):
@@ -227,6 +229,7 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
         log.exception("run %s failed", run_id)
         _add_wall(run.pk, lease, time.perf_counter() - started)
         sink.flush()
+        settle_tvm_database(run, model_proto, work_dir)  # an engine that crashed left its stream uncommitted
         error = adapters.public_text(adapters.engine_error_text(exc), work_dir)[:MAX_RUN_ERROR_CHARS]
         if TuningRun.objects.filter(pk=run.pk, lease=lease).update(
                 status=TuningRun.Status.FAILED, error=error, finished_at=timezone.now()):
@@ -292,6 +295,27 @@ def reconcile_with_database(sink: DatabaseSink, model_proto, run: TuningRun, wor
                     len(missing))
         sink.on_measurements(missing)
     return len(missing)
+
+
+def settle_tvm_database(run: TuningRun, model_proto, work_dir: Path) -> int:
+    """At the end of an attempt whose engine may have been killed (its lease lost, a crash): commit to the
+    run's TVM database what the platform stored from the engine's stream but TVM's join never committed,
+    so the run's TVM database holds every stored result also when no later attempt comes (the run was
+    cancelled or failed meanwhile). Only stored results: nothing reaches TVM's database without having
+    been stored under a valid lease. Never raises: a live engine in the directory (WorkDirBusy) commits
+    them itself when it starts; anything else is logged."""
+    if model_proto is None:
+        return 0
+    try:
+        n = adapters.commit_stored_journal(model_proto, work_dir, run)
+    except WorkDirBusy:
+        return 0
+    except Exception:  # noqa: BLE001 - the attempt's outcome stands; the next attempt commits them
+        log.exception("run %s: could not commit its stored results to TVM's database", run.pk)
+        return 0
+    if n:
+        log.warning("run %s: %d stored result(s) committed to TVM's database after the engine ended", run.pk, n)
+    return n
 
 
 def _add_wall(run_id: int, lease: str, seconds: float) -> None:

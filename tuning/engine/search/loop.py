@@ -24,9 +24,9 @@ from tuning.engine.records.cost_model_file import (
 from tuning.engine.runners.measure_jobs import is_infrastructure_failure
 from tuning.engine.search.callbacks import StreamingMeasureCallback
 from tuning.engine.search.engine_state import EngineState
+from tuning.engine.search.skip_known import CallBudget, SkipKnownSearch
 from tuning.engine.search.task_scheduler import ControlledScheduler
 from tuning.engine.trimmer.filter import make_filtered_search
-from tuning.engine.trimmer.hooks import TrimmerRuntime
 from tuning.engine.workdir import COST_MODEL_FILE, save_exhausted, save_trimmer_state
 
 log = logging.getLogger(__name__)
@@ -46,13 +46,17 @@ def _search_kwargs(cfg: TuningConfig) -> dict:
     return kwargs
 
 
-def _search_strategy(cfg: TuningConfig, task_index: int, trimmer: TrimmerRuntime | None):
-    """TVM's evolutionary search; with Trimmer's filter on, wrapped in FilteredSearch."""
+def _search_strategy(cfg: TuningConfig, task: Task, task_index: int, state: EngineState, budget: CallBudget):
+    """TVM's evolutionary search (with Trimmer's filter on, wrapped in FilteredSearch), wrapped so that
+    it never proposes a candidate the run has measured (a resumed call's database: SkipKnownSearch)."""
     kwargs = _search_kwargs(cfg)
+    trimmer = state.trimmer
     if trimmer is not None and trimmer.config.filter_enabled and trimmer.config.filter_oversample > 1:
-        return make_filtered_search(task_index=task_index, runtime=trimmer, config=trimmer.config,
-                                    inner_kwargs=kwargs, seed=cfg.seed)
-    return ms.search_strategy.EvolutionarySearch(**kwargs) if kwargs else "evolutionary"
+        inner = make_filtered_search(task_index=task_index, runtime=trimmer, config=trimmer.config,
+                                     inner_kwargs=kwargs, seed=cfg.seed)
+    else:
+        inner = ms.search_strategy.EvolutionarySearch(**kwargs)
+    return SkipKnownSearch(inner, task_index=task_index, task_name=task.name, state=state, budget=budget)
 
 
 def _task_logger(index: int) -> logging.Logger:
@@ -62,7 +66,7 @@ def _task_logger(index: int) -> logging.Logger:
     return lg
 
 
-def _tune_contexts(tasks: list[Task], target, cfg: TuningConfig, trimmer: TrimmerRuntime | None) -> list:
+def _tune_contexts(tasks: list[Task], target, cfg: TuningConfig, state: EngineState, budget: CallBudget) -> list:
     seeds = fork_seed(cfg.seed, n=len(tasks))
     # not TVM's get_loggers_from_work_dir: it calls logging.config.dictConfig,
     # which rewires the host's (Django's) logging and breaks on unnamed handlers
@@ -71,7 +75,7 @@ def _tune_contexts(tasks: list[Task], target, cfg: TuningConfig, trimmer: Trimme
             mod=t.mod,
             target=target,
             space_generator="post-order-apply",
-            search_strategy=_search_strategy(cfg, ti, trimmer),
+            search_strategy=_search_strategy(cfg, t, ti, state, budget),
             task_name=t.name,
             logger=_task_logger(ti),
             rand_state=rs,
@@ -177,7 +181,7 @@ def search(tasks: list[Task], target, cfg: TuningConfig, *, state: EngineState, 
     trimmer = state.trimmer
     if cfg.light_intrinsics:
         ensure_tensor_intrin(target)
-    contexts = _tune_contexts(tasks, target, cfg, trimmer)
+    contexts = _tune_contexts(tasks, target, cfg, state, CallBudget(budget))
     cm_path = os.path.join(work_dir, COST_MODEL_FILE)
     cost_model = _cost_model(cm_path, resumed, deferred=bool(cfg.deferred_cost_model))
     if trimmer is not None:
