@@ -392,7 +392,7 @@ def row_kill_main_twice(row: Row, a) -> dict:
     orphans1 = [p for p in tree if alive(p)]
     row.note(f"{a.grace_s}s later: {len(left1)} engines, {len(orphans1)} of its processes alive")
     row.seen |= tree  # left running: the orphaned executor must give way to the next worker by itself
-    second = row.start_worker("second")
+    row.start_worker("second")
     work = row.var / "media" / "runs" / str(row.run_id) / "work" / "final_remeasure.json"
     state = row.wait(lambda s: work.exists() or s["serial_remeasures"] > 0
                      or s["status"] in ("succeeded", "failed", "cancelled"), a.row_timeout, "the final stage")

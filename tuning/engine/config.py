@@ -91,6 +91,20 @@ class TuningConfig:
         if self.deferred_cost_model is None:
             self.deferred_cost_model = self.mode == "doppler"
 
+    @property
+    def builder_kind(self) -> str:
+        """The builder's registry name: ``builder`` as given, else the mode's (set by ``__post_init__``)."""
+        if self.builder is None:
+            raise AssertionError("TuningConfig.__post_init__ sets builder")
+        return self.builder
+
+    @property
+    def runner_kind(self) -> str:
+        """The runner's registry name: ``runner`` as given, else the mode's (set by ``__post_init__``)."""
+        if self.runner is None:
+            raise AssertionError("TuningConfig.__post_init__ sets runner")
+        return self.runner
+
 
 @dataclasses.dataclass
 class TaskResult:

@@ -244,10 +244,10 @@ def _tune(run: _Run) -> None:
         with _run_environment(run):
             ctx = plugins.PlugContext(config=cfg, work_dir=run.work_dir, device_type=run.device_type,
                                       threads=run.threads, cores=run.cores, ledger=ledger)
-            builder = plugins.make_builder(cfg.builder, ctx)
-            runner = plugins.make_runner(cfg.runner, ctx)
+            builder = plugins.make_builder(cfg.builder_kind, ctx)
+            runner = plugins.make_runner(cfg.runner_kind, ctx)
             run.dop_rule = getattr(runner, "rule", None)
-            parallel = plugins.is_parallel_runner(cfg.runner)
+            parallel = plugins.is_parallel_runner(cfg.runner_kind)
             state = run.state = EngineState(
                 run.sink, run.infos, known_keys=run.known, ledger=ledger if parallel else None,
                 build_secs=getattr(builder, "build_secs", None), initial_best=run.best0,

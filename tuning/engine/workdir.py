@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from common.jsonsafe import json_safe, loads_finite
 from tuning.engine.latency import TVM_FAILED_RUN_SECS, is_failed_latency
@@ -239,7 +240,7 @@ class StreamJournal:
         with contextlib.suppress(OSError):
             self._append([{"round": int(round_index)}])
 
-    def record(self, entries: list[tuple[int, int, object, list[float]]]) -> None:
+    def record(self, entries: list[tuple[int, int, Any, list[float]]]) -> None:
         """``entries``: (task index, round, MeasureCandidate, run seconds; empty: failed). Raises
         OSError when the journal cannot be written (the caller then leaves them to the join)."""
         from tvm.s_tir import meta_schedule as ms  # TVM: see the module doc

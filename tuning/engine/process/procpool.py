@@ -81,7 +81,7 @@ def loads_from_sandbox(data: bytes):
     """``pickle.loads`` for bytes written by a sandboxed child: data and engine dataclasses only."""
     return _SandboxUnpickler(io.BytesIO(data)).load()
 _WORKER_SCRIPT = str(Path(__file__).resolve().with_name("_procworker.py"))
-_LIVE: "weakref.WeakSet[WorkerProcess]" = weakref.WeakSet()
+_LIVE: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
 
 
 def available_cpus() -> list[int]:
@@ -360,7 +360,7 @@ class ProcessPool:
         max_uses: int | None = None,
         eager: bool = True,
         stderr: Any = None,
-        shared: Sequence["WorkerProcess"] = (),
+        shared: Sequence[WorkerProcess] = (),
     ) -> None:
         own = [WorkerProcess(s, initializer=initializer, max_uses=max_uses, stderr=stderr) for s in specs]
         self.workers = list(shared) + own

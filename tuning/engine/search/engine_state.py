@@ -109,7 +109,7 @@ class EngineState:
                                 trials_reported=self.n_reported)
         self.notify_sink("on_progress", info)
 
-    def settle(self, entry: "LaunchedCandidate", rr) -> None:
+    def settle(self, entry: LaunchedCandidate, rr) -> None:
         """Turn one candidate's build and runner results into its record (None: reported before,
         a duplicate) and the runner's facts about it (call with ``self.lock`` held)."""
         task = self.tasks[entry.task_index]

@@ -210,4 +210,4 @@ def search(tasks: list[Task], target, cfg: TuningConfig, *, state: EngineState, 
     if trimmer is not None:
         trimmer.cost_model = None
         save_trimmer_state(work_dir, trimmer.to_dict())
-    return _STATUS.get(state.stop_reason, "succeeded")
+    return _STATUS.get(state.stop_reason or "", "succeeded")

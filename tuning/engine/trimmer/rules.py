@@ -56,7 +56,7 @@ class TrimmerConfig:
     judge_after_trials: int | None = None  # None: once the cost model is warm; 0: from the start
 
     @classmethod
-    def from_dict(cls, data: Mapping | None) -> "TrimmerConfig":
+    def from_dict(cls, data: Mapping | None) -> TrimmerConfig:
         data = dict(data or {})
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
