@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: help run test test-fast lint lint-imports setup migrate worker web bench-quick check clean
+.PHONY: format help run test test-fast lint lint-imports setup migrate worker web bench-quick check clean
 
 run:            ## set up, migrate, demo user + zoo, start web server and a Celery worker
 	scripts/run.sh
@@ -12,6 +12,7 @@ test-fast:      ## the edit loop: no integration/browser/slow tests, test databa
 
 lint: setup     ## ruff check, mypy on the engines ([tool.ruff], [tool.mypy]) and the import contracts; no tests
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check tuning/engine scheduling/horus core/onnx_models common
 	.venv/bin/mypy
 	.venv/bin/lint-imports --no-cache --no-logo
 
@@ -43,3 +44,7 @@ clean:
 
 help:           ## this list
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed -E 's/:[^#]*## /\t/' | expand -t 16
+
+format: setup   ## ruff format the engines (the formatted scope `make test` checks), then ruff check --fix
+	.venv/bin/ruff format tuning/engine scheduling/horus core/onnx_models common
+	.venv/bin/ruff check --fix .

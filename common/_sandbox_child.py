@@ -6,6 +6,7 @@ target. The answer is one JSON object on the original stdout, ``{"result": value
 ``{"error": {"type", "message"}}``; fd 1 is pointed at stderr first so that nothing a library prints
 can corrupt it.
 """
+
 import os
 import resource
 import sys

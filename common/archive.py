@@ -8,6 +8,7 @@ the whole archive. (Should the platform ever need members on disk, extract with
 
 Refusals raise :class:`ArchiveError` (a ``ValueError``) naming the member and why.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,9 @@ def check_member(member: tarfile.TarInfo, *, max_member_bytes: int) -> None:
     than ``max_member_bytes``. Links (symbolic or hard), devices, FIFOs and directories are refused."""
     name = member.name
     if not member.isreg():
-        raise ArchiveError(f"archive member {name!r} is not a regular file (links, devices and directories "
-                           "are refused)")
+        raise ArchiveError(
+            f"archive member {name!r} is not a regular file (links, devices and directories are refused)"
+        )
     if not name or name.startswith(("/", "\\")) or os.path.isabs(name) or (len(name) > 1 and name[1] == ":"):
         raise ArchiveError(f"archive member {name!r} has an absolute path")
     if ".." in name.replace("\\", "/").split("/"):
@@ -49,8 +51,9 @@ def _open(path: str | os.PathLike, max_archive_bytes: int) -> tarfile.TarFile:
         raise ArchiveError(f"not an uncompressed tar archive ({exc})") from None
 
 
-def _checked_members(tf: tarfile.TarFile, allowed: Iterable[str] | None, max_member_bytes: int,
-                     max_total_bytes: int) -> list[tarfile.TarInfo]:
+def _checked_members(
+    tf: tarfile.TarFile, allowed: Iterable[str] | None, max_member_bytes: int, max_total_bytes: int
+) -> list[tarfile.TarInfo]:
     allowed = set(allowed) if allowed is not None else None
     seen: set[str] = set()
     total = 0
@@ -71,8 +74,14 @@ def _checked_members(tf: tarfile.TarFile, allowed: Iterable[str] | None, max_mem
     return members
 
 
-def read_tar_members(path: str | os.PathLike, *, allowed: Iterable[str] | None, max_member_bytes: int,
-                     max_total_bytes: int, max_archive_bytes: int | None = None) -> dict[str, bytes]:
+def read_tar_members(
+    path: str | os.PathLike,
+    *,
+    allowed: Iterable[str] | None,
+    max_member_bytes: int,
+    max_total_bytes: int,
+    max_archive_bytes: int | None = None,
+) -> dict[str, bytes]:
     """The members of the uncompressed tar at ``path`` as ``{name: bytes}``, read in memory (nothing is
     written to disk). Every member is checked first (:func:`check_member`, names in ``allowed`` when given,
     no duplicates, the sum under ``max_total_bytes``): one bad member refuses the whole archive."""
@@ -86,4 +95,3 @@ def read_tar_members(path: str | os.PathLike, *, allowed: Iterable[str] | None, 
                 raise ArchiveError(f"archive member {m.name!r} is truncated")
             out[m.name] = data
         return out
-

@@ -1,6 +1,7 @@
 """One conversion of engine results (numpy scalars and arrays, tuples, non-finite floats, dataclass-like
 objects) into what ``json.dumps`` and a JSONField accept; and a ``json.loads`` that refuses non-finite
 numbers (:func:`loads_finite`)."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 queries a GPU may not support. Scheduling's telemetry and the tuning engine's energy meter both read
 GPUs through it. Every function takes the NVML module as an argument, so tests pass a fake one; a host
 without the library or the driver is not an error here but a reason (``NvmlUnavailable``)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -25,8 +25,21 @@ import pwd
 import stat
 import sysconfig
 
-__all__ = ["SANDBOX_USER_VAR", "DEFAULT_SANDBOX_USER", "FALLBACK_SANDBOX_USER", "REQUIRED_VAR", "PrivilegeDropError", "UnreachableFolder",
-           "can_switch_user", "sandbox_account", "sandbox_requirement", "drop_privileges", "hand_over", "take_back", "no_new_privs"]
+__all__ = [
+    "SANDBOX_USER_VAR",
+    "DEFAULT_SANDBOX_USER",
+    "FALLBACK_SANDBOX_USER",
+    "REQUIRED_VAR",
+    "PrivilegeDropError",
+    "UnreachableFolder",
+    "can_switch_user",
+    "sandbox_account",
+    "sandbox_requirement",
+    "drop_privileges",
+    "hand_over",
+    "take_back",
+    "no_new_privs",
+]
 
 log = logging.getLogger("dlopt.sandbox")
 
@@ -124,8 +137,12 @@ def _cannot(reason: str) -> None:
     go on as this process's user, saying so once."""
     if sandbox_requirement():
         raise PrivilegeDropError(f"sandboxes cannot drop privileges: {reason} ({REQUIRED_VAR}=1)")
-    _announce("cannot", f"sandboxes run as this process's user (uid {os.getuid()}), not a sandbox account: "
-              f"{reason}; set {REQUIRED_VAR}=1 to refuse instead", level=logging.WARNING)
+    _announce(
+        "cannot",
+        f"sandboxes run as this process's user (uid {os.getuid()}), not a sandbox account: "
+        f"{reason}; set {REQUIRED_VAR}=1 to refuse instead",
+        level=logging.WARNING,
+    )
 
 
 def sandbox_account() -> tuple[int, int] | None:
@@ -142,22 +159,32 @@ def sandbox_account() -> tuple[int, int] | None:
         except (KeyError, ValueError):
             continue
         if entry.pw_uid == 0 or entry.pw_gid == 0:
-            raise PrivilegeDropError(f"{SANDBOX_USER_VAR}={name!r} is root (uid or gid 0): sandboxes must run "
-                                     "as an account that owns nothing")
+            raise PrivilegeDropError(
+                f"{SANDBOX_USER_VAR}={name!r} is root (uid or gid 0): sandboxes must run "
+                "as an account that owns nothing"
+            )
         if entry.pw_uid == os.getuid():
             return None
         blocked = _unreachable(entry.pw_uid, entry.pw_gid)
         if blocked is not None:
-            _cannot(f"account {name!r} (uid {entry.pw_uid}) cannot read {blocked}, on the way to the Python "
-                    "installation or the project: make them readable to it")
+            _cannot(
+                f"account {name!r} (uid {entry.pw_uid}) cannot read {blocked}, on the way to the Python "
+                "installation or the project: make them readable to it"
+            )
             return None
         if name == FALLBACK_SANDBOX_USER and not explicit:
-            _announce("fallback", f"no {DEFAULT_SANDBOX_USER!r} account on this host: sandboxes run as "
-                      f"{FALLBACK_SANDBOX_USER!r} (uid {entry.pw_uid}); create {DEFAULT_SANDBOX_USER!r} or set "
-                      f"{SANDBOX_USER_VAR}", level=logging.WARNING)
+            _announce(
+                "fallback",
+                f"no {DEFAULT_SANDBOX_USER!r} account on this host: sandboxes run as "
+                f"{FALLBACK_SANDBOX_USER!r} (uid {entry.pw_uid}); create {DEFAULT_SANDBOX_USER!r} or set "
+                f"{SANDBOX_USER_VAR}",
+                level=logging.WARNING,
+            )
         return entry.pw_uid, entry.pw_gid
-    _cannot(f"no account {' or '.join(repr(n) for n in names)} on this host (create it, e.g. `useradd --system "
-            f"--no-create-home --shell /usr/sbin/nologin {DEFAULT_SANDBOX_USER}`, or set {SANDBOX_USER_VAR})")
+    _cannot(
+        f"no account {' or '.join(repr(n) for n in names)} on this host (create it, e.g. `useradd --system "
+        f"--no-create-home --shell /usr/sbin/nologin {DEFAULT_SANDBOX_USER}`, or set {SANDBOX_USER_VAR})"
+    )
     return None
 
 
@@ -206,8 +233,11 @@ def drop_privileges() -> int:
     account = sandbox_account()
     if account is None:
         no_new_privs()
-        _announce("kept", f"sandbox runs as this process's user (uid {os.getuid()}): it may not switch users, "
-                  "so only no_new_privs is set")
+        _announce(
+            "kept",
+            f"sandbox runs as this process's user (uid {os.getuid()}): it may not switch users, "
+            "so only no_new_privs is set",
+        )
         return os.getuid()
     uid, gid = account
     try:
@@ -254,8 +284,9 @@ def hand_over(path: str | os.PathLike) -> None:
     if account is not None:
         blocked = _blocked([os.path.dirname(os.path.realpath(path))], *account)
         if blocked is not None:
-            raise UnreachableFolder(f"the sandbox account (uid {account[0]}) cannot reach {path}: {blocked} "
-                                    "does not let it through")
+            raise UnreachableFolder(
+                f"the sandbox account (uid {account[0]}) cannot reach {path}: {blocked} does not let it through"
+            )
         _chown_tree(path, *account)
 
 

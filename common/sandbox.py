@@ -26,6 +26,7 @@ about once a second; True kills the child's process group and raises ``SandboxFa
 
 Django-free: the limits are passed in; the platform takes them from settings (``UPLOAD_SANDBOX_*``).
 """
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,14 @@ __all__ = ["ENV_ALLOW", "ENV_ALLOW_PREFIXES", "SandboxFailure", "child_env", "ru
 ENV_ALLOW = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "PYTHONHASHSEED", "VIRTUAL_ENV"})
 ENV_ALLOW_PREFIXES = ("LC_", "TVM_")
 #: Set in every child: one thread each (thread pools reserve address space and add to the CPU time).
-CHILD_FIXED_ENV = {"OMP_NUM_THREADS": "1", "TVM_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                   "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
+CHILD_FIXED_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "TVM_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONNOUSERSITE": "1",
+}
 CHILD_MODULE = "common._sandbox_child"
 DEFAULT_MAX_ANSWER_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024  # RLIMIT_FSIZE: a parser writes no large files
@@ -68,8 +75,16 @@ class SandboxFailure(RuntimeError):
     an exception it was not written to report: ``error_type`` names it) or ``"bad_answer"`` (not JSON, or
     too large). ``str()`` is a sentence for people; ``stderr_tail`` is for the log."""
 
-    def __init__(self, reason: str, message: str, *, error_type: str = "", stderr_tail: str = "",
-                 returncode: int | None = None, error_message: str = ""):
+    def __init__(
+        self,
+        reason: str,
+        message: str,
+        *,
+        error_type: str = "",
+        stderr_tail: str = "",
+        returncode: int | None = None,
+        error_message: str = "",
+    ):
         super().__init__(message)
         self.reason, self.message, self.error_type = reason, message, error_type
         self.error_message = error_message  # the exception text the child reported, when it raised one
@@ -135,12 +150,27 @@ def run_in_child(
     ``on_start(pid)`` and ``poll()`` (see the module's docstring) run in this process. Raises
     :class:`SandboxFailure` when no answer came.
     """
-    request = json.dumps({"target": _target_name(target), "args": list(args), "kwargs": dict(kwargs or {}),
-                          "data": data is not None, "parent": os.getpid(),
-                          "hook": preexec if isinstance(preexec, str) else None}).encode() + b"\n"
-    limits = json.dumps({"as_bytes": int(memory_mb) * 1024 * 1024 if memory_mb and memory_mb > 0 else None,
-                         "cpu_s": max(1, int(cpu_s)), "fsize": DEFAULT_MAX_FILE_BYTES,
-                         "nofile": int(nofile) if nofile else None})
+    request = (
+        json.dumps(
+            {
+                "target": _target_name(target),
+                "args": list(args),
+                "kwargs": dict(kwargs or {}),
+                "data": data is not None,
+                "parent": os.getpid(),
+                "hook": preexec if isinstance(preexec, str) else None,
+            }
+        ).encode()
+        + b"\n"
+    )
+    limits = json.dumps(
+        {
+            "as_bytes": int(memory_mb) * 1024 * 1024 if memory_mb and memory_mb > 0 else None,
+            "cpu_s": max(1, int(cpu_s)),
+            "fsize": DEFAULT_MAX_FILE_BYTES,
+            "nofile": int(nofile) if nofile else None,
+        }
+    )
     private_dir = tempfile.mkdtemp(prefix="dlopt-upload-")
     try:
         if preexec == PRIVILEGE_DROP_HOOK:
@@ -148,9 +178,16 @@ def run_in_child(
         proc = subprocess.Popen(
             # -P: not the working directory first on sys.path (as -m puts it): it is the sandbox account's
             # to write, and a module left there would shadow the standard library in a later child
-            [sys.executable, "-s", "-P", "-m", CHILD_MODULE, limits], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, cwd=private_dir, env=child_env(private_dir, env), close_fds=True,
-            start_new_session=True, preexec_fn=preexec if callable(preexec) else None)
+            [sys.executable, "-s", "-P", "-m", CHILD_MODULE, limits],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=private_dir,
+            env=child_env(private_dir, env),
+            close_fds=True,
+            start_new_session=True,
+            preexec_fn=preexec if callable(preexec) else None,
+        )
         if on_start is not None:
             try:
                 on_start(proc.pid)
@@ -158,15 +195,26 @@ def run_in_child(
                 _kill_group(proc)
                 proc.wait()
                 raise
-        answer, stderr_tail, timed_out, stopped = _exchange(proc, request, data, wall_s=wall_s,
-                                                            max_answer=max_answer_bytes, poll=poll)
+        answer, stderr_tail, timed_out, stopped = _exchange(
+            proc, request, data, wall_s=wall_s, max_answer=max_answer_bytes, poll=poll
+        )
     finally:
         shutil.rmtree(private_dir, ignore_errors=True)
     if stopped:
-        raise SandboxFailure("stopped", f"stopped on request while {what}", stderr_tail=stderr_tail,
-                             returncode=proc.returncode)
-    return _verdict(proc.returncode, answer, stderr_tail, timed_out, memory_mb=memory_mb, cpu_s=cpu_s,
-                    wall_s=wall_s, what=what, max_answer=max_answer_bytes)
+        raise SandboxFailure(
+            "stopped", f"stopped on request while {what}", stderr_tail=stderr_tail, returncode=proc.returncode
+        )
+    return _verdict(
+        proc.returncode,
+        answer,
+        stderr_tail,
+        timed_out,
+        memory_mb=memory_mb,
+        cpu_s=cpu_s,
+        wall_s=wall_s,
+        what=what,
+        max_answer=max_answer_bytes,
+    )
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -186,7 +234,7 @@ def _feed(stream, request: bytes, data: bytes | None) -> None:
         if data is not None:
             view = memoryview(data)
             for start in range(0, len(view), 1 << 20):
-                stream.write(view[start:start + (1 << 20)])
+                stream.write(view[start : start + (1 << 20)])
         stream.close()
     except (BrokenPipeError, OSError, ValueError):
         pass
@@ -195,8 +243,15 @@ def _feed(stream, request: bytes, data: bytes | None) -> None:
 POLL_EVERY_S = 1.0
 
 
-def _exchange(proc: subprocess.Popen, request: bytes, data: bytes | None, *, wall_s: float,
-              max_answer: int, poll: Callable[[], bool] | None = None) -> tuple[bytes | None, str, bool, bool]:
+def _exchange(
+    proc: subprocess.Popen,
+    request: bytes,
+    data: bytes | None,
+    *,
+    wall_s: float,
+    max_answer: int,
+    poll: Callable[[], bool] | None = None,
+) -> tuple[bytes | None, str, bool, bool]:
     """Feed stdin, collect stdout (bounded: None when over ``max_answer``) and stderr's tail until the child
     exits, ``wall_s`` passes or ``poll`` says stop (then its process group is killed). Returns (answer,
     stderr tail, timed out, stopped)."""
@@ -253,11 +308,27 @@ def _exchange(proc: subprocess.Popen, request: bytes, data: bytes | None, *, wal
     return (None if too_big else bytes(answer)), tail.decode("utf-8", "replace"), timed_out, stopped
 
 
-def _verdict(code: int | None, answer: bytes | None, stderr_tail: str, timed_out: bool, *, memory_mb: int,
-             cpu_s: int, wall_s: float, what: str, max_answer: int) -> Any:
+def _verdict(
+    code: int | None,
+    answer: bytes | None,
+    stderr_tail: str,
+    timed_out: bool,
+    *,
+    memory_mb: int,
+    cpu_s: int,
+    wall_s: float,
+    what: str,
+    max_answer: int,
+) -> Any:
     def fail(reason: str, message: str, error_type: str = "", error_message: str = "") -> SandboxFailure:
-        return SandboxFailure(reason, message, error_type=error_type, stderr_tail=stderr_tail, returncode=code,
-                              error_message=error_message)
+        return SandboxFailure(
+            reason,
+            message,
+            error_type=error_type,
+            stderr_tail=stderr_tail,
+            returncode=code,
+            error_message=error_message,
+        )
 
     memory = f"{memory_mb} MB of memory" if memory_mb and memory_mb > 0 else "more memory than the machine has"
     if timed_out:
@@ -281,8 +352,10 @@ def _verdict(code: int | None, answer: bytes | None, stderr_tail: str, timed_out
     if code == -signal.SIGXCPU:
         raise fail("cpu_time", f"used up its {cpu_s} s of CPU time (the limit) while {what}")
     if code == -signal.SIGKILL:  # past the hard CPU limit (a child that ignored SIGXCPU), or the kernel's OOM killer
-        raise fail("crashed", f"was killed (SIGKILL: its {cpu_s} s CPU-time limit, or the machine ran out of "
-                              f"memory) while {what}")
+        raise fail(
+            "crashed",
+            f"was killed (SIGKILL: its {cpu_s} s CPU-time limit, or the machine ran out of memory) while {what}",
+        )
     if any(w in stderr_tail for w in _MEMORY_WORDS):
         raise fail("memory", f"ran out of memory (the limit is {memory}) while {what}")
     if code is not None and code < 0:

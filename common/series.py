@@ -1,4 +1,5 @@
 """Thinning of plotted series: charts draw at most ``n`` points, always keeping the last one."""
+
 from __future__ import annotations
 
 

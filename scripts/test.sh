@@ -14,8 +14,9 @@ PY=.venv/bin/python
 # The architecture first (pyproject.toml [tool.importlinter]): a broken contract fails the command at once.
 echo "== import contracts (lint-imports)"
 .venv/bin/lint-imports --no-cache --no-logo
-echo "== lint (ruff check)"
+echo "== lint (ruff check) and format (ruff format --check: the engines)"
 .venv/bin/ruff check .
+.venv/bin/ruff format --check --quiet tuning/engine scheduling/horus core/onnx_models common
 echo "== types (mypy: the engines, [tool.mypy] in pyproject.toml)"
 .venv/bin/mypy
 TMP=$(mktemp -d /tmp/dlopt-test.XXXXXX)

@@ -60,26 +60,69 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-__all__ = ["DATA_MOVEMENT_OPS", "GraphFeatures", "compute_features", "features_at_batch_in_child",
-           "layer_class"]
+__all__ = ["DATA_MOVEMENT_OPS", "GraphFeatures", "compute_features", "features_at_batch_in_child", "layer_class"]
 
 
 #: Ops that copy data without arithmetic (counted in ``bytes_moved``).
-DATA_MOVEMENT_OPS = frozenset({
-    "Transpose", "Concat", "Gather", "GatherElements", "GatherND", "Slice", "Pad", "Expand", "Tile",
-    "Split", "DepthToSpace", "SpaceToDepth", "Scatter", "ScatterElements",
-    "ScatterND", "Compress", "ReverseSequence", "ConcatFromSequence", "SplitToSequence", "OneHot",
-    "ConstantOfShape", "Trilu", "Unique", "NonZero", "TopK", "Col2Im", "CenterCropPad",
-})
+DATA_MOVEMENT_OPS = frozenset(
+    {
+        "Transpose",
+        "Concat",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Slice",
+        "Pad",
+        "Expand",
+        "Tile",
+        "Split",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "Scatter",
+        "ScatterElements",
+        "ScatterND",
+        "Compress",
+        "ReverseSequence",
+        "ConcatFromSequence",
+        "SplitToSequence",
+        "OneHot",
+        "ConstantOfShape",
+        "Trilu",
+        "Unique",
+        "NonZero",
+        "TopK",
+        "Col2Im",
+        "CenterCropPad",
+    }
+)
 
 CONV_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "DeformConv"})
 RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
 LINEAR_OPS = frozenset({"Gemm", "MatMul", "MatMulInteger", "QLinearMatMul", "Einsum"}) | RECURRENT_OPS
 ACTIVATION_OPS = frozenset(
     {
-        "Relu", "Sigmoid", "Tanh", "Gelu", "FastGelu", "BiasGelu", "Erf", "Softmax",
-        "LogSoftmax", "Hardmax", "Clip", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu",
-        "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Mish", "ThresholdedRelu",
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "Gelu",
+        "FastGelu",
+        "BiasGelu",
+        "Erf",
+        "Softmax",
+        "LogSoftmax",
+        "Hardmax",
+        "Clip",
+        "LeakyRelu",
+        "PRelu",
+        "Elu",
+        "Selu",
+        "Celu",
+        "HardSigmoid",
+        "HardSwish",
+        "Softplus",
+        "Softsign",
+        "Mish",
+        "ThresholdedRelu",
         "Shrink",
     }
 )
@@ -88,16 +131,78 @@ NON_COMPUTE_OPS = frozenset({"Constant", "Identity"})
 
 _ELEMENTWISE_OPS = frozenset(
     {
-        "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Neg", "Abs", "Reciprocal", "Sqrt",
-        "Exp", "Log", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh",
-        "Asinh", "Acosh", "Atanh", "Floor", "Ceil", "Round", "Sign", "Erf", "Relu",
-        "Sigmoid", "Tanh", "Gelu", "FastGelu", "BiasGelu", "Clip", "LeakyRelu",
-        "PRelu", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Softplus",
-        "Softsign", "Mish", "ThresholdedRelu", "Shrink", "Equal", "Less", "Greater",
-        "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Not", "Where",
-        "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "IsNaN",
-        "IsInf", "Dropout", "Cast", "CastLike", "QuantizeLinear", "DequantizeLinear",
-        "Resize", "Upsample", "CumSum",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Pow",
+        "Mod",
+        "Neg",
+        "Abs",
+        "Reciprocal",
+        "Sqrt",
+        "Exp",
+        "Log",
+        "Sin",
+        "Cos",
+        "Tan",
+        "Asin",
+        "Acos",
+        "Atan",
+        "Sinh",
+        "Cosh",
+        "Asinh",
+        "Acosh",
+        "Atanh",
+        "Floor",
+        "Ceil",
+        "Round",
+        "Sign",
+        "Erf",
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "Gelu",
+        "FastGelu",
+        "BiasGelu",
+        "Clip",
+        "LeakyRelu",
+        "PRelu",
+        "Elu",
+        "Selu",
+        "Celu",
+        "HardSigmoid",
+        "HardSwish",
+        "Softplus",
+        "Softsign",
+        "Mish",
+        "ThresholdedRelu",
+        "Shrink",
+        "Equal",
+        "Less",
+        "Greater",
+        "LessOrEqual",
+        "GreaterOrEqual",
+        "And",
+        "Or",
+        "Xor",
+        "Not",
+        "Where",
+        "BitShift",
+        "BitwiseAnd",
+        "BitwiseOr",
+        "BitwiseXor",
+        "BitwiseNot",
+        "IsNaN",
+        "IsInf",
+        "Dropout",
+        "Cast",
+        "CastLike",
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "Resize",
+        "Upsample",
+        "CumSum",
     }
 )
 _VARIADIC_OPS = frozenset({"Sum", "Max", "Min", "Mean"})
@@ -105,23 +210,45 @@ _WINDOW_POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
 _GLOBAL_POOL_OPS = frozenset({"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})
 _REDUCE_OPS = frozenset(
     {
-        "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
-        "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "ArgMax",
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "ReduceSumSquare",
+        "ArgMax",
         "ArgMin",
     }
 )
 _PER_ELEMENT_COST = {
-    "Softmax": 3, "LogSoftmax": 3, "Hardmax": 1,
+    "Softmax": 3,
+    "LogSoftmax": 3,
+    "Hardmax": 1,
     "BatchNormalization": 2,
-    "LayerNormalization": 5, "GroupNormalization": 5, "InstanceNormalization": 5,
-    "MeanVarianceNormalization": 5, "RMSNormalization": 4, "SkipLayerNormalization": 6,
+    "LayerNormalization": 5,
+    "GroupNormalization": 5,
+    "InstanceNormalization": 5,
+    "MeanVarianceNormalization": 5,
+    "RMSNormalization": 4,
+    "SkipLayerNormalization": 6,
     "LRN": 3,
 }
 _FLOAT_TYPES = frozenset(
     {
-        TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16,
+        TensorProto.FLOAT,
+        TensorProto.FLOAT16,
+        TensorProto.DOUBLE,
+        TensorProto.BFLOAT16,
     }
-    | {getattr(TensorProto, n) for n in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ") if hasattr(TensorProto, n)}
+    | {
+        getattr(TensorProto, n)
+        for n in ("FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ")
+        if hasattr(TensorProto, n)
+    }
 )
 
 
@@ -160,8 +287,15 @@ class GraphFeatures:
     bytes_moved: int = 0
 
     def __hash__(self) -> int:  # the dict field would make the generated hash fail
-        return hash((self.total_flops, self.param_count, self.activation_bytes, self.batch_size,
-                     tuple(sorted(self.op_histogram.items()))))
+        return hash(
+            (
+                self.total_flops,
+                self.param_count,
+                self.activation_bytes,
+                self.batch_size,
+                tuple(sorted(self.op_histogram.items())),
+            )
+        )
 
     @property
     def gflops(self) -> float:
@@ -469,9 +603,7 @@ def compute_features(model: onnx.ModelProto, *, batch_size: int | None = None) -
                 if a.name == "value" and a.t.data_type in _FLOAT_TYPES and len(a.t.dims) >= 1:
                     weights[node.output[0]] = int(math.prod(a.t.dims))
                     shapes.setdefault(node.output[0], (tuple(a.t.dims), a.t.data_type))
-    buffers = {
-        n.input[i] for n in g.node if n.op_type == "BatchNormalization" for i in (3, 4) if i < len(n.input)
-    }
+    buffers = {n.input[i] for n in g.node if n.op_type == "BatchNormalization" for i in (3, 4) if i < len(n.input)}
     param_count = sum(v for k, v in weights.items() if k not in buffers)
 
     histogram: Counter[str] = Counter()

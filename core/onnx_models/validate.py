@@ -88,34 +88,174 @@ _READ_CHUNK = 4 * _MB
 # Op types TVM 0.27.0's Relax ONNX frontend converts (keys of
 # tvm.relax.frontend.onnx.onnx_frontend._get_convert_map()), used only where
 # TVM cannot be imported; a test checks it still equals the live table.
-_TVM_SUPPORTED_OPS_SNAPSHOT = frozenset({
-    'Abs', 'Acos', 'Acosh', 'Add', 'AffineGrid', 'AllClassNMS', 'And', 'ArgMax',
-    'ArgMin', 'Asin', 'Asinh', 'Atan', 'Atanh', 'Attention', 'AveragePool',
-    'BatchNormalization', 'BiasGelu', 'BitShift', 'BitwiseAnd', 'BitwiseNot',
-    'BitwiseOr', 'BitwiseXor', 'Cast', 'CastLike', 'Ceil', 'Clip', 'Compress', 'Concat',
-    'ConcatFromSequence', 'Constant', 'ConstantOfShape', 'Conv', 'ConvTranspose', 'Cos',
-    'Cosh', 'CumSum', 'DepthToSpace', 'DequantizeLinear', 'Div', 'Dropout',
-    'DynamicQuantizeLinear', 'Einsum', 'Elu', 'EmbedLayerNormalization', 'Equal', 'Erf',
-    'Exp', 'Expand', 'EyeLike', 'FastGelu', 'Flatten', 'Floor', 'Gather',
-    'GatherElements', 'GatherND', 'Gelu', 'Gemm', 'GlobalAveragePool', 'GlobalLpPool',
-    'GlobalMaxPool', 'Greater', 'GreaterOrEqual', 'GridSample', 'GroupNormalization',
-    'HardSigmoid', 'HardSwish', 'Hardmax', 'Identity', 'InstanceNormalization', 'IsInf',
-    'IsNaN', 'LRN', 'LayerNormalization', 'LeakyRelu', 'Less', 'LessOrEqual', 'Log',
-    'LogSoftmax', 'LpPool', 'MatMul', 'MatMulInteger', 'MatMulInteger16', 'Max',
-    'MaxPool', 'MaxRoiPool', 'MaxUnpool', 'Mean', 'MeanVarianceNormalization', 'Min',
-    'Mish', 'Mod', 'Mul', 'Neg', 'NonMaxSuppression', 'NonZero', 'Not', 'OneHot',
-    'Optional', 'OptionalGetElement', 'OptionalHasElement', 'Or', 'PRelu', 'Pad', 'Pow',
-    'QuantizeLinear', 'RMSNormalization', 'Range', 'Reciprocal', 'ReduceL1', 'ReduceL2',
-    'ReduceLogSum', 'ReduceLogSumExp', 'ReduceMax', 'ReduceMean', 'ReduceMin',
-    'ReduceProd', 'ReduceSum', 'ReduceSumSquare', 'Relu', 'Reshape', 'Resize',
-    'RoiAlign', 'Round', 'Scatter', 'ScatterElements', 'ScatterND', 'Selu',
-    'SequenceAt', 'SequenceConstruct', 'SequenceEmpty', 'SequenceErase',
-    'SequenceInsert', 'SequenceLength', 'Shape', 'Shrink', 'Sigmoid', 'Sign', 'Sin',
-    'Sinh', 'Size', 'SkipLayerNormalization', 'Slice', 'Softmax', 'Softplus',
-    'Softsign', 'SpaceToDepth', 'Split', 'SplitToSequence', 'Sqrt', 'Squeeze', 'Sub',
-    'Sum', 'Tan', 'Tanh', 'ThresholdedRelu', 'Tile', 'TopK', 'Transpose', 'Trilu',
-    'Unique', 'Unsqueeze', 'Upsample', 'Where', 'Xor'
-})
+_TVM_SUPPORTED_OPS_SNAPSHOT = frozenset(
+    {
+        "Abs",
+        "Acos",
+        "Acosh",
+        "Add",
+        "AffineGrid",
+        "AllClassNMS",
+        "And",
+        "ArgMax",
+        "ArgMin",
+        "Asin",
+        "Asinh",
+        "Atan",
+        "Atanh",
+        "Attention",
+        "AveragePool",
+        "BatchNormalization",
+        "BiasGelu",
+        "BitShift",
+        "BitwiseAnd",
+        "BitwiseNot",
+        "BitwiseOr",
+        "BitwiseXor",
+        "Cast",
+        "CastLike",
+        "Ceil",
+        "Clip",
+        "Compress",
+        "Concat",
+        "ConcatFromSequence",
+        "Constant",
+        "ConstantOfShape",
+        "Conv",
+        "ConvTranspose",
+        "Cos",
+        "Cosh",
+        "CumSum",
+        "DepthToSpace",
+        "DequantizeLinear",
+        "Div",
+        "Dropout",
+        "DynamicQuantizeLinear",
+        "Einsum",
+        "Elu",
+        "EmbedLayerNormalization",
+        "Equal",
+        "Erf",
+        "Exp",
+        "Expand",
+        "EyeLike",
+        "FastGelu",
+        "Flatten",
+        "Floor",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Gelu",
+        "Gemm",
+        "GlobalAveragePool",
+        "GlobalLpPool",
+        "GlobalMaxPool",
+        "Greater",
+        "GreaterOrEqual",
+        "GridSample",
+        "GroupNormalization",
+        "HardSigmoid",
+        "HardSwish",
+        "Hardmax",
+        "Identity",
+        "InstanceNormalization",
+        "IsInf",
+        "IsNaN",
+        "LRN",
+        "LayerNormalization",
+        "LeakyRelu",
+        "Less",
+        "LessOrEqual",
+        "Log",
+        "LogSoftmax",
+        "LpPool",
+        "MatMul",
+        "MatMulInteger",
+        "MatMulInteger16",
+        "Max",
+        "MaxPool",
+        "MaxRoiPool",
+        "MaxUnpool",
+        "Mean",
+        "MeanVarianceNormalization",
+        "Min",
+        "Mish",
+        "Mod",
+        "Mul",
+        "Neg",
+        "NonMaxSuppression",
+        "NonZero",
+        "Not",
+        "OneHot",
+        "Optional",
+        "OptionalGetElement",
+        "OptionalHasElement",
+        "Or",
+        "PRelu",
+        "Pad",
+        "Pow",
+        "QuantizeLinear",
+        "RMSNormalization",
+        "Range",
+        "Reciprocal",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "ReduceMax",
+        "ReduceMean",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceSum",
+        "ReduceSumSquare",
+        "Relu",
+        "Reshape",
+        "Resize",
+        "RoiAlign",
+        "Round",
+        "Scatter",
+        "ScatterElements",
+        "ScatterND",
+        "Selu",
+        "SequenceAt",
+        "SequenceConstruct",
+        "SequenceEmpty",
+        "SequenceErase",
+        "SequenceInsert",
+        "SequenceLength",
+        "Shape",
+        "Shrink",
+        "Sigmoid",
+        "Sign",
+        "Sin",
+        "Sinh",
+        "Size",
+        "SkipLayerNormalization",
+        "Slice",
+        "Softmax",
+        "Softplus",
+        "Softsign",
+        "SpaceToDepth",
+        "Split",
+        "SplitToSequence",
+        "Sqrt",
+        "Squeeze",
+        "Sub",
+        "Sum",
+        "Tan",
+        "Tanh",
+        "ThresholdedRelu",
+        "Tile",
+        "TopK",
+        "Transpose",
+        "Trilu",
+        "Unique",
+        "Unsqueeze",
+        "Upsample",
+        "Where",
+        "Xor",
+    }
+)
 # Ops the frontend handles outside its converter table (see ONNXGraphImporter).
 _TVM_DIRECT_OPS = frozenset({"Constant", "If"})
 
@@ -197,8 +337,14 @@ def validate_onnx_bytes(
     _check_size(len(data), max_bytes)
     model = _parse(data)
     return _validate_parsed(
-        model, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target,
-        task_counter=task_counter, max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes,
+        model,
+        max_gflops=max_gflops,
+        max_dim=max_dim,
+        count_tasks=count_tasks,
+        target=target,
+        task_counter=task_counter,
+        max_tensor_elements=max_tensor_elements,
+        max_activation_bytes=max_activation_bytes,
     )
 
 
@@ -265,8 +411,14 @@ def validate_onnx_model(
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     return _validate_parsed(
-        copy, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target,
-        task_counter=task_counter, max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes,
+        copy,
+        max_gflops=max_gflops,
+        max_dim=max_dim,
+        count_tasks=count_tasks,
+        target=target,
+        task_counter=task_counter,
+        max_tensor_elements=max_tensor_elements,
+        max_activation_bytes=max_activation_bytes,
     )
 
 
@@ -295,9 +447,15 @@ def validate_upload_in_child(
         counter = getattr(importlib.import_module(module), attr)
     try:
         validated = validate_onnx_bytes(
-            data, filename=filename, max_bytes=max_bytes, max_gflops=max_gflops,
-            max_tensor_elements=max_tensor_elements, max_activation_bytes=max_activation_bytes,
-            count_tasks=count_tasks, target=target, task_counter=counter,
+            data,
+            filename=filename,
+            max_bytes=max_bytes,
+            max_gflops=max_gflops,
+            max_tensor_elements=max_tensor_elements,
+            max_activation_bytes=max_activation_bytes,
+            count_tasks=count_tasks,
+            target=target,
+            task_counter=counter,
         )
     except OnnxValidationError as exc:
         cause = exc.__cause__
@@ -450,8 +608,10 @@ def _sniff_format(data: bytes) -> str | None:
     """A hint for files that are some other model format."""
     head = data[:16]
     if head.startswith(b"PK\x03\x04"):
-        return ("It is a ZIP archive, likely a PyTorch checkpoint (.pt/.pth) or a Keras .keras "
-                "file: export it with torch.onnx.export or tf2onnx.")
+        return (
+            "It is a ZIP archive, likely a PyTorch checkpoint (.pt/.pth) or a Keras .keras "
+            "file: export it with torch.onnx.export or tf2onnx."
+        )
     if head.startswith(b"\x89HDF"):
         return "It is an HDF5 file, likely a Keras .h5 model: convert it with tf2onnx."
     if data[4:8] == b"TFL3":
@@ -707,7 +867,8 @@ def _check_structure(model: onnx.ModelProto, max_dim: int) -> onnx.ModelProto:
         raise OnnxValidationError(
             "absurd_dimension",
             f"Intermediate tensors are absurdly large (limit {max_dim:,} per dimension): "
-            + "; ".join(too_big[:5]) + ". Check the model's reshapes and input size.",
+            + "; ".join(too_big[:5])
+            + ". Check the model's reshapes and input size.",
         )
     return inferred
 
@@ -776,8 +937,9 @@ def _opset(model: onnx.ModelProto) -> int:
 # --------------------------------------------------------------------------- step 10
 
 
-def _tuning_tasks(model: onnx.ModelProto, target: dict,
-                  task_counter: TaskCounter | None) -> tuple[int | None, list[str]]:
+def _tuning_tasks(
+    model: onnx.ModelProto, target: dict, task_counter: TaskCounter | None
+) -> tuple[int | None, list[str]]:
     if task_counter is None:
         # No counter given (the caller has no tuning engine): still prove TVM imports the model.
         _import_into_relax(model)
@@ -788,8 +950,7 @@ def _tuning_tasks(model: onnx.ModelProto, target: dict,
         _import_into_relax(model)  # tell an import failure from a later compilation-pass failure
         raise OnnxValidationError(
             "tvm_import_failed",
-            f"TVM imported the model but could not extract its tuning tasks for target "
-            f"{target}: {_short(exc)}.",
+            f"TVM imported the model but could not extract its tuning tasks for target {target}: {_short(exc)}.",
         ) from exc
     return len(names), names
 
@@ -828,9 +989,16 @@ def _validate_parsed(
     max_activation_bytes: int = DEFAULT_MAX_ACTIVATION_BYTES,
 ) -> ValidatedModel:
     try:
-        return _run_checks(model, max_gflops=max_gflops, max_dim=max_dim, count_tasks=count_tasks, target=target,
-                           task_counter=task_counter, max_tensor_elements=max_tensor_elements,
-                           max_activation_bytes=max_activation_bytes)
+        return _run_checks(
+            model,
+            max_gflops=max_gflops,
+            max_dim=max_dim,
+            count_tasks=count_tasks,
+            target=target,
+            task_counter=task_counter,
+            max_tensor_elements=max_tensor_elements,
+            max_activation_bytes=max_activation_bytes,
+        )
     except UnicodeDecodeError as exc:
         # upb decodes string fields lazily: a damaged name surfaces only when read.
         raise OnnxValidationError(

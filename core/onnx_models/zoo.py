@@ -100,9 +100,7 @@ class _Graph:
         ins = [x, w]
         if bias:
             ins.append(self.small((cout,), "conv_b"))
-        return self.node(
-            "Conv", ins, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=group
-        )
+        return self.node("Conv", ins, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, group=group)
 
     def bn(self, x, c) -> str:
         # Inference-form BatchNorm; gamma near 1 and beta near 0 so activations
@@ -219,8 +217,15 @@ def mobilenet_v2(batch_size: int = 1, seed: int = 0) -> onnx.ModelProto:
     x = g.relu6(g.bn(g.conv("input", 3, 32, 3, stride=2), 32))
     cin = 32
     # (expansion t, output channels c, repeats n, first stride s), as in the paper.
-    for t, c, n, s in [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
-                       (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]:
+    for t, c, n, s in [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ]:
         for i in range(n):
             stride = s if i == 0 else 1
             hidden = cin * t
@@ -373,8 +378,7 @@ def lstm_lm(batch_size: int = 1, seed: int = 0, *, recurrence: str = "unrolled")
             if h_prev is not None:
                 gates = g.node("Add", [gates, g.node("MatMul", [h_prev, r_name])])
             i, o, f, c = g.node("Split", [gates, split], n_out=4, axis=1)
-            i, o, f, c = (g.node("Sigmoid", [i]), g.node("Sigmoid", [o]),
-                          g.node("Sigmoid", [f]), g.node("Tanh", [c]))
+            i, o, f, c = (g.node("Sigmoid", [i]), g.node("Sigmoid", [o]), g.node("Sigmoid", [f]), g.node("Tanh", [c]))
             ic = g.node("Mul", [i, c])
             # Zero initial state: the first step has no recurrent term and no f*C.
             c_prev = ic if c_prev is None else g.node("Add", [g.node("Mul", [f, c_prev]), ic])

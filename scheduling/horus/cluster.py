@@ -76,8 +76,15 @@ class ClusterSpec:
 
     @classmethod
     def uniform(
-        cls, n_nodes: int, gpus_per_node: int, *, gpu_model: str = "V100", gpu_mem_mb: float = 16384.0,
-        name: str | None = None, enforce_milli: bool = False, note: str = "",
+        cls,
+        n_nodes: int,
+        gpus_per_node: int,
+        *,
+        gpu_model: str = "V100",
+        gpu_mem_mb: float = 16384.0,
+        name: str | None = None,
+        enforce_milli: bool = False,
+        note: str = "",
     ) -> ClusterSpec:
         nodes = tuple(NodeSpec(f"node-{i:04d}", gpus_per_node, gpu_model, gpu_mem_mb) for i in range(n_nodes))
         return cls(nodes, name or f"{n_nodes}x{gpus_per_node} {gpu_model}", enforce_milli, note)
@@ -107,8 +114,14 @@ class ClusterSpec:
         mix: dict[str, int] = {}
         for n in self.nodes:
             mix[n.gpu_model] = mix.get(n.gpu_model, 0) + n.num_gpus
-        return {"name": self.name, "nodes": len(self.nodes), "gpus": self.n_gpus, "gpu_mix": dict(sorted(mix.items())),
-                "enforce_milli": self.enforce_milli, "note": self.note}
+        return {
+            "name": self.name,
+            "nodes": len(self.nodes),
+            "gpus": self.n_gpus,
+            "gpu_mix": dict(sorted(mix.items())),
+            "enforce_milli": self.enforce_milli,
+            "note": self.note,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +194,11 @@ def workload_types(jobs: Iterable[Any], *, popularity: float = 1.0, with_resourc
     counts: dict[tuple[int, int, int, int, str], int] = {}
     for j in jobs:
         ng = int(j.num_gpus)
-        res = (int(getattr(j, "cpu_milli", 0)), int(getattr(j, "ram_mib", 0)), str(getattr(j, "gpu_type", "") or "")) \
-            if with_resources else (0, 0, "")
+        res = (
+            (int(getattr(j, "cpu_milli", 0)), int(getattr(j, "ram_mib", 0)), str(getattr(j, "gpu_type", "") or ""))
+            if with_resources
+            else (0, 0, "")
+        )
         key = (ng, int(min(MILLI, j.gpu_milli)) if ng else 0, *res)
         counts[key] = counts.get(key, 0) + 1
     total = sum(counts.values())
@@ -198,8 +214,14 @@ def workload_types(jobs: Iterable[Any], *, popularity: float = 1.0, with_resourc
     return [WorkloadType(k, m, c / covered, cpu, ram, gt) for (k, m, cpu, ram, gt), c in sorted(kept)]
 
 
-def fgd_fragmentation(node_free: np.ndarray, types: Sequence[WorkloadType], *, cpu_free: np.ndarray | None = None,
-                      ram_free: np.ndarray | None = None, access: np.ndarray | None = None) -> np.ndarray:
+def fgd_fragmentation(
+    node_free: np.ndarray,
+    types: Sequence[WorkloadType],
+    *,
+    cpu_free: np.ndarray | None = None,
+    ram_free: np.ndarray | None = None,
+    access: np.ndarray | None = None,
+) -> np.ndarray:
     """Expected GPU fragmentation of each node (milli-GPUs), ATC'23 "Beware of
     Fragmentation" as its artifact computes it (``NodeGpuShareFragAmount``).
 
@@ -247,10 +269,17 @@ def _prepared(types: Sequence[WorkloadType]) -> tuple[np.ndarray, ...]:
     shapes, each type's shape index, probability and CPU/memory request."""
     if _PREP[0] is types:
         return _PREP[1]
-    shapes, inv = np.unique(np.array([[min(t.milli, MILLI), t.num_gpus] for t in types], dtype=np.int64), axis=0,
-                            return_inverse=True)
-    out = (shapes[:, 0].copy(), shapes[:, 1].copy(), inv.reshape(-1), np.array([t.p for t in types], dtype=np.float64),
-           np.array([t.cpu_milli for t in types], float), np.array([t.ram_mib for t in types], float))
+    shapes, inv = np.unique(
+        np.array([[min(t.milli, MILLI), t.num_gpus] for t in types], dtype=np.int64), axis=0, return_inverse=True
+    )
+    out = (
+        shapes[:, 0].copy(),
+        shapes[:, 1].copy(),
+        inv.reshape(-1),
+        np.array([t.p for t in types], dtype=np.float64),
+        np.array([t.cpu_milli for t in types], float),
+        np.array([t.ram_mib for t in types], float),
+    )
     _PREP[0], _PREP[1] = types, out
     return out
 
@@ -313,14 +342,18 @@ class ClusterState:
         if job.gpu_type:
             for n in nodes:
                 if not gpu_type_allows(job.gpu_type, self.node_gpu_model[n]):
-                    raise PlacementError(f"job {job.job_id} asks for {job.gpu_type}, node {n} has {self.node_gpu_model[n]}")
+                    raise PlacementError(
+                        f"job {job.job_id} asks for {job.gpu_type}, node {n} has {self.node_gpu_model[n]}"
+                    )
         if self.enforce_milli:
             for g in gpus:
                 used = self.milli_used[g]
                 if ignore is not None and ignore in self.jobs_on[g]:
                     used -= self.running[ignore].view.gpu_milli
                 if used + job.gpu_milli > MILLI:
-                    raise PlacementError(f"job {job.job_id}: GPU {g} has {MILLI - used} milli free, needs {job.gpu_milli}")
+                    raise PlacementError(
+                        f"job {job.job_id}: GPU {g} has {MILLI - used} milli free, needs {job.gpu_milli}"
+                    )
         if self.cpu_modelled and ignore is None:
             for n in nodes:
                 if self.node_cpu_cap[n] and self.node_cpu_used[n] + job.cpu_milli > self.node_cpu_cap[n]:
@@ -331,8 +364,10 @@ class ClusterState:
     def node_has_room(self, job: JobView, node: int) -> bool:
         """Whether ``node`` has ``job``'s CPU and memory free (always, where they are not modelled)."""
         cap_c, cap_r = self.node_cpu_cap[node], self.node_ram_cap[node]
-        return bool((not cap_c or self.node_cpu_used[node] + job.cpu_milli <= cap_c)
-                    and (not cap_r or self.node_ram_used[node] + job.ram_mib <= cap_r))
+        return bool(
+            (not cap_c or self.node_cpu_used[node] + job.cpu_milli <= cap_c)
+            and (not cap_r or self.node_ram_used[node] + job.ram_mib <= cap_r)
+        )
 
     def add_cpu_pod(self, job: JobView, node: int) -> None:
         """Place a CPU-only pod (no GPUs) on ``node``, taking its CPU and memory; raises
@@ -359,8 +394,15 @@ class ClusterState:
 
     # ------------------------------------------------------------------ mutation
     def add(
-        self, job: JobView, gpus: Sequence[int], *, true_util: float, true_mem: float, now: float,
-        migrations: int = 0, meas_util: float | None = None,
+        self,
+        job: JobView,
+        gpus: Sequence[int],
+        *,
+        true_util: float,
+        true_mem: float,
+        now: float,
+        migrations: int = 0,
+        meas_util: float | None = None,
     ) -> RunningJob:
         """Place ``job`` (no constraint checks: call :meth:`check_placement` first). ``meas_util`` is
         what telemetry reports for it until :meth:`set_measured_util` (default: ``true_util``)."""
@@ -450,8 +492,9 @@ class ClusterState:
         free = float(np.maximum(nf, 0).sum())
         if not t:
             return 0.0, free
-        frag = fgd_fragmentation(nf, t, cpu_free=self.node_cpu_free(), ram_free=self.node_ram_free(),
-                                 access=self.type_access(t))
+        frag = fgd_fragmentation(
+            nf, t, cpu_free=self.node_cpu_free(), ram_free=self.node_ram_free(), access=self.type_access(t)
+        )
         return float(frag.sum()), free
 
     def view(self) -> ClusterView:
@@ -556,7 +599,9 @@ class ClusterView:
             return None
         ok = self._type_ok.get(job.gpu_type)
         if ok is None:
-            ok = np.array([gpu_type_allows(job.gpu_type, m) for m in self._s.node_gpu_model], dtype=bool)[self._s.gpu_node]
+            ok = np.array([gpu_type_allows(job.gpu_type, m) for m in self._s.node_gpu_model], dtype=bool)[
+                self._s.gpu_node
+            ]
             self._type_ok[job.gpu_type] = ok
         return ok
 

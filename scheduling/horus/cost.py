@@ -36,8 +36,15 @@ from typing import Any
 
 from .experiments import ExperimentParams, policy_options
 
-__all__ = ["SECONDS_PER_UNIT", "POLICY_WEIGHTS", "GPU_SCAN", "WINDOW_SCAN", "SimulationCost",
-           "estimate_simulation_cost", "fill_decisions"]
+__all__ = [
+    "SECONDS_PER_UNIT",
+    "POLICY_WEIGHTS",
+    "GPU_SCAN",
+    "WINDOW_SCAN",
+    "SimulationCost",
+    "estimate_simulation_cost",
+    "fill_decisions",
+]
 
 #: Worker seconds per simulation unit. Measured on the 2-core development host (shared, load ~1):
 #: ``run_experiment`` on 5,000 Philly jobs (from #10000, oracle predictions, target load 1.5) on 64 V100s
@@ -49,8 +56,14 @@ SECONDS_PER_UNIT = 1.2e-4
 #: horus_migrate 0.98-1.52 s, fgd 0.98-1.06 s (replay) and x4-6 best_fit's in the Alibaba fill,
 #: usage_fgd 9.2 s (replay) and x8-12 best_fit's in the fill. Rounded up.
 POLICY_WEIGHTS: dict[str, float] = {
-    "fifo_exclusive": 1.0, "gandiva": 1.0, "best_fit": 1.0, "random_fit": 1.0, "horus": 1.0,
-    "horus_migrate": 3.0, "fgd": 6.0, "usage_fgd": 20.0,
+    "fifo_exclusive": 1.0,
+    "gandiva": 1.0,
+    "best_fit": 1.0,
+    "random_fit": 1.0,
+    "horus": 1.0,
+    "horus_migrate": 3.0,
+    "fgd": 6.0,
+    "usage_fgd": 20.0,
 }
 #: A policy not listed (a new one) is charged as the dearest listed one until it is measured.
 DEFAULT_POLICY_WEIGHT = max(POLICY_WEIGHTS.values())
@@ -86,14 +99,24 @@ def fill_decisions(gpus: int, *, until: float = 1.0, gpu_request_per_pod: float 
     return min(cap, math.ceil(1.25 * until * gpus / gpu_request_per_pod) + 1)
 
 
-def estimate_simulation_cost(params: ExperimentParams, *, policies: Sequence[str], jobs: int, gpus: int,
-                             seeds: int = 1, gpu_request_per_pod: float | None = None) -> SimulationCost:
+def estimate_simulation_cost(
+    params: ExperimentParams,
+    *,
+    policies: Sequence[str],
+    jobs: int,
+    gpus: int,
+    seeds: int = 1,
+    gpu_request_per_pod: float | None = None,
+) -> SimulationCost:
     """THE cost of a validated experiment (``params.validate`` has set its method) of ``policies`` on
     ``jobs`` jobs (``experiments.simulation_size``) and a ``gpus``-GPU cluster, for ``seeds`` seeds.
     ``gpu_request_per_pod``: a pod list's mean GPU request (fill only; None = unknown)."""
     jobs, gpus, seeds = max(0, int(jobs)), max(0, int(gpus)), max(1, int(seeds))
-    decisions = (fill_decisions(gpus, until=params.until, gpu_request_per_pod=gpu_request_per_pod)
-                 if params.method == "fill" else jobs)
+    decisions = (
+        fill_decisions(gpus, until=params.until, gpu_request_per_pod=gpu_request_per_pod)
+        if params.method == "fill"
+        else jobs
+    )
     scan = 1.0 + gpus / GPU_SCAN
     per_policy: dict[str, int] = {}
     for name in policies:
@@ -104,5 +127,12 @@ def estimate_simulation_cost(params: ExperimentParams, *, policies: Sequence[str
         weight = POLICY_WEIGHTS.get(name, DEFAULT_POLICY_WEIGHT)
         per_policy[name] = round(decisions * weight * scan * (1.0 + (window - 1) / WINDOW_SCAN))
     units = seeds * (jobs + sum(per_policy.values()))
-    return SimulationCost(units=int(units), seconds=units * SECONDS_PER_UNIT, seeds=seeds, jobs=jobs, gpus=gpus,
-                          decisions=int(decisions), per_policy=per_policy)
+    return SimulationCost(
+        units=int(units),
+        seconds=units * SECONDS_PER_UNIT,
+        seeds=seeds,
+        jobs=jobs,
+        gpus=gpus,
+        decisions=int(decisions),
+        per_policy=per_policy,
+    )

@@ -45,10 +45,26 @@ from .profiles import ProfileRecord, ProfileTable, gpu_spec, load_profiles
 from .sim_inputs import SimulationStopped, StopCheck, noisy_predictions
 
 __all__ = [
-    "ExperimentParams", "ExperimentError", "Prepared", "SHIPPED_TRACES", "METHODS", "POLICY_NAMES",
-    "REFERENCE_GPU", "TraceInput", "load_trace", "default_inputs", "parameter_choices",
-    "reference_predictor", "util_distribution", "load_jobs", "build_cluster",
-    "simulation_size", "prepare_experiment", "run_experiment", "summary_table", "format_table",
+    "ExperimentParams",
+    "ExperimentError",
+    "Prepared",
+    "SHIPPED_TRACES",
+    "METHODS",
+    "POLICY_NAMES",
+    "REFERENCE_GPU",
+    "TraceInput",
+    "load_trace",
+    "default_inputs",
+    "parameter_choices",
+    "reference_predictor",
+    "util_distribution",
+    "load_jobs",
+    "build_cluster",
+    "simulation_size",
+    "prepare_experiment",
+    "run_experiment",
+    "summary_table",
+    "format_table",
     "SimulationStopped",
 ]
 
@@ -56,8 +72,11 @@ SHIPPED_TRACES = ("philly", *htraces.ALIBABA_POD_LISTS)  # philly, alibaba, alib
 METHODS = ("replay", "fill")
 POLICY_NAMES: tuple[str, ...] = tuple(hpolicies.POLICIES)
 REFERENCE_GPU = "V100"
-KIND_WORDS = {"philly": "a Philly job trace", "alibaba_pods": "an Alibaba pod list",
-              "alibaba_nodes": "an Alibaba node list (a cluster)"}
+KIND_WORDS = {
+    "philly": "a Philly job trace",
+    "alibaba_pods": "an Alibaba pod list",
+    "alibaba_nodes": "an Alibaba node list (a cluster)",
+}
 
 
 class ExperimentError(ValueError):
@@ -91,8 +110,12 @@ class ExperimentParams:
     interference: str = "fitted"  # a name in simulator.INTERFERENCE_MODELS (share_penalty/capped: sensitivities)
     timeseries_points: int = 200  # replay: points of the downsampled time series
     horus_lookahead: int = 5  # waiting jobs horus/horus_migrate consider per pass (authors: 5; 1 = strict FIFO)
-    telemetry_delay_s: float = 60.0  # replay: how long after a job starts (or its speed changes) policies see it in telemetry
-    usage_fgd_gang_moves: bool = True  # usage_fgd moves a gang off another gang's GPU to idle GPUs (False: the ablation)
+    telemetry_delay_s: float = (
+        60.0  # replay: how long after a job starts (or its speed changes) policies see it in telemetry
+    )
+    usage_fgd_gang_moves: bool = (
+        True  # usage_fgd moves a gang off another gang's GPU to idle GPUs (False: the ablation)
+    )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ExperimentParams:
@@ -100,16 +123,30 @@ class ExperimentParams:
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(data) - set(known))
         if unknown:
-            raise ExperimentError(f"unknown parameter(s): {', '.join(unknown)}; known: {', '.join(known)}",
-                                  field=unknown[0])
+            raise ExperimentError(
+                f"unknown parameter(s): {', '.join(unknown)}; known: {', '.join(known)}", field=unknown[0]
+            )
         out = cls()
         for name, value in data.items():
             default = getattr(out, name)
             try:
-                setattr(out, name, default if value is None else _as_bool(value) if isinstance(default, bool)
-                        else _as_int(value) if isinstance(default, int) else type(default)(value))
+                setattr(
+                    out,
+                    name,
+                    default
+                    if value is None
+                    else _as_bool(value)
+                    if isinstance(default, bool)
+                    else _as_int(value)
+                    if isinstance(default, int)
+                    else type(default)(value),
+                )
             except (TypeError, ValueError):
-                kind = "whole number" if isinstance(default, int) and not isinstance(default, bool) else type(default).__name__
+                kind = (
+                    "whole number"
+                    if isinstance(default, int) and not isinstance(default, bool)
+                    else type(default).__name__
+                )
                 raise ExperimentError(f"{name} must be a {kind}, got {value!r}", field=name) from None
         return out
 
@@ -124,8 +161,11 @@ class ExperimentParams:
     def _checks(self, kind: str) -> list[tuple[bool, str, str]]:
         return [
             (self.method in METHODS, "method", f"method must be one of {', '.join(METHODS)}"),
-            (self.method != "fill" or kind == "alibaba_pods", "method",
-             "the fill method needs an Alibaba pod list (fractional GPU requests)"),
+            (
+                self.method != "fill" or kind == "alibaba_pods",
+                "method",
+                "the fill method needs an Alibaba pod list (fractional GPU requests)",
+            ),
             (1 <= self.jobs <= 100_000, "jobs", "jobs must be between 1 and 100000"),
             (self.start >= 0, "start", "start must be >= 0"),
             (1 <= self.gpus <= 20_000, "gpus", "gpus must be between 1 and 20000"),
@@ -140,10 +180,17 @@ class ExperimentParams:
             (self.from_day >= 0, "from_day", "from_day must be >= 0"),
             (0 <= self.target_load <= 100, "target_load", "target_load must be between 0 and 100"),
             (1 <= self.min_batch <= 4096, "min_batch", "min_batch must be between 1 and 4096"),
-            (self.interference in hsim.INTERFERENCE_MODELS, "interference",
-             f"interference must be one of {', '.join(hsim.INTERFERENCE_MODELS)}"),
+            (
+                self.interference in hsim.INTERFERENCE_MODELS,
+                "interference",
+                f"interference must be one of {', '.join(hsim.INTERFERENCE_MODELS)}",
+            ),
             (2 <= self.timeseries_points <= 2000, "timeseries_points", "timeseries_points must be between 2 and 2000"),
-            (0 <= self.telemetry_delay_s <= 86_400, "telemetry_delay_s", "telemetry_delay_s must be between 0 and 86400"),
+            (
+                0 <= self.telemetry_delay_s <= 86_400,
+                "telemetry_delay_s",
+                "telemetry_delay_s must be between 0 and 86400",
+            ),
             (1 <= self.horus_lookahead <= 1000, "horus_lookahead", "horus_lookahead must be between 1 and 1000"),
         ]
 
@@ -179,13 +226,19 @@ def _as_bool(value: Any) -> bool:
 def parameter_choices() -> dict[str, dict[str, Any]]:
     """Every experiment parameter with its default and, where the set is closed, its allowed values: what a
     form offers (bounds are enforced, with a message naming the parameter, by ``ExperimentParams.validate``)."""
-    closed = {"method": list(METHODS), "predictions": ["predictor", "oracle"],
-              "interference": list(hsim.INTERFERENCE_MODELS)}  # gpu_model: any with profile records
+    closed = {
+        "method": list(METHODS),
+        "predictions": ["predictor", "oracle"],
+        "interference": list(hsim.INTERFERENCE_MODELS),
+    }  # gpu_model: any with profile records
     out = {}
     for f in fields(ExperimentParams):
         default = getattr(ExperimentParams(), f.name)
-        out[f.name] = {"default": default, "type": type(default).__name__,
-                       **({"choices": closed[f.name]} if f.name in closed else {})}
+        out[f.name] = {
+            "default": default,
+            "type": type(default).__name__,
+            **({"choices": closed[f.name]} if f.name in closed else {}),
+        }
     return out
 
 
@@ -218,8 +271,9 @@ class TraceInput:
     nodes: list[hcluster.NodeSpec] | None = None
 
 
-def load_trace(name: str, source: str | IO[Any] | None = None, *,
-               nodes_source: str | IO[Any] | None = None) -> TraceInput:
+def load_trace(
+    name: str, source: str | IO[Any] | None = None, *, nodes_source: str | IO[Any] | None = None
+) -> TraceInput:
     """A shipped trace by name (``source`` None) or a trace file (path or file object) of any supported
     kind, with ``nodes_source`` an Alibaba node list for a pod list. Malformed input raises
     :class:`~.traces.TraceFormatError` (file, line, column) or :class:`ExperimentError`."""
@@ -230,8 +284,11 @@ def load_trace(name: str, source: str | IO[Any] | None = None, *,
             raise ExperimentError("a node list goes with an Alibaba pod list, not with a Philly trace", field="nodes")
         data = htraces.parse_trace(nodes_source)
         if data.kind != "alibaba_nodes":
-            raise ExperimentError(f"the node list is {KIND_WORDS.get(data.kind, data.kind)}, not an Alibaba node list "
-                                  "(sn,cpu_milli,memory_mib,gpu,model)", field="nodes")
+            raise ExperimentError(
+                f"the node list is {KIND_WORDS.get(data.kind, data.kind)}, not an Alibaba node list "
+                "(sn,cpu_milli,memory_mib,gpu,model)",
+                field="nodes",
+            )
         nodes = data.nodes
     return TraceInput(name, kind, jobs, nodes)
 
@@ -242,12 +299,14 @@ def load_jobs(trace: str, source: str | IO[Any] | None = None) -> tuple[str, lis
         if trace in SHIPPED_TRACES:
             kind, jobs = _shipped(trace)
             return kind, list(jobs)
-        raise ExperimentError(f"unknown trace {trace!r}; use {', '.join(SHIPPED_TRACES)} or an uploaded trace",
-                              field="trace")
+        raise ExperimentError(
+            f"unknown trace {trace!r}; use {', '.join(SHIPPED_TRACES)} or an uploaded trace", field="trace"
+        )
     data = htraces.parse_trace(source, name=trace)
     if data.kind not in ("philly", "alibaba_pods"):
-        raise ExperimentError(f"trace {trace!r} is {KIND_WORDS.get(data.kind, data.kind)}, not a list of jobs",
-                              field="trace")
+        raise ExperimentError(
+            f"trace {trace!r} is {KIND_WORDS.get(data.kind, data.kind)}, not a list of jobs", field="trace"
+        )
     return data.kind, data.jobs
 
 
@@ -267,8 +326,9 @@ def _alibaba_full() -> hcluster.ClusterSpec:
     return htraces.alibaba_cluster()
 
 
-def build_cluster(kind: str, params: ExperimentParams, *, seed: int = 0,
-                  nodes: Sequence[hcluster.NodeSpec] | None = None) -> hcluster.ClusterSpec:
+def build_cluster(
+    kind: str, params: ExperimentParams, *, seed: int = 0, nodes: Sequence[hcluster.NodeSpec] | None = None
+) -> hcluster.ClusterSpec:
     """Alibaba pods run on a stratified ``scale`` fraction of the trace's own nodes (or of ``nodes``);
     Philly-style jobs on a uniform cluster of ``gpus`` GPUs (``gpus_per_node`` per node)."""
     if kind == "alibaba_pods":
@@ -285,8 +345,14 @@ def build_cluster(kind: str, params: ExperimentParams, *, seed: int = 0,
     return hcluster.ClusterSpec(tuple(nodes), f"{params.gpus} x {params.gpu_model} ({per}/node)")
 
 
-def simulation_size(kind: str, params: ExperimentParams, *, trace_jobs: int | None,
-                    seed: int = 0, nodes: Sequence[hcluster.NodeSpec] | None = None) -> tuple[int, int]:
+def simulation_size(
+    kind: str,
+    params: ExperimentParams,
+    *,
+    trace_jobs: int | None,
+    seed: int = 0,
+    nodes: Sequence[hcluster.NodeSpec] | None = None,
+) -> tuple[int, int]:
     """``(jobs simulated, cluster GPUs)`` of a validated experiment, without running it: what the per-team
     size limit is checked against. ``trace_jobs`` is the trace's job count (None: unknown, the slice's size)."""
     gpus = build_cluster(kind, params, seed=seed, nodes=nodes).n_gpus
@@ -297,16 +363,19 @@ def simulation_size(kind: str, params: ExperimentParams, *, trace_jobs: int | No
     return int(jobs), int(gpus)
 
 
-def _slice(jobs: Sequence[htraces.Job], params: ExperimentParams, spec: hcluster.ClusterSpec
-           ) -> tuple[list[htraces.Job], float]:
+def _slice(
+    jobs: Sequence[htraces.Job], params: ExperimentParams, spec: hcluster.ClusterSpec
+) -> tuple[list[htraces.Job], float]:
     """The replay's jobs and the compression factor applied to their arrivals."""
     ordered = sorted(jobs, key=lambda j: (j.submit_time, j.line))
     if params.from_day > 0:
         ordered = [j for j in ordered if j.submit_time >= params.from_day * 86400]
-    sl = ordered[params.start: params.start + params.jobs]
+    sl = ordered[params.start : params.start + params.jobs]
     if not sl:
-        raise ExperimentError(f"the slice start={params.start}, jobs={params.jobs} is empty "
-                              f"(the trace has {len(ordered)} jobs)", field="start")
+        raise ExperimentError(
+            f"the slice start={params.start}, jobs={params.jobs} is empty (the trace has {len(ordered)} jobs)",
+            field="start",
+        )
     if params.max_duration_s > 0:
         sl = htraces.cap_durations(sl, params.max_duration_s)
     factor = params.compress
@@ -344,17 +413,27 @@ class Prepared:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
-def prepare_experiment(kind: str, jobs: Sequence[htraces.Job], params: ExperimentParams, *, seed: int,
-                       profiles: Sequence[ProfileRecord], predictor: Any = None,
-                       nodes: Sequence[hcluster.NodeSpec] | None = None) -> Prepared:
+def prepare_experiment(
+    kind: str,
+    jobs: Sequence[htraces.Job],
+    params: ExperimentParams,
+    *,
+    seed: int,
+    profiles: Sequence[ProfileRecord],
+    predictor: Any = None,
+    nodes: Sequence[hcluster.NodeSpec] | None = None,
+) -> Prepared:
     """The validated experiment's jobs and cluster: the slice (replay) or the GPU pods (fill), each job
     given a model/batch size with TRUE util/memory from the profile table and its PREDICTED ones."""
     recs = [r for r in profiles if r.batch_size >= params.min_batch]
     gpu_models = sorted({r.gpu_model for r in recs})
     if params.gpu_model not in gpu_models:
-        raise ExperimentError(f"no profile records for GPU model {params.gpu_model!r}"
-                              f"{f' with batch >= {params.min_batch}' if params.min_batch > 1 else ''}; "
-                              f"have {', '.join(gpu_models) or 'none'}", field="gpu_model")
+        raise ExperimentError(
+            f"no profile records for GPU model {params.gpu_model!r}"
+            f"{f' with batch >= {params.min_batch}' if params.min_batch > 1 else ''}; "
+            f"have {', '.join(gpu_models) or 'none'}",
+            field="gpu_model",
+        )
     table = ProfileTable(recs, params.gpu_model)
     predictions = None
     if params.predictions == "predictor":
@@ -378,16 +457,26 @@ def prepare_experiment(kind: str, jobs: Sequence[htraces.Job], params: Experimen
     return Prepared(kind, used, spec, table, _scale_statement(params, len(jobs), used, spec, factor), facts)
 
 
-def _scale_statement(params: ExperimentParams, in_trace: int, used: Sequence[htraces.Job],
-                     spec: hcluster.ClusterSpec, factor: float | None) -> str:
+def _scale_statement(
+    params: ExperimentParams,
+    in_trace: int,
+    used: Sequence[htraces.Job],
+    spec: hcluster.ClusterSpec,
+    factor: float | None,
+) -> str:
     where = f"{spec.n_gpus} GPUs ({len(spec.nodes)} nodes: {spec.name})"
     if params.method == "fill":
         n_cpu = sum(1 for j in used if j.num_gpus == 0)
-        return (f"pods sampled with replacement from the {len(used)} pods ({n_cpu} CPU-only), submitted until "
-                f"the GPU request reaches {params.until * 100:.0f} % of {where}")
+        return (
+            f"pods sampled with replacement from the {len(used)} pods ({n_cpu} CPU-only), submitted until "
+            f"the GPU request reaches {params.until * 100:.0f} % of {where}"
+        )
     span = max(j.submit_time for j in used) - min(j.submit_time for j in used)
-    parts = [f"{len(used)} of {in_trace} jobs (from #{params.start} in submit order"
-             + (f", day {params.from_day:g} on" if params.from_day > 0 else "") + ")"]
+    parts = [
+        f"{len(used)} of {in_trace} jobs (from #{params.start} in submit order"
+        + (f", day {params.from_day:g} on" if params.from_day > 0 else "")
+        + ")"
+    ]
     if params.max_duration_s > 0:
         parts.append(f"durations capped at {params.max_duration_s / 3600:g} h")
     parts.append("at their real submit times" if factor == 1.0 else f"arrivals compressed x{factor:.2f}")
@@ -395,8 +484,9 @@ def _scale_statement(params: ExperimentParams, in_trace: int, used: Sequence[htr
 
 
 # ------------------------------------------------------------------------------------------ run
-def _check_request(kind: str, policies: Sequence[str], params: ExperimentParams | dict[str, Any] | None,
-                   predictor: Any) -> tuple[ExperimentParams, list[str]]:
+def _check_request(
+    kind: str, policies: Sequence[str], params: ExperimentParams | dict[str, Any] | None, predictor: Any
+) -> tuple[ExperimentParams, list[str]]:
     p = params if isinstance(params, ExperimentParams) else ExperimentParams.from_dict(params)
     p.validate(kind)
     names = list(policies)
@@ -406,8 +496,9 @@ def _check_request(kind: str, policies: Sequence[str], params: ExperimentParams 
     if bad:
         raise ExperimentError(f"unknown policy {bad[0]!r}; known: {', '.join(POLICY_NAMES)}", field="policies")
     if p.predictions == "predictor" and predictor is None:
-        raise ExperimentError("no predictor: train one (train_predictor) or use predictions='oracle'",
-                              field="predictions")
+        raise ExperimentError(
+            "no predictor: train one (train_predictor) or use predictions='oracle'", field="predictions"
+        )
     return p, names
 
 
@@ -420,18 +511,34 @@ def policy_options(name: str, p: ExperimentParams) -> dict[str, Any]:
     return {}
 
 
-def _run_policy(name: str, prep: Prepared, p: ExperimentParams, seed: int,
-                should_stop: StopCheck | None = None) -> dict[str, Any]:
+def _run_policy(
+    name: str, prep: Prepared, p: ExperimentParams, seed: int, should_stop: StopCheck | None = None
+) -> dict[str, Any]:
     policy = hpolicies.make_policy(name, **policy_options(name, p))
     res: hsim.FillResult | hsim.SimulationResult
     if p.method == "fill":
-        res = hsim.simulate_fill(prep.jobs, prep.cluster, policy, seed=seed, until=p.until,
-                                 predictor_error=p.predictor_error, should_stop=should_stop)
+        res = hsim.simulate_fill(
+            prep.jobs,
+            prep.cluster,
+            policy,
+            seed=seed,
+            until=p.until,
+            predictor_error=p.predictor_error,
+            should_stop=should_stop,
+        )
     else:
-        res = hsim.simulate(prep.jobs, prep.cluster, policy, seed=seed, predictor_error=p.predictor_error,
-                            backfill=p.backfill, interference=hsim.make_interference(p.interference),
-                            timeseries_points=p.timeseries_points, telemetry_delay_s=p.telemetry_delay_s,
-                            should_stop=should_stop)
+        res = hsim.simulate(
+            prep.jobs,
+            prep.cluster,
+            policy,
+            seed=seed,
+            predictor_error=p.predictor_error,
+            backfill=p.backfill,
+            interference=hsim.make_interference(p.interference),
+            timeseries_points=p.timeseries_points,
+            telemetry_delay_s=p.telemetry_delay_s,
+            should_stop=should_stop,
+        )
     return res.to_dict()
 
 
@@ -439,9 +546,13 @@ def _predictor_info(predictor: Any, p: ExperimentParams) -> dict[str, Any] | Non
     if predictor is None or p.predictions != "predictor":
         return None
     m = getattr(predictor, "metrics", {}) or {}
-    return {"util_rmsle": (m.get("util") or {}).get("rmsle"), "mem_rmsle": (m.get("mem") or {}).get("rmsle"),
-            "k_folds": m.get("k_folds"), "n_records": getattr(predictor, "n_records", None),
-            "kind": "out-of-fold (held-out model) predictions"}
+    return {
+        "util_rmsle": (m.get("util") or {}).get("rmsle"),
+        "mem_rmsle": (m.get("mem") or {}).get("rmsle"),
+        "k_folds": m.get("k_folds"),
+        "n_records": getattr(predictor, "n_records", None),
+        "kind": "out-of-fold (held-out model) predictions",
+    }
 
 
 def _assumptions(prep: Prepared, p: ExperimentParams, seed: int) -> dict[str, Any]:
@@ -451,17 +562,17 @@ def _assumptions(prep: Prepared, p: ExperimentParams, seed: int) -> dict[str, An
     from_trace = sum(1 for j in prep.jobs if j.util_from_trace)
     return {
         "true_utilization": f"profile table of {p.gpu_model} ({', '.join(prep.table.sources)}); each job gets a "
-                            "zoo model and batch size by a seeded draw (horus.traces.assign_workloads)"
-                            + (f"; {from_trace} job(s) run at the trace's own gpu_util (taken as on {p.gpu_model})"
-                               if from_trace else ""),
+        "zoo model and batch size by a seeded draw (horus.traces.assign_workloads)"
+        + (f"; {from_trace} job(s) run at the trace's own gpu_util (taken as on {p.gpu_model})" if from_trace else ""),
         "true_utilization_per_gpu_type": f"utilizations hold on {p.gpu_model}; on another GPU type a job's is "
-                                         "rescaled by Gavel's measured standalone speed ratio of its model family "
-                                         "(u' = 1 - (1 - u) x thr_new / thr_ref: host time fixed)",
+        "rescaled by Gavel's measured standalone speed ratio of its model family "
+        "(u' = 1 - (1 - u) x thr_new / thr_ref: host time fixed)",
         "jobs_with_trace_utilization": from_trace,
         "policy_telemetry": "policies see predictions and sampled telemetry (per-process utilization, stretched "
-                            "while sharing; device utilization capped at 100 %), never true utilizations",
-        "predicted_utilization": "oracle (= truth)" if p.predictions == "oracle" else
-        "the predictor's out-of-fold predictions (the model was held out of training)",
+        "while sharing; device utilization capped at 100 %), never true utilizations",
+        "predicted_utilization": "oracle (= truth)"
+        if p.predictions == "oracle"
+        else "the predictor's out-of-fold predictions (the model was held out of training)",
         "predictor_error_sigma": p.predictor_error,
         "prediction_util_rmsle": rmsle(seen, true) if len(true) else None,
         "interference": hsim.make_interference(p.interference).describe() if p.method == "replay" else None,
@@ -511,13 +622,19 @@ def run_experiment(
                 progress(name)
             results[name] = _run_policy(name, prep, p, seed, should_stop)
         except SimulationStopped as exc:
-            raise SimulationStopped(f"{exc} during policy {name}, after {len(results)} of {len(names)} policies",
-                                    completed=list(results)) from None
+            raise SimulationStopped(
+                f"{exc} during policy {name}, after {len(results)} of {len(names)} policies", completed=list(results)
+            ) from None
     used = prep.jobs
     span = (max(j.submit_time for j in used) - min(j.submit_time for j in used)) if used else 0.0
     out = {
-        "trace": {"name": trace, "kind": kind, "jobs_in_trace": len(jobs), "jobs_used": len(used),
-                  "submit_span_s": span},
+        "trace": {
+            "name": trace,
+            "kind": kind,
+            "jobs_in_trace": len(jobs),
+            "jobs_used": len(used),
+            "submit_span_s": span,
+        },
         "method": p.method,
         "seed": seed,
         "cluster": prep.cluster.summary(),

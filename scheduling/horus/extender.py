@@ -22,6 +22,7 @@ passes when the policy places the pod on it; its priority is the policy's cost o
 best node 10, worst 0; bind picks the GPUs the policy chooses on the bound node. A gang (more than one
 GPU) is placed on one node as a unit: every GPU it asks for, or none.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,9 +35,22 @@ from .cluster import ClusterState, JobView
 from .policies import PlacementPolicy
 
 __all__ = [
-    "ANNOTATION_BATCH_SIZE", "ANNOTATION_GPUS", "ANNOTATION_GPU_INDEX", "ANNOTATION_GPU_UUIDS",
-    "ANNOTATION_MODEL", "MAX_EXTENDER_PRIORITY", "MAX_GANG_GPUS", "ExtenderError", "ExtenderNode", "PodRequest",
-    "binding_args", "bind_result", "candidate_node_names", "choose_gpus", "filter_nodes", "parse_pod",
+    "ANNOTATION_BATCH_SIZE",
+    "ANNOTATION_GPUS",
+    "ANNOTATION_GPU_INDEX",
+    "ANNOTATION_GPU_UUIDS",
+    "ANNOTATION_MODEL",
+    "MAX_EXTENDER_PRIORITY",
+    "MAX_GANG_GPUS",
+    "ExtenderError",
+    "ExtenderNode",
+    "PodRequest",
+    "binding_args",
+    "bind_result",
+    "candidate_node_names",
+    "choose_gpus",
+    "filter_nodes",
+    "parse_pod",
     "prioritize",
 ]
 
@@ -122,12 +136,23 @@ def parse_pod(pod: Any) -> PodRequest | None:
     if not isinstance(model_ref, str) or not _MODEL_REF.match(model_ref.strip()):
         raise ExtenderError(f"Annotation {ANNOTATION_MODEL} must be a model id or '<team-slug>/<model name>'.")
     namespace, name, uid = meta.get("namespace") or "default", meta.get("name"), meta.get("uid") or ""
-    if not isinstance(name, str) or not _NAME.match(name) or not isinstance(namespace, str) \
-            or not _NAME.match(namespace) or not isinstance(uid, str) or (uid and not _UID.match(uid)):
+    if (
+        not isinstance(name, str)
+        or not _NAME.match(name)
+        or not isinstance(namespace, str)
+        or not _NAME.match(namespace)
+        or not isinstance(uid, str)
+        or (uid and not _UID.match(uid))
+    ):
         raise ExtenderError("Pod.metadata needs a valid name, namespace and uid.")
-    return PodRequest(namespace=namespace, name=name, uid=uid, model_ref=model_ref.strip(),
-                      batch_size=_int_annotation(annotations, ANNOTATION_BATCH_SIZE, DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE),
-                      num_gpus=_int_annotation(annotations, ANNOTATION_GPUS, 1, MAX_GANG_GPUS))
+    return PodRequest(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        model_ref=model_ref.strip(),
+        batch_size=_int_annotation(annotations, ANNOTATION_BATCH_SIZE, DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE),
+        num_gpus=_int_annotation(annotations, ANNOTATION_GPUS, 1, MAX_GANG_GPUS),
+    )
 
 
 def candidate_node_names(args: Any) -> tuple[list[str], list[dict[str, Any]] | None]:
@@ -170,12 +195,15 @@ def _why_not(node: ExtenderNode | None, job: JobView) -> str:
         return "not a dlopt GPU node (no registered, live, undrained GPU of that name)"
     if node.state.n_gpus < job.num_gpus:
         return f"{job.num_gpus} GPUs requested, the node has {node.state.n_gpus} schedulable"
-    return (f"no {job.num_gpus} GPU(s) here fit the predicted {job.pred_util_pct:.0f} % / {job.pred_mem_mb:.0f} MB "
-            "under the placement policy (jobs per GPU or memory headroom)")
+    return (
+        f"no {job.num_gpus} GPU(s) here fit the predicted {job.pred_util_pct:.0f} % / {job.pred_mem_mb:.0f} MB "
+        "under the placement policy (jobs per GPU or memory headroom)"
+    )
 
 
-def filter_nodes(args: Any, nodes: Mapping[str, ExtenderNode], job: JobView | None, policy: PlacementPolicy,
-                 now: float) -> dict[str, Any]:
+def filter_nodes(
+    args: Any, nodes: Mapping[str, ExtenderNode], job: JobView | None, policy: PlacementPolicy, now: float
+) -> dict[str, Any]:
     """``ExtenderFilterResult``: the candidate nodes on which the policy places the job (all of them when
     ``job`` is None: a pod that is not the platform's), in the form they were sent, and why each other
     one failed."""
@@ -191,8 +219,13 @@ def filter_nodes(args: Any, nodes: Mapping[str, ExtenderNode], job: JobView | No
             keep.append(i)
         else:
             failed[name] = _why_not(node, job)
-    result: dict[str, Any] = {"Nodes": None, "NodeNames": None, "FailedNodes": failed,
-                              "FailedAndUnresolvableNodes": {}, "Error": ""}
+    result: dict[str, Any] = {
+        "Nodes": None,
+        "NodeNames": None,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": {},
+        "Error": "",
+    }
     if items is not None:
         result["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "items": [items[i] for i in keep]}
     else:
@@ -200,8 +233,9 @@ def filter_nodes(args: Any, nodes: Mapping[str, ExtenderNode], job: JobView | No
     return result
 
 
-def prioritize(args: Any, nodes: Mapping[str, ExtenderNode], job: JobView | None, policy: PlacementPolicy,
-               now: float) -> list[dict[str, Any]]:
+def prioritize(
+    args: Any, nodes: Mapping[str, ExtenderNode], job: JobView | None, policy: PlacementPolicy, now: float
+) -> list[dict[str, Any]]:
     """``HostPriorityList``: the policy's cost of placing the job on each node's chosen GPUs, mapped to
     0..10 (cheapest 10, dearest 0; one cost or a policy without costs: 10); a node it cannot use, 0."""
     names, _ = candidate_node_names(args)
@@ -232,14 +266,20 @@ def binding_args(args: Any) -> tuple[str, str, str, str]:
     """``(pod namespace, pod name, pod UID, node)`` of ``ExtenderBindingArgs``."""
     args = _dict(args, "ExtenderBindingArgs")
     ns, name, uid, node = (_field(args, k) for k in ("PodNamespace", "PodName", "PodUID", "Node"))
-    for what, value, pattern in (("PodNamespace", ns, _NAME), ("PodName", name, _NAME), ("PodUID", uid, _UID),
-                                 ("Node", node, _NAME)):
+    for what, value, pattern in (
+        ("PodNamespace", ns, _NAME),
+        ("PodName", name, _NAME),
+        ("PodUID", uid, _UID),
+        ("Node", node, _NAME),
+    ):
         if not isinstance(value, str) or not pattern.match(value):
             raise ExtenderError(f"ExtenderBindingArgs.{what} is missing or not a valid Kubernetes name.")
     return ns, name, uid, node
 
 
-def choose_gpus(node: ExtenderNode, job: JobView, policy: PlacementPolicy, now: float) -> tuple[list[int], float | None]:
+def choose_gpus(
+    node: ExtenderNode, job: JobView, policy: PlacementPolicy, now: float
+) -> tuple[list[int], float | None]:
     """``(flat GPUs, policy cost)`` for binding the job to the node: every GPU of a gang at once; an
     ExtenderError when none fit (the node filled up since filter)."""
     chosen = _placement(node, job, policy, now)

@@ -155,7 +155,9 @@ def features_of_model(model: Any, batch_size: int | None = None) -> dict[str, An
 class ZooFeatureTable:
     """Features of zoo models at several batch sizes: ``table.get(name, bs)``."""
 
-    def __init__(self, entries: Mapping[str, Mapping[int, Mapping[str, Any]]], *, meta: Mapping[str, Any] | None = None):
+    def __init__(
+        self, entries: Mapping[str, Mapping[int, Mapping[str, Any]]], *, meta: Mapping[str, Any] | None = None
+    ):
         self._entries: dict[str, dict[int, dict[str, Any]]] = {
             str(m): {int(b): dict(f) for b, f in per.items()} for m, per in entries.items()
         }

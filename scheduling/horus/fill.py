@@ -22,8 +22,15 @@ from .cluster import MILLI, ClusterSpec, ClusterState, JobView
 from .interference import FittedInterference
 from .policies import PlacementPolicy
 from .profiles import util_on_gpu
-from .sim_inputs import (STOP_CHECK_EVERY, SimulationStopped, StopCheck, checked_placement, job_views,
-                         noisy_predictions, validate_jobs)
+from .sim_inputs import (
+    STOP_CHECK_EVERY,
+    SimulationStopped,
+    StopCheck,
+    checked_placement,
+    job_views,
+    noisy_predictions,
+    validate_jobs,
+)
 from .traces import Job
 
 __all__ = ["FillResult", "Fill", "FGD_POPULARITY", "BOUND_MIN_SPEED", "sharing_stats"]
@@ -63,10 +70,21 @@ class FillResult:
 class Fill:
     """One fill run; :meth:`run` submits pods until the target share, :meth:`result` reports."""
 
-    def __init__(self, pods: Sequence[Job], spec: ClusterSpec, policy: PlacementPolicy, *, seed: int = 0,
-                 until: float = 1.0, checkpoints: int = 20, predictor_error: float = 0.0,
-                 max_pods: int | None = None, popularity: float = FGD_POPULARITY, sampling: str = "replacement",
-                 tune: float = 1.3):
+    def __init__(
+        self,
+        pods: Sequence[Job],
+        spec: ClusterSpec,
+        policy: PlacementPolicy,
+        *,
+        seed: int = 0,
+        until: float = 1.0,
+        checkpoints: int = 20,
+        predictor_error: float = 0.0,
+        max_pods: int | None = None,
+        popularity: float = FGD_POPULARITY,
+        sampling: str = "replacement",
+        tune: float = 1.3,
+    ):
         self.pods = list(pods)
         validate_jobs(self.pods)
         if not any(p.num_gpus > 0 for p in self.pods):
@@ -162,8 +180,10 @@ class Fill:
         a slower type is busier for the same work, :func:`.profiles.util_on_gpu`)."""
         if p.util_gpu_model is None:
             return p.run_util_pct
-        return max(util_on_gpu(p.run_util_pct, measured_on=p.util_gpu_model, run_on=m, model=p.model)
-                   for m in {self.state.gpu_model[g] for g in gpus})
+        return max(
+            util_on_gpu(p.run_util_pct, measured_on=p.util_gpu_model, run_on=m, model=p.model)
+            for m in {self.state.gpu_model[g] for g in gpus}
+        )
 
     def _submit_cpu_pod(self, view: JobView) -> None:
         """A CPU-only pod takes CPU and memory on the node its policy picks (no GPU request)."""
@@ -205,9 +225,15 @@ class Fill:
             first_failure_arrived_share=self.first_fail,
             curve=self.curve,
             wall_s=wall_s,
-            params={"policy": self.policy.describe(), "until": self.until, "predictor_error": self.predictor_error,
-                    "sampling": self.sampling, **({"tune": self.tune} if self.sampling == "tuned" else {}),
-                    "fgd_popularity": self.popularity, "fgd_task_shapes": len(self.state.workload)},
+            params={
+                "policy": self.policy.describe(),
+                "until": self.until,
+                "predictor_error": self.predictor_error,
+                "sampling": self.sampling,
+                **({"tune": self.tune} if self.sampling == "tuned" else {}),
+                "fgd_popularity": self.popularity,
+                "fgd_task_shapes": len(self.state.workload),
+            },
             cpu_pods=dict(self.cpu_count),
             reserved_share=self.reserved / self.capacity,
             sharing=sharing_stats(self.state),
@@ -219,8 +245,9 @@ class Fill:
 BOUND_MIN_SPEED = 0.75
 
 
-def sharing_stats(state: ClusterState, model: FittedInterference | None = None,
-                  min_speed: float = BOUND_MIN_SPEED) -> dict[str, Any]:
+def sharing_stats(
+    state: ClusterState, model: FittedInterference | None = None, min_speed: float = BOUND_MIN_SPEED
+) -> dict[str, Any]:
     """How the final placement shares GPUs, under the fitted interference model with the pods' TRUE
     utilizations: GPUs with more than one pod, the pods' mean, 95th- and 99th-percentile slowdown
     (1 / speed), the share of pods slowed by more than 25 %, and the GPUs where a pod runs below
@@ -238,9 +265,16 @@ def sharing_stats(state: ClusterState, model: FittedInterference | None = None,
         over += min(speeds) < min_speed - 1e-12
         slow.extend(1.0 / max(s, 1e-9) for s in speeds)
     arr = np.array(slow) if slow else np.ones(1)
-    return {"shared_gpus": shared, "mean_slowdown": float(arr.mean()), "p95_slowdown": float(np.percentile(arr, 95)),
-            "p99_slowdown": float(np.percentile(arr, 99)), "share_slowed_over_25pct": float((arr > 1.25).mean()),
-            "bound_min_speed": min_speed, "gpus_over_bound": int(over), "model": "fitted (true utilizations)"}
+    return {
+        "shared_gpus": shared,
+        "mean_slowdown": float(arr.mean()),
+        "p95_slowdown": float(np.percentile(arr, 95)),
+        "p99_slowdown": float(np.percentile(arr, 99)),
+        "share_slowed_over_25pct": float((arr > 1.25).mean()),
+        "bound_min_speed": min_speed,
+        "gpus_over_bound": int(over),
+        "model": "fitted (true utilizations)",
+    }
 
 
 _FITTED_CACHE: list[FittedInterference] = []

@@ -37,9 +37,19 @@ from .observation import ObservationModel
 from .replay import Replay, summarize
 
 __all__ = [
-    "DEV_SLICE", "HELDOUT_OFFSETS", "MISMATCH_LEVELS", "HELDOUT_POLICIES", "HELDOUT_OBSERVATION",
-    "heldout_slices", "finish_time_fairness", "job_metrics", "t_interval", "make_heldout_policy",
-    "HeldoutCell", "run_cell", "summarize_cells",
+    "DEV_SLICE",
+    "HELDOUT_OFFSETS",
+    "MISMATCH_LEVELS",
+    "HELDOUT_POLICIES",
+    "HELDOUT_OBSERVATION",
+    "heldout_slices",
+    "finish_time_fairness",
+    "job_metrics",
+    "t_interval",
+    "make_heldout_policy",
+    "HeldoutCell",
+    "run_cell",
+    "summarize_cells",
 ]
 
 #: the slice the bench's headline (and usage_fgd's gang rules) were developed on: jobs [0, 10000)
@@ -52,8 +62,9 @@ HELDOUT_POLICIES = ("fifo_exclusive", "las", "gandiva", "best_fit", "horus", "ho
 HELDOUT_OBSERVATION = ObservationModel(lag_s=60.0, noise_pct=5.0, level="device")
 
 
-def heldout_slices(n_jobs: int, size: int, *, offsets: Sequence[int] = HELDOUT_OFFSETS,
-                   dev: tuple[int, int] = DEV_SLICE) -> list[tuple[int, int]]:
+def heldout_slices(
+    n_jobs: int, size: int, *, offsets: Sequence[int] = HELDOUT_OFFSETS, dev: tuple[int, int] = DEV_SLICE
+) -> list[tuple[int, int]]:
     """``[(start, end), ...]`` job windows of ``size`` jobs at ``offsets`` in a trace of ``n_jobs`` jobs
     (submit order). Raises ``ValueError`` if a window runs past the trace, overlaps another or overlaps
     the development slice ``dev``: the rule must hold, not be bent to fit."""
@@ -72,8 +83,9 @@ def heldout_slices(n_jobs: int, size: int, *, offsets: Sequence[int] = HELDOUT_O
     return out
 
 
-def finish_time_fairness(submit: np.ndarray, finish: np.ndarray, standalone: np.ndarray, num_gpus: np.ndarray,
-                         cluster_gpus: int) -> np.ndarray:
+def finish_time_fairness(
+    submit: np.ndarray, finish: np.ndarray, standalone: np.ndarray, num_gpus: np.ndarray, cluster_gpus: int
+) -> np.ndarray:
     """Finish-time fairness per job (Themis, NSDI 2020; Gavel's FTF policy):
     ``rho = JCT / (standalone time x contention factor)``, where the contention factor is what a fair
     share would slow the job by: ``max(1, D / G)`` time-averaged over the job's life ``[submit, finish]``,
@@ -98,8 +110,14 @@ def finish_time_fairness(submit: np.ndarray, finish: np.ndarray, standalone: np.
     return life / (np.maximum(np.asarray(standalone, float), 1.0) * factor)
 
 
-def job_metrics(submit: Sequence[float], start: Sequence[float], finish: Sequence[float],
-                duration: Sequence[float], num_gpus: Sequence[int], cluster_gpus: int) -> dict[str, float]:
+def job_metrics(
+    submit: Sequence[float],
+    start: Sequence[float],
+    finish: Sequence[float],
+    duration: Sequence[float],
+    num_gpus: Sequence[int],
+    cluster_gpus: int,
+) -> dict[str, float]:
     """The per-replay figures of the held-out table from per-job records (finished jobs only)."""
     sub, st, fin = (np.asarray(x, float) for x in (submit, start, finish))
     dur, ng = np.asarray(duration, float), np.asarray(num_gpus, float)
@@ -145,8 +163,9 @@ def t_interval(values: Sequence[float | None], conf: float = 0.95) -> dict[str, 
     return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n}
 
 
-def make_heldout_policy(name: str, policy_model: FittedInterference, *, horus_lookahead: int = 5
-                        ) -> hpolicies.PlacementPolicy:
+def make_heldout_policy(
+    name: str, policy_model: FittedInterference, *, horus_lookahead: int = 5
+) -> hpolicies.PlacementPolicy:
     """A fresh policy; ``usage_fgd`` gets ``policy_model`` (its own fit), ``las`` is Tiresias's LAS."""
     if name == "las":
         return hpolicies.TiresiasLAS()
@@ -176,9 +195,16 @@ class HeldoutCell:
     policy: str
 
 
-def run_cell(jobs: Sequence[Any], spec: Any, cell: HeldoutCell, *, sim_model: FittedInterference,
-             policy_model: FittedInterference, observation: ObservationModel = HELDOUT_OBSERVATION,
-             seed: int = 0) -> dict[str, Any]:
+def run_cell(
+    jobs: Sequence[Any],
+    spec: Any,
+    cell: HeldoutCell,
+    *,
+    sim_model: FittedInterference,
+    policy_model: FittedInterference,
+    observation: ObservationModel = HELDOUT_OBSERVATION,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Replay ``jobs`` on ``spec`` under ``cell.policy`` with the simulator's physics ``sim_model`` scaled
     by ``cell.mismatch`` and the policy believing ``policy_model``; the row of the held-out table."""
     physics = scaled_interference(sim_model, cell.mismatch)
@@ -188,24 +214,49 @@ def run_cell(jobs: Sequence[Any], spec: Any, cell: HeldoutCell, *, sim_model: Fi
     res = summarize(replay, wall_s=time.perf_counter() - t0, timeseries_points=2, record_jobs=True)
     gpus_of = {j.job_id: j.num_gpus for j in jobs}
     rec: Mapping[str, Any] = res.jobs or {}
-    metrics = job_metrics(rec["submit"], rec["start"], rec["finish"], rec["duration"],
-                          [gpus_of[i] for i in rec["id"]], spec.n_gpus)
-    return {"slice_start": cell.slice_start, "gpus": cell.gpus, "mismatch": cell.mismatch, "policy": cell.policy,
-            **metrics, "util_mean_pct": res.util_mean_pct, "dropped_jobs": res.dropped_jobs,
-            "unschedulable_jobs": res.unschedulable_jobs, "preemptions": res.preemptions,
-            "migrations": res.migrations, "oom_events": res.oom_events, "wall_s": res.wall_s}
+    metrics = job_metrics(
+        rec["submit"], rec["start"], rec["finish"], rec["duration"], [gpus_of[i] for i in rec["id"]], spec.n_gpus
+    )
+    return {
+        "slice_start": cell.slice_start,
+        "gpus": cell.gpus,
+        "mismatch": cell.mismatch,
+        "policy": cell.policy,
+        **metrics,
+        "util_mean_pct": res.util_mean_pct,
+        "dropped_jobs": res.dropped_jobs,
+        "unschedulable_jobs": res.unschedulable_jobs,
+        "preemptions": res.preemptions,
+        "migrations": res.migrations,
+        "oom_events": res.oom_events,
+        "wall_s": res.wall_s,
+    }
 
 
-SUMMARY_METRICS = ("makespan_s", "mean_jct_s", "p95_jct_s", "p99_jct_s", "mean_slowdown", "p95_slowdown",
-                   "mean_run_stretch", "p95_run_stretch", "p99_run_stretch", "util_mean_pct", "mean_ftf", "p95_ftf")
+SUMMARY_METRICS = (
+    "makespan_s",
+    "mean_jct_s",
+    "p95_jct_s",
+    "p99_jct_s",
+    "mean_slowdown",
+    "p95_slowdown",
+    "mean_run_stretch",
+    "p95_run_stretch",
+    "p99_run_stretch",
+    "util_mean_pct",
+    "mean_ftf",
+    "p95_ftf",
+)
 
 
 def summarize_cells(rows: Sequence[dict[str, Any]], *, reference: str = "horus_migrate") -> list[dict[str, Any]]:
     """Per (cluster size, mismatch, policy): each metric's mean and 95 % t-interval over slices, and the
     paired per-slice ratio to ``reference`` (makespan, mean JCT, p99 JCT) with its interval."""
     out = []
-    keys = sorted({(r["gpus"], r["mismatch"], r["policy"]) for r in rows},
-                  key=lambda k: (k[0], k[1], HELDOUT_POLICIES.index(k[2]) if k[2] in HELDOUT_POLICIES else 99))
+    keys = sorted(
+        {(r["gpus"], r["mismatch"], r["policy"]) for r in rows},
+        key=lambda k: (k[0], k[1], HELDOUT_POLICIES.index(k[2]) if k[2] in HELDOUT_POLICIES else 99),
+    )
     for gpus, mm, pol in keys:
         mine = {r["slice_start"]: r for r in rows if (r["gpus"], r["mismatch"], r["policy"]) == (gpus, mm, pol)}
         ref = {r["slice_start"]: r for r in rows if (r["gpus"], r["mismatch"], r["policy"]) == (gpus, mm, reference)}

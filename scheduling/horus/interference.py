@@ -99,8 +99,17 @@ DEFAULT_FITTED_TYPE = "v100"
 # Cluster GPU models -> the measured type that stands in for them. T4 is
 # closest to a P100 in FP32 throughput; A10 and Alibaba's undisclosed G2/G3
 # (taken as V100-32GB-like in profiles.py) to a V100. Unknown names: V100.
-GPU_TYPE_STAND_IN = {"k80": "k80", "p100": "p100", "t4": "p100", "v100": "v100", "v100m16": "v100",
-                     "v100m32": "v100", "a10": "v100", "g2": "v100", "g3": "v100"}
+GPU_TYPE_STAND_IN = {
+    "k80": "k80",
+    "p100": "p100",
+    "t4": "p100",
+    "v100": "v100",
+    "v100m16": "v100",
+    "v100m32": "v100",
+    "a10": "v100",
+    "g2": "v100",
+    "g3": "v100",
+}
 _B_GRID = np.round(np.arange(0.0, 2.51, 0.125), 3)  # scan of the interference parameter before polishing
 _SCAN_NFEV = 25  # per scan point (warm-started); the best point is then polished to convergence
 _MAX_B = 10.0
@@ -118,8 +127,9 @@ class InterferenceModel(Protocol):
 
     name: str
 
-    def speeds(self, utils: Sequence[float], mem_fracs: Sequence[float] | None = None,
-               gpu_type: str = "V100") -> list[float]: ...
+    def speeds(
+        self, utils: Sequence[float], mem_fracs: Sequence[float] | None = None, gpu_type: str = "V100"
+    ) -> list[float]: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -228,8 +238,9 @@ class FittedInterference:
         key = gpu_type.lower() if gpu_type.lower() in self.params else fitted_gpu_type(gpu_type)
         return self.params[key if key in self.params else DEFAULT_FITTED_TYPE]
 
-    def speeds(self, utils: Sequence[float], mem_fracs: Sequence[float] | None = None,
-               gpu_type: str = "V100") -> list[float]:
+    def speeds(
+        self, utils: Sequence[float], mem_fracs: Sequence[float] | None = None, gpu_type: str = "V100"
+    ) -> list[float]:
         """Each job's speed (fraction of standalone) on one GPU of ``gpu_type``.
 
         ``utils``: the jobs' TRUE standalone utilizations as fractions.
@@ -245,14 +256,26 @@ class FittedInterference:
         return [1.0 / s for s in self.speeds(utils, mems, load.gpu_model)]
 
     def describe(self) -> dict[str, Any]:
-        return {"model": self.name, "name": self.name, "kind": "physical (work-conserving, fitted)",
-                "fitted_to": "Gavel's measured co-location throughputs (26 job types, pairs on K80/P100/V100)",
-                "source": SOURCE, "gpu_type_stand_in": dict(GPU_TYPE_STAND_IN),
-                "params": {g: asdict(p) for g, p in sorted(self.params.items())}}
+        return {
+            "model": self.name,
+            "name": self.name,
+            "kind": "physical (work-conserving, fitted)",
+            "fitted_to": "Gavel's measured co-location throughputs (26 job types, pairs on K80/P100/V100)",
+            "source": SOURCE,
+            "gpu_type_stand_in": dict(GPU_TYPE_STAND_IN),
+            "params": {g: asdict(p) for g, p in sorted(self.params.items())},
+        }
 
 
-def flat_sharing_slowdown(n_jobs: int, demand_pct: float, job_util_pct: float, *, share_penalty: float,
-                          util_slope: float = 0.0, oversub_exponent: float = 0.0) -> float:
+def flat_sharing_slowdown(
+    n_jobs: int,
+    demand_pct: float,
+    job_util_pct: float,
+    *,
+    share_penalty: float,
+    util_slope: float = 0.0,
+    oversub_exponent: float = 0.0,
+) -> float:
     """The old, load-blind rule (one place for the replay's ``SharingPenalty`` and ``FlatSharingPenalty``):
     ``(1 + share_penalty + util_slope * others_util/100) * max(1, D/100) ** oversub_exponent`` for a job
     sharing its GPU (``D`` the GPU's demand in %), 1 alone."""
@@ -275,16 +298,26 @@ class FlatSharingPenalty:
     oversub_exponent: float = 0.0
     name: str = "flat-sharing-penalty"
 
-    def speeds(self, utils: Sequence[float], mem_fracs: Sequence[float] | None = None,
-               gpu_type: str = "V100") -> list[float]:
+    def speeds(
+        self, utils: Sequence[float], mem_fracs: Sequence[float] | None = None, gpu_type: str = "V100"
+    ) -> list[float]:
         us = _check_utils(utils, mem_fracs)
         demand_pct = 100.0 * sum(us)
-        return [1.0 / flat_sharing_slowdown(len(us), demand_pct, 100.0 * u, share_penalty=self.penalty,
-                                            oversub_exponent=self.oversub_exponent) for u in us]
+        return [
+            1.0
+            / flat_sharing_slowdown(
+                len(us), demand_pct, 100.0 * u, share_penalty=self.penalty, oversub_exponent=self.oversub_exponent
+            )
+            for u in us
+        ]
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": "sensitivity (not physical)", "penalty": self.penalty,
-                "oversub_exponent": self.oversub_exponent}
+        return {
+            "name": self.name,
+            "kind": "sensitivity (not physical)",
+            "penalty": self.penalty,
+            "oversub_exponent": self.oversub_exponent,
+        }
 
 
 # ---------------------------------------------------------------- data + fit
@@ -350,8 +383,13 @@ class GpuFit:
     in_sample_mae: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"params": asdict(self.params), "anchor": self.anchor, "n_pairs": self.n_pairs,
-                "in_sample_mae": self.in_sample_mae, "utils": self.utils}
+        return {
+            "params": asdict(self.params),
+            "anchor": self.anchor,
+            "n_pairs": self.n_pairs,
+            "in_sample_mae": self.in_sample_mae,
+            "utils": self.utils,
+        }
 
 
 def _rounded(v: float) -> float:
@@ -406,12 +444,18 @@ class _LatentProblem:
         lo, hi = np.r_[0.0, np.full(n, _MIN_UTIL)], np.r_[_MAX_B, np.ones(n)]
         if fix_b:
             b = theta0[0]
-            sol = least_squares(lambda t: self.residuals(np.r_[b, t]), theta0[1:], bounds=(lo[1:], hi[1:]),
-                                jac=lambda t: self.jacobian(np.r_[b, t])[:, 1:], max_nfev=max_nfev,
-                                tr_solver="lsmr")
+            sol = least_squares(
+                lambda t: self.residuals(np.r_[b, t]),
+                theta0[1:],
+                bounds=(lo[1:], hi[1:]),
+                jac=lambda t: self.jacobian(np.r_[b, t])[:, 1:],
+                max_nfev=max_nfev,
+                tr_solver="lsmr",
+            )
             return float(sol.cost), np.r_[b, sol.x]
-        sol = least_squares(self.residuals, theta0, jac=self.jacobian, bounds=(lo, hi), max_nfev=max_nfev,
-                            tr_solver="lsmr")
+        sol = least_squares(
+            self.residuals, theta0, jac=self.jacobian, bounds=(lo, hi), max_nfev=max_nfev, tr_solver="lsmr"
+        )
         return float(sol.cost), sol.x
 
 
@@ -438,9 +482,14 @@ def fit_gpu(pairs: PairSet, members: Sequence[int] | None = None, *, capacity: f
     if cost > best[0]:
         theta = best[1]
     mae = float(np.abs(prob.residuals(theta)).mean())
-    return GpuFit(pairs.gpu_type, GpuParams(capacity, _rounded(theta[0])),
-                  {pairs.jobs[i]: _rounded(prob.utils[i]) for i in members}, pairs.jobs[prob.anchor], prob.n_rows,
-                  _rounded(mae))
+    return GpuFit(
+        pairs.gpu_type,
+        GpuParams(capacity, _rounded(theta[0])),
+        {pairs.jobs[i]: _rounded(prob.utils[i]) for i in members},
+        pairs.jobs[prob.anchor],
+        prob.n_rows,
+        _rounded(mae),
+    )
 
 
 def _rows_of(pairs: PairSet, job: int, partners: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -473,8 +522,9 @@ def fit_job_util(pairs: PairSet, job: int, partners: Sequence[int], utils: np.nd
     return float(minimize_scalar(sse, bounds=(_MIN_UTIL, 1.0), method="bounded", options={"xatol": 1e-6}).x)
 
 
-def _job_mean_speeds(pairs: PairSet, rows: np.ndarray,
-                     job_rows: Mapping[int, tuple[np.ndarray, np.ndarray]]) -> dict[int, float]:
+def _job_mean_speeds(
+    pairs: PairSet, rows: np.ndarray, job_rows: Mapping[int, tuple[np.ndarray, np.ndarray]]
+) -> dict[int, float]:
     """Baseline: each job type's mean speed, over the ``rows`` it appears in
     (training types) or over its own probe pairs (``job_rows``, held-out types)."""
     means: dict[int, float] = {int(i): float(np.mean(x[:, 0])) for i, (_, x) in job_rows.items()}
@@ -504,12 +554,17 @@ def _heldout_fold(pairs: PairSet, held: list[int]) -> dict[str, Any]:
     train_rows = pairs.rows_within(train)
     jm = _job_mean_speeds(pairs, train_rows, {j: probe_rows[j] for j in estimable})
     return {
-        "family": family(pairs.jobs[held[0]]), "params": asdict(fit.params), "n_test_pairs": int(test.sum()),
+        "family": family(pairs.jobs[held[0]]),
+        "params": asdict(fit.params),
+        "n_test_pairs": int(test.sum()),
         "not_estimable": [pairs.jobs[j] for j in held if j not in estimable],
-        "measured": x, "predicted": pred,
-        "baselines": {"constant": np.full_like(x, pairs.speeds[train_rows].mean()),
-                      "flat_0.2": np.full_like(x, 1.0 / 1.2),
-                      "job_mean": np.array([[jm[i], jm[k]] for i, k in zip(a, b)]).reshape(-1, 2)},
+        "measured": x,
+        "predicted": pred,
+        "baselines": {
+            "constant": np.full_like(x, pairs.speeds[train_rows].mean()),
+            "flat_0.2": np.full_like(x, 1.0 / 1.2),
+            "job_mean": np.array([[jm[i], jm[k]] for i, k in zip(a, b)]).reshape(-1, 2),
+        },
     }
 
 
@@ -530,13 +585,23 @@ def heldout_by_family(pairs: PairSet) -> dict[str, Any]:
     pred = np.concatenate([f["predicted"] for f in folds])
     base = {k: np.concatenate([f["baselines"][k] for f in folds]) for k in folds[0]["baselines"]}
     return {
-        "gpu_type": pairs.gpu_type, "method": "leave one model family out; held-out utilizations from probe pairs",
-        "n_pair_predictions": int(len(meas)), "mae": _rounded(np.abs(pred - meas).mean()),
+        "gpu_type": pairs.gpu_type,
+        "method": "leave one model family out; held-out utilizations from probe pairs",
+        "n_pair_predictions": int(len(meas)),
+        "mae": _rounded(np.abs(pred - meas).mean()),
         "baseline_mae": {k: _rounded(np.abs(v - meas).mean()) for k, v in base.items()},
-        "combined_predicted": _combined_stats(pred), "combined_measured": _combined_stats(meas),
-        "folds": [{"family": f["family"], "params": f["params"], "n_test_pairs": f["n_test_pairs"],
-                   "mae": _rounded(np.abs(f["predicted"] - f["measured"]).mean()) if f["n_test_pairs"] else None,
-                   "not_estimable": f["not_estimable"]} for f in folds],
+        "combined_predicted": _combined_stats(pred),
+        "combined_measured": _combined_stats(meas),
+        "folds": [
+            {
+                "family": f["family"],
+                "params": f["params"],
+                "n_test_pairs": f["n_test_pairs"],
+                "mae": _rounded(np.abs(f["predicted"] - f["measured"]).mean()) if f["n_test_pairs"] else None,
+                "not_estimable": f["not_estimable"],
+            }
+            for f in folds
+        ],
     }
 
 
@@ -544,7 +609,8 @@ def fit_all(path: str | Path | None = None) -> dict[str, Any]:
     """Fit every GPU type; the JSON document :meth:`FittedInterference.from_data` reads."""
     fits = {g: fit_gpu(p) for g, p in load_pairs(path).items()}
     return {
-        "source": SOURCE, "data_file": "data/interference/gavel_oracle_throughputs.json",
+        "source": SOURCE,
+        "data_file": "data/interference/gavel_oracle_throughputs.json",
         "model": "s_i = 1/(u_i*g_i + 1 - u_i), g_i = max(1 + b*sum_{j!=i} u_j, G), sum_i u_i*s_i <= C = 1",
         "utilization_proxy": "latent per job type and GPU type, fitted jointly; anchor (u=1): lowest self-pair speed",
         "gpu_types": {g: f.to_dict() for g, f in sorted(fits.items())},
@@ -567,8 +633,9 @@ def split_pairs(pairs: PairSet, *, seed: int = 0) -> tuple[PairSet, PairSet]:
     return pair_subset(pairs, np.sort(order[:half])), pair_subset(pairs, np.sort(order[half:]))
 
 
-def fit_split(path: str | Path | None = None, *, seed: int = 0,
-              gpu_types: Sequence[str] = ("v100",)) -> tuple[FittedInterference, FittedInterference, dict[str, Any]]:
+def fit_split(
+    path: str | Path | None = None, *, seed: int = 0, gpu_types: Sequence[str] = ("v100",)
+) -> tuple[FittedInterference, FittedInterference, dict[str, Any]]:
     """``(policy's model, simulator's model, facts)``: :func:`fit_gpu` on each half of
     :func:`split_pairs` for each of ``gpu_types`` (other GPU types fall back to the first listed,
     as :meth:`FittedInterference.params_for` does)."""
@@ -578,11 +645,19 @@ def fit_split(path: str | Path | None = None, *, seed: int = 0,
         a, b = split_pairs(all_pairs[g], seed=seed)
         fa, fb = fit_gpu(a), fit_gpu(b)
         policy[g], sim[g] = fa.params, fb.params
-        facts[g] = {"policy_pairs": int(len(a.a)), "simulator_pairs": int(len(b.a)),
-                    "policy_b": fa.params.interference, "simulator_b": fb.params.interference,
-                    "policy_in_sample_mae": fa.in_sample_mae, "simulator_in_sample_mae": fb.in_sample_mae}
-    return (FittedInterference(policy, name="fitted-policy-half"), FittedInterference(sim, name="fitted-simulator-half"),
-            {"split_seed": seed, "by_gpu_type": facts})
+        facts[g] = {
+            "policy_pairs": int(len(a.a)),
+            "simulator_pairs": int(len(b.a)),
+            "policy_b": fa.params.interference,
+            "simulator_b": fb.params.interference,
+            "policy_in_sample_mae": fa.in_sample_mae,
+            "simulator_in_sample_mae": fb.in_sample_mae,
+        }
+    return (
+        FittedInterference(policy, name="fitted-policy-half"),
+        FittedInterference(sim, name="fitted-simulator-half"),
+        {"split_seed": seed, "by_gpu_type": facts},
+    )
 
 
 def scaled_interference(model: FittedInterference, factor: float, *, name: str | None = None) -> FittedInterference:

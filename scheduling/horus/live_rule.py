@@ -9,6 +9,7 @@ job's measured utilization) and acts only where the GPU's PREDICTED load was wit
 over-subscription is the predictions' error, which is what re-placement corrects (a GPU the policy knowingly
 filled past the bound is the policy's choice, not a surprise).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,14 +34,19 @@ class InterferenceMove:
     job_predicted_util_pct: float
 
     def why(self) -> dict[str, float | int | str]:
-        return {"rule": HorusMigrate.name, "gpu_measured_util_pct": round(self.gpu_measured_util_pct, 2),
-                "gpu_predicted_util_pct": round(self.gpu_predicted_util_pct, 2), "bound_pct": self.bound_pct,
-                "job_measured_util_pct": round(self.job_measured_util_pct, 2),
-                "job_predicted_util_pct": round(self.job_predicted_util_pct, 2)}
+        return {
+            "rule": HorusMigrate.name,
+            "gpu_measured_util_pct": round(self.gpu_measured_util_pct, 2),
+            "gpu_predicted_util_pct": round(self.gpu_predicted_util_pct, 2),
+            "bound_pct": self.bound_pct,
+            "job_measured_util_pct": round(self.job_measured_util_pct, 2),
+            "job_predicted_util_pct": round(self.job_predicted_util_pct, 2),
+        }
 
 
-def interference_moves(view: ClusterView, now: float, *, tolerance_pct: float = 5.0, max_migrations: int = 2,
-                       min_runtime_s: float = 60.0) -> list[InterferenceMove]:
+def interference_moves(
+    view: ClusterView, now: float, *, tolerance_pct: float = 5.0, max_migrations: int = 2, min_runtime_s: float = 60.0
+) -> list[InterferenceMove]:
     """HorusMigrate's moves on ``view`` (flat GPU indices), kept where the source GPU's predicted load
     was within the bound (its measured load is over it because a prediction was wrong)."""
     rule = HorusMigrate(tolerance_pct=tolerance_pct, max_migrations=max_migrations, min_runtime_s=min_runtime_s)
@@ -54,8 +60,16 @@ def interference_moves(view: ClusterView, now: float, *, tolerance_pct: float = 
         src, meas, pred = where[job_id]
         if float(view.pred_util_pct[src]) > bound:
             continue
-        moves.append(InterferenceMove(job_id=job_id, from_gpu=src, to_gpu=int(gpus[0]),
-                                      gpu_measured_util_pct=float(view.demand_util_pct[src]),
-                                      gpu_predicted_util_pct=float(view.pred_util_pct[src]), bound_pct=bound,
-                                      job_measured_util_pct=float(meas), job_predicted_util_pct=float(pred)))
+        moves.append(
+            InterferenceMove(
+                job_id=job_id,
+                from_gpu=src,
+                to_gpu=int(gpus[0]),
+                gpu_measured_util_pct=float(view.demand_util_pct[src]),
+                gpu_predicted_util_pct=float(view.pred_util_pct[src]),
+                bound_pct=bound,
+                job_measured_util_pct=float(meas),
+                job_predicted_util_pct=float(pred),
+            )
+        )
     return moves

@@ -65,8 +65,12 @@ def device_share(process_utils_on_gpu: Sequence[float]) -> float:
     return min(100.0, float(sum(process_utils_on_gpu))) / n
 
 
-def observe(model: ObservationModel, own_process_util: float, gpus_process_utils: Sequence[Sequence[float]],
-            noise_draw: float = 0.0) -> float:
+def observe(
+    model: ObservationModel,
+    own_process_util: float,
+    gpus_process_utils: Sequence[Sequence[float]],
+    noise_draw: float = 0.0,
+) -> float:
     """The sample a policy reads for one job: ``own_process_util`` is its per-process utilization,
     ``gpus_process_utils`` the per-process utilizations of all jobs (itself included) on each of its
     GPUs; ``noise_draw`` a standard normal draw (0 for none), scaled by ``model.noise_pct``."""

@@ -29,8 +29,15 @@ __all__ = ["WithReservation", "with_reservation"]
 class WithReservation(PlacementPolicy):
     """``inner``'s placements, holding each pod at its predicted usage as ``usage_fgd`` does."""
 
-    def __init__(self, inner: PlacementPolicy, *, margin: float | None = None, floor_milli: int | None = None,
-                 memory_check: bool = True, headroom_mb: float = HORUS_HEADROOM_MB):
+    def __init__(
+        self,
+        inner: PlacementPolicy,
+        *,
+        margin: float | None = None,
+        floor_milli: int | None = None,
+        memory_check: bool = True,
+        headroom_mb: float = HORUS_HEADROOM_MB,
+    ):
         ref = UsageFGD.__init__.__kwdefaults__ or {}  # the same margin and floor as usage_fgd's defaults
         self.inner = inner
         self.margin = float(ref["margin"] if margin is None else margin)
@@ -74,9 +81,15 @@ class WithReservation(PlacementPolicy):
         return self.inner.target_workload(pods, popularity)
 
     def describe(self) -> dict[str, Any]:
-        return {**self.inner.describe(), "name": self.name, "reservation": "predicted usage (usage_fgd's rule)",
-                "margin": self.margin, "floor_milli": self.floor_milli, "memory_check": self.memory_check,
-                "headroom_mb": self.headroom_mb}
+        return {
+            **self.inner.describe(),
+            "name": self.name,
+            "reservation": "predicted usage (usage_fgd's rule)",
+            "margin": self.margin,
+            "floor_milli": self.floor_milli,
+            "memory_check": self.memory_check,
+            "headroom_mb": self.headroom_mb,
+        }
 
 
 class _MemoryMasked:

@@ -239,8 +239,13 @@ class TiresiasLAS(FifoExclusive):
         return left / max(1, num_gpus) if left > 0 else None
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "queues": 2, "threshold_gpu_s": self.threshold_gpu_s,
-                "preemptive": True, "durations_known": False}
+        return {
+            **super().describe(),
+            "queues": 2,
+            "threshold_gpu_s": self.threshold_gpu_s,
+            "preemptive": True,
+            "durations_known": False,
+        }
 
 
 class _SharingPolicy(PlacementPolicy):
@@ -287,9 +292,15 @@ class Horus(_CostRanked):
     name = "horus"
     STATES = ("sampled", "predicted", "measured")
 
-    def __init__(self, *, max_jobs_per_gpu: int = HORUS_MAX_JOBS_PER_GPU, headroom_mb: float = HORUS_HEADROOM_MB,
-                 state: str = "sampled", max_util_pct: float | None = None,
-                 queue_lookahead: int = HORUS_QUEUE_LOOKAHEAD):
+    def __init__(
+        self,
+        *,
+        max_jobs_per_gpu: int = HORUS_MAX_JOBS_PER_GPU,
+        headroom_mb: float = HORUS_HEADROOM_MB,
+        state: str = "sampled",
+        max_util_pct: float | None = None,
+        queue_lookahead: int = HORUS_QUEUE_LOOKAHEAD,
+    ):
         super().__init__(max_jobs_per_gpu=max_jobs_per_gpu, headroom_mb=headroom_mb)
         if state not in self.STATES:
             raise ValueError(f"state must be one of {', '.join(self.STATES)}")
@@ -320,8 +331,12 @@ class Horus(_CostRanked):
         return horus_score(util, mem, cv.n_jobs, cv.mem_cap_mb, job.pred_util_pct, jmem), mask
 
     def describe(self):
-        return {**super().describe(), "state": self.state, "max_util_pct": self.max_util_pct,
-                "queue_lookahead": self.queue_lookahead}
+        return {
+            **super().describe(),
+            "state": self.state,
+            "max_util_pct": self.max_util_pct,
+            "queue_lookahead": self.queue_lookahead,
+        }
 
 
 class HorusMigrate(Horus):
@@ -339,8 +354,16 @@ class HorusMigrate(Horus):
 
     name = "horus_migrate"
 
-    def __init__(self, *, tolerance_pct: float = 5.0, max_migrations: int = 2, min_runtime_s: float = 60.0,
-                 admit_util_pct: float | None = 110.0, max_examined: int = 8, **kw):
+    def __init__(
+        self,
+        *,
+        tolerance_pct: float = 5.0,
+        max_migrations: int = 2,
+        min_runtime_s: float = 60.0,
+        admit_util_pct: float | None = 110.0,
+        max_examined: int = 8,
+        **kw,
+    ):
         super().__init__(**kw)
         self.tolerance = float(tolerance_pct)
         self.max_migrations = int(max_migrations)
@@ -381,9 +404,12 @@ class HorusMigrate(Horus):
             if ex <= 0 or ex > room:
                 continue
             cands = [
-                rj for rj in cluster.jobs_on(int(g))
-                if rj.view.num_gpus == 1 and ex <= rj.meas_util_pct <= room
-                and rj.migrations < self.max_migrations and now - rj.start_time >= self.min_runtime_s
+                rj
+                for rj in cluster.jobs_on(int(g))
+                if rj.view.num_gpus == 1
+                and ex <= rj.meas_util_pct <= room
+                and rj.migrations < self.max_migrations
+                and now - rj.start_time >= self.min_runtime_s
             ]
             cands.sort(key=lambda rj: (rj.meas_util_pct, rj.view.job_id))  # smallest sufficient move
             for rj in cands:
@@ -418,8 +444,13 @@ class HorusMigrate(Horus):
         return moves
 
     def describe(self):
-        return {**super().describe(), "tolerance_pct": self.tolerance, "max_migrations": self.max_migrations,
-                "min_runtime_s": self.min_runtime_s, "admit_util_pct": self.admit_util_pct}
+        return {
+            **super().describe(),
+            "tolerance_pct": self.tolerance,
+            "max_migrations": self.max_migrations,
+            "min_runtime_s": self.min_runtime_s,
+            "admit_util_pct": self.admit_util_pct,
+        }
 
 
 class Gandiva(Horus):
@@ -455,7 +486,9 @@ class BestFit(_CostRanked):
         mem = np.maximum(cluster.pred_mem_mb, cluster.meas_mem_mb)
         mask = self._mask(job, cluster, mem, jmem)
         if cluster.enforce_milli:
-            cost = (MILLI - cluster.milli_used - job.gpu_milli) / MILLI + 1e-3 * (cluster.mem_cap_mb - mem - jmem) / cluster.mem_cap_mb
+            cost = (MILLI - cluster.milli_used - job.gpu_milli) / MILLI + 1e-3 * (
+                cluster.mem_cap_mb - mem - jmem
+            ) / cluster.mem_cap_mb
         else:
             cost = (cluster.mem_cap_mb - mem - jmem) / cluster.mem_cap_mb
         return np.asarray(cost, float), mask
@@ -568,8 +601,9 @@ class FGD(PlacementPolicy):
 
     @staticmethod
     def _types(job: JobView, cluster: ClusterView) -> list[WorkloadType]:
-        return cluster.workload or [WorkloadType(job.num_gpus, min(job.gpu_milli, MILLI), 1.0, job.cpu_milli, job.ram_mib,
-                                                 job.gpu_type)]
+        return cluster.workload or [
+            WorkloadType(job.num_gpus, min(job.gpu_milli, MILLI), 1.0, job.cpu_milli, job.ram_mib, job.gpu_type)
+        ]
 
     @staticmethod
     def _place_node(job, cv, nf, mask, need, frag: _NodeFrag) -> list[int] | None:
@@ -638,7 +672,7 @@ class _NodeFrag:
         ram = np.concatenate([self.ram[nodes] - self.job.ram_mib, self.ram[un]])
         acc = None if self.access is None else self.access[np.concatenate([nodes, un])]
         f = fgd_fragmentation(np.concatenate([after, nf[un]]), self.types, cpu_free=cpu, ram_free=ram, access=acc)
-        return f[: len(nodes)] - f[len(nodes):][inv.reshape(-1)]
+        return f[: len(nodes)] - f[len(nodes) :][inv.reshape(-1)]
 
 
 class _DeltaCache:

@@ -80,8 +80,15 @@ class _Booster:
 
         p = dict(self.params)
         rounds = int(p.pop("n_estimators", 300))
-        p = {"objective": "reg:squarederror", "seed": self.seed, "nthread": p.pop("n_jobs", 1), "verbosity": 0,
-             "eta": p.pop("learning_rate", 0.05), "lambda": p.pop("reg_lambda", 1.0), **p}
+        p = {
+            "objective": "reg:squarederror",
+            "seed": self.seed,
+            "nthread": p.pop("n_jobs", 1),
+            "verbosity": 0,
+            "eta": p.pop("learning_rate", 0.05),
+            "lambda": p.pop("reg_lambda", 1.0),
+            **p,
+        }
         self.booster = xgb.train(p, xgb.DMatrix(X, label=y), num_boost_round=rounds)
         return self
 
@@ -147,7 +154,9 @@ class TrainedPredictor:
         u, m = self.predict_many([features], gpu_model=gpu_model)
         return float(u[0]), float(m[0])
 
-    def predict_many(self, features_list: Sequence[Mapping[str, Any]], *, gpu_model: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def predict_many(
+        self, features_list: Sequence[Mapping[str, Any]], *, gpu_model: str | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         if not features_list:
             return np.zeros(0), np.zeros(0)
         X = np.vstack([_x_row(f, gpu_model) for f in features_list])

@@ -62,14 +62,19 @@ ONLINE_WINDOW_S, SAMPLE_PERIOD_S, SAMPLE_NOISE_PCT = 30.0, 1.0, 5.0
 
 #: zoo model -> architecture family (the unit held out)
 MODEL_FAMILIES: dict[str, str] = {
-    "resnet18": "residual-cnn", "vgg11": "plain-cnn", "small_cnn": "plain-cnn", "mobilenet_v2": "mobile-cnn",
-    "bert_encoder": "transformer", "lstm_lm": "recurrent",
+    "resnet18": "residual-cnn",
+    "vgg11": "plain-cnn",
+    "small_cnn": "plain-cnn",
+    "mobilenet_v2": "mobile-cnn",
+    "bert_encoder": "transformer",
+    "lstm_lm": "recurrent",
 }
 METHODS = ("predictor", "constant", "analytic_flops")
 
 
-def load_profile_sources(directory: str | os.PathLike[str] = PROFILES_DIR
-                         ) -> tuple[list[ProfileRecord], list[dict[str, str]]]:
+def load_profile_sources(
+    directory: str | os.PathLike[str] = PROFILES_DIR,
+) -> tuple[list[ProfileRecord], list[dict[str, str]]]:
     """Every profile record in ``directory``'s JSON files that carries a ``source`` field:
     ``(records, skipped)``, ``skipped`` naming each file or record left out and why. A file is a list of
     records or ``{"records": [...]}``; a record without ``features`` gets the zoo's for its model and
@@ -109,9 +114,14 @@ def load_profile_sources(directory: str | os.PathLike[str] = PROFILES_DIR
     return records, skipped
 
 
-def online_profile_estimates(records: Sequence[ProfileRecord], *, window_s: float = ONLINE_WINDOW_S,
-                             sample_period_s: float = SAMPLE_PERIOD_S, sample_noise_pct: float = SAMPLE_NOISE_PCT,
-                             seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def online_profile_estimates(
+    records: Sequence[ProfileRecord],
+    *,
+    window_s: float = ONLINE_WINDOW_S,
+    sample_period_s: float = SAMPLE_PERIOD_S,
+    sample_noise_pct: float = SAMPLE_NOISE_PCT,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
     """``(estimates, measured)``: each record's utilization as a ``window_s`` online profile reads it,
     and whether that came from its measured samples (True) or was modeled (module docstring)."""
     rng = np.random.default_rng([seed, 0x0F11])
@@ -164,8 +174,9 @@ def _baselines(train: list[ProfileRecord], test: list[ProfileRecord]) -> dict[st
     return {"constant": const, "analytic_flops": analytic}
 
 
-def _xgb_predictions(train: list[ProfileRecord], test: list[ProfileRecord], params: Mapping[str, Any],
-                     seed: int) -> np.ndarray:
+def _xgb_predictions(
+    train: list[ProfileRecord], test: list[ProfileRecord], params: Mapping[str, Any], seed: int
+) -> np.ndarray:
     X = np.vstack([_x_row(r.features, r.gpu_model) for r in train])
     y = np.log1p(np.array([r.gpu_util_pct for r in train]))
     model = _regressor(params, seed).fit(X, y)
@@ -185,8 +196,12 @@ def _unsafe_share(pred: np.ndarray, true: np.ndarray, gpu: Sequence[str]) -> dic
         unsafe += int((called_safe & (ts > 100.0)).sum())
         total += len(i)
         truly_over += int((ts > 100.0).sum())
-    return {"pairs": total, "called_safe": safe, "unsafe_share_of_safe": unsafe / safe if safe else None,
-            "base_rate_over_100": truly_over / total if total else None}
+    return {
+        "pairs": total,
+        "called_safe": safe,
+        "unsafe_share_of_safe": unsafe / safe if safe else None,
+        "base_rate_over_100": truly_over / total if total else None,
+    }
 
 
 def _spearman(pred: np.ndarray, true: np.ndarray) -> float | None:
@@ -199,14 +214,21 @@ def _scores(pred: np.ndarray, true: np.ndarray, gpu: Sequence[str], groups: Sequ
     """MAE, pooled Spearman, Spearman within each held-out family (mean; None for a constant, which
     ranks nothing) and the co-location decision metric."""
     within = [r for r in (_spearman(pred[g], true[g]) for g in groups) if r is not None]
-    return {"mae_pct": float(np.mean(np.abs(pred - true))), "spearman": _spearman(pred, true),
-            "spearman_within_family": float(np.mean(within)) if within else None,
-            "colocation": _unsafe_share(pred, true, gpu)}
+    return {
+        "mae_pct": float(np.mean(np.abs(pred - true))),
+        "spearman": _spearman(pred, true),
+        "spearman_within_family": float(np.mean(within)) if within else None,
+        "colocation": _unsafe_share(pred, true, gpu),
+    }
 
 
-def evaluate_predictor(records: Sequence[ProfileRecord], *, seed: int = 0,
-                       xgb_params: Mapping[str, Any] | None = None, online_window_s: float | None = None
-                       ) -> dict[str, Any]:
+def evaluate_predictor(
+    records: Sequence[ProfileRecord],
+    *,
+    seed: int = 0,
+    xgb_params: Mapping[str, Any] | None = None,
+    online_window_s: float | None = None,
+) -> dict[str, Any]:
     """Leave-one-family-out evaluation of the predictor and both baselines (module docstring); with
     ``online_window_s``, the short online-profiling baseline beside them."""
     recs = list(records)
@@ -230,8 +252,14 @@ def evaluate_predictor(records: Sequence[ProfileRecord], *, seed: int = 0,
         for name, values in _baselines(train, test).items():
             pred[name][test_idx] = values
         true = np.array([r.gpu_util_pct for r in test])
-        folds.append({"held_out_family": fam, "models": sorted({r.model for r in test}), "n": len(test),
-                      "mae_pct": {m: float(np.mean(np.abs(pred[m][test_idx] - true))) for m in names}})
+        folds.append(
+            {
+                "held_out_family": fam,
+                "models": sorted({r.model for r in test}),
+                "n": len(test),
+                "mae_pct": {m: float(np.mean(np.abs(pred[m][test_idx] - true))) for m in names},
+            }
+        )
     true = np.array([r.gpu_util_pct for r in recs])
     gpus = [r.gpu_model for r in recs]
     sources = sorted({r.source for r in recs})
@@ -240,22 +268,30 @@ def evaluate_predictor(records: Sequence[ProfileRecord], *, seed: int = 0,
     if len(sources) > 1:
         for s_name in sources:
             idx = np.flatnonzero(src == s_name)
-            per_source[s_name] = {"n": len(idx), "mae_pct": {m: float(np.mean(np.abs(pred[m][idx] - true[idx])))
-                                                                  for m in names}}
+            per_source[s_name] = {
+                "n": len(idx),
+                "mae_pct": {m: float(np.mean(np.abs(pred[m][idx] - true[idx]))) for m in names},
+            }
     out = {
         "method": "leave one model family out (families: " + ", ".join(families) + ")",
-        "n_records": len(recs), "sources": sources,
+        "n_records": len(recs),
+        "sources": sources,
         "synthetic": all(s.startswith("synthetic") for s in sources),
         "methods": {m: _scores(pred[m], true, gpus, groups) for m in names},
-        "folds": folds, "per_source": per_source,
+        "folds": folds,
+        "per_source": per_source,
     }
     if online_name is not None and online_measured is not None and online_window_s is not None:
         n_meas = int(online_measured.sum())
         out["online_profile"] = {
-            "name": online_name, "window_s": online_window_s, "gpu_seconds_per_job": online_window_s,
-            "records_measured": n_meas, "records_modeled": len(recs) - n_meas,
+            "name": online_name,
+            "window_s": online_window_s,
+            "gpu_seconds_per_job": online_window_s,
+            "records_measured": n_meas,
+            "records_modeled": len(recs) - n_meas,
             "modeled_as": f"truth + mean of {max(1, round(online_window_s / SAMPLE_PERIOD_S))} samples of "
-                          f"N(0, {SAMPLE_NOISE_PCT:g} pts) noise (no warm-up: on synthetic profiles it wins by construction)"}
+            f"N(0, {SAMPLE_NOISE_PCT:g} pts) noise (no warm-up: on synthetic profiles it wins by construction)",
+        }
     return out
 
 
@@ -263,11 +299,14 @@ def format_evaluation(ev: Mapping[str, Any]) -> str:
     """A plain-text report of :func:`evaluate_predictor`."""
     lines = [f"predictor evaluation: {ev['method']}; {ev['n_records']} records from {', '.join(ev['sources'])}"]
     if ev["synthetic"]:
-        lines.append("  SYNTHETIC profiles (a roofline model, no GPU measured them) until profile_gpu records real "
-                     "ones: these figures say nothing about real GPUs; the analytic baseline shares the generator's "
-                     "structure and is favoured.")
-    lines.append(f"  {'method':<20}{'MAE (pts)':>10}{'Spearman':>10}{'in-family':>10}{'called safe':>13}"
-                 f"{'of them >100%':>15}")
+        lines.append(
+            "  SYNTHETIC profiles (a roofline model, no GPU measured them) until profile_gpu records real "
+            "ones: these figures say nothing about real GPUs; the analytic baseline shares the generator's "
+            "structure and is favoured."
+        )
+    lines.append(
+        f"  {'method':<20}{'MAE (pts)':>10}{'Spearman':>10}{'in-family':>10}{'called safe':>13}{'of them >100%':>15}"
+    )
 
     def num(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
@@ -275,19 +314,26 @@ def format_evaluation(ev: Mapping[str, Any]) -> str:
     for name, m in ev["methods"].items():
         c = m["colocation"]
         share = "-" if c["unsafe_share_of_safe"] is None else f"{c['unsafe_share_of_safe'] * 100:.1f} %"
-        lines.append(f"  {name:<20}{m['mae_pct']:>10.1f}{num(m['spearman']):>10}{num(m['spearman_within_family']):>10}"
-                     f"{c['called_safe']:>13d}{share:>15}")
+        lines.append(
+            f"  {name:<20}{m['mae_pct']:>10.1f}{num(m['spearman']):>10}{num(m['spearman_within_family']):>10}"
+            f"{c['called_safe']:>13d}{share:>15}"
+        )
     base = next(iter(ev["methods"].values()))["colocation"]
-    lines.append(f"  (pairs of configurations on one GPU model: {base['pairs']}; truly over 100 %: "
-                 f"{base['base_rate_over_100'] * 100:.1f} %)")
+    lines.append(
+        f"  (pairs of configurations on one GPU model: {base['pairs']}; truly over 100 %: "
+        f"{base['base_rate_over_100'] * 100:.1f} %)"
+    )
     op = ev.get("online_profile")
     if op:
-        lines.append(f"  {op['name']}: {op['gpu_seconds_per_job']:g} GPU-s per new job before placement; "
-                     f"{op['records_measured']} records from measured samples, {op['records_modeled']} MODELED ("
-                     f"{op['modeled_as']})")
+        lines.append(
+            f"  {op['name']}: {op['gpu_seconds_per_job']:g} GPU-s per new job before placement; "
+            f"{op['records_measured']} records from measured samples, {op['records_modeled']} MODELED ("
+            f"{op['modeled_as']})"
+        )
     for s_name, d in (ev.get("per_source") or {}).items():
-        lines.append(f"    source {s_name} ({d['n']} records): MAE "
-                     + ", ".join(f"{k} {v:.1f}" for k, v in d["mae_pct"].items()))
+        lines.append(
+            f"    source {s_name} ({d['n']} records): MAE " + ", ".join(f"{k} {v:.1f}" for k, v in d["mae_pct"].items())
+        )
     for f in ev["folds"]:
         maes = ", ".join(f"{k} {v:.1f}" for k, v in f["mae_pct"].items())
         lines.append(f"    held out {f['held_out_family']} ({', '.join(f['models'])}, {f['n']} records): MAE {maes}")

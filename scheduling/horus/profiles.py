@@ -117,8 +117,14 @@ def gpu_spec(name: str) -> GpuSpec:
 GAVEL_THROUGHPUTS_PATH = DATA_DIR / "interference" / "gavel_oracle_throughputs.json"
 #: zoo model -> the Gavel job family whose measured speed ratios between GPU types stand in for it
 #: (closest architecture; a model not listed uses the median over all 26 Gavel job types)
-ZOO_GAVEL_FAMILY = {"resnet18": "ResNet-18", "small_cnn": "ResNet-18", "mobilenet_v2": "ResNet-18",
-                    "vgg11": "ResNet-50", "bert_encoder": "Transformer", "lstm_lm": "LM"}
+ZOO_GAVEL_FAMILY = {
+    "resnet18": "ResNet-18",
+    "small_cnn": "ResNet-18",
+    "mobilenet_v2": "ResNet-18",
+    "vgg11": "ResNet-50",
+    "bert_encoder": "Transformer",
+    "lstm_lm": "LM",
+}
 
 
 @lru_cache(maxsize=1)
@@ -215,7 +221,9 @@ class ProfileRecord:
         return rec
 
 
-def save_profiles(records: Iterable[ProfileRecord], path: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None) -> None:
+def save_profiles(
+    records: Iterable[ProfileRecord], path: str | os.PathLike[str], *, meta: Mapping[str, Any] | None = None
+) -> None:
     """Write records as ``{"version": 1, "meta": {...}, "records": [...]}``."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -317,7 +325,9 @@ def generate_seed_profiles(
     return out
 
 
-def write_seed_profiles(path: str | os.PathLike[str] = DEFAULT_SEED_PROFILES_PATH, *, seed: int = 0) -> list[ProfileRecord]:
+def write_seed_profiles(
+    path: str | os.PathLike[str] = DEFAULT_SEED_PROFILES_PATH, *, seed: int = 0
+) -> list[ProfileRecord]:
     """Regenerate ``data/profiles/seed_profiles.json`` from the cached zoo table."""
     from .features import zoo_feature_table
 
@@ -366,6 +376,11 @@ class ProfileTable:
             "gpu_model": self.gpu_model,
             "configs": len(self.keys),
             "sources": self.sources,
-            "util_pct": {"mean": float(u.mean()), "p25": float(np.percentile(u, 25)), "median": float(np.median(u)), "p75": float(np.percentile(u, 75))},
+            "util_pct": {
+                "mean": float(u.mean()),
+                "p25": float(np.percentile(u, 25)),
+                "median": float(np.median(u)),
+                "p75": float(np.percentile(u, 75)),
+            },
             "mem_mb": {"mean": float(m.mean()), "median": float(np.median(m)), "max": float(m.max())},
         }

@@ -72,8 +72,12 @@ def typical_pods(pods: Sequence[Any], popularity: float = 0.95) -> list[Workload
     counts: dict[tuple[int, int, int, str], int] = {}
     for p in pods:
         k = int(p.num_gpus)
-        key = (k, int(min(MILLI, p.gpu_milli)) if k else 0, int(getattr(p, "cpu_milli", 0)),
-               str(getattr(p, "gpu_type", "") or ""))
+        key = (
+            k,
+            int(min(MILLI, p.gpu_milli)) if k else 0,
+            int(getattr(p, "cpu_milli", 0)),
+            str(getattr(p, "gpu_type", "") or ""),
+        )
         counts[key] = counts.get(key, 0) + 1
     total = sum(counts.values())
     if not total:
@@ -136,8 +140,12 @@ class ReferencePolicy(PlacementPolicy):
         return -float(self.node_scores(job, cluster, node)[0])
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "artifact_policy": self.artifact_name, "gpu_selection": self.gpu_selection,
-                "ties": "smallest node name"}
+        return {
+            **super().describe(),
+            "artifact_policy": self.artifact_name,
+            "gpu_selection": self.gpu_selection,
+            "ties": "smallest node name",
+        }
 
     # ------------------------------------------------------------------ hooks
     def node_scores(self, job: JobView, cv: ClusterView, nodes: np.ndarray) -> np.ndarray:
@@ -182,7 +190,7 @@ class ReferencePolicy(PlacementPolicy):
 def _free_row(cv: ClusterView, node: int) -> np.ndarray:
     """Free milli of each GPU of ``node`` (slot order)."""
     first, k = int(cv.node_first_gpu[node]), int(cv.node_num_gpus[node])
-    return MILLI - np.asarray(cv.milli_used[first:first + k], dtype=np.int64)
+    return MILLI - np.asarray(cv.milli_used[first : first + k], dtype=np.int64)
 
 
 def _cpu_free(cv: ClusterView, nodes: np.ndarray) -> np.ndarray:
@@ -220,8 +228,9 @@ class DotProdRef(ReferencePolicy):
 
     def node_scores(self, job, cv, nodes):
         cpu, gpu = _request(job)
-        dot = (_cpu_free(cv, nodes) / MAX_SPEC_CPU * (cpu / MAX_SPEC_CPU)
-               + _gpu_free(cv, nodes) / MAX_SPEC_GPU * (gpu / MAX_SPEC_GPU))
+        dot = _cpu_free(cv, nodes) / MAX_SPEC_CPU * (cpu / MAX_SPEC_CPU) + _gpu_free(cv, nodes) / MAX_SPEC_GPU * (
+            gpu / MAX_SPEC_GPU
+        )
         return np.trunc(MAX_SCORE * (1.0 - dot / 2.0)).astype(np.int64)
 
 
@@ -275,7 +284,9 @@ class GpuClusteringRef(ReferencePolicy):
             changed = np.unique(cv.gpu_node[sig != used])
         for n in changed:
             first, k = int(cv.node_first_gpu[n]), int(cv.node_num_gpus[n])
-            tags = {_affinity(rj.view.gpu_milli, rj.view.num_gpus) for g in range(first, first + k) for rj in cv.jobs_on(g)}
+            tags = {
+                _affinity(rj.view.gpu_milli, rj.view.num_gpus) for g in range(first, first + k) for rj in cv.jobs_on(g)
+            }
             self._tags[int(n)] = frozenset(tags)
         self._sig = used.copy()
         return self._tags
@@ -329,8 +340,11 @@ class FGDRef(ReferencePolicy):
         return typical_pods(pods, popularity)
 
     def _types_of(self, job: JobView, cv: ClusterView) -> Sequence[WorkloadType]:
-        types = cv.workload or [WorkloadType(job.num_gpus, min(job.gpu_milli, MILLI) if job.num_gpus else 0, 1.0,
-                                             job.cpu_milli, 0, job.gpu_type)]
+        types = cv.workload or [
+            WorkloadType(
+                job.num_gpus, min(job.gpu_milli, MILLI) if job.num_gpus else 0, 1.0, job.cpu_milli, 0, job.gpu_type
+            )
+        ]
         if types is not getattr(self, "_types", None):
             self._types, self._cache = types, {}
         return types
@@ -359,21 +373,25 @@ class FGDRef(ReferencePolicy):
     def _rows(job, cv, types, nf, cpu, nodes, need) -> np.ndarray:
         access = cv.type_access(types)
         width = nf.shape[1]
-        before = fgd_fragmentation(nf[nodes], types, cpu_free=cpu[nodes], access=None if access is None else access[nodes])
+        before = fgd_fragmentation(
+            nf[nodes], types, cpu_free=cpu[nodes], access=None if access is None else access[nodes]
+        )
         if job.num_gpus == 1 and need < MILLI:
             rows = np.repeat(nodes, width)
             slots = np.tile(np.arange(width), len(nodes))
             after = nf[rows].copy()
             after[np.arange(len(rows)), slots] -= need
-            fa = fgd_fragmentation(after, types, cpu_free=cpu[rows] - job.cpu_milli,
-                                   access=None if access is None else access[rows])
+            fa = fgd_fragmentation(
+                after, types, cpu_free=cpu[rows] - job.cpu_milli, access=None if access is None else access[rows]
+            )
             return fgd_score(np.repeat(before, width), fa).reshape(len(nodes), width)
         after = nf[nodes].copy()
         if job.num_gpus:
             idle = np.cumsum(after >= MILLI, axis=1)  # take the first idle GPUs, as the artifact does
             after[(after >= MILLI) & (idle <= job.num_gpus)] -= MILLI
-        fa = fgd_fragmentation(after, types, cpu_free=cpu[nodes] - job.cpu_milli,
-                               access=None if access is None else access[nodes])
+        fa = fgd_fragmentation(
+            after, types, cpu_free=cpu[nodes] - job.cpu_milli, access=None if access is None else access[nodes]
+        )
         return np.repeat(fgd_score(before, fa)[:, None], width, axis=1)
 
     def _fitting(self, job: JobView, cv: ClusterView, nodes: np.ndarray) -> np.ndarray:

@@ -31,14 +31,31 @@ from .interference import FittedInterference, flat_sharing_slowdown
 from .observation import ObservationModel, observe, per_process_util
 from .policies import PlacementPolicy
 from .profiles import speed_on_gpu, util_on_gpu
-from .sim_inputs import (STOP_CHECK_EVERY, SimulationStopped, StopCheck, checked_placement, job_views,
-                         noisy_predictions, validate_jobs)
+from .sim_inputs import (
+    STOP_CHECK_EVERY,
+    SimulationStopped,
+    StopCheck,
+    checked_placement,
+    job_views,
+    noisy_predictions,
+    validate_jobs,
+)
 from .traces import Job
 
 __all__ = [
-    "GpuLoad", "InterferenceModel", "SharingPenalty", "INTERFERENCE_MODELS", "DEFAULT_INTERFERENCE",
-    "make_interference", "measured_util",
-    "SimulationResult", "EventQueue", "ReplayJobs", "Accounting", "Replay", "summarize",
+    "GpuLoad",
+    "InterferenceModel",
+    "SharingPenalty",
+    "INTERFERENCE_MODELS",
+    "DEFAULT_INTERFERENCE",
+    "make_interference",
+    "measured_util",
+    "SimulationResult",
+    "EventQueue",
+    "ReplayJobs",
+    "Accounting",
+    "Replay",
+    "summarize",
 ]
 
 
@@ -71,8 +88,7 @@ class InterferenceModel(Protocol):
         """One slowdown per job of ``load``, in ``load.job_ids`` order."""
         ...
 
-    def describe(self) -> dict[str, Any]:
-        ...
+    def describe(self) -> dict[str, Any]: ...
 
 
 class JobTimes(TypedDict):
@@ -108,8 +124,14 @@ class SharingPenalty:
     name: str = "share_penalty"
 
     def slowdown(self, n_jobs: int, demand: float, job_util: float) -> float:
-        return flat_sharing_slowdown(n_jobs, demand, job_util, share_penalty=self.share_penalty,
-                                     util_slope=self.util_slope, oversub_exponent=self.oversub_exponent)
+        return flat_sharing_slowdown(
+            n_jobs,
+            demand,
+            job_util,
+            share_penalty=self.share_penalty,
+            util_slope=self.util_slope,
+            oversub_exponent=self.oversub_exponent,
+        )
 
     def slowdowns(self, load: GpuLoad) -> Sequence[float]:
         n = len(load.job_ids)
@@ -283,9 +305,20 @@ class ReplayJobs:
     def learn_memory(self, i: int) -> None:
         """After an out-of-memory crash the job is known to need its true memory."""
         v = self.views[i]
-        self.views[i] = JobView(v.job_id, v.submit_time, v.num_gpus, v.gpu_milli, v.pred_util_pct, v.pred_mem_mb,
-                                v.cpu_milli, v.ram_mib, v.single_node, v.model, v.batch_size,
-                                mem_floor_mb=self.true_mem[i])
+        self.views[i] = JobView(
+            v.job_id,
+            v.submit_time,
+            v.num_gpus,
+            v.gpu_milli,
+            v.pred_util_pct,
+            v.pred_mem_mb,
+            v.cpu_milli,
+            v.ram_mib,
+            v.single_node,
+            v.model,
+            v.batch_size,
+            mem_floor_mb=self.true_mem[i],
+        )
 
 
 class Accounting:
@@ -382,11 +415,23 @@ class Accounting:
 class Replay:
     """One replay of ``jobs`` on ``spec`` under ``policy``; :meth:`run` then :func:`summarize`."""
 
-    def __init__(self, jobs: Sequence[Job], spec: ClusterSpec, policy: PlacementPolicy, *, seed: int = 0,
-                 interference: InterferenceModel = DEFAULT_INTERFERENCE, predictor_error: float = 0.0,
-                 backfill: int = 1, migration_cost_s: float = 60.0, oom_penalty_s: float = 60.0,
-                 frag_samples: int = 256, check_invariants: bool = False, telemetry_delay_s: float = 60.0,
-                 observation: ObservationModel | None = None):
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        spec: ClusterSpec,
+        policy: PlacementPolicy,
+        *,
+        seed: int = 0,
+        interference: InterferenceModel = DEFAULT_INTERFERENCE,
+        predictor_error: float = 0.0,
+        backfill: int = 1,
+        migration_cost_s: float = 60.0,
+        oom_penalty_s: float = 60.0,
+        frag_samples: int = 256,
+        check_invariants: bool = False,
+        telemetry_delay_s: float = 60.0,
+        observation: ObservationModel | None = None,
+    ):
         validate_jobs(jobs)
         self.spec, self.policy, self.seed = spec, policy, seed
         self.interference = interference
@@ -450,8 +495,9 @@ class Replay:
             if self.check_invariants:
                 self._assert_invariants()
         if self.queue or self.state.running:
-            raise RuntimeError(f"simulation ended with {len(self.queue)} queued and "
-                               f"{len(self.state.running)} running jobs")
+            raise RuntimeError(
+                f"simulation ended with {len(self.queue)} queued and {len(self.state.running)} running jobs"
+            )
         return self
 
     def _step(self, now: float) -> None:
@@ -512,8 +558,14 @@ class Replay:
         J, state = self.jobs, self.state
         J.epoch[i] += 1
         # no telemetry before its first sample: the policy sees what it predicted
-        state.add(J.views[i], gpus, true_util=self._true_util(i, gpus), true_mem=J.true_mem[i], now=now,
-                  meas_util=None if self.telemetry_delay_s <= 0 else J.views[i].pred_util_pct)
+        state.add(
+            J.views[i],
+            gpus,
+            true_util=self._true_util(i, gpus),
+            true_mem=J.true_mem[i],
+            now=now,
+            meas_util=None if self.telemetry_delay_s <= 0 else J.views[i].pred_util_pct,
+        )
         if math.isnan(J.start[i]):
             J.start[i] = now
             J.remaining[i] = J.duration[i]
@@ -534,8 +586,15 @@ class Replay:
         s = self.state
         ids = tuple(s.jobs_on[g])
         running = [s.running[j] for j in ids]
-        return GpuLoad(g, s.gpu_model[g], float(s.mem_cap[g]), float(s.true_util[g]), ids,
-                       tuple(rj.true_util_pct for rj in running), tuple(rj.meas_mem_mb for rj in running))
+        return GpuLoad(
+            g,
+            s.gpu_model[g],
+            float(s.mem_cap[g]),
+            float(s.true_util[g]),
+            ids,
+            tuple(rj.true_util_pct for rj in running),
+            tuple(rj.meas_mem_mb for rj in running),
+        )
 
     def _update_rates(self, gpus: Sequence[int], now: float) -> None:
         """``gpus`` changed their set of jobs: ask the interference model about them (a GPU with one job
@@ -586,8 +645,9 @@ class Replay:
     def _process_util(self, job_id: str) -> float:
         i = self.jobs.index[job_id]
         # the interference slowdown alone: a slower GPU type is already in the job's (busier) true util there
-        return measured_util(self.state.running[job_id].true_util_pct,
-                             self.jobs.type_speed[i] / max(self.jobs.rate[i], 1e-12))
+        return measured_util(
+            self.state.running[job_id].true_util_pct, self.jobs.type_speed[i] / max(self.jobs.rate[i], 1e-12)
+        )
 
     def _observe(self, i: int) -> None:
         """Set what policies read of running job ``i`` from the observation model (its truth stays here)."""
@@ -603,8 +663,10 @@ class Replay:
         """Standalone-equivalent work GPU ``g`` does now, in % of one GPU: its jobs' true util (on this GPU
         type) x their speed under interference (rate / type speed)."""
         J, running = self.jobs, self.state.running
-        return sum(running[jid].true_util_pct * J.rate[J.index[jid]] / J.type_speed[J.index[jid]]
-                   for jid in self.state.jobs_on[g])
+        return sum(
+            running[jid].true_util_pct * J.rate[J.index[jid]] / J.type_speed[J.index[jid]]
+            for jid in self.state.jobs_on[g]
+        )
 
     # ---------------------------------------------------------------- queue
     def _schedule(self, now: float) -> None:
@@ -622,8 +684,9 @@ class Replay:
             if self.monotone and any(all(a >= b for a, b in zip(req, f)) for f in failed):
                 i += 1  # asks for at least as much as a job just refused: refused too
                 continue
-            gpus = checked_placement(self.policy, self.jobs.views[j], self.state, self.cv, now,
-                                     where=f" at t={now:.0f}s")
+            gpus = checked_placement(
+                self.policy, self.jobs.views[j], self.state, self.cv, now, where=f" at t={now:.0f}s"
+            )
             if gpus is None:
                 if self.monotone and len(failed) < 8:
                     failed.append(req)
@@ -641,8 +704,15 @@ class Replay:
 
     @staticmethod
     def _request(v: JobView) -> tuple[float, ...]:
-        return (v.num_gpus, v.gpu_milli, v.cpu_milli, v.ram_mib, max(v.pred_mem_mb, v.mem_floor_mb),
-                v.pred_util_pct, 1 if v.single_node else 0)
+        return (
+            v.num_gpus,
+            v.gpu_milli,
+            v.cpu_milli,
+            v.ram_mib,
+            max(v.pred_mem_mb, v.mem_floor_mb),
+            v.pred_util_pct,
+            1 if v.single_node else 0,
+        )
 
     # ---------------------------------------------------------------- least attained service
     def _book_service(self, i: int, now: float) -> None:
@@ -683,8 +753,10 @@ class Replay:
             best = None
             for n in sorted({int(s.gpu_node[g]) for g in range(s.n_gpus)}):
                 free = sum(1 for g in idle if s.gpu_node[g] == n)
-                here = sorted((v for v in victims if any(s.gpu_node[g] == n for g in s.running[J.jobs[v].job_id].gpus)),
-                              key=lambda v: (-self.attained_service(v, now), v))
+                here = sorted(
+                    (v for v in victims if any(s.gpu_node[g] == n for g in s.running[J.jobs[v].job_id].gpus)),
+                    key=lambda v: (-self.attained_service(v, now), v),
+                )
                 chosen = []
                 for v in here:
                     if free >= need:
@@ -748,8 +820,15 @@ class Replay:
         was = state.remove(J.jobs[i].job_id)
         self._refresh(old)
         # telemetry shows its last sample until the next one on its new GPUs
-        state.add(J.views[i], new, true_util=self._true_util(i, new), true_mem=J.true_mem[i], now=now,
-                  migrations=migrations, meas_util=None if self.telemetry_delay_s <= 0 else was.meas_util_pct)
+        state.add(
+            J.views[i],
+            new,
+            true_util=self._true_util(i, new),
+            true_mem=J.true_mem[i],
+            now=now,
+            migrations=migrations,
+            meas_util=None if self.telemetry_delay_s <= 0 else was.meas_util_pct,
+        )
         J.remaining[i] += self.migration_cost_s  # checkpoint + restore, as extra work
         J.rate[i] = 0.0
         J.type_speed[i] = J.speed_on(i, [state.gpu_model[g] for g in new])
@@ -761,8 +840,9 @@ class Replay:
         s = self.state
         assert np.all(s.true_mem <= s.mem_cap + 1e-6), "GPU memory over capacity"
         assert all(len(s.jobs_on[g]) == s.n_jobs[g] for g in range(s.n_gpus))
-        assert all(abs(self.acct.delivered[g] - self._delivered_on(g)) < 1e-6 for g in range(s.n_gpus)), \
+        assert all(abs(self.acct.delivered[g] - self._delivered_on(g)) < 1e-6 for g in range(s.n_gpus)), (
             "delivered-work bookkeeping out of date"
+        )
         if s.enforce_milli:
             assert np.all(s.milli_used <= MILLI)
 
@@ -821,24 +901,39 @@ def _job_stats(J: ReplayJobs) -> tuple[float, float, dict[str, float]]:
     sub, start, fin = np.array(J.submit)[done], np.array(J.start)[done], np.array(J.finish)[done]
     waits, jct = start - sub, fin - sub
     if not done:
-        return t0, t_end, {"mean_wait_s": 0.0, "median_wait_s": 0.0, "p95_wait_s": 0.0, "mean_jct_s": 0.0,
-                           "p95_jct_s": 0.0, "mean_slowdown": 1.0}
+        return (
+            t0,
+            t_end,
+            {
+                "mean_wait_s": 0.0,
+                "median_wait_s": 0.0,
+                "p95_wait_s": 0.0,
+                "mean_jct_s": 0.0,
+                "p95_jct_s": 0.0,
+                "mean_slowdown": 1.0,
+            },
+        )
     stretch = (fin - start) / np.maximum(np.array(J.duration)[done], 1e-9)
-    return t0, t_end, {
-        "mean_wait_s": float(waits.mean()),
-        "median_wait_s": float(np.median(waits)),
-        "p95_wait_s": float(np.percentile(waits, 95)),
-        "mean_jct_s": float(jct.mean()),
-        "p95_jct_s": float(np.percentile(jct, 95)),
-        "mean_slowdown": float(np.mean(stretch)),
-        "p95_slowdown": float(np.percentile(stretch, 95)),
-        "p99_slowdown": float(np.percentile(stretch, 99)),
-        "p99_jct_s": float(np.percentile(jct, 99)),
-    }
+    return (
+        t0,
+        t_end,
+        {
+            "mean_wait_s": float(waits.mean()),
+            "median_wait_s": float(np.median(waits)),
+            "p95_wait_s": float(np.percentile(waits, 95)),
+            "mean_jct_s": float(jct.mean()),
+            "p95_jct_s": float(np.percentile(jct, 95)),
+            "mean_slowdown": float(np.mean(stretch)),
+            "p95_slowdown": float(np.percentile(stretch, 95)),
+            "p99_slowdown": float(np.percentile(stretch, 99)),
+            "p99_jct_s": float(np.percentile(jct, 99)),
+        },
+    )
 
 
-def summarize(replay: Replay, *, wall_s: float, timeseries_points: int = 200,
-              record_jobs: bool = False) -> SimulationResult:
+def summarize(
+    replay: Replay, *, wall_s: float, timeseries_points: int = 200, record_jobs: bool = False
+) -> SimulationResult:
     """The result of a finished :class:`Replay`: job statistics, time-averaged cluster figures, series."""
     J, acct, n_gpus = replay.jobs, replay.acct, replay.state.n_gpus
     t0, t_end, stats = _job_stats(J)
@@ -871,6 +966,13 @@ def summarize(replay: Replay, *, wall_s: float, timeseries_points: int = 200,
         wall_s=wall_s,
         timeseries=_timeseries(acct, t_end, timeseries_points),
         params=replay.params(),
-        jobs={"id": [j.job_id for j in J.jobs], "submit": J.submit, "start": J.start, "finish": J.finish,
-              "duration": J.duration} if record_jobs else None,
+        jobs={
+            "id": [j.job_id for j in J.jobs],
+            "submit": J.submit,
+            "start": J.start,
+            "finish": J.finish,
+            "duration": J.duration,
+        }
+        if record_jobs
+        else None,
     )

@@ -12,8 +12,15 @@ from .cluster import ClusterState, ClusterView, JobView, PlacementError
 from .policies import PlacementPolicy
 from .traces import Job
 
-__all__ = ["validate_jobs", "noisy_predictions", "job_views", "checked_placement", "SimulationStopped",
-           "STOP_CHECK_EVERY", "StopCheck"]
+__all__ = [
+    "validate_jobs",
+    "noisy_predictions",
+    "job_views",
+    "checked_placement",
+    "SimulationStopped",
+    "STOP_CHECK_EVERY",
+    "StopCheck",
+]
 
 #: event batches (replay) or submitted pods (fill) between two calls of a run's ``should_stop``
 STOP_CHECK_EVERY = 64
@@ -52,14 +59,27 @@ def noisy_predictions(jobs: Sequence[Job], sigma: float, seed: int) -> tuple[np.
 def job_views(jobs: Sequence[Job], pu: np.ndarray, pm: np.ndarray) -> list[JobView]:
     """What a policy sees of each job: its request and (noisy) predictions, never its truth."""
     return [
-        JobView(j.job_id, float(j.submit_time), int(j.num_gpus), int(j.gpu_milli), float(u), float(m),
-                int(j.cpu_milli), int(j.ram_mib), bool(j.single_node), j.model, j.batch_size, gpu_type=j.gpu_type)
+        JobView(
+            j.job_id,
+            float(j.submit_time),
+            int(j.num_gpus),
+            int(j.gpu_milli),
+            float(u),
+            float(m),
+            int(j.cpu_milli),
+            int(j.ram_mib),
+            bool(j.single_node),
+            j.model,
+            j.batch_size,
+            gpu_type=j.gpu_type,
+        )
         for j, u, m in zip(jobs, pu, pm)
     ]
 
 
-def checked_placement(policy: PlacementPolicy, view: JobView, state: ClusterState, cv: ClusterView, now: float,
-                      *, where: str = "") -> list[int] | None:
+def checked_placement(
+    policy: PlacementPolicy, view: JobView, state: ClusterState, cv: ClusterView, now: float, *, where: str = ""
+) -> list[int] | None:
     """The policy's GPUs for ``view`` (None: leave it waiting), after the cluster's hard-constraint check;
     a policy that breaks a constraint raises :class:`PlacementError` naming it (and ``where``)."""
     gpus = policy.place(view, cv, now)

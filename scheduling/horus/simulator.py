@@ -92,10 +92,22 @@ from .replay import (
 from .sim_inputs import SimulationStopped, StopCheck, validate_jobs
 from .traces import Job
 
-__all__ = ["Interference", "InterferenceModel", "SharingPenalty", "GpuLoad", "INTERFERENCE_MODELS",
-           "DEFAULT_INTERFERENCE", "FittedInterference",
-           "make_interference", "SimulationResult", "FillResult", "simulate", "simulate_fill", "validate_jobs",
-           "SimulationStopped"]
+__all__ = [
+    "Interference",
+    "InterferenceModel",
+    "SharingPenalty",
+    "GpuLoad",
+    "INTERFERENCE_MODELS",
+    "DEFAULT_INTERFERENCE",
+    "FittedInterference",
+    "make_interference",
+    "SimulationResult",
+    "FillResult",
+    "simulate",
+    "simulate_fill",
+    "validate_jobs",
+    "SimulationStopped",
+]
 
 #: the historical name of the old (flat +20 %) interference model, now a sensitivity
 Interference = SharingPenalty
@@ -135,12 +147,23 @@ def simulate(
     (:class:`~.sim_inputs.SimulationStopped`).
     """
     t_wall = time.perf_counter()
-    replay = Replay(jobs, cluster_spec, policy, seed=seed, interference=interference,
-                    predictor_error=predictor_error, backfill=backfill, migration_cost_s=migration_cost_s,
-                    oom_penalty_s=oom_penalty_s, frag_samples=frag_samples,
-                    check_invariants=check_invariants, telemetry_delay_s=telemetry_delay_s).run(should_stop=should_stop)
-    return summarize(replay, wall_s=time.perf_counter() - t_wall, timeseries_points=timeseries_points,
-                     record_jobs=record_jobs)
+    replay = Replay(
+        jobs,
+        cluster_spec,
+        policy,
+        seed=seed,
+        interference=interference,
+        predictor_error=predictor_error,
+        backfill=backfill,
+        migration_cost_s=migration_cost_s,
+        oom_penalty_s=oom_penalty_s,
+        frag_samples=frag_samples,
+        check_invariants=check_invariants,
+        telemetry_delay_s=telemetry_delay_s,
+    ).run(should_stop=should_stop)
+    return summarize(
+        replay, wall_s=time.perf_counter() - t_wall, timeseries_points=timeseries_points, record_jobs=record_jobs
+    )
 
 
 def simulate_fill(
@@ -162,6 +185,14 @@ def simulate_fill(
     fragmentation (FGD measure for the pods' own task mix) and unallocated
     GPUs, at ``checkpoints`` evenly spaced arrived shares and at the end."""
     t_wall = time.perf_counter()
-    fill = Fill(pods, cluster_spec, policy, seed=seed, until=until, checkpoints=checkpoints,
-                predictor_error=predictor_error, max_pods=max_pods).run(should_stop=should_stop)
+    fill = Fill(
+        pods,
+        cluster_spec,
+        policy,
+        seed=seed,
+        until=until,
+        checkpoints=checkpoints,
+        predictor_error=predictor_error,
+        max_pods=max_pods,
+    ).run(should_stop=should_stop)
     return fill.result(wall_s=time.perf_counter() - t_wall)

@@ -166,8 +166,14 @@ DEFAULT_MAX_TRACE_BYTES = 512 * 1024 * 1024
 #: Magic numbers of compressed containers: gzip is undone once; any of these inside it, or any but
 #: gzip outside, is refused (compression is undone exactly once, with a bound).
 _COMPRESSED_MAGIC: tuple[tuple[bytes, str], ...] = (
-    (b"\x1f\x8b", "gzip"), (b"PK\x03\x04", "zip"), (b"PK\x05\x06", "zip"), (b"PK\x07\x08", "zip"),
-    (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"7z\xbc\xaf\x27\x1c", "7z"),
+    (b"\x1f\x8b", "gzip"),
+    (b"PK\x03\x04", "zip"),
+    (b"PK\x05\x06", "zip"),
+    (b"PK\x07\x08", "zip"),
+    (b"BZh", "bzip2"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"7z\xbc\xaf\x27\x1c", "7z"),
     (b"\x04\x22\x4d\x18", "lz4"),
 )
 
@@ -189,8 +195,12 @@ def _gunzip_bounded(data: bytes, *, limit: int, name: str) -> bytes:
                     break  # input exhausted before the end of the stream
                 out += chunk
                 if len(out) > limit:
-                    raise TraceTooLarge(name, None, None, f"the gzip data inflates to more than "
-                                                          f"{limit / 2**20:.0f} MB, the trace size limit")
+                    raise TraceTooLarge(
+                        name,
+                        None,
+                        None,
+                        f"the gzip data inflates to more than {limit / 2**20:.0f} MB, the trace size limit",
+                    )
         except zlib.error as exc:
             raise TraceFormatError(name, None, None, f"corrupt gzip data ({exc})") from None
         if not d.eof:
@@ -213,11 +223,17 @@ def decode_trace(data: bytes | str, *, name: str, max_bytes: int = DEFAULT_MAX_T
         data = _gunzip_bounded(data, limit=max_bytes, name=name)
         inner = _compression(data)
         if inner is not None:
-            raise TraceFormatError(name, None, None, f"the gzip data holds {inner}-compressed content; a trace is "
-                                                     "compressed at most once: gzip the CSV itself, once")
+            raise TraceFormatError(
+                name,
+                None,
+                None,
+                f"the gzip data holds {inner}-compressed content; a trace is "
+                "compressed at most once: gzip the CSV itself, once",
+            )
     elif outer is not None:
-        raise TraceFormatError(name, None, None, f"the file is {outer}-compressed; only gzip (.gz) or plain CSV "
-                                                 "text is accepted")
+        raise TraceFormatError(
+            name, None, None, f"the file is {outer}-compressed; only gzip (.gz) or plain CSV text is accepted"
+        )
     nul = data.find(b"\0")
     if nul >= 0:
         raise TraceFormatError(name, None, None, f"binary content (a NUL byte at byte {nul}): a trace is CSV text")
@@ -255,7 +271,12 @@ def _header(rows: Iterator[list[str]], file: str, required: Sequence[str]) -> di
     cols = {h.strip(): i for i, h in enumerate(header)}
     missing = [c for c in required if c not in cols]
     if missing:
-        raise TraceFormatError(file, 1, missing[0], f"header lacks required column(s) {', '.join(missing)}; has {', '.join(cols) or 'none'}")
+        raise TraceFormatError(
+            file,
+            1,
+            missing[0],
+            f"header lacks required column(s) {', '.join(missing)}; has {', '.join(cols) or 'none'}",
+        )
     return cols
 
 
@@ -276,8 +297,17 @@ def _iter_records(rows: Iterator[list[str]], file: str, ncols: int) -> Iterator[
         yield line, row
 
 
-def _int(row: list[str], cols: Mapping[str, int], col: str, file: str, line: int, *, lo: int | None = 0, hi: int | None = None,
-         default: int | None = None) -> int:
+def _int(
+    row: list[str],
+    cols: Mapping[str, int],
+    col: str,
+    file: str,
+    line: int,
+    *,
+    lo: int | None = 0,
+    hi: int | None = None,
+    default: int | None = None,
+) -> int:
     s = row[cols[col]].strip() if col in cols else ""
     if s == "" and default is not None:
         return default
@@ -308,8 +338,9 @@ def _float(row: list[str], cols: Mapping[str, int], col: str, file: str, line: i
     return v
 
 
-def load_alibaba_nodes(source: str | os.PathLike[str] | IO[Any] = ALIBABA_NODES_PATH, *, name: str | None = None,
-                       gpu_only: bool = True) -> list[NodeSpec]:
+def load_alibaba_nodes(
+    source: str | os.PathLike[str] | IO[Any] = ALIBABA_NODES_PATH, *, name: str | None = None, gpu_only: bool = True
+) -> list[NodeSpec]:
     """Nodes of an Alibaba ``openb_node_list_*.csv``; GPU memory from
     :data:`~.profiles.GPU_SPECS` by model name (G2/G3 assumed, see there)."""
     rows, file, _ = _open_rows(source, name)
@@ -340,12 +371,21 @@ def load_alibaba_nodes(source: str | os.PathLike[str] | IO[Any] = ALIBABA_NODES_
 def alibaba_cluster(nodes: Sequence[NodeSpec] | None = None, *, name: str = "alibaba-2023") -> ClusterSpec:
     """The Alibaba-2023 GPU cluster (GPU sharing by ``gpu_milli`` enforced)."""
     nodes = list(nodes) if nodes is not None else load_alibaba_nodes()
-    return ClusterSpec(tuple(nodes), name, enforce_milli=True,
-                       note="Alibaba cluster-trace-gpu-v2023 GPU nodes; G2/G3 memory assumed 32 GB")
+    return ClusterSpec(
+        tuple(nodes),
+        name,
+        enforce_milli=True,
+        note="Alibaba cluster-trace-gpu-v2023 GPU nodes; G2/G3 memory assumed 32 GB",
+    )
 
 
-def load_alibaba_pods(source: str | os.PathLike[str] | IO[Any] = ALIBABA_PODS_PATH, *, name: str | None = None,
-                      gpu_only: bool = False, require_times: bool = True) -> list[Job]:
+def load_alibaba_pods(
+    source: str | os.PathLike[str] | IO[Any] = ALIBABA_PODS_PATH,
+    *,
+    name: str | None = None,
+    gpu_only: bool = False,
+    require_times: bool = True,
+) -> list[Job]:
     """Pods of an Alibaba ``openb_pod_list_*.csv`` as jobs (one node each), CPU-only pods included.
 
     ``gpu_only`` drops CPU-only pods (``num_gpu == 0``). ``gpu_spec`` becomes
@@ -373,22 +413,39 @@ def load_alibaba_pods(source: str | os.PathLike[str] | IO[Any] = ALIBABA_PODS_PA
         if ngpu > 0 and milli == 0:
             raise TraceFormatError(file, line, "gpu_milli", f"pod requests {ngpu} GPU(s) with gpu_milli 0")
         if ngpu > 1 and milli != MILLI:
-            raise TraceFormatError(file, line, "gpu_milli", f"multi-GPU pod must request whole GPUs (1000), got {milli}")
+            raise TraceFormatError(
+                file, line, "gpu_milli", f"multi-GPU pod must request whole GPUs (1000), got {milli}"
+            )
         if ngpu == 0 and gpu_only:
             continue
         spec = _gpu_spec(row, cols, file, line) if ngpu else ""
         if require_times or "creation_time" in cols:
             created = _int(row, cols, "creation_time", file, line, default=0 if not require_times else None)
             deleted = _int(row, cols, "deletion_time", file, line, default=created if not require_times else None)
-            sched = _int(row, cols, "scheduled_time", file, line, default=created) if "scheduled_time" in cols else created
+            sched = (
+                _int(row, cols, "scheduled_time", file, line, default=created) if "scheduled_time" in cols else created
+            )
             if deleted < created:
                 raise TraceFormatError(file, line, "deletion_time", f"deleted ({deleted}) before created ({created})")
             start = sched if sched >= created else created
             duration = float(max(1, deleted - min(max(start, created), deleted)))
         else:
             created, duration = 0, 1.0
-        out.append(Job(pod, float(created), duration, ngpu, milli if ngpu else 0, cpu, ram, single_node=True,
-                       source=file, line=line, gpu_type=spec))
+        out.append(
+            Job(
+                pod,
+                float(created),
+                duration,
+                ngpu,
+                milli if ngpu else 0,
+                cpu,
+                ram,
+                single_node=True,
+                source=file,
+                line=line,
+                gpu_type=spec,
+            )
+        )
     return out
 
 
@@ -440,8 +497,20 @@ def load_philly(source: str | os.PathLike[str] | IO[Any] = PHILLY_PATH, *, name:
         raise TraceFormatError(file, None, None, "no jobs")
     t0 = min(r[0] for r in raw)
     raw.sort(key=lambda r: (r[0], r[3]))
-    return [Job(f"philly-{line - 1}", ts - t0, max(1.0, dur), ng, MILLI, source=file, line=line, true_util_pct=util,
-                util_from_trace=util is not None) for ts, dur, ng, line, util in raw]
+    return [
+        Job(
+            f"philly-{line - 1}",
+            ts - t0,
+            max(1.0, dur),
+            ng,
+            MILLI,
+            source=file,
+            line=line,
+            true_util_pct=util,
+            util_from_trace=util is not None,
+        )
+        for ts, dur, ng, line, util in raw
+    ]
 
 
 def _philly_util(row: list[str], cols: Mapping[str, int], file: str, line: int) -> float | None:
@@ -461,8 +530,9 @@ class TraceData:
     nodes: list[NodeSpec]
 
 
-def parse_trace(source: str | os.PathLike[str] | IO[Any], *, name: str | None = None,
-                max_bytes: int = DEFAULT_MAX_TRACE_BYTES) -> TraceData:
+def parse_trace(
+    source: str | os.PathLike[str] | IO[Any], *, name: str | None = None, max_bytes: int = DEFAULT_MAX_TRACE_BYTES
+) -> TraceData:
     """Parse an uploaded trace of any supported kind, detected from its header. The bytes are decoded
     once (:func:`decode_trace`, at most ``max_bytes``); the parsers read that text."""
     if isinstance(source, (str, os.PathLike)):
@@ -480,11 +550,16 @@ def parse_trace(source: str | os.PathLike[str] | IO[Any], *, name: str | None = 
     if {"sn", "gpu", "model"} <= cols:
         return TraceData("alibaba_nodes", [], load_alibaba_nodes(io.StringIO(text), name=name))
     if {"name", "num_gpu", "gpu_milli"} <= cols:
-        return TraceData("alibaba_pods", load_alibaba_pods(io.StringIO(text), name=name,
-                                                           require_times="creation_time" in cols), [])
-    raise TraceFormatError(name or "<upload>", 1, None,
-                           "unknown trace format: expected a Philly header (timestamp,duration,num_gpus), "
-                           "an Alibaba pod list (name,...,num_gpu,gpu_milli) or node list (sn,...,gpu,model)")
+        return TraceData(
+            "alibaba_pods", load_alibaba_pods(io.StringIO(text), name=name, require_times="creation_time" in cols), []
+        )
+    raise TraceFormatError(
+        name or "<upload>",
+        1,
+        None,
+        "unknown trace format: expected a Philly header (timestamp,duration,num_gpus), "
+        "an Alibaba pod list (name,...,num_gpu,gpu_milli) or node list (sn,...,gpu,model)",
+    )
 
 
 def trace_summary(jobs: Sequence[Job]) -> dict[str, Any]:
@@ -496,10 +571,14 @@ def trace_summary(jobs: Sequence[Job]) -> dict[str, Any]:
     gpus: dict[str, int] = {}
     for j in jobs:
         gpus[str(j.num_gpus)] = gpus.get(str(j.num_gpus), 0) + 1
-    return {"jobs": len(jobs), "span_s": float(sub.max() - sub.min()), "median_duration_s": float(np.median(dur)),
-            "num_gpus": dict(sorted(gpus.items(), key=lambda kv: int(kv[0]))),
-            "sharing_jobs": sum(1 for j in jobs if 0 < j.gpu_milli < 1000),
-            "gpu_request_per_pod": gpu_request_per_pod(jobs)}
+    return {
+        "jobs": len(jobs),
+        "span_s": float(sub.max() - sub.min()),
+        "median_duration_s": float(np.median(dur)),
+        "num_gpus": dict(sorted(gpus.items(), key=lambda kv: int(kv[0]))),
+        "sharing_jobs": sum(1 for j in jobs if 0 < j.gpu_milli < 1000),
+        "gpu_request_per_pod": gpu_request_per_pod(jobs),
+    }
 
 
 def gpu_request_per_pod(jobs: Sequence[Job]) -> float:
@@ -517,11 +596,26 @@ def check_upload(*, data: bytes, filename: str, max_bytes: int) -> dict[str, Any
         return {"ok": False, "code": "too_large", "message": str(exc), "line": None, "column": None}
     except TraceFormatError as exc:
         return {"ok": False, "code": "trace_malformed", "message": str(exc), "line": exc.line, "column": exc.column}
-    except (ValueError, OverflowError, OSError, EOFError, IndexError) as exc:  # hostile input the parser did not foresee
-        return {"ok": False, "code": "trace_malformed", "message": f"{filename}: cannot be read as a trace ({exc}).",
-                "line": None, "column": None}
-    return {"ok": True, "kind": parsed.kind, "n_jobs": len(parsed.jobs) or len(parsed.nodes),
-            "summary": trace_summary(parsed.jobs)}
+    except (
+        ValueError,
+        OverflowError,
+        OSError,
+        EOFError,
+        IndexError,
+    ) as exc:  # hostile input the parser did not foresee
+        return {
+            "ok": False,
+            "code": "trace_malformed",
+            "message": f"{filename}: cannot be read as a trace ({exc}).",
+            "line": None,
+            "column": None,
+        }
+    return {
+        "ok": True,
+        "kind": parsed.kind,
+        "n_jobs": len(parsed.jobs) or len(parsed.nodes),
+        "summary": trace_summary(parsed.jobs),
+    }
 
 
 # --------------------------------------------------------------------------- shaping
@@ -566,7 +660,9 @@ def with_gpu_types(pods: Sequence[Job], share: float, nodes: Sequence[NodeSpec],
     weights = np.array([gpus[m] for m in models], float)
     rng = np.random.default_rng([seed, 0x7E5])
     gpu_idx = [i for i, p in enumerate(pods) if p.num_gpus > 0 and not p.gpu_type]
-    pick: np.ndarray | list[int] = rng.choice(len(gpu_idx), size=int(round(share * len(gpu_idx))), replace=False) if gpu_idx else []
+    pick: np.ndarray | list[int] = (
+        rng.choice(len(gpu_idx), size=int(round(share * len(gpu_idx))), replace=False) if gpu_idx else []
+    )
     typed = {gpu_idx[int(i)]: models[int(rng.choice(len(models), p=weights / weights.sum()))] for i in pick}
     return [replace(p, gpu_type=typed[i]) if i in typed else p for i, p in enumerate(pods)]
 
@@ -582,8 +678,14 @@ def with_cpu_pods(pods: Sequence[Job], share: float, *, seed: int = 0) -> list[J
     if want and not cpu:
         raise ValueError("the pod list has no CPU-only pods to draw from")
     rng = np.random.default_rng([seed, 0xC9])
-    drawn = [replace(cpu[int(k)], job_id=f"{cpu[int(k)].job_id}~{i}") for i, k in enumerate(rng.integers(len(cpu), size=want))] \
-        if want else []
+    drawn = (
+        [
+            replace(cpu[int(k)], job_id=f"{cpu[int(k)].job_id}~{i}")
+            for i, k in enumerate(rng.integers(len(cpu), size=want))
+        ]
+        if want
+        else []
+    )
     return gpu + drawn
 
 
@@ -654,12 +756,24 @@ def assign_workloads(
             pu, pm = tu, tm
         else:
             pu, pm = predictions[key]
-        out.append(replace(j, model=key[0], batch_size=key[1], true_util_pct=tu, true_mem_mb=tm,
-                           pred_util_pct=float(pu), pred_mem_mb=float(pm), util_gpu_model=table.gpu_model))
+        out.append(
+            replace(
+                j,
+                model=key[0],
+                batch_size=key[1],
+                true_util_pct=tu,
+                true_mem_mb=tm,
+                pred_util_pct=float(pu),
+                pred_mem_mb=float(pm),
+                util_gpu_model=table.gpu_model,
+            )
+        )
     return out
 
 
-def predictions_from(predictor: Any, table: ProfileTable, *, out_of_fold: bool = True) -> dict[tuple[str, int], tuple[float, float]]:
+def predictions_from(
+    predictor: Any, table: ProfileTable, *, out_of_fold: bool = True
+) -> dict[tuple[str, int], tuple[float, float]]:
     """``{(model, batch): (util, mem)}`` for every configuration of ``table``
     from a :class:`~.predictor.TrainedPredictor`: its out-of-fold (held-out
     model) prediction when it has one and ``out_of_fold``, else a fresh

@@ -107,12 +107,25 @@ class UsageFGD(FGD):
     shares_gpus = True
     monotone_feasibility = False  # the interference bound depends on the job's utilization
 
-    def __init__(self, *, margin: float = 0.25, floor_milli: int = 50, min_speed: float = 0.75,
-                 max_jobs_per_gpu: int = 4, headroom_mb: float = HORUS_HEADROOM_MB, max_checked: int = 12,
-                 min_speed_whole: float = 0.5, frag_weight: float = 0.5, gang_aware: bool = True,
-                 min_speed_gang: float = 0.75, max_migrations: int = 3, telemetry_utils: bool = True,
-                 queue_lookahead: int = HORUS_QUEUE_LOOKAHEAD, move_gangs: bool = True,
-                 interference: FittedInterference | None = None):
+    def __init__(
+        self,
+        *,
+        margin: float = 0.25,
+        floor_milli: int = 50,
+        min_speed: float = 0.75,
+        max_jobs_per_gpu: int = 4,
+        headroom_mb: float = HORUS_HEADROOM_MB,
+        max_checked: int = 12,
+        min_speed_whole: float = 0.5,
+        frag_weight: float = 0.5,
+        gang_aware: bool = True,
+        min_speed_gang: float = 0.75,
+        max_migrations: int = 3,
+        telemetry_utils: bool = True,
+        queue_lookahead: int = HORUS_QUEUE_LOOKAHEAD,
+        move_gangs: bool = True,
+        interference: FittedInterference | None = None,
+    ):
         super().__init__()
         #: the interference model the POLICY believes (default: the shipped fit to all of Gavel's pairs);
         #: the held-out bench gives it one fitted on pairs the simulator's physics was not fitted on
@@ -173,7 +186,9 @@ class UsageFGD(FGD):
         need = self.held(job)
         nf = self._free(cluster)
         empty = self._mask(job, cluster)
-        over = self._overcommit_mask(job, cluster, nf, need) if cluster.enforce_milli else self._shared_mask(job, cluster)
+        over = (
+            self._overcommit_mask(job, cluster, nf, need) if cluster.enforce_milli else self._shared_mask(job, cluster)
+        )
         frag = _NodeFrag(cluster, self._types(job, cluster), replace(job, gpu_milli=need), self._cache)
         chosen: list[int] = []
         for _ in range(job.num_gpus):
@@ -185,8 +200,16 @@ class UsageFGD(FGD):
             nf[cluster.gpu_node[g], cluster.gpu_slot[g]] -= need
         return sorted(chosen)
 
-    def _pick(self, job: JobView, cv: ClusterView, nf: np.ndarray, empty: np.ndarray, over: np.ndarray,
-              frag: _NodeFrag, need: int) -> int | None:
+    def _pick(
+        self,
+        job: JobView,
+        cv: ClusterView,
+        nf: np.ndarray,
+        empty: np.ndarray,
+        over: np.ndarray,
+        frag: _NodeFrag,
+        need: int,
+    ) -> int | None:
         if not cv.enforce_milli:
             return self._pick_by_gain(job, cv, nf, empty, over, frag, need)
         return self._pick_by_gradient(job, cv, nf, empty, over, frag, need)
@@ -206,8 +229,16 @@ class UsageFGD(FGD):
             return cv.pred_utils_on(gpu)
         return standalone_from_telemetry(cv.meas_utils_on(gpu), cv.gpu_model[gpu], self.interference)
 
-    def _pick_by_gain(self, job: JobView, cv: ClusterView, nf: np.ndarray, empty: np.ndarray, shared: np.ndarray,
-                      frag: _NodeFrag, need: int) -> int | None:
+    def _pick_by_gain(
+        self,
+        job: JobView,
+        cv: ClusterView,
+        nf: np.ndarray,
+        empty: np.ndarray,
+        shared: np.ndarray,
+        frag: _NodeFrag,
+        need: int,
+    ) -> int | None:
         """Whole-GPU requests (no shares counted): the GPU where the job adds the most predicted delivered
         work (an empty GPU: its whole utilization; a shared one: what the fitted model says the GPU
         delivers with it minus without it), less ``frag_weight`` x the fragmentation growth in GPUs;
@@ -229,16 +260,23 @@ class UsageFGD(FGD):
             if self.gang_aware:
                 counts = cv.gpu_counts_on(g)
                 if job.num_gpus > 1 or any(n > 1 for n in counts):
-                    gain[i] -= _gang_loss(utils, counts, job.pred_util_pct, job.num_gpus, models[g],
-                                          self.interference)
+                    gain[i] -= _gang_loss(utils, counts, job.pred_util_pct, job.num_gpus, models[g], self.interference)
         if not ok.any():
             return None
         value = gain - self.frag_weight * frag.delta_single(nf, cand, need) / MILLI
         value = np.where(ok, value, -np.inf)
         return int(cand[int(np.argmax(value))])
 
-    def _pick_by_gradient(self, job: JobView, cv: ClusterView, nf: np.ndarray, empty: np.ndarray, over: np.ndarray,
-                          frag: _NodeFrag, need: int) -> int | None:
+    def _pick_by_gradient(
+        self,
+        job: JobView,
+        cv: ClusterView,
+        nf: np.ndarray,
+        empty: np.ndarray,
+        over: np.ndarray,
+        frag: _NodeFrag,
+        need: int,
+    ) -> int | None:
         """The candidate GPU of least fragmentation growth (ties: the least loaded, then the lowest
         index) that is empty or, shared, keeps every job on it above ``min_speed``."""
         cand = np.flatnonzero(empty | over)
@@ -274,8 +312,10 @@ class UsageFGD(FGD):
             speeds = job_speeds(cv.meas_utils_on(g), cv.gpu_model[g], self.interference)
             if min(sp for n, sp in zip(counts, speeds) if n > 1) >= self.min_speed_gang:
                 continue
-            movable = sorted((rj for rj in cv.jobs_on(g) if rj.view.num_gpus == 1 and rj.migrations < self.max_migrations),
-                             key=lambda rj: (-rj.view.pred_util_pct, rj.view.job_id))
+            movable = sorted(
+                (rj for rj in cv.jobs_on(g) if rj.view.num_gpus == 1 and rj.migrations < self.max_migrations),
+                key=lambda rj: (-rj.view.pred_util_pct, rj.view.job_id),
+            )
             for rj in movable:
                 t = self._refuge(rj, cv, exclude=taken | {g})
                 if t is not None:
@@ -290,9 +330,14 @@ class UsageFGD(FGD):
     def _move_a_gang(self, g: int, cv: ClusterView, taken: set[int], moves: list) -> None:
         """No single-GPU partner could go: move one gang on ``g`` whole to idle GPUs (the smallest gang
         first, it needs the fewest), where it runs alone; nothing if no gang fits on idle GPUs."""
-        gangs = sorted((rj for rj in cv.jobs_on(g) if rj.view.num_gpus > 1 and rj.migrations < self.max_migrations
-                        and not taken.intersection(rj.gpus)),
-                       key=lambda rj: (rj.view.num_gpus, -rj.view.pred_util_pct, rj.view.job_id))
+        gangs = sorted(
+            (
+                rj
+                for rj in cv.jobs_on(g)
+                if rj.view.num_gpus > 1 and rj.migrations < self.max_migrations and not taken.intersection(rj.gpus)
+            ),
+            key=lambda rj: (rj.view.num_gpus, -rj.view.pred_util_pct, rj.view.job_id),
+        )
         for rj in gangs:
             dest = self._idle_gpus_for(rj.view, cv, exclude=taken)
             if dest is not None:
@@ -361,20 +406,31 @@ class UsageFGD(FGD):
         return super().score(replace(job, gpu_milli=self.held(job)) if job.num_gpus == 1 else job, cluster, gpus)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "margin": self.margin, "floor_milli": self.floor_milli, "min_speed": self.min_speed,
-                "min_speed_whole": self.min_speed_whole, "frag_weight": self.frag_weight,
-                "max_jobs_per_gpu": self.max_jobs, "headroom_mb": self.headroom_mb,
-                "gang_aware": self.gang_aware, "min_speed_gang": self.min_speed_gang,
-                "max_migrations": self.max_migrations, "move_gangs": self.move_gangs,
-                "telemetry_utils": self.telemetry_utils,
-                "queue_lookahead": self.queue_lookahead,
-                "policy_interference_params": {g: [p.capacity, p.interference]
-                                               for g, p in sorted(self.interference.params.items())},
-                "interference": "fitted (Gavel pairs), on predicted utilizations (migrations: on telemetry)"}
+        return {
+            **super().describe(),
+            "margin": self.margin,
+            "floor_milli": self.floor_milli,
+            "min_speed": self.min_speed,
+            "min_speed_whole": self.min_speed_whole,
+            "frag_weight": self.frag_weight,
+            "max_jobs_per_gpu": self.max_jobs,
+            "headroom_mb": self.headroom_mb,
+            "gang_aware": self.gang_aware,
+            "min_speed_gang": self.min_speed_gang,
+            "max_migrations": self.max_migrations,
+            "move_gangs": self.move_gangs,
+            "telemetry_utils": self.telemetry_utils,
+            "queue_lookahead": self.queue_lookahead,
+            "policy_interference_params": {
+                g: [p.capacity, p.interference] for g, p in sorted(self.interference.params.items())
+            },
+            "interference": "fitted (Gavel pairs), on predicted utilizations (migrations: on telemetry)",
+        }
 
 
-def standalone_from_telemetry(meas_pct: Sequence[float], gpu_model: str,
-                              model: FittedInterference | None = None) -> tuple[float, ...]:
+def standalone_from_telemetry(
+    meas_pct: Sequence[float], gpu_model: str, model: FittedInterference | None = None
+) -> tuple[float, ...]:
     """The standalone utilizations (%) of the jobs on one GPU read back from their sampled per-process
     ones: telemetry shows ``m = 1 - (1 - u) / slowdown`` (:func:`~.replay.measured_util`), and the
     fitted model gives the slowdown of utilizations ``u``, so ``u = 1 - (1 - m) x slowdown(u)`` is
@@ -403,8 +459,14 @@ def min_predicted_speed(utils_pct: Sequence[float], gpu_model: str, model: Fitte
     return predicted_work(utils_pct, gpu_model, model)[1]
 
 
-def _gang_loss(utils: tuple[float, ...], counts: tuple[int, ...], job_util: float, job_gpus: int,
-               gpu_model: str, model: FittedInterference | None = None) -> float:
+def _gang_loss(
+    utils: tuple[float, ...],
+    counts: tuple[int, ...],
+    job_util: float,
+    job_gpus: int,
+    gpu_model: str,
+    model: FittedInterference | None = None,
+) -> float:
     """Predicted work (GPUs) lost on gangs' OTHER GPUs when a job of predicted utilization ``job_util``
     on ``job_gpus`` GPUs joins a GPU holding jobs of ``utils`` on ``counts`` GPUs each: a gang runs
     at its slowest GPU's speed, so one of ``n`` GPUs slowed here from ``s0`` to ``s1`` loses
@@ -412,12 +474,17 @@ def _gang_loss(utils: tuple[float, ...], counts: tuple[int, ...], job_util: floa
     joining job drags its other ``job_gpus - 1`` GPUs to its speed here."""
     before = job_speeds(utils, gpu_model, model)
     after = job_speeds(utils + (job_util,), gpu_model, model)
-    loss = sum((n - 1) * min(max(u, 0.0), 100.0) / 100.0 * (s0 - s1)
-               for u, n, s0, s1 in zip(utils, counts, before, after) if n > 1)
+    loss = sum(
+        (n - 1) * min(max(u, 0.0), 100.0) / 100.0 * (s0 - s1)
+        for u, n, s0, s1 in zip(utils, counts, before, after)
+        if n > 1
+    )
     return loss + (job_gpus - 1) * min(max(job_util, 1.0), 100.0) / 100.0 * (1.0 - after[-1])
 
 
-def job_speeds(utils_pct: Sequence[float], gpu_model: str, model: FittedInterference | None = None) -> tuple[float, ...]:
+def job_speeds(
+    utils_pct: Sequence[float], gpu_model: str, model: FittedInterference | None = None
+) -> tuple[float, ...]:
     """Each job's speed (fraction of standalone) on one GPU under the fitted model, in the order given
     (utilizations in percent, clipped to [0, 100] and rounded to 1 % steps, as :func:`predicted_work`)."""
     if len(utils_pct) <= 1:
@@ -430,8 +497,9 @@ def _speeds(utils: tuple[float, ...], gp: tuple[float, float]) -> tuple[float, .
     return tuple(stretched_speeds(utils, *gp))
 
 
-def predicted_work(utils_pct: Sequence[float], gpu_model: str, model: FittedInterference | None = None
-                   ) -> tuple[float, float]:
+def predicted_work(
+    utils_pct: Sequence[float], gpu_model: str, model: FittedInterference | None = None
+) -> tuple[float, float]:
     """``(standalone-equivalent work per unit time, slowest job's speed)`` of jobs sharing one GPU under
     the fitted model, for utilizations in percent."""
     return _work(_key_of(tuple(utils_pct)), _gp(model, gpu_model))  # 1 % steps: cache hits

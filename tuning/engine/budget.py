@@ -38,8 +38,9 @@ class _Task(Protocol):  # events.TaskInfo
     weight: float
 
 
-def allocate_trials(remaining: int, tasks: Mapping[int, tuple[float, float | None]],
-                    active: Sequence[int]) -> dict[int, int]:
+def allocate_trials(
+    remaining: int, tasks: Mapping[int, tuple[float, float | None]], active: Sequence[int]
+) -> dict[int, int]:
     """Split ``remaining`` trials among ``active`` tasks by share of end-to-end latency.
 
     ``tasks`` maps task -> (weight, best latency or None). A task with no
@@ -71,8 +72,15 @@ def fair_shares(tasks: Iterable[_Task], best: Mapping[int, float | None], max_tr
 class TrialBudget:
     """One run's trials per task and the share allocation of what is left (see the module doc)."""
 
-    def __init__(self, tasks: Sequence[_Task], *, max_trials: int, per_round: int = 1, seed: int | None = None,
-                 max_resumes: int = 0) -> None:
+    def __init__(
+        self,
+        tasks: Sequence[_Task],
+        *,
+        max_trials: int,
+        per_round: int = 1,
+        seed: int | None = None,
+        max_resumes: int = 0,
+    ) -> None:
         self.weights = {t.index: float(t.weight or 1.0) for t in tasks}
         self.names = {t.index: t.name for t in tasks}
         self.max_trials = int(max_trials)
@@ -181,8 +189,11 @@ class TrialBudget:
         others = self.active(exclude=[task])
         before = allocate_trials(remaining, self.shares(others + [task]), others + [task])
         after = allocate_trials(remaining, self.shares(others), others)
-        return {"remaining_budget": remaining, "freed_trials": before.get(task, 0),
-                "moved_to": {j: after[j] - before.get(j, 0) for j in others if after[j] - before.get(j, 0)}}
+        return {
+            "remaining_budget": remaining,
+            "freed_trials": before.get(task, 0),
+            "moved_to": {j: after[j] - before.get(j, 0) for j in others if after[j] - before.get(j, 0)},
+        }
 
     def choose(self, alive: Sequence[int], remaining: int, in_flight: Iterable[int] = ()) -> int | None:
         """The next task among ``alive`` that is not parked (None: every one is): the remaining budget

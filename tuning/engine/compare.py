@@ -20,8 +20,7 @@ from tuning.engine.compile.pipeline import (
 from tuning.engine.compile.targets import TargetMismatch, check_measurable_here
 from tuning.engine.workdir import open_database
 
-__all__ = ["compile_and_compare", "build_host_facts", "onnxruntime_comparison", "FINAL_REPEATS",
-           "FINAL_MIN_REPEAT_MS"]
+__all__ = ["compile_and_compare", "build_host_facts", "onnxruntime_comparison", "FINAL_REPEATS", "FINAL_MIN_REPEAT_MS"]
 
 # Final timings: like onnxruntime's (yardstick), repeats of at least FINAL_MIN_REPEAT_MS each, the median and
 # IQR over FINAL_REPEATS of them.
@@ -51,8 +50,11 @@ def build_host_facts(target) -> dict:
     cpu = dict(spec.get("host") or {}) if spec.get("kind") != "llvm" else spec
     flags = host_cpu_flags()
     portable = str(cpu.get("mcpu") or "") in PORTABLE_CPUS
-    return {"cpu_flags": flags, "required_cpu_flags": [] if portable else isa_flags(flags, cpu.get("mtriple", "")),
-            "versions": runtime_versions()}
+    return {
+        "cpu_flags": flags,
+        "required_cpu_flags": [] if portable else isa_flags(flags, cpu.get("mtriple", "")),
+        "versions": runtime_versions(),
+    }
 
 
 def compile_and_compare(
@@ -92,14 +94,24 @@ def compile_and_compare(
         tuned.export_library(export_path)
     build_host = build_host_facts(target)
     if why is not None:
-        return {"tuned_latency_s": None, "untuned_latency_s": None, "speedup": None, "max_abs_diff": None,
-                "outputs_match": None, "threads": threads, "onnxruntime": None,
-                "not_measured_here": why, "onnxruntime_error": why, "build_host": build_host}
+        return {
+            "tuned_latency_s": None,
+            "untuned_latency_s": None,
+            "speedup": None,
+            "max_abs_diff": None,
+            "outputs_match": None,
+            "threads": threads,
+            "onnxruntime": None,
+            "not_measured_here": why,
+            "onnxruntime_error": why,
+            "build_host": build_host,
+        }
     inputs = random_inputs(model, seed=seed)
 
     def timed(executable) -> tuple[list[np.ndarray], list[float]]:
-        return run_and_time_samples(executable, inputs, target, number=number, repeat=repeat, threads=threads,
-                                    min_repeat_ms=min_repeat_ms)
+        return run_and_time_samples(
+            executable, inputs, target, number=number, repeat=repeat, threads=threads, min_repeat_ms=min_repeat_ms
+        )
 
     out_u, samples_u = timed(untuned)
     cores = int(threads or (target.get("num-cores") if isinstance(target, dict) else None) or 1)
@@ -116,7 +128,10 @@ def compile_and_compare(
         attempts.append({"load": load.load if load else None, "cores": cores, "label": outcome.label})
         if outcome.label != verdict_rule.FLAGGED:
             break
-    diffs = [float(np.max(np.abs(a.astype("float64") - b.astype("float64")))) if a.size else 0.0 for a, b in zip(out_t, out_u)]
+    diffs = [
+        float(np.max(np.abs(a.astype("float64") - b.astype("float64")))) if a.size else 0.0
+        for a, b in zip(out_t, out_u)
+    ]
     match = len(out_t) == len(out_u) and all(
         np.allclose(a, b, rtol=rtol, atol=atol * max(1.0, float(np.max(np.abs(b))) if b.size else 1.0))
         for a, b in zip(out_t, out_u)
@@ -153,9 +168,16 @@ def onnxruntime_comparison(model, inputs, tvm_outputs, target, threads, *, seed=
         return {"onnxruntime": None, "onnxruntime_error": "not an ONNX model: no onnxruntime comparison"}
     device = "cuda" if target_device_type(target) == "cuda" else "cpu"
     try:
-        ort = yardstick.measure_onnxruntime(model, inputs, threads=int(threads or 1), device=device,
-                                            tvm_outputs=tvm_outputs, seed=seed, repeat=FINAL_REPEATS,
-                                            min_repeat_ms=FINAL_MIN_REPEAT_MS)
+        ort = yardstick.measure_onnxruntime(
+            model,
+            inputs,
+            threads=int(threads or 1),
+            device=device,
+            tvm_outputs=tvm_outputs,
+            seed=seed,
+            repeat=FINAL_REPEATS,
+            min_repeat_ms=FINAL_MIN_REPEAT_MS,
+        )
     except Exception as exc:  # noqa: BLE001 - ProviderUnavailable, or an op onnxruntime lacks
         return {"onnxruntime": None, "onnxruntime_error": f"{type(exc).__name__}: {exc}"}
     return {

@@ -10,6 +10,7 @@
 Every reading carries its ``source``; figures built from several sources say so.
 Django-free: settings come in as arguments.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,16 @@ from common.nvml import open_nvml, total_energy_mj
 from common.units import JOULES_PER_KWH
 
 __all__ = [
-    "EnergySample", "RaplMeter", "NvmlMeter", "ModeledMeter", "CompositeMeter", "EnergyAccount",
-    "available_meters", "best_cpu_meter", "carbon_grams", "JOULES_PER_KWH",
+    "EnergySample",
+    "RaplMeter",
+    "NvmlMeter",
+    "ModeledMeter",
+    "CompositeMeter",
+    "EnergyAccount",
+    "available_meters",
+    "best_cpu_meter",
+    "carbon_grams",
+    "JOULES_PER_KWH",
 ]
 
 
@@ -126,9 +135,14 @@ class ModeledMeter:
 
     source = "modeled"
 
-    def __init__(self, *, cpu_watts_per_core: float, gpu_board_watts: float = 0.0,
-                 cpu_seconds: Callable[[], float] = _process_tree_cpu_seconds,
-                 gpu_busy_seconds: Callable[[], float] | None = None):
+    def __init__(
+        self,
+        *,
+        cpu_watts_per_core: float,
+        gpu_board_watts: float = 0.0,
+        cpu_seconds: Callable[[], float] = _process_tree_cpu_seconds,
+        gpu_busy_seconds: Callable[[], float] | None = None,
+    ):
         self.cpu_watts_per_core = cpu_watts_per_core
         self.gpu_board_watts = gpu_board_watts
         self._cpu_seconds = cpu_seconds
@@ -164,16 +178,23 @@ def best_cpu_meter(*, cpu_watts_per_core: float, rapl_root: str = "/sys/class/po
         return ModeledMeter(cpu_watts_per_core=cpu_watts_per_core)
 
 
-def available_meters(*, cpu_watts_per_core: float, gpu_board_watts: float, want_gpu: bool = False,
-                     nvml=None, rapl_root: str = "/sys/class/powercap"):
+def available_meters(
+    *,
+    cpu_watts_per_core: float,
+    gpu_board_watts: float,
+    want_gpu: bool = False,
+    nvml=None,
+    rapl_root: str = "/sys/class/powercap",
+):
     """The best meter this host offers: RAPL or modeled for CPUs, plus NVML when GPUs are used."""
     meters = [best_cpu_meter(cpu_watts_per_core=cpu_watts_per_core, rapl_root=rapl_root)]
     if want_gpu:
         try:
             meters.append(NvmlMeter(nvml))
         except (OSError, ImportError):
-            meters.append(ModeledMeter(cpu_watts_per_core=0.0, gpu_board_watts=gpu_board_watts,
-                                       cpu_seconds=lambda: 0.0))
+            meters.append(
+                ModeledMeter(cpu_watts_per_core=0.0, gpu_board_watts=gpu_board_watts, cpu_seconds=lambda: 0.0)
+            )
     return meters[0] if len(meters) == 1 else CompositeMeter(meters)
 
 
@@ -210,5 +231,9 @@ class EnergyAccount:
 
     def to_dict(self) -> dict:
         total = self.total_joules()
-        return {"source": self.source, "total_joules": total, "total_kwh": total / JOULES_PER_KWH,
-                "by_phase_joules": dict(self.by_phase)}
+        return {
+            "source": self.source,
+            "total_joules": total,
+            "total_kwh": total / JOULES_PER_KWH,
+            "by_phase_joules": dict(self.by_phase),
+        }

@@ -23,7 +23,6 @@ __all__ = [
 ]
 
 
-
 @dataclasses.dataclass
 class TaskInfo:
     index: int
@@ -188,7 +187,12 @@ def ffi_to_py(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {str(k): ffi_to_py(v) for k, v in obj.items()}
     typename = type(obj).__name__
-    if typename in ("Array", "List", "Tuple") or hasattr(obj, "__len__") and hasattr(obj, "__getitem__") and not hasattr(obj, "keys"):
+    if (
+        typename in ("Array", "List", "Tuple")
+        or hasattr(obj, "__len__")
+        and hasattr(obj, "__getitem__")
+        and not hasattr(obj, "keys")
+    ):
         try:
             return [ffi_to_py(x) for x in obj]
         except TypeError:

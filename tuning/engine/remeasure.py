@@ -47,8 +47,9 @@ def _remove_artifact(path: str) -> None:
 
 
 # --------------------------------------------------------------------------- imported seeds
-def _imported_plan(work_dir: str, tasks: list[Task], known_keys: set[str],
-                   budget: int) -> list[tuple[int, Any, str, Any]]:
+def _imported_plan(
+    work_dir: str, tasks: list[Task], known_keys: set[str], budget: int
+) -> list[tuple[int, Any, str, Any]]:
     """(task index, trace, candidate key, scheduled module) of the imported records to measure."""
     plan: list[tuple[int, Any, str, Any]] = []
     for i, recs in imported_records(work_dir, tasks).items():
@@ -63,8 +64,17 @@ def _imported_plan(work_dir: str, tasks: list[Task], known_keys: set[str],
     return plan
 
 
-def measure_imported(work_dir: str, tasks: list[Task], target, builder, runner, state: EngineState, database,
-                     device_type: str, budget: int) -> int:
+def measure_imported(
+    work_dir: str,
+    tasks: list[Task],
+    target,
+    builder,
+    runner,
+    state: EngineState,
+    database,
+    device_type: str,
+    budget: int,
+) -> int:
     """Build and measure the imported records (at most ``budget``) on this platform, as trials of
     the run: only then do they enter the run's database (seeding the search and its cost model)
     and the sink. Imported latencies never do. Returns how many were measured."""
@@ -72,8 +82,10 @@ def measure_imported(work_dir: str, tasks: list[Task], target, builder, runner, 
     paths = build_all(builder, [m for *_, m in plan], target)
     args = {i: ms.arg_info.ArgInfo.from_prim_func(t.mod["main"]) for i, t in enumerate(tasks)}
     built = [(p, path) for p, path in zip(plan, paths) if path]
-    jobs = [MeasureJob(path=path, device_type=device_type, args_info=_jsonable([a.as_json() for a in args[p[0]]]))
-            for p, path in built]
+    jobs = [
+        MeasureJob(path=path, device_type=device_type, args_info=_jsonable([a.as_json() for a in args[p[0]]]))
+        for p, path in built
+    ]
     outcomes = dict(zip((p[2] for p, _ in built), measure_serially(runner, jobs)))
     round_index = state.round_offset  # a round of its own, before the search's rounds
     state.round_offset += 1
@@ -82,14 +94,26 @@ def measure_imported(work_dir: str, tasks: list[Task], target, builder, runner, 
         out = outcomes.get(key)
         secs = [float(x) for x in out.run_secs] if out is not None and not out.error else []
         error = None if secs else ("build failed" if out is None else f"run: {out.error or 'no result'}")
-        database.commit_tuning_record(ms.database.TuningRecord(
-            trace, database.commit_workload(tasks[i].mod), secs or [TVM_FAILED_RUN_SECS], target, args[i]))
+        database.commit_tuning_record(
+            ms.database.TuningRecord(
+                trace, database.commit_workload(tasks[i].mod), secs or [TVM_FAILED_RUN_SECS], target, args[i]
+            )
+        )
         if secs:
             state.best[i] = min(state.best.get(i, math.inf), sum(secs) / len(secs))
         state.known_keys.add(key)
-        records.append(MeasurementRecord(task_index=i, task_name=tasks[i].name, round_index=round_index,
-                                         candidate_key=key, run_secs=secs, error=error,
-                                         worker=out.worker if out is not None else None, dop=1))
+        records.append(
+            MeasurementRecord(
+                task_index=i,
+                task_name=tasks[i].name,
+                round_index=round_index,
+                candidate_key=key,
+                run_secs=secs,
+                error=error,
+                worker=out.worker if out is not None else None,
+                dop=1,
+            )
+        )
     for _, path in built:
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
     state.n_reported += len(records)
@@ -99,8 +123,9 @@ def measure_imported(work_dir: str, tasks: list[Task], target, builder, runner, 
     return len(records)
 
 
-def retime_traces(tasks: list[Task], target, builder, runner, device_type: str, items: list[tuple[int, Any]]
-                  ) -> list[float | None]:
+def retime_traces(
+    tasks: list[Task], target, builder, runner, device_type: str, items: list[tuple[int, Any]]
+) -> list[float | None]:
     """Build and time serially, once more, the (task index, trace) ``items`` (the record cache's second
     look at a seed that timed slow): one mean latency each, None when it did not build or run. Nothing is
     written to a database: the caller decides what the time means."""
@@ -113,8 +138,9 @@ def retime_traces(tasks: list[Task], target, builder, runner, device_type: str, 
             plan.append((i, None))
     paths = iter(build_all(builder, [m for _, m in plan if m is not None], target))
     built = [(i, next(paths) if m is not None else None) for i, m in plan]
-    args = {i: _jsonable([a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(tasks[i].mod["main"])])
-            for i, _ in built}
+    args = {
+        i: _jsonable([a.as_json() for a in ms.arg_info.ArgInfo.from_prim_func(tasks[i].mod["main"])]) for i, _ in built
+    }
     jobs = [MeasureJob(path=path, device_type=device_type, args_info=args[i]) for i, path in built if path]
     outcomes = iter(measure_serially(runner, jobs)) if jobs else iter(())
     out: list[float | None] = []
@@ -147,12 +173,19 @@ def _final_plan(database, tasks: list[Task], share: float) -> list[tuple[int, An
 
 
 def _final_row(task: Task, index: int, rec, serial: float | None, error: str | None) -> dict:
-    return {"task_index": index, "task_name": task.name, "candidate_key": candidate_key(task.name, rec.trace),
-            "recorded_latency_s": record_latency(rec), "serial_latency_s": serial, "error": error}
+    return {
+        "task_index": index,
+        "task_name": task.name,
+        "candidate_key": candidate_key(task.name, rec.trace),
+        "recorded_latency_s": record_latency(rec),
+        "serial_latency_s": serial,
+        "error": error,
+    }
 
 
-def _remeasure_task(index: int, task: Task, items: list[tuple[Any, str]], final_db, target, runner,
-                    device_type: str) -> list[dict]:
+def _remeasure_task(
+    index: int, task: Task, items: list[tuple[Any, str]], final_db, target, runner, device_type: str
+) -> list[dict]:
     """Measure one task's built top records serially; the good ones go to the final database."""
     wl = final_db.commit_workload(task.mod)
     jobs = []
@@ -166,13 +199,15 @@ def _remeasure_task(index: int, task: Task, items: list[tuple[Any, str]], final_
         rows.append(_final_row(task, index, rec, serial, out.error))
         if serial is not None:
             final_db.commit_tuning_record(
-                ms.database.TuningRecord(rec.trace, wl, [float(x) for x in out.run_secs], target, rec.args_info))
+                ms.database.TuningRecord(rec.trace, wl, [float(x) for x in out.run_secs], target, rec.args_info)
+            )
         _remove_artifact(job.path)
     return rows
 
 
-def final_remeasure(database, tasks: list[Task], target, builder, runner, work_dir: str, device_type: str,
-                    share: float) -> list[dict]:
+def final_remeasure(
+    database, tasks: list[Task], target, builder, runner, work_dir: str, device_type: str, share: float
+) -> list[dict]:
     """Re-measure the top ``share`` of each task's candidates serially and write them, with their
     serial times, to ``work_dir/final``. One row per candidate built (a failed build too: it was
     charged all the same): task_index, task_name, candidate_key, recorded_latency_s,

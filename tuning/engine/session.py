@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["run_tuning", "count_records", "database_records", "commit_journal"]
 
+
 # --------------------------------------------------------------------------- run
 @dataclasses.dataclass
 class _Run:
@@ -115,11 +116,21 @@ def _prepare(model, cfg: TuningConfig, sink: TuningSink) -> _Run:
         if lats:
             best0[i] = min(lats)
     run = _Run(
-        cfg=cfg, sink=sink, work_dir=work_dir, target=target, device_type=target_device_type(target),
-        cores=cores, threads=max(1, min(int(cfg.threads or len(cores)), len(cores))), tasks=tasks,
-        infos=[TaskInfo(i, t.name, t.flops, t.weight) for i, t in enumerate(tasks)], database=database,
-        n_existing=n_existing, known={candidate_key(tasks[i].name, r.trace) for i, recs in existing.items() for r in recs},
-        best0=best0, remaining=max(0, int(cfg.max_trials) - max(n_existing, int(cfg.trials_spent or 0))))
+        cfg=cfg,
+        sink=sink,
+        work_dir=work_dir,
+        target=target,
+        device_type=target_device_type(target),
+        cores=cores,
+        threads=max(1, min(int(cfg.threads or len(cores)), len(cores))),
+        tasks=tasks,
+        infos=[TaskInfo(i, t.name, t.flops, t.weight) for i, t in enumerate(tasks)],
+        database=database,
+        n_existing=n_existing,
+        known={candidate_key(tasks[i].name, r.trace) for i, recs in existing.items() for r in recs},
+        best0=best0,
+        remaining=max(0, int(cfg.max_trials) - max(n_existing, int(cfg.trials_spent or 0))),
+    )
     run.trimmer = _trimmer_runtime(run, existing)
     run.phases["prepare"] = time.perf_counter() - t0
     return run
@@ -210,8 +221,15 @@ def _apply_cache_seeds(run: _Run, retime) -> None:
     the others are searched on from their seeds (``records.settle``). The budget is Trimmer's; a run
     without Trimmer gets a passive runtime when the seeds need one (it feeds the budget from the measured
     batches and judges the searched seeds by the plateau rule)."""
-    decisions = cache_settle.seed_decisions(run.work_dir, run.tasks, run.database, run.infos,
-                                            int(run.cfg.max_trials), resumed=bool(run.n_existing), retime=retime)
+    decisions = cache_settle.seed_decisions(
+        run.work_dir,
+        run.tasks,
+        run.database,
+        run.infos,
+        int(run.cfg.max_trials),
+        resumed=bool(run.n_existing),
+        retime=retime,
+    )
     state = run.state
     if decisions is None or state is None:
         return
@@ -219,8 +237,11 @@ def _apply_cache_seeds(run: _Run, retime) -> None:
         if not decisions.needs_budget:
             return
         state.trimmer = TrimmerRuntime.passive(
-            run.infos, max_trials=int(run.cfg.max_trials), seed=run.cfg.seed,
-            per_round=round_size(run.cfg.trials_per_round, run.remaining, len(run.tasks)))
+            run.infos,
+            max_trials=int(run.cfg.max_trials),
+            seed=run.cfg.seed,
+            per_round=round_size(run.cfg.trials_per_round, run.remaining, len(run.tasks)),
+        )
     cache_settle.apply_seed_decisions(state.trimmer.budget, decisions)
 
 
@@ -242,24 +263,45 @@ def _tune(run: _Run) -> None:
     ledger = MeasureLedger()
     try:
         with _run_environment(run):
-            ctx = plugins.PlugContext(config=cfg, work_dir=run.work_dir, device_type=run.device_type,
-                                      threads=run.threads, cores=run.cores, ledger=ledger)
+            ctx = plugins.PlugContext(
+                config=cfg,
+                work_dir=run.work_dir,
+                device_type=run.device_type,
+                threads=run.threads,
+                cores=run.cores,
+                ledger=ledger,
+            )
             builder = plugins.make_builder(cfg.builder_kind, ctx)
             runner = plugins.make_runner(cfg.runner_kind, ctx)
             run.dop_rule = getattr(runner, "rule", None)
             parallel = plugins.is_parallel_runner(cfg.runner_kind)
             state = run.state = EngineState(
-                run.sink, run.infos, known_keys=run.known, ledger=ledger if parallel else None,
-                build_secs=getattr(builder, "build_secs", None), initial_best=run.best0,
-                round_offset=next_round_offset(run.work_dir), trimmer=run.trimmer,
-                journal=StreamJournal(run.work_dir, [t.mod for t in run.tasks]))
+                run.sink,
+                run.infos,
+                known_keys=run.known,
+                ledger=ledger if parallel else None,
+                build_secs=getattr(builder, "build_secs", None),
+                initial_best=run.best0,
+                round_offset=next_round_offset(run.work_dir),
+                trimmer=run.trimmer,
+                journal=StreamJournal(run.work_dir, [t.mod for t in run.tasks]),
+            )
             _pace(run, builder, runner, state)
             for i, b in run.best0.items():
                 state.best_history[i].append(b)
             if run.remaining > 0 and has_imported(run.work_dir):
                 t0 = time.perf_counter()
-                n_imported = remeasure.measure_imported(run.work_dir, run.tasks, run.target, builder, runner, state,
-                                                        run.database, run.device_type, run.remaining)
+                n_imported = remeasure.measure_imported(
+                    run.work_dir,
+                    run.tasks,
+                    run.target,
+                    builder,
+                    runner,
+                    state,
+                    run.database,
+                    run.device_type,
+                    run.remaining,
+                )
                 run.remaining = max(0, run.remaining - n_imported)
                 run.phases["imported"] = time.perf_counter() - t0
             # verified cache hits need no search; a seed that timed slow is timed once more first
@@ -269,9 +311,18 @@ def _tune(run: _Run) -> None:
                 streamer = ProgressStreamer(state)
                 try:
                     run.status = search.search(
-                        run.tasks, run.target, cfg, state=state, builder=ObservedBuilder(builder, state),
-                        runner=StreamingRunner(runner, streamer), database=run.database, work_dir=run.work_dir,
-                        budget=run.remaining, resumed=bool(run.n_existing), phases=run.phases)
+                        run.tasks,
+                        run.target,
+                        cfg,
+                        state=state,
+                        builder=ObservedBuilder(builder, state),
+                        runner=StreamingRunner(runner, streamer),
+                        database=run.database,
+                        work_dir=run.work_dir,
+                        budget=run.remaining,
+                        resumed=bool(run.n_existing),
+                        phases=run.phases,
+                    )
                 finally:
                     streamer.close()
                     state.scheduler = None
@@ -289,10 +340,20 @@ def _tune(run: _Run) -> None:
                 # done once: a call that resumes a finished search (its executor died in the final stage
                 # or after it) reuses what an earlier call measured; a budget raised since measures again
                 if saved is None or saved["n_records"] != n_records:
-                    saved = {"rows": remeasure.final_remeasure(run.database, run.tasks, run.target, builder,
-                                                               runner, run.work_dir, run.device_type,
-                                                               cfg.final_share),
-                             "charged": False, "n_records": n_records}
+                    saved = {
+                        "rows": remeasure.final_remeasure(
+                            run.database,
+                            run.tasks,
+                            run.target,
+                            builder,
+                            runner,
+                            run.work_dir,
+                            run.device_type,
+                            cfg.final_share,
+                        ),
+                        "charged": False,
+                        "n_records": n_records,
+                    }
                     save_final_rows(run.work_dir, saved)
                 run.final_rows = saved["rows"]
                 run.phases["final_remeasure"] = time.perf_counter() - t0
@@ -316,10 +377,18 @@ def _task_results(run: _Run) -> list[TaskResult]:
     for i, t in enumerate(run.tasks):
         lats = [x for x in (record_latency(r) for r in by_task[i]) if x is not None]
         fin = [r["serial_latency_s"] for r in finals.get(i, []) if r["serial_latency_s"] is not None]
-        results.append(TaskResult(
-            index=i, name=t.name, weight=t.weight, flops=t.flops, n_records=len(by_task[i]),
-            best_latency_s=min(lats) if lats else None, final_latency_s=min(fin) if fin else None,
-            n_final_remeasured=len(finals.get(i, []))))
+        results.append(
+            TaskResult(
+                index=i,
+                name=t.name,
+                weight=t.weight,
+                flops=t.flops,
+                n_records=len(by_task[i]),
+                best_latency_s=min(lats) if lats else None,
+                final_latency_s=min(fin) if fin else None,
+                n_final_remeasured=len(finals.get(i, [])),
+            )
+        )
     return results
 
 
@@ -388,15 +457,23 @@ def database_records(work_dir: str, model, target) -> list:
     for i, recs in records_by_task(open_json_db(work_dir), tasks).items():
         for rec in recs:
             secs = [float(x) for x in (rec.run_secs or [])]
-            out.append(MeasurementRecord(
-                task_index=i, task_name=tasks[i].name, round_index=-1,
-                candidate_key=candidate_key(tasks[i].name, rec.trace), run_secs=secs,
-                error=None if secs else "no latency recorded", worker="tvm-database"))
+            out.append(
+                MeasurementRecord(
+                    task_index=i,
+                    task_name=tasks[i].name,
+                    round_index=-1,
+                    candidate_key=candidate_key(tasks[i].name, rec.trace),
+                    run_secs=secs,
+                    error=None if secs else "no latency recorded",
+                    worker="tvm-database",
+                )
+            )
     return out
 
 
-def commit_journal(work_dir: str, model, target, only: set[tuple[int, str]] | None = None, *,
-                   wait_s: float = 10.0) -> int:
+def commit_journal(
+    work_dir: str, model, target, only: set[tuple[int, str]] | None = None, *, wait_s: float = 10.0
+) -> int:
     """Commit to the run's TVM database the streamed results it lacks; returns how many. An engine killed
     between reporting results (the journal, then the sink) and TVM's join leaves them out of TVM's
     database; the next call on the work dir commits them when it starts (``_prepare``), but a run that

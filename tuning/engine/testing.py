@@ -116,8 +116,16 @@ def depthwise_conv2d_primfunc(
 UNROLL_STEPS = [0, 16, 64, 512]
 
 
-def tuning_database(model, target, *, annotations=(("meta_schedule.parallel", 16),), on_loop=False,
-                    run_secs=(1e-3,), task_index: int = 0, n_records: int = 1) -> tuple[bytes, bytes]:
+def tuning_database(
+    model,
+    target,
+    *,
+    annotations=(("meta_schedule.parallel", 16),),
+    on_loop=False,
+    run_secs=(1e-3,),
+    task_index: int = 0,
+    n_records: int = 1,
+) -> tuple[bytes, bytes]:
     """A TVM JSON database (workload file, record file) for one task of ``model``, made with TVM's
     own API: a trace that annotates the task's root block (or, ``on_loop``, its first loop) with
     ``annotations`` (key, value), e.g. ("pragma_import_llvm", "<IR>") for a hostile record."""
@@ -133,8 +141,9 @@ def tuning_database(model, target, *, annotations=(("meta_schedule.parallel", 16
         for key, value in annotations:
             sch.annotate(where, key, value)
         # distinct candidates, unrolled the way MetaSchedule's rule writes it (its mutator reads the sample)
-        step = sch.sample_categorical(UNROLL_STEPS, [1 / len(UNROLL_STEPS)] * len(UNROLL_STEPS),
-                                      decision=n % len(UNROLL_STEPS))
+        step = sch.sample_categorical(
+            UNROLL_STEPS, [1 / len(UNROLL_STEPS)] * len(UNROLL_STEPS), decision=n % len(UNROLL_STEPS)
+        )
         sch.annotate(root, "meta_schedule.unroll_explicit", step)
         traces.append(sch.trace)
     return _database_bytes(mod, tgt, traces, run_secs)
@@ -162,8 +171,9 @@ def loop_kind_database(model, target, kind: str, *, task_index: int = 0) -> tupl
     return _database_bytes(mod, tgt, [sch.trace], (1e-3,))
 
 
-def design_space_database(model, target, *, task_index: int = 0, n_records: int = 1,
-                          run_secs=(1e-3,)) -> tuple[bytes, bytes]:
+def design_space_database(
+    model, target, *, task_index: int = 0, n_records: int = 1, run_secs=(1e-3,)
+) -> tuple[bytes, bytes]:
     """A TVM JSON database of what a tuning run really writes: MetaSchedule's own design-space traces
     of one task (tiles, compute locations and unroll steps sampled by its rules), at most ``n_records``."""
     from tvm.s_tir import meta_schedule as ms
@@ -179,8 +189,22 @@ def _database_bytes(mod, tgt, traces, run_secs) -> tuple[bytes, bytes]:
     """The workload file and record file of a TVM JSON database holding ``traces`` of one task."""
     from tvm.s_tir import meta_schedule as ms
 
-    lines = [json.dumps([0, ffi_to_py(ms.database.TuningRecord(
-        trace, ms.database.Workload(mod), list(run_secs), tgt, ms.arg_info.ArgInfo.from_prim_func(mod["main"])
-    ).as_json())]) for trace in traces]
+    lines = [
+        json.dumps(
+            [
+                0,
+                ffi_to_py(
+                    ms.database.TuningRecord(
+                        trace,
+                        ms.database.Workload(mod),
+                        list(run_secs),
+                        tgt,
+                        ms.arg_info.ArgInfo.from_prim_func(mod["main"]),
+                    ).as_json()
+                ),
+            ]
+        )
+        for trace in traces
+    ]
     workload = json.dumps(ffi_to_py(ms.database.Workload(mod).as_json()))
     return (workload + "\n").encode(), ("\n".join(lines) + "\n").encode()

@@ -13,6 +13,7 @@ range (IQR, 25th to 75th percentile). The rule, in order:
 The per-task estimate (sum over tasks of weight x best kernel latency) is never part of the verdict; when it
 is more than :data:`ESTIMATE_GAP_LIMIT` away from the compiled latency, :func:`estimate_gap` says so and why.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,20 @@ import statistics
 from collections.abc import Sequence
 from typing import NamedTuple
 
-__all__ = ["ESTIMATE_GAP_LIMIT", "FASTER", "FLAGGED", "HostLoad", "LABELS", "NO_COMPARISON", "SLOWER", "Verdict",
-           "WITHIN_NOISE", "estimate_gap", "spread", "verdict"]
+__all__ = [
+    "ESTIMATE_GAP_LIMIT",
+    "FASTER",
+    "FLAGGED",
+    "HostLoad",
+    "LABELS",
+    "NO_COMPARISON",
+    "SLOWER",
+    "Verdict",
+    "WITHIN_NOISE",
+    "estimate_gap",
+    "spread",
+    "verdict",
+]
 
 FASTER = "faster"
 SLOWER = "slower"
@@ -46,8 +59,10 @@ class HostLoad:
         return self.load > max(1, int(self.cores))
 
     def reason(self) -> str:
-        return (f"host load {self.load:.2f} was above the {max(1, int(self.cores))} core(s) the timing uses: "
-                "the timings describe a contended machine, not the model")
+        return (
+            f"host load {self.load:.2f} was above the {max(1, int(self.cores))} core(s) the timing uses: "
+            "the timings describe a contended machine, not the model"
+        )
 
 
 def spread(samples: Sequence[float]) -> tuple[float, float, float]:
@@ -73,7 +88,7 @@ class Verdict:
 
     @property
     def faster_engine(self) -> str | None:
-        """"tvm" or "onnxruntime" only when the verdict is clear; None when within noise, flagged or missing."""
+        """ "tvm" or "onnxruntime" only when the verdict is clear; None when within noise, flagged or missing."""
         return {FASTER: "tvm", SLOWER: "onnxruntime"}.get(self.label)
 
     @property
@@ -85,8 +100,10 @@ class Verdict:
         if self.label == SLOWER:
             return f"Tuned TVM is slower than onnxruntime on this target: deploy onnxruntime{ratio}"
         if self.label == WITHIN_NOISE:
-            return ("Tuned TVM and onnxruntime are within noise of each other on this target (their "
-                    f"inter-quartile ranges overlap){ratio}: either engine will do")
+            return (
+                "Tuned TVM and onnxruntime are within noise of each other on this target (their "
+                f"inter-quartile ranges overlap){ratio}: either engine will do"
+            )
         if self.label == FLAGGED:
             return f"No verdict: {self.flagged_reason}{ratio}"
         return ""
@@ -109,8 +126,9 @@ def _summary(samples: Sequence[float] | None) -> _Spread | None:
     return _Spread(median, q75 - q25, q25, q75)
 
 
-def verdict(tuned_samples: Sequence[float] | None, ort_samples: Sequence[float] | None,
-            load: HostLoad | None = None) -> Verdict:
+def verdict(
+    tuned_samples: Sequence[float] | None, ort_samples: Sequence[float] | None, load: HostLoad | None = None
+) -> Verdict:
     """The verdict of the tuned module's timing samples against onnxruntime's (any one unit, the same for
     both), given the host load sampled around the timing (None: not sampled)."""
     tuned = _summary(tuned_samples)
@@ -118,12 +136,15 @@ def verdict(tuned_samples: Sequence[float] | None, ort_samples: Sequence[float] 
     ratio = tuned.median / ort.median if tuned is not None and ort is not None and ort.median else None
 
     def judged(label: str, flagged_reason: str = "") -> Verdict:
-        return Verdict(label, ratio=ratio,
-                       tuned_median=None if tuned is None else tuned.median,
-                       tuned_iqr=None if tuned is None else tuned.iqr,
-                       ort_median=None if ort is None else ort.median,
-                       ort_iqr=None if ort is None else ort.iqr,
-                       flagged_reason=flagged_reason)
+        return Verdict(
+            label,
+            ratio=ratio,
+            tuned_median=None if tuned is None else tuned.median,
+            tuned_iqr=None if tuned is None else tuned.iqr,
+            ort_median=None if ort is None else ort.median,
+            ort_iqr=None if ort is None else ort.iqr,
+            flagged_reason=flagged_reason,
+        )
 
     if tuned is None:
         return judged(NO_COMPARISON)
@@ -145,14 +166,21 @@ def estimate_gap(estimate_s: float | None, compiled_s: float | None) -> dict | N
     if abs(gap) <= ESTIMATE_GAP_LIMIT:
         return None
     if gap > 0:
-        why = ("the estimate sums each task's best kernel timed alone (warm caches, one kernel at a time) and "
-               "leaves out what the whole model adds: the virtual machine's dispatch and memory allocation, "
-               "operators that are not tuning tasks, data moving between kernels, and any load on the host "
-               "while the compiled model was timed")
+        why = (
+            "the estimate sums each task's best kernel timed alone (warm caches, one kernel at a time) and "
+            "leaves out what the whole model adds: the virtual machine's dispatch and memory allocation, "
+            "operators that are not tuning tasks, data moving between kernels, and any load on the host "
+            "while the compiled model was timed"
+        )
     else:
-        why = ("the kernels ran faster together than their separate best timings suggest (kernel fusion at "
-               "compile time, caches warmed by the previous kernel) or the host was busier while tasks were "
-               "tuned than at the final timing")
-    return {"ratio": compiled_s / estimate_s, "gap": gap,
-            "note": f"The compiled model measured {abs(gap) * 100:.0f} % {'above' if gap > 0 else 'below'} the "
-                    f"per-task estimate: {why}. The verdict uses the compiled measurement only."}
+        why = (
+            "the kernels ran faster together than their separate best timings suggest (kernel fusion at "
+            "compile time, caches warmed by the previous kernel) or the host was busier while tasks were "
+            "tuned than at the final timing"
+        )
+    return {
+        "ratio": compiled_s / estimate_s,
+        "gap": gap,
+        "note": f"The compiled model measured {abs(gap) * 100:.0f} % {'above' if gap > 0 else 'below'} the "
+        f"per-task estimate: {why}. The verdict uses the compiled measurement only.",
+    }

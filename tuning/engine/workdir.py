@@ -23,11 +23,32 @@ from tuning.engine.latency import TVM_FAILED_RUN_SECS, is_failed_latency
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DB_WORKLOAD", "DB_RECORDS", "FINAL_DIR", "IMPORTED_DIR", "IMPORTED_DONE_DIR", "IMPORTED_RECORDS",
+    "DB_WORKLOAD",
+    "DB_RECORDS",
+    "FINAL_DIR",
+    "IMPORTED_DIR",
+    "IMPORTED_DONE_DIR",
+    "IMPORTED_RECORDS",
     "COST_MODEL_FILE",
-    "open_json_db", "open_database", "imported_records", "write_imported", "has_imported", "database_paths",
-    "records_by_task", "record_latency", "load_trimmer_preempted", "save_trimmer_state",
-    "next_round_offset", "save_round_offset", "FINAL_ROWS", "load_final_rows", "save_final_rows", "StreamJournal", "commit_streamed", "has_journal", "save_exhausted",
+    "open_json_db",
+    "open_database",
+    "imported_records",
+    "write_imported",
+    "has_imported",
+    "database_paths",
+    "records_by_task",
+    "record_latency",
+    "load_trimmer_preempted",
+    "save_trimmer_state",
+    "next_round_offset",
+    "save_round_offset",
+    "FINAL_ROWS",
+    "load_final_rows",
+    "save_final_rows",
+    "StreamJournal",
+    "commit_streamed",
+    "has_journal",
+    "save_exhausted",
     "load_exhausted",
 ]
 
@@ -52,8 +73,9 @@ def _db_paths(work_dir: str, final: bool = False) -> tuple[str, str]:
 def _json_database(path_workload: str, path_tuning_record: str):
     from tvm.s_tir import meta_schedule as ms  # TVM: see the module doc
 
-    return ms.database.JSONDatabase(path_workload=path_workload, path_tuning_record=path_tuning_record,
-                                    allow_missing=True)
+    return ms.database.JSONDatabase(
+        path_workload=path_workload, path_tuning_record=path_tuning_record, allow_missing=True
+    )
 
 
 def open_json_db(work_dir: str, final: bool = False):
@@ -251,9 +273,12 @@ class StreamJournal:
         for task, rnd, cand, secs in entries:
             if task not in self._workloads:
                 self._workloads[task] = ms.database.Workload(self.task_mods[task])
-            rec = ms.database.TuningRecord(cand.sch.trace, self._workloads[task],
-                                           run_secs=[float(x) for x in secs] or [TVM_FAILED_RUN_SECS],
-                                           args_info=list(cand.args_info))
+            rec = ms.database.TuningRecord(
+                cand.sch.trace,
+                self._workloads[task],
+                run_secs=[float(x) for x in secs] or [TVM_FAILED_RUN_SECS],
+                args_info=list(cand.args_info),
+            )
             lines.append({"round": int(rnd), "task": int(task), "record": record_json(rec)})
         self._append(lines)
 
@@ -308,8 +333,9 @@ def commit_streamed(work_dir: str, db, tasks, target, only: set[tuple[int, str]]
         except Exception:  # noqa: BLE001 - a record TVM cannot read back is one the join never committed either
             continue
         have.add(key)
-        db.commit_tuning_record(ms.database.TuningRecord(rec.trace, workload, run_secs=rec.run_secs,
-                                                         target=target, args_info=rec.args_info))
+        db.commit_tuning_record(
+            ms.database.TuningRecord(rec.trace, workload, run_secs=rec.run_secs, target=target, args_info=rec.args_info)
+        )
         n += 1
     return n
 

@@ -226,7 +226,10 @@ def measure_onnxruntime(
 
 
 def compare_outputs(
-    actual: Sequence[np.ndarray], reference: Sequence[np.ndarray], *, rtol: float = DEFAULT_RTOL,
+    actual: Sequence[np.ndarray],
+    reference: Sequence[np.ndarray],
+    *,
+    rtol: float = DEFAULT_RTOL,
     atol: float = DEFAULT_ATOL,
 ) -> tuple[bool, float]:
     """(all outputs agree, largest absolute difference). The absolute tolerance is
@@ -249,10 +252,9 @@ def compare_outputs(
 
 
 def faster_engine(tvm_latency_ms: float | None, onnxruntime_latency_ms: float | None) -> str | None:
-    """"tvm" or "onnxruntime", whichever median is lower (ties go to onnxruntime: nothing to deploy); None
+    """ "tvm" or "onnxruntime", whichever median is lower (ties go to onnxruntime: nothing to deploy); None
     when either is unknown. A run's verdict also weighs the spread and the host's load:
     :func:`tuning.engine.verdict.verdict`."""
     if tvm_latency_ms is None or onnxruntime_latency_ms is None:
         return None
     return "tvm" if tvm_latency_ms < onnxruntime_latency_ms else "onnxruntime"
-

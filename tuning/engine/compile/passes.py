@@ -112,8 +112,10 @@ def _layout_rewrite() -> dict[str, list]:
     # so MetaSchedule's RewriteLayout postproc may choose the layout a schedule reads them in; after the
     # database is applied the layout change is split out and, the weights being constants, folded at
     # compile time: the executable's interface does not change
-    return {TASKS: [relax.transform.AttachAttrLayoutFreeBuffers()],
-            TUNED: [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()]}
+    return {
+        TASKS: [relax.transform.AttachAttrLayoutFreeBuffers()],
+        TUNED: [relax.transform.SplitLayoutRewritePreproc(), relax.transform.FoldConstant()],
+    }
 
 
 # Where in relax_pipeline a pass runs: on the imported graph (before DecomposeOpsForInference), on the fused

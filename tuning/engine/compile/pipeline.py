@@ -186,7 +186,9 @@ def _fuse_passes(target) -> list:
     except (ValueError, AttributeError):
         dispatch = []
     return [
-        *graph_passes.inference_passes(stage=graph_passes.GRAPH),  # before DecomposeOpsForInference, which leaves no BatchNorm to fold
+        *graph_passes.inference_passes(
+            stage=graph_passes.GRAPH
+        ),  # before DecomposeOpsForInference, which leaves no BatchNorm to fold
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
         *dispatch,
@@ -231,8 +233,11 @@ def task_summary(model_or_mod, target) -> dict:
 
     tasks = extract_tasks(model_or_mod, target)
     names = Counter(t.task_name for t in tasks)
-    return {"n_tasks": len(tasks), "calls": int(sum(float(t.weight) for t in tasks)),
-            "names": dict(sorted(names.items()))}
+    return {
+        "n_tasks": len(tasks),
+        "calls": int(sum(float(t.weight) for t in tasks)),
+        "names": dict(sorted(names.items())),
+    }
 
 
 def count_tuning_tasks(model, target) -> list[str]:
@@ -365,9 +370,16 @@ def run_and_time(
     ``time_evaluator`` (``repeat`` x mean over ``number`` runs; on GPUs the
     evaluator synchronises and times on the device). Returns
     (list of output arrays, median seconds)."""
-    outputs, samples = run_and_time_samples(executable, inputs, target, number=number, repeat=repeat,
-                                            threads=threads, device_index=device_index,
-                                            min_repeat_ms=min_repeat_ms)
+    outputs, samples = run_and_time_samples(
+        executable,
+        inputs,
+        target,
+        number=number,
+        repeat=repeat,
+        threads=threads,
+        device_index=device_index,
+        min_repeat_ms=min_repeat_ms,
+    )
     return outputs, float(statistics.median(samples))
 
 

@@ -16,9 +16,21 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["TargetRefused", "TARGET_KINDS", "USER_FIELDS", "PLATFORM_FIELDS", "CUDA_LIMITS", "MAX_CORES",
-           "PORTABLE_CPUS", "validate_target_fields", "build_target", "check_target", "valid_mcpu", "valid_triple",
-           "valid_arch"]
+__all__ = [
+    "TargetRefused",
+    "TARGET_KINDS",
+    "USER_FIELDS",
+    "PLATFORM_FIELDS",
+    "CUDA_LIMITS",
+    "MAX_CORES",
+    "PORTABLE_CPUS",
+    "validate_target_fields",
+    "build_target",
+    "check_target",
+    "valid_mcpu",
+    "valid_triple",
+    "valid_arch",
+]
 
 # "generic" (or no mcpu) is baseline code that runs on every CPU of the triple's architecture
 PORTABLE_CPUS = ("", "generic")
@@ -29,8 +41,13 @@ TARGET_KINDS = ("llvm", "cuda")
 USER_FIELDS = {"llvm": ("kind", "num-cores", "mcpu"), "cuda": ("kind", "arch")}
 # What the platform itself adds to a target it built or resolved: the triple of the CPU it named; a
 # CUDA target's generic LLVM host and the GPU limits (integers) that make_target and TVM fill in
-CUDA_LIMITS = ("max_threads_per_block", "max_shared_memory_per_block", "thread_warp_size", "registers_per_block",
-               "max_num_threads")
+CUDA_LIMITS = (
+    "max_threads_per_block",
+    "max_shared_memory_per_block",
+    "thread_warp_size",
+    "registers_per_block",
+    "max_num_threads",
+)
 PLATFORM_FIELDS = {"llvm": ("mtriple",), "cuda": ("host",) + CUDA_LIMITS}
 MAX_CORES = 1024  # RUN_LIMITS["num_cores"]'s ceiling
 MAX_CUDA_LIMIT = 2**31 - 1
@@ -82,8 +99,11 @@ def _as_fields(target: Any) -> dict:
         elif text in TARGET_KINDS:
             return {"kind": text}
         else:
-            raise TargetRefused("", f"a target is a JSON object such as {{\"kind\": \"llvm\", \"num-cores\": 2}}, "
-                                    f"not a string of TVM options ({text[:40]!r})")
+            raise TargetRefused(
+                "",
+                f'a target is a JSON object such as {{"kind": "llvm", "num-cores": 2}}, '
+                f"not a string of TVM options ({text[:40]!r})",
+            )
     if not isinstance(target, Mapping):
         raise TargetRefused("", 'a target is a JSON object such as {"kind": "llvm", "num-cores": 2}')
     for key in target:
@@ -103,8 +123,10 @@ def _check_kind(fields: dict) -> str:
 def _check_keys(fields: dict, kind: str, allowed: tuple[str, ...]) -> None:
     for key in fields:
         if key not in allowed:
-            raise TargetRefused(key[:60], f"{key[:60]!r} is not an attribute a {kind} target may set; it may set "
-                                          f"only {', '.join(allowed)}")
+            raise TargetRefused(
+                key[:60],
+                f"{key[:60]!r} is not an attribute a {kind} target may set; it may set only {', '.join(allowed)}",
+            )
 
 
 def _check_cores(value: Any, max_cores: int) -> int:
@@ -128,8 +150,7 @@ def _check_value(key: str, value: Any, *, max_cores: int) -> Any:
     return value
 
 
-def validate_target_fields(fields: Any, *, cpus: Mapping[str, str] | None = None,
-                           max_cores: int = MAX_CORES) -> dict:
+def validate_target_fields(fields: Any, *, cpus: Mapping[str, str] | None = None, max_cores: int = MAX_CORES) -> dict:
     """The fields a user gave, checked against the closed schema: ``kind`` in :data:`TARGET_KINDS` and only
     :data:`USER_FIELDS` of that kind (every other key, nested objects such as ``host`` included, raises
     :class:`TargetRefused` naming it). ``num-cores``: 1 to ``max_cores``. ``mcpu``: one of ``cpus`` (the
@@ -144,13 +165,17 @@ def validate_target_fields(fields: Any, *, cpus: Mapping[str, str] | None = None
     mcpu = fields.get("mcpu")
     if mcpu is not None and mcpu not in PORTABLE_CPUS[1:] and mcpu not in (cpus or {}):
         known = ", ".join(sorted(cpus or {})) or "none registered"
-        raise TargetRefused("mcpu", f"mcpu {mcpu!r} is not a CPU a registered node reports (known: {known}); "
-                                    "leave it out to build for the executing host")
+        raise TargetRefused(
+            "mcpu",
+            f"mcpu {mcpu!r} is not a CPU a registered node reports (known: {known}); "
+            "leave it out to build for the executing host",
+        )
     return fields
 
 
-def build_target(fields: Any, *, cpus: Mapping[str, str] | None = None, max_cores: int = MAX_CORES,
-                 default_cores: int | None = None) -> dict:
+def build_target(
+    fields: Any, *, cpus: Mapping[str, str] | None = None, max_cores: int = MAX_CORES, default_cores: int | None = None
+) -> dict:
     """The target the platform tunes for, built from the user's fields (:func:`validate_target_fields`):
     llvm ``{"kind", "num-cores"[, "mcpu", "mtriple"]}`` (``num-cores`` defaults to ``default_cores``; the
     triple is the one the node reporting ``mcpu`` registered), cuda ``{"kind"[, "arch"]}``."""

@@ -111,8 +111,10 @@ def host_cpu_facts() -> dict:
 # The /proc/cpuinfo flags that name instruction sets LLVM may emit for a CPU (x86); on Arm every
 # "Features" entry is an instruction-set extension. Others (hypervisor, constant_tsc...) say nothing
 # about whether compiled code runs.
-_X86_ISA_FLAG = re.compile(r"^(sse\w*|ssse3|avx\w*|fma4?|f16c|bmi[12]|popcnt|abm|lzcnt|movbe|adx|aes|pclmulqdq|"
-                           r"vaes|vpclmulqdq|gfni|sha_ni|amx\w*|cx16|xsave\w*|mmx|rdrand|rdseed|xop|tbm)$")
+_X86_ISA_FLAG = re.compile(
+    r"^(sse\w*|ssse3|avx\w*|fma4?|f16c|bmi[12]|popcnt|abm|lzcnt|movbe|adx|aes|pclmulqdq|"
+    r"vaes|vpclmulqdq|gfni|sha_ni|amx\w*|cx16|xsave\w*|mmx|rdrand|rdseed|xop|tbm)$"
+)
 
 
 def host_cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> list[str]:
@@ -275,8 +277,9 @@ def canonical_key(target: Any) -> str:
 def identity_of(target_key: str, pipeline_key: str) -> str:
     """The identity of a tuning result from stored keys (a run's ``target_key`` and ``pipeline_key``):
     equal exactly when both are. Needs no TVM (for record caches keyed on stored runs)."""
-    return json.dumps({"pipeline": str(pipeline_key or ""), "target": str(target_key or "")}, sort_keys=True,
-                      separators=(",", ":"))
+    return json.dumps(
+        {"pipeline": str(pipeline_key or ""), "target": str(target_key or "")}, sort_keys=True, separators=(",", ":")
+    )
 
 
 def result_identity(target: Any, pipeline_key: str | None = None) -> str:

@@ -41,9 +41,7 @@ def collect_tasks(model, target) -> list[Task]:
     if isinstance(model, tirx.PrimFunc):
         mod = _normalize_mod(model)
         return [Task("main", mod, 1.0, _flops(mod))]
-    if isinstance(model, tvm.IRModule) and not any(
-        isinstance(f, relax.Function) for _, f in model.functions_items()
-    ):
+    if isinstance(model, tvm.IRModule) and not any(isinstance(f, relax.Function) for _, f in model.functions_items()):
         out = []
         for gv, func in sorted(model.functions_items(), key=lambda kv: kv[0].name_hint):
             if isinstance(func, tirx.PrimFunc):

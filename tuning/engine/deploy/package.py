@@ -10,6 +10,7 @@ path inside it):
 - ``run.py`` (:mod:`tuning.engine.deploy.package_run`): standard library + numpy + the ``tvm`` runtime; checks
   the host, runs the module on given or random inputs and prints the latency.
 """
+
 from __future__ import annotations
 
 import io
@@ -62,11 +63,17 @@ def io_signature(model_bytes: bytes) -> dict:
 
     def describe(value_info) -> dict:
         declared, compiled = _dims(value_info)
-        return {"name": value_info.name, "dtype": _dtype(value_info.type.tensor_type.elem_type),
-                "shape": compiled, "onnx_shape": declared}
+        return {
+            "name": value_info.name,
+            "dtype": _dtype(value_info.type.tensor_type.elem_type),
+            "shape": compiled,
+            "onnx_shape": declared,
+        }
 
-    return {"inputs": [describe(v) for v in model.graph.input if v.name not in initializers],
-            "outputs": [describe(v) for v in model.graph.output]}
+    return {
+        "inputs": [describe(v) for v in model.graph.input if v.name not in initializers],
+        "outputs": [describe(v) for v in model.graph.output],
+    }
 
 
 def runtime_versions() -> dict:
@@ -85,7 +92,9 @@ def _target_section(target: Mapping, build_host: Mapping | None) -> dict:
     cpu = spec if spec.get("kind") == "llvm" else dict(spec.get("host") or {})
     recorded = bool(build_host and "required_cpu_flags" in build_host)
     return {
-        "kind": spec.get("kind"), "mcpu": cpu.get("mcpu"), "mtriple": cpu.get("mtriple"),
+        "kind": spec.get("kind"),
+        "mcpu": cpu.get("mcpu"),
+        "mtriple": cpu.get("mtriple"),
         "cuda_arch": spec.get("arch") if spec.get("kind") == "cuda" else None,
         "num_cores": spec.get("num-cores") or cpu.get("num-cores"),
         "spec": spec,
@@ -95,8 +104,17 @@ def _target_section(target: Mapping, build_host: Mapping | None) -> dict:
     }
 
 
-def build_package(*, module_bytes: bytes, model_bytes: bytes, target: Mapping, build_host: Mapping | None,
-                  identity: Mapping, latency: Mapping, run: Mapping, versions: Mapping | None = None) -> bytes:
+def build_package(
+    *,
+    module_bytes: bytes,
+    model_bytes: bytes,
+    target: Mapping,
+    build_host: Mapping | None,
+    identity: Mapping,
+    latency: Mapping,
+    run: Mapping,
+    versions: Mapping | None = None,
+) -> bytes:
     """The package's zip bytes. ``identity``: target_key, pipeline_key, result_identity; ``latency``: the
     run's measured numbers (JSON-ready); ``run``: id, model name and sha256 (data in the manifest only);
     ``build_host``: the build host's CPU flags and the required ones (``compare.build_host_facts``)."""

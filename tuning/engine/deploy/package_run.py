@@ -9,6 +9,7 @@ host can run code built for the package's target (CPU instruction sets from /pro
 CUDA architecture); on a host that cannot it says what is missing and exits with status 3.
 Exit status: 0 ran, 2 bad arguments or inputs, 3 this host does not match the target.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,13 +58,16 @@ def host_refusal(target: dict) -> str | None:
     if required:
         flags = host_cpu_flags()
         if flags is None:
-            return ("cannot read /proc/cpuinfo to check the CPU features the module needs: "
-                    + ", ".join(sorted(required)))
+            return "cannot read /proc/cpuinfo to check the CPU features the module needs: " + ", ".join(
+                sorted(required)
+            )
         missing = sorted(required - flags)
         if missing:
-            return (f"the module was built for the CPU {target.get('mcpu')!r} and uses instruction-set features "
-                    f"this CPU lacks: {', '.join(missing)}. Run it on a CPU with them, or tune the model again "
-                    "on this host.")
+            return (
+                f"the module was built for the CPU {target.get('mcpu')!r} and uses instruction-set features "
+                f"this CPU lacks: {', '.join(missing)}. Run it on a CPU with them, or tune the model again "
+                "on this host."
+            )
     return None
 
 
@@ -99,8 +103,7 @@ def load_inputs(manifest: dict, given: list[str], seed: int) -> list:
     for item in given:
         name, sep, path = item.partition("=")
         if not sep or name not in specs:
-            raise SystemExit(_usage(f"--input {item!r}: expected NAME=FILE.npy with NAME one of "
-                                    f"{', '.join(specs)}"))
+            raise SystemExit(_usage(f"--input {item!r}: expected NAME=FILE.npy with NAME one of {', '.join(specs)}"))
         files[name] = path
     rng = np.random.default_rng(seed)
     arrays = []
@@ -113,8 +116,12 @@ def load_inputs(manifest: dict, given: list[str], seed: int) -> list:
         except (OSError, ValueError) as exc:
             raise SystemExit(_usage(f"--input {name}: cannot read {files[name]}: {exc}")) from None
         if list(array.shape) != list(spec["shape"]) or array.dtype != np.dtype(spec["dtype"]):
-            raise SystemExit(_usage(f"--input {name}: expected shape {spec['shape']} {spec['dtype']}, got "
-                                    f"{list(array.shape)} {array.dtype}"))
+            raise SystemExit(
+                _usage(
+                    f"--input {name}: expected shape {spec['shape']} {spec['dtype']}, got "
+                    f"{list(array.shape)} {array.dtype}"
+                )
+            )
         arrays.append(np.ascontiguousarray(array))
     return arrays
 
@@ -137,8 +144,13 @@ def _flatten(result) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the tuned model of this dlopt package.")
-    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
-                        help="an input as a .npy file (repeat per input); others are random")
+    parser.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=FILE.npy",
+        help="an input as a .npy file (repeat per input); others are random",
+    )
     parser.add_argument("--runs", type=int, default=50, help="timed runs (default 50)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
@@ -154,8 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run.py: this host cannot run this package: {refusal}", file=sys.stderr)
         return EXIT_HOST_MISMATCH
     if not target.get("cpu_flags_recorded"):
-        print("run.py: warning: the package does not record the CPU features its module needs; not checked.",
-              file=sys.stderr)
+        print(
+            "run.py: warning: the package does not record the CPU features its module needs; not checked.",
+            file=sys.stderr,
+        )
     # the latencies in the manifest were measured with this many threads
     if target.get("num_cores") and "TVM_NUM_THREADS" not in os.environ:
         os.environ["TVM_NUM_THREADS"] = str(target["num_cores"])

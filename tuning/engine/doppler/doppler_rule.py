@@ -37,15 +37,17 @@ class DopplerRule(DopRule):
 
     adapts = True
 
-    def __init__(self, max_dop: int | None = None, *, initial_dop: int = 1,
-                 settings: DopSettings | None = None) -> None:
+    def __init__(
+        self, max_dop: int | None = None, *, initial_dop: int = 1, settings: DopSettings | None = None
+    ) -> None:
         super().__init__(max_dop, initial_dop=initial_dop, settings=settings)
         self.initial_cap = self._cap
         self.reprobes = 0
         self._reprobe_at: int | None = None
 
-    def _next_dop(self, dop_before: int, signed: list[float], mean_error: float | None,
-                  failures: int) -> tuple[bool, bool]:
+    def _next_dop(
+        self, dop_before: int, signed: list[float], mean_error: float | None, failures: int
+    ) -> tuple[bool, bool]:
         s = self.settings
         too_noisy = self._error_too_large(signed)
         too_many_failures = dop_before > 1 and failures > s.failure_threshold * dop_before
@@ -65,7 +67,7 @@ class DopplerRule(DopRule):
         n_round = len(self.history)  # this round's index (its row is appended after)
         if backed_off and self._dop == 1 and self._max_dop > 1:
             if self.reprobes < s.max_reprobes:
-                self._reprobe_at = n_round + 1 + s.reprobe_after * (2 ** self.reprobes)
+                self._reprobe_at = n_round + 1 + s.reprobe_after * (2**self.reprobes)
             return False
         if self._dop == 1 and self._reprobe_at is not None and n_round + 1 >= self._reprobe_at:
             self._reprobe_at = None

@@ -29,8 +29,15 @@ class DopSettings:
     min_noise_pairs: int = 2  # pooled sample: noise pairs known before a round stops adding one
 
     def __post_init__(self) -> None:
-        for name in ("reprobe_after", "noise_window", "pair_window", "min_pooled_pairs", "min_noise_pairs",
-                     "min_step", "max_step"):
+        for name in (
+            "reprobe_after",
+            "noise_window",
+            "pair_window",
+            "min_pooled_pairs",
+            "min_noise_pairs",
+            "min_step",
+            "max_step",
+        ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)!r}")
         for name in ("max_reprobes", "noise_z", "error_threshold", "failure_threshold", "correction_limit"):

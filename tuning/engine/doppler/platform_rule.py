@@ -79,8 +79,16 @@ from tuning.engine.doppler.doppler_rule import DopplerRule
 from tuning.engine.doppler.rule import DopRule, FixedDop
 from tuning.engine.latency import is_timing
 
-__all__ = ["ProbeStart", "PooledSample", "PairsProbe", "MeasuredNoise", "RankableOutliers", "ConfirmedBackOff",
-           "PlatformRule", "make_rule"]
+__all__ = [
+    "ProbeStart",
+    "PooledSample",
+    "PairsProbe",
+    "MeasuredNoise",
+    "RankableOutliers",
+    "ConfirmedBackOff",
+    "PlatformRule",
+    "make_rule",
+]
 
 _HALF_NORMAL_SD = math.sqrt(math.pi / 2 - 1)  # sd / mean of |N(0, s)|
 
@@ -160,7 +168,7 @@ class PooledSample(DopplerRule):
     def _remember_pairs(self, signed: list[float], backed_off: bool, dop_before: int) -> None:
         """The window holds pairs of the DOP the next round measures at."""
         keep = signed and not backed_off and self._dop == dop_before
-        self.pairs = signed[-self.settings.pair_window:] if keep else []
+        self.pairs = signed[-self.settings.pair_window :] if keep else []
 
     def _next_share(self, dop_before: int, excess_error: float | None, backed_off: bool) -> None:
         """The fastest alone once the window holds enough pairs of this DOP."""
@@ -182,8 +190,9 @@ class PairsProbe(PooledSample):
 class RankableOutliers(DopplerRule):
     """Slow outliers past DOP x the round's median are left as measured (module doc)."""
 
-    def rankable_bound(self, latencies: Sequence[float | None], dop: int,
-                       mean_signed_error: float | None = None) -> float | None:
+    def rankable_bound(
+        self, latencies: Sequence[float | None], dop: int, mean_signed_error: float | None = None
+    ) -> float | None:
         """DOP x the median of the valid ``latencies`` (None at DOP 1), widened by (1 - error) when the
         round's serial timings came out slower than its parallel ones (a negative signed error)."""
         valid = [x for x in latencies if is_timing(x)]
@@ -202,8 +211,9 @@ class ConfirmedBackOff(DopplerRule):
         return True
 
 
-class PlatformRule(ProbeStart, PairsProbe, PooledSample, MeasuredNoise, RankableOutliers, ConfirmedBackOff,
-                   DopplerRule):
+class PlatformRule(
+    ProbeStart, PairsProbe, PooledSample, MeasuredNoise, RankableOutliers, ConfirmedBackOff, DopplerRule
+):
     """The platform's rule: DOPpler's with every refinement of the module doc."""
 
 

@@ -32,8 +32,15 @@ from tuning.engine.doppler.rule import DopRule
 from tuning.engine.latency import is_failed_latency
 from tuning.engine.measuring.measure import MeasureOutcome
 
-__all__ = ["CandidateResult", "RoundResult", "Measure", "measure_round", "latency_of", "SERIAL_REASONS",
-           "serial_totals"]
+__all__ = [
+    "CandidateResult",
+    "RoundResult",
+    "Measure",
+    "measure_round",
+    "latency_of",
+    "SERIAL_REASONS",
+    "serial_totals",
+]
 
 # Why a round timed candidates serially: the probe of a DOP not validated yet, DOPpler's sample (outliers,
 # rank-spread picks and parallel failures), the noise pairs (a sampled candidate timed serially again),
@@ -121,8 +128,9 @@ class _Round:
         self.outliers_skipped = 0  # slow candidates left as measured (DopRule.rankable_bound)
         self.sample_topped_up = 0  # candidates a shrunk sample was topped up with (DopRule.top_up_sample)
 
-    def _timed(self, idx: Sequence[int], dop: int, *,
-               serial: str | None) -> Sequence[tuple[MeasureOutcome, float | None]]:
+    def _timed(
+        self, idx: Sequence[int], dop: int, *, serial: str | None
+    ) -> Sequence[tuple[MeasureOutcome, float | None]]:
         """``serial``: why these are re-measured serially (one of SERIAL_REASONS), None for first timings."""
         t0 = time.perf_counter()
         outs = self.measure([self.jobs[i] for i in idx], dop)
@@ -163,8 +171,13 @@ class _Round:
         """Time candidates timed serially once (not twice) once more, serially: the pair tells the
         rule the host's serial noise; the candidate keeps both timings' samples, and their mean
         is its serial reference."""
-        idx = [i for i in idx if self.results[i].serial_latency_s is not None and self.results[i].final_secs
-               and self.results[i].serial_repeat_s is None]
+        idx = [
+            i
+            for i in idx
+            if self.results[i].serial_latency_s is not None
+            and self.results[i].final_secs
+            and self.results[i].serial_repeat_s is None
+        ]
         if not idx:
             return
         outs = self._timed(idx, 1, serial=reason)
@@ -180,8 +193,9 @@ class _Round:
     def references(self, idx: Sequence[int]) -> list[float | None]:
         return [self.results[i].serial_reference_s for i in idx]
 
-    def confirmed_references(self, idx: Sequence[int], parallel: Sequence[float | None],
-                             rule: DopRule) -> list[float | None]:
+    def confirmed_references(
+        self, idx: Sequence[int], parallel: Sequence[float | None], rule: DopRule
+    ) -> list[float | None]:
         """The serial references of the sampled ``idx`` (parallel timings ``parallel``), after a second
         serial timing of each when the rule is about to back off on them (confirm_wanted)."""
         refs = self.references(idx)
@@ -193,7 +207,7 @@ class _Round:
     def fastest_serial(self, idx: Sequence[int], k: int) -> list[int]:
         """The ``k`` candidates of ``idx`` with the fastest serial timings (the ones ranking matters most for)."""
         timed = [(i, secs) for i in idx if (secs := self.results[i].serial_latency_s) is not None]
-        return [i for i, _ in sorted(timed, key=lambda pair: pair[1])][:max(0, k)]
+        return [i for i, _ in sorted(timed, key=lambda pair: pair[1])][: max(0, k)]
 
     def latencies(self, idx: Sequence[int]) -> list[float | None]:
         return [self.results[i].latency_s for i in idx]
@@ -211,8 +225,9 @@ class _Round:
             self.correction_applied = True
 
 
-def _probe_then_rest(rnd: _Round, rule: DopRule, dop: int, probe: list[int], validated: set[int],
-                     is_serial_config: Callable[[int], bool]) -> RoundDecision:
+def _probe_then_rest(
+    rnd: _Round, rule: DopRule, dop: int, probe: list[int], validated: set[int], is_serial_config: Callable[[int], bool]
+) -> RoundDecision:
     """A DOP not validated yet: decide on a probe, then measure the rest accordingly."""
     n = len(rnd.jobs)
     rnd.parallel(probe, dop)
@@ -220,8 +235,7 @@ def _probe_then_rest(rnd: _Round, rule: DopRule, dop: int, probe: list[int], val
     failed = [i for i in probe if rnd.results[i].first_failed]
     rnd.serial(probe, count_as_remeasure=True, reason="probe")
     rnd.serial_repeat(rnd.fastest_serial(probe, rule.noise_pairs_wanted(probe=True)), rule)
-    decision = rule.decide(plat, rnd.confirmed_references(probe, plat, rule),
-                           rnd.failures_due_to_parallelism(failed))
+    decision = rule.decide(plat, rnd.confirmed_references(probe, plat, rule), rnd.failures_due_to_parallelism(failed))
     in_probe = set(probe)
     rest = [i for i in range(n) if i not in in_probe]
     if decision.backed_off or not rule.can_correct(decision.mean_signed_error):
@@ -238,13 +252,17 @@ def _probe_then_rest(rnd: _Round, rule: DopRule, dop: int, probe: list[int], val
     rnd.outliers_skipped += len(skip)
     rest_failed = [i for i in rest if rnd.results[i].first_failed]
     rnd.serial(sorted(set(outliers) | set(rest_failed)), count_as_remeasure=True, reason="sample")
-    rnd.correct([i for i in rest if not rnd.results[i].remeasured and rnd.results[i].final_secs],
-                rule, decision.mean_signed_error)
+    rnd.correct(
+        [i for i in rest if not rnd.results[i].remeasured and rnd.results[i].final_secs],
+        rule,
+        decision.mean_signed_error,
+    )
     return decision
 
 
-def _sampled_round(rnd: _Round, rule: DopRule, dop: int, validated: set[int],
-                   remeasure_on_large_error: bool) -> RoundDecision:
+def _sampled_round(
+    rnd: _Round, rule: DopRule, dop: int, validated: set[int], remeasure_on_large_error: bool
+) -> RoundDecision:
     """Everything in parallel; the rule's sample and the failures serially; the rest corrected."""
     n = len(rnd.jobs)
     rnd.parallel(list(range(n)), dop)
@@ -266,8 +284,11 @@ def _sampled_round(rnd: _Round, rule: DopRule, dop: int, validated: set[int],
     sampled_parallel = [lat[i] for i in sample]
     contested = rule.contested(sampled_parallel, rnd.references(sample))
     rnd.serial_repeat(rnd.fastest_serial(sample, rule.noise_pairs_wanted(contested=contested)), rule)
-    decision = rule.decide(sampled_parallel, rnd.confirmed_references(sample, sampled_parallel, rule),
-                           rnd.failures_due_to_parallelism(failed))
+    decision = rule.decide(
+        sampled_parallel,
+        rnd.confirmed_references(sample, sampled_parallel, rule),
+        rnd.failures_due_to_parallelism(failed),
+    )
     if not decision.backed_off:
         validated.add(dop)
     rest = [i for i in range(n) if not rnd.results[i].remeasured and rnd.results[i].final_secs]
@@ -328,7 +349,14 @@ def measure_round(
         if decision.dop_after != dop:
             warm_dop = decision.dop_after
         rule.note_round(outliers_skipped=rnd.outliers_skipped, sample_topped_up=rnd.sample_topped_up)
-    return RoundResult(dop=dop, decision=decision, candidates=rnd.results,
-                       correction_applied=rnd.correction_applied, validated=validated, warm_dop=warm_dop,
-                       parallel_wall_s=rnd.parallel_wall_s, serial_wall_s=rnd.serial_wall_s,
-                       serial_by_reason=rnd.serial_by_reason)
+    return RoundResult(
+        dop=dop,
+        decision=decision,
+        candidates=rnd.results,
+        correction_applied=rnd.correction_applied,
+        validated=validated,
+        warm_dop=warm_dop,
+        parallel_wall_s=rnd.parallel_wall_s,
+        serial_wall_s=rnd.serial_wall_s,
+        serial_by_reason=rnd.serial_by_reason,
+    )

@@ -71,8 +71,9 @@ class DopRule:
 
     adapts = False  # whether decide() may change the DOP (RoundStat.adapted)
 
-    def __init__(self, max_dop: int | None = None, *, initial_dop: int = 1,
-                 settings: DopSettings | None = None) -> None:
+    def __init__(
+        self, max_dop: int | None = None, *, initial_dop: int = 1, settings: DopSettings | None = None
+    ) -> None:
         self.settings = settings or DopSettings()
         self._cap = float(self.settings.cap)
         self._max_dop = int(max_dop) if max_dop else default_max_dop()
@@ -119,8 +120,9 @@ class DopRule:
         return max(1, min(int(math.floor(dop + 1e-9)), int(math.floor(self._cap + 1e-9)) or 1, self._max_dop))
 
     # ------------------------------------------------------------------ planning and sampling
-    def plan_round(self, n_candidates: int, *, validated: set[int] | frozenset[int] = frozenset(),
-                   probe_first: bool = True) -> RoundPlan:
+    def plan_round(
+        self, n_candidates: int, *, validated: set[int] | frozenset[int] = frozenset(), probe_first: bool = True
+    ) -> RoundPlan:
         """The round's DOP (never above the candidates, the cap or ``max_dop``) and, for a parallel DOP not in
         ``validated``, the probe: :meth:`probe_size` candidates spread evenly over the round."""
         n = int(n_candidates)
@@ -143,8 +145,9 @@ class DopRule:
         (the ones to re-measure serially, the slow ones past :meth:`rankable_bound`)."""
         return self._split_outliers(latencies, *self._scored(latencies), dop)
 
-    def rankable_bound(self, latencies: Sequence[float | None], dop: int,
-                       mean_signed_error: float | None = None) -> float | None:
+    def rankable_bound(
+        self, latencies: Sequence[float | None], dop: int, mean_signed_error: float | None = None
+    ) -> float | None:
         """The parallel latency past which a candidate ranks after the round's median whatever its serial
         timing; None: DOPpler's rule, every outlier is re-timed."""
         return None
@@ -188,8 +191,9 @@ class DopRule:
         picks = self._spread_picks(self._good_sorted(latencies, idx, z), self._share)
         return sorted(set(outliers) | set(picks)), skipped
 
-    def top_up_sample(self, latencies: Sequence[float | None], sample: Sequence[int],
-                      serial: Sequence[float | None]) -> list[int]:
+    def top_up_sample(
+        self, latencies: Sequence[float | None], sample: Sequence[int], serial: Sequence[float | None]
+    ) -> list[int]:
         """Good candidates to time serially on top of ``sample`` (whose serial timings are ``serial``) before
         the round decides: a sample shrunk below ``sample_share`` that is :meth:`contested` is brought back
         to it (two timings are too few to send a round's rest to serial timing, or the next rounds to DOP
@@ -200,8 +204,11 @@ class DopRule:
             return []
         idx, z = self._scored(latencies)
         taken = set(sample)
-        return [i for i in self._spread_picks(self._good_sorted(latencies, idx, z), self.settings.sample_share)
-                if i not in taken]
+        return [
+            i
+            for i in self._spread_picks(self._good_sorted(latencies, idx, z), self.settings.sample_share)
+            if i not in taken
+        ]
 
     # ------------------------------------------------------------------ serial noise and second looks
     @property
@@ -218,7 +225,7 @@ class DopRule:
         for a, b in zip(first, second):
             if is_timing(a) and is_timing(b) and a > 0:
                 self.noise_errors.append(abs(a - b) / a)
-        del self.noise_errors[:-self.settings.noise_window]
+        del self.noise_errors[: -self.settings.noise_window]
 
     @property
     def serial_noise(self) -> float | None:
@@ -263,8 +270,7 @@ class DopRule:
         """(parallel - serial) / parallel of each valid pair."""
         if len(parallel) != len(serial):
             raise ValueError("parallel and serial must be paired")
-        return [(p - s) / p for p, s in zip(parallel, serial)
-                if is_timing(p) and is_timing(s) and p > 0]
+        return [(p - s) / p for p, s in zip(parallel, serial) if is_timing(p) and is_timing(s) and p > 0]
 
     def sample_error(self, parallel: Sequence[float | None], serial: Sequence[float | None]) -> float | None:
         """The signed mean error of paired timings (what :meth:`decide` corrects by); None without a pair."""
@@ -281,8 +287,14 @@ class DopRule:
         return mean_error is not None and abs(mean_error) < self.settings.correction_limit
 
     # ------------------------------------------------------------------ deciding
-    def decide(self, parallel: Sequence[float | None], serial: Sequence[float | None], failures: int = 0, *,
-               latencies: Sequence[float] | None = None) -> RoundDecision:
+    def decide(
+        self,
+        parallel: Sequence[float | None],
+        serial: Sequence[float | None],
+        failures: int = 0,
+        *,
+        latencies: Sequence[float] | None = None,
+    ) -> RoundDecision:
         """Tell the rule one round's evidence; it sets the next round's DOP. ``parallel[i]``/``serial[i]``:
         the latencies of the i-th re-measured candidate (pairs with a failure on either side are skipped);
         ``failures``: candidates that failed in parallel but not serially. With ``latencies``, the decision
@@ -299,18 +311,39 @@ class DopRule:
         share_used = self._share if parallel else None
         self._remember_pairs(signed, backed_off, dop_before)
         self._next_share(dop_before, None if mean_error is None else mean_error - (noise or 0.0), backed_off)
-        decision = RoundDecision(dop_before=dop_before, dop_after=self._dop, mean_error=mean_error,
-                                 mean_signed_error=mean_signed, n_sampled=len(parallel), failures=int(failures),
-                                 backed_off=backed_off, cap_before=cap_before, cap_after=self._cap, errors=errors,
-                                 serial_noise=noise)
+        decision = RoundDecision(
+            dop_before=dop_before,
+            dop_after=self._dop,
+            mean_error=mean_error,
+            mean_signed_error=mean_signed,
+            n_sampled=len(parallel),
+            failures=int(failures),
+            backed_off=backed_off,
+            cap_before=cap_before,
+            cap_after=self._cap,
+            errors=errors,
+            serial_noise=noise,
+        )
         if latencies is not None:
             decision.corrected_latencies = self.correct(latencies, mean_signed)
             decision.correction_applied = self.can_correct(mean_signed)
-        self.history.append(RoundStat(
-            dop=dop_before, mean_error=mean_error, n_sampled=len(parallel), failures=int(failures), cap=self._cap,
-            dop_after=self._dop, mean_signed_error=mean_signed, adapted=self.adapts, reprobe=reprobe,
-            sample_share=share_used, serial_noise=noise, allowed_error=allowed if errors else None,
-            n_pooled=self._pooled_count(signed) if parallel else None))
+        self.history.append(
+            RoundStat(
+                dop=dop_before,
+                mean_error=mean_error,
+                n_sampled=len(parallel),
+                failures=int(failures),
+                cap=self._cap,
+                dop_after=self._dop,
+                mean_signed_error=mean_signed,
+                adapted=self.adapts,
+                reprobe=reprobe,
+                sample_share=share_used,
+                serial_noise=noise,
+                allowed_error=allowed if errors else None,
+                n_pooled=self._pooled_count(signed) if parallel else None,
+            )
+        )
         return decision
 
     def decide_serial_round(self, failures: int = 0) -> RoundDecision:
@@ -327,8 +360,9 @@ class DopRule:
             self.history[-1].outliers_skipped = int(outliers_skipped)
             self.history[-1].sample_topped_up = int(sample_topped_up)
 
-    def _next_dop(self, dop_before: int, signed: list[float], mean_error: float | None,
-                  failures: int) -> tuple[bool, bool]:
+    def _next_dop(
+        self, dop_before: int, signed: list[float], mean_error: float | None, failures: int
+    ) -> tuple[bool, bool]:
         """Set the next round's DOP; (backed off, re-opened parallelism). A fixed DOP stays."""
         return False, False
 

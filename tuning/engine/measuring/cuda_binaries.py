@@ -37,9 +37,19 @@ from pathlib import Path
 from common.privileges import hand_over
 
 __all__ = [
-    "CACHE_DIR_VAR", "CudaCompileError", "binary_name", "compile_source",
-    "beside", "binaries_beside", "new_cache_dir", "install_runtime_compiler", "loading", "lookup", "precompile",
-    "precompile_kernels", "write_beside",
+    "CACHE_DIR_VAR",
+    "CudaCompileError",
+    "binary_name",
+    "compile_source",
+    "beside",
+    "binaries_beside",
+    "new_cache_dir",
+    "install_runtime_compiler",
+    "loading",
+    "lookup",
+    "precompile",
+    "precompile_kernels",
+    "write_beside",
 ]
 
 CACHE_DIR_VAR = "DLOPT_CUDA_CACHE_DIR"
@@ -52,9 +62,16 @@ MAX_BINARIES = 64  # one candidate's kernels; a payload with more is refused
 _loading: list[Path] = []  # the folder beside the library being loaded (measure_path, one at a time)
 # TVM 0.27's own nvcc flags (tvm.support.nvcc._compile_cuda_nvcc), so a kernel compiles as TVM would
 _NVCC_FLAGS = [
-    "-O3", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_OPERATORS__",
-    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
-    "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math",
+    "-O3",
+    "-U__CUDA_NO_HALF_OPERATORS__",
+    "-U__CUDA_NO_HALF_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT16_OPERATORS__",
+    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT162_OPERATORS__",
+    "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
+    "--expt-relaxed-constexpr",
+    "--expt-extended-lambda",
+    "--use_fast_math",
 ]
 
 
@@ -80,18 +97,35 @@ def compile_source(code: str, arch: str, *, timeout: float = 300.0) -> bytes:
     """Compile CUDA C++ ``code`` to a fatbin for ``arch`` (``sm_90``) with nvcc."""
     nvcc = _nvcc()
     if nvcc is None:
-        raise CudaCompileError(f"no nvcc on this host to compile CUDA source for {arch}; install the CUDA "
-                               f"toolkit, or build candidates where nvcc is (their kernels travel with them)")
+        raise CudaCompileError(
+            f"no nvcc on this host to compile CUDA source for {arch}; install the CUDA "
+            f"toolkit, or build candidates where nvcc is (their kernels travel with them)"
+        )
     suffix = arch.split("_", 1)[-1]
     with tempfile.TemporaryDirectory(prefix="dlopt-nvcc-") as tmp:
         src, out = Path(tmp, "kernel.cu"), Path(tmp, "kernel.fatbin")
         src.write_text(code)
         # run in the temporary folder with relative names and TMPDIR there: its messages name no
         # server path, and what nvcc's own children leave goes with the folder
-        cmd = [nvcc, "--fatbin", "-gencode", f"arch=compute_{suffix},code=sm_{suffix}", *_NVCC_FLAGS,
-               "-o", out.name, src.name]
-        proc = subprocess.Popen(cmd, cwd=tmp, env=dict(os.environ, TMPDIR=tmp), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        cmd = [
+            nvcc,
+            "--fatbin",
+            "-gencode",
+            f"arch=compute_{suffix},code=sm_{suffix}",
+            *_NVCC_FLAGS,
+            "-o",
+            out.name,
+            src.name,
+        ]
+        proc = subprocess.Popen(
+            cmd,
+            cwd=tmp,
+            env=dict(os.environ, TMPDIR=tmp),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         try:
             text, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

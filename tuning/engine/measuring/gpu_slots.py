@@ -47,8 +47,21 @@ from collections.abc import Callable, Sequence
 from tuning.engine.process.procpool import TIMING_LOCK_VAR
 from tuning.engine.process.sandbox import RUNTIME_ONLY_ENV, user_runtime_dir
 
-__all__ = ["NeedsGPU", "GpuInfo", "MpsStatus", "GpuSlotGroup", "DeviceQuery", "list_gpus", "ensure_mps",
-           "gpu_slot_groups", "require_gpus", "MAX_DOP_PER_GPU", "queue_worker_env", "timing_lock_path", "mps_pipe_dir"]
+__all__ = [
+    "NeedsGPU",
+    "GpuInfo",
+    "MpsStatus",
+    "GpuSlotGroup",
+    "DeviceQuery",
+    "list_gpus",
+    "ensure_mps",
+    "gpu_slot_groups",
+    "require_gpus",
+    "MAX_DOP_PER_GPU",
+    "queue_worker_env",
+    "timing_lock_path",
+    "mps_pipe_dir",
+]
 
 MAX_DOP_PER_GPU = 4  # module doc: with exclusive timing, DOP 8 gained 12 % over DOP 4 for twice the workers
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -108,8 +121,12 @@ class DeviceQuery:
     def nvidia_smi(self) -> str:
         if not self._which("nvidia-smi"):
             raise NeedsGPU("needs a GPU: nvidia-smi not found (no NVIDIA driver on this host)")
-        out = self._run(["nvidia-smi", "--query-gpu=index,name,uuid,compute_cap,memory.total",
-                         "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+        out = self._run(
+            ["nvidia-smi", "--query-gpu=index,name,uuid,compute_cap,memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if out.returncode != 0:
             raise NeedsGPU(f"needs a GPU: nvidia-smi failed ({(out.stderr or out.stdout).strip()[:200]})")
         return out.stdout
@@ -149,8 +166,10 @@ def list_gpus(query: DeviceQuery | None = None) -> list[GpuInfo]:
 def require_gpus(query: DeviceQuery | None = None) -> list[GpuInfo]:
     gpus = list_gpus(query)
     if not gpus:
-        raise NeedsGPU("needs a GPU: no NVIDIA device on this host; CUDA candidates can be built here "
-                       "but are measured by a GPU worker (queue measure.<host>.gpu<i>)")
+        raise NeedsGPU(
+            "needs a GPU: no NVIDIA device on this host; CUDA candidates can be built here "
+            "but are measured by a GPU worker (queue measure.<host>.gpu<i>)"
+        )
     return gpus
 
 
@@ -208,13 +227,15 @@ def queue_worker_env(device_index: int, query: DeviceQuery | None = None) -> dic
     (measure.measure_payload_isolated): TVM's runtime only and the GPU's timing lock (the host's
     DOP slots on that GPU time one candidate at a time). No kernel cache: these workers measure
     every team's candidates, whose payloads carry their kernels (cuda_binaries)."""
-    gpu = next((g for g in list_gpus(query) if g.index == int(device_index)),
-               GpuInfo(int(device_index), "", "", "", 0))  # not listed: its lock named by index
+    gpu = next(
+        (g for g in list_gpus(query) if g.index == int(device_index)), GpuInfo(int(device_index), "", "", "", 0)
+    )  # not listed: its lock named by index
     return {**RUNTIME_ONLY_ENV, TIMING_LOCK_VAR: timing_lock_path(gpu)}
 
 
-def gpu_slot_groups(gpus: Sequence[GpuInfo], mps: MpsStatus, max_dop_per_gpu: int = MAX_DOP_PER_GPU,
-                    exclusive_timing: bool = True) -> list[GpuSlotGroup]:
+def gpu_slot_groups(
+    gpus: Sequence[GpuInfo], mps: MpsStatus, max_dop_per_gpu: int = MAX_DOP_PER_GPU, exclusive_timing: bool = True
+) -> list[GpuSlotGroup]:
     """One slot group per GPU; each worker sees only its GPU (as device 0) and, with MPS, the daemon.
     ``exclusive_timing``: the group's workers time one candidate at a time (module doc); False
     times them concurrently, the ablation gpu_check.sh measures."""

@@ -280,8 +280,9 @@ def make_payload(
     return {
         "artifact_b64": base64.b64encode(artifact_bytes).decode("ascii"),
         "artifact_format": "so",
-        "kernel_binaries_b64": {name: base64.b64encode(data).decode("ascii")
-                                for name, data in (kernel_binaries or {}).items()},
+        "kernel_binaries_b64": {
+            name: base64.b64encode(data).decode("ascii") for name, data in (kernel_binaries or {}).items()
+        },
         "device_type": device_type,
         "device_index": int(device_index),
         "args_info": [list(_jsonable(a)) for a in args_info_json],
@@ -314,14 +315,23 @@ def describe_host(threads: int | None, device_type: str = "cpu") -> dict[str, An
 
     if device_type in ("cpu", "llvm"):
         cpu = slots.cpu_slots(int(threads or len(slots.read_topology().cpus)))
-        return {"kind": "describe", "slots": len(cpu), "threads": cpu[0].threads,
-                "cpus": [list(s.cpus) for s in cpu], "worker": worker_id()}
+        return {
+            "kind": "describe",
+            "slots": len(cpu),
+            "threads": cpu[0].threads,
+            "cpus": [list(s.cpus) for s in cpu],
+            "worker": worker_id(),
+        }
     gpus = gpu_slots.list_gpus()
     mps = gpu_slots.ensure_mps(gpu_slots.mps_pipe_dir()) if gpus else gpu_slots.MpsStatus(False)
     groups = gpu_slots.gpu_slot_groups(gpus, mps)
-    return {"kind": "describe", "slots": groups[0].max_dop if groups else 0, "mps": mps.running,
-            "gpus": [{"index": g.gpu.index, "arch": g.gpu.arch, "max_dop": g.max_dop} for g in groups],
-            "worker": worker_id(device_type)}
+    return {
+        "kind": "describe",
+        "slots": groups[0].max_dop if groups else 0,
+        "mps": mps.running,
+        "gpus": [{"index": g.gpu.index, "arch": g.gpu.arch, "max_dop": g.max_dop} for g in groups],
+        "worker": worker_id(device_type),
+    }
 
 
 def measure_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -333,14 +343,17 @@ def measure_payload(payload: Mapping[str, Any]) -> dict[str, Any]:
         return MeasureOutcome([], refusal, socket.gethostname(), 0.0).to_dict()
     encoded = dict(payload.get("kernel_binaries_b64") or {})
     if len(encoded) > cuda_binaries.MAX_BINARIES or any(
-            len(str(v)) > cuda_binaries.MAX_BINARY_BYTES * 4 // 3 + 4 for v in encoded.values()):
-        return MeasureOutcome([], "refused payload: too many or too large kernel binaries",
-                              socket.gethostname(), 0.0).to_dict()
+        len(str(v)) > cuda_binaries.MAX_BINARY_BYTES * 4 // 3 + 4 for v in encoded.values()
+    ):
+        return MeasureOutcome(
+            [], "refused payload: too many or too large kernel binaries", socket.gethostname(), 0.0
+        ).to_dict()
     try:
         kernels = {str(name): base64.b64decode(data, validate=True) for name, data in encoded.items()}
     except (ValueError, TypeError) as exc:
-        return MeasureOutcome([], f"refused payload: kernel binaries are not base64 ({exc})",
-                              socket.gethostname(), 0.0).to_dict()
+        return MeasureOutcome(
+            [], f"refused payload: kernel binaries are not base64 ({exc})", socket.gethostname(), 0.0
+        ).to_dict()
     outcome = measure_artifact(
         base64.b64decode(payload["artifact_b64"]),
         device_type=payload["device_type"],
@@ -380,9 +393,16 @@ def _isolated_worker(payload: Mapping[str, Any], device: int, slot: int) -> Work
                 host_slots = cpu_slots(int(payload.get("threads") or 0) or len(os.sched_getaffinity(0)))
                 cpus, threads = host_slots[slot % len(host_slots)].as_layout()
             worker = _ISOLATED[key] = WorkerProcess(
-                WorkerSpec(name=f"measure-isolated-{f'gpu{device}' if gpu else 'cpu'}-s{slot}", cpu_ids=cpus,
-                           threads=threads, limits=sandbox.default_limits(gpu=gpu), env=env),
-                initializer=warmup, max_uses=500)
+                WorkerSpec(
+                    name=f"measure-isolated-{f'gpu{device}' if gpu else 'cpu'}-s{slot}",
+                    cpu_ids=cpus,
+                    threads=threads,
+                    limits=sandbox.default_limits(gpu=gpu),
+                    env=env,
+                ),
+                initializer=warmup,
+                max_uses=500,
+            )
         return worker
 
 
@@ -398,16 +418,18 @@ def measure_payload_isolated(payload: Mapping[str, Any], *, timeout: float = 300
     except (TypeError, ValueError):
         device, slot = -1, -1
     if not (0 <= device < MAX_QUEUE_SLOTS and 0 <= slot < MAX_QUEUE_SLOTS):  # each pair starts a worker
-        return MeasureOutcome([], f"refused payload: device_index and slot must be 0-{MAX_QUEUE_SLOTS - 1}",
-                              socket.gethostname(), 0.0).to_dict()
+        return MeasureOutcome(
+            [], f"refused payload: device_index and slot must be 0-{MAX_QUEUE_SLOTS - 1}", socket.gethostname(), 0.0
+        ).to_dict()
     worker = _isolated_worker(payload, device, slot)
     t0 = time.perf_counter()
     try:
         return worker.call(measure_payload, dict(payload), timeout=timeout)
     except (WorkerError, WorkerTimeout) as exc:
         who = f"{socket.gethostname()}:isolated"
-        return MeasureOutcome([], f"measuring worker failed: {str(exc)[-2000:]}", who,
-                              time.perf_counter() - t0).to_dict()
+        return MeasureOutcome(
+            [], f"measuring worker failed: {str(exc)[-2000:]}", who, time.perf_counter() - t0
+        ).to_dict()
 
 
 def warmup() -> None:

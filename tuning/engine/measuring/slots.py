@@ -124,9 +124,9 @@ def plan_slots(topo: CpuTopology, threads: int) -> list[Slot]:
     groups: list[tuple[int, ...]] = []
     for node in sorted(by_node):
         cpus = by_node[node]
-        groups.extend(tuple(cpus[i: i + threads]) for i in range(0, len(cpus) - threads + 1, threads))
+        groups.extend(tuple(cpus[i : i + threads]) for i in range(0, len(cpus) - threads + 1, threads))
     if not groups:  # T larger than every NUMA node: slots span nodes
-        groups = [tuple(units[i: i + threads]) for i in range(0, len(units) - threads + 1, threads)]
+        groups = [tuple(units[i : i + threads]) for i in range(0, len(units) - threads + 1, threads)]
     return [Slot(i, g, threads, _single_node(topo, g)) for i, g in enumerate(groups)]
 
 

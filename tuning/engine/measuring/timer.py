@@ -28,7 +28,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EvaluatorConfig", "default_evaluator", "time_module", "check_device", "load_device_runtime", "DeviceUnavailable"]
+__all__ = [
+    "EvaluatorConfig",
+    "default_evaluator",
+    "time_module",
+    "check_device",
+    "load_device_runtime",
+    "DeviceUnavailable",
+]
 
 
 class DeviceUnavailable(RuntimeError):

@@ -42,6 +42,7 @@ def _main() -> None:
                 if status != "ok":
                     raise RuntimeError(value)
                 return value
+
             return call
 
     def resolve(name: str):

@@ -14,6 +14,7 @@ the call ends however it ends, and it ends itself when the caller dies (:mod:`.l
 :class:`Abort` the caller triggers (its lease was lost, its sink cannot report) kills the child at once:
 the call raises :class:`EngineStopped`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -107,7 +108,7 @@ def _send(stream, obj) -> None:
     data = memoryview(struct.pack(">Q", len(body)) + body)
     while data:  # an unbuffered pipe may take only part of a large message per write
         written = stream.write(data)
-        data = data[written if written is not None else len(data):]
+        data = data[written if written is not None else len(data) :]
     stream.flush()
 
 
@@ -138,10 +139,20 @@ def _answer_sink(sink, name: str, args: tuple, on_sink_error) -> tuple:
         return ("err", f"{type(exc).__name__}: {exc}")
 
 
-def call_isolated(func: Callable[..., Any] | str, *args, what: str, sink: Any = None, init: Callable[..., Any] | str | None = None,
-                  env: dict[str, str] | None = None, scrub: bool = False, on_sink_error=None,
-                  sandbox_user: bool = False, writable: Sequence[str | os.PathLike] = (),
-                  abort: Abort | None = None, **kwargs):
+def call_isolated(
+    func: Callable[..., Any] | str,
+    *args,
+    what: str,
+    sink: Any = None,
+    init: Callable[..., Any] | str | None = None,
+    env: dict[str, str] | None = None,
+    scrub: bool = False,
+    on_sink_error=None,
+    sandbox_user: bool = False,
+    writable: Sequence[str | os.PathLike] = (),
+    abort: Abort | None = None,
+    **kwargs,
+):
     """Run ``func`` (a module-level function, or its "package.module:function" name) with ``args``/``kwargs`` in a fresh child process.
 
     ``what`` says what the call does, for the crash message ("the TVM compiler crashed (signal 11,
@@ -175,30 +186,62 @@ def call_isolated(func: Callable[..., Any] | str, *args, what: str, sink: Any = 
             if sandbox_requirement():
                 raise
             log.warning("%s: the engine child keeps this process's user while %s", exc, what)
-            given, argv = given[:given.index(path)], []
+            given, argv = given[: given.index(path)], []
         else:
             argv = ["--sandbox-user"] if sandbox_user else []
         if home:
             child_env["HOME"] = child_env["TMPDIR"] = home
-        return _call(func, args, kwargs, what=what, sink=sink, init=init, env=child_env,
-                     on_sink_error=on_sink_error, argv=argv, cwd=home, abort=abort)
+        return _call(
+            func,
+            args,
+            kwargs,
+            what=what,
+            sink=sink,
+            init=init,
+            env=child_env,
+            on_sink_error=on_sink_error,
+            argv=argv,
+            cwd=home,
+            abort=abort,
+        )
     finally:
         for path in given[1:]:
             take_back(path)
         remove_dir(home)  # taken back too
 
 
-def _call(func: str, args: tuple, kwargs: dict, *, what: str, sink: Any, init: str | None, env: dict[str, str],
-          on_sink_error, argv: list[str], cwd: str | None, abort: Abort | None):
-    proc = subprocess.Popen([sys.executable, "-u", _CHILD, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env=env, close_fds=True, cwd=cwd, start_new_session=True)
+def _call(
+    func: str,
+    args: tuple,
+    kwargs: dict,
+    *,
+    what: str,
+    sink: Any,
+    init: str | None,
+    env: dict[str, str],
+    on_sink_error,
+    argv: list[str],
+    cwd: str | None,
+    abort: Abort | None,
+):
+    proc = subprocess.Popen(
+        [sys.executable, "-u", _CHILD, *argv],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        close_fds=True,
+        cwd=cwd,
+        start_new_session=True,
+    )
     done = threading.Event()
     if abort is not None:
+
         def kill_on_abort() -> None:
             while not done.is_set():
                 if abort.event.wait(0.5) and not done.is_set():
                     _kill_group(proc)
                     return
+
         threading.Thread(target=kill_on_abort, name=f"engine-{proc.pid}-abort", daemon=True).start()
     try:
         methods = [m for m in SINK_METHODS if sink is not None and hasattr(sink, m)]
@@ -213,8 +256,9 @@ def _call(func: str, args: tuple, kwargs: dict, *, what: str, sink: Any, init: s
                 code = proc.wait()
                 if abort is not None and abort.is_set():
                     raise EngineStopped(abort.reason) from None
-                raise EngineCrashed(f"the TVM compiler crashed ({_describe_exit(code)}) while {what}",
-                                    returncode=code) from None
+                raise EngineCrashed(
+                    f"the TVM compiler crashed ({_describe_exit(code)}) while {what}", returncode=code
+                ) from None
             if msg[0] == "sink":
                 _send(proc.stdin, _answer_sink(sink, msg[1], msg[2], on_sink_error))
             elif msg[0] == "result":

@@ -14,6 +14,7 @@ Stdlib only: the engine's children import this before anything else runs.
   bounded time for a dying one and refuses to start next to a live one (:class:`WorkDirBusy`).
   :func:`take_lock` is the same lock for any file (config/celery.py: one celery beat at a time).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -61,8 +62,13 @@ def _guard_group() -> None:
     when this process has ended however it ended (the death signal's SIGKILL included)."""
     global _guard
     with contextlib.suppress(OSError):
-        _guard = subprocess.Popen(["/bin/sh", "-c", "read _ignored; kill -KILL 0"], stdin=subprocess.PIPE,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+        _guard = subprocess.Popen(
+            ["/bin/sh", "-c", "read _ignored; kill -KILL 0"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
 
 
 def die_with_parent(*, death_signal: bool = True, parent: int | None = None) -> int:
@@ -130,8 +136,9 @@ def lock_work_dir(work_dir: str, *, wait_s: float = 30.0, poll_s: float = 0.2):
     try:
         fd = take_lock(path, wait_s=wait_s, poll_s=poll_s)
     except LockHeld as exc:
-        raise WorkDirBusy(f"another engine is still working in this run's directory (holder: {exc}); "
-                          f"not starting a second one") from None
+        raise WorkDirBusy(
+            f"another engine is still working in this run's directory (holder: {exc}); not starting a second one"
+        ) from None
     try:
         yield path
     finally:

@@ -40,8 +40,17 @@ from common.privileges import hand_over, sandbox_account
 from tuning.engine.process import sandbox
 from tuning.engine.process.entry import entry_point
 
-__all__ = ["WorkerSpec", "WorkerProcess", "ProcessPool", "run_isolated", "WorkerError", "WorkerTimeout",
-           "available_cpus", "unpin_current_thread", "loads_from_sandbox"]
+__all__ = [
+    "WorkerSpec",
+    "WorkerProcess",
+    "ProcessPool",
+    "run_isolated",
+    "WorkerError",
+    "WorkerTimeout",
+    "available_cpus",
+    "unpin_current_thread",
+    "loads_from_sandbox",
+]
 
 #: the lock file measure.timing_window holds while timing (a GPU's: one candidate timed at a time per GPU)
 TIMING_LOCK_VAR = "DLOPT_TIMING_LOCK"
@@ -52,8 +61,22 @@ _ROOT = str(Path(__file__).resolve().parents[3])
 # (next to the credentials the sandbox keeps from it): only data types and the engine's own
 # dataclasses and exceptions are built, nothing else is looked up.
 _SAFE_GLOBALS = {
-    "builtins": {"dict", "list", "tuple", "set", "frozenset", "bytearray", "complex", "slice", "range",
-                 "str", "int", "float", "bool", "bytes"},
+    "builtins": {
+        "dict",
+        "list",
+        "tuple",
+        "set",
+        "frozenset",
+        "bytearray",
+        "complex",
+        "slice",
+        "range",
+        "str",
+        "int",
+        "float",
+        "bool",
+        "bytes",
+    },
     "collections": {"OrderedDict", "deque"},
     "datetime": {"datetime", "date", "time", "timedelta", "timezone"},
     "numpy": {"dtype", "ndarray"},
@@ -80,6 +103,8 @@ class _SandboxUnpickler(pickle.Unpickler):
 def loads_from_sandbox(data: bytes):
     """``pickle.loads`` for bytes written by a sandboxed child: data and engine dataclasses only."""
     return _SandboxUnpickler(io.BytesIO(data)).load()
+
+
 _WORKER_SCRIPT = str(Path(__file__).resolve().with_name("_procworker.py"))
 _LIVE: weakref.WeakSet[WorkerProcess] = weakref.WeakSet()
 
@@ -396,8 +421,9 @@ class ProcessPool:
                 fut.worker_name = worker.spec.name  # type: ignore[attr-defined]
                 fut.set_exception(exc)
 
-    def submit(self, func: Callable[..., Any] | str, *args, timeout: float | None = None,
-               **kwargs) -> concurrent.futures.Future:
+    def submit(
+        self, func: Callable[..., Any] | str, *args, timeout: float | None = None, **kwargs
+    ) -> concurrent.futures.Future:
         if self._closed:
             raise RuntimeError("pool is shut down")
         fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -446,7 +472,9 @@ class ProcessPool:
             pass
 
 
-def run_isolated(func: Callable[..., Any] | str, *args, timeout: float | None = None, limits: dict | None = None, **kwargs):
+def run_isolated(
+    func: Callable[..., Any] | str, *args, timeout: float | None = None, limits: dict | None = None, **kwargs
+):
     """Run ``func`` once in a fresh sandboxed worker (its own environment, directory and limits),
     then end the worker. Raises :class:`WorkerError` / :class:`WorkerTimeout` like ``call``."""
     worker = WorkerProcess(WorkerSpec(name="isolated", limits=limits))

@@ -34,17 +34,56 @@ import tempfile
 
 from common.privileges import drop_privileges, take_back
 
-__all__ = ["ENV_ALLOW", "ENV_ALLOW_PREFIXES", "scrub_env", "default_limits", "limits_env", "apply_limits",
-           "apply_limits_from_env", "private_dir", "runtime_root", "user_runtime_dir", "UnsafeDirectory", "scrubbed_environ",
-           "stock_worker_init", "protect_secrets", "is_dumpable", "read_untrusted_file", "RUNTIME_ONLY_ENV"]
+__all__ = [
+    "ENV_ALLOW",
+    "ENV_ALLOW_PREFIXES",
+    "scrub_env",
+    "default_limits",
+    "limits_env",
+    "apply_limits",
+    "apply_limits_from_env",
+    "private_dir",
+    "runtime_root",
+    "user_runtime_dir",
+    "UnsafeDirectory",
+    "scrubbed_environ",
+    "stock_worker_init",
+    "protect_secrets",
+    "is_dumpable",
+    "read_untrusted_file",
+    "RUNTIME_ONLY_ENV",
+]
 
 # Variables a builder / measuring worker needs (compilers, libraries, locale, TVM and thread knobs).
-ENV_ALLOW = frozenset({
-    "PATH", "LANG", "LANGUAGE", "TERM", "TZ", "CC", "CXX", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHASHSEED",
-    "PYTHONDONTWRITEBYTECODE", "VIRTUAL_ENV", "ENGINE_WORKER_STDERR",
-})
-ENV_ALLOW_PREFIXES = ("LC_", "TVM_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "NVIDIA_", "DLOPT_SANDBOX_", "DLOPT_CUDA_",
-                      "DLOPT_TIMING_")
+ENV_ALLOW = frozenset(
+    {
+        "PATH",
+        "LANG",
+        "LANGUAGE",
+        "TERM",
+        "TZ",
+        "CC",
+        "CXX",
+        "LD_LIBRARY_PATH",
+        "PYTHONPATH",
+        "PYTHONHASHSEED",
+        "PYTHONDONTWRITEBYTECODE",
+        "VIRTUAL_ENV",
+        "ENGINE_WORKER_STDERR",
+    }
+)
+ENV_ALLOW_PREFIXES = (
+    "LC_",
+    "TVM_",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "CUDA_",
+    "NVIDIA_",
+    "DLOPT_SANDBOX_",
+    "DLOPT_CUDA_",
+    "DLOPT_TIMING_",
+)
 LIMITS_VAR = "ENGINE_WORKER_RLIMITS"
 # a worker that runs as the sandbox account gets its GPU's timing lock as an open file (this number)
 TIMING_LOCK_FD_VAR = "DLOPT_TIMING_LOCK_FD"
@@ -69,9 +108,11 @@ def _int_env(name: str, default: int) -> int:
 def default_limits(*, gpu: bool = False) -> dict[str, int | None]:
     """RLIMIT values for a candidate worker (``as_bytes`` None: no address-space cap)."""
     as_mb = _int_env("DLOPT_SANDBOX_AS_MB", DEFAULT_AS_MB)
-    return {"as_bytes": None if gpu or as_mb <= 0 else as_mb * 1024 * 1024,
-            "cpu_s": _int_env("DLOPT_SANDBOX_CPU_S", DEFAULT_CPU_S),
-            "nofile": _int_env("DLOPT_SANDBOX_NOFILE", DEFAULT_NOFILE)}
+    return {
+        "as_bytes": None if gpu or as_mb <= 0 else as_mb * 1024 * 1024,
+        "cpu_s": _int_env("DLOPT_SANDBOX_CPU_S", DEFAULT_CPU_S),
+        "nofile": _int_env("DLOPT_SANDBOX_NOFILE", DEFAULT_NOFILE),
+    }
 
 
 def limits_env(limits: dict[str, int | None]) -> str:
@@ -110,8 +151,10 @@ class UnsafeDirectory(RuntimeError):
 def _check_private(path: str) -> None:
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise UnsafeDirectory(f"{os.path.basename(path)!r} (a dlopt runtime directory) is not a directory only "
-                              f"this user can write (owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)})")
+        raise UnsafeDirectory(
+            f"{os.path.basename(path)!r} (a dlopt runtime directory) is not a directory only "
+            f"this user can write (owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)})"
+        )
 
 
 def runtime_root() -> str:
@@ -147,7 +190,9 @@ def user_runtime_dir(name: str) -> str:
 RUNTIME_ONLY_ENV = {"TVM_USE_RUNTIME_LIB": "1", "TVM_FFI_DISABLE_TORCH_C_DLPACK": "1"}
 
 
-def read_untrusted_file(path: str | os.PathLike, *, max_bytes: int, magic: bytes, dir_fd: int | None = None) -> bytes | None:
+def read_untrusted_file(
+    path: str | os.PathLike, *, max_bytes: int, magic: bytes, dir_fd: int | None = None
+) -> bytes | None:
     """The bytes of a file a worker wrote or named, as a secret-holding parent may read them: opened
     without following links (a link to ``/proc/self/environ`` would otherwise hand over this
     process's environment), and None unless it is a regular file of at most ``max_bytes`` that
@@ -230,8 +275,16 @@ def is_dumpable() -> bool:
 
 def describe_process() -> dict:
     """What this process runs with (environment names, cwd, ids, limits): a probe the tests run in workers."""
-    return {"env": sorted(os.environ), "cwd": os.getcwd(), "pid": os.getpid(), "uids": os.getresuid(),
-            "gids": os.getresgid(), "groups": os.getgroups(),
-            "limits": {"as_bytes": resource.getrlimit(resource.RLIMIT_AS),
-                       "cpu_s": resource.getrlimit(resource.RLIMIT_CPU),
-                       "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)}}
+    return {
+        "env": sorted(os.environ),
+        "cwd": os.getcwd(),
+        "pid": os.getpid(),
+        "uids": os.getresuid(),
+        "gids": os.getresgid(),
+        "groups": os.getgroups(),
+        "limits": {
+            "as_bytes": resource.getrlimit(resource.RLIMIT_AS),
+            "cpu_s": resource.getrlimit(resource.RLIMIT_CPU),
+            "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
+        },
+    }

@@ -19,8 +19,15 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["tvm_version", "cpu_fingerprint", "gpu_fingerprint", "hardware_fingerprint", "cache_target_key",
-           "trace_digest", "structural_hash"]
+__all__ = [
+    "tvm_version",
+    "cpu_fingerprint",
+    "gpu_fingerprint",
+    "hardware_fingerprint",
+    "cache_target_key",
+    "trace_digest",
+    "structural_hash",
+]
 
 
 def tvm_version() -> str:

@@ -39,25 +39,79 @@ from typing import Any
 
 from common.jsonsafe import NonFiniteNumber, loads_finite
 
-__all__ = ["ALLOWED_KINDS", "ALLOWED_ANNOTATIONS", "RecordError", "precheck", "annotation_allowed", "trace_only",
-           "recheck_output", "check_trace_json", "MAX_UNROLL_STEP"]
+__all__ = [
+    "ALLOWED_KINDS",
+    "ALLOWED_ANNOTATIONS",
+    "RecordError",
+    "precheck",
+    "annotation_allowed",
+    "trace_only",
+    "recheck_output",
+    "check_trace_json",
+    "MAX_UNROLL_STEP",
+]
 
-ALLOWED_KINDS = frozenset({
-    "GetSBlock", "GetLoops", "GetChildBlocks", "GetProducers", "GetConsumers", "GetOutputBlocks",
-    "SamplePerfectTile", "SamplePartitionedTile", "SampleCategorical", "SampleComputeLocation",
-    "Split", "Fuse", "Reorder", "AddUnitLoop", "Parallel", "Vectorize", "Bind", "Unroll",
-    "CacheRead", "CacheWrite", "ReindexCacheRead", "ReindexCacheWrite", "CacheInplace", "CacheIndex", "ReIndex",
-    "ComputeAt", "ReverseComputeAt", "ComputeInline", "ReverseComputeInline",
-    "DecomposeReduction", "DecomposePadding", "RFactor", "StorageAlign", "SetScope", "SetAxisSeparator",
-    "Blockize", "Tensorize", "Annotate", "Unannotate", "TransformLayout", "TransformBlockLayout",
-    "PadEinsum", "RollingBuffer", "EnterPostproc",
-})
+ALLOWED_KINDS = frozenset(
+    {
+        "GetSBlock",
+        "GetLoops",
+        "GetChildBlocks",
+        "GetProducers",
+        "GetConsumers",
+        "GetOutputBlocks",
+        "SamplePerfectTile",
+        "SamplePartitionedTile",
+        "SampleCategorical",
+        "SampleComputeLocation",
+        "Split",
+        "Fuse",
+        "Reorder",
+        "AddUnitLoop",
+        "Parallel",
+        "Vectorize",
+        "Bind",
+        "Unroll",
+        "CacheRead",
+        "CacheWrite",
+        "ReindexCacheRead",
+        "ReindexCacheWrite",
+        "CacheInplace",
+        "CacheIndex",
+        "ReIndex",
+        "ComputeAt",
+        "ReverseComputeAt",
+        "ComputeInline",
+        "ReverseComputeInline",
+        "DecomposeReduction",
+        "DecomposePadding",
+        "RFactor",
+        "StorageAlign",
+        "SetScope",
+        "SetAxisSeparator",
+        "Blockize",
+        "Tensorize",
+        "Annotate",
+        "Unannotate",
+        "TransformLayout",
+        "TransformBlockLayout",
+        "PadEinsum",
+        "RollingBuffer",
+        "EnterPostproc",
+    }
+)
 # Annotation keys MetaSchedule's llvm and cuda schedule rules / postprocessors write besides
 # meta_schedule.* (RewriteParallelVectorizeUnroll, MultiLevelTiling*, software pipelining).
-ALLOWED_ANNOTATIONS = frozenset({
-    "pragma_auto_unroll_max_step", "pragma_unroll_explicit", "software_pipeline_stage",
-    "software_pipeline_order", "software_pipeline_async_stages", "warp_execution", "double_buffer_scope",
-})
+ALLOWED_ANNOTATIONS = frozenset(
+    {
+        "pragma_auto_unroll_max_step",
+        "pragma_unroll_explicit",
+        "software_pipeline_stage",
+        "software_pipeline_order",
+        "software_pipeline_async_stages",
+        "warp_execution",
+        "double_buffer_scope",
+    }
+)
 IDENTIFIER = re.compile(r"[A-Za-z0-9_.]{1,128}")
 MAX_WORKLOAD_LINE = 64 * 1024 * 1024
 MAX_RECORD_LINE = 1024 * 1024
@@ -134,17 +188,29 @@ def _check_workload_graph(n: int, value) -> None:
     for node in graph["nodes"]:
         kind = node.get("type") if isinstance(node, dict) else None
         if not isinstance(kind, str) or kind.startswith("target."):
-            raise RecordError(where, f"the module carries a {str(kind)[:40]!r} node (a task module names no "
-                                     "target; the run's own is used)")
+            raise RecordError(
+                where,
+                f"the module carries a {str(kind)[:40]!r} node (a task module names no target; the run's own is used)",
+            )
 
 
 def precheck(workloads: bytes, records: bytes, *, max_records: int) -> tuple[list, list]:
     """Shape and size of the two files, without TVM: [(line, value)] of workloads and records."""
-    wl = _lines(workloads, "Workload", MAX_WORKLOAD_LINE, MAX_WORKLOADS,
-                f"more than {MAX_WORKLOADS} workloads (a run has far fewer tasks)")
-    recs = _lines(records, "Tuning record", MAX_RECORD_LINE, max_records,
-                  f"more tuning records than this run's budget of {max_records} trials (each imported record "
-                  "is measured as one trial)")
+    wl = _lines(
+        workloads,
+        "Workload",
+        MAX_WORKLOAD_LINE,
+        MAX_WORKLOADS,
+        f"more than {MAX_WORKLOADS} workloads (a run has far fewer tasks)",
+    )
+    recs = _lines(
+        records,
+        "Tuning record",
+        MAX_RECORD_LINE,
+        max_records,
+        f"more tuning records than this run's budget of {max_records} trials (each imported record "
+        "is measured as one trial)",
+    )
     if not wl or not recs:
         raise RecordError("Import", "both the workload file and the tuning-record file must be non-empty")
     for n, rec in recs:
@@ -152,8 +218,13 @@ def precheck(workloads: bytes, records: bytes, *, max_records: int) -> tuple[lis
         if not (isinstance(rec, list) and len(rec) == 2 and type(rec[0]) is int and 0 <= rec[0] < len(wl)):
             raise RecordError(where, "expected [workload_index, record] with a valid workload index")
         body = rec[1]
-        if not (isinstance(body, list) and body and isinstance(body[0], list) and len(body[0]) == 2
-                and isinstance(body[0][0], list)):
+        if not (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], list)
+            and len(body[0]) == 2
+            and isinstance(body[0][0], list)
+        ):
             raise RecordError(where, "expected a MetaSchedule record [[instructions, decisions], ...]")
         try:
             check_trace_json(body[0])
@@ -196,12 +267,29 @@ def _unroll_step_ok(step) -> bool:
 
 # RewriteLayout's TransformLayout carries its IndexMap as TVM's JSON graph text: node kinds an index map
 # of plain integer arithmetic is made of, and nothing else (no function, no buffer, no string of code)
-INDEX_MAP_NODES = frozenset({
-    "None", "int", "ffi.String", "ffi.Array", "ir.PrimType", "ir.Var", "ir.IntImm", "tirx.IndexMap",
-    "prim.Cast", "prim.Add", "prim.Sub", "prim.Mul", "prim.FloorDiv", "prim.FloorMod", "prim.Min", "prim.Max",
-})
-INDEX_MAP_FIELDS = frozenset({"span", "ty", "value", "name", "a", "b", "dtype", "initial_indices",
-                              "final_indices", "inverse_index_map"})
+INDEX_MAP_NODES = frozenset(
+    {
+        "None",
+        "int",
+        "ffi.String",
+        "ffi.Array",
+        "ir.PrimType",
+        "ir.Var",
+        "ir.IntImm",
+        "tirx.IndexMap",
+        "prim.Cast",
+        "prim.Add",
+        "prim.Sub",
+        "prim.Mul",
+        "prim.FloorDiv",
+        "prim.FloorMod",
+        "prim.Min",
+        "prim.Max",
+    }
+)
+INDEX_MAP_FIELDS = frozenset(
+    {"span", "ty", "value", "name", "a", "b", "dtype", "initial_indices", "final_indices", "inverse_index_map"}
+)
 MAX_INDEX_MAP_NODES = 4096
 
 
@@ -215,10 +303,13 @@ def check_index_map_json(text) -> None:
         graph = loads_finite(text)
     except (ValueError, NonFiniteNumber, RecursionError):
         raise ValueError("an index map is not finite JSON") from None
-    if not (isinstance(graph, dict) and set(graph) <= {"root_index", "nodes", "metadata"}
-            and isinstance(graph.get("nodes"), list) and 0 < len(graph["nodes"]) <= MAX_INDEX_MAP_NODES):
-        raise ValueError("an index map is not a JSON graph of at most "
-                         f"{MAX_INDEX_MAP_NODES} nodes")
+    if not (
+        isinstance(graph, dict)
+        and set(graph) <= {"root_index", "nodes", "metadata"}
+        and isinstance(graph.get("nodes"), list)
+        and 0 < len(graph["nodes"]) <= MAX_INDEX_MAP_NODES
+    ):
+        raise ValueError(f"an index map is not a JSON graph of at most {MAX_INDEX_MAP_NODES} nodes")
     n = len(graph["nodes"])
 
     def ref(value) -> None:
@@ -271,14 +362,17 @@ def check_trace_json(trace) -> None:
     ``[kind, inputs, attrs, outputs]``): MetaSchedule's own kinds and annotation keys, plain names and
     finite numbers only, unroll steps at most ``MAX_UNROLL_STEP`` (literal, or every candidate of the
     ``SampleCategorical`` that samples them). Raises ValueError naming the first problem."""
-    if not (isinstance(trace, list) and len(trace) == 2 and isinstance(trace[0], list)
-            and isinstance(trace[1], list)):
+    if not (isinstance(trace, list) and len(trace) == 2 and isinstance(trace[0], list) and isinstance(trace[1], list)):
         raise ValueError("expected a trace [instructions, decisions]")
     categorical: dict[str, list] = {}  # output RV name -> its SampleCategorical's candidates
     defined: set = set()
     for i, inst in enumerate(trace[0]):
-        if not (isinstance(inst, list) and len(inst) == 4 and isinstance(inst[0], str)
-                and all(isinstance(x, list) for x in inst[1:])):
+        if not (
+            isinstance(inst, list)
+            and len(inst) == 4
+            and isinstance(inst[0], str)
+            and all(isinstance(x, list) for x in inst[1:])
+        ):
             raise ValueError(f"instruction {i} is not [kind, inputs, attrs, outputs]")
         kind, inputs, attrs, outputs = inst
         if kind not in ALLOWED_KINDS:
@@ -287,8 +381,10 @@ def check_trace_json(trace) -> None:
         if kind == "Annotate":  # (Unannotate only removes one: MetaSchedule's own traces unannotate schedule_rule)
             key = _unquoted(attrs[0]) if attrs and isinstance(attrs[0], str) else None
             if key is None or not annotation_allowed(key):
-                raise ValueError(f"instruction {i} annotates {str(key)[:60]!r}, which is not on the allow-list "
-                                 "(meta_schedule.*, " + ", ".join(sorted(ALLOWED_ANNOTATIONS)) + ")")
+                raise ValueError(
+                    f"instruction {i} annotates {str(key)[:60]!r}, which is not on the allow-list "
+                    "(meta_schedule.*, " + ", ".join(sorted(ALLOWED_ANNOTATIONS)) + ")"
+                )
         try:
             _check_plain(_without_index_map(inst) if kind == "TransformLayout" else inst)
         except ValueError as exc:
@@ -304,8 +400,10 @@ def check_trace_json(trace) -> None:
             value = inputs[1]
             steps = categorical.get(value, [value]) if isinstance(value, str) else [value]
             if not all(_unroll_step_ok(x) for x in steps):
-                raise ValueError(f"instruction {i} unrolls by more than {MAX_UNROLL_STEP} steps (or not by an "
-                                 "integer): MetaSchedule's largest step is 1024")
+                raise ValueError(
+                    f"instruction {i} unrolls by more than {MAX_UNROLL_STEP} steps (or not by an "
+                    "integer): MetaSchedule's largest step is 1024"
+                )
     for d in trace[1]:
         if not (isinstance(d, list) and len(d) == 2 and type(d[0]) is int and 0 <= d[0] < len(trace[0])):
             raise ValueError("a decision does not name an instruction of the trace")
@@ -332,8 +430,14 @@ def recheck_output(record_lines: list[str]) -> list[str]:
             raise RecordError(where, "the checker returned a record nested too deeply") from None
         except ValueError:
             raise RecordError(where, "the checker returned a malformed record") from None
-        if not (isinstance(value, list) and len(value) == 2 and type(value[0]) is int
-                and 0 <= value[0] < MAX_TASKS and isinstance(value[1], list) and len(value[1]) == 4):
+        if not (
+            isinstance(value, list)
+            and len(value) == 2
+            and type(value[0]) is int
+            and 0 <= value[0] < MAX_TASKS
+            and isinstance(value[1], list)
+            and len(value[1]) == 4
+        ):
             raise RecordError(where, "the checker returned a malformed record")
         index, body = value
         if body[1:] != [None, None, None]:

@@ -36,11 +36,31 @@ from tuning.engine.records.check import (
 __all__ = ["check_trace", "check_loops", "check_and_replay", "check_import"]
 
 
-_EXPR_FIELDS = {"Add": ("a", "b"), "Sub": ("a", "b"), "Mul": ("a", "b"), "Div": ("a", "b"), "Mod": ("a", "b"),
-                "FloorDiv": ("a", "b"), "FloorMod": ("a", "b"), "Min": ("a", "b"), "Max": ("a", "b"),
-                "EQ": ("a", "b"), "NE": ("a", "b"), "LT": ("a", "b"), "LE": ("a", "b"), "GT": ("a", "b"),
-                "GE": ("a", "b"), "And": ("a", "b"), "Or": ("a", "b"), "Not": ("a",), "Cast": ("value",),
-                "Select": ("condition", "true_value", "false_value"), "IntImm": (), "FloatImm": (), "Var": ()}
+_EXPR_FIELDS = {
+    "Add": ("a", "b"),
+    "Sub": ("a", "b"),
+    "Mul": ("a", "b"),
+    "Div": ("a", "b"),
+    "Mod": ("a", "b"),
+    "FloorDiv": ("a", "b"),
+    "FloorMod": ("a", "b"),
+    "Min": ("a", "b"),
+    "Max": ("a", "b"),
+    "EQ": ("a", "b"),
+    "NE": ("a", "b"),
+    "LT": ("a", "b"),
+    "LE": ("a", "b"),
+    "GT": ("a", "b"),
+    "GE": ("a", "b"),
+    "And": ("a", "b"),
+    "Or": ("a", "b"),
+    "Not": ("a",),
+    "Cast": ("value",),
+    "Select": ("condition", "true_value", "false_value"),
+    "IntImm": (),
+    "FloatImm": (),
+    "Var": (),
+}
 
 _EXPR_MODULES = ("tvm.ir.prim.expr", "tvm.ir.expr")  # TIR's expressions and variables (ExprRV), not Relax's
 
@@ -92,8 +112,10 @@ def check_trace(trace) -> None:
         if kind == "Annotate":
             key = str(inst.attrs[0])
             if not annotation_allowed(key):
-                raise ValueError(f"instruction {i} annotates {key[:60]!r}, which is not on the allow-list "
-                                 "(meta_schedule.*, " + ", ".join(sorted(ALLOWED_ANNOTATIONS)) + ")")
+                raise ValueError(
+                    f"instruction {i} annotates {key[:60]!r}, which is not on the allow-list "
+                    "(meta_schedule.*, " + ", ".join(sorted(ALLOWED_ANNOTATIONS)) + ")"
+                )
         try:
             _check_value(list(inst.inputs))
             _check_value(list(inst.attrs))
@@ -126,11 +148,15 @@ def _check_mutable(trace) -> None:
             continue
         key, value = str(inst.attrs[0]), inst.inputs[1]
         if key in UNROLL_ANNOTATIONS and not any(_same(value, v) for v in sampled):
-            raise ValueError(f"instruction {i} annotates {key} with a value that is not a SampleCategorical "
-                             "variable of the trace (MetaSchedule's unroll mutator needs one)")
+            raise ValueError(
+                f"instruction {i} annotates {key} with a value that is not a SampleCategorical "
+                "variable of the trace (MetaSchedule's unroll mutator needs one)"
+            )
         if key == "meta_schedule.parallel" and (isinstance(value, bool) or not isinstance(value, (int, IntImm))):
-            raise ValueError(f"instruction {i} annotates {key} with a value that is not an integer constant "
-                             "(MetaSchedule's parallel mutator needs one)")
+            raise ValueError(
+                f"instruction {i} annotates {key} with a value that is not an integer constant "
+                "(MetaSchedule's parallel mutator needs one)"
+            )
 
 
 _STMT_CHILDREN = ("body", "seq", "then_case", "else_case", "block", "init")
@@ -147,16 +173,20 @@ def check_loops(stmt, unrolled: int = 1) -> None:
         if stmt.kind == ForKind.UNROLLED and extent:
             unrolled *= extent
             if unrolled > MAX_UNROLLED_EXTENT:
-                raise ValueError(f"it unrolls loops {unrolled} times over (at most {MAX_UNROLLED_EXTENT}: "
-                                 "such a candidate builds for minutes)")
+                raise ValueError(
+                    f"it unrolls loops {unrolled} times over (at most {MAX_UNROLLED_EXTENT}: "
+                    "such a candidate builds for minutes)"
+                )
         if stmt.kind == ForKind.VECTORIZED and (extent is None or extent > MAX_VECTOR_LANES):
-            raise ValueError(f"it vectorizes a loop of {extent if extent else 'unknown'} lanes (at most "
-                             f"{MAX_VECTOR_LANES}, MetaSchedule's largest)")
+            raise ValueError(
+                f"it vectorizes a loop of {extent if extent else 'unknown'} lanes (at most "
+                f"{MAX_VECTOR_LANES}, MetaSchedule's largest)"
+            )
     for field in _STMT_CHILDREN:
         child = getattr(stmt, field, None)
         if child is None:
             continue
-        for item in (child if isinstance(child, (list, tuple)) or type(child).__name__ == "Array" else [child]):
+        for item in child if isinstance(child, (list, tuple)) or type(child).__name__ == "Array" else [child]:
             check_loops(item, unrolled)
 
 
@@ -218,8 +248,10 @@ def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, m
         where = f"Tuning record line {n}"
         ti = matched.get(wi)
         if ti is None:
-            errors.append(f"{where}: its workload (workload line {wl_lines[wi][0]}) is not one of this run's "
-                          "tasks (no task of the run's model has the same structure)")
+            errors.append(
+                f"{where}: its workload (workload line {wl_lines[wi][0]}) is not one of this run's "
+                "tasks (no task of the run's model has the same structure)"
+            )
             continue
         mod = task_mods[ti]
         try:
@@ -233,4 +265,3 @@ def check_import(model_bytes: bytes, target, workloads: bytes, records: bytes, m
     if errors:
         return {"errors": errors}
     return {"records": out_records}
-

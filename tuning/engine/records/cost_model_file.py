@@ -15,6 +15,7 @@ both directions:
   included, raises :class:`CostModelFileError` before a byte of it is interpreted as code.
 - :func:`data_only` makes an ``XGBModel``'s own ``save``/``load`` these two.
 """
+
 from __future__ import annotations
 
 import io
@@ -27,8 +28,15 @@ import numpy as np
 from common.archive import ArchiveError, read_tar_members
 from common.jsonsafe import loads_finite
 
-__all__ = ["FORMAT", "CostModelFileError", "save_xgb_model", "load_xgb_model", "read_cost_model_file",
-           "check_cost_model_file", "data_only"]
+__all__ = [
+    "FORMAT",
+    "CostModelFileError",
+    "save_xgb_model",
+    "load_xgb_model",
+    "read_cost_model_file",
+    "check_cost_model_file",
+    "data_only",
+]
 
 FORMAT = "dlopt-xgb-cost-model/1"
 MODEL_MEMBER, DATA_MEMBER = "model.json", "data.npz"
@@ -65,10 +73,16 @@ def save_xgb_model(inst, path: str) -> None:
         "group_hashes": np.array([str(g.group_hash) for g in groups], dtype=f"<U{MAX_GROUP_HASH}"),
         "group_sizes": np.array([len(g.features) for g in groups], dtype=np.int64),
         "feature_rows": np.array([f.shape[0] for f in feats], dtype=np.int64),
-        "features": (np.concatenate([f.reshape(-1, width) for f in feats], axis=0) if feats
-                     else np.zeros((0, 0), dtype=np.float32)),
-        "costs": (np.concatenate([np.asarray(g.costs, dtype=np.float32).ravel() for g in groups])
-                  if groups else np.zeros(0, dtype=np.float32)),
+        "features": (
+            np.concatenate([f.reshape(-1, width) for f in feats], axis=0)
+            if feats
+            else np.zeros((0, 0), dtype=np.float32)
+        ),
+        "costs": (
+            np.concatenate([np.asarray(g.costs, dtype=np.float32).ravel() for g in groups])
+            if groups
+            else np.zeros(0, dtype=np.float32)
+        ),
     }
     data = io.BytesIO()
     np.savez(data, allow_pickle=False, **arrays)
@@ -114,8 +128,10 @@ def _check_npz(blob: bytes) -> None:
         try:
             with zf.open(info) as f:
                 version = np.lib.format.read_magic(f)
-                read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                               (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                read_header = {
+                    (1, 0): np.lib.format.read_array_header_1_0,
+                    (2, 0): np.lib.format.read_array_header_2_0,
+                }.get(version)
                 if read_header is None:
                     raise ValueError(f"npy version {version}")
                 shape, _, dtype = read_header(f)  # the header only: a Python literal, parsed as one
@@ -136,11 +152,18 @@ def read_cost_model_file(path: str) -> tuple[OrderedDict, int, bytes | None]:
     except OSError as exc:
         raise CostModelFileError(f"cost model unreadable: {exc}") from None
     if head == b"\x1f\x8b":
-        raise CostModelFileError("an old-format cost model (TVM's gzipped tar with a pickled data.npy): refused "
-                                 "unread; the next run that publishes to this key writes a data-only one")
+        raise CostModelFileError(
+            "an old-format cost model (TVM's gzipped tar with a pickled data.npy): refused "
+            "unread; the next run that publishes to this key writes a data-only one"
+        )
     try:
-        members = read_tar_members(path, allowed={MODEL_MEMBER, DATA_MEMBER}, max_member_bytes=MAX_MEMBER_BYTES,
-                                   max_total_bytes=MAX_FILE_BYTES, max_archive_bytes=MAX_FILE_BYTES + (1 << 20))
+        members = read_tar_members(
+            path,
+            allowed={MODEL_MEMBER, DATA_MEMBER},
+            max_member_bytes=MAX_MEMBER_BYTES,
+            max_total_bytes=MAX_FILE_BYTES,
+            max_archive_bytes=MAX_FILE_BYTES + (1 << 20),
+        )
     except ArchiveError as exc:
         raise CostModelFileError(f"not a data-only cost model: {exc}") from None
     if DATA_MEMBER not in members:
@@ -161,8 +184,15 @@ def read_cost_model_file(path: str) -> tuple[OrderedDict, int, bytes | None]:
     except (ValueError, OSError, EOFError, KeyError) as exc:  # pickled or damaged arrays land here
         raise CostModelFileError(f"{DATA_MEMBER} refused: {exc}") from None
     n = int(sizes.sum()) if sizes.size else 0
-    if (len(hashes) != len(sizes) or len(set(hashes.tolist())) != len(hashes) or (sizes < 0).any()
-            or (rows < 0).any() or len(rows) != n or len(costs) != n or int(rows.sum()) != features.shape[0]):
+    if (
+        len(hashes) != len(sizes)
+        or len(set(hashes.tolist())) != len(hashes)
+        or (sizes < 0).any()
+        or (rows < 0).any()
+        or len(rows) != n
+        or len(costs) != n
+        or int(rows.sum()) != features.shape[0]
+    ):
         raise CostModelFileError("cost model arrays do not agree (groups, candidates, feature rows, costs)")
     if not np.isfinite(features).all() or not np.isfinite(costs).all():
         raise CostModelFileError("cost model data holds a non-finite number")
@@ -170,10 +200,10 @@ def read_cost_model_file(path: str) -> tuple[OrderedDict, int, bytes | None]:
     cand, row = 0, 0
     for h, k in zip(hashes.tolist(), sizes.tolist()):
         group = []
-        for r in rows[cand:cand + k].tolist():
-            group.append(features[row:row + r].copy())
+        for r in rows[cand : cand + k].tolist():
+            group.append(features[row : row + r].copy())
             row += r
-        data[h] = (group, costs[cand:cand + k].copy())
+        data[h] = (group, costs[cand : cand + k].copy())
         cand += k
     return data, n, members.get(MODEL_MEMBER)
 

@@ -55,8 +55,12 @@ def recheck_cache_entries(entries: list[dict]) -> None:
             if not isinstance(e, dict):
                 raise ValueError("not an entry")
             rec, wl = e.get("record_json"), e.get("workload_json")
-            if not (isinstance(rec, str) and len(rec) <= MAX_RECORD_LINE and isinstance(wl, str)
-                    and len(wl) <= MAX_WORKLOAD_LINE):
+            if not (
+                isinstance(rec, str)
+                and len(rec) <= MAX_RECORD_LINE
+                and isinstance(wl, str)
+                and len(wl) <= MAX_WORKLOAD_LINE
+            ):
                 raise ValueError("record or workload missing or too long")
             body = loads_finite(rec)
             if not (isinstance(body, list) and len(body) == 4 and body[1] is None):
@@ -101,15 +105,22 @@ def check_cache_import(workloads: bytes, records: bytes, target, max_records: in
             text = str(exc).strip()
             errors.append(f"Tuning record line {n}: {text.splitlines()[-1][:300] if text else type(exc).__name__}")
             continue
-        clean = ms.database.TuningRecord(rec.trace, ms.database.Workload(mod), None, tgt,
-                                         ms.arg_info.ArgInfo.from_prim_func(mod["main"]))
+        clean = ms.database.TuningRecord(
+            rec.trace, ms.database.Workload(mod), None, tgt, ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+        )
         text = trace_json(rec.trace)
-        out.append({"task_name": str(mod["main"].attrs.get("global_symbol", "main")) if mod["main"].attrs else "main",
-                    "workload_hash": structural_hash(mod),
-                    "workload_json": json.dumps(ffi_to_py(ms.database.Workload(mod).as_json())),
-                    "record_json": json.dumps(record_json(clean)), "trace_digest": trace_digest(text),
-                    "args_info": ffi_to_py([a.as_json() for a in clean.args_info]), "run_secs": [],
-                    "latency_s": None})
+        out.append(
+            {
+                "task_name": str(mod["main"].attrs.get("global_symbol", "main")) if mod["main"].attrs else "main",
+                "workload_hash": structural_hash(mod),
+                "workload_json": json.dumps(ffi_to_py(ms.database.Workload(mod).as_json())),
+                "record_json": json.dumps(record_json(clean)),
+                "trace_digest": trace_digest(text),
+                "args_info": ffi_to_py([a.as_json() for a in clean.args_info]),
+                "run_secs": [],
+                "latency_s": None,
+            }
+        )
     from tuning.engine.compile.targets import canonical_key
 
     return {"errors": errors} if errors else {"entries": out, "target_key": canonical_key(tgt)}

@@ -37,8 +37,14 @@ from tuning.engine.workdir import (
     records_by_task,
 )
 
-__all__ = ["task_workloads", "source_effort", "entries_from_run", "publish_from_run", "train_cost_model",
-           "place_cost_model"]
+__all__ = [
+    "task_workloads",
+    "source_effort",
+    "entries_from_run",
+    "publish_from_run",
+    "train_cost_model",
+    "place_cost_model",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +56,10 @@ def task_workloads(model, target) -> list[dict]:
     from tuning.engine.compile.workloads import collect_tasks
 
     tasks = collect_tasks(model, make_target(target))
-    return [{"index": i, "name": t.name, "weight": t.weight, "workload_hash": structural_hash(t.mod)}
-            for i, t in enumerate(tasks)]
+    return [
+        {"index": i, "name": t.name, "weight": t.weight, "workload_hash": structural_hash(t.mod)}
+        for i, t in enumerate(tasks)
+    ]
 
 
 def source_effort(work_dir: str, tasks) -> dict[int, tuple[int, bool]]:
@@ -85,11 +93,17 @@ def _entry(task, index: int, rec) -> dict | None:
         return None
     text = trace_json(rec.trace)
     seed = ms.database.TuningRecord(rec.trace, ms.database.Workload(task.mod), None, rec.target, rec.args_info)
-    return {"task_index": index, "task_name": task.name, "workload_hash": structural_hash(task.mod),
-            "workload_json": json.dumps(ffi_to_py(ms.database.Workload(task.mod).as_json())),
-            "record_json": json.dumps(record_json(seed)), "trace_digest": trace_digest(text),
-            "args_info": ffi_to_py([a.as_json() for a in rec.args_info or []]),
-            "run_secs": secs, "latency_s": latency}
+    return {
+        "task_index": index,
+        "task_name": task.name,
+        "workload_hash": structural_hash(task.mod),
+        "workload_json": json.dumps(ffi_to_py(ms.database.Workload(task.mod).as_json())),
+        "record_json": json.dumps(record_json(seed)),
+        "trace_digest": trace_digest(text),
+        "args_info": ffi_to_py([a.as_json() for a in rec.args_info or []]),
+        "run_secs": secs,
+        "latency_s": latency,
+    }
 
 
 def entries_from_run(work_dir: str, model, target) -> list[dict]:
@@ -116,8 +130,9 @@ def entries_from_run(work_dir: str, model, target) -> list[dict]:
     return out
 
 
-def publish_from_run(work_dir: str, model, target, cached: list[dict], cost_model_path: str,
-                     num_cores: int = 1) -> dict:
+def publish_from_run(
+    work_dir: str, model, target, cached: list[dict], cost_model_path: str, num_cores: int = 1
+) -> dict:
     """One child's work after a successful run: its trusted entries (:func:`entries_from_run`) and the
     key's cost model retrained on them plus the ``cached`` trusted entries of the same key (the new ones
     win on a shared trace). Returns ``{"entries": [...], "cost_model_records": n}``."""

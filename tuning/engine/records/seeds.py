@@ -30,8 +30,20 @@ from tuning.engine.workdir import (
     write_imported,
 )
 
-__all__ = ["SEEDS_FILE", "VERIFY_FILE", "DEFAULT_TOP_K", "DEFAULT_TOLERANCE", "HOST_FACTOR_MAX", "write_seeds",
-           "load_manifest", "load_verification", "host_factor", "suspect_seeds", "second_look", "verify_seeds"]
+__all__ = [
+    "SEEDS_FILE",
+    "VERIFY_FILE",
+    "DEFAULT_TOP_K",
+    "DEFAULT_TOLERANCE",
+    "HOST_FACTOR_MAX",
+    "write_seeds",
+    "load_manifest",
+    "load_verification",
+    "host_factor",
+    "suspect_seeds",
+    "second_look",
+    "verify_seeds",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,15 +88,29 @@ def write_seeds(work_dir: str, hits: dict[int, list[dict]], *, tolerance: float 
         cache_best = min((float(e["latency_s"]) for e in entries if e.get("latency_s")), default=None)
         trials = [int(e["source_trials"]) for e in entries if e.get("source_trials") is not None]
         # independent runs whose records of this workload agree with the cache's best (within tolerance)
-        agreeing = {e.get("source_run") for e in entries if e.get("source_run") is not None and cache_best
-                    and e.get("latency_s") and float(e["latency_s"]) <= cache_best * (1 + tolerance)}
+        agreeing = {
+            e.get("source_run")
+            for e in entries
+            if e.get("source_run") is not None
+            and cache_best
+            and e.get("latency_s")
+            and float(e["latency_s"]) <= cache_best * (1 + tolerance)
+        }
         manifest["tasks"][str(task_index)] = {
-            "workload_hash": entries[0]["workload_hash"], "cache_best_s": cache_best,
+            "workload_hash": entries[0]["workload_hash"],
+            "cache_best_s": cache_best,
             "source_trials": max(trials) if trials else None,
             "source_converged": any(bool(e.get("source_converged")) for e in entries),
             "agreeing_runs": len(agreeing),
-            "entries": {e["trace_digest"]: {"id": e.get("id"), "source_run": e.get("source_run"),
-                                            "latency_s": e.get("latency_s")} for e in entries}}
+            "entries": {
+                e["trace_digest"]: {
+                    "id": e.get("id"),
+                    "source_run": e.get("source_run"),
+                    "latency_s": e.get("latency_s"),
+                }
+                for e in entries
+            },
+        }
     checked = []
     for line in rec_lines:  # checked at the cache's import, and again before a run uses them: one by one
         try:
@@ -159,8 +185,9 @@ def _allowed(tolerance: float, factor: float) -> float:
     return (1 + tolerance) * factor - 1
 
 
-def suspect_seeds(manifest: dict, measured: dict[int, dict[str, float | None]],
-                  factor: float = 1.0) -> dict[int, list[str]]:
+def suspect_seeds(
+    manifest: dict, measured: dict[int, dict[str, float | None]], factor: float = 1.0
+) -> dict[int, list[str]]:
     """task index -> digests of the seeds that ran but looked slower than their cached time allows (x the
     ``factor`` of :func:`host_factor`) on their first re-time: on a busy host one slow sample is noise as
     often as not, so these are re-timed once more before any verdict (a failure is not re-timed: it is no
@@ -175,17 +202,22 @@ def suspect_seeds(manifest: dict, measured: dict[int, dict[str, float | None]],
     return out
 
 
-def _task_verdict(index: int, name: str, want: dict, measured: dict[str, float | None], tolerance: float,
-                  retimed: int = 0) -> dict:
+def _task_verdict(
+    index: int, name: str, want: dict, measured: dict[str, float | None], tolerance: float, retimed: int = 0
+) -> dict:
     best = min((v for v in measured.values() if v is not None), default=None)
     cache_best = want["cache_best_s"]
     verified = best is not None and cache_best is not None and best <= float(cache_best) * (1 + tolerance)
-    slow = {d: _slower(v, want["entries"][d]["latency_s"], tolerance) for d, v in measured.items()
-            if d in want["entries"]}
+    slow = {
+        d: _slower(v, want["entries"][d]["latency_s"], tolerance) for d, v in measured.items() if d in want["entries"]
+    }
     stale = [want["entries"][d]["id"] for d, bad in slow.items() if bad]
     # entries this host confirmed (ran within tolerance of their own cached time): their strikes reset
-    confirmed = [want["entries"][d]["id"] for d, bad in slow.items()
-                 if not bad and want["entries"][d].get("latency_s") is not None]
+    confirmed = [
+        want["entries"][d]["id"]
+        for d, bad in slow.items()
+        if not bad and want["entries"][d].get("latency_s") is not None
+    ]
     winner = min(((v, d) for d, v in measured.items() if v is not None), default=(None, None))[1]
     if verified:
         reason = "verified"
@@ -195,11 +227,20 @@ def _task_verdict(index: int, name: str, want: dict, measured: dict[str, float |
         reason = "imported records only: measured here, trusted once a run re-measures them serially"
     else:
         reason = f"slower on this host ({best * 1e6:.1f} us vs the cache's best {float(cache_best) * 1e6:.1f} us)"
-    return {"task_index": index, "task_name": name, "workload_hash": want["workload_hash"],
-            "cache_best_s": cache_best, "measured_best_s": best, "n_seeds": len(measured),
-            "verified": verified, "stale_entry_ids": [x for x in stale if x is not None],
-            "confirmed_entry_ids": [x for x in confirmed if x is not None], "n_retimed": int(retimed), "reason": reason,
-            "source_run": (want["entries"].get(winner) or next(iter(want["entries"].values())))["source_run"]}
+    return {
+        "task_index": index,
+        "task_name": name,
+        "workload_hash": want["workload_hash"],
+        "cache_best_s": cache_best,
+        "measured_best_s": best,
+        "n_seeds": len(measured),
+        "verified": verified,
+        "stale_entry_ids": [x for x in stale if x is not None],
+        "confirmed_entry_ids": [x for x in confirmed if x is not None],
+        "n_retimed": int(retimed),
+        "reason": reason,
+        "source_run": (want["entries"].get(winner) or next(iter(want["entries"].values())))["source_run"],
+    }
 
 
 def second_look(manifest: dict, measured: dict[int, dict[str, float | None]], second_times) -> dict[int, int]:
@@ -253,9 +294,11 @@ def verify_seeds(work_dir: str, tasks, database, retime=None) -> dict | None:
     retimed = second_look(manifest, measured, second_times if retime is not None else None)
     factor = host_factor(manifest, measured)
     allowed = _allowed(tol, factor)
-    verdicts = [_task_verdict(int(i), tasks[int(i)].name, want, measured.get(int(i), {}), allowed,
-                              retimed.get(int(i), 0))
-                for i, want in sorted(manifest["tasks"].items(), key=lambda kv: int(kv[0])) if int(i) < len(tasks)]
+    verdicts = [
+        _task_verdict(int(i), tasks[int(i)].name, want, measured.get(int(i), {}), allowed, retimed.get(int(i), 0))
+        for i, want in sorted(manifest["tasks"].items(), key=lambda kv: int(kv[0]))
+        if int(i) < len(tasks)
+    ]
     result = {"tolerance": tol, "host_factor": factor, "allowed": allowed, "tasks": verdicts}
     Path(os.path.join(work_dir, VERIFY_FILE)).write_text(json.dumps(result))
     return result

@@ -47,8 +47,10 @@ def convergence(want: dict, share: int) -> tuple[bool, str]:
         return True, f"converged: the source run's search had plateaued or run out (after {spent} trials)"
     if int(want.get("agreeing_runs") or 0) >= 2:
         return True, f"converged: {want['agreeing_runs']} source runs agree on the best"
-    return False, (f"not converged (the source spent {spent} trials and had not plateaued; this run's share "
-                   f"is {int(share)}): searched on from its seeds")
+    return False, (
+        f"not converged (the source spent {spent} trials and had not plateaued; this run's share "
+        f"is {int(share)}): searched on from its seeds"
+    )
 
 
 def settle_decisions(result: dict, manifest: dict, infos, max_trials: int) -> dict:
@@ -59,8 +61,13 @@ def settle_decisions(result: dict, manifest: dict, infos, max_trials: int) -> di
         want = manifest.get("tasks", {}).get(str(v["task_index"])) or {}
         share = shares.get(int(v["task_index"]), 0)
         converged, why = convergence(want, share)
-        v.update(share_trials=share, source_trials=want.get("source_trials"), converged=converged,
-                 convergence=why, settled=bool(v["verified"] and converged))
+        v.update(
+            share_trials=share,
+            source_trials=want.get("source_trials"),
+            converged=converged,
+            convergence=why,
+            settled=bool(v["verified"] and converged),
+        )
         if v["verified"]:
             v["reason"] = f"verified; {why}"
     return result
@@ -80,8 +87,9 @@ class SeedDecisions:
         return bool(self.settled or self.searched)
 
 
-def seed_decisions(work_dir: str, tasks, database, infos, max_trials: int, *, resumed: bool,
-                   retime=None) -> SeedDecisions | None:
+def seed_decisions(
+    work_dir: str, tasks, database, infos, max_trials: int, *, resumed: bool, retime=None
+) -> SeedDecisions | None:
     """After the imported seeds were measured: verify the cache's seeds (once; a resumed run reads the
     verdicts back; ``retime``: see :func:`~tuning.engine.records.seeds.verify_seeds`), and decide which
     verified tasks are settled (:func:`settle_decisions`) and which are searched on from their seeds.
@@ -97,9 +105,11 @@ def seed_decisions(work_dir: str, tasks, database, infos, max_trials: int, *, re
     return SeedDecisions(
         settled={v["task_index"]: v["n_seeds"] for v in verdicts if v["settled"]},
         searched={v["task_index"]: v["share_trials"] for v in verdicts if v["verified"] and not v["settled"]},
-        seeded={v["task_index"]: (v["measured_best_s"],
-                                  0 if resumed else int(v["n_seeds"]) + int(v.get("n_retimed", 0)))
-                for v in verdicts})
+        seeded={
+            v["task_index"]: (v["measured_best_s"], 0 if resumed else int(v["n_seeds"]) + int(v.get("n_retimed", 0)))
+            for v in verdicts
+        },
+    )
 
 
 def apply_seed_decisions(budget: TrialBudget, decisions: SeedDecisions) -> None:

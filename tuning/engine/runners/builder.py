@@ -126,9 +126,7 @@ class PersistentBuilder(PyBuilder):
         self.before_build = before_build
         env = {"TVM_NUM_THREADS": "1", "TVM_BIND_THREADS": "0", **_cuda_env()}
         cpus = list(cpu_ids) if cpu_ids else available_cpus()  # explicit: never inherit a pinned mask
-        specs = [
-            WorkerSpec(name=f"build{i}", cpu_ids=cpus, threads=None, env=env) for i in range(self.max_workers)
-        ]
+        specs = [WorkerSpec(name=f"build{i}", cpu_ids=cpus, threads=None, env=env) for i in range(self.max_workers)]
         self.pool = ProcessPool(specs, initializer=warmup, max_uses=max_uses)
         self.build_secs: dict[str, float] = {}
         self.batches = 0
@@ -165,7 +163,9 @@ class PersistentBuilder(PyBuilder):
                     self.n_built += 1
                 results.append(BuilderResult(path, None))
             except WorkerTimeout:
-                results.append(BuilderResult(None, f"PersistentBuilder: Timeout, killed after {self.timeout_sec} seconds"))
+                results.append(
+                    BuilderResult(None, f"PersistentBuilder: Timeout, killed after {self.timeout_sec} seconds")
+                )
             except WorkerError as exc:
                 results.append(BuilderResult(None, "PersistentBuilder: An exception occurred\n" + str(exc)[-4000:]))
         return results

@@ -116,8 +116,10 @@ class DistributedRunner(PyRunner):
         self.rule = self.rules[self.queues[0]]  # the session reports the first queue's DOP
         self._validated: dict[str, set[int]] = {q: set() for q in self.queues}
         # one thread per queue: its rounds run in order, the queues side by side
-        self._rounds = {q: concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dist-{i}")
-                        for i, q in enumerate(self.queues)}
+        self._rounds = {
+            q: concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dist-{i}")
+            for i, q in enumerate(self.queues)
+        }
         self.n_sent = 0
         self.bytes_sent = 0
         self._lock = threading.Lock()
@@ -127,9 +129,15 @@ class DistributedRunner(PyRunner):
     def _describe_slots(self, q: str) -> int:
         """The measurement slots the host behind ``q`` reports (1 when it does not answer in time)."""
         try:
-            answer = self.submit({"kind": "describe", "queue": q, "threads": self.threads,
-                                  "device_type": "cuda" if "gpu" in q.rsplit(".", 1)[-1] else "cpu",
-                                  "device_index": device_index_from_queue(q)}).result(timeout=60)
+            answer = self.submit(
+                {
+                    "kind": "describe",
+                    "queue": q,
+                    "threads": self.threads,
+                    "device_type": "cuda" if "gpu" in q.rsplit(".", 1)[-1] else "cpu",
+                    "device_index": device_index_from_queue(q),
+                }
+            ).result(timeout=60)
             return max(1, int(answer.get("slots") or 1)) if isinstance(answer, dict) else 1
         except Exception:  # noqa: BLE001 - an old worker, a lost message: measure serially there
             return 1
@@ -150,11 +158,18 @@ class DistributedRunner(PyRunner):
         data = read_artifact(job.path)
         with self._lock:
             self.bytes_sent += len(data)
-        payload = make_payload(data, device_type=job.device_type, args_info_json=job.args_info,
-                               evaluator=self.evaluator, threads=self.threads, cpu_ids=self.cpu_ids,
-                               device_index=device_index_from_queue(q), queue=q,
-                               candidate=os.path.basename(os.path.dirname(job.path)),
-                               kernel_binaries=binaries_beside(job.path) if job.device_type == "cuda" else None)
+        payload = make_payload(
+            data,
+            device_type=job.device_type,
+            args_info_json=job.args_info,
+            evaluator=self.evaluator,
+            threads=self.threads,
+            cpu_ids=self.cpu_ids,
+            device_index=device_index_from_queue(q),
+            queue=q,
+            candidate=os.path.basename(os.path.dirname(job.path)),
+            kernel_binaries=binaries_beside(job.path) if job.device_type == "cuda" else None,
+        )
         payload["slot"] = int(slot)
         return payload
 
@@ -199,8 +214,13 @@ class DistributedRunner(PyRunner):
     def _queue_round(self, q: str, rnd: int, jobs: list[MeasureJob]) -> None:
         t0 = time.perf_counter()
         try:
-            result = measure_round(jobs, functools.partial(self._measure_on, q), self.rules[q],
-                                   is_serial_config=lambda d: int(d) <= 1, validated=self._validated[q])
+            result = measure_round(
+                jobs,
+                functools.partial(self._measure_on, q),
+                self.rules[q],
+                is_serial_config=lambda d: int(d) <= 1,
+                validated=self._validated[q],
+            )
         except BaseException as exc:  # noqa: BLE001 - never leave futures hanging
             for job in jobs:
                 if not job.search_future.done():
@@ -208,15 +228,32 @@ class DistributedRunner(PyRunner):
             return
         self._validated[q] = result.validated
         for job, c in zip(jobs, result.candidates):
-            self.ledger.put(job.path, CandidateMeta(
-                round_index=rnd, dop=c.dop, worker=c.outcome.worker if c.outcome is not None else q,
-                run_wall_secs=c.wall_secs, parallel_secs=c.latency_s if c.dop > 1 else None,
-                remeasured_serially=c.remeasured, serial_secs=c.serial_reference_s))
-        self._add_part(rnd, RoundReport(
-            round_index=rnd, dop=result.dop, dop_after=result.decision.dop_after,
-            mean_error=result.decision.mean_error, n_candidates=len(jobs), n_remeasured=result.n_remeasured,
-            n_failures=result.n_failures, wall_secs=time.perf_counter() - t0,
-            correction_applied=result.correction_applied))
+            self.ledger.put(
+                job.path,
+                CandidateMeta(
+                    round_index=rnd,
+                    dop=c.dop,
+                    worker=c.outcome.worker if c.outcome is not None else q,
+                    run_wall_secs=c.wall_secs,
+                    parallel_secs=c.latency_s if c.dop > 1 else None,
+                    remeasured_serially=c.remeasured,
+                    serial_secs=c.serial_reference_s,
+                ),
+            )
+        self._add_part(
+            rnd,
+            RoundReport(
+                round_index=rnd,
+                dop=result.dop,
+                dop_after=result.decision.dop_after,
+                mean_error=result.decision.mean_error,
+                n_candidates=len(jobs),
+                n_remeasured=result.n_remeasured,
+                n_failures=result.n_failures,
+                wall_secs=time.perf_counter() - t0,
+                correction_applied=result.correction_applied,
+            ),
+        )
         for job, c in zip(jobs, result.candidates):
             job.search_future.set_result((c.final_secs, c.final_error if not c.final_secs else None))
 
@@ -226,19 +263,32 @@ class DistributedRunner(PyRunner):
         with self._lock:
             parts = self._parts.setdefault(rnd, [])
             parts.append(part)
-            self.ledger.add_round(RoundReport(
-                round_index=rnd, dop=sum(p.dop for p in parts), dop_after=sum(p.dop_after for p in parts),
-                mean_error=_weighted_error(parts), n_candidates=sum(p.n_candidates for p in parts),
-                n_remeasured=sum(p.n_remeasured for p in parts), n_failures=sum(p.n_failures for p in parts),
-                wall_secs=max(p.wall_secs for p in parts),
-                correction_applied=any(p.correction_applied for p in parts)))
+            self.ledger.add_round(
+                RoundReport(
+                    round_index=rnd,
+                    dop=sum(p.dop for p in parts),
+                    dop_after=sum(p.dop_after for p in parts),
+                    mean_error=_weighted_error(parts),
+                    n_candidates=sum(p.n_candidates for p in parts),
+                    n_remeasured=sum(p.n_remeasured for p in parts),
+                    n_failures=sum(p.n_failures for p in parts),
+                    wall_secs=max(p.wall_secs for p in parts),
+                    correction_applied=any(p.correction_applied for p in parts),
+                )
+            )
 
     def run(self, runner_inputs: list[RunnerInput]) -> list[EngineFuture]:
         rnd = self.ledger.next_round()
         owners = deal_by_capacity(len(runner_inputs), [self.rules[q].dop for q in self.queues])
-        jobs = [MeasureJob(path=str(inp.artifact_path), device_type=str(inp.device_type),
-                           args_info=[_jsonable(a.as_json()) for a in inp.args_info],
-                           future=concurrent.futures.Future()) for inp in runner_inputs]
+        jobs = [
+            MeasureJob(
+                path=str(inp.artifact_path),
+                device_type=str(inp.device_type),
+                args_info=[_jsonable(a.as_json()) for a in inp.args_info],
+                future=concurrent.futures.Future(),
+            )
+            for inp in runner_inputs
+        ]
         for d, q in enumerate(self.queues):
             mine = [j for j, o in zip(jobs, owners) if o == d]
             if mine:

@@ -16,8 +16,17 @@ from collections.abc import Callable, Sequence
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunnerFuture, RunnerResult
 
-__all__ = ["INFRASTRUCTURE_ERROR", "is_infrastructure_failure", "deal_by_capacity", "CandidateMeta", "RoundReport",
-           "MeasureLedger", "EngineFuture", "MeasureJob", "runner_object"]
+__all__ = [
+    "INFRASTRUCTURE_ERROR",
+    "is_infrastructure_failure",
+    "deal_by_capacity",
+    "CandidateMeta",
+    "RoundReport",
+    "MeasureLedger",
+    "EngineFuture",
+    "MeasureJob",
+    "runner_object",
+]
 
 # Prefix of a runner error that says nothing about the candidate (a lost message, a dead measuring worker,
 # no answer in time): such results never reach the cost model (see search.skip_infrastructure_failures).
@@ -111,8 +120,9 @@ class EngineFuture(PyRunnerFuture):
     """RunnerFuture over a ``concurrent.futures.Future`` resolving to
     ``(run_secs | None, error | None)``."""
 
-    def __init__(self, fut: concurrent.futures.Future, timeout_sec: float | None = None,
-                 alive: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self, fut: concurrent.futures.Future, timeout_sec: float | None = None, alive: Callable[[], bool] | None = None
+    ) -> None:
         super().__init__()
         self.fut = fut
         self.deadline = None if timeout_sec is None else time.monotonic() + timeout_sec
@@ -123,8 +133,7 @@ class EngineFuture(PyRunnerFuture):
         return self.alive is not None and not self.fut.done() and not self.alive()
 
     def done(self) -> bool:
-        return (self.fut.done() or self._abandoned()
-                or (self.deadline is not None and time.monotonic() > self.deadline))
+        return self.fut.done() or self._abandoned() or (self.deadline is not None and time.monotonic() > self.deadline)
 
     def _wait(self):
         """The future's value, waiting in slices so a dead resolver ends the wait too."""

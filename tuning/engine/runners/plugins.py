@@ -38,8 +38,18 @@ from tuning.engine.runners.measure_jobs import MeasureJob, MeasureLedger
 from tuning.engine.runners.multi_device import MultiDeviceRunner
 from tuning.engine.runners.pooled import PooledAsyncRunner
 
-__all__ = ["PlugContext", "make_builder", "make_runner", "register_builder", "register_runner",
-           "builder_kinds", "runner_kinds", "is_parallel_runner", "build_all", "measure_serially"]
+__all__ = [
+    "PlugContext",
+    "make_builder",
+    "make_runner",
+    "register_builder",
+    "register_runner",
+    "builder_kinds",
+    "runner_kinds",
+    "is_parallel_runner",
+    "build_all",
+    "measure_serially",
+]
 
 
 @dataclasses.dataclass
@@ -64,6 +74,7 @@ def register_builder(kind: str) -> Callable[[Factory], Factory]:
     def add(factory: Factory) -> Factory:
         _BUILDERS[kind] = factory
         return factory
+
     return add
 
 
@@ -72,6 +83,7 @@ def register_runner(kind: str, *, parallel: bool = False) -> Callable[[Factory],
         _RUNNERS[kind] = factory
         (_PARALLEL_RUNNERS.add if parallel else _PARALLEL_RUNNERS.discard)(kind)
         return factory
+
     return add
 
 
@@ -165,10 +177,19 @@ def _gpu_runner(ctx: PlugContext):
     gpus = gpu_slots.require_gpus()
     mps = gpu_slots.ensure_mps(gpu_slots.mps_pipe_dir())
     runners = [
-        PooledAsyncRunner(evaluator=_evaluator_for(ctx), threads=1, cpu_ids=ctx.cores,
-                          dop=cfg.dop if group.max_dop > 1 else 1, dop_rule=cfg.dop_rule, timeout_sec=cfg.timeout_sec,
-                          ledger=ctx.ledger, slots=gpu_worker_slots(group, ctx.cores), worker_env=group.env,
-                          worker_limits=sandbox.default_limits(gpu=True), device_index=0)
+        PooledAsyncRunner(
+            evaluator=_evaluator_for(ctx),
+            threads=1,
+            cpu_ids=ctx.cores,
+            dop=cfg.dop if group.max_dop > 1 else 1,
+            dop_rule=cfg.dop_rule,
+            timeout_sec=cfg.timeout_sec,
+            ledger=ctx.ledger,
+            slots=gpu_worker_slots(group, ctx.cores),
+            worker_env=group.env,
+            worker_limits=sandbox.default_limits(gpu=True),
+            device_index=0,
+        )
         for group in gpu_slots.gpu_slot_groups(gpus, mps)
     ]
     return runners[0] if len(runners) == 1 else MultiDeviceRunner(runners)
@@ -179,17 +200,26 @@ def _distributed_runner(ctx: PlugContext) -> DistributedRunner:
     cfg = ctx.config
     if cfg.distributed_submit is None or not cfg.device_queue:
         raise ValueError("distributed runner needs distributed_submit and device_queue")
-    return DistributedRunner(cfg.distributed_submit, cfg.device_queue, evaluator=_evaluator_for(ctx),
-                             threads=cfg.threads, ledger=ctx.ledger, dop=cfg.dop, dop_rule=cfg.dop_rule,
-                             target_device_type=ctx.device_type)
+    return DistributedRunner(
+        cfg.distributed_submit,
+        cfg.device_queue,
+        evaluator=_evaluator_for(ctx),
+        threads=cfg.threads,
+        ledger=ctx.ledger,
+        dop=cfg.dop,
+        dop_rule=cfg.dop_rule,
+        target_device_type=ctx.device_type,
+    )
 
 
 @register_runner("local")
 def _local_runner(ctx: PlugContext):
     cfg = ctx.config
     return ms.runner.LocalRunner(
-        evaluator_config=tvm_evaluator_config(cfg.evaluator), timeout_sec=cfg.timeout_sec,
-        initializer=functools.partial(sandbox.stock_worker_init, gpu=ctx.device_type != "cpu"))
+        evaluator_config=tvm_evaluator_config(cfg.evaluator),
+        timeout_sec=cfg.timeout_sec,
+        initializer=functools.partial(sandbox.stock_worker_init, gpu=ctx.device_type != "cpu"),
+    )
 
 
 # --------------------------------------------------------------------------- outside the search
@@ -220,6 +250,9 @@ def measure_serially(runner, jobs: Sequence[MeasureJob]) -> list[MeasureOutcome]
 def tvm_evaluator_config(evaluator: EvaluatorConfig) -> ms.runner.EvaluatorConfig:
     """The equivalent ``ms.runner.EvaluatorConfig``, for TVM's own runners (here, on the compiler side:
     a runtime-only measuring worker never imports MetaSchedule)."""
-    return ms.runner.EvaluatorConfig(number=evaluator.number, repeat=evaluator.repeat,
-                                     min_repeat_ms=evaluator.min_repeat_ms,
-                                     enable_cpu_cache_flush=evaluator.enable_cpu_cache_flush)
+    return ms.runner.EvaluatorConfig(
+        number=evaluator.number,
+        repeat=evaluator.repeat,
+        min_repeat_ms=evaluator.min_repeat_ms,
+        enable_cpu_cache_flush=evaluator.enable_cpu_cache_flush,
+    )

@@ -110,7 +110,9 @@ class PooledAsyncRunner(PyRunner):
             self._own_kernel_cache = self.worker_env[CACHE_DIR_VAR] = new_cache_dir()
         self.cores = list(cpu_ids) if cpu_ids else available_cpus()
         # slots of `threads` cores each (SMT- and NUMA-aware, see slots.py); slot 0 is the serial reference
-        self.slots: list[Slot] = list(slots) if slots else plan_slots(read_topology(affinity=self.cores), int(threads or len(self.cores)))
+        self.slots: list[Slot] = (
+            list(slots) if slots else plan_slots(read_topology(affinity=self.cores), int(threads or len(self.cores)))
+        )
         self.threads = self.slots[0].threads
         self.rule = make_rule(dop, len(self.slots), dop_rule)
         self.rule.limit_max_dop(len(self.slots))
@@ -153,12 +155,17 @@ class PooledAsyncRunner(PyRunner):
                 serial = self._pools.get(1) if dop > 1 else None
                 shared = serial.workers[:1] if serial is not None else []
                 specs = [
-                    WorkerSpec(name=f"measure-d{dop}-w{i}", cpu_ids=cpus, threads=t, limits=self.worker_limits,
-                               env=dict(self.worker_env))
-                    for i, (cpus, t) in enumerate(self.worker_layout(dop)) if i >= len(shared)
+                    WorkerSpec(
+                        name=f"measure-d{dop}-w{i}",
+                        cpu_ids=cpus,
+                        threads=t,
+                        limits=self.worker_limits,
+                        env=dict(self.worker_env),
+                    )
+                    for i, (cpus, t) in enumerate(self.worker_layout(dop))
+                    if i >= len(shared)
                 ]
-                pool = ProcessPool(specs, initializer=measure.warmup, max_uses=self.max_uses,
-                                   shared=shared)
+                pool = ProcessPool(specs, initializer=measure.warmup, max_uses=self.max_uses, shared=shared)
                 self._pools[dop] = pool
             return pool
 
@@ -215,8 +222,9 @@ class PooledAsyncRunner(PyRunner):
         with self._pending_lock:
             if timeout is None:
                 timeout = 2 * self.round_timeout(self._pending_jobs, 1)
-            done = self._pending_lock.wait_for(lambda: self._pending == 0 or not self._thread.is_alive(),
-                                               timeout=timeout)
+            done = self._pending_lock.wait_for(
+                lambda: self._pending == 0 or not self._thread.is_alive(), timeout=timeout
+            )
             return bool(done) and self._pending == 0
 
     def wait_ready(self) -> None:
@@ -285,7 +293,9 @@ class PooledAsyncRunner(PyRunner):
         except WorkerError as exc:
             out = MeasureOutcome([], f"Runner: worker error: {str(exc)[-2000:]}", getattr(fut, "worker_name", "?"))
         except Exception as exc:  # noqa: BLE001 - cancelled, or the pool raised
-            out = MeasureOutcome([], f"{INFRASTRUCTURE_ERROR}{type(exc).__name__}: {exc}", getattr(fut, "worker_name", "?"))
+            out = MeasureOutcome(
+                [], f"{INFRASTRUCTURE_ERROR}{type(exc).__name__}: {exc}", getattr(fut, "worker_name", "?")
+            )
         return out, getattr(fut, "wall_secs", None)
 
     def _measure(self, jobs: Sequence[MeasureJob], dop: int) -> list[tuple[MeasureOutcome, float | None]]:
@@ -304,19 +314,33 @@ class PooledAsyncRunner(PyRunner):
     def _measure_round(self, jobs: list[MeasureJob]) -> None:
         t0 = time.perf_counter()
         rnd = self.ledger.next_round()
-        result = measure_round(jobs, self._measure, self.rule, is_serial_config=self.is_serial_config,
-                               validated=self._validated, probe_first=self.probe_first,
-                               remeasure_on_large_error=self.remeasure_on_large_error)
+        result = measure_round(
+            jobs,
+            self._measure,
+            self.rule,
+            is_serial_config=self.is_serial_config,
+            validated=self._validated,
+            probe_first=self.probe_first,
+            remeasure_on_large_error=self.remeasure_on_large_error,
+        )
         self._validated = result.validated
         next_dop = result.warm_dop or result.decision.dop_after
         self.retire_pools({next_dop})  # DOPs left behind give their cores and memory back
         if next_dop > 1:
             self._pool(next_dop)  # start the next round's workers now (they load TVM while TVM searches)
         for job, c in zip(jobs, result.candidates):
-            self.ledger.put(job.path, CandidateMeta(
-                round_index=rnd, dop=c.dop, worker=c.outcome.worker if c.outcome is not None else None,
-                run_wall_secs=c.wall_secs, parallel_secs=c.latency_s if c.dop > 1 else None,
-                remeasured_serially=c.remeasured, serial_secs=c.serial_reference_s))
+            self.ledger.put(
+                job.path,
+                CandidateMeta(
+                    round_index=rnd,
+                    dop=c.dop,
+                    worker=c.outcome.worker if c.outcome is not None else None,
+                    run_wall_secs=c.wall_secs,
+                    parallel_secs=c.latency_s if c.dop > 1 else None,
+                    remeasured_serially=c.remeasured,
+                    serial_secs=c.serial_reference_s,
+                ),
+            )
         report = RoundReport(
             round_index=rnd,
             dop=result.dop,

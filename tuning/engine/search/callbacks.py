@@ -105,8 +105,11 @@ class StreamingMeasureCallback(PyMeasureCallback):
         st = self.state
         with st.lock:
             entries = st.batches.pop(task_id, None)
-        if entries is None or len(entries) != len(measure_candidates) or not all(
-                e.cand.same_as(c) for e, c in zip(entries, measure_candidates)):
+        if (
+            entries is None
+            or len(entries) != len(measure_candidates)
+            or not all(e.cand.same_as(c) for e, c in zip(entries, measure_candidates))
+        ):
             return [LaunchedCandidate(task_id, c, b) for c, b in zip(measure_candidates, builder_results)]
         return entries
 
@@ -154,8 +157,18 @@ class StreamingMeasureCallback(PyMeasureCallback):
         r = batch.own_round if batch.own_round is not None else st.round_offset + st.next_own_round()
         for rec in batch.records:
             rec.round_index = r
-        return [RoundInfo(round_index=r, task_index=task_id, dop=1, mean_error=None, n_candidates=n_candidates,
-                          n_remeasured=0, n_failures=batch.n_failures, dop_after=1)]
+        return [
+            RoundInfo(
+                round_index=r,
+                task_index=task_id,
+                dop=1,
+                mean_error=None,
+                n_candidates=n_candidates,
+                n_remeasured=0,
+                n_failures=batch.n_failures,
+                dop_after=1,
+            )
+        ]
 
     def _ledger_rounds(self, task_id: int, batch: _Batch) -> list[RoundInfo]:
         """The runner's reports of the rounds this batch's measured candidates were in."""
@@ -163,19 +176,21 @@ class StreamingMeasureCallback(PyMeasureCallback):
         infos = []
         for r in sorted(batch.rounds_seen):
             rep = st.ledger.rounds.get(r)
-            infos.append(RoundInfo(
-                round_index=st.round_offset + r,
-                task_index=task_id,
-                dop=rep.dop if rep else 1,
-                mean_error=rep.mean_error if rep else None,
-                n_candidates=rep.n_candidates if rep else batch.rounds_seen[r],
-                n_remeasured=rep.n_remeasured if rep else 0,
-                n_failures=rep.n_failures if rep else 0,
-                dop_after=rep.dop_after if rep else None,
-                wall_secs=rep.wall_secs if rep else None,
-                parallel_wall_secs=rep.parallel_wall_secs if rep else None,
-                serial_wall_secs=rep.serial_wall_secs if rep else None,
-            ))
+            infos.append(
+                RoundInfo(
+                    round_index=st.round_offset + r,
+                    task_index=task_id,
+                    dop=rep.dop if rep else 1,
+                    mean_error=rep.mean_error if rep else None,
+                    n_candidates=rep.n_candidates if rep else batch.rounds_seen[r],
+                    n_remeasured=rep.n_remeasured if rep else 0,
+                    n_failures=rep.n_failures if rep else 0,
+                    dop_after=rep.dop_after if rep else None,
+                    wall_secs=rep.wall_secs if rep else None,
+                    parallel_wall_secs=rep.parallel_wall_secs if rep else None,
+                    serial_wall_secs=rep.serial_wall_secs if rep else None,
+                )
+            )
         return infos
 
     def _observe_trimmer(self, task_id: int, latencies: list[float | None], infos: list[RoundInfo]) -> None:
@@ -271,8 +286,13 @@ class ProgressStreamer:
         if st.journal is None:
             return True
         try:
-            st.journal.record([(e.task_index, e.record.round_index, e.cand, e.record.run_secs)
-                               for e in entries if e.record is not None])
+            st.journal.record(
+                [
+                    (e.task_index, e.record.round_index, e.cand, e.record.run_secs)
+                    for e in entries
+                    if e.record is not None
+                ]
+            )
             return True
         except Exception as exc:  # noqa: BLE001 - a full disk must not stop the run
             log.exception("could not journal streamed results")

@@ -104,9 +104,11 @@ class EngineState:
         if not hasattr(self.sink, "on_progress"):
             return
         with self.lock:
-            info = ProgressInfo(builds_in_flight=self.builds_in_flight,
-                                measurements_in_flight=self.measurements_in_flight,
-                                trials_reported=self.n_reported)
+            info = ProgressInfo(
+                builds_in_flight=self.builds_in_flight,
+                measurements_in_flight=self.measurements_in_flight,
+                trials_reported=self.n_reported,
+            )
         self.notify_sink("on_progress", info)
 
     def settle(self, entry: LaunchedCandidate, rr) -> None:
@@ -129,8 +131,13 @@ class EngineState:
         entry.record = MeasurementRecord(
             task_index=entry.task_index,
             task_name=task.name,
-            round_index=(self.round_offset + meta.round_index if meta is not None
-                         else -1 if entry.own_round is None else entry.own_round),
+            round_index=(
+                self.round_offset + meta.round_index
+                if meta is not None
+                else -1
+                if entry.own_round is None
+                else entry.own_round
+            ),
             candidate_key=key,
             run_secs=secs,
             build_secs=build_secs,

@@ -52,8 +52,9 @@ def _search_strategy(cfg: TuningConfig, task: Task, task_index: int, state: Engi
     kwargs = _search_kwargs(cfg)
     trimmer = state.trimmer
     if trimmer is not None and trimmer.config.filter_enabled and trimmer.config.filter_oversample > 1:
-        inner = make_filtered_search(task_index=task_index, runtime=trimmer, config=trimmer.config,
-                                     inner_kwargs=kwargs, seed=cfg.seed)
+        inner = make_filtered_search(
+            task_index=task_index, runtime=trimmer, config=trimmer.config, inner_kwargs=kwargs, seed=cfg.seed
+        )
     else:
         inner = ms.search_strategy.EvolutionarySearch(**kwargs)
     return SkipKnownSearch(inner, task_index=task_index, task_name=task.name, state=state, budget=budget)
@@ -157,7 +158,8 @@ def _cost_model(path: str, resumed: bool, deferred: bool = True):
     # XGBoost trains on the physical cores (TVM's default, num_tuning_cores=None), whatever the search's
     # own thread count: a one-thread search (reproducible from its seed) should not also train on one
     cost_model = skip_infrastructure_failures(
-        data_only(ms.cost_model.XGBModel(num_tuning_cores=None, tree_method="auto")))
+        data_only(ms.cost_model.XGBModel(num_tuning_cores=None, tree_method="auto"))
+    )
     if deferred:
         cost_model = train_when_needed(cost_model)
     if os.path.exists(path):  # a resumed run's own, or the record cache's for a fresh run (record_cache)
@@ -172,8 +174,20 @@ def _cost_model(path: str, resumed: bool, deferred: bool = True):
     return cost_model
 
 
-def search(tasks: list[Task], target, cfg: TuningConfig, *, state: EngineState, builder, runner, database,
-           work_dir: str, budget: int, resumed: bool, phases: dict[str, float]) -> str:
+def search(
+    tasks: list[Task],
+    target,
+    cfg: TuningConfig,
+    *,
+    state: EngineState,
+    builder,
+    runner,
+    database,
+    work_dir: str,
+    budget: int,
+    resumed: bool,
+    phases: dict[str, float],
+) -> str:
     """Spend up to ``budget`` trials on ``tasks``; returns the run's status ("succeeded", or
     "cancelled" / "paused" when the sink asked). ``resumed``: the database held records already
     (the saved cost model is loaded). Times "setup" and "tune" into ``phases``."""

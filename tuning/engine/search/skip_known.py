@@ -68,8 +68,16 @@ class SkipKnownSearch(PySearchStrategy):
     proposes only candidates the run has not measured. ``state`` is the run's ``EngineState`` (its
     ``known_keys`` under its ``lock``, its ``exhausted`` tasks and Trimmer)."""
 
-    def __init__(self, inner, *, task_index: int, task_name: str, state, budget: CallBudget | None = None,
-                 key: Callable | None = None) -> None:
+    def __init__(
+        self,
+        inner,
+        *,
+        task_index: int,
+        task_name: str,
+        state,
+        budget: CallBudget | None = None,
+        key: Callable | None = None,
+    ) -> None:
         super().__init__()
         self.inner = inner
         self.budget = budget
@@ -107,11 +115,15 @@ class SkipKnownSearch(PySearchStrategy):
             self.n_skipped += len(cands) - len(fresh)
             if fresh:
                 if self.budget is not None:
-                    fresh = fresh[:self.budget.take(len(fresh))]
+                    fresh = fresh[: self.budget.take(len(fresh))]
                 return fresh or None
             skipped = True
-        log.info("task %d (%s): the search proposed only measured candidates %d times; left for this call",
-                 self.task_index, self.task_name, MAX_ASKS)
+        log.info(
+            "task %d (%s): the search proposed only measured candidates %d times; left for this call",
+            self.task_index,
+            self.task_name,
+            MAX_ASKS,
+        )
         return None
 
     def _exhausted(self) -> None:
@@ -131,5 +143,11 @@ class SkipKnownSearch(PySearchStrategy):
         self.inner.notify_runner_results(measure_candidates, results)
 
     def clone(self):
-        return SkipKnownSearch(self.inner.clone(), task_index=self.task_index, task_name=self.task_name,
-                               state=self.state, budget=self.budget, key=self.key)
+        return SkipKnownSearch(
+            self.inner.clone(),
+            task_index=self.task_index,
+            task_name=self.task_name,
+            state=self.state,
+            budget=self.budget,
+            key=self.key,
+        )

@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 __all__ = ["make_filtered_search", "choose_kept"]  # and FilteredSearch, through __getattr__
 
 
-def choose_kept(n: int, want: int, keep_explore: float, predicted_log: Sequence[float] | np.ndarray | None,
-                threshold: float | None) -> tuple[list[int], list[int]]:
+def choose_kept(
+    n: int, want: int, keep_explore: float, predicted_log: Sequence[float] | np.ndarray | None, threshold: float | None
+) -> tuple[list[int], list[int]]:
     """Which of ``n`` candidates (in the search's own order, best first) are measured: the first
     ``want`` of them, except those past the first ``keep_explore`` share of the slots whose
     predicted log latency is above ``threshold`` (vetoed), replaced by the search's next picks.
@@ -52,7 +53,7 @@ def choose_kept(n: int, want: int, keep_explore: float, predicted_log: Sequence[
         else:
             kept.append(i)
     if len(kept) < want:  # too few candidates passed: the least bad vetoed ones fill the batch
-        fill = sorted(passed_over, key=lambda i: predicted_log[i])[:want - len(kept)]
+        fill = sorted(passed_over, key=lambda i: predicted_log[i])[: want - len(kept)]
         kept = sorted(kept + fill)
     kept_set = set(kept)
     return kept, [i for i in range(want) if i not in kept_set]
@@ -101,7 +102,8 @@ def _filtered_search_class():
             margin = runtime.config.filter_veto_margin if runtime is not None else 0.25
             self.veto_margin = float(margin)
             self.predictor = RidgeLatencyPredictor(
-                min_samples=runtime.config.filter_min_samples if runtime is not None else 16)
+                min_samples=runtime.config.filter_min_samples if runtime is not None else 16
+            )
             self._sent_features: list[np.ndarray] | None = None  # of the batch out for measurement
 
         def _initialize_with_tune_context(self, context) -> None:
@@ -146,9 +148,17 @@ def _filtered_search_class():
                 ranked = None if len(cands) <= want else (predicted is not None and threshold is not None)
                 self.runtime.note_generated(self.task_index, len(cands), len(cands) - len(kept), ranked)
                 if vetoed and predicted is not None:  # a veto needs a prediction (choose_kept)
-                    self.runtime.note_vetoed(self.task_index, [
-                        {"trace": trace_json(cands[i].sch.trace), "predicted_s": math.exp(float(predicted[i])),
-                         "best_s": self.runtime.task_best(self.task_index)} for i in vetoed])
+                    self.runtime.note_vetoed(
+                        self.task_index,
+                        [
+                            {
+                                "trace": trace_json(cands[i].sch.trace),
+                                "predicted_s": math.exp(float(predicted[i])),
+                                "best_s": self.runtime.task_best(self.task_index),
+                            }
+                            for i in vetoed
+                        ],
+                    )
             return kept
 
         def notify_runner_results(self, measure_candidates, results) -> None:
@@ -163,18 +173,36 @@ def _filtered_search_class():
             self.predictor.add(feats, lats)
 
         def clone(self):
-            return FilteredSearch(task_index=self.task_index, runtime=self.runtime, oversample=self.oversample,
-                                  keep_explore=self.keep_explore, inner_kwargs=self.inner_kwargs, seed=self.seed)
+            return FilteredSearch(
+                task_index=self.task_index,
+                runtime=self.runtime,
+                oversample=self.oversample,
+                keep_explore=self.keep_explore,
+                inner_kwargs=self.inner_kwargs,
+                seed=self.seed,
+            )
 
     return FilteredSearch
 
 
-def make_filtered_search(*, task_index: int, runtime: TrimmerRuntime | None, config: TrimmerConfig,
-                         inner_kwargs: dict | None = None, seed: int | None = None):
+def make_filtered_search(
+    *,
+    task_index: int,
+    runtime: TrimmerRuntime | None,
+    config: TrimmerConfig,
+    inner_kwargs: dict | None = None,
+    seed: int | None = None,
+):
     """A :class:`FilteredSearch` for one task (``inner_kwargs``: EvolutionarySearch's)."""
     cls = _filtered_search_class()
-    return cls(task_index=task_index, runtime=runtime, oversample=config.filter_oversample,
-               keep_explore=config.filter_keep_explore, inner_kwargs=inner_kwargs, seed=seed)
+    return cls(
+        task_index=task_index,
+        runtime=runtime,
+        oversample=config.filter_oversample,
+        keep_explore=config.filter_keep_explore,
+        inner_kwargs=inner_kwargs,
+        seed=seed,
+    )
 
 
 def __getattr__(name: str):  # FilteredSearch without importing TVM at module import

@@ -63,8 +63,10 @@ class TrimmerRuntime:
         self.names = self.budget.names
         self.max_trials = self.budget.max_trials
         # no task is pre-empted (nor the run stopped) before this many measured trials
-        self.min_trials = max(int(config.min_trials_per_task),
-                              math.ceil(config.min_trial_share * self.max_trials / max(1, len(self.weights))))
+        self.min_trials = max(
+            int(config.min_trials_per_task),
+            math.ceil(config.min_trial_share * self.max_trials / max(1, len(self.weights))),
+        )
         self.tracker = TaskPlateauTracker(config, self.min_trials, budget=self.budget)
         # the windowed rule runs on the part of the model tuning can still change
         # (see _tunable_estimate); the target latency is checked on the full estimate
@@ -96,8 +98,9 @@ class TrimmerRuntime:
                 self.state.preempted_tasks[i] = int(n)
 
     @classmethod
-    def passive(cls, tasks: Sequence[TaskInfo], *, max_trials: int, per_round: int,
-                seed: int | None = None) -> TrimmerRuntime:
+    def passive(
+        cls, tasks: Sequence[TaskInfo], *, max_trials: int, per_round: int, seed: int | None = None
+    ) -> TrimmerRuntime:
         """A runtime with every Trimmer rule off, for a run without Trimmer whose record-cache seeds need
         the budget: it feeds the budget from the measured batches, applies its allocation, and judges
         only the cache-seeded tasks the budget names (``TrialBudget.judge_after``)."""
@@ -199,8 +202,9 @@ class TrimmerRuntime:
             reason = "plateau after a record-cache seed"
         self._record_reallocation(task, round_index, reason)
 
-    def observe_batch(self, task: int, latencies: Sequence[float | None], *, round_index: int,
-                      exhausted: bool = False) -> tuple[int | None, int | None]:
+    def observe_batch(
+        self, task: int, latencies: Sequence[float | None], *, round_index: int, exhausted: bool = False
+    ) -> tuple[int | None, int | None]:
         """One measured batch of ``task`` (None = failed candidate; ``exhausted``: the search had
         no candidate left). Returns the batch's (generated, filtered) counts when the filter
         produced it."""
@@ -213,14 +217,16 @@ class TrimmerRuntime:
                 out = self.budget.outstanding
                 out[task] = max(0, out.get(task, 0) - (g - f))
             if gen is not None and counts[0]:
-                self.state.record_filter_round(round_index=round_index, task=task, generated=g, filtered=f,
-                                               measured=len(latencies))
+                self.state.record_filter_round(
+                    round_index=round_index, task=task, generated=g, filtered=f, measured=len(latencies)
+                )
             else:
                 self.state.measured += len(latencies)
             valid = [x for x in latencies if is_timing(x) and x > 0]
             self.budget.observe_best(task, valid)
-            short = exhausted or (len(latencies) < self.per_round
-                                  and self.budget.spent() + len(latencies) < self.max_trials)
+            short = exhausted or (
+                len(latencies) < self.per_round and self.budget.spent() + len(latencies) < self.max_trials
+            )
             if short and task not in self.exhausted:
                 # fewer new candidates than a round: the search space is (nearly) exhausted. Not a
                 # pre-emption: no trial is saved on a task that had nothing left to measure
@@ -238,8 +244,7 @@ class TrimmerRuntime:
             if self.tracker.observe(task, list(latencies)) and not was:
                 self._preempt(task, round_index, "plateau")
             self._check_target()
-            if (self._min_share_met() and self.stopper.observe(self._tunable_estimate())
-                    and self.stop_reason is None):
+            if self._min_share_met() and self.stopper.observe(self._tunable_estimate()) and self.stop_reason is None:
                 self.stop_reason = self.stopper.reason
                 self.state.model_stop_reason = self.stop_reason
             return counts
@@ -269,9 +274,16 @@ class TrimmerRuntime:
         self._check_target()
 
     def _record_reallocation(self, task: int, round_index: int, reason: str) -> None:
-        self.reallocations.append({"task": task, "task_name": self.names.get(task), "round": round_index,
-                                   "reason": reason, "at_trial": self.budget.parked[task],
-                                   **self.budget.reallocation(task)})
+        self.reallocations.append(
+            {
+                "task": task,
+                "task_name": self.names.get(task),
+                "round": round_index,
+                "reason": reason,
+                "at_trial": self.budget.parked[task],
+                **self.budget.reallocation(task),
+            }
+        )
 
     # ------------------------------------------------------------------ scheduler side
     def take_pending(self) -> list[int]:
@@ -298,8 +310,14 @@ class TrimmerRuntime:
         self.tracker.resume(task)
         self.state.preempted_tasks.pop(task, None)
         self.cache_parked.pop(task, None)
-        self.resumptions.append({"task": task, "task_name": self.names.get(task), "at_trial": self.budget.spent(),
-                                 "remaining_budget": remaining})
+        self.resumptions.append(
+            {
+                "task": task,
+                "task_name": self.names.get(task),
+                "at_trial": self.budget.spent(),
+                "remaining_budget": remaining,
+            }
+        )
         return task
 
     def trials_saved(self) -> int:
@@ -342,5 +360,3 @@ class TrimmerRuntime:
             d["config"] = self.config.to_dict()
         d["trials_saved"] = self.trials_saved()
         return d
-
-

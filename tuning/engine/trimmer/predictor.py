@@ -9,6 +9,7 @@ is predicted worse than the task's best by more than that error (and a fixed mar
 
 numpy only (the features come in as arrays), so it is unit-tested without TVM.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,7 +59,7 @@ class RidgeLatencyPredictor:
                 self.x.append(np.asarray(f, dtype="float64"))
                 self.y.append(math.log(lat))
         if len(self.y) > self.max_samples:  # keep the newest: the search has moved on
-            self.x, self.y = self.x[-self.max_samples:], self.y[-self.max_samples:]
+            self.x, self.y = self.x[-self.max_samples :], self.y[-self.max_samples :]
         self._fit = None
 
     def _train(self) -> tuple:
@@ -76,7 +77,7 @@ class RidgeLatencyPredictor:
         coef = inv @ (y - y_mean)
         hat = gram @ inv
         loo = (y - y_mean - hat @ (y - y_mean)) / np.maximum(1e-9, 1 - np.diag(hat))
-        self.loo_rmse = float(np.sqrt(np.mean(loo ** 2)))
+        self.loo_rmse = float(np.sqrt(np.mean(loo**2)))
         self._fit = (mean, scale, xs, coef, y_mean)
         return self._fit
 

@@ -24,6 +24,7 @@
 
 Django-free and TVM-free, so every rule is unit-tested on synthetic histories.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,21 +39,21 @@ __all__ = ["TrimmerConfig", "TaskPlateauTracker", "ModelStopper", "TrimmerState"
 @dataclasses.dataclass(frozen=True)
 class TrimmerConfig:
     enabled: bool = True
-    plateau_rounds: int = 2            # rounds without improvement before a task is pre-empted
-    min_improvement: float = 0.01      # relative improvement that counts as progress
-    model_window: int = 2              # rounds summed for the whole-model cost (authors' window)
-    model_patience: int = 3            # non-improving windows in a row before the run stops
+    plateau_rounds: int = 2  # rounds without improvement before a task is pre-empted
+    min_improvement: float = 0.01  # relative improvement that counts as progress
+    model_window: int = 2  # rounds summed for the whole-model cost (authors' window)
+    model_patience: int = 3  # non-improving windows in a row before the run stops
     model_min_improvement: float = 0.005
     target_latency_s: float | None = None
-    min_trials_per_task: int = 0       # a task is never pre-empted before this many trials
-    min_trial_share: float = 0.5       # ... nor before this share of max_trials / number of tasks
-    max_resumes: int = 1               # probes a pre-empted task gets when budget is left
-    filter_enabled: bool = True        # candidate filter (an independent predictor vetoes likely losers)
-    filter_oversample: int = 4         # candidates the search generates per slot measured
-    filter_keep_explore: float = 0.1   # share of slots never vetoed (the search's own picks)
-    filter_min_samples: int = 16       # measured candidates of a task before its predictor vetoes
-    filter_veto_margin: float = 0.25   # veto when predicted > best x (1 + margin) (and the CV error)
-    audit_sample: int = 0              # keep up to this many vetoed candidates (trace JSON) for a bench audit
+    min_trials_per_task: int = 0  # a task is never pre-empted before this many trials
+    min_trial_share: float = 0.5  # ... nor before this share of max_trials / number of tasks
+    max_resumes: int = 1  # probes a pre-empted task gets when budget is left
+    filter_enabled: bool = True  # candidate filter (an independent predictor vetoes likely losers)
+    filter_oversample: int = 4  # candidates the search generates per slot measured
+    filter_keep_explore: float = 0.1  # share of slots never vetoed (the search's own picks)
+    filter_min_samples: int = 16  # measured candidates of a task before its predictor vetoes
+    filter_veto_margin: float = 0.25  # veto when predicted > best x (1 + margin) (and the CV error)
+    audit_sample: int = 0  # keep up to this many vetoed candidates (trace JSON) for a bench audit
     judge_after_trials: int | None = None  # None: once the cost model is warm; 0: from the start
 
     @classmethod
@@ -77,8 +78,9 @@ class TrimmerConfig:
                 raise ValueError(f"{name} must be a non-negative integer")
         if cfg.target_latency_s is not None and cfg.target_latency_s <= 0:
             raise ValueError("target_latency_s must be positive")
-        if cfg.judge_after_trials is not None and (not isinstance(cfg.judge_after_trials, int)
-                                                   or cfg.judge_after_trials < 0):
+        if cfg.judge_after_trials is not None and (
+            not isinstance(cfg.judge_after_trials, int) or cfg.judge_after_trials < 0
+        ):
             raise ValueError("judge_after_trials must be a non-negative integer or null")
         return cfg
 
@@ -136,8 +138,11 @@ class TaskPlateauTracker:
             self.best[task] = batch_best
         floor = self.judged.get(task)
         need = self.min_trials if floor is None else max(self.min_trials, floor)
-        if ((self.config.enabled or floor is not None) and self.stale_rounds[task] >= self.config.plateau_rounds
-                and self.trials[task] >= need):
+        if (
+            (self.config.enabled or floor is not None)
+            and self.stale_rounds[task] >= self.config.plateau_rounds
+            and self.trials[task] >= need
+        ):
             self.budget.park(task)
             return True
         return False
@@ -176,14 +181,16 @@ class ModelStopper:
         if len(self.history) < 2 * w:
             return False
         recent = sum(self.history[-w:])
-        before = sum(self.history[-2 * w:-w])
+        before = sum(self.history[-2 * w : -w])
         if recent < before * (1 - cfg.model_min_improvement):
             self.misses = 0
         else:
             self.misses += 1
         if cfg.enabled and self.misses >= cfg.model_patience:
-            self.reason = (f"end-to-end estimate did not improve by more than "
-                           f"{cfg.model_min_improvement:.1%} for {self.misses} windows of {w} rounds")
+            self.reason = (
+                f"end-to-end estimate did not improve by more than "
+                f"{cfg.model_min_improvement:.1%} for {self.misses} windows of {w} rounds"
+            )
             return True
         return False
 
@@ -203,8 +210,9 @@ class TrimmerState:
         self.generated += generated
         self.filtered += filtered
         self.measured += measured
-        self.rounds.append({"round": round_index, "task": task, "generated": generated, "filtered": filtered,
-                            "measured": measured})
+        self.rounds.append(
+            {"round": round_index, "task": task, "generated": generated, "filtered": filtered, "measured": measured}
+        )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
