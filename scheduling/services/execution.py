@@ -256,6 +256,7 @@ def job_process_limits() -> job_process.JobProcessLimits:
         grace_s=float(getattr(settings, "SCHEDULING_JOB_KILL_GRACE_S", defaults.grace_s)),
         cpu_per_wall=float(getattr(settings, "SCHEDULING_JOB_CPU_PER_WALL_S", defaults.cpu_per_wall)),
         nofile=int(getattr(settings, "SCHEDULING_JOB_MAX_OPEN_FILES", defaults.nofile)),
+        host_memory_mb=float(getattr(settings, "SCHEDULING_JOB_MAX_HOST_MEMORY_MB", defaults.host_memory_mb)),
         preexec=getattr(settings, "SCHEDULING_JOB_PREEXEC", defaults.preexec) or None,
         runtimes=dict(getattr(settings, "SCHEDULING_JOB_RUNTIMES", None) or {}))
 
