@@ -111,6 +111,41 @@ def test_a_deeply_nested_extender_body_is_a_400(settings):
     assert resp.status_code == 400 and "not JSON" in resp.json()["Error"]
 
 
+def _mlp_with_dead_branch(dead: bool):
+    """x[N,16] -> MatMul -> y[N,4]; with ``dead``, also a VGG-sized MatMul/Relu stack on x whose result no
+    output reads (valid ONNX; onnxruntime and TVM never run it)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.ones((16, 4), "float32"), "w")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    if dead:
+        inits += [numpy_helper.from_array(np.ones((16, 2048), "float32"), "big1"),
+                  numpy_helper.from_array(np.ones((2048, 2048), "float32"), "big2")]
+        nodes += [helper.make_node("MatMul", ["x", "big1"], ["d1"]), helper.make_node("Relu", ["d1"], ["d2"]),
+                  helper.make_node("MatMul", ["d2", "big2"], ["d3"]), helper.make_node("Relu", ["d3"], ["d4"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_dead_subgraph_does_not_make_a_small_model_look_large_to_the_predictor():
+    """Was open: graph features counted every node, also those no output reads, which no runtime runs. A
+    team could upload a tiny model carrying a dead copy of a large network: features of the large one,
+    measured figures (now the worker's own, real) of the tiny one, and its measured:job profiles teach the
+    predictor that large networks are cheap, so other teams' jobs are under-predicted and over-packed.
+    Features now count only what the outputs depend on."""
+    from core.onnx_models.features import compute_features
+
+    live_only = compute_features(_mlp_with_dead_branch(False), batch_size=8)
+    with_dead = compute_features(_mlp_with_dead_branch(True), batch_size=8)
+    assert with_dead == live_only
+
+
 # --- what held -------------------------------------------------------------------------------------------
 
 HOSTILE_JOB_BODIES = {
