@@ -146,6 +146,35 @@ def test_a_dead_subgraph_does_not_make_a_small_model_look_large_to_the_predictor
     assert with_dead == live_only
 
 
+def test_a_training_job_that_diverges_finishes_with_its_result(model_a, settings):
+    """Was open: a learning rate the model cannot take (any up to 1.0 is accepted) or weights that overflow
+    make the loss Infinity/NaN; the child could not write its answer as JSON and the job failed with
+    "ValueError: Out of range float values are not JSON compliant" after spending its GPU time, its result
+    lost. Now the steps' non-finite losses are None and counted: the job finishes, saying it diverged."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from tests.scheduling.test_train_jobs import tiny_mlp
+
+    overflowing = tiny_mlp()
+    for init in overflowing.graph.initializer:  # y ~ 1e21, its square past float32
+        init.CopyFrom(numpy_helper.from_array(np.full(tuple(init.dims), 1e19, "float32"), init.name))
+    with model_a.file.open("wb") as f:
+        f.write(overflowing.SerializeToString())
+    onnx.checker.check_model(overflowing)
+    settings.SCHEDULING_JOB_RUNTIMES = {"train:tvm": "tests.scheduling.job_runtimes:train_on_cpu"}
+    gpu = register_gpu_node().gpus.get(index=0)
+    job = make_job(model_a, state="placed", kind="train", optimizer="sgd", learning_rate=1.0, iterations=3,
+                   estimate=600, batch_size=2)
+    p = Placement.objects.create(job=job, gpu=gpu, policy="horus", queue=gpu.queue,
+                                 placed_at=timezone.now() - dt.timedelta(seconds=1))
+    services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w", nvml=ChildrenNvml([fake_gpu()]))
+    job.refresh_from_db()
+    assert job.state == GpuJob.State.FINISHED, job.error
+    assert job.result["steps"] == 3 and job.result["non_finite_losses"] == 3 and job.result["losses"] == [None] * 3
+
+
 # --- what held -------------------------------------------------------------------------------------------
 
 HOSTILE_JOB_BODIES = {
