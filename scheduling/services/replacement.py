@@ -36,6 +36,9 @@ OOM_GROWTH = 1.5
 #: training data takes every stored profile, these included).
 MEASURED_JOB_SOURCE = GpuProfile.MEASURED_JOB_SOURCE
 REQUESTED = "requested"
+#: ops whose bodies graph features do not count (how often a Loop runs, which If branch, is data): a
+#: model with them may do far more, or less, than its features say, so its figures are no profile
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 
 
 def _done(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -145,7 +148,8 @@ def record_measured_profile(job: GpuJob, *, observed: dict[str, Any] | None = No
     The figures are the worker's own samples of the job's process (``observed``, from
     ``execution.JobWatch``) on the GPU it was placed on, never the job child's account of itself: the
     child runs the team's model, and what it answers is the team's word, not a measurement the
-    predictor may learn from. No worker samples, or figures out of physical bounds: no profile."""
+    predictor may learn from. No worker samples, figures out of physical bounds, or a model with control
+    flow (:data:`CONTROL_FLOW_OPS`: its features do not say what ran): no profile."""
     if job.kind != GpuJob.Kind.INFERENCE or job.num_gpus != 1 or not observed:
         return None
     gpu_model = observed.get("gpu_model")
@@ -154,11 +158,14 @@ def record_measured_profile(job: GpuJob, *, observed: dict[str, Any] | None = No
     mem = _figure(observed.get("mem_peak_mb"), 0.0, total_mb)
     if not gpu_model or util is None or mem is None or mem <= 0.0:
         return None
+    features = adapters.model_features(job.model, job.batch_size)
+    if CONTROL_FLOW_OPS & set(features.get("op_histogram") or {}):
+        return None
     from .predictors import record_profiles
 
     record = adapters.measured_profile_record(
         model=f"team{job.team_id}/{job.model.name}", batch_size=job.batch_size, gpu_model=gpu_model,
-        features=adapters.model_features(job.model, job.batch_size), util_pct=util, peak_mem_mb=mem,
+        features=features, util_pct=util, peak_mem_mb=mem,
         power_w=None, source=MEASURED_JOB_SOURCE,
         meta={"job": job.pk, "measured": "nvml-process (the worker's samples of the job's process)",
               "samples": observed.get("samples"), "predicted_util_pct": job.predicted_util_pct,

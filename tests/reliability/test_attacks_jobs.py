@@ -175,6 +175,51 @@ def test_a_training_job_that_diverges_finishes_with_its_result(model_a, settings
     assert job.result["steps"] == 3 and job.result["non_finite_losses"] == 3 and job.result["losses"] == [None] * 3
 
 
+def _matmuls_in_a_loop(trips: int):
+    """x[1,256] -> Loop(trips) { x @ w } -> y: ``trips`` MatMuls of 256x256 that graph features, which do not
+    look inside a Loop's body, do not count."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["carry_in", "w"], ["carry_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("carry_in", TensorProto.FLOAT, [1, 256])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("carry_out", TensorProto.FLOAT, [1, 256])])
+    inits = [numpy_helper.from_array(np.eye(256, dtype="float32"), "w"),
+             numpy_helper.from_array(np.array(trips, dtype="int64"), "trips"),
+             numpy_helper.from_array(np.array(True), "cond")]
+    graph = helper.make_graph([helper.make_node("Loop", ["trips", "cond", "x"], ["y"], body=body)], "looped",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_model_hiding_its_work_in_a_loop_leaves_no_measured_profile(model_a):
+    """Was open: graph features do not count what a Loop (If, Scan) body does, so a model doing 10^6 MatMuls
+    in a Loop has the features of an empty one; its real, heavy measured figures taught the predictor that
+    such features need a whole GPU. A model with control flow now leaves no measured:job profile."""
+    from core.onnx_models.features import compute_features
+    from scheduling.services.replacement import record_measured_profile
+
+    features = compute_features(_matmuls_in_a_loop(10**6))
+    assert features.total_flops == 0  # what the predictor would have been taught: nothing to do
+    model_a.features, model_a.batch_size = features.to_dict(), 1
+    model_a.save()
+    job = make_job(model_a, state="finished", batch_size=1)
+    observed = {"util_mean_pct": 99.0, "mem_peak_mb": 15000.0, "samples": 60, "gpu_model": "V100",
+                "gpu_memory_total_mb": 16384.0}
+    assert record_measured_profile(job, observed=observed) is None
+    assert not GpuProfile.objects.exists()
+
+
 # --- what held -------------------------------------------------------------------------------------------
 
 HOSTILE_JOB_BODIES = {
