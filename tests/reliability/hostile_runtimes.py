@@ -34,3 +34,12 @@ def hoards_host_memory(model, inputs, iterations, device_index, sampler_factory,
     time.sleep(6)
     out = onnxruntime_on_cpu(model, inputs, iterations, device_index, sampler_factory, check, **options)
     return {**out, "hoarded": len(hoard)}
+
+
+def starts_a_gpu_grandchild(model, inputs, iterations, device_index, sampler_factory, check, **options):
+    """Starts a process of its own (which would hold the GPU memory), then runs as usual."""
+    import subprocess
+    import sys
+
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(8)"])
+    return onnxruntime_on_cpu(model, inputs, iterations, device_index, sampler_factory, check, **options)

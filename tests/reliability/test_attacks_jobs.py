@@ -220,6 +220,32 @@ def test_a_model_hiding_its_work_in_a_loop_leaves_no_measured_profile(model_a):
     assert not GpuProfile.objects.exists()
 
 
+class GrandchildNvml(ChildrenNvml):
+    """Per-process accounting in which the job child holds little and a process it started holds 6 GB."""
+
+    def _procs(self):
+        import os
+
+        import psutil
+
+        me = psutil.Process(os.getpid())
+        children = {c.pid for c in me.children()}
+        deeper = {c.pid for c in me.children(recursive=True)} - children
+        return [(pid, 5, 100.0) for pid in children] + [(pid, 60, 6000.0) for pid in deeper]
+
+
+def test_gpu_memory_held_by_a_process_the_job_child_started_counts_against_its_share(model_a, settings):
+    """Was open: the worker sampled NVML's per-process figures of the child's pid alone; a process the child
+    started could hold any GPU memory beyond the job's share (and, without MPS, nothing else stops it),
+    taking it from the other jobs on the GPU. The child's descendants now count: the job is stopped over its
+    share and placed again with what its processes held."""
+    job, placement = _run_in_real_child(model_a, "starts_a_gpu_grandchild", settings, batch_size=1, mem=2000.0,
+                                        nvml=GrandchildNvml([fake_gpu(), fake_gpu()]))
+    assert job.state == GpuJob.State.PENDING and placement.released_at is not None, job.error
+    (entry,) = job.replacements
+    assert entry["reason"] == "oom" and entry["measured_mem_mb"] == 6100.0
+
+
 # --- what held -------------------------------------------------------------------------------------------
 
 HOSTILE_JOB_BODIES = {
