@@ -251,6 +251,7 @@ def test_gpu_memory_held_by_a_process_the_job_child_started_counts_against_its_s
 HOSTILE_JOB_BODIES = {
     "lr-nan-form": ({"learning_rate": "NaN"}, "learning_rate"),
     "lr-inf-form": ({"learning_rate": "Infinity"}, "learning_rate"),
+    "lr-nan-json": ({"learning_rate": float("nan")}, None),  # sent as JSON's NaN constant: the parser refuses it
     "lr-negative": ({"learning_rate": -0.1}, "learning_rate"),
     "lr-huge": ({"learning_rate": 1e308}, "learning_rate"),
     "lr-zero": ({"learning_rate": 0}, "learning_rate"),
@@ -276,7 +277,10 @@ def test_hostile_training_job_values_are_400_and_store_nothing(api_owner, model_
     extra, field = HOSTILE_JOB_BODIES[case]
     body = {"model": model_a.pk, "batch_size": 8, "kind": "train", **extra}
     form = case.endswith("-form")  # a form-encoded body: 'NaN' reaches float() as text, not as a JSON constant
-    resp = api_owner.post("/api/gpu-jobs/", body, format="multipart" if form else "json")
+    if case.endswith("-json"):  # a bare NaN token, which no JSON encoder of a client writes
+        resp = api_owner.post("/api/gpu-jobs/", json.dumps(body), content_type="application/json")
+    else:
+        resp = api_owner.post("/api/gpu-jobs/", body, format="multipart" if form else "json")
     assert resp.status_code == 400, resp.content
     if field is not None:
         assert field in resp.json()["errors"], resp.json()
@@ -394,3 +398,23 @@ def test_extender_forgeries_are_refused(settings, model_a, team_b, case):
                          content_type="application/json", **headers)
     assert resp.status_code == status, resp.content
     assert not PodBinding.objects.exists()
+
+
+def test_a_training_job_declaring_a_tiny_duration_gets_no_steps_beyond_it(model_a, team_a, settings):
+    """A training job declaring 1 s (the least) compiles past it in the child (the compile is not
+    interruptible), but its first step check stops it: no training beyond the declared time, and the
+    time its placement held is charged, not the 1 s it reserved."""
+    from core.selectors import quota_usage
+
+    settings.SCHEDULING_JOB_RUNTIMES = {"train:tvm": "tests.scheduling.job_runtimes:train_on_cpu"}
+    gpu = register_gpu_node().gpus.get(index=0)
+    job = make_job(model_a, state="placed", kind="train", iterations=10_000_000, estimate=1.0, batch_size=2)
+    p = Placement.objects.create(job=job, gpu=gpu, policy="horus", queue=gpu.queue,
+                                 placed_at=timezone.now() - dt.timedelta(seconds=1))
+    services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w", nvml=ChildrenNvml([fake_gpu()]))
+    job.refresh_from_db()
+    p.refresh_from_db()
+    assert job.state == GpuJob.State.FAILED and "declared duration" in job.error, job.error
+    held_s = (p.released_at - p.placed_at).total_seconds()
+    assert held_s > 1.0
+    assert quota_usage(team_a.pk).gpu_hours_this_month * 3600 == pytest.approx(held_s, rel=0.01)
