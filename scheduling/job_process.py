@@ -134,7 +134,8 @@ def run_job_in_child(
         if report is None:
             return
         try:
-            sampler = GpuSampler(device_indices[0], nvml=nvml, pid=pid, interval_s=gpu_runtime.STOP_CHECK_EVERY_S)
+            sampler = GpuSampler(device_indices[0], nvml=nvml, pid=pid, interval_s=gpu_runtime.STOP_CHECK_EVERY_S,
+                                 descendants=True)
             sampler.__enter__()
         except Exception as exc:  # live figures are optional: the job runs without them
             log.warning("GPU job child %s: no live NVML sampling (%s)", pid, exc)

@@ -139,7 +139,8 @@ class GpuSampler:
         s.result()  # {"util_mean_pct", "util_max_pct", "mem_peak_mb", "mem_baseline_mb", "power_mean_w", "energy_j"}
     """
 
-    def __init__(self, index: int = 0, *, interval_s: float = 0.05, nvml: Any = None, pid: int | None = None):
+    def __init__(self, index: int = 0, *, interval_s: float = 0.05, nvml: Any = None, pid: int | None = None,
+                 descendants: bool = False):
         if nvml is None:
             nvml, why = load_nvml()
             if nvml is None:
@@ -147,6 +148,9 @@ class GpuSampler:
         self.nvml, self.index, self.interval_s = nvml, index, interval_s
         #: the process whose own utilization and memory are sampled too (NVML per-process accounting)
         self.pid = pid
+        #: the pid's descendants count as the pid (the worker watching a job's child: a process the child
+        #: starts is the job's too); each sample then lists them (a /proc walk: for second-scale intervals)
+        self.descendants = descendants
         self.proc_utils: list[float] = []
         self.proc_mems: list[float] = []
         self._proc_ts = 0  # NVML returns per-process samples newer than this (microseconds)
@@ -210,7 +214,7 @@ class GpuSampler:
         samples = optional(getattr(self.nvml, "nvmlDeviceGetProcessUtilization", None) or _none,
                            self.handle, self._proc_ts) or []
         procs = optional(getattr(self.nvml, "nvmlDeviceGetComputeRunningProcesses", None) or _none, self.handle) or []
-        pids = self._watched_pids() if samples or procs else {self.pid}
+        pids = self._watched_pids() if self.descendants and (samples or procs) else {self.pid}
         with self._lock:
             utils: dict[int, list[float]] = {}
             for smp in samples:
