@@ -402,8 +402,9 @@ def test_extender_forgeries_are_refused(settings, model_a, team_b, case):
 
 def test_a_training_job_declaring_a_tiny_duration_gets_no_steps_beyond_it(model_a, team_a, settings):
     """A training job declaring 1 s (the least) compiles past it in the child (the compile is not
-    interruptible), but its first step check stops it: no training beyond the declared time, and the
-    time its placement held is charged, not the 1 s it reserved."""
+    interruptible), but it is stopped at its declared duration (its first step check, or the wall-clock
+    kill at the duration + SCHEDULING_JOB_KILL_GRACE_S while it compiles): no training beyond the declared
+    time, and the time its placement held is charged, not the 1 s it reserved."""
     from core.selectors import quota_usage
 
     settings.SCHEDULING_JOB_RUNTIMES = {"train:tvm": "tests.scheduling.job_runtimes:train_on_cpu"}
