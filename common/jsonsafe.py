@@ -45,7 +45,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def loads_finite(text: str) -> Any:
+def loads_finite(text: str | bytes | bytearray) -> Any:
     """``json.loads`` without ``NaN``, ``Infinity`` or numbers that overflow to them (Python's json accepts
     all three; TVM's databases cannot load them back). NonFiniteNumber (a ValueError) when it meets one."""
     return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from . import privileges
+from .jsonsafe import loads_finite
 
 __all__ = ["ENV_ALLOW", "ENV_ALLOW_PREFIXES", "SandboxFailure", "child_env", "run_in_child"]
 
@@ -338,7 +339,9 @@ def _verdict(
     parsed = None
     if answer:
         try:
-            parsed = json.loads(answer)
+            # the child writes its answer with allow_nan=False: a NaN or Infinity here was not its runtime's
+            # and would fail every JSONField (PostgreSQL's jsonb refuses them) the answer is stored in
+            parsed = loads_finite(answer)
         except (ValueError, RecursionError):
             raise fail("bad_answer", f"the parser sent an answer that is not JSON while {what}") from None
     if isinstance(parsed, dict) and "error" in parsed and isinstance(parsed["error"], dict):

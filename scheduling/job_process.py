@@ -61,6 +61,10 @@ class JobProcessLimits:
     grace_s: float = 60.0
     cpu_per_wall: float = 2.0
     nofile: int = 4096
+    #: resident host memory the child (and what it started) may hold, checked at each poll (about a
+    #: second): CUDA forbids an address-space cap, and without this a crafted model (a constant the import
+    #: folds, a training build that explodes) takes the node's memory from the worker and other jobs
+    host_memory_mb: float = 16384.0
     preexec: str | None = PRIVILEGE_DROP_HOOK
     runtimes: dict[str, str] = field(default_factory=dict)  # "train:<name>" keys: training runtimes
 
@@ -123,12 +127,16 @@ def run_job_in_child(
     wall_s = float(max_seconds) + limits.grace_s
     cpu_s = math.ceil(wall_s * limits.cpu_per_wall)
     live: list[GpuSampler] = []
+    child: list[int] = []
+    over_host_mb: list[float] = []
 
     def on_start(pid: int) -> None:  # the worker samples the child's pid on the lead GPU
+        child.append(pid)
         if report is None:
             return
         try:
-            sampler = GpuSampler(device_indices[0], nvml=nvml, pid=pid, interval_s=gpu_runtime.STOP_CHECK_EVERY_S)
+            sampler = GpuSampler(device_indices[0], nvml=nvml, pid=pid, interval_s=gpu_runtime.STOP_CHECK_EVERY_S,
+                                 descendants=True)
             sampler.__enter__()
         except Exception as exc:  # live figures are optional: the job runs without them
             log.warning("GPU job child %s: no live NVML sampling (%s)", pid, exc)
@@ -136,6 +144,10 @@ def run_job_in_child(
         live.append(sampler)
 
     def poll() -> bool:
+        rss_mb = _tree_rss_mb(child[0]) if child and limits.host_memory_mb else 0.0
+        if rss_mb > limits.host_memory_mb:
+            over_host_mb.append(rss_mb)
+            return True
         if report is not None and live:
             report(live[0].latest_process())
         return bool(should_stop is not None and should_stop())
@@ -149,6 +161,10 @@ def run_job_in_child(
                             nofile=limits.nofile, preexec=limits.preexec, what=WHAT, env=env,
                             on_start=on_start, poll=poll)
     except SandboxFailure as exc:
+        if over_host_mb:
+            raise GpuRuntimeError(
+                f"the job's process held {over_host_mb[0]:.0f} MB of host memory, over the {limits.host_memory_mb:g} MB "
+                f"a job's process may hold (SCHEDULING_JOB_MAX_HOST_MEMORY_MB), and was stopped while {WHAT}") from None
         if exc.reason != "stopped":
             log.warning("GPU job child failed (%s): %s\n%s", exc.reason, exc.message, exc.stderr_tail[-2000:])
         raise _job_error(exc, max_seconds=max_seconds, wall_s=wall_s, cpu_s=cpu_s,
@@ -156,6 +172,24 @@ def run_job_in_child(
     finally:
         for sampler in live:
             sampler.__exit__(None, None, None)
+
+
+def _tree_rss_mb(pid: int) -> float:
+    """Resident memory of the process ``pid`` and its descendants, in MB (0 once it is gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
 
 
 def _job_error(exc: SandboxFailure, *, max_seconds: float, wall_s: float, cpu_s: int,

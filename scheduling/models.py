@@ -129,6 +129,8 @@ class GpuProfile(models.Model):
     """What a model at a batch size used on a GPU model: measured by `profile_gpu`, or the synthetic seed set."""
 
     SYNTHETIC_PREFIX = "synthetic"
+    #: the source of a finished team job's own figures (services.replacement.record_measured_profile)
+    MEASURED_JOB_SOURCE = "measured:job"
 
     model_name = models.CharField(max_length=100, db_index=True)
     dl_model = models.ForeignKey(DLModel, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

@@ -183,6 +183,18 @@ def profiles() -> QuerySet[GpuProfile]:
     return GpuProfile.objects.all().order_by("model_name", "gpu_model", "batch_size", "source")
 
 
+def profiles_for_user(user: AbstractBaseUser) -> QuerySet[GpuProfile]:
+    """The profiles a user may read: the shared ones (seed set, `profile_gpu` of the zoo: no registered
+    model) and those of their teams' models; staff, all. A profile of a team's model (a finished job's
+    ``measured:job`` figures) names the team, its model, batch size and job: the other teams' stay hidden,
+    also once the model is deleted (its profiles keep the figures with no model)."""
+    qs = profiles()
+    if getattr(user, "is_staff", False):
+        return qs
+    shared = Q(dl_model__isnull=True) & ~Q(source=GpuProfile.MEASURED_JOB_SOURCE)
+    return qs.filter(shared | Q(dl_model__team__in=teams_for_user(user)))
+
+
 def predictor_versions() -> QuerySet[PredictorVersion]:
     return PredictorVersion.objects.all().order_by("-version")
 

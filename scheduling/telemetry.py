@@ -139,7 +139,8 @@ class GpuSampler:
         s.result()  # {"util_mean_pct", "util_max_pct", "mem_peak_mb", "mem_baseline_mb", "power_mean_w", "energy_j"}
     """
 
-    def __init__(self, index: int = 0, *, interval_s: float = 0.05, nvml: Any = None, pid: int | None = None):
+    def __init__(self, index: int = 0, *, interval_s: float = 0.05, nvml: Any = None, pid: int | None = None,
+                 descendants: bool = False):
         if nvml is None:
             nvml, why = load_nvml()
             if nvml is None:
@@ -147,6 +148,9 @@ class GpuSampler:
         self.nvml, self.index, self.interval_s = nvml, index, interval_s
         #: the process whose own utilization and memory are sampled too (NVML per-process accounting)
         self.pid = pid
+        #: the pid's descendants count as the pid (the worker watching a job's child: a process the child
+        #: starts is the job's too); each sample then lists them (a /proc walk: for second-scale intervals)
+        self.descendants = descendants
         self.proc_utils: list[float] = []
         self.proc_mems: list[float] = []
         self._proc_ts = 0  # NVML returns per-process samples newer than this (microseconds)
@@ -191,22 +195,40 @@ class GpuSampler:
         if self.pid is not None:
             self._sample_process()
 
+    def _watched_pids(self) -> set[int]:
+        """The pid and its descendants: a process the job started is the job's too, and its GPU memory and
+        work must not escape the job's share and figures."""
+        import psutil
+
+        pids = {self.pid}
+        try:
+            pids.update(c.pid for c in psutil.Process(self.pid).children(recursive=True))
+        except psutil.Error:
+            pass
+        return pids
+
     def _sample_process(self) -> None:
         """The pid's SM utilization (``nvmlDeviceGetProcessUtilization``, samples since the last call) and
-        the memory it holds (``nvmlDeviceGetComputeRunningProcesses``); nothing when the GPU or driver
-        does not report them."""
+        the memory it holds (``nvmlDeviceGetComputeRunningProcesses``), its descendants' added; nothing
+        when the GPU or driver does not report them."""
         samples = optional(getattr(self.nvml, "nvmlDeviceGetProcessUtilization", None) or _none,
                            self.handle, self._proc_ts) or []
         procs = optional(getattr(self.nvml, "nvmlDeviceGetComputeRunningProcesses", None) or _none, self.handle) or []
+        pids = self._watched_pids() if self.descendants and (samples or procs) else {self.pid}
         with self._lock:
+            utils: dict[int, list[float]] = {}
             for smp in samples:
                 self._proc_ts = max(self._proc_ts, int(getattr(smp, "timeStamp", 0) or 0))
-                if getattr(smp, "pid", None) == self.pid:
-                    self.proc_utils.append(float(smp.smUtil))
-            for proc in procs:
-                used = getattr(proc, "usedGpuMemory", None)
-                if getattr(proc, "pid", None) == self.pid and used is not None:
-                    self.proc_mems.append(float(used) / MB)
+                if getattr(smp, "pid", None) in pids:
+                    utils.setdefault(smp.pid, []).append(float(smp.smUtil))
+            if set(utils) <= {self.pid}:  # the process alone: every sample, as NVML gave them
+                self.proc_utils.extend(utils.get(self.pid, []))
+            else:  # several processes: their mean utilizations over these samples, added
+                self.proc_utils.append(min(100.0, sum(sum(v) / len(v) for v in utils.values())))
+            mems = [float(proc.usedGpuMemory) / MB for proc in procs
+                    if getattr(proc, "pid", None) in pids and getattr(proc, "usedGpuMemory", None) is not None]
+            if mems:
+                self.proc_mems.append(sum(mems))
 
     def latest_process(self) -> dict[str, float | None]:
         """The pid's latest measured utilization and memory so far (None where none was reported)."""

@@ -17,6 +17,7 @@ a real training step (forward + backward + optimizer state), not a learning resu
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -231,16 +232,20 @@ def run_training_steps(program: TrainingProgram, steps: int, check: Callable[[],
                        *, sync: Callable[[], None] | None = None) -> dict[str, Any]:
     """``steps`` training steps; ``check`` is called before each (it raises to stop the run). Returns the
     per-step wall seconds (``latencies_s``) and losses. The loss is read back every step, which also
-    synchronises the device, so each step's time is its own."""
+    synchronises the device, so each step's time is its own. A loss that is not finite (the training
+    diverged: a learning rate too large for the model) is None, and ``non_finite_losses`` counts them: the
+    run is still a result (JSON has no NaN, and the job's answer must be JSON)."""
     latencies, losses = [], []
     for _ in range(max(1, int(steps))):
         if check is not None:
             check()
         t = time.perf_counter()
-        losses.append(program.step())
+        loss = program.step()
+        losses.append(loss if math.isfinite(loss) else None)
         if sync is not None:
             sync()
         latencies.append(time.perf_counter() - t)
     return {"latencies_s": latencies, "losses": losses, "loss_first": losses[0], "loss_last": losses[-1],
+            "non_finite_losses": sum(loss is None for loss in losses),
             "optimizer": program.optimizer, "learning_rate": program.lr, "trained_params": program.n_params,
             "trained_param_values": program.n_param_values, "steps": len(losses), "data": "synthetic"}

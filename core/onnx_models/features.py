@@ -570,6 +570,32 @@ def _einsum_flops(node, shapes) -> int:
 # --------------------------------------------------------------------------- main
 
 
+def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    """Every name the node's subgraphs (If, Loop, Scan bodies) read: those may come from the outer graph."""
+    names: set[str] = set()
+    for a in node.attribute:
+        for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            for inner in sub.node:
+                names.update(n for n in inner.input if n)
+                names |= _subgraph_inputs(inner)
+    return names
+
+
+def _live_nodes(graph: onnx.GraphProto) -> tuple[list[onnx.NodeProto], set[str]]:
+    """The nodes the graph's outputs depend on (graph order) and the names they read. A runtime never
+    runs the others (onnxruntime and TVM drop them), so their FLOPs, layers and weights are no cost of
+    the model: counted, a dead copy of a large network would make a small model look large to the
+    predictor, and its measured profile would teach it that large networks are cheap."""
+    needed = {o.name for o in graph.output}
+    live = []
+    for node in reversed(graph.node):  # ONNX nodes are topologically sorted (the checker insists)
+        if any(o in needed for o in node.output if o):
+            live.append(node)
+            needed.update(n for n in node.input if n)
+            needed |= _subgraph_inputs(node)
+    return live[::-1], needed
+
+
 def compute_features(model: onnx.ModelProto, *, batch_size: int | None = None) -> GraphFeatures:
     """Compute :class:`GraphFeatures` of ``model``.
 
@@ -585,6 +611,7 @@ def compute_features(model: onnx.ModelProto, *, batch_size: int | None = None) -
     """
     inferred, batch = _prepare(model, batch_size)
     g = inferred.graph
+    nodes, read = _live_nodes(g)
 
     shapes: dict[str, tuple[_Shape | None, int]] = {}
     for vi in list(g.input) + list(g.value_info) + list(g.output):
@@ -595,15 +622,15 @@ def compute_features(model: onnx.ModelProto, *, batch_size: int | None = None) -
     # Weights: floating-point, non-scalar initializers and Constant tensors.
     weights: dict[str, int] = {}
     for t in g.initializer:
-        if t.data_type in _FLOAT_TYPES and len(t.dims) >= 1:
+        if t.data_type in _FLOAT_TYPES and len(t.dims) >= 1 and t.name in read:
             weights[t.name] = int(math.prod(t.dims))
-    for node in g.node:
+    for node in nodes:
         if node.op_type == "Constant":
             for a in node.attribute:
                 if a.name == "value" and a.t.data_type in _FLOAT_TYPES and len(a.t.dims) >= 1:
                     weights[node.output[0]] = int(math.prod(a.t.dims))
                     shapes.setdefault(node.output[0], (tuple(a.t.dims), a.t.data_type))
-    buffers = {n.input[i] for n in g.node if n.op_type == "BatchNormalization" for i in (3, 4) if i < len(n.input)}
+    buffers = {n.input[i] for n in nodes if n.op_type == "BatchNormalization" for i in (3, 4) if i < len(n.input)}
     param_count = sum(v for k, v in weights.items() if k not in buffers)
 
     histogram: Counter[str] = Counter()
@@ -611,7 +638,7 @@ def compute_features(model: onnx.ModelProto, *, batch_size: int | None = None) -
     total_flops = 0
     activation_bytes = 0
     bytes_moved = 0
-    for node in g.node:
+    for node in nodes:
         histogram[node.op_type] += 1
         total_flops += _node_flops(node, shapes)
         cls = layer_class(node.op_type)

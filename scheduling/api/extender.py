@@ -43,8 +43,8 @@ def _body(request: HttpRequest):
     except RequestDataTooBig:
         raise service.ExtenderError("The request is too large: configure the extender with "
                                     "nodeCacheCapable: true so kube-scheduler sends node names only.") from None
-    except ValueError as exc:
-        raise service.ExtenderError(f"The body is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays nested deeper than the parser goes
+        raise service.ExtenderError(f"The body is not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
 def _endpoint(handler):

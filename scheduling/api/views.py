@@ -166,7 +166,7 @@ class GpuProfileViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
     ordering_fields = ["model_name", "batch_size", "util_pct", "peak_mem_mb"]
 
     def get_queryset(self):
-        return selectors.profiles()
+        return selectors.profiles_for_user(self.request.user)
 
 
 @extend_schema_view(

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,11 @@ def claim_job(*, job_id: int, placement_id: int, worker: str) -> GpuJob | None:
 
 
 @transaction.atomic
-def finish_job(*, job_id: int, result: dict[str, Any] | None = None, error: str = "") -> GpuJob | None:
-    """Record a job's outcome (finished, or failed with ``error``) and free its GPU."""
+def finish_job(*, job_id: int, result: dict[str, Any] | None = None, error: str = "",
+               observed: dict[str, Any] | None = None) -> GpuJob | None:
+    """Record a job's outcome (finished, or failed with ``error``) and free its GPU. ``observed``: what the
+    worker itself sampled of the job's process and the GPU it ran on (:meth:`JobWatch.observed`), the
+    only figures a measured profile is made of (``result`` is the job child's own account)."""
     job = GpuJob.objects.select_for_update().filter(pk=job_id).first()
     if job is None:
         return None
@@ -69,7 +73,7 @@ def finish_job(*, job_id: int, result: dict[str, Any] | None = None, error: str 
     if job.state == GpuJob.State.FINISHED:
         try:
             with transaction.atomic():
-                record_measured_profile(job)
+                record_measured_profile(job, observed=observed)
         except Exception:  # a profile the predictor misses is no reason to lose the job's outcome
             log.exception("GPU job %s: its measured profile was not stored", job.pk)
     announce_job_end(job)
@@ -190,11 +194,15 @@ class JobWatch:
     def __init__(self, job_id: int, mem_limit_mb: float | None):
         self.job_id, self.mem_limit_mb = job_id, mem_limit_mb
         self.peak_mem_mb: float | None = None
+        self.util_samples: list[float] = []
         self.stop_reason: str | None = None
         self.detail: dict[str, Any] = {}
 
     def report(self, live: dict[str, float | None]) -> None:
         record_live_measurement(job_id=self.job_id, live=live)
+        util = live.get("util_pct")
+        if util is not None and math.isfinite(util):
+            self.util_samples.append(float(util))
         mem = live.get("mem_mb")
         if mem is None:
             return
@@ -203,6 +211,13 @@ class JobWatch:
             self.stop_reason = "oom"
             self.detail = {"measured_mem_mb": round(float(mem), 1), "mem_share_mb": round(self.mem_limit_mb, 1),
                            "seen_by": "nvml-process"}
+
+    def observed(self) -> dict[str, float | int | None]:
+        """The job process's figures as this worker sampled them (NVML, by the child's pid): its mean
+        utilization and peak memory, and how many samples they rest on."""
+        n = len(self.util_samples)
+        return {"util_mean_pct": sum(self.util_samples) / n if n else None, "mem_peak_mb": self.peak_mem_mb,
+                "samples": n}
 
     def should_stop(self) -> bool:
         if self.stop_reason is not None:
@@ -241,6 +256,7 @@ def job_process_limits() -> job_process.JobProcessLimits:
         grace_s=float(getattr(settings, "SCHEDULING_JOB_KILL_GRACE_S", defaults.grace_s)),
         cpu_per_wall=float(getattr(settings, "SCHEDULING_JOB_CPU_PER_WALL_S", defaults.cpu_per_wall)),
         nofile=int(getattr(settings, "SCHEDULING_JOB_MAX_OPEN_FILES", defaults.nofile)),
+        host_memory_mb=float(getattr(settings, "SCHEDULING_JOB_MAX_HOST_MEMORY_MB", defaults.host_memory_mb)),
         preexec=getattr(settings, "SCHEDULING_JOB_PREEXEC", defaults.preexec) or None,
         runtimes=dict(getattr(settings, "SCHEDULING_JOB_RUNTIMES", None) or {}))
 
@@ -288,6 +304,8 @@ def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: An
             return _replace_after_oom(job, watch, str(exc)[:500])
         log.exception("GPU job %s failed", job_id)
         return finish_job(job_id=job_id, error=f"{type(exc).__name__}: {exc}")
+    gpu = placement.gpu
     return finish_job(job_id=job_id, result={**result, "isolation": {
         "gpu_slot": slot, "gpu_slots": gpu_isolation.DEFAULT_SLOTS_PER_GPU, "gpu_mem_limit_mb": mem_limit_mb,
-        "gpu_indices": devices}})
+        "gpu_indices": devices}}, observed={**watch.observed(), "gpu_model": gpu.gpu_model,
+                                            "gpu_memory_total_mb": gpu.memory_total_mb})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -33,8 +34,11 @@ MAX_REPLACEMENTS = 3
 OOM_GROWTH = 1.5
 #: GpuProfile.source of the profiles finished jobs measured (labelled ``measured``: the predictor's
 #: training data takes every stored profile, these included).
-MEASURED_JOB_SOURCE = "measured:job"
+MEASURED_JOB_SOURCE = GpuProfile.MEASURED_JOB_SOURCE
 REQUESTED = "requested"
+#: ops whose bodies graph features do not count (how often a Loop runs, which If branch, is data): a
+#: model with them may do far more, or less, than its features say, so its figures are no profile
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 
 
 def _done(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -127,24 +131,44 @@ def replacement_request(job: GpuJob) -> dict[str, Any] | None:
     return next((e for e in reversed(job.replacements or []) if e.get("status") == REQUESTED), None)
 
 
-def record_measured_profile(job: GpuJob) -> GpuProfile | None:
+def _figure(value: Any, low: float, high: float | None) -> float | None:
+    """``value`` as a float when it is a finite number within ``[low, high]``, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    if value < low or (high is not None and value > high):
+        return None
+    return float(value)
+
+
+def record_measured_profile(job: GpuJob, *, observed: dict[str, Any] | None = None) -> GpuProfile | None:
     """A finished one-GPU inference job's own per-process figures as a profile labelled measured
     (``MEASURED_JOB_SOURCE``), which the predictor's next training takes with the others. Training
-    jobs and gangs are not recorded: the predictor's features describe one inference replica."""
-    if (job.kind != GpuJob.Kind.INFERENCE or job.num_gpus != 1 or job.measured_source != "nvml-process"
-            or job.measured_util_pct is None or job.measured_mem_mb is None):
+    jobs and gangs are not recorded: the predictor's features describe one inference replica.
+
+    The figures are the worker's own samples of the job's process (``observed``, from
+    ``execution.JobWatch``) on the GPU it was placed on, never the job child's account of itself: the
+    child runs the team's model, and what it answers is the team's word, not a measurement the
+    predictor may learn from. No worker samples, figures out of physical bounds, or a model with control
+    flow (:data:`CONTROL_FLOW_OPS`: its features do not say what ran): no profile."""
+    if job.kind != GpuJob.Kind.INFERENCE or job.num_gpus != 1 or not observed:
         return None
-    gpu_model = (job.result or {}).get("gpu_model") or job.predicted_for_gpu_model
-    if not gpu_model:
+    gpu_model = observed.get("gpu_model")
+    total_mb = _figure(observed.get("gpu_memory_total_mb"), 0.0, None)
+    util = _figure(observed.get("util_mean_pct"), 0.0, 100.0)
+    mem = _figure(observed.get("mem_peak_mb"), 0.0, total_mb)
+    if not gpu_model or util is None or mem is None or mem <= 0.0:
+        return None
+    features = adapters.model_features(job.model, job.batch_size)
+    if CONTROL_FLOW_OPS & set(features.get("op_histogram") or {}):
         return None
     from .predictors import record_profiles
 
     record = adapters.measured_profile_record(
         model=f"team{job.team_id}/{job.model.name}", batch_size=job.batch_size, gpu_model=gpu_model,
-        features=adapters.model_features(job.model, job.batch_size), util_pct=min(100.0, job.measured_util_pct),
-        peak_mem_mb=job.measured_mem_mb, power_w=(job.result or {}).get("power_mean_w"),
-        source=MEASURED_JOB_SOURCE,
-        meta={"job": job.pk, "measured": "nvml-process", "predicted_util_pct": job.predicted_util_pct,
+        features=features, util_pct=util, peak_mem_mb=mem,
+        power_w=None, source=MEASURED_JOB_SOURCE,
+        meta={"job": job.pk, "measured": "nvml-process (the worker's samples of the job's process)",
+              "samples": observed.get("samples"), "predicted_util_pct": job.predicted_util_pct,
               "predicted_mem_mb": job.predicted_mem_mb,
               "note": "the job's own process while it ran; partners on its GPU may have stretched it"})
     (row,) = record_profiles(records=[record], dl_model=job.model)

@@ -1,0 +1,423 @@
+"""A hostile team member's pass over the GPU-job features that landed together: training jobs (kind, optimizer,
+learning rate, gangs), OOM and interference re-placement, measured profiles fed to the predictor, and the
+kube-scheduler extender. One test per hole found (each failed before its fix), then one parametrized test
+per attack that already failed safely."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from unittest import mock
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from core.models import UsageCharge
+from scheduling import services, tasks
+from scheduling.models import GpuJob, GpuProfile, Placement
+from tests.scheduling.fakes import fake_gpu, make_job, register_gpu_node
+from tests.scheduling.test_gpu_job_process import ChildrenNvml
+
+pytestmark = pytest.mark.django_db
+
+HOSTILE = "tests.reliability.hostile_runtimes"
+TOKEN = "attack-extender-token"
+
+
+@pytest.fixture(autouse=True)
+def _no_celery(settings, tmp_path):
+    settings.SCHEDULING_GPU_SLOTS_DIR = str(tmp_path / "slots")
+    settings.SCHEDULING_JOB_KILL_GRACE_S = 1.0
+    with mock.patch.object(tasks.place_pending, "delay"), mock.patch.object(tasks.run_job, "apply_async"):
+        yield
+
+
+def _run_in_real_child(model, runtime_fn: str, settings, nvml=None, **job):
+    """A one-GPU inference job placed on GPU 1 and run through the REAL job child with a hostile runtime."""
+    settings.SCHEDULING_JOB_RUNTIMES = {"onnxruntime": f"{HOSTILE}:{runtime_fn}"}
+    gpu = register_gpu_node().gpus.get(index=1)
+    j = make_job(model, state="placed", runtime="onnxruntime", iterations=2, estimate=600, **job)
+    p = Placement.objects.create(job=j, gpu=gpu, policy="horus", queue=gpu.queue,
+                                 placed_at=timezone.now() - dt.timedelta(seconds=1))
+    services.execute_job(job_id=j.pk, placement_id=p.pk, worker="w",
+                         nvml=nvml or ChildrenNvml([fake_gpu(), fake_gpu()]))
+    j.refresh_from_db()
+    p.refresh_from_db()
+    return j, p
+
+
+# --- holes ------------------------------------------------------------------------------------------------
+
+
+def test_another_teams_measured_profiles_are_not_listed(api_other, model_a, api_owner):
+    """Was open: GET /api/gpu-profiles/ listed every profile, and a finished job's ``measured:job`` profile
+    names its team and model (``team<id>/<model>``), its job, batch size and figures: any user read every
+    other team's. Now a team sees its own (and the shared seed / zoo ones); also once the model is gone."""
+    record = services.record_profiles  # the write record_measured_profile makes
+    from scheduling import adapters
+
+    (row,) = record(records=[adapters.measured_profile_record(
+        model=f"team{model_a.team_id}/{model_a.name}", batch_size=8, gpu_model="V100", features={"flops": 1.0},
+        util_pct=40.0, peak_mem_mb=900.0, power_w=None, source=GpuProfile.MEASURED_JOB_SOURCE,
+        meta={"job": 1})], dl_model=model_a)
+    def names(api):
+        return {p["model_name"] for p in api.get("/api/gpu-profiles/?page_size=500").json()["results"]}
+
+    assert row.model_name in names(api_owner)
+    assert row.model_name not in names(api_other)
+    assert api_other.get(f"/api/gpu-profiles/{row.pk}/").status_code == 404
+    model_a.delete()  # the profile keeps its figures with dl_model NULL: still not shared
+    assert row.model_name not in names(api_other)
+
+
+def test_a_job_childs_forged_figures_do_not_become_a_measured_profile(model_a, settings):
+    """Was open: the profile a finished job leaves for the predictor took its utilization, memory, power
+    and GPU model from the job child's JSON answer, and the child runs the team's model: code there could
+    teach the predictor that its kind of model needs 1 MB on an A100. Now the profile holds what the
+    worker itself sampled of the child's pid (12 %, 345 MB) on the GPU it placed it on (V100)."""
+    job, _ = _run_in_real_child(model_a, "forges_its_figures", settings, batch_size=4, mem=2000.0)
+    assert job.state == GpuJob.State.FINISHED, job.error
+    row = GpuProfile.objects.get(source=GpuProfile.MEASURED_JOB_SOURCE)
+    assert (row.util_pct, row.peak_mem_mb, row.gpu_model) == (12.0, 345.0, "V100")
+    assert row.power_w is None
+
+
+def test_nan_in_a_job_childs_answer_fails_the_job_instead_of_leaving_it_running(model_a, settings):
+    """Was open: the worker read the child's answer with json.loads, which takes NaN and Infinity; the
+    result then failed to save (PostgreSQL's jsonb refuses them), the exception left the job ``running``
+    on a GPU it held until a worker restart. Now such an answer is refused: the job fails, the GPU is free."""
+    job, placement = _run_in_real_child(model_a, "answers_nan", settings, batch_size=4)
+    assert job.state == GpuJob.State.FAILED and "not JSON" in job.error, job.error
+    assert placement.released_at is not None
+
+
+def test_a_job_child_holding_too_much_host_memory_is_stopped(model_a, settings):
+    """Was open: the job child has no address-space cap (CUDA forbids one) and nothing else bounded its host
+    memory, so a model whose import or training build explodes took the node's memory from the worker and
+    its other jobs. Now the worker stops a child over SCHEDULING_JOB_MAX_HOST_MEMORY_MB at its next poll."""
+    from tests.reliability.hostile_runtimes import HOARD_MB
+
+    settings.SCHEDULING_JOB_MAX_HOST_MEMORY_MB = HOARD_MB - 200
+    job, placement = _run_in_real_child(model_a, "hoards_host_memory", settings, batch_size=1)
+    assert job.state == GpuJob.State.FAILED, job.error
+    assert "host memory" in job.error and "SCHEDULING_JOB_MAX_HOST_MEMORY_MB" in job.error, job.error
+    assert job.replacements == [] and placement.released_at is not None  # not taken for a GPU OOM
+
+
+def test_a_deeply_nested_extender_body_is_a_400(settings):
+    """Was open: json.loads raises RecursionError (not ValueError) on arrays nested past its depth: the
+    extender answered 500 with a traceback in the log instead of kube-scheduler's 400 {"Error": ...}."""
+    settings.SCHEDULER_EXTENDER_TOKEN = TOKEN
+    resp = Client().post("/scheduler/extender/filter", data="[" * 200_000, content_type="application/json",
+                         HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert resp.status_code == 400 and "not JSON" in resp.json()["Error"]
+
+
+def _mlp_with_dead_branch(dead: bool):
+    """x[N,16] -> MatMul -> y[N,4]; with ``dead``, also a VGG-sized MatMul/Relu stack on x whose result no
+    output reads (valid ONNX; onnxruntime and TVM never run it)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.ones((16, 4), "float32"), "w")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    if dead:
+        inits += [numpy_helper.from_array(np.ones((16, 2048), "float32"), "big1"),
+                  numpy_helper.from_array(np.ones((2048, 2048), "float32"), "big2")]
+        nodes += [helper.make_node("MatMul", ["x", "big1"], ["d1"]), helper.make_node("Relu", ["d1"], ["d2"]),
+                  helper.make_node("MatMul", ["d2", "big2"], ["d3"]), helper.make_node("Relu", ["d3"], ["d4"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_dead_subgraph_does_not_make_a_small_model_look_large_to_the_predictor():
+    """Was open: graph features counted every node, also those no output reads, which no runtime runs. A
+    team could upload a tiny model carrying a dead copy of a large network: features of the large one,
+    measured figures (now the worker's own, real) of the tiny one, and its measured:job profiles teach the
+    predictor that large networks are cheap, so other teams' jobs are under-predicted and over-packed.
+    Features now count only what the outputs depend on."""
+    from core.onnx_models.features import compute_features
+
+    live_only = compute_features(_mlp_with_dead_branch(False), batch_size=8)
+    with_dead = compute_features(_mlp_with_dead_branch(True), batch_size=8)
+    assert with_dead == live_only
+
+
+def test_a_training_job_that_diverges_finishes_with_its_result(model_a, settings):
+    """Was open: a learning rate the model cannot take (any up to 1.0 is accepted) or weights that overflow
+    make the loss Infinity/NaN; the child could not write its answer as JSON and the job failed with
+    "ValueError: Out of range float values are not JSON compliant" after spending its GPU time, its result
+    lost. Now the steps' non-finite losses are None and counted: the job finishes, saying it diverged."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from tests.scheduling.test_train_jobs import tiny_mlp
+
+    overflowing = tiny_mlp()
+    for init in overflowing.graph.initializer:  # y ~ 1e21, its square past float32
+        init.CopyFrom(numpy_helper.from_array(np.full(tuple(init.dims), 1e19, "float32"), init.name))
+    with model_a.file.open("wb") as f:
+        f.write(overflowing.SerializeToString())
+    onnx.checker.check_model(overflowing)
+    settings.SCHEDULING_JOB_RUNTIMES = {"train:tvm": "tests.scheduling.job_runtimes:train_on_cpu"}
+    gpu = register_gpu_node().gpus.get(index=0)
+    job = make_job(model_a, state="placed", kind="train", optimizer="sgd", learning_rate=1.0, iterations=3,
+                   estimate=600, batch_size=2)
+    p = Placement.objects.create(job=job, gpu=gpu, policy="horus", queue=gpu.queue,
+                                 placed_at=timezone.now() - dt.timedelta(seconds=1))
+    services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w", nvml=ChildrenNvml([fake_gpu()]))
+    job.refresh_from_db()
+    assert job.state == GpuJob.State.FINISHED, job.error
+    assert job.result["steps"] == 3 and job.result["non_finite_losses"] == 3 and job.result["losses"] == [None] * 3
+
+
+def _matmuls_in_a_loop(trips: int):
+    """x[1,256] -> Loop(trips) { x @ w } -> y: ``trips`` MatMuls of 256x256 that graph features, which do not
+    look inside a Loop's body, do not count."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["carry_in", "w"], ["carry_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("carry_in", TensorProto.FLOAT, [1, 256])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("carry_out", TensorProto.FLOAT, [1, 256])])
+    inits = [numpy_helper.from_array(np.eye(256, dtype="float32"), "w"),
+             numpy_helper.from_array(np.array(trips, dtype="int64"), "trips"),
+             numpy_helper.from_array(np.array(True), "cond")]
+    graph = helper.make_graph([helper.make_node("Loop", ["trips", "cond", "x"], ["y"], body=body)], "looped",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_model_hiding_its_work_in_a_loop_leaves_no_measured_profile(model_a):
+    """Was open: graph features do not count what a Loop (If, Scan) body does, so a model doing 10^6 MatMuls
+    in a Loop has the features of an empty one; its real, heavy measured figures taught the predictor that
+    such features need a whole GPU. A model with control flow now leaves no measured:job profile."""
+    from core.onnx_models.features import compute_features
+    from scheduling.services.replacement import record_measured_profile
+
+    features = compute_features(_matmuls_in_a_loop(10**6))
+    assert features.total_flops == 0  # what the predictor would have been taught: nothing to do
+    model_a.features, model_a.batch_size = features.to_dict(), 1
+    model_a.save()
+    job = make_job(model_a, state="finished", batch_size=1)
+    observed = {"util_mean_pct": 99.0, "mem_peak_mb": 15000.0, "samples": 60, "gpu_model": "V100",
+                "gpu_memory_total_mb": 16384.0}
+    assert record_measured_profile(job, observed=observed) is None
+    assert not GpuProfile.objects.exists()
+
+
+class GrandchildNvml(ChildrenNvml):
+    """Per-process accounting in which the job child holds little and a process it started holds 6 GB."""
+
+    def _procs(self):
+        import os
+
+        import psutil
+
+        me = psutil.Process(os.getpid())
+        children = {c.pid for c in me.children()}
+        deeper = {c.pid for c in me.children(recursive=True)} - children
+        return [(pid, 5, 100.0) for pid in children] + [(pid, 60, 6000.0) for pid in deeper]
+
+
+def test_gpu_memory_held_by_a_process_the_job_child_started_counts_against_its_share(model_a, settings):
+    """Was open: the worker sampled NVML's per-process figures of the child's pid alone; a process the child
+    started could hold any GPU memory beyond the job's share (and, without MPS, nothing else stops it),
+    taking it from the other jobs on the GPU. The child's descendants now count: the job is stopped over its
+    share and placed again with what its processes held."""
+    job, placement = _run_in_real_child(model_a, "starts_a_gpu_grandchild", settings, batch_size=1, mem=2000.0,
+                                        nvml=GrandchildNvml([fake_gpu(), fake_gpu()]))
+    assert job.state == GpuJob.State.PENDING and placement.released_at is not None, job.error
+    (entry,) = job.replacements
+    assert entry["reason"] == "oom" and entry["measured_mem_mb"] == 6100.0
+
+
+# --- what held -------------------------------------------------------------------------------------------
+
+HOSTILE_JOB_BODIES = {
+    "lr-nan-form": ({"learning_rate": "NaN"}, "learning_rate"),
+    "lr-inf-form": ({"learning_rate": "Infinity"}, "learning_rate"),
+    "lr-nan-json": ({"learning_rate": float("nan")}, None),  # sent as JSON's NaN constant: the parser refuses it
+    "lr-negative": ({"learning_rate": -0.1}, "learning_rate"),
+    "lr-huge": ({"learning_rate": 1e308}, "learning_rate"),
+    "lr-zero": ({"learning_rate": 0}, "learning_rate"),
+    "lr-string": ({"learning_rate": "fast"}, "learning_rate"),
+    "steps-huge": ({"iterations": 10**12}, "iterations"),
+    "steps-negative": ({"iterations": -5}, "iterations"),
+    "gpus-beyond-any-node": ({"num_gpus": 9}, "num_gpus"),
+    "gpus-zero": ({"num_gpus": 0}, "num_gpus"),
+    "gpus-float": ({"num_gpus": 2.5}, "num_gpus"),
+    "optimizer-outside-list": ({"optimizer": "rmsprop"}, "optimizer"),
+    "optimizer-unicode": ({"optimizer": "аdam"}, "optimizer"),  # Cyrillic a
+    "optimizer-nul": ({"optimizer": "adam\x00"}, "optimizer"),
+    "kind-outside-list": ({"kind": "finetune"}, "kind"),
+    "duration-tiny": ({"duration_estimate_s": 0.001}, "duration_estimate_s"),
+    "duration-nan-form": ({"duration_estimate_s": "nan"}, "duration_estimate_s"),
+    "duration-beyond-cap": ({"duration_estimate_s": 10**9}, "duration_estimate_s"),
+    "unknown-field": ({"replacements": []}, None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_JOB_BODIES))
+def test_hostile_training_job_values_are_400_and_store_nothing(api_owner, model_a, case):
+    extra, field = HOSTILE_JOB_BODIES[case]
+    body = {"model": model_a.pk, "batch_size": 8, "kind": "train", **extra}
+    form = case.endswith("-form")  # a form-encoded body: 'NaN' reaches float() as text, not as a JSON constant
+    if case.endswith("-json"):  # a bare NaN token, which no JSON encoder of a client writes
+        resp = api_owner.post("/api/gpu-jobs/", json.dumps(body), content_type="application/json")
+    else:
+        resp = api_owner.post("/api/gpu-jobs/", body, format="multipart" if form else "json")
+    assert resp.status_code == 400, resp.content
+    if field is not None:
+        assert field in resp.json()["errors"], resp.json()
+    assert not GpuJob.objects.exists()
+
+
+def test_nan_reaching_the_service_directly_is_refused(model_a, user_owner):
+    from core.exceptions import ServiceError
+
+    for kwargs in ({"learning_rate": float("nan")}, {"learning_rate": float("inf")},
+                   {"duration_estimate_s": float("nan")}, {"num_gpus": True}):
+        with pytest.raises(ServiceError):
+            services.submit_job(actor=user_owner, model=model_a, batch_size=8, kind="train", place=False, **kwargs)
+    assert not GpuJob.objects.exists()
+
+
+def test_an_oversized_job_body_is_refused_before_anything_is_stored(api_owner, model_a):
+    resp = api_owner.post("/api/gpu-jobs/", json.dumps({"model": model_a.pk, "batch_size": 8,
+                                                        "kind": "x" * (3 << 20)}), content_type="application/json")
+    assert resp.status_code in (400, 413) and not GpuJob.objects.exists()
+
+
+@pytest.mark.parametrize("who", ["other-team-model", "other-team-job", "viewer"])
+def test_another_teams_models_and_jobs_are_out_of_reach(api_other, api_owner, model_a, model_b, user_viewer, who):
+    from rest_framework.test import APIClient
+
+    if who == "other-team-model":  # team B names team A's model for a training gang
+        resp = api_other.post("/api/gpu-jobs/", {"model": model_a.pk, "batch_size": 8, "kind": "train",
+                                                 "num_gpus": 4}, format="json")
+        assert resp.status_code == 400 and "model" in resp.json()["errors"]
+        assert not GpuJob.objects.exists()
+    elif who == "other-team-job":  # team B reads or cancels team A's job by id
+        job = make_job(model_a, kind="train")
+        assert api_other.get(f"/api/gpu-jobs/{job.pk}/").status_code == 404
+        assert api_other.post(f"/api/gpu-jobs/{job.pk}/cancel/").status_code == 404
+        job.refresh_from_db()
+        assert job.state == GpuJob.State.PENDING
+    else:  # a viewer of team A submits a training job
+        viewer = APIClient()
+        viewer.force_authenticate(user_viewer)
+        resp = viewer.post("/api/gpu-jobs/", {"model": model_a.pk, "batch_size": 8, "kind": "train"}, format="json")
+        assert resp.status_code in (400, 403) and not GpuJob.objects.exists()
+
+
+def test_a_gang_is_charged_per_gpu_and_replacements_end_charged(model_a, team_a):
+    """A 4-GPU gang held 30 minutes costs 2 GPU-hours, not 0.5; a job re-placed on OOM over and over is
+    charged every placement it held and fails after MAX_REPLACEMENTS instead of looping."""
+    from core.selectors import quota_usage
+    from scheduling.services.execution import finish_job
+    from scheduling.services.replacement import MAX_REPLACEMENTS, replace_job
+
+    node = register_gpu_node(gpus=[fake_gpu() for _ in range(4)])
+    gpus = list(node.gpus.order_by("index"))
+    gang = make_job(model_a, state="running", num_gpus=4, kind="train", started_at=timezone.now())
+    Placement.objects.create(job=gang, gpu=gpus[0], policy="horus", queue=gpus[0].queue,
+                             gang_gpu_ids=[g.pk for g in gpus], placed_at=timezone.now() - dt.timedelta(minutes=30))
+    finish_job(job_id=gang.pk, result={})
+    assert quota_usage(team_a.pk).gpu_hours_this_month == pytest.approx(2.0, abs=0.01)
+
+    looping = make_job(model_a, kind="train")
+    for _ in range(MAX_REPLACEMENTS + 1):
+        looping.refresh_from_db()
+        looping.state, looping.started_at = GpuJob.State.RUNNING, timezone.now()
+        looping.save()
+        Placement.objects.create(job=looping, gpu=gpus[0], policy="horus", queue=gpus[0].queue,
+                                 placed_at=timezone.now() - dt.timedelta(minutes=6))
+        replace_job(job_id=looping.pk, reason="oom", detail={"measured_mem_mb": 9e9}, finish=finish_job,
+                    predicted_mem_mb=9e9)
+    looping.refresh_from_db()
+    assert looping.state == GpuJob.State.FAILED and "re-placed 3 times" in looping.error
+    charged = UsageCharge.objects.filter(kind="gpu_seconds", job_id=looping.pk).count()
+    assert charged == MAX_REPLACEMENTS + 1  # every placement it held, the last one too
+
+
+def test_no_api_writes_a_profile_whose_source_says_measured(api_owner, api_other, model_a):
+    for api in (api_owner, api_other):
+        body = {"model_name": "resnet50", "batch_size": 8, "gpu_model": "V100", "util_pct": 1,
+                "peak_mem_mb": 1, "source": "measured:job", "features": {}}
+        assert api.post("/api/gpu-profiles/", body, format="json").status_code == 405
+    assert not GpuProfile.objects.exists()
+
+
+def _pod(model_ref: str, namespace: str = "team-b", **annotations) -> dict:
+    return {"Pod": {"metadata": {"name": "p", "namespace": namespace, "uid": "u-1", "annotations": {
+        "dlopt.io/model": model_ref, **annotations}}}, "NodeNames": ["gpunode"]}
+
+
+EXTENDER_ATTACKS = {
+    "no-token": (None, "filter", lambda m: _pod(str(m.pk)), 401),
+    "wrong-token": ("guess", "filter", lambda m: _pod(str(m.pk)), 401),
+    "other-teams-model-by-id": (TOKEN, "prioritize", lambda m: _pod(str(m.pk)), 403),
+    "other-teams-model-by-slug": (TOKEN, "prioritize", lambda m: _pod(f"{m.team.slug}/{m.name}"), 403),
+    "gpus-beyond-a-node": (TOKEN, "filter", lambda m: _pod(str(m.pk), **{"dlopt.io/gpus": "999"}), 400),
+    "batch-float": (TOKEN, "filter", lambda m: _pod(str(m.pk), **{"dlopt.io/batch-size": "1e3"}), 400),
+    "model-ref-traversal": (TOKEN, "filter", lambda m: _pod("../../etc/passwd"), 400),
+    "body-a-list": (TOKEN, "filter", lambda m: [1, 2], 400),
+    "annotations-a-list": (TOKEN, "filter", lambda m: {"Pod": {"metadata": {"annotations": ["dlopt.io/model"]}}, "NodeNames": []},
+                           400),
+    "bind-forged-uid": (TOKEN, "bind", lambda m: {"PodName": "p", "PodNamespace": "team-b", "PodUID": "x/../y",
+                                                  "Node": "gpunode"}, 400),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXTENDER_ATTACKS))
+def test_extender_forgeries_are_refused(settings, model_a, team_b, case):
+    """A pod in team B's namespace naming team A's model (by id or slug), forged annotations, malformed
+    bodies, no token: refused, and nothing bound."""
+    from scheduling.models import PodBinding
+
+    settings.SCHEDULER_EXTENDER_TOKEN = TOKEN
+    register_gpu_node()
+    token, verb, body, status = EXTENDER_ATTACKS[case]
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+    resp = Client().post(f"/scheduler/extender/{verb}", data=json.dumps(body(model_a)),
+                         content_type="application/json", **headers)
+    assert resp.status_code == status, resp.content
+    assert not PodBinding.objects.exists()
+
+
+def test_a_training_job_declaring_a_tiny_duration_gets_no_steps_beyond_it(model_a, team_a, settings):
+    """A training job declaring 1 s (the least) compiles past it in the child (the compile is not
+    interruptible), but it is stopped at its declared duration (its first step check, or the wall-clock
+    kill at the duration + SCHEDULING_JOB_KILL_GRACE_S while it compiles): no training beyond the declared
+    time, and the time its placement held is charged, not the 1 s it reserved."""
+    from core.selectors import quota_usage
+
+    settings.SCHEDULING_JOB_RUNTIMES = {"train:tvm": "tests.scheduling.job_runtimes:train_on_cpu"}
+    gpu = register_gpu_node().gpus.get(index=0)
+    job = make_job(model_a, state="placed", kind="train", iterations=10_000_000, estimate=1.0, batch_size=2)
+    p = Placement.objects.create(job=job, gpu=gpu, policy="horus", queue=gpu.queue,
+                                 placed_at=timezone.now() - dt.timedelta(seconds=1))
+    services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w", nvml=ChildrenNvml([fake_gpu()]))
+    job.refresh_from_db()
+    p.refresh_from_db()
+    assert job.state == GpuJob.State.FAILED and "declared duration" in job.error, job.error
+    held_s = (p.released_at - p.placed_at).total_seconds()
+    assert held_s > 1.0
+    assert quota_usage(team_a.pk).gpu_hours_this_month * 3600 == pytest.approx(held_s, rel=0.01)
