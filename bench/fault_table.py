@@ -124,6 +124,10 @@ def helper(argv: list[str]) -> None:
             "tvm_not_stored": None if tvm_error else len(in_tvm - set(stored)),
             "stored_not_in_tvm": None if tvm_error else len(set(stored) - in_tvm), "tvm_error": tvm_error,
             "requested_action": run.requested_action}))
+    elif cmd == "settled":
+        from tuning.services.settle import journal_settled
+
+        print(json.dumps({"settled": journal_settled(int(argv[1]))}))
     elif cmd == "cache":
         from django.conf import settings
         from django.test import Client
@@ -293,6 +297,23 @@ class Row:
             time.sleep(1.0)
         left = self.attempts_open()
         self.note(f"attempts still open: {left}" if left else "every attempt on live workers ended")
+
+    def settled_by_sweep(self, timeout: float) -> dict:
+        """Restart a worker (as a user would after the kill) and wait, bounded, until the run's TVM
+        database is settled: the beat's `tuning.settle_ended_runs` runs once a minute."""
+        t0 = time.monotonic()
+        if self.helper("settled", str(self.run_id))["settled"]:
+            self.note("the run's journal was settled already: no sweep needed")
+            return {"needed": False, "waited_s": 0.0}
+        proc = self.start_worker("sweep")
+        settled = False
+        while time.monotonic() - t0 < timeout and not settled:
+            time.sleep(5.0)
+            settled = self.helper("settled", str(self.run_id))["settled"]
+        waited = round(time.monotonic() - t0, 1)
+        self.stop_worker(proc)
+        self.note(f"settled by the sweep after {waited}s" if settled else f"not settled within {timeout:.0f}s")
+        return {"needed": True, "settled": settled, "waited_s": waited}
 
     # ----- workers
     def start_worker(self, tag: str, **extra) -> subprocess.Popen:
@@ -518,6 +539,10 @@ def run_row(name: str, a, work: Path) -> dict:
             time.sleep(2)
             result["engines_alive_at_end"] = len(row.live_engines())
             result["final"] = row.helper("final", str(row.run_id))
+            if a.settle_wait_s > 0:  # what the sweep of ended runs makes of it, on a restarted worker
+                result["final_before_sweep"] = result["final"]
+                result["sweep"] = row.settled_by_sweep(a.settle_wait_s)
+                result["final"] = row.helper("final", str(row.run_id))
     except Exception as exc:  # noqa: BLE001 - a row that fails is reported, the others still run
         result["failure"] = f"{type(exc).__name__}: {exc}"
         row.note(result["failure"])
@@ -608,6 +633,9 @@ def main() -> None:
     ap.add_argument("--grace-s", type=float, default=20.0, help="wait after a kill before counting survivors")
     ap.add_argument("--attempt-end-s", type=float, default=90.0,
                     help="after the run ends, how long its live workers' attempts may take to close")
+    ap.add_argument("--settle-wait-s", type=float, default=0.0,
+                    help="after the row, restart a worker and wait this long (at most) for the sweep of "
+                         "ended runs to settle the run's TVM database; 0: don't")
     ap.add_argument("--row-timeout", type=float, default=900.0, help="bound on each wait of a row")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the rows' var dirs and logs")

@@ -273,6 +273,8 @@ CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # reconnect after a broker restart,
 CELERY_TASK_ROUTES = {
     "tuning.execute_run": {"queue": "tuning"},
     "tuning.recover_stale_runs": {"queue": "tuning"},
+    "tuning.settle_ended_runs": {"queue": "tuning"},  # where the engine's user owns the work dirs
+    "tuning.settle_run_database": {"queue": "tuning"},
     "scheduling.heartbeat": {"queue": "telemetry"},
     # Simulations have their own queue and worker, so a long one never delays tuning or placement.
     "scheduling.run_simulation": {"queue": "simulations"},
@@ -326,6 +328,11 @@ TUNING_STALE_AFTER_S = env.float("TUNING_STALE_AFTER_S", default=120.0)
 # A run whose executor died this many times (each re-queued by recovery) is failed, not retried:
 # a model that kills the worker would otherwise kill every worker, forever.
 TUNING_MAX_EXECUTOR_LOSSES = env.int("TUNING_MAX_EXECUTOR_LOSSES", default=3)
+# The sweep (tuning.settle_ended_runs, each minute) commits to the TVM database of a run that ended in
+# the last WINDOW seconds the stored results its killed engine left out; at most BATCH runs a sweep
+# (each one opens TVM), newest first. A settled run is skipped without TVM (a marker in its work dir).
+TUNING_SETTLE_SWEEP_WINDOW_S = env.float("TUNING_SETTLE_SWEEP_WINDOW_S", default=6 * 3600.0)
+TUNING_SETTLE_SWEEP_BATCH = env.int("TUNING_SETTLE_SWEEP_BATCH", default=5)
 # the platform-wide tuning-record cache (recordcache): runs look their tasks up and publish their serial re-measures
 RECORD_CACHE_ENABLED = env.bool("RECORD_CACHE_ENABLED", default=True)
 # Remote (measure_queues) measurement: how long one measurement may take once a worker has started it, and
@@ -336,6 +343,7 @@ TUNING_MEASURE_QUEUE_TIMEOUT_S = env.float("TUNING_MEASURE_QUEUE_TIMEOUT_S", def
 TUNING_RUN_TIME_LIMIT_S = env.float("TUNING_RUN_TIME_LIMIT_S", default=11 * 3600.0)
 CELERY_BEAT_SCHEDULE = {
     "recover-stale-tuning-runs": {"task": "tuning.recover_stale_runs", "schedule": 60.0},
+    "settle-ended-tuning-runs": {"task": "tuning.settle_ended_runs", "schedule": 60.0},
     "resend-lost-webhooks": {"task": "core.resend_lost_webhooks", "schedule": 300.0},
     "clean-upload-temp": {"task": "core.clean_upload_temp", "schedule": 900.0},
     "gpu-heartbeat": {"task": "scheduling.heartbeat", "schedule": env.float("SCHEDULING_HEARTBEAT_S", default=15.0)},

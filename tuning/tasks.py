@@ -21,6 +21,7 @@ from . import selectors, services
 
 RUN_SOFT_LIMIT_S = settings.TUNING_RUN_TIME_LIMIT_S  # `tuning` queue
 RECOVERY_SOFT_LIMIT_S = 120  # `tuning` queue, a few queries per stale run
+SETTLE_SOFT_LIMIT_S = 300  # `tuning` queue, a TVM open (a child process) per unsettled run, a few a sweep
 MEASURE_SOFT_LIMIT_S = settings.TUNING_MEASURE_TIMEOUT_S  # `measure.<node>.*` queues: the runner's own deadline
 HARD_AFTER_SOFT_S = 60
 
@@ -43,6 +44,20 @@ def recover_stale_runs(recheck: bool = False) -> list[int]:
         if delay is not None:
             recover_stale_runs.apply_async(queue="tuning", countdown=delay + 1.0)
     return recovered
+
+
+@shared_task(name="tuning.settle_ended_runs", soft_time_limit=SETTLE_SOFT_LIMIT_S,
+             time_limit=SETTLE_SOFT_LIMIT_S + HARD_AFTER_SOFT_S)
+def settle_ended_runs() -> list[int]:
+    """Beat runs it each minute: ended runs whose TVM database lags their stored results are settled."""
+    return services.sweep_unsettled_runs()
+
+
+@shared_task(name="tuning.settle_run_database", soft_time_limit=SETTLE_SOFT_LIMIT_S,
+             time_limit=SETTLE_SOFT_LIMIT_S + HARD_AFTER_SOFT_S)
+def settle_run_database(run_id: int) -> int | None:
+    """Sent when a run ends with no live executor (a cancel of a queued or paused run, recovery)."""
+    return services.settle_ended_run(run_id=run_id)
 
 
 @shared_task(name="tuning.measure_candidate", acks_late=True, soft_time_limit=MEASURE_SOFT_LIMIT_S,

@@ -13,7 +13,7 @@ from tuning.engine.events import candidate_key, canonical_trace_text
 from tuning.engine.process.lifeline import WorkDirBusy, lock_work_dir
 from tuning.engine.session import commit_journal, database_records
 from tuning.engine.testing import design_space_database, tiny_cnn_onnx
-from tuning.engine.workdir import STREAM_JOURNAL
+from tuning.engine.workdir import STREAM_JOURNAL, journal_settled, journal_size, save_journal_settled
 
 
 def write_journal(work_dir, model, target, task_index: int, n: int) -> list[tuple[int, str]]:
@@ -55,3 +55,18 @@ def test_commit_journal_never_writes_next_to_a_live_engine(tmp_path, cpu_target)
         with pytest.raises(WorkDirBusy):
             commit_journal(str(tmp_path), model, cpu_target, wait_s=0.2)
     assert not (tmp_path / "database_tuning_record.json").exists()
+
+
+def test_the_settled_marker_covers_the_journal_as_it_was_and_the_results_then_stored(tmp_path):
+    """No TVM: a sweep reads it for every recently ended run."""
+    assert journal_settled(str(tmp_path), stored=5)  # no journal: nothing to commit
+    (tmp_path / STREAM_JOURNAL).write_text('{"round": 0}\n')
+    assert not journal_settled(str(tmp_path), stored=0)  # a journal nobody settled
+    save_journal_settled(str(tmp_path), journal_size(str(tmp_path)), 2)
+    assert journal_settled(str(tmp_path), stored=2)
+    assert not journal_settled(str(tmp_path), stored=3)  # a result stored since
+    with open(tmp_path / STREAM_JOURNAL, "a") as f:
+        f.write('{"round": 1}\n')
+    assert not journal_settled(str(tmp_path), stored=2)  # the journal grew since
+    save_journal_settled(str(tmp_path), journal_size(str(tmp_path)), None)  # the engine's clean end: all
+    assert journal_settled(str(tmp_path), stored=99)

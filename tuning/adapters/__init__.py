@@ -29,6 +29,7 @@ from .engine import (
     recheck_output,
     resolve_target,
     run_engine,
+    stored_journal_settled,
     trimmer_options,
     write_imported,
 )
@@ -43,5 +44,5 @@ __all__ = [
     "energy_model_snapshot",
     "engine_error_text", "engine_target", "fenced", "has_imported", "make_energy_meter",
     "precheck", "public_json", "public_text", "recheck_output", "resolve_target", "run_energy_model", "run_engine",
-    "run_files_dir", "run_work_dir", "trimmer_options", "write_imported", "zip_database",
+    "run_files_dir", "run_work_dir", "stored_journal_settled", "trimmer_options", "write_imported", "zip_database",
 ]

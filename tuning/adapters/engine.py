@@ -28,7 +28,14 @@ from tuning.engine.records import check_replay
 from tuning.engine.process.procpool import WorkerError, WorkerTimeout
 from tuning.engine.records.check import RecordError, precheck, recheck_output
 from tuning.engine.config import TuningConfig
-from tuning.engine.workdir import has_imported, has_journal, write_imported
+from tuning.engine.workdir import (
+    has_imported,
+    has_journal,
+    journal_settled,
+    journal_size,
+    save_journal_settled,
+    write_imported,
+)
 from tuning.engine.compile.targets import TargetRefused, check_target
 from tuning.engine.measuring.timer import EvaluatorConfig
 from tuning.engine.trimmer.rules import TrimmerConfig
@@ -43,8 +50,8 @@ __all__ = ["IMPORT_CHECK_TIMEOUT_S", "Abort", "RecordError", "TargetRefused", "W
            "WorkerTimeout", "build_engine_config", "call_engine", "check_import", "checked_target",
            "commit_stored_journal", "compile_and_compare", "database_records", "engine_error_text",
            "engine_target", "fenced",
-           "has_imported", "precheck", "recheck_output", "resolve_target", "run_engine", "trimmer_options",
-           "write_imported"]
+           "has_imported", "precheck", "recheck_output", "resolve_target", "run_engine", "stored_journal_settled",
+           "trimmer_options", "write_imported"]
 
 # the executor's fence over the engine calls it makes (its Abort, how long a failing sink is borne)
 _fence: contextvars.ContextVar[tuple[Abort, float] | None] = contextvars.ContextVar("engine_fence", default=None)
@@ -192,17 +199,32 @@ def database_records(model_proto, work_dir: Path, run: TuningRun) -> list:
                        writable=(work_dir,), what="reading the run's tuning database back")
 
 
-def commit_stored_journal(model_proto, work_dir: Path, run: TuningRun) -> int:
+def commit_stored_journal(model_proto, work_dir: Path, run: TuningRun, *, busy_wait_s: float = 10.0) -> int:
     """Commit to the run's TVM database the streamed results the platform stored but TVM's database lacks
     (the engine was killed between reporting them and TVM's join, and no later call committed them);
     only what the store holds, so TVM's database never gains a result stored under no lease. Runs as the
     worker's user (the engine's, who owns TVM's database and its lock); WorkDirBusy when a live engine
-    works in the directory (it commits them when it starts)."""
-    stored = set(Measurement.objects.filter(run_id=run.pk).values_list("task__index", "candidate_key"))
-    if not stored or not has_journal(str(work_dir)):
+    holds the directory past ``busy_wait_s`` (it commits them when it starts). Then notes the journal
+    settled (a marker next to it, against the count of stored results) so that `stored_journal_settled`
+    needs no TVM."""
+    if not has_journal(str(work_dir)):
         return 0
-    return call_engine(session.commit_journal, str(work_dir), model_proto, engine_target(run), stored,
-                       what="committing the run's stored results to its tuning database")
+    rows = list(Measurement.objects.filter(run_id=run.pk).values_list("task__index", "candidate_key"))
+    # measured before the commit: a journal that grows meanwhile (a live engine) stays unsettled
+    size, stored = journal_size(str(work_dir)), set(rows)
+    n = 0
+    if stored:  # else nothing of the journal may reach TVM's database: settled as it is
+        n = call_engine(session.commit_journal, str(work_dir), model_proto, engine_target(run), stored,
+                        wait_s=busy_wait_s, what="committing the run's stored results to its tuning database")
+    save_journal_settled(str(work_dir), size, len(rows))  # the sweep of ended runs skips it now
+    return n
+
+
+def stored_journal_settled(work_dir: Path, stored: int) -> bool:
+    """Whether TVM's database already holds every stored result of the run's journal, as far as the
+    marker ``commit_stored_journal`` (or the engine's clean end) left says; ``stored``: the run's count
+    of Measurement rows. No TVM, no subprocess: a sweep asks it of every recently ended run."""
+    return journal_settled(str(work_dir), stored)
 
 
 def check_import(model_bytes: bytes, run: TuningRun, workloads: bytes, records: bytes, budget: int) -> dict:

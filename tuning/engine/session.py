@@ -46,6 +46,7 @@ from tuning.engine.workdir import (
     database_paths,
     has_imported,
     has_journal,
+    journal_size,
     load_final_rows,
     load_trimmer_preempted,
     next_round_offset,
@@ -53,6 +54,7 @@ from tuning.engine.workdir import (
     record_latency,
     records_by_task,
     save_final_rows,
+    save_journal_settled,
     save_round_offset,
 )
 
@@ -437,7 +439,9 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
             # TVM's joins commit what the search measured; what streamed out of a batch that was never
             # joined (the search raised) is committed here, so TVM's database never lags what was reported
             try:
+                size = journal_size(run.work_dir)
                 commit_streamed(run.work_dir, run.database, run.tasks, run.target)
+                save_journal_settled(run.work_dir, size, None)  # a sweep of ended runs skips this one
             except Exception:  # noqa: BLE001 - the next call on the work dir commits them when it starts
                 log.exception("could not commit the streamed results")
         return _summary(run, time.perf_counter() - t_start)

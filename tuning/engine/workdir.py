@@ -48,6 +48,9 @@ __all__ = [
     "StreamJournal",
     "commit_streamed",
     "has_journal",
+    "journal_size",
+    "save_journal_settled",
+    "journal_settled",
     "save_exhausted",
     "load_exhausted",
 ]
@@ -63,6 +66,7 @@ TRIMMER_STATE = "trimmer_state.json"
 EXHAUSTED_FILE = "exhausted_tasks.json"  # tasks whose search space ran out (with or without Trimmer)
 ROUNDS_FILE = "rounds.txt"
 STREAM_JOURNAL = "streamed_records.jsonl"
+JOURNAL_SETTLED = "streamed_records.settled.json"  # how much of the journal TVM's database is known to hold
 
 
 def _db_paths(work_dir: str, final: bool = False) -> tuple[str, str]:
@@ -302,6 +306,41 @@ def has_journal(work_dir: str) -> bool:
     """Whether the run's engine streamed results (the journal exists and is not empty); no TVM."""
     p = os.path.join(work_dir, STREAM_JOURNAL)
     return os.path.exists(p) and os.path.getsize(p) > 0
+
+
+def journal_size(work_dir: str) -> int:
+    """The journal's length in bytes (0: none). It only grows (appends), so an unchanged size is an
+    unchanged journal."""
+    try:
+        return os.path.getsize(os.path.join(work_dir, STREAM_JOURNAL))
+    except OSError:
+        return 0
+
+
+def save_journal_settled(work_dir: str, size: int, stored: int | None) -> None:
+    """Note that TVM's database holds the first ``size`` bytes of the journal: all of its records
+    (``stored`` None) or those among the caller's stored results, ``stored`` of them (the rest were never
+    stored and stay out). Lets a sweep over ended runs skip this one without opening TVM. Written whole
+    (a rename); a marker that cannot be written only costs the next sweep a TVM open."""
+    path = os.path.join(work_dir, JOURNAL_SETTLED)
+    with contextlib.suppress(OSError):
+        Path(path + ".tmp").write_text(json.dumps({"journal_bytes": int(size), "stored": stored}))
+        os.replace(path + ".tmp", path)
+
+
+def journal_settled(work_dir: str, stored: int) -> bool:
+    """Whether TVM's database holds every journal record among the run's ``stored`` results (a count;
+    results are only ever added): no journal, or the marker covers the journal as it is now and at
+    least that many stored results. No TVM: a file's size and a small JSON file."""
+    size = journal_size(work_dir)
+    if size == 0:
+        return True
+    try:
+        saved = json.loads(Path(os.path.join(work_dir, JOURNAL_SETTLED)).read_text())
+        covered, covered_stored = int(saved["journal_bytes"]), saved.get("stored")
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+    return covered == size and (covered_stored is None or int(covered_stored) >= stored)
 
 
 def commit_streamed(work_dir: str, db, tasks, target, only: set[tuple[int, str]] | None = None) -> int:

@@ -4,6 +4,7 @@
 - `quota`: the team quotas checked when a run starts or resumes.
 - `executor`: claim, execute (idempotent, resumable), interrupted ends, recovery of dead executors.
 - `finish`: the all-or-nothing last write of a successful run.
+- `settle`: TVM databases of ended runs brought level with the store (on a cancel, by a sweep).
 - `records`: import of an existing TVM database; a deleted run's files removed on commit.
 
 Reads are in `tuning.selectors`; the engine is reached only through `tuning.adapters`. The names below
@@ -32,6 +33,7 @@ from .finish import NoMeasurement, finish_succeeded
 from .quota import check_run_quota
 from .records import IMPORT_REFUSED_PREFIX, delete_run_files_on_commit, import_database, run_deleted, run_deleting
 from .run_queue import dispatch_all_waiting_runs, dispatch_waiting_runs
+from .settle import settle_ended_run, settle_tvm_database, sweep_unsettled_runs
 from .runs import (
     SUPPORTED_TARGET_KINDS,
     archive_run,
@@ -59,4 +61,5 @@ __all__ = [
     "run_work_dir",
     "seconds_until_next_stale", "start_run", "trials_reserved", "trials_used_this_month",
     "target_core_limit", "validate_measure_queues", "validate_run_bounds", "validate_target",
+    "settle_ended_run", "settle_tvm_database", "sweep_unsettled_runs",
 ]

@@ -36,6 +36,7 @@ from tuning.models import Measurement, TuningRun
 
 from .finish import announce_run_end, finish_succeeded
 from .runs import dispatch_run, remote_cpu_for
+from .settle import settle_tvm_database, settle_when_ended_without_executor
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ def _executor_lost(run: TuningRun) -> None:
     run.save(update_fields=["status", "lease", "executor_losses", "worker_lost_at", "finished_at",
                             "requested_action", "error"])
     announce_run_end(run.pk)  # cancelled or failed (a no-op otherwise)
+    settle_when_ended_without_executor(run)  # its dead engine's last streamed results (a no-op otherwise)
 
 
 def recover_stale_runs(*, stale_after_s: float | None = None) -> list[int]:
@@ -295,27 +297,6 @@ def reconcile_with_database(sink: DatabaseSink, model_proto, run: TuningRun, wor
                     len(missing))
         sink.on_measurements(missing)
     return len(missing)
-
-
-def settle_tvm_database(run: TuningRun, model_proto, work_dir: Path) -> int:
-    """At the end of an attempt whose engine may have been killed (its lease lost, a crash): commit to the
-    run's TVM database what the platform stored from the engine's stream but TVM's join never committed,
-    so the run's TVM database holds every stored result also when no later attempt comes (the run was
-    cancelled or failed meanwhile). Only stored results: nothing reaches TVM's database without having
-    been stored under a valid lease. Never raises: a live engine in the directory (WorkDirBusy) commits
-    them itself when it starts; anything else is logged."""
-    if model_proto is None:
-        return 0
-    try:
-        n = adapters.commit_stored_journal(model_proto, work_dir, run)
-    except WorkDirBusy:
-        return 0
-    except Exception:  # noqa: BLE001 - the attempt's outcome stands; the next attempt commits them
-        log.exception("run %s: could not commit its stored results to TVM's database", run.pk)
-        return 0
-    if n:
-        log.warning("run %s: %d stored result(s) committed to TVM's database after the engine ended", run.pk, n)
-    return n
 
 
 def _add_wall(run_id: int, lease: str, seconds: float) -> None:

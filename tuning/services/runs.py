@@ -25,6 +25,7 @@ from tuning.models import MIN_TRIALS_PER_TASK, RUN_LIMITS, TuningRun, min_trials
 from .finish import announce_run_end
 from .quota import check_run_quota
 from .run_queue import dispatch_run, enqueue_run, wait_for_slot  # noqa: F401 - enqueue_run re-exported
+from .settle import settle_when_ended_without_executor
 
 SUPPORTED_TARGET_KINDS = TARGET_KINDS
 CONTROL_RUNS = "start or control tuning runs"  # what viewers may not do (PermissionDenied's message)
@@ -276,6 +277,8 @@ def control_run(*, actor: AbstractBaseUser, run: TuningRun, control: str) -> Tun
         dispatch_run(run)
     if outcome == Outcome.STOP_NOW:
         announce_run_end(run.pk)  # a cancel's webhook; the slot it held goes to the team's next waiting run
+        # a queued or paused run has no executor: one killed earlier may have left results TVM lacks
+        settle_when_ended_without_executor(run)
     return run
 
 
