@@ -24,8 +24,9 @@ from tuning.engine.measuring.measure import MeasureOutcome, _jsonable, make_payl
 from tuning.engine.measuring.timer import EvaluatorConfig
 from tuning.engine.process.sandbox import read_untrusted_file
 from tuning.engine.runners.measure_jobs import (
+    answer_search,
+    record_candidates,
     INFRASTRUCTURE_ERROR,
-    CandidateMeta,
     EngineFuture,
     MeasureJob,
     MeasureLedger,
@@ -227,19 +228,7 @@ class DistributedRunner(PyRunner):
                     job.search_future.set_result((None, f"{INFRASTRUCTURE_ERROR}round on {q} failed: {exc!r}"))
             return
         self._validated[q] = result.validated
-        for job, c in zip(jobs, result.candidates):
-            self.ledger.put(
-                job.path,
-                CandidateMeta(
-                    round_index=rnd,
-                    dop=c.dop,
-                    worker=c.outcome.worker if c.outcome is not None else q,
-                    run_wall_secs=c.wall_secs,
-                    parallel_secs=c.latency_s if c.dop > 1 else None,
-                    remeasured_serially=c.remeasured,
-                    serial_secs=c.serial_reference_s,
-                ),
-            )
+        record_candidates(self.ledger, jobs, result, rnd, default_worker=q)
         self._add_part(
             rnd,
             RoundReport(
@@ -254,8 +243,7 @@ class DistributedRunner(PyRunner):
                 correction_applied=result.correction_applied,
             ),
         )
-        for job, c in zip(jobs, result.candidates):
-            job.search_future.set_result((c.final_secs, c.final_error if not c.final_secs else None))
+        answer_search(jobs, result)
 
     def _add_part(self, rnd: int, part: RoundReport) -> None:
         """One queue's share of round ``rnd``; the round's report (the DOP chart's point) is the sum

@@ -180,3 +180,29 @@ class MeasureJob:
 def runner_object(runner):
     """The Python object behind a ``derived_object`` runner (its ``run`` returns our own futures)."""
     return getattr(runner, "_inst", runner)
+
+
+def record_candidates(
+    ledger: MeasureLedger, jobs: Sequence[MeasureJob], result, round_index: int, default_worker: str | None
+) -> None:
+    """Each measured candidate's facts of a round (``rounds.measure_round``'s result) into the ledger,
+    where the sink reads them; ``default_worker`` names the worker of a candidate that has no outcome."""
+    for job, c in zip(jobs, result.candidates):
+        ledger.put(
+            job.path,
+            CandidateMeta(
+                round_index=round_index,
+                dop=c.dop,
+                worker=c.outcome.worker if c.outcome is not None else default_worker,
+                run_wall_secs=c.wall_secs,
+                parallel_secs=c.latency_s if c.dop > 1 else None,
+                remeasured_serially=c.remeasured,
+                serial_secs=c.serial_reference_s,
+            ),
+        )
+
+
+def answer_search(jobs: Sequence[MeasureJob], result) -> None:
+    """Hand each candidate's final timing (or, without one, its error) back to TVM's search."""
+    for job, c in zip(jobs, result.candidates):
+        job.search_future.set_result((c.final_secs, c.final_error if not c.final_secs else None))

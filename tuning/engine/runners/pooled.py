@@ -53,8 +53,9 @@ from tuning.engine.process.procpool import (
 )
 from tuning.engine.process.sandbox import RUNTIME_ONLY_ENV, remove_dir
 from tuning.engine.runners.measure_jobs import (
+    answer_search,
+    record_candidates,
     INFRASTRUCTURE_ERROR,
-    CandidateMeta,
     EngineFuture,
     MeasureJob,
     MeasureLedger,
@@ -328,19 +329,7 @@ class PooledAsyncRunner(PyRunner):
         self.retire_pools({next_dop})  # DOPs left behind give their cores and memory back
         if next_dop > 1:
             self._pool(next_dop)  # start the next round's workers now (they load TVM while TVM searches)
-        for job, c in zip(jobs, result.candidates):
-            self.ledger.put(
-                job.path,
-                CandidateMeta(
-                    round_index=rnd,
-                    dop=c.dop,
-                    worker=c.outcome.worker if c.outcome is not None else None,
-                    run_wall_secs=c.wall_secs,
-                    parallel_secs=c.latency_s if c.dop > 1 else None,
-                    remeasured_serially=c.remeasured,
-                    serial_secs=c.serial_reference_s,
-                ),
-            )
+        record_candidates(self.ledger, jobs, result, rnd, default_worker=None)
         report = RoundReport(
             round_index=rnd,
             dop=result.dop,
@@ -356,8 +345,7 @@ class PooledAsyncRunner(PyRunner):
             serial_by_reason=result.serial_by_reason,
         )
         self.ledger.add_round(report)
-        for job, c in zip(jobs, result.candidates):
-            job.search_future.set_result((c.final_secs, c.final_error if not c.final_secs else None))
+        answer_search(jobs, result)
         if self.on_round is not None:
             try:
                 self.on_round(report)
