@@ -248,6 +248,48 @@ def test_gpu_memory_held_by_a_process_the_job_child_started_counts_against_its_s
     assert entry["reason"] == "oom" and entry["measured_mem_mb"] == 6100.0
 
 
+def _running_on(model, gpu, *, pred: float, live: float, **extra) -> GpuJob:
+    job = make_job(model, util=pred, mem=1000.0, state="running", live_util_pct=live, live_mem_mb=900.0,
+                   started_at=timezone.now() - dt.timedelta(minutes=5), **extra)
+    Placement.objects.create(job=job, gpu=gpu, policy="horus", queue=gpu.queue,
+                             placed_at=timezone.now() - dt.timedelta(minutes=5))
+    return job
+
+
+def test_an_under_predicted_job_does_not_get_another_teams_job_restarted(model_a, model_b, team_a, team_b):
+    """Was open: the live re-placement rule moved the smallest job whose departure ended a GPU's
+    over-subscription. Team B's model hides its work in an ONNX Loop (graph features do not count it), is
+    predicted 30 % and runs at 70 %: the GPU, predicted 90 %, measures 120 %, and team A's 20 % job was
+    restarted, its work lost and its GPU time charged to team A, up to twice. Now the job measured furthest
+    over its prediction is the one moved, and if it cannot move, nobody is."""
+    from scheduling.services.execution import finish_job
+    from scheduling.services.replacement import replace_job, replacement_request
+
+    g0, _ = register_gpu_node().gpus.order_by("index")
+    looped = _running_on(model_b, g0, pred=30.0, live=70.0)
+    steady = _running_on(model_a, g0, pred=30.0, live=30.0)
+    small = _running_on(model_a, g0, pred=30.0, live=20.0)
+    assert services.request_interference_replacements() == [looped.pk]
+    looped.refresh_from_db()
+    assert replacement_request(looped)["job_measured_util_pct"] == 70.0
+    # its worker stops it: the restart's cost (the GPU time its placement held) is team B's, none is team A's
+    replace_job(job_id=looped.pk, reason="interference", detail={}, finish=finish_job, predicted_util_pct=70.0)
+    charges = UsageCharge.objects.filter(kind="gpu_seconds")
+    assert {c.team_id for c in charges} == {team_b.pk} and charges.get().job_id == looped.pk
+    for job in (steady, small):
+        job.refresh_from_db()
+        assert job.state == GpuJob.State.RUNNING and not job.replacements
+
+    # the same job already re-placed twice (the rule's limit): it stays, and team A's jobs stay too
+    GpuJob.objects.filter(pk=looped.pk).delete()
+    done = [{"status": "done", "reason": "interference"}] * 2
+    again = _running_on(model_b, g0, pred=30.0, live=70.0, replacements=done)
+    assert services.request_interference_replacements() == []
+    for job in (again, steady, small):
+        job.refresh_from_db()
+        assert replacement_request(job) is None
+
+
 # --- what held -------------------------------------------------------------------------------------------
 
 HOSTILE_JOB_BODIES = {

@@ -1,6 +1,6 @@
 """Re-placing running jobs from what their own processes measure (fake per-process NVML): a job over its
 memory share is stopped and placed again with its measured memory, a GPU pushed past the interference
-bound by a wrong prediction loses a job by the simulator's rule, and finished jobs' measured figures become
+bound by a wrong prediction loses the job that caused it, and finished jobs' measured figures become
 profiles labelled measured that the predictor trains on."""
 from __future__ import annotations
 
@@ -102,31 +102,33 @@ def _running(model, gpu, *, pred: float, live: float) -> GpuJob:
     return job
 
 
-def test_a_gpu_pushed_over_the_bound_by_a_wrong_prediction_restarts_a_job_elsewhere(
+def test_a_gpu_pushed_over_the_bound_by_a_wrong_prediction_restarts_its_cause_elsewhere(
         gpu_node, model_a, use_nvml, monkeypatch):
     g0, g1 = gpu_node.gpus.order_by("index")
-    heavy = _running(model_a, g0, pred=30.0, live=70.0)  # predicted 30 %, measured 70 %
     _running(model_a, g0, pred=30.0, live=30.0)
-    small = make_job(model_a, util=30.0, mem=1000.0, iterations=1000)
-    p = _place(small, g0)
-    nvml = use_nvml(FakeNvml([fake_gpu(), fake_gpu()], processes={0: [(os.getpid(), 20, 900.0)]}))
+    small = _running(model_a, g0, pred=30.0, live=20.0)
+    heavy = make_job(model_a, util=30.0, mem=1000.0, iterations=1000)  # predicted 30 %, measured 70 % below
+    p = _place(heavy, g0)
+    nvml = use_nvml(FakeNvml([fake_gpu(), fake_gpu()], processes={0: [(os.getpid(), 70, 900.0)]}))
     asked: list = []
     seen: list = []
     monkeypatch.setitem(gpu_runtime.RUNTIMES, "onnxruntime", _running_stand_in(
         seen, during=lambda: asked.extend(services.request_interference_replacements())))  # the heartbeat's call
-    services.execute_job(job_id=small.pk, placement_id=p.pk, worker="w", nvml=nvml)
-    # GPU 0: predicted 90 % (within 105 %), measured 70 + 30 + 20 = 120 %: the rule moves the smallest job
-    # whose departure ends it (20 >= 15 over), which is the 20 % one
-    assert asked == [small.pk] and len(seen) < 10
+    services.execute_job(job_id=heavy.pk, placement_id=p.pk, worker="w", nvml=nvml)
+    # GPU 0: predicted 90 % (within 105 %), measured 70 + 30 + 20 = 120 %: the rule moves the job measured
+    # furthest over its prediction (70 vs 30), not the smallest job whose departure would end it (20 %)
+    assert asked == [heavy.pk] and len(seen) < 10
     small.refresh_from_db()
     heavy.refresh_from_db()
-    assert small.state == GpuJob.State.PENDING and heavy.state == GpuJob.State.RUNNING
-    (entry,) = small.replacements
+    assert heavy.state == GpuJob.State.PENDING and small.state == GpuJob.State.RUNNING and not small.replacements
+    (entry,) = heavy.replacements
     assert entry["status"] == "done" and entry["reason"] == "interference" and entry["rule"] == "horus_migrate"
+    assert entry["chosen_as"].startswith("cause")
     assert entry["gpu_measured_util_pct"] == 120.0 and entry["gpu_predicted_util_pct"] == 90.0
+    assert entry["job_measured_util_pct"] == 70.0 and entry["job_predicted_util_pct"] == 30.0
     assert entry["bound_pct"] == 105.0 and entry["to_gpu"] == g1.pk and entry["from_gpu"] == g0.pk
-    assert small.predicted_util_pct == 20.0  # its measured load is its prediction from now on
-    assert services.request_interference_replacements() == []  # 100 % now: nothing more to move
+    assert heavy.predicted_util_pct == 70.0  # its measured load is its prediction from now on
+    assert services.request_interference_replacements() == []  # 50 % now: nothing more to move
 
 
 def test_a_gpu_the_policy_knowingly_filled_past_the_bound_is_left_alone(gpu_node, model_a):
