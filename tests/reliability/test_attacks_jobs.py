@@ -290,6 +290,35 @@ def test_an_under_predicted_job_does_not_get_another_teams_job_restarted(model_a
         assert replacement_request(job) is None
 
 
+def test_extender_pods_are_charged_to_their_teams_gpu_hour_quota_and_refused_over_it(model_a, team_a, settings):
+    """Was open: a pod bound through the kube-scheduler extender was charged to no quota, and a binding
+    counts as load for up to 24 h unless released: a team out of GPU hours (or on any quota) could hold
+    GPUs through Kubernetes for free. Now bind reserves the binding TTL per GPU against the team's GPU-hour
+    quota (refused with a 429 saying so, before anything is written or bound) and the time held is charged."""
+    from core.models import Quota
+    from scheduling import selectors
+    from scheduling.models import PodBinding
+    from tests.scheduling.test_extender_api import FakeApiServer, pod_object
+
+    settings.SCHEDULER_EXTENDER_TOKEN = TOKEN
+    register_gpu_node("gpu-b")
+    Quota.objects.filter(team=team_a).update(gpu_hours_per_month=30.0)  # one 24 h binding fits, two do not
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
+    for uid, gpus, status in (("u-first", "1", 200), ("u-second", "1", 429), ("u-gang", "2", 429)):
+        pod = pod_object(str(model_a.pk), gpus=gpus, uid=uid)
+        with FakeApiServer({("team-a", "resnet-infer-7f9c"): pod}) as api:
+            settings.SCHEDULER_EXTENDER_KUBE_API_URL = api.url
+            resp = Client().post("/scheduler/extender/bind", content_type="application/json", **headers, data=json.dumps(
+                {"PodName": "resnet-infer-7f9c", "PodNamespace": "team-a", "PodUID": uid, "Node": "gpu-b"}))
+        assert resp.status_code == status, resp.content
+        if status == 429:
+            error = resp.json()["Error"]
+            assert "Quota 'GPU hours per month' would be exceeded" in error and "team 'team-a'" in error, error
+            assert [q["method"] for q in api.requests] == ["GET"]  # nothing annotated, nothing bound
+            assert not PodBinding.objects.filter(pod_uid=uid).exists()
+    assert selectors.gpu_hours_committed(team_a.pk) == pytest.approx(24.0, abs=0.01)
+
+
 # --- what held -------------------------------------------------------------------------------------------
 
 HOSTILE_JOB_BODIES = {
