@@ -87,6 +87,27 @@ def replace_job(*, job_id: int, reason: str, detail: dict[str, Any], finish: Cal
     return job
 
 
+#: A runtime failure is a GPU out-of-memory only when the worker's own NVML figures at failure say memory
+#: ran out: the job's process holding at least this fraction of its memory share, or its GPU at least this
+#: fraction of its capacity. The failure's text is never evidence: it carries the team's words (an ONNX
+#: node's name, an op's message), and "out of memory" there must not buy a re-placement with more memory.
+OOM_MEASURED_FRACTION = 0.9
+
+
+def measured_gpu_oom(*, process_mem_mb: float | None, share_mb: float | None, gpu_mem_used_mb: float | None,
+                     gpu_memory_total_mb: float | None) -> dict[str, Any] | None:
+    """The worker's evidence that a job's failure was its GPU's memory running out (the figures, for the
+    re-placement's record), or None when its last samples show memory to spare (or there are none)."""
+    if process_mem_mb is not None and share_mb and process_mem_mb >= OOM_MEASURED_FRACTION * share_mb:
+        return {"measured_by": "nvml-process", "measured_mem_mb": round(float(process_mem_mb), 1),
+                "mem_share_mb": round(float(share_mb), 1)}
+    if gpu_mem_used_mb is not None and gpu_memory_total_mb \
+            and gpu_mem_used_mb >= OOM_MEASURED_FRACTION * gpu_memory_total_mb:
+        return {"measured_by": "nvml-device", "gpu_mem_used_mb": round(float(gpu_mem_used_mb), 1),
+                "gpu_memory_total_mb": round(float(gpu_memory_total_mb), 1)}
+    return None
+
+
 def oom_replacement_mem_mb(*, peak_mem_mb: float | None, share_mb: float | None,
                            predicted_mem_mb: float | None) -> float:
     """The memory a job that exceeded its share is placed again with: what it was measured using when

@@ -319,6 +319,40 @@ def test_extender_pods_are_charged_to_their_teams_gpu_hour_quota_and_refused_ove
     assert selectors.gpu_hours_committed(team_a.pk) == pytest.approx(24.0, abs=0.01)
 
 
+def _reshape_named(name: str):
+    """x[N,16] -> Reshape to [3,5]: valid ONNX that fails when it runs (16 values are not 15), in a node
+    whose name the team chose; onnxruntime's error quotes the name."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"], name=name)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])],
+        [numpy_helper.from_array(np.array([3, 5], dtype="int64"), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_failure_whose_text_says_out_of_memory_is_not_re_placed_as_a_gpu_oom(model_a, settings):
+    """Was open: a job failure was taken for a GPU out-of-memory when its text contained "out of memory"
+    (the worker's check, and the sandbox's reading of the child's error), and the text is the team's: here
+    an ONNX node named "CUDA failure 2: out of memory" whose Reshape fails, which onnxruntime quotes. The
+    job was re-placed up to 3 times asking 1.5 x more GPU memory each time (a GPU of its own, for nothing).
+    Now only the worker's own NVML figures at failure (the job's process near its share, or the GPU near
+    full) make it an OOM: the child held 345 MB of its 2512 MB share, so the job fails with its error."""
+    with model_a.file.open("wb") as f:
+        f.write(_reshape_named("CUDA failure 2: out of memory").SerializeToString())
+    job, placement = _run_in_real_child(model_a, "onnxruntime_on_cpu", settings, batch_size=1, mem=2000.0)
+    assert job.state == GpuJob.State.FAILED and job.replacements == [], (job.state, job.replacements)
+    assert "Name:'CUDA failure 2: out of memory'" in job.error and "cannot be reshaped" in job.error, job.error
+    assert placement.released_at is not None
+    assert job.predicted_mem_mb == 2000.0  # asked no more memory
+
+
 # --- what held -------------------------------------------------------------------------------------------
 
 HOSTILE_JOB_BODIES = {

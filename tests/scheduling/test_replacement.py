@@ -76,22 +76,62 @@ def test_an_out_of_memory_error_from_the_runtime_is_a_replacement_too_until_the_
     job = make_job(model_a, util=30.0, mem=2000.0)
     nvml = use_nvml(FakeNvml([fake_gpu(), fake_gpu()]))
 
+    def fills_its_share_then_fails(model, inputs, iterations, device_index, sampler_factory, check,
+                                   mem_limit_mb=None, **options):
+        nvml.processes = {0: [(os.getpid(), 10, 0.95 * mem_limit_mb)]}  # what the worker samples of it
+        with sampler_factory() as sampler:
+            check.every_s = 0
+            sampler._sample()
+            check()
+        raise gpu_runtime.GpuRuntimeError("CUDA failure 2: out of memory")
+
     def oom(*args, **kwargs):
         raise gpu_runtime.GpuRuntimeError("CUDA failure 2: out of memory")
 
-    monkeypatch.setitem(gpu_runtime.RUNTIMES, "onnxruntime", oom)
+    monkeypatch.setitem(gpu_runtime.RUNTIMES, "onnxruntime", fills_its_share_then_fails)
     monkeypatch.setitem(gpu_runtime.RUNTIMES, "tvm", oom)
     for k in range(services.MAX_REPLACEMENTS):
         p = _place(job, gpu)
         services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w", nvml=nvml)
         job.refresh_from_db()
         assert job.state == GpuJob.State.PENDING and len(job.replacements) == k + 1
-        assert job.replacements[-1]["seen_by"] == "runtime" and "out of memory" in job.replacements[-1]["error"]
+        last = job.replacements[-1]
+        assert last["seen_by"] == "runtime" and "out of memory" in last["error"]
+        assert last["measured_by"] == "nvml-process"
+        assert last["measured_mem_mb"] == pytest.approx(0.95 * last["mem_share_mb"], abs=0.2)
     assert job.predicted_mem_mb > 2000.0 * 1.5 ** 2  # each time it asks for more than the share it hit
     p = _place(job, gpu)
     services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w", nvml=nvml)
     job.refresh_from_db()
     assert job.state == GpuJob.State.FAILED and f"re-placed {services.MAX_REPLACEMENTS} times" in job.error
+
+
+@pytest.mark.parametrize("device_used_mb,replaced", [(15900, True), (8000, False)])
+def test_a_runtime_failure_on_a_full_gpu_is_an_out_of_memory_and_not_otherwise(
+        gpu_node, model_a, use_nvml, monkeypatch, device_used_mb, replaced):
+    """The job's process held little (300 MB of a 2512 MB share); the GPU's memory in use (all processes,
+    16384 MB) at failure decides: 97 % full is an out-of-memory (another job took it), half full is not."""
+    gpu = gpu_node.gpus.get(index=0)
+    job = make_job(model_a, util=30.0, mem=2000.0)
+    nvml = use_nvml(FakeNvml([fake_gpu(used_mb=device_used_mb), fake_gpu()], processes={0: [(os.getpid(), 10, 300.0)]}))
+
+    def fails_after_a_sample(model, inputs, iterations, device_index, sampler_factory, check, **options):
+        with sampler_factory() as sampler:
+            check.every_s = 0
+            sampler._sample()
+            check()
+        raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : CUDA failure 2: out of memory")
+
+    monkeypatch.setitem(gpu_runtime.RUNTIMES, "onnxruntime", fails_after_a_sample)
+    p = _place(job, gpu)
+    services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w", nvml=nvml)
+    job.refresh_from_db()
+    if replaced:
+        assert job.state == GpuJob.State.PENDING
+        (entry,) = job.replacements
+        assert entry["measured_by"] == "nvml-device" and entry["gpu_mem_used_mb"] == 15900.0
+    else:
+        assert job.state == GpuJob.State.FAILED and job.replacements == [] and "out of memory" in job.error
 
 
 def _running(model, gpu, *, pred: float, live: float) -> GpuJob:
