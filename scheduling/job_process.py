@@ -47,7 +47,10 @@ WHAT = "running the job's model"
 
 
 class JobOutOfMemory(GpuRuntimeError):
-    """The job's process ran out of memory (on the GPU: its share; or the host's)."""
+    """The job's process SAID it ran out of memory: its error or its output has the words of an allocation
+    failure (the child has no address-space cap). Those are the child's words, and the child runs the team's
+    model, so they decide nothing: the worker takes a failure for a GPU out-of-memory on its own NVML
+    figures only (``services.execution``)."""
 
 
 @dataclass(frozen=True)
@@ -167,8 +170,7 @@ def run_job_in_child(
                 f"a job's process may hold (SCHEDULING_JOB_MAX_HOST_MEMORY_MB), and was stopped while {WHAT}") from None
         if exc.reason != "stopped":
             log.warning("GPU job child failed (%s): %s\n%s", exc.reason, exc.message, exc.stderr_tail[-2000:])
-        raise _job_error(exc, max_seconds=max_seconds, wall_s=wall_s, cpu_s=cpu_s,
-                         mem_limit_mb=mem_limit_mb) from None
+        raise _job_error(exc, max_seconds=max_seconds, wall_s=wall_s, cpu_s=cpu_s) from None
     finally:
         for sampler in live:
             sampler.__exit__(None, None, None)
@@ -192,8 +194,7 @@ def _tree_rss_mb(pid: int) -> float:
     return total / 2**20
 
 
-def _job_error(exc: SandboxFailure, *, max_seconds: float, wall_s: float, cpu_s: int,
-               mem_limit_mb: float | None) -> Exception:
+def _job_error(exc: SandboxFailure, *, max_seconds: float, wall_s: float, cpu_s: int) -> Exception:
     """The exception the worker records for a child that gave no result."""
     text = exc.error_message or exc.message
     if exc.reason == "stopped":
@@ -204,9 +205,8 @@ def _job_error(exc: SandboxFailure, *, max_seconds: float, wall_s: float, cpu_s:
         return JobStopped(text)
     if exc.reason == "raised" and exc.error_type == "NoGpuError":
         return NoGpuError(text)
-    if exc.reason == "memory":
-        share = f"its memory share of {mem_limit_mb:.0f} MB" if mem_limit_mb else "the memory it could get"
-        return JobOutOfMemory(f"the job exceeded {share} and was stopped ({text})")
+    if exc.reason == "memory":  # from the child's words (its GPU job has no address-space cap)
+        return JobOutOfMemory(f"the job's process reported running out of memory ({text}) while {WHAT}")
     if exc.reason == "wall_clock":
         return GpuRuntimeError(
             f"the job's process was killed at its wall-clock cap of {wall_s:g} s (its declared duration of "

@@ -299,11 +299,17 @@ class Placement(models.Model):
         return self.released_at is None
 
 
+# The usage ledger's key of a released pod binding's GPU-seconds: "gpu_seconds:pod-binding:<binding id>".
+POD_BINDING_CHARGE_PREFIX = "gpu_seconds:pod-binding:"
+
+
 class PodBinding(models.Model):
     """A Kubernetes pod bound by the scheduler extender to one GPU of a node (a gang: one row per GPU).
     Active (unreleased) bindings count as load on their GPUs for the extender and the placement passes
     alike. kube-scheduler never says when a pod ends: a binding is released by the extender's release
-    call or counts no more once SCHEDULER_EXTENDER_BINDING_TTL_S has passed."""
+    call or counts no more once SCHEDULER_EXTENDER_BINDING_TTL_S has passed. It belongs to its model's
+    team, whose GPU-hour quota it is charged to (reserved while active, the time held once released or
+    expired)."""
 
     pod_uid = models.CharField(max_length=64, db_index=True)
     pod_namespace = models.CharField(max_length=253)

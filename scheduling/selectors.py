@@ -20,6 +20,7 @@ from . import adapters
 from .models import (
     GPU,
     PLACEMENT_CHARGE_PREFIX,
+    POD_BINDING_CHARGE_PREFIX,
     GpuJob,
     GpuProfile,
     GpuTelemetry,
@@ -138,6 +139,13 @@ def active_pod_bindings_on(gpu_ids: list[int], now: dt.datetime | None = None) -
     now = now or timezone.now()
     return (PodBinding.objects.filter(released_at__isnull=True, gpu_id__in=gpu_ids,
                                       bound_at__gte=now - dt.timedelta(seconds=extender_binding_ttl_s()))
+            .order_by("bound_at", "pk"))
+
+
+def expired_pod_bindings(now: dt.datetime) -> QuerySet[PodBinding]:
+    """Unreleased pod bindings older than the binding TTL (they count as load no more), oldest first."""
+    return (PodBinding.objects.filter(released_at__isnull=True,
+                                      bound_at__lt=now - dt.timedelta(seconds=extender_binding_ttl_s()))
             .order_by("bound_at", "pk"))
 
 
@@ -291,9 +299,10 @@ def traces_for_user(user: AbstractBaseUser) -> QuerySet[TraceUpload]:
 # --- GPU-hours ---------------------------------------------------------------------------------
 
 def gpu_hours_used(team_id: int, since: dt.datetime, now: dt.datetime | None = None) -> float:
-    """GPU-hours held by the team's placements since ``since``: released ones from the usage ledger
-    (charged in full when released; deleted jobs included), active ones so far, and a released one no
-    charge covers (written some other way) from its row."""
+    """GPU-hours held by the team's placements and extender-bound pods since ``since``: released ones from
+    the usage ledger (charged in full when released; deleted jobs included), active ones so far, and a
+    released one no charge covers (written some other way, or a pod binding expired and not yet settled)
+    from its row."""
     now = now or timezone.now()
     charged = UsageCharge.objects.filter(team_id=team_id, kind=UsageCharge.Kind.GPU_SECONDS, created_at__gte=since)
     total = charged.aggregate(s=Sum("amount"))["s"] or 0.0
@@ -308,13 +317,44 @@ def gpu_hours_used(team_id: int, since: dt.datetime, now: dt.datetime | None = N
         end = released_at or now
         if end > start:
             total += (end - start).total_seconds() * max(1, len(gang or []))
+    # the pods the extender bound for the team's models: active ones so far (one row per GPU), and a
+    # released or expired one no charge covers yet
+    ttl = dt.timedelta(seconds=extender_binding_ttl_s())
+    charge_of_binding = UsageCharge.objects.filter(idempotency_key=Concat(
+        Value(POD_BINDING_CHARGE_PREFIX), Cast(OuterRef("pk"), output_field=CharField()), output_field=CharField()))
+    bindings = (PodBinding.objects.filter(model__team_id=team_id, bound_at__gte=since - ttl)
+                .filter(Q(released_at__isnull=True) | Q(released_at__gte=since))
+                .filter(~Exists(charge_of_binding)).values_list("bound_at", "released_at"))
+    for bound_at, released_at in bindings:
+        end = min(released_at or now, bound_at + ttl)
+        start = max(bound_at, since)
+        if end > start:
+            total += (end - start).total_seconds()
     return total / 3600.0
 
 
-def gpu_hours_reserved(team_id: int, now: dt.datetime, states=GpuJob.ACTIVE) -> float:
-    """GPU-hours the team's jobs in ``states`` have declared and not used yet: a running job is stopped
-    at its declared duration counted from its start, so it reserves what is left of it; others all of it."""
+def pod_binding_held_s(bound_at: dt.datetime, released_at: dt.datetime) -> float:
+    """Seconds a pod binding held its GPU: bind to release, at most the binding TTL."""
+    return max(0.0, min((released_at - bound_at).total_seconds(), extender_binding_ttl_s()))
+
+
+def pod_gpu_hours_reserved(team_id: int, now: dt.datetime) -> float:
+    """GPU-hours the team's active pod bindings may still hold: each counts as load until released or until
+    the binding TTL has passed, and kube-scheduler never says when a pod ends, so it reserves the rest of it."""
+    ttl = extender_binding_ttl_s()
     reserved = 0.0
+    for (bound_at,) in (PodBinding.objects.filter(model__team_id=team_id, released_at__isnull=True,
+                                                  bound_at__gte=now - dt.timedelta(seconds=ttl))
+                        .values_list("bound_at")):
+        reserved += max(0.0, ttl - max(0.0, (now - bound_at).total_seconds()))
+    return reserved / 3600.0
+
+
+def gpu_hours_reserved(team_id: int, now: dt.datetime, states=GpuJob.ACTIVE) -> float:
+    """GPU-hours the team's jobs in ``states`` have declared and not used yet (a running job is stopped
+    at its declared duration counted from its start, so it reserves what is left of it; others all of it),
+    plus what its bound pods may still hold (:func:`pod_gpu_hours_reserved`)."""
+    reserved = pod_gpu_hours_reserved(team_id, now) * 3600.0
     for estimate, started_at, num_gpus in GpuJob.objects.filter(team_id=team_id, state__in=states).values_list(
             "duration_estimate_s", "started_at", "num_gpus"):
         elapsed = (now - started_at).total_seconds() if started_at else 0.0

@@ -72,7 +72,8 @@ def heartbeat(node: str | None = None, queues: list[str] | None = None, fanout: 
         for other, queue in selectors.heartbeat_fanout_targets(exclude=local):
             heartbeat.apply_async(kwargs={"node": other, "fanout": False}, queue=queue)
         services.recover_lost_jobs()
-        services.request_interference_replacements()  # the simulator's re-placement rule, on measured load
+        services.request_interference_replacements()  # the live re-placement rule, on measured load
+        services.settle_expired_pod_bindings()  # pods never released: their TTL's GPU time charged
         services.request_placement_pass(only_if_pending=True)
         services.dispatch_simulations()  # a slot freed by a run whose worker died before dispatching the next
     return result.as_dict()

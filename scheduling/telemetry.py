@@ -231,10 +231,12 @@ class GpuSampler:
                 self.proc_mems.append(sum(mems))
 
     def latest_process(self) -> dict[str, float | None]:
-        """The pid's latest measured utilization and memory so far (None where none was reported)."""
+        """The pid's latest measured utilization and memory so far, and the GPU's latest memory in use by
+        every process (``gpu_mem_used_mb``; None where none was reported)."""
         with self._lock:
             return {"util_pct": self.proc_utils[-1] if self.proc_utils else None,
-                    "mem_mb": self.proc_mems[-1] if self.proc_mems else None}
+                    "mem_mb": self.proc_mems[-1] if self.proc_mems else None,
+                    "gpu_mem_used_mb": self.mems[-1] if self.mems else None}
 
     def __exit__(self, *exc) -> None:
         self._stop.set()

@@ -3,7 +3,8 @@
 kube-scheduler speaks plain JSON (``k8s.io/kube-scheduler/extender/v1``), not the REST API's conventions,
 so these are plain Django views: CSRF-exempt (no cookie is involved), authenticated by
 ``Authorization: Bearer <SCHEDULER_EXTENDER_TOKEN>``, answering kube-scheduler's own result shapes.
-Malformed requests are a 400 with ``{"Error": message}``; with no token configured every call is a 503.
+Malformed requests are a 400 with ``{"Error": message}``, a bind its team's GPU-hour quota has no room for
+a 429; with no token configured every call is a 503.
 """
 from __future__ import annotations
 
@@ -58,8 +59,8 @@ def _endpoint(handler):
             return JsonResponse(handler(_body(request)), safe=False)
         except service.ExtenderError as exc:
             return _error(400, str(exc))
-        except ServiceError as exc:
-            return _error({"not_found": 404, "permission_denied": 403}.get(exc.code, 400), str(exc))
+        except ServiceError as exc:  # its own status: 404, 403, 429 for a team's GPU-hour quota, else 400
+            return _error(exc.status, str(exc))
 
     view.__name__ = handler.__name__
     return view

@@ -75,6 +75,7 @@ __all__ = [
     "RandomFit",
     "Horus",
     "HorusMigrate",
+    "MoveScratch",
     "FGD",
     "POLICIES",
     "make_policy",
@@ -339,6 +340,35 @@ class Horus(_CostRanked):
         }
 
 
+class MoveScratch:
+    """A rebalance round's working copy of the measured load (utilization demand, memory, jobs and milli
+    shares per GPU), updated by each move so the next move of the same round sees it."""
+
+    def __init__(self, cluster: ClusterView, max_jobs: int):
+        self.dem = np.array(cluster.demand_util_pct, dtype=float)
+        self.nj = np.array(cluster.n_jobs, dtype=float)
+        self.mem = np.array(cluster.meas_mem_mb, dtype=float)
+        self.milli = np.array(cluster.milli_used, dtype=float)
+        self.open_gpu = self.nj < max_jobs
+
+    def room(self) -> float:
+        """The most utilization any open GPU can still take (0 when none is open)."""
+        return 100.0 - float(np.min(np.where(self.open_gpu, self.dem, np.inf))) if self.open_gpu.any() else 0.0
+
+    def move(self, rj, src: int, dst: int, max_jobs: int) -> None:
+        u, m, k = rj.meas_util_pct, rj.meas_mem_mb, rj.view.gpu_milli
+        self.dem[src] -= u
+        self.mem[src] -= m
+        self.nj[src] -= 1
+        self.milli[src] -= k
+        self.dem[dst] += u
+        self.mem[dst] += m
+        self.nj[dst] += 1
+        self.milli[dst] += k
+        self.open_gpu[src] = self.nj[src] < max_jobs
+        self.open_gpu[dst] = self.nj[dst] < max_jobs
+
+
 class HorusMigrate(Horus):
     """Horus plus re-packing on measurements.
 
@@ -382,66 +412,62 @@ class HorusMigrate(Horus):
         return cost, mask
 
     def rebalance(self, cluster, now):
-        # scratch copies so several moves in one round see each other
-        dem = np.array(cluster.demand_util_pct, dtype=float)
-        nj = np.array(cluster.n_jobs, dtype=float)
-        open_gpu = nj < self.max_jobs
-        if not open_gpu.any():
+        scratch = self.scratch(cluster)
+        if not scratch.open_gpu.any():
             return []
-        room = 100.0 - float(np.min(np.where(open_gpu, dem, np.inf)))  # most util any open GPU can take
-        excess = dem - 100.0 - self.tolerance
+        room = scratch.room()  # most util any open GPU can take
+        excess = scratch.dem - 100.0 - self.tolerance
         # a move must end the source's over-subscription, so the job moved
         # needs util >= excess and <= room: GPUs with excess > room are skipped
-        hot = np.flatnonzero((excess > 0) & (nj >= 2) & (excess <= room))
+        hot = np.flatnonzero((excess > 0) & (scratch.nj >= 2) & (excess <= room))
         if len(hot) == 0:
             return []
         moves: list[tuple[str, list[int]]] = []
-        mem = np.array(cluster.meas_mem_mb, dtype=float)
-        milli = np.array(cluster.milli_used, dtype=float)
         # the most over-subscribed first; at most `max_examined` GPUs per call
         for g in hot[np.argsort(-excess[hot], kind="stable")][: self.max_examined]:
-            ex = dem[g] - 100.0 - self.tolerance
+            ex = scratch.dem[g] - 100.0 - self.tolerance
             if ex <= 0 or ex > room:
                 continue
-            cands = [
-                rj
-                for rj in cluster.jobs_on(int(g))
-                if rj.view.num_gpus == 1
-                and ex <= rj.meas_util_pct <= room
-                and rj.migrations < self.max_migrations
-                and now - rj.start_time >= self.min_runtime_s
-            ]
+            cands = [rj for rj in cluster.jobs_on(int(g)) if ex <= rj.meas_util_pct <= room and self.may_move(rj, now)]
             cands.sort(key=lambda rj: (rj.meas_util_pct, rj.view.job_id))  # smallest sufficient move
             for rj in cands:
-                u, m = rj.meas_util_pct, rj.meas_mem_mb
-                mask = open_gpu & (cluster.mem_cap_mb - (mem + m) >= self.headroom_mb) & (dem + u <= 100.0)
-                if cluster.enforce_milli:
-                    mask &= milli + rj.view.gpu_milli <= MILLI
-                ok = cluster.node_cpu_ok(rj.view)
-                if ok is not None:
-                    mask &= ok & (cluster.gpu_node == cluster.gpu_node[g])  # CPU is reserved on its node
-                mask[g] = False
-                idx = np.flatnonzero(mask)
-                if len(idx) == 0:
+                t = self.target_gpu(cluster, scratch, rj, int(g))
+                if t is None:
                     continue
-                cost = horus_score(dem[idx], mem[idx], nj[idx], cluster.mem_cap_mb[idx], u, m)
-                t = int(idx[np.argmin(cost)])
                 moves.append((rj.view.job_id, [t]))
-                dem[g] -= u
-                mem[g] -= m
-                nj[g] -= 1
-                milli[g] -= rj.view.gpu_milli
-                dem[t] += u
-                mem[t] += m
-                nj[t] += 1
-                milli[t] += rj.view.gpu_milli
-                open_gpu[g] = nj[g] < self.max_jobs
-                open_gpu[t] = nj[t] < self.max_jobs
-                room = 100.0 - float(np.min(np.where(open_gpu, dem, np.inf))) if open_gpu.any() else 0.0
+                scratch.move(rj, int(g), t, self.max_jobs)
+                room = scratch.room()
                 break
             if room <= 0:
                 break
         return moves
+
+    def scratch(self, cluster: ClusterView) -> MoveScratch:
+        """Copies of the cluster's measured load that one round's moves update, so later ones see them."""
+        return MoveScratch(cluster, self.max_jobs)
+
+    def may_move(self, rj, now: float) -> bool:
+        """A single-GPU job moved fewer than ``max_migrations`` times, on its GPU ``min_runtime_s`` or longer."""
+        return (
+            rj.view.num_gpus == 1 and rj.migrations < self.max_migrations and now - rj.start_time >= self.min_runtime_s
+        )
+
+    def target_gpu(self, cluster: ClusterView, scratch: MoveScratch, rj, src: int) -> int | None:
+        """The GPU of lowest Horus cost (measured state) that takes ``rj`` from ``src`` within 100 %, or None."""
+        u, m = rj.meas_util_pct, rj.meas_mem_mb
+        dem, mem = scratch.dem, scratch.mem
+        mask = scratch.open_gpu & (cluster.mem_cap_mb - (mem + m) >= self.headroom_mb) & (dem + u <= 100.0)
+        if cluster.enforce_milli:
+            mask &= scratch.milli + rj.view.gpu_milli <= MILLI
+        ok = cluster.node_cpu_ok(rj.view)
+        if ok is not None:
+            mask &= ok & (cluster.gpu_node == cluster.gpu_node[src])  # CPU is reserved on its node
+        mask[src] = False
+        idx = np.flatnonzero(mask)
+        if len(idx) == 0:
+            return None
+        cost = horus_score(dem[idx], mem[idx], scratch.nj[idx], cluster.mem_cap_mb[idx], u, m)
+        return int(idx[np.argmin(cost)])
 
     def describe(self):
         return {

@@ -7,6 +7,8 @@
 * ``replacement`` stopping a running job and placing it again (memory share exceeded, interference),
                   measured profiles back to the predictor;
 * ``execution``   running a placed job on its GPU's worker; settling jobs of dead or silent workers;
+* ``extender``    the Kubernetes scheduler extender: filter, prioritize, bind (charged to the pod's team's
+                  GPU-hour quota), release and settling bindings that expired unreleased;
 * ``simulations`` trace uploads, queued simulations (cost-checked) and their results;
 * ``simulation_queue`` the simulation worker's fair queue (one per team at a time) and cancelling;
 * ``messages``    the Celery messages these send after commit.
@@ -24,6 +26,7 @@ from .execution import (
     reconcile_restarted_gpu_worker,
     recover_lost_jobs,
 )
+from .extender import settle_expired_pod_bindings
 from .jobs import cancel_job, default_job_estimate_s, gpu_job_limits, submit_job
 from .nodes import (
     HeartbeatResult,
@@ -93,5 +96,5 @@ __all__ = [
     "training_records", "upload_trace", "cancel_check", "cancel_simulation", "dispatch_simulations",
     "estimate_simulation", "fair_dispatch_order",
     "MAX_REPLACEMENTS", "MEASURED_JOB_SOURCE", "record_measured_profile", "replace_job",
-    "request_interference_replacements",
+    "request_interference_replacements", "settle_expired_pod_bindings",
 ]

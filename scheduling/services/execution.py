@@ -26,6 +26,7 @@ from .placement import (
     unplace,
 )
 from .replacement import (
+    measured_gpu_oom,
     oom_replacement_mem_mb,
     record_measured_profile,
     replace_job,
@@ -189,11 +190,15 @@ class JobWatch:
 
     ``report`` stores the child's per-process NVML figures and notices memory above the job's share
     (``oom``: the job is stopped and placed again with its measured memory); ``should_stop`` also
-    stops it when it was cancelled or the interference rule asked for its re-placement."""
+    stops it when it was cancelled or the interference rule asked for its re-placement. Its latest
+    figures also decide whether a job whose runtime failed ran out of GPU memory (:func:`_gpu_oom_evidence`)."""
 
     def __init__(self, job_id: int, mem_limit_mb: float | None):
         self.job_id, self.mem_limit_mb = job_id, mem_limit_mb
         self.peak_mem_mb: float | None = None
+        #: the latest figures: the job's process's GPU memory and its GPU's memory in use (all processes)
+        self.last_mem_mb: float | None = None
+        self.last_gpu_mem_used_mb: float | None = None
         self.util_samples: list[float] = []
         self.stop_reason: str | None = None
         self.detail: dict[str, Any] = {}
@@ -203,9 +208,13 @@ class JobWatch:
         util = live.get("util_pct")
         if util is not None and math.isfinite(util):
             self.util_samples.append(float(util))
+        gpu_used = live.get("gpu_mem_used_mb")
+        if gpu_used is not None and math.isfinite(gpu_used):
+            self.last_gpu_mem_used_mb = float(gpu_used)
         mem = live.get("mem_mb")
         if mem is None:
             return
+        self.last_mem_mb = float(mem)
         self.peak_mem_mb = max(self.peak_mem_mb or 0.0, float(mem))
         if self.stop_reason is None and self.mem_limit_mb is not None and mem > self.mem_limit_mb:
             self.stop_reason = "oom"
@@ -233,16 +242,24 @@ class JobWatch:
         return False
 
 
-def _replace_after_oom(job: GpuJob, watch: JobWatch, error: str | None = None) -> GpuJob | None:
-    detail = dict(watch.detail) if watch.stop_reason == "oom" else {"seen_by": "runtime", "error": error or ""}
+def _replace_after_oom(job: GpuJob, watch: JobWatch, error: str | None = None,
+                       evidence: dict[str, Any] | None = None) -> GpuJob | None:
+    if watch.stop_reason == "oom":
+        detail = dict(watch.detail)
+    else:
+        detail = {"seen_by": "runtime", "error": error or "", **(evidence or {})}
     detail.setdefault("mem_share_mb", watch.mem_limit_mb)
     mem = oom_replacement_mem_mb(peak_mem_mb=watch.peak_mem_mb, share_mb=watch.mem_limit_mb,
                                  predicted_mem_mb=job.predicted_mem_mb)
     return replace_job(job_id=job.pk, reason="oom", detail=detail, predicted_mem_mb=mem, finish=finish_job)
 
 
-def _is_out_of_memory(exc: Exception) -> bool:
-    return isinstance(exc, job_process.JobOutOfMemory) or "out of memory" in str(exc).lower()
+def _gpu_oom_evidence(watch: JobWatch, gpu: GPU) -> dict[str, Any] | None:
+    """Whether a failed job ran out of GPU memory, on the worker's own last NVML samples of its process and
+    its GPU (``replacement.measured_gpu_oom``), never on the failure's text or type: both come from the
+    job's child, which runs the team's model, and its words ("out of memory" in a node's name) are the team's."""
+    return measured_gpu_oom(process_mem_mb=watch.last_mem_mb, share_mb=watch.mem_limit_mb,
+                            gpu_mem_used_mb=watch.last_gpu_mem_used_mb, gpu_memory_total_mb=gpu.memory_total_mb)
 
 
 def gpu_slots_dir() -> Path:
@@ -295,13 +312,15 @@ def _execute_in_slot(*, job_id: int, placement: Placement, worker: str, nvml: An
         log.info("GPU job %s cancelled while running on %s: stopped", job_id, worker)
         return finish_job(job_id=job_id, error="cancelled while running")
     except (NoGpuError, GpuRuntimeError) as exc:
-        if not isinstance(exc, NoGpuError) and _is_out_of_memory(exc):
-            return _replace_after_oom(job, watch, str(exc)[:500])
+        evidence = None if isinstance(exc, NoGpuError) else _gpu_oom_evidence(watch, placement.gpu)
+        if evidence is not None:
+            return _replace_after_oom(job, watch, str(exc)[:500], evidence)
         log.warning("GPU job %s failed on %s: %s", job_id, worker, exc)
         return finish_job(job_id=job_id, error=str(exc))
     except Exception as exc:  # the model itself failed: record it, do not retry forever
-        if _is_out_of_memory(exc):
-            return _replace_after_oom(job, watch, str(exc)[:500])
+        evidence = _gpu_oom_evidence(watch, placement.gpu)
+        if evidence is not None:
+            return _replace_after_oom(job, watch, str(exc)[:500], evidence)
         log.exception("GPU job %s failed", job_id)
         return finish_job(job_id=job_id, error=f"{type(exc).__name__}: {exc}")
     gpu = placement.gpu

@@ -5,12 +5,18 @@ The decisions are ``scheduling.horus.extender`` (Django-free) with the live plac
 pods bound earlier and fresh telemetry. Bind records one :class:`PodBinding` per GPU of the pod (under
 the same GPU row locks as a placement pass), writes ``dlopt.io/gpu-index`` on the pod and binds it
 through the API server; a failure there rolls the record back and answers the error to kube-scheduler.
+
+A bound pod costs its model's team GPU time, as a GPU job does: bind reserves the most a binding can hold
+(the binding TTL per GPU) against the team's monthly GPU-hour quota and refuses a pod that does not fit
+(:class:`QuotaExceeded`, a 429); the time it held is charged to the team's usage ledger when it is
+released or, unreleased, when the TTL has passed (:func:`settle_expired_pod_bindings`, each heartbeat).
 """
 from __future__ import annotations
 
 import datetime as dt
 import hmac
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +24,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from core.exceptions import NotFound, PermissionDenied, ServiceError
+from core.exceptions import NotFound, PermissionDenied, QuotaExceeded, ServiceError
 from core.models import DLModel
 from core.services import require_ready
 
@@ -26,8 +32,10 @@ from .. import adapters, selectors
 from ..adapters import extender_core as core
 from ..kube_api import KubeApi, KubeApiError, in_cluster_url
 from ..models import GPU, PodBinding
+from .jobs import check_gpu_quota
 from .placement import _lock_gpus, default_policy, request_placement_pass
 from .predictors import predict_job
+from .usage import charge_pod_binding
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +149,12 @@ def _record_binding(pod: core.PodRequest, uid: str, node_name: str, now: dt.date
         return existing
     found = _job_view(pod, now)
     job, model = found
+    # the most a binding holds unreleased, per GPU: the team's quota must have room for it, as for a job's
+    # declared duration (quota row locked until the bind commits, before the GPU rows, as submit_job does)
+    ttl_s = selectors.extender_binding_ttl_s()
+    check_gpu_quota(team_id=model.team_id, hours=ttl_s * pod.num_gpus / 3600.0,
+                    what=f" by pod {pod.namespace}/{pod.name} ({pod.num_gpus} GPU(s) x {ttl_s / 3600.0:g} h, the "
+                         f"binding TTL it may hold them unreleased; team '{model.team.slug}')")
     gpus = [g for g in selectors.schedulable_gpus(now) if g.node.name == node_name]
     if not gpus:
         raise ServiceError(f"Node {node_name} has no schedulable dlopt GPU.", code="no_gpu")
@@ -160,7 +174,8 @@ def _record_binding(pod: core.PodRequest, uid: str, node_name: str, now: dt.date
 def bind_pod(*, args: Any, api: KubeApi | None = None, now: dt.datetime | None = None) -> dict[str, str]:
     """``ExtenderBindingResult`` for ``ExtenderBindingArgs``: the pod's GPUs chosen and recorded, written
     on the pod (``dlopt.io/gpu-index``, ``dlopt.io/gpu-uuids``) and the pod bound to the node. A pod that
-    names no model is bound without GPUs. Any failure is the result's ``Error`` and nothing is kept."""
+    names no model is bound without GPUs. Any failure is the result's ``Error`` and nothing is kept; a pod
+    its team's GPU-hour quota has no room for raises QuotaExceeded (the view's 429), before any write."""
     namespace, name, uid, node_name = core.binding_args(args)
     now = now or timezone.now()
     try:
@@ -178,17 +193,45 @@ def bind_pod(*, args: Any, api: KubeApi | None = None, now: dt.datetime | None =
                     core.ANNOTATION_GPU_INDEX: ",".join(str(b.gpu.index) for b in rows),
                     core.ANNOTATION_GPU_UUIDS: ",".join(b.gpu.uuid for b in rows)})
             api.bind_pod(namespace, name, uid, node_name)
+    except QuotaExceeded as exc:
+        log.warning("extender bind of %s/%s to %s refused: %s", namespace, name, node_name, exc)
+        raise
     except (ServiceError, KubeApiError, ExtenderError) as exc:
         log.warning("extender bind of %s/%s to %s failed: %s", namespace, name, node_name, exc)
         return core.bind_result(str(exc))
     return core.bind_result()
 
 
+def _release(bindings: list[PodBinding], released_at: Callable[[PodBinding], dt.datetime]) -> None:
+    """Release the (locked) bindings and charge the GPU time each held to its team."""
+    for b in bindings:
+        b.released_at = released_at(b)
+        b.save(update_fields=["released_at"])
+        charge_pod_binding(b)
+
+
 def release_pod(*, pod_uid: str, now: dt.datetime | None = None) -> int:
-    """Free the GPUs of a pod that ended (its bindings released); how many were released."""
+    """Free the GPUs of a pod that ended (its bindings released, the time they held charged to its team);
+    how many were released."""
     now = now or timezone.now()
     with transaction.atomic():
-        n = PodBinding.objects.filter(pod_uid=pod_uid, released_at__isnull=True).update(released_at=now)
-        if n:
+        rows = list(PodBinding.objects.select_for_update(of=("self",)).select_related("model")
+                    .filter(pod_uid=pod_uid, released_at__isnull=True))
+        _release(rows, lambda b: now)
+        if rows:
             request_placement_pass(only_if_pending=True)
-    return n
+    return len(rows)
+
+
+def settle_expired_pod_bindings(*, now: dt.datetime | None = None) -> int:
+    """Release the bindings whose TTL has passed unreleased (no release call came), as of their expiry, and
+    charge the TTL's GPU time to their teams; how many. The heartbeat calls it."""
+    now = now or timezone.now()
+    ttl = dt.timedelta(seconds=selectors.extender_binding_ttl_s())
+    with transaction.atomic():
+        rows = list(selectors.expired_pod_bindings(now).select_for_update(skip_locked=True, of=("self",))
+                    .select_related("model"))
+        _release(rows, lambda b: b.bound_at + ttl)
+    if rows:
+        log.info("extender: %d pod binding(s) expired unreleased and were charged", len(rows))
+    return len(rows)

@@ -64,13 +64,16 @@ def _check_job_request(*, batch_size, iterations, duration_estimate_s: float, ru
                            "Use runtime auto or tvm.", field="runtime")
 
 
-def _check_gpu_quota(*, team_id: int, hours: float) -> None:
+def check_gpu_quota(*, team_id: int, hours: float, what: str = "") -> None:
+    """QuotaExceeded when ``hours`` more GPU time would take the team past its monthly GPU-hour quota
+    (used this month plus what its active jobs and bound pods reserve). Call inside a transaction: the
+    team's quota row stays locked until it commits. ``what`` says, for the message, what asked."""
     quota = lock_team_quota(team_id)
     committed = selectors.gpu_hours_committed(team_id)
     if committed + hours > quota.gpu_hours_per_month + 1e-9:
         left = max(0.0, quota.gpu_hours_per_month - committed)
         raise QuotaExceeded(
-            f"Quota 'GPU hours per month' would be exceeded: {hours:.3f} h requested, {left:.3f} h left of "
+            f"Quota 'GPU hours per month' would be exceeded: {hours:.3f} h requested{what}, {left:.3f} h left of "
             f"{quota.gpu_hours_per_month:g} h this month.", quota="gpu_hours_per_month")
 
 
@@ -107,7 +110,7 @@ def submit_job(
     if kind == GpuJob.Kind.TRAIN:
         prediction["mem_mb"] = round(prediction["mem_mb"] * TRAIN_MEMORY_FACTOR, 1)
     with transaction.atomic():
-        _check_gpu_quota(team_id=model.team_id, hours=estimate * num_gpus / 3600.0)
+        check_gpu_quota(team_id=model.team_id, hours=estimate * num_gpus / 3600.0)
         job = GpuJob.objects.create(
             team_id=model.team_id, model=model, created_by=actor, batch_size=batch_size, runtime=runtime,
             iterations=iterations, duration_estimate_s=estimate, num_gpus=num_gpus, kind=kind, optimizer=optimizer,

@@ -1,6 +1,6 @@
 """Stopping a running job and placing it again: when it outgrew its memory share (``oom``) or when its
-measured utilization pushed its GPU past the interference bound (``interference``), and feeding what was
-measured back to the predictor.
+measured utilization, above its prediction, pushed its GPU past the interference bound (``interference``),
+and feeding what was measured back to the predictor.
 
 Re-placement is a RESTART, not a live migration: the job's child is stopped between two steps, its
 placement is released (the GPU time it held is charged), and it goes back to pending with its measured
@@ -8,6 +8,10 @@ figures as its new prediction, so the next placement pass (the configured policy
 fit. The work done before the stop is lost (the platform keeps no checkpoint of a job's state); the job
 runs its iterations again from the start. Each re-placement is appended to ``GpuJob.replacements`` with
 its reason and figures; after :data:`MAX_REPLACEMENTS` the job fails instead, saying so.
+
+Who pays: a restart is only ever of the job that caused it (its own memory, or, for interference, the job
+measured furthest over its prediction: ``horus.live_rule``; its partners are never restarted for it), so
+the GPU time its placement held, the lost work and the time to run again are all charged to its own team.
 """
 from __future__ import annotations
 
@@ -83,6 +87,27 @@ def replace_job(*, job_id: int, reason: str, detail: dict[str, Any], finish: Cal
     return job
 
 
+#: A runtime failure is a GPU out-of-memory only when the worker's own NVML figures at failure say memory
+#: ran out: the job's process holding at least this fraction of its memory share, or its GPU at least this
+#: fraction of its capacity. The failure's text is never evidence: it carries the team's words (an ONNX
+#: node's name, an op's message), and "out of memory" there must not buy a re-placement with more memory.
+OOM_MEASURED_FRACTION = 0.9
+
+
+def measured_gpu_oom(*, process_mem_mb: float | None, share_mb: float | None, gpu_mem_used_mb: float | None,
+                     gpu_memory_total_mb: float | None) -> dict[str, Any] | None:
+    """The worker's evidence that a job's failure was its GPU's memory running out (the figures, for the
+    re-placement's record), or None when its last samples show memory to spare (or there are none)."""
+    if process_mem_mb is not None and share_mb and process_mem_mb >= OOM_MEASURED_FRACTION * share_mb:
+        return {"measured_by": "nvml-process", "measured_mem_mb": round(float(process_mem_mb), 1),
+                "mem_share_mb": round(float(share_mb), 1)}
+    if gpu_mem_used_mb is not None and gpu_memory_total_mb \
+            and gpu_mem_used_mb >= OOM_MEASURED_FRACTION * gpu_memory_total_mb:
+        return {"measured_by": "nvml-device", "gpu_mem_used_mb": round(float(gpu_mem_used_mb), 1),
+                "gpu_memory_total_mb": round(float(gpu_memory_total_mb), 1)}
+    return None
+
+
 def oom_replacement_mem_mb(*, peak_mem_mb: float | None, share_mb: float | None,
                            predicted_mem_mb: float | None) -> float:
     """The memory a job that exceeded its share is placed again with: what it was measured using when
@@ -95,9 +120,10 @@ def oom_replacement_mem_mb(*, peak_mem_mb: float | None, share_mb: float | None,
 
 def request_interference_replacements(*, now: dt.datetime | None = None, tolerance_pct: float = 5.0,
                                       min_runtime_s: float = 60.0) -> list[int]:
-    """Apply the simulator's re-placement rule (``horus.live_rule``) to the running jobs' measured load:
-    each job it moves gets a re-placement request, which its worker acts on at its next stop check
-    (about a second). Returns the job ids asked."""
+    """Apply the live re-placement rule (``horus.live_rule``) to the running jobs' measured load: on a GPU
+    over the bound whose predicted load was within it, the job measured furthest over its prediction (the
+    cause) gets a re-placement request, which its worker acts on at its next stop check (about a second);
+    a cause that cannot move leaves every job there running. Returns the job ids asked."""
     now = now or timezone.now()
     gpus = selectors.schedulable_gpus(now)
     if not gpus:

@@ -6,7 +6,9 @@ from django.utils import timezone
 from core.models import UsageCharge
 from core.services import charge_usage
 
-from ..models import PLACEMENT_CHARGE_PREFIX, GpuJob, Placement, SimulationRun, placement_gpu_ids
+from .. import selectors
+from ..models import (PLACEMENT_CHARGE_PREFIX, POD_BINDING_CHARGE_PREFIX, GpuJob, Placement, PodBinding, SimulationRun,
+                      placement_gpu_ids)
 
 
 def charge_placement(placement: Placement, job: GpuJob) -> None:
@@ -32,6 +34,18 @@ def placement_deleted(sender, instance: Placement, **kwargs) -> None:
     charge_usage(team_id=job.team_id, kind=UsageCharge.Kind.GPU_SECONDS, amount=max(0.0, seconds),
                  idempotency_key=f"{PLACEMENT_CHARGE_PREFIX}{instance.pk}", job_id=job.pk, model_id=job.model_id,
                  label=f"GPU job {job.pk} of model {job.model.name} on GPU {instance.gpu_id} (deleted while placed)")
+
+
+def charge_pod_binding(binding: PodBinding) -> None:
+    """The GPU-seconds a released (or expired) pod binding held its GPU, charged to its model's team: from
+    its bind to its release, at most the binding TTL (past it the binding counted as load no more)."""
+    if binding.released_at is None:
+        return
+    seconds = selectors.pod_binding_held_s(binding.bound_at, binding.released_at)
+    charge_usage(team_id=binding.model.team_id, kind=UsageCharge.Kind.GPU_SECONDS, amount=seconds,
+                 idempotency_key=f"{POD_BINDING_CHARGE_PREFIX}{binding.pk}", model_id=binding.model_id,
+                 label=f"Kubernetes pod {binding.pod_namespace}/{binding.pod_name} of model {binding.model.name} "
+                       f"on GPU {binding.gpu_id}")
 
 
 def charge_simulation(run: SimulationRun) -> None:

@@ -248,6 +248,111 @@ def test_gpu_memory_held_by_a_process_the_job_child_started_counts_against_its_s
     assert entry["reason"] == "oom" and entry["measured_mem_mb"] == 6100.0
 
 
+def _running_on(model, gpu, *, pred: float, live: float, **extra) -> GpuJob:
+    job = make_job(model, util=pred, mem=1000.0, state="running", live_util_pct=live, live_mem_mb=900.0,
+                   started_at=timezone.now() - dt.timedelta(minutes=5), **extra)
+    Placement.objects.create(job=job, gpu=gpu, policy="horus", queue=gpu.queue,
+                             placed_at=timezone.now() - dt.timedelta(minutes=5))
+    return job
+
+
+def test_an_under_predicted_job_does_not_get_another_teams_job_restarted(model_a, model_b, team_a, team_b):
+    """Was open: the live re-placement rule moved the smallest job whose departure ended a GPU's
+    over-subscription. Team B's model hides its work in an ONNX Loop (graph features do not count it), is
+    predicted 30 % and runs at 70 %: the GPU, predicted 90 %, measures 120 %, and team A's 20 % job was
+    restarted, its work lost and its GPU time charged to team A, up to twice. Now the job measured furthest
+    over its prediction is the one moved, and if it cannot move, nobody is."""
+    from scheduling.services.execution import finish_job
+    from scheduling.services.replacement import replace_job, replacement_request
+
+    g0, _ = register_gpu_node().gpus.order_by("index")
+    looped = _running_on(model_b, g0, pred=30.0, live=70.0)
+    steady = _running_on(model_a, g0, pred=30.0, live=30.0)
+    small = _running_on(model_a, g0, pred=30.0, live=20.0)
+    assert services.request_interference_replacements() == [looped.pk]
+    looped.refresh_from_db()
+    assert replacement_request(looped)["job_measured_util_pct"] == 70.0
+    # its worker stops it: the restart's cost (the GPU time its placement held) is team B's, none is team A's
+    replace_job(job_id=looped.pk, reason="interference", detail={}, finish=finish_job, predicted_util_pct=70.0)
+    charges = UsageCharge.objects.filter(kind="gpu_seconds")
+    assert {c.team_id for c in charges} == {team_b.pk} and charges.get().job_id == looped.pk
+    for job in (steady, small):
+        job.refresh_from_db()
+        assert job.state == GpuJob.State.RUNNING and not job.replacements
+
+    # the same job already re-placed twice (the rule's limit): it stays, and team A's jobs stay too
+    GpuJob.objects.filter(pk=looped.pk).delete()
+    done = [{"status": "done", "reason": "interference"}] * 2
+    again = _running_on(model_b, g0, pred=30.0, live=70.0, replacements=done)
+    assert services.request_interference_replacements() == []
+    for job in (again, steady, small):
+        job.refresh_from_db()
+        assert replacement_request(job) is None
+
+
+def test_extender_pods_are_charged_to_their_teams_gpu_hour_quota_and_refused_over_it(model_a, team_a, settings):
+    """Was open: a pod bound through the kube-scheduler extender was charged to no quota, and a binding
+    counts as load for up to 24 h unless released: a team out of GPU hours (or on any quota) could hold
+    GPUs through Kubernetes for free. Now bind reserves the binding TTL per GPU against the team's GPU-hour
+    quota (refused with a 429 saying so, before anything is written or bound) and the time held is charged."""
+    from core.models import Quota
+    from scheduling import selectors
+    from scheduling.models import PodBinding
+    from tests.scheduling.test_extender_api import FakeApiServer, pod_object
+
+    settings.SCHEDULER_EXTENDER_TOKEN = TOKEN
+    register_gpu_node("gpu-b")
+    Quota.objects.filter(team=team_a).update(gpu_hours_per_month=30.0)  # one 24 h binding fits, two do not
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
+    for uid, gpus, status in (("u-first", "1", 200), ("u-second", "1", 429), ("u-gang", "2", 429)):
+        pod = pod_object(str(model_a.pk), gpus=gpus, uid=uid)
+        with FakeApiServer({("team-a", "resnet-infer-7f9c"): pod}) as api:
+            settings.SCHEDULER_EXTENDER_KUBE_API_URL = api.url
+            resp = Client().post("/scheduler/extender/bind", content_type="application/json", **headers, data=json.dumps(
+                {"PodName": "resnet-infer-7f9c", "PodNamespace": "team-a", "PodUID": uid, "Node": "gpu-b"}))
+        assert resp.status_code == status, resp.content
+        if status == 429:
+            error = resp.json()["Error"]
+            assert "Quota 'GPU hours per month' would be exceeded" in error and "team 'team-a'" in error, error
+            assert [q["method"] for q in api.requests] == ["GET"]  # nothing annotated, nothing bound
+            assert not PodBinding.objects.filter(pod_uid=uid).exists()
+    assert selectors.gpu_hours_committed(team_a.pk) == pytest.approx(24.0, abs=0.01)
+
+
+def _reshape_named(name: str):
+    """x[N,16] -> Reshape to [3,5]: valid ONNX that fails when it runs (16 values are not 15), in a node
+    whose name the team chose; onnxruntime's error quotes the name."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"], name=name)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5])],
+        [numpy_helper.from_array(np.array([3, 5], dtype="int64"), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_failure_whose_text_says_out_of_memory_is_not_re_placed_as_a_gpu_oom(model_a, settings):
+    """Was open: a job failure was taken for a GPU out-of-memory when its text contained "out of memory"
+    (the worker's check, and the sandbox's reading of the child's error), and the text is the team's: here
+    an ONNX node named "CUDA failure 2: out of memory" whose Reshape fails, which onnxruntime quotes. The
+    job was re-placed up to 3 times asking 1.5 x more GPU memory each time (a GPU of its own, for nothing).
+    Now only the worker's own NVML figures at failure (the job's process near its share, or the GPU near
+    full) make it an OOM: the child held 345 MB of its 2512 MB share, so the job fails with its error."""
+    with model_a.file.open("wb") as f:
+        f.write(_reshape_named("CUDA failure 2: out of memory").SerializeToString())
+    job, placement = _run_in_real_child(model_a, "onnxruntime_on_cpu", settings, batch_size=1, mem=2000.0)
+    assert job.state == GpuJob.State.FAILED and job.replacements == [], (job.state, job.replacements)
+    assert "Name:'CUDA failure 2: out of memory'" in job.error and "cannot be reshaped" in job.error, job.error
+    assert placement.released_at is not None
+    assert job.predicted_mem_mb == 2000.0  # asked no more memory
+
+
 # --- what held -------------------------------------------------------------------------------------------
 
 HOSTILE_JOB_BODIES = {

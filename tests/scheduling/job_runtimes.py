@@ -44,6 +44,9 @@ def never_returns(model, inputs, iterations, device_index, sampler_factory, chec
 
 
 def out_of_gpu_memory(model, inputs, iterations, device_index, sampler_factory, check, **options):
+    """Fills its GPU memory share (what the test's NVML reports of this process) long enough for the worker
+    to sample it, then fails as onnxruntime does when an allocation fails."""
+    time.sleep(RUNS_AT_LEAST_S)
     raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : CUDA failure 2: out of memory")
 
 

@@ -316,3 +316,53 @@ def test_a_pod_may_not_use_another_teams_model(extender_on, nodes, model_a, mode
     assert not PodBinding.objects.exists()
     extender_on.SCHEDULER_EXTENDER_TEAM_NAMESPACES = False
     assert post("filter", args).json()["Error"] == ""
+
+
+# ------------------------------------------------------------------ the pod's team pays (GPU-hour quota)
+
+def test_a_bound_pod_reserves_its_teams_gpu_hours_and_its_held_time_is_charged_on_release(
+        extender_on, nodes, model_a, team_a, predictor, no_celery):
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from core.exceptions import QuotaExceeded
+    from core.models import Quota, UsageCharge
+    from core.selectors import quota_usage
+    from scheduling import selectors
+    from scheduling.services import settle_expired_pod_bindings, submit_job
+    from scheduling.services.extender import release_pod
+
+    extender_on.SCHEDULER_EXTENDER_BINDING_TTL_S = 3600.0  # a pod holds its GPUs at most 1 h unreleased
+    Quota.objects.filter(team=team_a).update(gpu_hours_per_month=3.0)
+    pod = pod_object(str(model_a.pk), gpus="2")
+    with FakeApiServer({("team-a", "resnet-infer-7f9c"): pod}) as api:
+        extender_on.SCHEDULER_EXTENDER_KUBE_API_URL = api.url
+        assert post("bind", fixture("bind_args.json", "")).json() == {"Error": ""}
+    # 2 GPUs x the 1 h TTL reserved: a job declaring 1.5 h no longer fits the 3 h quota
+    assert selectors.gpu_hours_committed(team_a.pk) == pytest.approx(2.0, abs=0.01)
+    with pytest.raises(QuotaExceeded, match="GPU hours per month"):
+        submit_job(actor=model_a.created_by, model=model_a, batch_size=1, duration_estimate_s=5400.0, place=False)
+
+    # released 30 minutes after the bind: 2 x 0.5 h charged to team A, the reservation gone
+    bound_at = PodBinding.objects.filter(pod_uid=POD_UID).first().bound_at
+    assert release_pod(pod_uid=POD_UID, now=bound_at + dt.timedelta(minutes=30)) == 2
+    charges = UsageCharge.objects.filter(kind="gpu_seconds")
+    assert {c.team_id for c in charges} == {team_a.pk} and sum(c.amount for c in charges) == pytest.approx(3600.0)
+    assert quota_usage(team_a.pk).gpu_hours_this_month == pytest.approx(1.0, abs=0.01)
+    assert selectors.gpu_hours_committed(team_a.pk) == pytest.approx(1.0, abs=0.01)
+    assert release_pod(pod_uid=POD_UID) == 0 and charges.count() == 2  # charged once
+
+    # a pod never released: it counts while bound, and once its TTL has passed the sweep charges the TTL
+    other = pod_object(str(model_a.pk), gpus="1", uid="22222222-2222-4222-8222-222222222222")
+    args = {**fixture("bind_args.json", ""), "PodUID": other["metadata"]["uid"]}
+    with FakeApiServer({("team-a", "resnet-infer-7f9c"): other}) as api:
+        extender_on.SCHEDULER_EXTENDER_KUBE_API_URL = api.url
+        assert post("bind", args).json() == {"Error": ""}
+    assert selectors.gpu_hours_committed(team_a.pk) == pytest.approx(2.0, abs=0.01)  # 1 h used + 1 h reserved
+    later = timezone.now() + dt.timedelta(hours=2)
+    assert settle_expired_pod_bindings(now=later) == 1 and settle_expired_pod_bindings(now=later) == 0
+    expired = UsageCharge.objects.filter(kind="gpu_seconds").order_by("-pk").first()
+    assert expired.amount == pytest.approx(3600.0) and expired.team_id == team_a.pk  # the TTL, not 2 h
+    assert selectors.gpu_hours_committed(team_a.pk) == pytest.approx(2.0, abs=0.01)  # now all of it charged
+    assert not PodBinding.objects.filter(released_at__isnull=True).exists()

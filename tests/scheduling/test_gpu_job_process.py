@@ -118,15 +118,36 @@ def test_a_job_killed_at_its_wall_clock_cap_fails_with_the_reason(model_a, setti
     assert _children() <= before  # its process group is gone
 
 
-def test_a_job_over_its_gpu_memory_is_stopped_and_placed_again_saying_it_exceeded_its_share(model_a, settings):
-    job, p = _placed_on_gpu1(model_a, "out_of_gpu_memory", settings, batch_size=1, mem=2000.0)
-    services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w", nvml=FakeNvml([fake_gpu(), fake_gpu()]))
+class ChildNearItsShareNvml(ChildrenNvml):
+    """The job child holds 2400 MB of GPU memory: 96 % of a 2512 MB share."""
+
+    def _procs(self):
+        return [(c.pid, 12, 2400.0) for c in psutil.Process(os.getpid()).children(recursive=True)]
+
+
+def test_a_job_whose_runtime_fails_while_it_holds_its_gpu_memory_share_is_placed_again(model_a, settings):
+    """The runtime's allocation failed, and the worker's own sample of the child says why: it held 96 % of
+    its 2512 MB share. Re-placed (asking 1.5 x the share it hit), not failed."""
+    job, p = _placed_on_gpu1(model_a, "out_of_gpu_memory", settings, batch_size=1, mem=2000.0, estimate=600)
+    services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w",
+                         nvml=ChildNearItsShareNvml([fake_gpu(), fake_gpu()]))
     job.refresh_from_db()
     assert job.state == GpuJob.State.PENDING and job.error == ""  # re-placed, not failed
     (entry,) = job.replacements
-    assert entry["reason"] == "oom" and entry["mem_share_mb"] == 2512.0
-    assert entry["error"].startswith("the job exceeded its memory share of 2512 MB and was stopped"), entry
+    assert entry["reason"] == "oom" and entry["mem_share_mb"] == 2512.0 and entry["seen_by"] == "runtime"
+    assert entry["measured_by"] == "nvml-process" and entry["measured_mem_mb"] == 2400.0
+    assert entry["error"].startswith("the job's process reported running out of memory"), entry
     assert job.predicted_mem_mb == pytest.approx(2512.0 * 1.5)
+
+
+def test_the_same_failure_with_memory_to_spare_fails_the_job(model_a, settings):
+    """The same words from a child the worker saw holding 345 MB of its 2512 MB share: the job fails with
+    them; no re-placement."""
+    job, p = _placed_on_gpu1(model_a, "out_of_gpu_memory", settings, batch_size=1, mem=2000.0, estimate=600)
+    services.execute_job(job_id=job.pk, placement_id=p.pk, worker="w", nvml=ChildrenNvml([fake_gpu(), fake_gpu()]))
+    job.refresh_from_db()
+    assert job.state == GpuJob.State.FAILED and job.replacements == []
+    assert "CUDA failure 2: out of memory" in job.error
 
 
 def test_a_crashing_child_fails_the_job_and_not_the_worker(model_a, settings):

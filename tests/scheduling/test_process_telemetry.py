@@ -16,7 +16,7 @@ def test_the_sampler_attributes_per_process_figures_to_its_pid_only():
     me, other = os.getpid(), os.getpid() + 1
     nvml = FakeNvml([fake_gpu(util=90)], processes={0: [(me, 35, 2100.0), (other, 55, 6000.0)]})
     with GpuSampler(0, nvml=nvml, pid=me, interval_s=3600) as sampler:
-        assert sampler.latest_process() == {"util_pct": 35.0, "mem_mb": 2100.0}
+        assert sampler.latest_process() == {"util_pct": 35.0, "mem_mb": 2100.0, "gpu_mem_used_mb": 512.0}
     result = sampler.result()
     assert result["proc_util_mean_pct"] == 35.0 and result["proc_mem_peak_mb"] == 2100.0
     assert result["util_mean_pct"] == 90.0  # the device's figure is kept apart
