@@ -74,6 +74,7 @@ if sys.path[0] != str(ROOT):  # first, so the package wins over this file's own 
 
 import numpy as np  # noqa: E402
 
+from bench.common import provenance  # noqa: E402
 from scheduling.horus.experiments import reference_predictor, run_experiment  # noqa: E402
 from scheduling.horus.policies import POLICIES  # noqa: E402
 from scheduling.horus.predictor import UtilizationPredictor  # noqa: E402
@@ -901,6 +902,7 @@ def machine_info() -> dict[str, Any]:
         "xgboost": __import__("xgboost").__version__,
         "threads": "simulation single-threaded; XGBoost nthread=1",
         "gpu": "none (profiles are synthetic)",
+        **provenance(),  # date and commit, for bench/results/INDEX.md
     }
 
 
