@@ -130,6 +130,7 @@ class ReferencePolicy(PlacementPolicy):
         # a stream of its own, so that shuffling the ties leaves Random's draws as they were
         self._tie_seed = [self.seed, seed, 0x71E]
         self._tie_rank: np.ndarray | None = None
+        self._tie_names: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ interface
     def place(self, job: JobView, cluster: ClusterView, now: float) -> list[int] | None:
@@ -207,7 +208,7 @@ class ReferencePolicy(PlacementPolicy):
         ``"shuffled"``: the artifact's renamed nodes - the i-th node in name order is given the prefix
         ``perm[i]`` of a random permutation (drawn once per run from its seed), and the prefix decides."""
         rank = self._tie_rank
-        if rank is None or len(rank) != cv.n_nodes:
+        if rank is None or (self._tie_names is not cv.node_names and self._tie_names != cv.node_names):
             by_name = np.array(sorted(range(cv.n_nodes), key=lambda n: cv.node_names[n]), dtype=np.int64)
             prefix = (
                 np.random.default_rng(self._tie_seed).permutation(cv.n_nodes)
@@ -216,7 +217,7 @@ class ReferencePolicy(PlacementPolicy):
             )
             rank = np.empty(cv.n_nodes, dtype=np.int64)
             rank[by_name] = prefix
-            self._tie_rank = rank
+            self._tie_rank, self._tie_names = rank, cv.node_names
         return rank
 
 

@@ -93,6 +93,9 @@ def test_every_scored_policy_breaks_ties_by_the_smallest_node_name(name):
     policy.reset(0)
     assert policy.place(pod(milli=300), st.view(), 0.0) == [2]  # node-a's first GPU
     assert policy.place_cpu_pod(pod(gpus=0, milli=0), st.view()) == 1
+    # the same policy on another cluster (no reset in between) orders that cluster's names
+    other = state_of(node("node-z"), node("node-y"), node("node-x"))
+    assert policy.place_cpu_pod(pod(gpus=0, milli=0), other.view()) == 2
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE_POLICIES.keys() - {"random_ref"}))
