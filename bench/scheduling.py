@@ -74,6 +74,7 @@ if sys.path[0] != str(ROOT):  # first, so the package wins over this file's own 
 
 import numpy as np  # noqa: E402
 
+from bench.common import provenance  # noqa: E402
 from scheduling.horus.experiments import reference_predictor, run_experiment  # noqa: E402
 from scheduling.horus.policies import POLICIES  # noqa: E402
 from scheduling.horus.predictor import UtilizationPredictor  # noqa: E402
@@ -444,9 +445,12 @@ REF_SEEDS_QUICK, REF_SEEDS_FULL = tuple(range(5)), tuple(range(10))
 #: multigpu20 the stream alone moved GpuPacking from +23 % to +12 % of the artifact (seeds 0-2)
 REF_SAMPLING = "tuned"
 REF_TOLERANCE = 0.05
+#: score ties as the artifact's run breaks them: by node names it prefixes with a random permutation per run
+#: ("shuffled"); "name" (the raw names' order) left GpuPacking / GpuClustering +6 to +12 % above the artifact
+REF_TIES = "shuffled"
 
 
-def reference_fill(bench: Bench, trace: str, policy: str, seed: int) -> dict[str, Any]:
+def reference_fill(bench: Bench, trace: str, policy: str, seed: int, ties: str = REF_TIES) -> dict[str, Any]:
     """One full-scale fill of a reference baseline on a shipped pod list (the same engine and cluster as
     ``alibaba-fill``; the policies use requests only, so predictions are the oracle's)."""
     from scheduling.horus import experiments as hexp
@@ -457,29 +461,31 @@ def reference_fill(bench: Bench, trace: str, policy: str, seed: int) -> dict[str
     params = hexp.ExperimentParams.from_dict({**ALIBABA_FILL, "predictions": "oracle"}).validate(kind)
     prep = hexp.prepare_experiment(kind, pods, params, seed=seed, profiles=bench.records)
     t0 = time.perf_counter()
-    fill = Fill(prep.jobs, prep.cluster, make_reference_policy(policy), seed=seed, sampling=REF_SAMPLING).run()
+    fill = Fill(prep.jobs, prep.cluster, make_reference_policy(policy, ties=ties), seed=seed,
+                sampling=REF_SAMPLING).run()
     res = fill.result(wall_s=time.perf_counter() - t0).to_dict()
     res.pop("curve", None)
     return res
 
 
-def reference_baselines(bench: Bench, seeds: tuple[int, ...]) -> dict[str, Any]:
+def reference_baselines(bench: Bench, seeds: tuple[int, ...], ties: str = REF_TIES) -> dict[str, Any]:
     """The artifact's six baselines, written from its algorithm descriptions, at full scale on every pod
     list the project ships, several seeds, beside the artifact's expected unallocated GPUs."""
-    from scheduling.horus.reference_policies import ARTIFACT_NAMES
+    from scheduling.horus.reference_policies import ARTIFACT_NAMES, TIE_ORDERS
 
     src = ARTIFACT_SOURCE
     log("\n== Reference baselines against the ATC'23 artifact: unallocated GPUs at 100 % arrived, full scale (6,212 GPUs)")
     log(f"   artifact figures: {src['repo']}@{src['commit'][:12]} {src['path']}; {src['derivation']}")
     log(f"   pod stream: {REF_SAMPLING} (the artifact's workload tuning: every pod once + uniform extras to 130 % "
         "of capacity, shuffled)")
+    log(f"   score ties: {ties} ({TIE_ORDERS[ties]})")
     rows: dict[str, dict[str, Any]] = {}
     for pod_list, trace in SHIPPED_POD_LISTS.items():
         log(f"   pod list {pod_list} (trace {trace!r}), seeds {', '.join(map(str, seeds))}")
         log(f"   {'policy':<20}{'artifact':>14}{'art. mean':>10}{'here mean':>10}{'dev':>8}  per seed (wall s)")
         rows[pod_list] = {}
         for name, (art_mean, art_lo, art_hi) in ARTIFACT_UNALLOC[pod_list].items():
-            runs = [reference_fill(bench, trace, name, sd) for sd in seeds]
+            runs = [reference_fill(bench, trace, name, sd, ties) for sd in seeds]
             un = [r["unallocated_gpus"] for r in runs]
             mean = float(np.mean(un))
             dev = (mean - art_mean) / art_mean
@@ -496,7 +502,7 @@ def reference_baselines(bench: Bench, seeds: tuple[int, ...]) -> dict[str, Any]:
             f"(artifact {r['fgd_ref']['artifact_mean'] / r['best_fit_ref']['artifact_mean']:.3f}); the platform's own "
             "fgd / best_fit (different designs, kept as ablations) are in the alibaba-fill tables")
     bench.experiments.append({"name": "reference-baselines-vs-artifact", "source": src, "results": rows,
-                              "tolerance": REF_TOLERANCE, "sampling": REF_SAMPLING})
+                              "tolerance": REF_TOLERANCE, "sampling": REF_SAMPLING, "ties": ties})
 
     def worst(policy: str) -> float:
         return max(abs(r[policy]["relative_deviation"]) for r in rows.values())
@@ -516,7 +522,7 @@ def reference_baselines(bench: Bench, seeds: tuple[int, ...]) -> dict[str, Any]:
             "reference_vs_artifact": {n: worst(n) for n in ARTIFACT_NAMES},
             "fgd_ref_vs_best_fit_ref_unallocated": default["fgd_ref"]["mean"] / default["best_fit_ref"]["mean"],
             "artifact_fgd_vs_best_fit_unallocated": default["fgd_ref"]["artifact_mean"] / default["best_fit_ref"]["artifact_mean"],
-            "reference_seeds": list(seeds), "artifact_source": src}
+            "reference_seeds": list(seeds), "reference_ties": ties, "artifact_source": src}
 # ---------------------------------------------------------------------------------------------------------
 # Overcommit at equal terms (issue 42): the baselines given usage_fgd's reservation rule
 # ---------------------------------------------------------------------------------------------------------
@@ -608,7 +614,7 @@ def overcommit_section(bench: Bench, seeds: tuple[int, ...]) -> dict[str, Any]:
 def reference_only_main(args: argparse.Namespace, records, t_start: float) -> int:
     """``--reference-only``: the reference-baselines section alone (no predictor is trained)."""
     bench = Bench(args.seed, records, None)
-    overall = reference_baselines(bench, REF_SEEDS_QUICK if args.quick else REF_SEEDS_FULL)
+    overall = reference_baselines(bench, REF_SEEDS_QUICK if args.quick else REF_SEEDS_FULL, args.ref_ties)
     wall = time.perf_counter() - t_start
     log(f"\n   overall: fgd_vs_artifact {overall['fgd_vs_artifact']:.3f}, best_fit_vs_artifact "
         f"{overall['best_fit_vs_artifact']:.3f}; total wall {wall:.0f} s")
@@ -896,6 +902,7 @@ def machine_info() -> dict[str, Any]:
         "xgboost": __import__("xgboost").__version__,
         "threads": "simulation single-threaded; XGBoost nthread=1",
         "gpu": "none (profiles are synthetic)",
+        **provenance(),  # date and commit, for bench/results/INDEX.md
     }
 
 
@@ -913,6 +920,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the overcommit-at-equal-terms fill table (usage_fgd vs baselines + its reservation)")
     ap.add_argument("--reference-only", action="store_true",
                     help="only the reference baselines against the ATC'23 artifact (a few minutes)")
+    ap.add_argument("--ref-ties", choices=("shuffled", "name"), default=REF_TIES,
+                    help="how the reference baselines break score ties: the artifact's renamed node order "
+                         "(shuffled per run, default) or the raw node names")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     records = load_profiles()
@@ -967,7 +977,7 @@ def main(argv: list[str] | None = None) -> int:
                            extra={"interference": "share_penalty"}, **{**PHILLY, "interference": "share_penalty"})
     fill = fill_seeds(bench, seeds[:2] if args.quick else seeds)
     variants = fill_variants(bench, VARIANT_SCALE_QUICK if args.quick else 1.0)
-    reference = reference_baselines(bench, REF_SEEDS_QUICK if args.quick else REF_SEEDS_FULL)
+    reference = reference_baselines(bench, REF_SEEDS_QUICK if args.quick else REF_SEEDS_FULL, args.ref_ties)
     reference.update(overcommit_section(bench, OVERCOMMIT_SEEDS_QUICK if args.quick else OVERCOMMIT_SEEDS_FULL))
     if not args.quick:
         bench.replay("alibaba-replay-1/32", "Alibaba-2023 replay, queue skips pods that do not fit (first 64 waiting), "

@@ -1,5 +1,6 @@
 """The ATC'23 artifact's baselines (scheduling/horus/reference_policies.py) on hand-made cases: integer
-scores, ties to the smallest node name, typical pods keyed without memory, node-level Best Fit."""
+scores, ties to the smallest node name as the artifact's run renames the nodes (a random order drawn
+per run), typical pods keyed without memory, node-level Best Fit."""
 
 from __future__ import annotations
 
@@ -88,10 +89,57 @@ def test_a_fill_gives_fgd_ref_its_typical_pods_without_memory():
 def test_every_scored_policy_breaks_ties_by_the_smallest_node_name(name):
     # identical nodes, listed with the larger name first: the second one (index 1, "node-a") wins
     st = state_of(node("node-b"), node("node-a"), node("node-c"))
-    policy = make_reference_policy(name)
+    policy = make_reference_policy(name, ties="name")
     policy.reset(0)
     assert policy.place(pod(milli=300), st.view(), 0.0) == [2]  # node-a's first GPU
     assert policy.place_cpu_pod(pod(gpus=0, milli=0), st.view()) == 1
+    # the same policy on another cluster (no reset in between) orders that cluster's names
+    other = state_of(node("node-z"), node("node-y"), node("node-x"))
+    assert policy.place_cpu_pod(pod(gpus=0, milli=0), other.view()) == 2
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_POLICIES.keys() - {"random_ref"}))
+def test_ties_follow_the_artifacts_renamed_nodes_a_random_order_fixed_per_run(name):
+    # the artifact prefixes every node name with a random permutation index ("0917-openb-node-0000") before
+    # it schedules: among identical nodes a tie goes to the node the run's permutation puts first - not
+    # always the smallest raw name - and the same seed gives the same order
+    names = [f"node-{i}" for i in range(6)]
+    firsts = []
+    for seed in range(6):
+        st = state_of(*(node(n, 2, cpu=8000) for n in names))
+        policy = make_reference_policy(name)  # ties="shuffled", the default
+        policy.reset(seed)
+        rank = policy.tie_ranks(st.view())
+        assert sorted(rank.tolist()) == list(range(6))
+        first = int(np.argmin(rank))
+        assert policy.place(pod(gpus=1, cpu=4000), st.view(), 0.0) == [2 * first]
+        assert policy.place_cpu_pod(pod(gpus=0, milli=0, cpu=4000), st.view()) == first
+        again = make_reference_policy(name)
+        again.reset(seed)
+        assert again.tie_ranks(st.view()).tolist() == rank.tolist()
+        firsts.append(first)
+    assert len(set(firsts)) > 1  # the raw names' order would always give node-0
+
+
+def test_gpu_packing_ref_piles_tied_pods_in_the_runs_node_order():
+    # GpuPacking gives every CPU-only pod 0 on every node: they fill the run's first node, then its second;
+    # whole GPUs prefer used nodes (49) to idle ones (31), so the next pod follows the first
+    st = state_of(*(node(f"n{i}", 2, cpu=8000) for i in range(4)))
+    policy = GpuPackingRef()
+    policy.reset(5)
+    order = np.argsort(policy.tie_ranks(st.view())).tolist()
+    got = []
+    for k in range(4):
+        n = policy.place_cpu_pod(pod(f"c{k}", gpus=0, milli=0, cpu=4000), st.view())
+        st.add_cpu_pod(pod(f"c{k}", gpus=0, milli=0, cpu=4000), n)
+        got.append(n)
+    assert got == [order[0], order[0], order[1], order[1]]
+    first = policy.place(pod("w", gpus=1, cpu=0), st.view(), 0.0)
+    assert first == [2 * order[0]]  # every node idle, all tie at 31: the run's first node, its first GPU
+    put(st, pod("w", gpus=1, cpu=0), first)
+    assert policy.place(pod("v", gpus=1, cpu=0), st.view(), 0.0) == [2 * order[0] + 1]
+    with pytest.raises(ValueError, match="ties"):
+        GpuPackingRef(ties="smallest")
 
 
 def test_fgd_ref_takes_the_gpu_that_keeps_room_for_the_typical_pods():
@@ -143,7 +191,7 @@ def test_gpu_packing_ref_prefers_shared_gpus_then_used_nodes_then_small_idle_nod
     assert scores.tolist() == [25, 31, 96, 49]  # idle 8-GPU, idle 2-GPU, 40 % free shared GPU, idle GPU of a used node
     assert GpuPackingRef().place(pod(milli=300), view, 0.0) == [10]
     # no share fits: an idle GPU of a used node (c and d tie at 49: c, the smaller name)
-    assert GpuPackingRef().place(pod(milli=500), view, 0.0) == [11]
+    assert GpuPackingRef(ties="name").place(pod(milli=500), view, 0.0) == [11]
     assert GpuPackingRef().node_scores(pod(gpus=0, milli=0), view, np.arange(4)).tolist() == [0, 0, 0, 0]
 
 
