@@ -353,6 +353,83 @@ def test_a_failure_whose_text_says_out_of_memory_is_not_re_placed_as_a_gpu_oom(m
     assert job.predicted_mem_mb == 2000.0  # asked no more memory
 
 
+def _as_measured_next_to_each_other(*true_utils: float) -> list[float]:
+    """What the worker's per-process NVML figures read for jobs of these standalone utilizations sharing one
+    V100, by the project's own telemetry model (``horus.observation``: a job slowed by its partners keeps
+    its kernels resident longer, so it reads more than it uses alone; ``horus.interference``: the fitted
+    slowdowns)."""
+    from scheduling.horus.interference import FittedInterference, stretched_speeds
+    from scheduling.horus.observation import per_process_util
+
+    fit = FittedInterference.from_data().params_for("V100")
+    speeds = stretched_speeds([u / 100.0 for u in true_utils], fit.capacity, fit.interference)
+    return [round(per_process_util(u, 1.0 / s), 1) for u, s in zip(true_utils, speeds)]
+
+
+@pytest.mark.parametrize("heavy,light", [(70.0, 30.0), (90.0, 10.0), (60.0, 35.0)])
+def test_a_job_whose_prediction_held_is_not_restarted_for_sharing_a_gpu_with_a_heavy_one(
+        model_a, model_b, heavy, light):
+    """Was open: the live rule restarted the job measured furthest over its PREDICTION, but a job's
+    per-process figure reads more than its standalone utilization whenever a partner slows it (the
+    telemetry model the simulator itself uses), and the lighter job reads the most over. Team B's job,
+    predicted exactly (70 %), next to team A's exactly predicted 30 % job: measured 75.7 + 43.3 = 119 %, and
+    team A's job was restarted, its work lost, though no prediction was wrong. Now each job is compared with
+    what it would read if every prediction on its GPU held (the same model), and only a job over that by
+    more than the tolerance is a cause."""
+    g0, _ = register_gpu_node().gpus.order_by("index")
+    heavy_read, light_read = _as_measured_next_to_each_other(heavy, light)
+    assert heavy_read + light_read > 105.0  # the GPU reads over the bound, its predictions within it
+    _running_on(model_b, g0, pred=heavy, live=heavy_read)
+    victim = _running_on(model_a, g0, pred=light, live=light_read)
+    assert services.request_interference_replacements() == []
+    victim.refresh_from_db()
+    assert not victim.replacements
+
+
+def _pod_on(gpu, model, *, pred: float):
+    from scheduling.models import PodBinding
+
+    now = timezone.now()
+    return PodBinding.objects.create(
+        pod_uid=f"uid-{model.pk}-{gpu.pk}", pod_namespace=model.team.slug, pod_name="p", gpu=gpu, model=model,
+        batch_size=1, num_gpus=1, predicted_util_pct=pred, predicted_mem_mb=1000.0, policy="horus",
+        bound_at=now - dt.timedelta(minutes=5))
+
+
+@pytest.mark.parametrize("unmeasured", ["pod", "job-without-figures"])
+def test_a_partner_counted_at_its_prediction_does_not_get_a_measured_job_restarted(
+        model_a, model_b, unmeasured):
+    """Was open: a Kubernetes pod (never measured per process) and a job whose worker has not reported
+    per-process figures (still compiling, or a GPU without per-process accounting) count at their
+    prediction, so what they really do is unknown, and the GPU's "measured" load is partly a guess. Team B's
+    pod predicted 60 % sits idle; team A's job, predicted 30 %, runs at 52 % (alone on the GPU in truth):
+    the GPU "measured" 112 % and team A's job was restarted on a GPU that was half idle. (A pod that really
+    runs past its prediction makes its partners read high the same way.) Now a GPU with a member counted at
+    its prediction moves nobody: its over-subscription cannot be told."""
+    g0, _ = register_gpu_node().gpus.order_by("index")
+    if unmeasured == "pod":
+        _pod_on(g0, model_b, pred=60.0)
+    else:
+        _running_on(model_b, g0, pred=60.0, live=None)
+    victim = _running_on(model_a, g0, pred=30.0, live=52.0)
+    assert services.request_interference_replacements() == []
+    victim.refresh_from_db()
+    assert not victim.replacements
+
+
+def test_equal_causes_are_told_apart_by_the_lower_job_id_as_a_number():
+    """Was open: on a tie the rule took the lowest job id as a STRING ("1000000" < "999999"), not the
+    lowest id the documentation promises. Now ids compare as numbers."""
+    from scheduling.horus.cluster import ClusterState, ClusterSpec
+    from scheduling.horus.live_rule import over_prediction_cause
+    from tests.horus.helpers import view
+
+    state = ClusterState(ClusterSpec.uniform(1, 1))
+    for job_id in ("1000000", "999999"):
+        state.add(view(job_id, util=20.0), [0], true_util=20.0, true_mem=900.0, now=0.0, meas_util=60.0)
+    assert over_prediction_cause(state.view().jobs_on(0)).view.job_id == "999999"
+
+
 # --- what held -------------------------------------------------------------------------------------------
 
 HOSTILE_JOB_BODIES = {
