@@ -89,8 +89,9 @@ def replace_job(*, job_id: int, reason: str, detail: dict[str, Any], finish: Cal
 
 #: A runtime failure is a GPU out-of-memory only when the worker's own NVML figures at failure say memory
 #: ran out: the job's process holding at least this fraction of its memory share, or its GPU at least this
-#: fraction of its capacity. The failure's text is never evidence: it carries the team's words (an ONNX
-#: node's name, an op's message), and "out of memory" there must not buy a re-placement with more memory.
+#: fraction of its capacity with less free than the job's share still allowed it to take. The failure's text
+#: is never evidence: it carries the team's words (an ONNX node's name, an op's message), and "out of
+#: memory" there must not buy a re-placement with more memory.
 OOM_MEASURED_FRACTION = 0.9
 
 
@@ -103,8 +104,12 @@ def measured_gpu_oom(*, process_mem_mb: float | None, share_mb: float | None, gp
                 "mem_share_mb": round(float(share_mb), 1)}
     if gpu_mem_used_mb is not None and gpu_memory_total_mb \
             and gpu_mem_used_mb >= OOM_MEASURED_FRACTION * gpu_memory_total_mb:
-        return {"measured_by": "nvml-device", "gpu_mem_used_mb": round(float(gpu_mem_used_mb), 1),
-                "gpu_memory_total_mb": round(float(gpu_memory_total_mb), 1)}
+        free_mb = float(gpu_memory_total_mb) - float(gpu_mem_used_mb)
+        # a GPU its partners filled is the job's out-of-memory only if it could not give the job its share
+        room_mb = float(share_mb) - float(process_mem_mb or 0.0) if share_mb else None
+        if room_mb is None or free_mb < room_mb:
+            return {"measured_by": "nvml-device", "gpu_mem_used_mb": round(float(gpu_mem_used_mb), 1),
+                    "gpu_memory_total_mb": round(float(gpu_memory_total_mb), 1)}
     return None
 
 

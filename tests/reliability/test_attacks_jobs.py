@@ -430,6 +430,20 @@ def test_equal_causes_are_told_apart_by_the_lower_job_id_as_a_number():
     assert over_prediction_cause(state.view().jobs_on(0)).view.job_id == "999999"
 
 
+def test_a_failure_on_a_gpu_its_partners_filled_is_no_oom_while_the_job_had_room_for_its_share(model_a, settings):
+    """Was open: a job's failure was an out-of-memory whenever its GPU was 90 % full at failure, whoever held
+    the memory. A job with a 912 MB share holding 345 MB, on a 16 GB GPU its partners had filled to 15000 MB
+    (1384 MB free, more than the 567 MB its share still allowed it), failed for its own reason: it was
+    re-placed asking 1.5 x its share, up to 3 times, each failed run charged to its team, its real error
+    buried in the re-placements. The GPU running out is now evidence only when its free memory was below
+    what the job's share still allowed it to take: here the job fails with its error."""
+    job, placement = _run_in_real_child(model_a, "runs_a_while_then_raises", settings, batch_size=1, mem=400.0,
+                                        nvml=ChildrenNvml([fake_gpu(), fake_gpu(used_mb=15000)]))
+    assert job.state == GpuJob.State.FAILED and job.replacements == [], (job.state, job.replacements)
+    assert "a plain bug of the team's" in job.error and placement.released_at is not None
+    assert job.predicted_mem_mb == 400.0
+
+
 # --- what held -------------------------------------------------------------------------------------------
 
 HOSTILE_JOB_BODIES = {
@@ -603,3 +617,33 @@ def test_a_training_job_declaring_a_tiny_duration_gets_no_steps_beyond_it(model_
     held_s = (p.released_at - p.placed_at).total_seconds()
     assert held_s > 1.0
     assert quota_usage(team_a.pk).gpu_hours_this_month * 3600 == pytest.approx(held_s, rel=0.01)
+
+
+class HoldsMostOfItsShareNvml(ChildrenNvml):
+    """Per-process accounting in which the job child holds 2270 MB: 90.4 % of the 2512 MB share of a job
+    predicted 2000 MB."""
+
+    def _procs(self):
+        return [(pid, util, 2270.0 if mem == 345.0 else mem) for pid, util, mem in super()._procs()]
+
+
+def test_holding_90_percent_of_the_share_then_raising_buys_no_more_than_asking_for_it(model_a, team_a, settings):
+    """A job that fills 90 % of its memory share on purpose and then raises any error is taken for a GPU
+    out-of-memory (the worker cannot tell an allocation that failed between two samples) and re-placed asking
+    1.5 x its share (3768 MB). Is that a risk? It buys nothing a job cannot take openly: going past its share
+    gets it stopped and re-placed with whatever it measured using (test_replacement), and memory is not what
+    the GPU-hour quota prices. What it costs: the restart's GPU time, charged to its own team only, at most
+    MAX_REPLACEMENTS times (then it fails); other teams lose only the packing room its larger prediction
+    takes, as with any job that needs that much. One per cent under the line it is just a failure."""
+    from scheduling.services.replacement import measured_gpu_oom
+
+    job, placement = _run_in_real_child(model_a, "runs_a_while_then_raises", settings, batch_size=1, mem=2000.0,
+                                        nvml=HoldsMostOfItsShareNvml([fake_gpu(), fake_gpu()]))
+    assert job.state == GpuJob.State.PENDING and placement.released_at is not None, job.error
+    (entry,) = job.replacements
+    assert entry["reason"] == "oom" and entry["measured_by"] == "nvml-process" and entry["mem_share_mb"] == 2512.0
+    assert job.predicted_mem_mb == pytest.approx(1.5 * 2512.0)
+    charges = UsageCharge.objects.filter(kind="gpu_seconds")
+    assert charges.exists() and {(c.team_id, c.job_id) for c in charges} == {(team_a.pk, job.pk)}
+    assert measured_gpu_oom(process_mem_mb=0.89 * 2512.0, share_mb=2512.0, gpu_mem_used_mb=4000.0,
+                            gpu_memory_total_mb=16384.0) is None
