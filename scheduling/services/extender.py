@@ -141,6 +141,10 @@ def kube_api() -> KubeApi:
 def _record_binding(pod: core.PodRequest, uid: str, node_name: str, now: dt.datetime) -> list[PodBinding]:
     """Choose the pod's GPUs on the node (locked) and record them; the bindings the pod already has when
     kube-scheduler retries a bind."""
+    # the pod's bindings past their expiry no heartbeat settled yet: settled now (their TTL charged), so they
+    # hold no (pod, GPU) slot a new binding needs
+    _release(list(selectors.expired_pod_bindings(now, pod_uid=uid).select_for_update(of=("self",))
+                  .select_related("model")), lambda b: b.expires_at)
     existing = selectors.active_pod_bindings(uid, now)
     if existing:
         if any(b.gpu.node.name != node_name for b in existing):
@@ -166,7 +170,8 @@ def _record_binding(pod: core.PodRequest, uid: str, node_name: str, now: dt.date
     rows = [PodBinding(pod_uid=uid, pod_namespace=pod.namespace, pod_name=pod.name,
                        gpu=by_index[node.gpu_indices[i]], model=model, batch_size=pod.batch_size,
                        num_gpus=pod.num_gpus, predicted_util_pct=job.pred_util_pct,
-                       predicted_mem_mb=job.pred_mem_mb, policy=policy_name, score=score, bound_at=now)
+                       predicted_mem_mb=job.pred_mem_mb, policy=policy_name, score=score, bound_at=now,
+                       expires_at=now + dt.timedelta(seconds=ttl_s))
             for i in flat]
     return PodBinding.objects.bulk_create(rows)
 
@@ -223,15 +228,20 @@ def release_pod(*, pod_uid: str, now: dt.datetime | None = None) -> int:
     return len(rows)
 
 
+def release_requested(*, args: Any, now: dt.datetime | None = None) -> dict[str, Any]:
+    """``{"Released": how many, "Error": ""}`` for a release request ``{"PodUID": ...}`` (ExtenderError when
+    it is malformed)."""
+    return {"Released": release_pod(pod_uid=core.release_args(args), now=now), "Error": ""}
+
+
 def settle_expired_pod_bindings(*, now: dt.datetime | None = None) -> int:
-    """Release the bindings whose TTL has passed unreleased (no release call came), as of their expiry, and
-    charge the TTL's GPU time to their teams; how many. The heartbeat calls it."""
+    """Release the bindings whose expiry has passed unreleased (no release call came), as of their expiry,
+    and charge the TTL's GPU time to their teams; how many. The heartbeat calls it."""
     now = now or timezone.now()
-    ttl = dt.timedelta(seconds=selectors.extender_binding_ttl_s())
     with transaction.atomic():
         rows = list(selectors.expired_pod_bindings(now).select_for_update(skip_locked=True, of=("self",))
                     .select_related("model"))
-        _release(rows, lambda b: b.bound_at + ttl)
+        _release(rows, lambda b: b.expires_at)
     if rows:
         log.info("extender: %d pod binding(s) expired unreleased and were charged", len(rows))
     return len(rows)

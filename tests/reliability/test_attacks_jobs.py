@@ -393,7 +393,7 @@ def _pod_on(gpu, model, *, pred: float):
     return PodBinding.objects.create(
         pod_uid=f"uid-{model.pk}-{gpu.pk}", pod_namespace=model.team.slug, pod_name="p", gpu=gpu, model=model,
         batch_size=1, num_gpus=1, predicted_util_pct=pred, predicted_mem_mb=1000.0, policy="horus",
-        bound_at=now - dt.timedelta(minutes=5))
+        bound_at=now - dt.timedelta(minutes=5), expires_at=now + dt.timedelta(hours=1))
 
 
 @pytest.mark.parametrize("unmeasured", ["pod", "job-without-figures"])
