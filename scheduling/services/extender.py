@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from core.exceptions import NotFound, PermissionDenied, QuotaExceeded, ServiceError
 from core.models import DLModel
-from core.services import require_ready
+from core.services import lock_team_quota, require_ready
 
 from .. import adapters, selectors
 from ..adapters import extender_core as core
@@ -141,6 +141,11 @@ def kube_api() -> KubeApi:
 def _record_binding(pod: core.PodRequest, uid: str, node_name: str, now: dt.datetime) -> list[PodBinding]:
     """Choose the pod's GPUs on the node (locked) and record them; the bindings the pod already has when
     kube-scheduler retries a bind."""
+    job, model = _job_view(pod, now)
+    # binds of one team's pods wait here for each other (the quota row, locked until the bind commits, before
+    # the GPU rows, as submit_job does), so a bind retried while the first is still at the API server finds
+    # the first's bindings below instead of choosing GPUs of its own
+    lock_team_quota(model.team_id)
     # the pod's bindings past their expiry no heartbeat settled yet: settled now (their TTL charged), so they
     # hold no (pod, GPU) slot a new binding needs
     _release(list(selectors.expired_pod_bindings(now, pod_uid=uid).select_for_update(of=("self",))
@@ -151,10 +156,8 @@ def _record_binding(pod: core.PodRequest, uid: str, node_name: str, now: dt.date
             raise ServiceError(f"Pod {pod.namespace}/{pod.name} is already bound to another node.",
                                code="already_bound")
         return existing
-    found = _job_view(pod, now)
-    job, model = found
     # the most a binding holds unreleased, per GPU: the team's quota must have room for it, as for a job's
-    # declared duration (quota row locked until the bind commits, before the GPU rows, as submit_job does)
+    # declared duration
     ttl_s = selectors.extender_binding_ttl_s()
     check_gpu_quota(team_id=model.team_id, hours=ttl_s * pod.num_gpus / 3600.0,
                     what=f" by pod {pod.namespace}/{pod.name} ({pod.num_gpus} GPU(s) x {ttl_s / 3600.0:g} h, the "

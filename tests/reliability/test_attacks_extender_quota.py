@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
+import time
 from unittest import mock
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
@@ -143,6 +146,68 @@ def test_a_superscript_gpu_count_on_the_pod_fails_the_bind_with_its_reason(model
         result = bind_pod(args={"PodName": POD[1], "PodNamespace": POD[0], "PodUID": "u-sup", "Node": "gpu-b"},
                           api=KubeApi(base_url=api.url))
     assert "dlopt.io/gpus" in result["Error"] and not PodBinding.objects.exists()
+
+
+class SlowOnceApiServer(FakeApiServer):
+    """A Kubernetes API server whose first annotation write is slow (2 s) and which, as a real one does,
+    answers 409 to binding a pod that is already bound."""
+
+    def __init__(self, pods):
+        super().__init__(pods)
+        handler, outer, first = self.server.RequestHandlerClass, self, threading.Event()
+        bound: set[str] = set()
+
+        def slow_once(request):
+            if request.command == "PATCH" and not first.is_set():
+                first.set()
+                time.sleep(2.0)
+            if request.command == "POST":
+                with outer.lock:
+                    if request.path in bound:
+                        request.rfile.read(int(request.headers.get("Content-Length") or 0))
+                        return request._answer(409, {"kind": "Status", "reason": "Conflict"})
+                    bound.add(request.path)
+            return handler._handle(request)
+
+        self.lock = threading.Lock()
+        handler.do_PATCH = handler.do_POST = handler.do_GET = slow_once
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bind_retried_while_the_first_is_still_binding_keeps_one_binding_and_its_annotation(model_a, team_a):
+    """Was open: kube-scheduler retries a bind that outlasts its httpTimeout. The retry looked for the pod's
+    bindings before waiting on the team's quota lock, found none (the first bind had not committed), then
+    recorded GPUs of its own once the first committed: another GPU (its own pod now counted as load on the
+    first), whose index it wrote over the pod's dlopt.io/gpu-index before the API server refused the second
+    binding; or the same GPU, and the unique constraint was a 500. The pod ran on a GPU the platform had not
+    recorded. Now a bind takes the team's quota lock before it looks, so the retry finds the first's
+    bindings and writes the same GPUs."""
+    uid = "u-race"
+    pod = pod_object(str(model_a.pk), uid=uid)
+    results, errors = [], []
+    barrier = threading.Barrier(2)
+
+    def attempt(api_url):
+        try:
+            barrier.wait(timeout=30)
+            results.append(bind_pod(args={"PodName": POD[1], "PodNamespace": POD[0], "PodUID": uid, "Node": "gpu-b"},
+                                    api=KubeApi(base_url=api_url)))
+        except Exception as exc:  # a 500 to kube-scheduler
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    with SlowOnceApiServer({POD: pod}) as api:
+        threads = [threading.Thread(target=attempt, args=(api.url,)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors
+    assert sorted(r["Error"] == "" for r in results) == [False, True], results  # the retry: the API's 409
+    (binding,) = PodBinding.objects.filter(pod_uid=uid).select_related("gpu")
+    assert pod["metadata"]["annotations"]["dlopt.io/gpu-index"] == str(binding.gpu.index)
+    assert selectors.gpu_hours_committed(team_a.pk) == pytest.approx(24.0, abs=0.01)
 
 
 # --- what held -------------------------------------------------------------------------------------------
