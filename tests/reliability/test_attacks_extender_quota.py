@@ -13,6 +13,7 @@ from unittest import mock
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
+from django.db.models import F
 from django.test import Client
 from django.utils import timezone
 
@@ -264,8 +265,13 @@ def test_the_heartbeat_sweep_survives_many_expired_bindings_of_several_teams(mod
     now = timezone.now()
     for k in range(6):
         assert _bind(model_a if k % 2 else model_b, f"u-sweep-{k}", now=now - 30 * HOUR) == {"Error": ""}
+    # rows no bind writes: one expiring before it was bound, and a model archived since
+    PodBinding.objects.filter(pod_uid="u-sweep-0").update(expires_at=F("bound_at") - HOUR)
+    model_b.archived_at = now
+    model_b.save(update_fields=["archived_at"])
     assert settle_expired_pod_bindings(now=now) == 6 and settle_expired_pod_bindings(now=now) == 0
-    assert _charged_s(team_a) == _charged_s(team_b) == pytest.approx(3 * 24 * 3600.0, abs=1.0)
+    assert _charged_s(team_a) == pytest.approx(3 * 24 * 3600.0, abs=1.0)
+    assert _charged_s(team_b) == pytest.approx(2 * 24 * 3600.0, abs=1.0)  # nothing, never less, for the odd row
 
 
 # --- left open on purpose --------------------------------------------------------------------------------

@@ -647,3 +647,23 @@ def test_holding_90_percent_of_the_share_then_raising_buys_no_more_than_asking_f
     assert charges.exists() and {(c.team_id, c.job_id) for c in charges} == {(team_a.pk, job.pk)}
     assert measured_gpu_oom(process_mem_mb=0.89 * 2512.0, share_mb=2512.0, gpu_mem_used_mb=4000.0,
                             gpu_memory_total_mb=16384.0) is None
+
+
+def test_a_gang_hiding_its_work_is_never_moved_and_gets_no_partner_restarted(model_a, model_b):
+    """Team B's 2-GPU gang hides its work in a Loop (predicted 30 %, runs at 70 % on each GPU) next to team
+    A's exactly predicted jobs: a gang cannot be moved, so nobody on its GPUs is restarted. Left as the
+    documented cost: team A's jobs run slower (and hold their GPU longer) until the gang ends."""
+    g0, g1, _ = register_gpu_node(gpus=[fake_gpu(), fake_gpu(), fake_gpu()]).gpus.order_by("index")
+    gang = make_job(model_b, util=30.0, mem=1000.0, state="running", num_gpus=2, live_util_pct=70.0,
+                    live_mem_mb=900.0, started_at=timezone.now() - dt.timedelta(minutes=5))
+    Placement.objects.create(job=gang, gpu=g0, gang_gpu_ids=[g0.pk, g1.pk], policy="horus", queue=g0.queue,
+                             placed_at=timezone.now() - dt.timedelta(minutes=5))
+    partners = [_running_on(model_a, g, pred=40.0, live=_as_measured_next_to_each_other(70.0, 40.0)[1])
+                for g in (g0, g1)]
+    assert services.request_interference_replacements() == []
+    for job in partners:
+        job.refresh_from_db()
+        assert job.state == GpuJob.State.RUNNING and not job.replacements
+    GpuJob.objects.filter(pk=gang.pk).update(num_gpus=1)  # the control: a one-GPU cause moves (to the free GPU)
+    Placement.objects.filter(job=gang).update(gang_gpu_ids=[])
+    assert services.request_interference_replacements() == [gang.pk]
