@@ -307,9 +307,10 @@ class PodBinding(models.Model):
     """A Kubernetes pod bound by the scheduler extender to one GPU of a node (a gang: one row per GPU).
     Active (unreleased) bindings count as load on their GPUs for the extender and the placement passes
     alike. kube-scheduler never says when a pod ends: a binding is released by the extender's release
-    call or counts no more once SCHEDULER_EXTENDER_BINDING_TTL_S has passed. It belongs to its model's
-    team, whose GPU-hour quota it is charged to (reserved while active, the time held once released or
-    expired)."""
+    call or counts no more once its ``expires_at`` has passed (its bind time plus the
+    SCHEDULER_EXTENDER_BINDING_TTL_S of that moment: a later change of the setting changes no binding's
+    expiry, reservation or cost). It belongs to its model's team, whose GPU-hour quota it is charged to
+    (reserved while active, the time held once released or expired)."""
 
     pod_uid = models.CharField(max_length=64, db_index=True)
     pod_namespace = models.CharField(max_length=253)
@@ -323,6 +324,7 @@ class PodBinding(models.Model):
     policy = models.CharField(max_length=30)
     score = models.FloatField(null=True, blank=True, help_text="The policy's cost of the gang's GPUs.")
     bound_at = models.DateTimeField(db_index=True)
+    expires_at = models.DateTimeField(db_index=True, help_text="Unreleased, it counts as load and cost until then.")
     released_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

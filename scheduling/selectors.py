@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ImproperlyConfigured
 from django.db.models import CharField, Count, Exists, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
@@ -130,29 +131,42 @@ def active_placements_on(gpu_ids: list[int]) -> QuerySet[Placement]:
             .select_related("job", "job__model").order_by("placed_at", "pk"))
 
 
+#: the binding TTLs bind accepts: a finite number of seconds, a minute to a leap year (0 is no "never": it
+#: would make every pod free and invisible the moment it is bound; past a few thousand years dates overflow)
+EXTENDER_BINDING_TTL_RANGE_S = (60.0, 366 * 86400.0)
+
+
 def extender_binding_ttl_s() -> float:
-    return float(settings.SCHEDULER_EXTENDER_BINDING_TTL_S)
+    """SCHEDULER_EXTENDER_BINDING_TTL_S, how long a new binding counts unreleased (ImproperlyConfigured
+    when it is out of :data:`EXTENDER_BINDING_TTL_RANGE_S`)."""
+    ttl = float(settings.SCHEDULER_EXTENDER_BINDING_TTL_S)
+    low, high = EXTENDER_BINDING_TTL_RANGE_S
+    if not low <= ttl <= high:  # also NaN
+        raise ImproperlyConfigured(
+            f"SCHEDULER_EXTENDER_BINDING_TTL_S must be a number of seconds from {low:g} to {high:g} (how long "
+            f"a bound pod counts as load and cost unless released); it is {ttl!r}.")
+    return ttl
 
 
 def active_pod_bindings_on(gpu_ids: list[int], now: dt.datetime | None = None) -> QuerySet[PodBinding]:
-    """Unreleased pod bindings on these GPUs younger than the binding TTL, oldest first."""
+    """Unreleased pod bindings on these GPUs not yet expired, oldest first."""
     now = now or timezone.now()
-    return (PodBinding.objects.filter(released_at__isnull=True, gpu_id__in=gpu_ids,
-                                      bound_at__gte=now - dt.timedelta(seconds=extender_binding_ttl_s()))
+    return (PodBinding.objects.filter(released_at__isnull=True, gpu_id__in=gpu_ids, expires_at__gte=now)
             .order_by("bound_at", "pk"))
 
 
-def expired_pod_bindings(now: dt.datetime) -> QuerySet[PodBinding]:
-    """Unreleased pod bindings older than the binding TTL (they count as load no more), oldest first."""
-    return (PodBinding.objects.filter(released_at__isnull=True,
-                                      bound_at__lt=now - dt.timedelta(seconds=extender_binding_ttl_s()))
-            .order_by("bound_at", "pk"))
+def expired_pod_bindings(now: dt.datetime, pod_uid: str | None = None) -> QuerySet[PodBinding]:
+    """Unreleased pod bindings past their expiry (they count as load no more), oldest first; of one pod
+    when ``pod_uid`` is given."""
+    rows = PodBinding.objects.filter(released_at__isnull=True, expires_at__lt=now)
+    if pod_uid is not None:
+        rows = rows.filter(pod_uid=pod_uid)
+    return rows.order_by("bound_at", "pk")
 
 
 def active_pod_bindings(pod_uid: str, now: dt.datetime | None = None) -> list[PodBinding]:
     now = now or timezone.now()
-    return list(PodBinding.objects.filter(pod_uid=pod_uid, released_at__isnull=True,
-                                          bound_at__gte=now - dt.timedelta(seconds=extender_binding_ttl_s()))
+    return list(PodBinding.objects.filter(pod_uid=pod_uid, released_at__isnull=True, expires_at__gte=now)
                 .select_related("gpu").order_by("gpu__index"))
 
 
@@ -319,34 +333,33 @@ def gpu_hours_used(team_id: int, since: dt.datetime, now: dt.datetime | None = N
             total += (end - start).total_seconds() * max(1, len(gang or []))
     # the pods the extender bound for the team's models: active ones so far (one row per GPU), and a
     # released or expired one no charge covers yet
-    ttl = dt.timedelta(seconds=extender_binding_ttl_s())
     charge_of_binding = UsageCharge.objects.filter(idempotency_key=Concat(
         Value(POD_BINDING_CHARGE_PREFIX), Cast(OuterRef("pk"), output_field=CharField()), output_field=CharField()))
-    bindings = (PodBinding.objects.filter(model__team_id=team_id, bound_at__gte=since - ttl)
+    bindings = (PodBinding.objects.filter(model__team_id=team_id, expires_at__gte=since)
                 .filter(Q(released_at__isnull=True) | Q(released_at__gte=since))
-                .filter(~Exists(charge_of_binding)).values_list("bound_at", "released_at"))
-    for bound_at, released_at in bindings:
-        end = min(released_at or now, bound_at + ttl)
+                .filter(~Exists(charge_of_binding)).values_list("bound_at", "released_at", "expires_at"))
+    for bound_at, released_at, expires_at in bindings:
+        end = min(released_at or now, expires_at)
         start = max(bound_at, since)
         if end > start:
             total += (end - start).total_seconds()
     return total / 3600.0
 
 
-def pod_binding_held_s(bound_at: dt.datetime, released_at: dt.datetime) -> float:
-    """Seconds a pod binding held its GPU: bind to release, at most the binding TTL."""
-    return max(0.0, min((released_at - bound_at).total_seconds(), extender_binding_ttl_s()))
+def pod_binding_held_s(binding: PodBinding) -> float:
+    """Seconds a released pod binding held its GPU: bind to release, at most to its expiry (never negative)."""
+    end = min(binding.released_at or binding.expires_at, binding.expires_at)
+    return max(0.0, (end - binding.bound_at).total_seconds())
 
 
 def pod_gpu_hours_reserved(team_id: int, now: dt.datetime) -> float:
     """GPU-hours the team's active pod bindings may still hold: each counts as load until released or until
-    the binding TTL has passed, and kube-scheduler never says when a pod ends, so it reserves the rest of it."""
-    ttl = extender_binding_ttl_s()
+    its expiry, and kube-scheduler never says when a pod ends, so it reserves the rest of it."""
     reserved = 0.0
-    for (bound_at,) in (PodBinding.objects.filter(model__team_id=team_id, released_at__isnull=True,
-                                                  bound_at__gte=now - dt.timedelta(seconds=ttl))
-                        .values_list("bound_at")):
-        reserved += max(0.0, ttl - max(0.0, (now - bound_at).total_seconds()))
+    for bound_at, expires_at in (PodBinding.objects.filter(model__team_id=team_id, released_at__isnull=True,
+                                                           expires_at__gte=now)
+                                 .values_list("bound_at", "expires_at")):
+        reserved += max(0.0, (expires_at - max(now, bound_at)).total_seconds())
     return reserved / 3600.0
 
 

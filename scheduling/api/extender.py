@@ -83,7 +83,4 @@ def bind_view(args):
 
 @_endpoint
 def release_view(args):
-    uid = args.get("PodUID") if isinstance(args, dict) else None
-    if not isinstance(uid, str) or not 1 <= len(uid) <= 64:
-        raise service.ExtenderError("Send {\"PodUID\": \"<the ended pod's UID>\"}.")
-    return {"Released": service.release_pod(pod_uid=uid), "Error": ""}
+    return service.release_requested(args=args)

@@ -52,6 +52,7 @@ __all__ = [
     "filter_nodes",
     "parse_pod",
     "prioritize",
+    "release_args",
 ]
 
 ANNOTATION_MODEL = "dlopt.io/model"
@@ -70,6 +71,7 @@ MAX_BATCH_SIZE = 4096
 # DNS-1123 names (namespaces, node names: subdomains) and UIDs, as Kubernetes validates them
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _UID = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+_DIGITS = re.compile(r"[0-9]{1,9}")
 _MODEL_REF = re.compile(r"^(\d{1,18}|[a-z0-9][-a-z0-9_]{0,99}/[^/\x00-\x1f]{1,100})$")
 
 
@@ -120,7 +122,8 @@ def _int_annotation(annotations: Mapping[str, Any], key: str, default: int, high
     raw = annotations.get(key)
     if raw is None:
         return default
-    if not isinstance(raw, str) or not raw.strip().isdigit() or not 1 <= int(raw) <= high:
+    # ASCII digits: str.isdigit() also takes "²", which int() refuses
+    if not isinstance(raw, str) or not _DIGITS.fullmatch(raw.strip()) or not 1 <= int(raw) <= high:
         raise ExtenderError(f"Annotation {key} must be an integer from 1 to {high}; got {str(raw)[:40]!r}.")
     return int(raw)
 
@@ -275,6 +278,14 @@ def binding_args(args: Any) -> tuple[str, str, str, str]:
         if not isinstance(value, str) or not pattern.match(value):
             raise ExtenderError(f"ExtenderBindingArgs.{what} is missing or not a valid Kubernetes name.")
     return ns, name, uid, node
+
+
+def release_args(args: Any) -> str:
+    """The pod UID of a release request ``{"PodUID": str}``, checked as bind checks it."""
+    uid = _field(_dict(args, "The release request"), "PodUID")
+    if not isinstance(uid, str) or not _UID.fullmatch(uid):
+        raise ExtenderError('Send {"PodUID": "<the ended pod\'s UID>"}.')
+    return uid
 
 
 def choose_gpus(

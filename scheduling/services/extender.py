@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from core.exceptions import NotFound, PermissionDenied, QuotaExceeded, ServiceError
 from core.models import DLModel
-from core.services import require_ready
+from core.services import lock_team_quota, require_ready
 
 from .. import adapters, selectors
 from ..adapters import extender_core as core
@@ -141,16 +141,23 @@ def kube_api() -> KubeApi:
 def _record_binding(pod: core.PodRequest, uid: str, node_name: str, now: dt.datetime) -> list[PodBinding]:
     """Choose the pod's GPUs on the node (locked) and record them; the bindings the pod already has when
     kube-scheduler retries a bind."""
+    job, model = _job_view(pod, now)
+    # binds of one team's pods wait here for each other (the quota row, locked until the bind commits, before
+    # the GPU rows, as submit_job does), so a bind retried while the first is still at the API server finds
+    # the first's bindings below instead of choosing GPUs of its own
+    lock_team_quota(model.team_id)
+    # the pod's bindings past their expiry no heartbeat settled yet: settled now (their TTL charged), so they
+    # hold no (pod, GPU) slot a new binding needs
+    _release(list(selectors.expired_pod_bindings(now, pod_uid=uid).select_for_update(of=("self",))
+                  .select_related("model")), lambda b: b.expires_at)
     existing = selectors.active_pod_bindings(uid, now)
     if existing:
         if any(b.gpu.node.name != node_name for b in existing):
             raise ServiceError(f"Pod {pod.namespace}/{pod.name} is already bound to another node.",
                                code="already_bound")
         return existing
-    found = _job_view(pod, now)
-    job, model = found
     # the most a binding holds unreleased, per GPU: the team's quota must have room for it, as for a job's
-    # declared duration (quota row locked until the bind commits, before the GPU rows, as submit_job does)
+    # declared duration
     ttl_s = selectors.extender_binding_ttl_s()
     check_gpu_quota(team_id=model.team_id, hours=ttl_s * pod.num_gpus / 3600.0,
                     what=f" by pod {pod.namespace}/{pod.name} ({pod.num_gpus} GPU(s) x {ttl_s / 3600.0:g} h, the "
@@ -166,7 +173,8 @@ def _record_binding(pod: core.PodRequest, uid: str, node_name: str, now: dt.date
     rows = [PodBinding(pod_uid=uid, pod_namespace=pod.namespace, pod_name=pod.name,
                        gpu=by_index[node.gpu_indices[i]], model=model, batch_size=pod.batch_size,
                        num_gpus=pod.num_gpus, predicted_util_pct=job.pred_util_pct,
-                       predicted_mem_mb=job.pred_mem_mb, policy=policy_name, score=score, bound_at=now)
+                       predicted_mem_mb=job.pred_mem_mb, policy=policy_name, score=score, bound_at=now,
+                       expires_at=now + dt.timedelta(seconds=ttl_s))
             for i in flat]
     return PodBinding.objects.bulk_create(rows)
 
@@ -223,15 +231,20 @@ def release_pod(*, pod_uid: str, now: dt.datetime | None = None) -> int:
     return len(rows)
 
 
+def release_requested(*, args: Any, now: dt.datetime | None = None) -> dict[str, Any]:
+    """``{"Released": how many, "Error": ""}`` for a release request ``{"PodUID": ...}`` (ExtenderError when
+    it is malformed)."""
+    return {"Released": release_pod(pod_uid=core.release_args(args), now=now), "Error": ""}
+
+
 def settle_expired_pod_bindings(*, now: dt.datetime | None = None) -> int:
-    """Release the bindings whose TTL has passed unreleased (no release call came), as of their expiry, and
-    charge the TTL's GPU time to their teams; how many. The heartbeat calls it."""
+    """Release the bindings whose expiry has passed unreleased (no release call came), as of their expiry,
+    and charge the TTL's GPU time to their teams; how many. The heartbeat calls it."""
     now = now or timezone.now()
-    ttl = dt.timedelta(seconds=selectors.extender_binding_ttl_s())
     with transaction.atomic():
         rows = list(selectors.expired_pod_bindings(now).select_for_update(skip_locked=True, of=("self",))
                     .select_related("model"))
-        _release(rows, lambda b: b.bound_at + ttl)
+        _release(rows, lambda b: b.expires_at)
     if rows:
         log.info("extender: %d pod binding(s) expired unreleased and were charged", len(rows))
     return len(rows)

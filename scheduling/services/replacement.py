@@ -89,8 +89,9 @@ def replace_job(*, job_id: int, reason: str, detail: dict[str, Any], finish: Cal
 
 #: A runtime failure is a GPU out-of-memory only when the worker's own NVML figures at failure say memory
 #: ran out: the job's process holding at least this fraction of its memory share, or its GPU at least this
-#: fraction of its capacity. The failure's text is never evidence: it carries the team's words (an ONNX
-#: node's name, an op's message), and "out of memory" there must not buy a re-placement with more memory.
+#: fraction of its capacity with less free than the job's share still allowed it to take. The failure's text
+#: is never evidence: it carries the team's words (an ONNX node's name, an op's message), and "out of
+#: memory" there must not buy a re-placement with more memory.
 OOM_MEASURED_FRACTION = 0.9
 
 
@@ -103,8 +104,12 @@ def measured_gpu_oom(*, process_mem_mb: float | None, share_mb: float | None, gp
                 "mem_share_mb": round(float(share_mb), 1)}
     if gpu_mem_used_mb is not None and gpu_memory_total_mb \
             and gpu_mem_used_mb >= OOM_MEASURED_FRACTION * gpu_memory_total_mb:
-        return {"measured_by": "nvml-device", "gpu_mem_used_mb": round(float(gpu_mem_used_mb), 1),
-                "gpu_memory_total_mb": round(float(gpu_memory_total_mb), 1)}
+        free_mb = float(gpu_memory_total_mb) - float(gpu_mem_used_mb)
+        # a GPU its partners filled is the job's out-of-memory only if it could not give the job its share
+        room_mb = float(share_mb) - float(process_mem_mb or 0.0) if share_mb else None
+        if room_mb is None or free_mb < room_mb:
+            return {"measured_by": "nvml-device", "gpu_mem_used_mb": round(float(gpu_mem_used_mb), 1),
+                    "gpu_memory_total_mb": round(float(gpu_memory_total_mb), 1)}
     return None
 
 
@@ -121,19 +126,24 @@ def oom_replacement_mem_mb(*, peak_mem_mb: float | None, share_mb: float | None,
 def request_interference_replacements(*, now: dt.datetime | None = None, tolerance_pct: float = 5.0,
                                       min_runtime_s: float = 60.0) -> list[int]:
     """Apply the live re-placement rule (``horus.live_rule``) to the running jobs' measured load: on a GPU
-    over the bound whose predicted load was within it, the job measured furthest over its prediction (the
-    cause) gets a re-placement request, which its worker acts on at its next stop check (about a second);
-    a cause that cannot move leaves every job there running. Returns the job ids asked."""
+    over the bound whose predicted load was within it and whose every job was measured, the job measured
+    furthest over what its prediction reads beside its partners (the cause) gets a re-placement request,
+    which its worker acts on at its next stop check (about a second); a cause that cannot move leaves every
+    job there running. Returns the job ids asked."""
     now = now or timezone.now()
     gpus = selectors.schedulable_gpus(now)
     if not gpus:
         return []
     # per-process figures only (a job without one counts at its prediction): a device sample is capped at
     # 100 % and says nothing of which job diverged
-    cluster = adapters.cluster_state(gpus, active=selectors.active_placements_on([g.pk for g in gpus]), samples={},
-                                     bound=selectors.active_pod_bindings_on([g.pk for g in gpus], now))
+    active = list(selectors.active_placements_on([g.pk for g in gpus]))
+    bound = list(selectors.active_pod_bindings_on([g.pk for g in gpus], now))
+    cluster = adapters.cluster_state(gpus, active=active, samples={}, bound=bound)
+    # counted at their prediction, what they really do unknown: their GPUs move nobody
+    unmeasured = ({adapters.job_view(p.job).job_id for p in active if p.job.live_util_pct is None}
+                  | {adapters.pod_view(b).job_id for b in bound})
     moves = adapters.interference_moves(cluster.state.view(), now.timestamp(), tolerance_pct=tolerance_pct,
-                               min_runtime_s=min_runtime_s)
+                                        min_runtime_s=min_runtime_s, unmeasured=unmeasured)
     asked = []
     for move in moves:
         if move.job_id.startswith("pod:"):  # a Kubernetes pod: kube-scheduler's to move, not ours

@@ -38,10 +38,10 @@ def placement_deleted(sender, instance: Placement, **kwargs) -> None:
 
 def charge_pod_binding(binding: PodBinding) -> None:
     """The GPU-seconds a released (or expired) pod binding held its GPU, charged to its model's team: from
-    its bind to its release, at most the binding TTL (past it the binding counted as load no more)."""
+    its bind to its release, at most to its expiry (past it the binding counted as load no more)."""
     if binding.released_at is None:
         return
-    seconds = selectors.pod_binding_held_s(binding.bound_at, binding.released_at)
+    seconds = selectors.pod_binding_held_s(binding)
     charge_usage(team_id=binding.model.team_id, kind=UsageCharge.Kind.GPU_SECONDS, amount=seconds,
                  idempotency_key=f"{POD_BINDING_CHARGE_PREFIX}{binding.pk}", model_id=binding.model_id,
                  label=f"Kubernetes pod {binding.pod_namespace}/{binding.pod_name} of model {binding.model.name} "

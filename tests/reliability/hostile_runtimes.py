@@ -43,3 +43,12 @@ def starts_a_gpu_grandchild(model, inputs, iterations, device_index, sampler_fac
 
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(8)"])
     return onnxruntime_on_cpu(model, inputs, iterations, device_index, sampler_factory, check, **options)
+
+
+def runs_a_while_then_raises(model, inputs, iterations, device_index, sampler_factory, check, **options):
+    """Runs long enough for the worker to sample it (holding what the test's NVML says it holds), then fails
+    with an error that is no allocation failure."""
+    from tests.scheduling.job_runtimes import RUNS_AT_LEAST_S
+
+    time.sleep(RUNS_AT_LEAST_S)
+    raise RuntimeError("a plain bug of the team's, not an allocation failure")

@@ -353,6 +353,97 @@ def test_a_failure_whose_text_says_out_of_memory_is_not_re_placed_as_a_gpu_oom(m
     assert job.predicted_mem_mb == 2000.0  # asked no more memory
 
 
+def _as_measured_next_to_each_other(*true_utils: float) -> list[float]:
+    """What the worker's per-process NVML figures read for jobs of these standalone utilizations sharing one
+    V100, by the project's own telemetry model (``horus.observation``: a job slowed by its partners keeps
+    its kernels resident longer, so it reads more than it uses alone; ``horus.interference``: the fitted
+    slowdowns)."""
+    from scheduling.horus.interference import FittedInterference, stretched_speeds
+    from scheduling.horus.observation import per_process_util
+
+    fit = FittedInterference.from_data().params_for("V100")
+    speeds = stretched_speeds([u / 100.0 for u in true_utils], fit.capacity, fit.interference)
+    return [round(per_process_util(u, 1.0 / s), 1) for u, s in zip(true_utils, speeds)]
+
+
+@pytest.mark.parametrize("heavy,light", [(70.0, 30.0), (90.0, 10.0), (60.0, 35.0)])
+def test_a_job_whose_prediction_held_is_not_restarted_for_sharing_a_gpu_with_a_heavy_one(
+        model_a, model_b, heavy, light):
+    """Was open: the live rule restarted the job measured furthest over its PREDICTION, but a job's
+    per-process figure reads more than its standalone utilization whenever a partner slows it (the
+    telemetry model the simulator itself uses), and the lighter job reads the most over. Team B's job,
+    predicted exactly (70 %), next to team A's exactly predicted 30 % job: measured 75.7 + 43.3 = 119 %, and
+    team A's job was restarted, its work lost, though no prediction was wrong. Now each job is compared with
+    what it would read if every prediction on its GPU held (the same model), and only a job over that by
+    more than the tolerance is a cause."""
+    g0, _ = register_gpu_node().gpus.order_by("index")
+    heavy_read, light_read = _as_measured_next_to_each_other(heavy, light)
+    assert heavy_read + light_read > 105.0  # the GPU reads over the bound, its predictions within it
+    _running_on(model_b, g0, pred=heavy, live=heavy_read)
+    victim = _running_on(model_a, g0, pred=light, live=light_read)
+    assert services.request_interference_replacements() == []
+    victim.refresh_from_db()
+    assert not victim.replacements
+
+
+def _pod_on(gpu, model, *, pred: float):
+    from scheduling.models import PodBinding
+
+    now = timezone.now()
+    return PodBinding.objects.create(
+        pod_uid=f"uid-{model.pk}-{gpu.pk}", pod_namespace=model.team.slug, pod_name="p", gpu=gpu, model=model,
+        batch_size=1, num_gpus=1, predicted_util_pct=pred, predicted_mem_mb=1000.0, policy="horus",
+        bound_at=now - dt.timedelta(minutes=5), expires_at=now + dt.timedelta(hours=1))
+
+
+@pytest.mark.parametrize("unmeasured", ["pod", "job-without-figures"])
+def test_a_partner_counted_at_its_prediction_does_not_get_a_measured_job_restarted(
+        model_a, model_b, unmeasured):
+    """Was open: a Kubernetes pod (never measured per process) and a job whose worker has not reported
+    per-process figures (still compiling, or a GPU without per-process accounting) count at their
+    prediction, so what they really do is unknown, and the GPU's "measured" load is partly a guess. Team B's
+    pod predicted 60 % sits idle; team A's job, predicted 30 %, runs at 52 % (alone on the GPU in truth):
+    the GPU "measured" 112 % and team A's job was restarted on a GPU that was half idle. (A pod that really
+    runs past its prediction makes its partners read high the same way.) Now a GPU with a member counted at
+    its prediction moves nobody: its over-subscription cannot be told."""
+    g0, _ = register_gpu_node().gpus.order_by("index")
+    if unmeasured == "pod":
+        _pod_on(g0, model_b, pred=60.0)
+    else:
+        _running_on(model_b, g0, pred=60.0, live=None)
+    victim = _running_on(model_a, g0, pred=30.0, live=52.0)
+    assert services.request_interference_replacements() == []
+    victim.refresh_from_db()
+    assert not victim.replacements
+
+
+def test_equal_causes_are_told_apart_by_the_lower_job_id_as_a_number():
+    """Was open: on a tie the rule took the lowest job id as a STRING ("1000000" < "999999"), not the
+    lowest id the documentation promises. Now ids compare as numbers."""
+    from scheduling.horus.cluster import ClusterState, ClusterSpec
+    from scheduling.horus.live_rule import over_prediction_cause
+    from tests.horus.helpers import view
+
+    state = ClusterState(ClusterSpec.uniform(1, 1))
+    for job_id in ("1000000", "999999"):
+        state.add(view(job_id, util=20.0), [0], true_util=20.0, true_mem=900.0, now=0.0, meas_util=60.0)
+    assert over_prediction_cause(state.view().jobs_on(0)).view.job_id == "999999"
+
+
+def test_a_failure_on_a_gpu_its_partners_filled_is_no_oom_while_the_job_had_room_for_its_share(model_a, settings):
+    """Was open: a job's failure was an out-of-memory whenever its GPU was 90 % full at failure, whoever held
+    the memory. A job with a 912 MB share holding 345 MB, on a 16 GB GPU its partners had filled to 15000 MB
+    (1384 MB free, more than the 567 MB its share still allowed it), failed for its own reason: it was
+    re-placed asking 1.5 x its share, up to 3 times, each failed run charged to its team, its real error
+    buried in the re-placements. The GPU running out is now evidence only when its free memory was below
+    what the job's share still allowed it to take: here the job fails with its error."""
+    job, placement = _run_in_real_child(model_a, "runs_a_while_then_raises", settings, batch_size=1, mem=400.0,
+                                        nvml=ChildrenNvml([fake_gpu(), fake_gpu(used_mb=15000)]))
+    assert job.state == GpuJob.State.FAILED and job.replacements == [], (job.state, job.replacements)
+    assert "a plain bug of the team's" in job.error and placement.released_at is not None
+    assert job.predicted_mem_mb == 400.0
+
+
 # --- what held -------------------------------------------------------------------------------------------
 
 HOSTILE_JOB_BODIES = {
@@ -526,3 +617,53 @@ def test_a_training_job_declaring_a_tiny_duration_gets_no_steps_beyond_it(model_
     held_s = (p.released_at - p.placed_at).total_seconds()
     assert held_s > 1.0
     assert quota_usage(team_a.pk).gpu_hours_this_month * 3600 == pytest.approx(held_s, rel=0.01)
+
+
+class HoldsMostOfItsShareNvml(ChildrenNvml):
+    """Per-process accounting in which the job child holds 2270 MB: 90.4 % of the 2512 MB share of a job
+    predicted 2000 MB."""
+
+    def _procs(self):
+        return [(pid, util, 2270.0 if mem == 345.0 else mem) for pid, util, mem in super()._procs()]
+
+
+def test_holding_90_percent_of_the_share_then_raising_buys_no_more_than_asking_for_it(model_a, team_a, settings):
+    """A job that fills 90 % of its memory share on purpose and then raises any error is taken for a GPU
+    out-of-memory (the worker cannot tell an allocation that failed between two samples) and re-placed asking
+    1.5 x its share (3768 MB). Is that a risk? It buys nothing a job cannot take openly: going past its share
+    gets it stopped and re-placed with whatever it measured using (test_replacement), and memory is not what
+    the GPU-hour quota prices. What it costs: the restart's GPU time, charged to its own team only, at most
+    MAX_REPLACEMENTS times (then it fails); other teams lose only the packing room its larger prediction
+    takes, as with any job that needs that much. One per cent under the line it is just a failure."""
+    from scheduling.services.replacement import measured_gpu_oom
+
+    job, placement = _run_in_real_child(model_a, "runs_a_while_then_raises", settings, batch_size=1, mem=2000.0,
+                                        nvml=HoldsMostOfItsShareNvml([fake_gpu(), fake_gpu()]))
+    assert job.state == GpuJob.State.PENDING and placement.released_at is not None, job.error
+    (entry,) = job.replacements
+    assert entry["reason"] == "oom" and entry["measured_by"] == "nvml-process" and entry["mem_share_mb"] == 2512.0
+    assert job.predicted_mem_mb == pytest.approx(1.5 * 2512.0)
+    charges = UsageCharge.objects.filter(kind="gpu_seconds")
+    assert charges.exists() and {(c.team_id, c.job_id) for c in charges} == {(team_a.pk, job.pk)}
+    assert measured_gpu_oom(process_mem_mb=0.89 * 2512.0, share_mb=2512.0, gpu_mem_used_mb=4000.0,
+                            gpu_memory_total_mb=16384.0) is None
+
+
+def test_a_gang_hiding_its_work_is_never_moved_and_gets_no_partner_restarted(model_a, model_b):
+    """Team B's 2-GPU gang hides its work in a Loop (predicted 30 %, runs at 70 % on each GPU) next to team
+    A's exactly predicted jobs: a gang cannot be moved, so nobody on its GPUs is restarted. Left as the
+    documented cost: team A's jobs run slower (and hold their GPU longer) until the gang ends."""
+    g0, g1, _ = register_gpu_node(gpus=[fake_gpu(), fake_gpu(), fake_gpu()]).gpus.order_by("index")
+    gang = make_job(model_b, util=30.0, mem=1000.0, state="running", num_gpus=2, live_util_pct=70.0,
+                    live_mem_mb=900.0, started_at=timezone.now() - dt.timedelta(minutes=5))
+    Placement.objects.create(job=gang, gpu=g0, gang_gpu_ids=[g0.pk, g1.pk], policy="horus", queue=g0.queue,
+                             placed_at=timezone.now() - dt.timedelta(minutes=5))
+    partners = [_running_on(model_a, g, pred=40.0, live=_as_measured_next_to_each_other(70.0, 40.0)[1])
+                for g in (g0, g1)]
+    assert services.request_interference_replacements() == []
+    for job in partners:
+        job.refresh_from_db()
+        assert job.state == GpuJob.State.RUNNING and not job.replacements
+    GpuJob.objects.filter(pk=gang.pk).update(num_gpus=1)  # the control: a one-GPU cause moves (to the free GPU)
+    Placement.objects.filter(job=gang).update(gang_gpu_ids=[])
+    assert services.request_interference_replacements() == [gang.pk]
