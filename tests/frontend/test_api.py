@@ -142,7 +142,8 @@ def test_run_page_and_live_queries_do_not_grow(owner_client, user_owner, model_a
         assert n_small == n_big, (url, n_small, n_big)
         assert n_big <= 20, (url, n_big)
     lists = [count_queries(owner_client, u) for u in ("/runs/", "/", "/energy/", "/models/")]
-    assert max(lists) <= 20, lists
+    # /energy/ is the largest: its quota panel reads the team's placements and extender pod bindings
+    assert max(lists) <= 22, lists
 
 
 def test_compress_steps_is_lossless_for_step_lines():
