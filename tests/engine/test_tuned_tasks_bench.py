@@ -2,6 +2,7 @@
 best) and where its compiled model's time goes, on a tiny tuning run and on hand-made databases."""
 
 import collections
+import io
 import json
 import os
 
@@ -83,6 +84,22 @@ def test_the_table_reads_trials_in_commit_order_not_tvms_latency_order(tmp_path,
     assert ra["share_pct"] == pytest.approx(100 * 2 / 3) and rb["share_pct"] == pytest.approx(100 / 3)
 
 
+def test_records_come_back_in_commit_order_and_a_cut_line_is_skipped(tmp_path, tiny_tasks):
+    from tuning.engine.workdir import DB_RECORDS, records_in_commit_order
+
+    a, b = tiny_tasks[3], tiny_tasks[4]
+    _commit(tmp_path, a, [(3e-6, 0), (1e-6, 1)])
+    _commit(tmp_path, b, [(2e-6, 0)])
+    _commit(tmp_path, a, [(4e-6, 2)])
+    # TVM's own reader sorts by latency
+    assert [record_latency(r) for r in records_by_task(open_json_db(str(tmp_path)), tiny_tasks)[3]] == [1e-6, 3e-6, 4e-6]
+    with open(tmp_path / DB_RECORDS, "a") as f:  # (TVM's reader refuses the whole file then)
+        f.write('[0, [["a record cut short by a kill"')
+    got = [(i, record_latency(rec)) for i, rec in records_in_commit_order(str(tmp_path), tiny_tasks)]
+    assert got == [(3, 3e-6), (3, 1e-6), (4, 2e-6), (3, 4e-6)]
+    assert records_in_commit_order(str(tmp_path / "none"), tiny_tasks) == []
+
+
 # --------------------------------------------------------------------------- a tiny tuning job
 class _KeepingSink(bench.ParitySink):
     """The bench's sink (it counts the job's trials), keeping what it was told."""
@@ -152,6 +169,9 @@ def test_the_profile_rows_cover_the_compiled_latency(tuned_job):
     assert {"vm.builtin.alloc_storage", "vm.builtin.reshape", tt.VM_GAP} <= {x["row"] for x in rows}
     # the untuned build's kernels give the table its default-schedule latencies
     assert all(r["untuned_us"] > 0 for r in table if r["name"] != "reshape")
+    text = io.StringIO()
+    tt.print_breakdown(prof, file=text)
+    assert all(x["row"][:40] in text.getvalue() for x in rows) and "VM dispatch" in text.getvalue()
 
 
 @pytest.mark.slow
