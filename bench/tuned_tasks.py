@@ -92,14 +92,14 @@ def task_table(work_dir: str, tasks: Sequence[Any], *, untuned_us: dict[int, flo
     overall = 0
     for i, rec in records_in_commit_order(work_dir, tasks):
         key = candidate_key(tasks[i].name, rec.trace)
-        if key in seen:  # the sink reported it once: no second trial
+        latency = record_latency(rec)
+        if key in seen:  # the sink reported it once: no second trial (its latency still counts for the best)
             duplicates[i] += 1
         else:
             seen.add(key)
             trials[i] += 1
             overall += 1
-        latency = record_latency(rec)
-        series[i].append(latency)
+            series[i].append(latency)
         if latency is not None and latency < best.get(i, (math.inf, 0, 0))[0]:
             best[i] = (latency, trials[i], overall)
     final: dict[int, float] = {}
@@ -368,14 +368,15 @@ def load_job(work_dir: str, *, model: str | None = None, target: str | dict | No
 
 
 def snapshot(work_dir: str, dest: str) -> str:
-    """Copy the files the readers open (TVM's database, the final re-measure, the exhausted tasks) to
-    ``dest``: opening a TVM database may create files, and the run may still be tuning there."""
+    """Copy the files the readers open (TVM's database, the stream journal, the final re-measure, the
+    exhausted tasks) to ``dest``: opening a TVM database may create files, and the run may still be
+    tuning there."""
     from tuning.engine import workdir as wd
 
     src, out = Path(work_dir), Path(dest)
-    if not (src / wd.DB_RECORDS).exists():
-        raise FileNotFoundError(f"{work_dir} holds no TVM tuning database ({wd.DB_RECORDS})")
-    for rel in (wd.DB_WORKLOAD, wd.DB_RECORDS, wd.FINAL_ROWS, wd.EXHAUSTED_FILE,
+    if not (src / wd.DB_RECORDS).exists() and not wd.has_journal(work_dir):
+        raise FileNotFoundError(f"{work_dir} holds no TVM tuning database ({wd.DB_RECORDS}) nor stream journal")
+    for rel in (wd.DB_WORKLOAD, wd.DB_RECORDS, wd.FINAL_ROWS, wd.EXHAUSTED_FILE, wd.STREAM_JOURNAL, wd.JOURNAL_SETTLED,
                 f"{wd.FINAL_DIR}/{wd.DB_WORKLOAD}", f"{wd.FINAL_DIR}/{wd.DB_RECORDS}"):
         if (src / rel).exists():
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -416,16 +417,21 @@ def analyse(work_dir: str, job: dict, *, profile: bool = False, repeat: int = 10
     from tuning.engine.compile.passes import use_passes
     from tuning.engine.compile.pipeline import compile_model, make_target, onnx_to_relax, random_inputs
     from tuning.engine.compile.workloads import collect_tasks
-    from tuning.engine.workdir import open_database
+    from tuning.engine.workdir import commit_streamed, journal_settled, open_database, open_json_db
 
     target = job["target"]
     with tempfile.TemporaryDirectory(prefix="tuned_tasks_") as tmp, use_passes(job.get("passes")):
         snap = snapshot(work_dir, tmp)
         model = _model(job["model"])
         mod = onnx_to_relax(model)
-        result: dict = {"work_dir": work_dir, "job": job}
+        tasks = collect_tasks(mod, make_target(target))
+        # what a killed or still-running job measured but TVM's joins had not committed, committed to the
+        # copy as the engine's next call on the work dir would (not when the run settled its journal itself)
+        settled = journal_settled(snap, 0)
+        result: dict = {"work_dir": work_dir, "job": job, "journal_committed":
+                        0 if settled else commit_streamed(snap, open_json_db(snap), tasks, make_target(target))}
         if not profile:
-            result["tasks"] = task_table(snap, collect_tasks(mod, make_target(target)))
+            result["tasks"] = task_table(snap, tasks)
             return result
         result.update(analyse_executables(
             snap, mod, target, random_inputs(model, seed=0),

@@ -5,6 +5,7 @@ import collections
 import io
 import json
 import os
+import shutil
 
 import pytest
 
@@ -184,10 +185,30 @@ def test_the_cli_reads_a_snapshot_and_leaves_the_work_dir_as_it_was(tuned_job, t
     assert tt.main([work_dir, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert sum(r["trials"] for r in out["tasks"]) == tuned_job["sink"].trials
+    assert out["journal_committed"] == 0  # the engine settled its journal when it ended
     assert {p: os.stat(os.path.join(work_dir, p)).st_mtime_ns for p in os.listdir(work_dir)} == before
     assert tt.main([work_dir]) == 0
     text = capsys.readouterr().out
     assert "still falling:" in text and all(t.name in text for t in tuned_job["tasks"])
+
+
+@pytest.mark.slow
+def test_a_killed_jobs_journal_counts_as_the_engine_would_commit_it(tuned_job, tmp_path, capsys):
+    """A job killed before TVM's joins committed its batches: the journal holds what the sink was told."""
+    from tuning.engine.workdir import DB_RECORDS, JOURNAL_SETTLED, STREAM_JOURNAL
+
+    work_dir = tmp_path / "killed"
+    shutil.copytree(tuned_job["work_dir"], work_dir)
+    (work_dir / DB_RECORDS).write_text("")
+    (work_dir / JOURNAL_SETTLED).unlink()  # written by an engine that ended, not by a killed one
+    journaled = sum(1 for line in (work_dir / STREAM_JOURNAL).read_text().splitlines() if '"record"' in line)
+    path = tmp_path / "tiny.onnx"
+    path.write_bytes(tuned_job["model"].SerializeToString())
+    assert tt.main([str(work_dir), "--json", "--model", str(path), "--target", json.dumps(TARGET)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["journal_committed"] == journaled > 0
+    assert sum(r["trials"] for r in out["tasks"]) == journaled
+    assert (work_dir / DB_RECORDS).read_text() == ""  # committed to the tool's copy only
 
 
 def test_the_cli_says_what_it_lacks(tmp_path, capsys):
