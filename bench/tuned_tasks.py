@@ -146,7 +146,9 @@ def print_task_table(rows: Sequence[dict], file=None) -> None:
               f"{_f(r['last_quarter_gain_pct']):>6s} {_f(r['untuned_us']):>11s}", file=out)
     total = sum(r["estimate_us"] or 0 for r in rows)
     falling = [r for r in rows if r["trend"] == FALLING]
-    print(f"estimate {total / 1e3:,.3f} ms over {sum(r['trials'] for r in rows)} trials; still falling: "
+    missing = sum(1 for r in rows if r["estimate_us"] is None)
+    print(f"estimate {total / 1e3:,.3f} ms{f' (partial: {missing} task(s) without a valid record)' if missing else ''}"
+          f" over {sum(r['trials'] for r in rows)} trials; still falling: "
           f"{len(falling)} task(s), {sum(r['share_pct'] or 0 for r in falling):.1f} % of the estimate"
           f"{'; * search space exhausted' if any(r['exhausted'] for r in rows) else ''}", file=out)
 
@@ -184,8 +186,10 @@ def profile_executable(executable, inputs, target, *, threads: int | None = None
     """Every VM call of one inference, timed: ``calls`` symbol -> {count, in_model_us (per inference, median
     over ``repeat`` instrumented runs after one warm-up), standalone_us (per call, kernels only)},
     ``profiled_us`` (the instrumented inference, median), ``compiled_us`` (uninstrumented, median of
-    ``repeat``; None without ``time_compiled``). The instrument's own cost inside a call's window is a few hundred ns (an empty builtin
-    reads 0.3-0.4 us); the Python callback around it lands in the VM gap."""
+    ``repeat``; None without ``time_compiled``). A call's window also holds the VM handing the call's
+    arguments to the instrument's second callback: 0.3-1 us a call (``vm.builtin.null_value``, which does
+    nothing, reads 0.45 us), so builtin rows are upper bounds (resnet18: ~200 calls, ~0.15 ms); the rest
+    of the callbacks lands in the instrumented VM row."""
     import tvm
     from tvm import relax
 
@@ -330,7 +334,8 @@ def print_breakdown(breakdown: dict, file=None) -> None:
                        ("in_model_vs_alone_us", "the same kernels in the model vs alone"),
                        ("kernels_untimed_alone_us", "kernels not timed alone, in the model vs estimate"),
                        ("calls_without_task_us", "calls no task accounts for (builtins, untuned kernels)"),
-                       ("vm_rest_us", "the rest: compiled latency less every call timed (VM dispatch)")):
+                       ("vm_rest_us", "the rest: compiled latency less every call timed (VM dispatch, less "
+                                      "the instrument's share of the calls' windows)")):
         print(f"  {s[key]:+12,.1f} us  {label}", file=out)
 
 
