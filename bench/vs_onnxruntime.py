@@ -24,6 +24,13 @@ timings taken in the same minutes. TVM is timed with ``time_evaluator``
 (median of ``--repeat`` repeats, each at least 50 ms of runs, after one output
 run and TVM's own warm-up call). Outputs of both TVM builds are checked against
 onnxruntime's (|tvm - ort| <= 1e-4 * max(1, max|ort|) + 1e-4 * |ort|).
+Last, once those timings are taken, ``bench/tuned_tasks.py`` reads the job's work directory: the row's
+``tasks`` (per task: weight, trials, best measured latency, share of the estimate, the trial that found
+it, ``still falling`` or ``flat`` over its last quarter of trials, the untuned kernel's latency) and
+``profile`` (every VM call of the tuned build timed, matched to the tasks next to their estimate, with the
+calls no task accounts for and the VM's own time as rows of their own: where the estimate and the
+compiled latency part). Both are printed per job. The work directory keeps the job's model, target and
+passes (``bench_job.json``), so with ``--keep`` ``bench/tuned_tasks.py WORK_DIR --profile`` reads it again.
 
     .venv/bin/python bench/vs_onnxruntime.py [--quick] [--models small_cnn,...] [--threads 2]
                                              [--trials N | --budget-minutes M] [--ablation]
@@ -156,6 +163,7 @@ def _job_variant(spec: dict) -> dict:
 
 
 def _tune_and_compare(spec: dict) -> dict:
+    from bench.tuned_tasks import analyse_executables, write_job
     from core.onnx_models.zoo import build_model
     from tuning.engine.compile.passes import pipeline_key
     from tuning.engine.compile.pipeline import compile_model, onnx_to_relax, random_inputs
@@ -166,10 +174,12 @@ def _tune_and_compare(spec: dict) -> dict:
     model = build_model(spec["model"])
     inputs = random_inputs(model, seed=0)
     target = _target(spec["variant"], spec["threads"])
+    write_job(spec["work_dir"], model=spec["model"], target=target, passes=spec["passes"], threads=spec["threads"])
     mod = onnx_to_relax(model)
     ort_before = _yardstick(model, inputs, spec)
     t0 = time.perf_counter()
-    untuned_out, untuned_ms = _time_tvm(compile_model(mod, target), inputs, target, spec)
+    untuned = compile_model(mod, target)
+    untuned_out, untuned_ms = _time_tvm(untuned, inputs, target, spec)
     untuned_wall = time.perf_counter() - t0
     budget_s = spec["budget_minutes"] * 60 if spec.get("budget_minutes") else None
     sink = ParitySink(ort_before.latency_median_ms / 1e3, budget_s)
@@ -181,7 +191,12 @@ def _tune_and_compare(spec: dict) -> dict:
 
     untuned_agree, untuned_err = compare_outputs(untuned_out, ort_after.outputs)
     estimate_ms = (summary.best_latency_s or 0) * 1e3 or None
-    return {
+    try:  # after the timings above, which stay side by side; a failure here must not lose the job
+        analysis = analyse_executables(spec["work_dir"], mod, target, inputs, tuned=tuned, untuned=untuned,
+                                       threads=spec["threads"], repeat=spec["repeat"])
+    except Exception as exc:  # noqa: BLE001
+        analysis = {"analysis_error": f"{type(exc).__name__}: {exc}"[:2000]}
+    return {**analysis,
         "variant": spec["variant"], "row": spec["row"], "passes": list(spec["passes"]),
         "target": target, "target_key": canonical_key(target), "pipeline_key": pipeline_key(),
         "n_tasks": len(summary.tasks), "tasks_without_records": [t.name for t in summary.tasks if not t.n_records],
@@ -303,6 +318,26 @@ def _print_table(rows: list[dict]) -> None:
                   f"{str(bool(r['tuned_outputs_agree'] and r['untuned_outputs_agree'])):>5s} {r['tuning_wall_s']:7.0f}")
 
 
+def _print_tasks(rows: list[dict]) -> None:
+    """Per job: the task table (how far each task got, flat or still falling) and where the compiled
+    model's time goes next to the estimate (bench/tuned_tasks.py)."""
+    from bench.tuned_tasks import print_breakdown, print_task_table
+
+    for row in rows:
+        for label, r in row["jobs"].items():
+            if "error" in r:
+                continue
+            print(f"\n## {row['model']} {label}: tuned {_fmt(r['tuned_ms'])} ms, estimate {_fmt(r['estimate_ms'])} ms, "
+                  f"onnxruntime {_fmt(r['ort']['latency_median_ms'])} ms")
+            if r.get("tasks"):
+                print_task_table(r["tasks"])
+            if r.get("profile"):
+                print()
+                print_breakdown(r["profile"])
+            if r.get("analysis_error"):
+                print(f"no task table: {r['analysis_error'][:300]}")
+
+
 def _headline(row: dict, variant: str) -> dict | None:
     """The job of ``variant`` that speaks for the model: the default pass selection where it ran, else the
     variant's only (or first) job."""
@@ -359,6 +394,7 @@ def main(argv=None) -> int:
         print(f"  {spec['label']:28s} job {time.perf_counter() - t0:7.1f} s", flush=True)
     rows = _rows(results)
     _print_table(rows)
+    _print_tasks(rows)
     overall = _overall(rows)
     print(f"\noverall tuned TVM / onnxruntime (geomean): mcpu {_fmt(overall['tvm_vs_ort_latency_ratio'], 2)}, "
           f"no-mcpu {_fmt(overall['tvm_vs_ort_latency_ratio_no_mcpu'], 2)}; estimate vs compiled, largest gap "

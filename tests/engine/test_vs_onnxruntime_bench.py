@@ -81,3 +81,11 @@ def test_the_bench_runs_on_small_cnn_within_a_wall_budget(tmp_path):
     assert job["passes"] == list(gp.DEFAULT) and job["tuned_outputs_agree"] is True
     assert job["status"] == "cancelled"  # the wall budget, not the (unbounded) trial count, ended tuning
     assert result["overall"]["tvm_vs_ort_latency_ratio"] == pytest.approx(job["ratio"])
+    # every job row carries its task table and where its compiled model's time goes
+    assert "analysis_error" not in job
+    assert sum(t["trials"] for t in job["tasks"]) == job["trials"]
+    estimate_us = sum(t["estimate_us"] or 0 for t in job["tasks"])  # partial when a task has no valid record
+    assert job["profile"]["estimate_us"] == pytest.approx(estimate_us)
+    if job["estimate_ms"] is not None:  # every task measured (a loaded host may get fewer in the wall budget)
+        assert estimate_us == pytest.approx(job["estimate_ms"] * 1e3)
+    assert {r["row"] for r in job["profile"]["rows"]} >= {t["name"] for t in job["tasks"]}

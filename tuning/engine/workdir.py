@@ -37,6 +37,7 @@ __all__ = [
     "has_imported",
     "database_paths",
     "records_by_task",
+    "records_in_commit_order",
     "record_latency",
     "load_trimmer_preempted",
     "save_trimmer_state",
@@ -175,6 +176,42 @@ def records_by_task(db, tasks) -> dict[int, list]:
         i = hashes.get(_structural_hash(rec.workload.mod))
         if i is not None:
             out[i].append(rec)
+    return out
+
+
+def records_in_commit_order(work_dir: str, tasks, *, final: bool = False) -> list[tuple[int, Any]]:
+    """(task index, TuningRecord) for every record of the run's database (``final``: the re-measured
+    one) in the order TVM committed them: its record file's line order, which is the order the
+    candidates were measured in within a task (TVM's joins commit a batch in candidate order). Read-only.
+    :func:`records_by_task` cannot give the order: TVM's JSONDatabase hands its records back sorted by
+    latency. Records of a workload that is none of ``tasks``, and lines that do not parse (a line cut
+    short by a kill), are skipped."""
+    from tvm.s_tir import meta_schedule as ms  # TVM: see the module doc
+
+    path_workload, path_records = _db_paths(work_dir, final)
+    hashes = {_structural_hash(t.mod): i for i, t in enumerate(tasks)}
+    workloads: list[tuple[int | None, Any]] = []  # by the record file's workload index: (task index, Workload)
+    with contextlib.suppress(OSError):
+        for line in Path(path_workload).read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            try:
+                workload = ms.database.Workload.from_json(json.loads(line))
+                workloads.append((hashes.get(_structural_hash(workload.mod)), workload))
+            except Exception:  # noqa: BLE001 - keeps the indexes of the workloads after it right
+                workloads.append((None, None))
+    out: list[tuple[int, Any]] = []
+    with contextlib.suppress(OSError):
+        for line in Path(path_records).read_text(encoding="utf-8").splitlines():
+            try:
+                index, body = json.loads(line)
+                if not (type(index) is int and 0 <= index < len(workloads)):
+                    continue
+                task, workload = workloads[index]
+                if task is not None:
+                    out.append((task, ms.database.TuningRecord.from_json(body, workload)))
+            except Exception:  # noqa: BLE001 - one unreadable line loses that line only
+                continue
     return out
 
 
