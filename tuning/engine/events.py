@@ -224,11 +224,42 @@ def trace_json(trace) -> str:
 
 
 def canonical_trace_text(trace_obj) -> str:
-    """:func:`trace_json` of a trace already in JSON form (e.g. a stored record's first element)."""
-    return json.dumps(trace_obj, sort_keys=True, separators=(",", ":"))
+    """:func:`trace_json` of a trace already in JSON form (e.g. a stored record's first element, a journal
+    line's): one text for a trace and for its round trip through TVM's database.
+
+    A bool among an instruction's inputs is written as its integer. TVM's database file writes ``true``
+    as ``1`` and its replay keeps an input as it was read, so RewriteLayout's ``Annotate(block,
+    "meta_schedule.layout_rewrite_preproc", True)`` comes back from the file as ``Annotate(block, 1)``:
+    without this, every layout-rewritten record re-read from disk had another key than the one the sink
+    and the journal gave it. Attrs are left as they are (the replay rebuilds them: Split's ``[true,
+    false]`` survives), so a trace with no bool input keeps the text it always had."""
+    return json.dumps(_bool_inputs_as_ints(trace_obj), sort_keys=True, separators=(",", ":"))
+
+
+def _bool_inputs_as_ints(trace_obj: Any) -> Any:
+    """``[instructions, decisions]`` with every bool in an instruction's inputs (nested lists included)
+    made an int; anything not shaped like a trace is returned as it is."""
+    if not (isinstance(trace_obj, list) and trace_obj and isinstance(trace_obj[0], list)):
+        return trace_obj
+    insts = [
+        [inst[0], _ints_for_bools(inst[1]), *inst[2:]]
+        if isinstance(inst, list) and len(inst) >= 2 and isinstance(inst[1], list)
+        else inst
+        for inst in trace_obj[0]
+    ]
+    return [insts, *trace_obj[1:]]
+
+
+def _ints_for_bools(value: Any) -> Any:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, list):
+        return [_ints_for_bools(v) for v in value]
+    return value
 
 
 def candidate_key(task_name: str, trace_or_json) -> str:
-    """Stable id of a candidate: sha1(task name + schedule-trace JSON)."""
+    """Stable id of a candidate: sha1(task name + :func:`canonical_trace_text` of its schedule trace).
+    ``trace_or_json``: a ``Trace``, or text :func:`canonical_trace_text` (or :func:`trace_json`) wrote."""
     text = trace_or_json if isinstance(trace_or_json, str) else trace_json(trace_or_json)
     return hashlib.sha1((task_name + "\n" + text).encode()).hexdigest()
