@@ -17,7 +17,7 @@ from tuning.engine.compile import passes as gp
 from tuning.engine.compile.pipeline import make_target
 from tuning.engine.compile.workloads import collect_tasks
 from tuning.engine.events import ListSink, candidate_key, canonical_trace_text, trace_json
-from tuning.engine.testing import tiny_cnn_onnx
+from tuning.engine.testing import database_trace_lines, tiny_cnn_onnx
 from tuning.engine.workdir import (
     DB_RECORDS,
     STREAM_JOURNAL,
@@ -114,11 +114,6 @@ def _cfg(cpu_target, work_dir, max_trials):
                         seed=1, work_dir=str(work_dir), final_remeasure=False)
 
 
-def _traces_in_tvm(work_dir) -> list[tuple[int, str]]:
-    """(workload index, trace) of every record line of TVM's database file."""
-    lines = [json.loads(x) for x in (work_dir / DB_RECORDS).read_text().splitlines() if x.strip()]
-    return [(w, json.dumps(rec[0], sort_keys=True)) for w, rec in lines]
-
 
 @pytest.mark.slow
 def test_a_tuned_layout_run_keys_its_records_as_its_database_file_does_and_resumes_cleanly(cpu_target, tmp_path):
@@ -139,7 +134,7 @@ def test_a_tuned_layout_run_keys_its_records_as_its_database_file_does_and_resum
         second = ListSink()  # a resumed call: its search proposes what the first measured again
         s2 = run_tuning(model, _cfg(cpu_target, tmp_path, 48), second)
     assert s2.status == "succeeded" and s2.n_duplicates == 0
-    lines = _traces_in_tvm(tmp_path)
+    lines = database_trace_lines(tmp_path)
     assert len(lines) == len(set(lines)) == s2.n_total_records, "a record is in TVM's database twice"
     keys = [r.candidate_key for r in first.records + second.records]
     assert len(keys) == len(set(keys))

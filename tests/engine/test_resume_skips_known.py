@@ -11,7 +11,7 @@ from tuning.engine.events import ListSink
 from tuning.engine.measuring.timer import EvaluatorConfig
 from tuning.engine.search.skip_known import CallBudget, new_candidates
 from tuning.engine.session import run_tuning
-from tuning.engine.testing import tiny_cnn_onnx
+from tuning.engine.testing import database_trace_lines, tiny_cnn_onnx
 from tuning.engine.workdir import DB_RECORDS, STREAM_JOURNAL, load_exhausted
 
 RESHAPE = 1  # tiny_cnn's task 1: a reshape, whose design space is one schedule with no decisions
@@ -33,11 +33,6 @@ def _cfg(cpu_target, work_dir, max_trials):
                         genetic_num_iters=1, evaluator=EvaluatorConfig(number=2, repeat=1, min_repeat_ms=1),
                         seed=1, work_dir=str(work_dir), final_remeasure=False)
 
-
-def _tvm_lines(work_dir) -> list[tuple[int, str]]:
-    """(workload index, trace) of every record line TVM's database holds."""
-    lines = [json.loads(x) for x in (work_dir / DB_RECORDS).read_text().splitlines() if x.strip()]
-    return [(w, json.dumps(rec[0], sort_keys=True)) for w, rec in lines]
 
 
 def _move_to_journal(work_dir, target, n: int) -> None:
@@ -82,7 +77,7 @@ def test_a_resumed_call_measures_nothing_twice_and_stays_within_its_budget(tmp_p
     s2 = run_tuning(model, _cfg(cpu_target, tmp_path, 32), second)
     assert s2.status == "succeeded"
     assert s2.trials_requested == 16  # the journal's records count as spent
-    lines = _tvm_lines(tmp_path)
+    lines = database_trace_lines(tmp_path)
     assert len(lines) == len(set(lines)), "a record is in TVM's database twice"
     assert len(lines) == s2.n_total_records <= 32  # a hard cap, not budget + a round
     assert len(second.records) == s2.n_total_records - 16 and s2.n_duplicates == 0  # nothing measured again

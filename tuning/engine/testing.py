@@ -208,3 +208,14 @@ def _database_bytes(mod, tgt, traces, run_secs) -> tuple[bytes, bytes]:
     ]
     workload = json.dumps(ffi_to_py(ms.database.Workload(mod).as_json()))
     return (workload + "\n").encode(), ("\n".join(lines) + "\n").encode()
+
+
+def database_trace_lines(work_dir) -> list[tuple[int, str]]:
+    """(workload index, trace as sorted JSON) of every record line of a run's TVM database file, in file
+    order: what a test compares to find duplicates or lost records."""
+    from pathlib import Path
+
+    from tuning.engine.workdir import DB_RECORDS
+
+    lines = [json.loads(x) for x in (Path(work_dir) / DB_RECORDS).read_text().splitlines() if x.strip()]
+    return [(w, json.dumps(rec[0], sort_keys=True)) for w, rec in lines]
