@@ -22,7 +22,9 @@ Passes (ablation: name any subset, in :data:`PASS_ORDER`'s order):
 - ``convert_layout``: ``ConvertLayout`` (:data:`CONV_LAYOUTS`: conv2d to NHWC activations and
   OHWI weights; elementwise ops and pools follow) + ``FoldConstant``, on the graph after ``fold_batchnorm``,
   so the conv tasks MetaSchedule extracts and tunes are NHWC ones; transposes remain only
-  at the graph's edges (the executable still takes and returns NCHW). Graphs without convs
+  at the graph's edges (the executable still takes and returns NCHW). ONNX Clip (ReLU6), which
+  TVM's importer emits as TIR that ConvertLayout cannot see through, is lifted back to
+  ``R.maximum``/``R.minimum`` first (``lift_clip``). Graphs without convs
   or pools (transformers) are left as they are.
 - ``layout_rewrite``: TVM's CPU weight prepack (``static_shape_tuning``'s
   ``cpu_weight_prepack``): ``AttachAttrLayoutFreeBuffers`` before extraction, so
@@ -100,9 +102,19 @@ CONV_LAYOUTS: dict[str, list[str]] = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 def _convert_layout() -> dict[str, list]:
     from tvm import relax
 
+    from tuning.engine.compile.lift_clip import lift_clip_to_relax_ops
+
     # after fold_batchnorm (FoldBatchnormToConv2D matches NCHW convs only); the transposes it leaves at the
-    # graph's edges and the weights' OHWI transposes are constants or cheap tasks, FoldConstant folds the latter
-    return {GRAPH: [relax.transform.ConvertLayout(CONV_LAYOUTS), relax.transform.FoldConstant()]}
+    # graph's edges and the weights' OHWI transposes are constants or cheap tasks, FoldConstant folds the latter.
+    # The importer's TIR for ONNX Clip (ReLU6) is lifted to Relax ops first: ConvertLayout cannot see through a
+    # call_tir and wrapped every ReLU6 in a transpose pair (mobilenet_v2: 70 transposes -> 2)
+    return {
+        GRAPH: [
+            lift_clip_to_relax_ops(),
+            relax.transform.ConvertLayout(CONV_LAYOUTS),
+            relax.transform.FoldConstant(),
+        ]
+    }
 
 
 def _layout_rewrite() -> dict[str, list]:
@@ -144,7 +156,8 @@ NONE: tuple[str, ...] = ()
 # passes after these (``relax_pipeline._fuse_passes``) change what a task's workload is, so records
 # tuned under the old pipeline are never taken for this one's.
 PIPELINE_NAME = "dlopt-relax"
-PIPELINE_VERSION = 1
+# 2: convert_layout lifts ONNX Clip to Relax ops before converting (ReLU6 follows the NHWC conv)
+PIPELINE_VERSION = 2
 
 # The selection every extraction and compilation of this process uses (``relax_pipeline``); changed only
 # through :func:`use_passes` (ablations: one selection per process, as bench/vs_onnxruntime.py runs it).
