@@ -92,6 +92,18 @@ def test_cancel_between_rounds(tmp_path, cpu_target):
     assert s.final_remeasure == []  # no final stage on a stopped run
 
 
+def test_finish_ends_the_search_as_a_spent_budget_does(tmp_path, cpu_target):
+    """A caller's wall-time budget ("finish"): the search stops between rounds, the run succeeds and DOPpler's
+    final serial re-measure still runs (a cancelled run keeps the parallel rounds' timings as its estimate)."""
+    from tuning.engine.search.loop import FINISHED_BY_SINK
+
+    sink = ListSink(stop_after_records=8, command="finish")
+    s = run_tuning(matmul_primfunc(64), _cfg(cpu_target, tmp_path, 48), sink)
+    assert s.status == "succeeded" and s.stop_reason == FINISHED_BY_SINK
+    assert 8 <= len(sink.records) < 48 and s.n_total_records == len(sink.records)
+    assert s.final_remeasure and s.tasks[0].final_latency_s is not None
+
+
 def test_pause_then_resume(tmp_path, cpu_target):
     model = matmul_primfunc(64)
     s = run_tuning(model, _cfg(cpu_target, tmp_path, 24), ListSink(stop_after_records=8, command="pause"))

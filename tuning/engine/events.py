@@ -112,7 +112,9 @@ class TuningSink(Protocol):
     def on_serial_remeasure(self, updates: list[tuple[int, str, float | None]]) -> None: ...
 
     def control(self) -> str | None:
-        """``"cancel"`` or ``"pause"`` to stop between rounds, else ``None``."""
+        """``"cancel"`` or ``"pause"`` to stop between rounds; ``"finish"`` to end the search there as if its
+        trial budget were spent (the run succeeds and DOPpler's final serial re-measure still runs: a
+        caller's wall-time budget); else ``None``."""
         ...
 
 

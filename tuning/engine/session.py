@@ -395,6 +395,8 @@ def _task_results(run: _Run) -> list[TaskResult]:
 
 
 def _summary(run: _Run, wall_secs: float) -> TuningSummary:
+    from tuning.engine.search.loop import run_stop_reason
+
     cfg, state, dop_rule, trimmer = run.cfg, run.state, run.dop_rule, run.trimmer
     results = _task_results(run)
     return TuningSummary(
@@ -416,7 +418,7 @@ def _summary(run: _Run, wall_secs: float) -> TuningSummary:
         serial_by_reason=run.serial_by_reason,
         sink_errors=list(state.sink_errors) if state else [],
         trimmer=trimmer.to_dict() if trimmer is not None else None,
-        stop_reason=trimmer.stop_reason if (trimmer is not None and run.status == "succeeded") else None,
+        stop_reason=run_stop_reason(run.status, trimmer, state),
     )
 
 

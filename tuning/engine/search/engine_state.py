@@ -85,7 +85,7 @@ class EngineState:
         except Exception as exc:  # noqa: BLE001
             self.sink_errors.append(f"control(): {exc!r}")
             return None
-        if cmd in ("cancel", "pause"):
+        if cmd in ("cancel", "pause", "finish"):
             return cmd
         return None
 

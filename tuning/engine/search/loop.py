@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["search", "skip_infrastructure_failures", "train_when_needed", "load_cost_model"]
 
-_STATUS = {"cancel": "cancelled", "pause": "paused"}
+# the sink's control() -> the run's status; "finish" ends the search as a spent budget does
+_STATUS = {"cancel": "cancelled", "pause": "paused", "finish": "succeeded"}
 
 
 def _search_kwargs(cfg: TuningConfig) -> dict:
@@ -225,3 +226,16 @@ def search(
         trimmer.cost_model = None
         save_trimmer_state(work_dir, trimmer.to_dict())
     return _STATUS.get(state.stop_reason or "", "succeeded")
+
+
+# why a succeeded run ended before its trial budget when its sink's control() said "finish"
+FINISHED_BY_SINK = "finished by the caller (sink control: finish)"
+
+
+def run_stop_reason(status: str, trimmer, state) -> str | None:
+    """Why a succeeded run stopped before its budget: Trimmer's reason, or the sink's "finish"; else None."""
+    if status != "succeeded":
+        return None
+    if trimmer is not None and trimmer.stop_reason:
+        return trimmer.stop_reason
+    return FINISHED_BY_SINK if state is not None and state.stop_reason == "finish" else None

@@ -4,9 +4,9 @@ Same rule as ``ms.task_scheduler.GradientBased`` (round robin over the tasks
 first, then the task with the largest weighted gradient
 alpha * (best[n-1-w] - best[n-1]) / w + (1 - alpha) * best[n-1] / n, ties
 broken at random), but ``next_task_id`` first asks the sink whether the run
-must stop ("cancel" / "pause"); if so it joins the tasks still measuring
-(their records are streamed) and returns -1, which ends TVM's tuning loop
-cleanly between rounds.
+must stop ("cancel" / "pause", or "finish": the search ends as if its budget
+were spent); if so it joins the tasks still measuring (their records are
+streamed) and returns -1, which ends TVM's tuning loop cleanly between rounds.
 
 The per-task best-latency history comes from :class:`EngineState` (filled by
 the streaming callback), because TVM does not expose it to Python. Which task
