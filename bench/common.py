@@ -134,7 +134,8 @@ def run_child(script: str, spec: dict, *, timeout: float, env: dict | None = Non
 
 def tuning_config(spec: dict, **extra):
     """The engine's TuningConfig for a child job's spec (the fields every tuning benchmark sets the same
-    way: DOPpler measurement, the default evaluator, the spec's budget and search); ``extra`` adds the rest."""
+    way: DOPpler measurement, the default evaluator unless the spec names one, the spec's budget and search);
+    ``extra`` adds the rest."""
     from tuning.engine.config import TuningConfig
     from tuning.engine.measuring.timer import EvaluatorConfig
 
@@ -146,7 +147,7 @@ def tuning_config(spec: dict, **extra):
         threads=spec["threads"],
         work_dir=spec["work_dir"],
         seed=spec["seed"],
-        evaluator=EvaluatorConfig(),
+        evaluator=EvaluatorConfig.from_any(spec.get("evaluator")),
         search_population=spec.get("population"),
         genetic_num_iters=spec.get("genetic_iters"),
         **extra,

@@ -35,7 +35,21 @@ def test_ablation_gives_one_job_per_pass_selection():
     assert len({s["work_dir"] for s in specs}) == len(specs)
 
 
+def test_cold_evaluator_is_its_own_row_and_reaches_the_engine_config():
+    """--evaluator cold: the cache-flush timing TVM documents (one call per sample) in the job's TuningConfig, and a
+    row label of its own so warm and cold results never share a row."""
+    from bench.common import tuning_config
+
+    (warm,) = _specs(["--models", "small_cnn", "--variants", "mcpu", "--trials", "8"])
+    (cold,) = _specs(["--models", "small_cnn", "--variants", "mcpu", "--trials", "8", "--evaluator", "cold"])
+    assert warm["row"] == "mcpu" and cold["row"] == "mcpu cold"
+    ev = tuning_config(dict(cold, target={"kind": "llvm", "num-cores": 2})).evaluator
+    assert ev.enable_cpu_cache_flush and ev.number == 1 and ev.min_repeat_ms == 0
+    assert not tuning_config(dict(warm, target={"kind": "llvm", "num-cores": 2})).evaluator.enable_cpu_cache_flush
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--evaluator", "hot"], "invalid choice"),
     (["--budget-minutes", "0"], "--budget-minutes must be positive"),
     (["--budget-minutes", "-3"], "--budget-minutes must be positive"),
     (["--budget-minutes", "soon"], "invalid float value"),
