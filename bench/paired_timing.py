@@ -1,0 +1,149 @@
+"""Time kept tuning work directories' compiled models and onnxruntime in interleaved rounds (paired timing).
+
+On a shared or drifting host a model timed a few minutes apart from another can read 50 % slower
+(``bench/vs_onnxruntime.py`` rows on a noisy VM: onnxruntime 11.3 ms at a job's start, 18.8 ms at its
+end). Here every side is compiled first, then each round takes one sample of every side back to back
+(order rotated per round), so drift hits all sides alike; the per-round ratio to onnxruntime is the
+paired figure, its median the verdict. Both engines run in this one process, as in the bench rows.
+
+    .venv/bin/python bench/paired_timing.py WORK_DIR [WORK_DIR ...] [--rounds 30] [--json PATH]
+
+Each work directory is one ``bench/vs_onnxruntime.py --keep`` job (``bench_job.json`` names the model,
+target, passes and threads); directories of the same model are compared with one onnxruntime session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import machine_info, write_json  # noqa: E402
+
+
+def _iqr(xs):
+    q = statistics.quantiles(xs, n=4)
+    return q[2] - q[0]
+
+
+def _tvm_side(work_dir: str, job: dict, tmp: str):
+    """(label, sample function, outputs) of one work directory's tuned build."""
+    from bench.tuned_tasks import _model, snapshot
+    from tuning.engine.compile.passes import use_passes
+    from tuning.engine.compile.pipeline import compile_model, onnx_to_relax, random_inputs, run_and_time_samples
+    from tuning.engine.workdir import open_database
+
+    model = _model(job["model"])
+    inputs = random_inputs(model, seed=0)
+    target, threads = job["target"], job.get("threads") or job["target"].get("num-cores")
+    with use_passes(job.get("passes")):
+        snap = snapshot(work_dir, os.path.join(tmp, Path(work_dir).name))
+        exe = compile_model(onnx_to_relax(model), target, database=open_database(snap))
+    outputs, _ = run_and_time_samples(exe, inputs, target, number=1, repeat=1, threads=threads)
+
+    def sample() -> float:
+        _, secs = run_and_time_samples(exe, inputs, target, number=1, repeat=1, threads=threads, min_repeat_ms=50)
+        return secs[0]
+
+    return Path(work_dir).name, sample, outputs
+
+
+def _ort_side(model_name: str, threads: int):
+    from bench.tuned_tasks import _model
+    from tuning.engine.compile.pipeline import random_inputs
+    from tuning.engine.yardstick import _model_bytes, _provider_for, _runner, _session, _time_runs
+
+    model = _model(model_name)
+    feed = random_inputs(model, seed=0)
+    # the yardstick's own session and timer (what every bench row's onnxruntime figure uses)
+    sess = _session(_model_bytes(model), _provider_for("cpu"), threads, 0)
+    run, _ = _runner(sess, feed, "cpu", 0)
+    _time_runs(run, 10, 1, 50.0)  # warm-up
+
+    def sample() -> float:
+        samples, _ = _time_runs(run, 0, 1, 50.0)
+        return samples[0]
+
+    return sample
+
+
+def pair(work_dirs: list[str], rounds: int, settle_s: float = 0.0) -> dict:
+    from bench.tuned_tasks import load_job
+
+    jobs = {w: load_job(w) for w in work_dirs}
+    models: dict[str, list[str]] = {}
+    for w, job in jobs.items():
+        models.setdefault(job["model"], []).append(w)
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="paired_") as tmp:
+        for model_name, dirs in models.items():
+            threads = jobs[dirs[0]].get("threads") or jobs[dirs[0]]["target"].get("num-cores")
+            sides = {"onnxruntime": _ort_side(model_name, threads)}
+            for w in dirs:
+                label, sample, _ = _tvm_side(w, jobs[w], tmp)
+                sides[label] = sample
+            names = list(sides)
+            samples: dict[str, list[float]] = {n: [] for n in names}
+            for r in range(rounds):
+                for n in names[r % len(names):] + names[: r % len(names)]:
+                    if settle_s:
+                        time.sleep(settle_s)
+                    samples[n].append(sides[n]())
+            ort = samples["onnxruntime"]
+            out[model_name] = {
+                "threads": threads, "rounds": rounds,
+                "sides": {n: {"median_ms": statistics.median(s) * 1e3, "iqr_ms": _iqr(s) * 1e3,
+                              "vs_onnxruntime_paired": statistics.median(a / b for a, b in zip(s, ort, strict=True))}
+                          for n, s in samples.items()},
+                "jobs": {Path(w).name: jobs[w] for w in dirs},
+            }
+    return out
+
+
+def load_job_threads(work_dir: str) -> int | None:
+    from bench.tuned_tasks import load_job
+
+    job = load_job(work_dir)
+    return job.get("threads") or job["target"].get("num-cores")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("work_dirs", nargs="+")
+    ap.add_argument("--rounds", type=int, default=30, help="interleaved rounds (one sample of every side each)")
+    ap.add_argument("--settle-ms", type=float, default=0.0,
+                    help="idle time before each sample (default none: on the 2-core VM a 200 ms pause made "
+                         "every side 10-50 %% slower and noisier, each sample starting from an idle CPU)")
+    ap.add_argument("--json", default=None, help="write the result JSON here")
+    args = ap.parse_args(argv)
+    if args.rounds < 4:
+        ap.error("--rounds must be at least 4 (a median and an IQR)")
+    missing = [w for w in args.work_dirs if not Path(w).is_dir()]
+    if missing:
+        ap.error(f"not a directory: {', '.join(missing)}")
+    threads = {load_job_threads(w) for w in args.work_dirs} - {None}
+    if len(threads) == 1:  # before TVM's thread pool starts: it can shrink later, not grow
+        os.environ["TVM_NUM_THREADS"] = str(threads.pop())
+    import logging
+
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    result = pair(args.work_dirs, args.rounds, args.settle_ms / 1e3)
+    for model_name, res in result.items():
+        print(f"\n{model_name} ({res['rounds']} interleaved rounds, {res['threads']} threads)")
+        print(f"  {'side':32s} {'median ms':>10s} {'IQR ms':>8s} {'/ ORT paired':>13s}")
+        for n, s in res["sides"].items():
+            print(f"  {n:32s} {s['median_ms']:10.3f} {s['iqr_ms']:8.3f} {s['vs_onnxruntime_paired']:13.3f}")
+    overall = {f"{m}:{n}": s["vs_onnxruntime_paired"] for m, r in result.items() for n, s in r["sides"].items()
+               if n != "onnxruntime"}
+    write_json({"machine": machine_info(), "models": result, "overall": overall}, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
