@@ -7,6 +7,7 @@ import pytest
 
 from bench import vs_onnxruntime as bench
 from tuning.engine.compile import passes as gp
+from tuning.engine.search.loop import FINISHED_BY_SINK
 
 
 def _specs(argv):
@@ -93,7 +94,9 @@ def test_the_bench_runs_on_small_cnn_within_a_wall_budget(tmp_path):
     assert {"tvm_vs_ort_latency_ratio", "estimate_vs_compiled", "by_row"} <= set(result["overall"])
     job = result["models"][0]["jobs"]["mcpu"]
     assert job["passes"] == list(gp.DEFAULT) and job["tuned_outputs_agree"] is True
-    assert job["status"] == "cancelled"  # the wall budget, not the (unbounded) trial count, ended tuning
+    # the wall budget, not the (unbounded) trial count, ended tuning: finished, so the final re-measure ran
+    assert job["status"] == "succeeded" and job["stop_reason"] == FINISHED_BY_SINK
+    assert job["final_remeasure_s"] is not None
     assert result["overall"]["tvm_vs_ort_latency_ratio"] == pytest.approx(job["ratio"])
     # every job row carries its task table and where its compiled model's time goes
     assert "analysis_error" not in job
