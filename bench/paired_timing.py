@@ -27,43 +27,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import machine_info, write_json  # noqa: E402
 
 
-def _iqr(xs):
-    q = statistics.quantiles(xs, n=4)
-    return q[2] - q[0]
+def job_threads(job: dict) -> int | None:
+    """The threads a kept job was tuned and timed with."""
+    return job.get("threads") or job["target"].get("num-cores")
 
 
-def _tvm_side(work_dir: str, job: dict, tmp: str):
-    """(label, sample function, outputs) of one work directory's tuned build."""
-    from bench.tuned_tasks import _model, snapshot
+def _tvm_side(work_dir: str, job: dict, model, inputs, tmp: str):
+    """Sample function of one work directory's tuned build (compiled from a snapshot of its records)."""
+    from bench.tuned_tasks import snapshot
     from tuning.engine.compile.passes import use_passes
-    from tuning.engine.compile.pipeline import compile_model, onnx_to_relax, random_inputs, run_and_time_samples
+    from tuning.engine.compile.pipeline import compile_model, onnx_to_relax, run_and_time_samples
     from tuning.engine.workdir import open_database
 
-    model = _model(job["model"])
-    inputs = random_inputs(model, seed=0)
-    target, threads = job["target"], job.get("threads") or job["target"].get("num-cores")
+    target, threads = job["target"], job_threads(job)
     with use_passes(job.get("passes")):
         snap = snapshot(work_dir, os.path.join(tmp, Path(work_dir).name))
         exe = compile_model(onnx_to_relax(model), target, database=open_database(snap))
-    outputs, _ = run_and_time_samples(exe, inputs, target, number=1, repeat=1, threads=threads)
+    run_and_time_samples(exe, inputs, target, number=1, repeat=1, threads=threads)  # warm-up
 
     def sample() -> float:
         _, secs = run_and_time_samples(exe, inputs, target, number=1, repeat=1, threads=threads, min_repeat_ms=50)
         return secs[0]
 
-    return Path(work_dir).name, sample, outputs
+    return sample
 
 
-def _ort_side(model_name: str, threads: int):
-    from bench.tuned_tasks import _model
-    from tuning.engine.compile.pipeline import random_inputs
+def _ort_side(model, inputs, threads: int):
     from tuning.engine.yardstick import _model_bytes, _provider_for, _runner, _session, _time_runs
 
-    model = _model(model_name)
-    feed = random_inputs(model, seed=0)
     # the yardstick's own session and timer (what every bench row's onnxruntime figure uses)
     sess = _session(_model_bytes(model), _provider_for("cpu"), threads, 0)
-    run, _ = _runner(sess, feed, "cpu", 0)
+    run, _ = _runner(sess, inputs, "cpu", 0)
     _time_runs(run, 10, 1, 50.0)  # warm-up
 
     def sample() -> float:
@@ -73,21 +67,24 @@ def _ort_side(model_name: str, threads: int):
     return sample
 
 
-def pair(work_dirs: list[str], rounds: int, settle_s: float = 0.0) -> dict:
-    from bench.tuned_tasks import load_job
+def pair(jobs: dict[str, dict], rounds: int, settle_s: float = 0.0) -> dict:
+    """``jobs``: work directory -> its ``bench_job.json`` (``tuned_tasks.load_job``)."""
+    from bench.tuned_tasks import _model
+    from tuning.engine.compile.pipeline import random_inputs
+    from tuning.engine.yardstick import _iqr
 
-    jobs = {w: load_job(w) for w in work_dirs}
     models: dict[str, list[str]] = {}
     for w, job in jobs.items():
         models.setdefault(job["model"], []).append(w)
     out = {}
     with tempfile.TemporaryDirectory(prefix="paired_") as tmp:
         for model_name, dirs in models.items():
-            threads = jobs[dirs[0]].get("threads") or jobs[dirs[0]]["target"].get("num-cores")
-            sides = {"onnxruntime": _ort_side(model_name, threads)}
+            model = _model(model_name)
+            inputs = random_inputs(model, seed=0)
+            threads = job_threads(jobs[dirs[0]])
+            sides = {"onnxruntime": _ort_side(model, inputs, threads)}
             for w in dirs:
-                label, sample, _ = _tvm_side(w, jobs[w], tmp)
-                sides[label] = sample
+                sides[Path(w).name] = _tvm_side(w, jobs[w], model, inputs, tmp)
             names = list(sides)
             samples: dict[str, list[float]] = {n: [] for n in names}
             for r in range(rounds):
@@ -106,13 +103,6 @@ def pair(work_dirs: list[str], rounds: int, settle_s: float = 0.0) -> dict:
     return out
 
 
-def load_job_threads(work_dir: str) -> int | None:
-    from bench.tuned_tasks import load_job
-
-    job = load_job(work_dir)
-    return job.get("threads") or job["target"].get("num-cores")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("work_dirs", nargs="+")
@@ -127,13 +117,19 @@ def main(argv=None) -> int:
     missing = [w for w in args.work_dirs if not Path(w).is_dir()]
     if missing:
         ap.error(f"not a directory: {', '.join(missing)}")
-    threads = {load_job_threads(w) for w in args.work_dirs} - {None}
+    from bench.tuned_tasks import load_job
+
+    try:
+        jobs = {w: load_job(w) for w in args.work_dirs}
+    except (ValueError, OSError) as exc:
+        ap.error(str(exc))
+    threads = {job_threads(job) for job in jobs.values()} - {None}
     if len(threads) == 1:  # before TVM's thread pool starts: it can shrink later, not grow
         os.environ["TVM_NUM_THREADS"] = str(threads.pop())
     import logging
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-    result = pair(args.work_dirs, args.rounds, args.settle_ms / 1e3)
+    result = pair(jobs, args.rounds, args.settle_ms / 1e3)
     for model_name, res in result.items():
         print(f"\n{model_name} ({res['rounds']} interleaved rounds, {res['threads']} threads)")
         print(f"  {'side':32s} {'median ms':>10s} {'IQR ms':>8s} {'/ ORT paired':>13s}")

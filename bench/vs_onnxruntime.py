@@ -81,7 +81,6 @@ BUDGETS = {
 }
 QUICK = {"small_cnn": (160, 16)}
 VARIANTS = ("mcpu", "no-mcpu")
-# --ablation: (row label, pass selection); the label says what is added to the shipped v1 pipeline
 # How candidates are timed while tuning (--evaluator). "warm": TVM's default (>= 100 ms of back-to-back calls
 # per sample: the weights stay in cache). "cold": MetaSchedule's cache-flush option as TVM documents it (flush
 # every argument but the data input before each sample, one call per sample), so a conv is tuned for weights
@@ -90,6 +89,7 @@ EVALUATORS = {
     "warm": None,
     "cold": {"number": 1, "repeat": 10, "min_repeat_ms": 0, "enable_cpu_cache_flush": True},
 }
+# --ablation: (row label, pass selection); the label says what is added to the shipped v1 pipeline
 ABLATION = (
     ("shipped", ("fold_batchnorm",)),
     ("+layout_rewrite", ("fold_batchnorm", "layout_rewrite")),

@@ -17,6 +17,8 @@ def test_bad_options_are_refused_with_a_message(argv, message, tmp_path, capsys)
     assert message in capsys.readouterr().err
 
 
-def test_a_directory_without_a_job_is_refused_by_name(tmp_path):
-    with pytest.raises(ValueError, match="bench_job.json"):
-        paired_timing.load_job_threads(str(tmp_path))
+def test_a_directory_without_a_job_is_refused_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        paired_timing.main([str(tmp_path)])
+    assert exc.value.code == 2
+    assert "bench_job.json" in capsys.readouterr().err
