@@ -86,3 +86,33 @@ def test_a_resumed_call_measures_nothing_twice_and_stays_within_its_budget(tmp_p
     # the one-schedule task is done, not measured once per call
     assert s2.tasks[RESHAPE].n_records == 1
     assert RESHAPE in load_exhausted(str(tmp_path))
+
+
+def test_candidates_the_filter_kept_but_the_call_dropped_are_told_to_trimmer():
+    """Trimmer's filter counts what it keeps as sent; the candidates this wrapper then drops (measured
+    already, or past the call's budget) are reported back, so generated = filtered + not sent + measured."""
+    import threading
+    from types import SimpleNamespace
+
+    from tuning.engine.search.skip_known import SkipKnownSearch
+    from tuning.engine.trimmer.hooks import TrimmerRuntime
+    from tuning.engine.trimmer.rules import TrimmerConfig
+    from tuning.engine.events import TaskInfo
+
+    runtime = TrimmerRuntime(TrimmerConfig(), [TaskInfo(0, "t0", 1e6, 1.0)], max_trials=100)
+
+    class FilterStandIn:  # the part of FilteredSearch the wrapper sees: a batch, and its runtime
+        def __init__(self):
+            self.runtime = runtime
+
+        def generate_measure_candidates(self):
+            runtime.note_generated(0, 12, 8)  # 4 kept
+            return [SimpleNamespace(sch=SimpleNamespace(trace=k)) for k in ("a", "b", "c", "d")]
+
+    state = SimpleNamespace(lock=threading.Lock(), known_keys={"b"}, exhausted=set(), trimmer=runtime)
+    search = SkipKnownSearch(FilterStandIn(), task_index=0, task_name="t0", state=state, budget=CallBudget(2),
+                             key=lambda name, trace: trace)
+    sent = search._inst.generate_measure_candidates()  # the Python side (the FFI wants real candidates)
+    assert [c.sch.trace for c in sent] == ["a", "c"]  # "b" measured already, "d" over the budget
+    assert runtime.observe_batch(0, [1e-3, 2e-3], round_index=0) == (12, 8, 2)
+    assert runtime.budget.outstanding[0] == 0

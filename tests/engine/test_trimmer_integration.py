@@ -19,17 +19,37 @@ def _tasks(*weights):
 
 # --- the runtime's decisions (no TVM) ------------------------------------------------------
 
+def test_filter_counts_add_up_when_kept_candidates_are_not_sent():
+    """What the filter kept but the run did not send (measured already, or past the trial budget) is
+    counted apart, and a batch of which nothing was sent joins the task's next one."""
+    rt = TrimmerRuntime(TrimmerConfig(model_patience=100, min_trial_share=0), _tasks(1, 1), max_trials=100)
+    rt.note_generated(0, 8, 6)  # kept 2 ...
+    rt.note_not_sent(0, 2)  # ... both measured earlier: nothing sent, the next batch carries it
+    rt.note_generated(0, 8, 5)  # kept 3 ...
+    rt.note_not_sent(0, 1)  # ... 2 sent
+    assert rt.budget.outstanding[0] == 2
+    assert rt.observe_batch(0, [1e-3, 2e-3], round_index=0) == (16, 11, 3)
+    rt.note_generated(1, 4, 0)
+    rt.note_not_sent(1, 9)  # never more than the batch kept
+    rt.note_not_sent(0, 1)  # no batch of task 0 is out: nothing to amend
+    d = rt.to_dict()
+    assert (d["generated"], d["filtered"], d["not_sent"], d["measured"]) == (16, 11, 3, 2)
+    assert rt.budget.outstanding.get(1, 0) == 0
+    rt.note_generated(1, 4, 1)  # the carried batch (4 generated, none sent) joins this one
+    assert rt.observe_batch(1, [1e-3] * 3, round_index=1) == (8, 1, 4)
+
+
 def test_runtime_preempts_moves_budget_and_stops():
     rt = TrimmerRuntime(TrimmerConfig(plateau_rounds=1, model_patience=100, min_trial_share=0, max_resumes=0),
                         _tasks(1, 1, 1), max_trials=48)
     for i, lat in enumerate([4e-3, 2e-3, 1e-3]):
-        assert rt.observe_batch(i, [lat, None], round_index=i) == (None, None)
+        assert rt.observe_batch(i, [lat, None], round_index=i) == (None, None, None)
     assert rt.estimate() == pytest.approx(7e-3)
     # budget by share of end-to-end latency: task 0 (4 ms of 7) is furthest below its share
     assert rt.choose([0, 1, 2], remaining=42) == 0
     rt.note_generated(0, 8, 6)  # the filter kept 2 of 8
     assert rt.choose([0, 1, 2], remaining=42, in_flight=[0]) == 0  # still below its share
-    assert rt.observe_batch(0, [5e-3, 6e-3], round_index=3) == (8, 6)  # no gain: pre-empted
+    assert rt.observe_batch(0, [5e-3, 6e-3], round_index=3) == (8, 6, 0)  # no gain: pre-empted
     assert rt.take_pending() == [0] and rt.take_pending() == []
     assert rt.state.preempted_tasks == {0: 4}
     move = rt.reallocations[0]
@@ -126,11 +146,13 @@ def test_filter_and_preemption_on_a_real_run(tmp_path, cpu_target, cnn):
     s = run_tuning(cnn, _cfg(cpu_target, tmp_path, 64, trimmer, final_remeasure=False), sink)
     assert s.status == "succeeded" and s.trimmer is not None
     t = s.trimmer
-    # the filter: generated > filtered > 0, measured = generated - filtered, reported per round
-    assert t["generated"] > t["measured"] > 0 and t["filtered"] == t["generated"] - t["measured"]
+    # the filter: generated > filtered > 0; what it kept is measured unless the run measured it
+    # already or its budget ran out (not sent): the counts add up, in total and per round
+    assert t["generated"] > t["measured"] > 0 and t["filtered"] > 0
+    assert t["filtered"] + t["not_sent"] + t["measured"] == t["generated"]
     filtered_rounds = [r for r in sink.rounds if r.n_generated]
     assert filtered_rounds and sum(r.n_generated for r in filtered_rounds) == t["generated"]
-    assert all(r.n_generated - r.n_filtered == r.n_candidates for r in filtered_rounds)
+    assert all(r.n_generated - r.n_filtered - r.n_not_sent == r.n_candidates for r in filtered_rounds)
     assert sum(r.n_candidates for r in sink.rounds) == s.n_measurements + s.n_duplicates
     # pre-emption: tasks stopped with their trial count at that moment
     pre = {int(k): v for k, v in t["preempted_tasks"].items()}

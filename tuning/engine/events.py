@@ -70,10 +70,12 @@ class RoundInfo:
     wall_secs: float | None = None
     parallel_wall_secs: float | None = None  # of wall_secs: measuring at the round's DOP
     serial_wall_secs: float | None = None  # of wall_secs: the serial re-measures
-    # Trimmer's candidate filter: candidates the search generated for this batch and
-    # how many of them the filter dropped (n_candidates = the ones measured)
+    # Trimmer's candidate filter: candidates the search generated for this batch, how many of them
+    # the filter dropped, and how many it kept that were not sent (measured earlier in the run, or
+    # past its trial budget): n_candidates = n_generated - n_filtered - n_not_sent
     n_generated: int | None = None
     n_filtered: int | None = None
+    n_not_sent: int | None = None
 
 
 @dataclasses.dataclass

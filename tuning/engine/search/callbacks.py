@@ -198,8 +198,8 @@ class StreamingMeasureCallback(PyMeasureCallback):
         if st.trimmer is None or not infos:
             return
         try:
-            gen, filt = st.trimmer.observe_batch(task_id, latencies, round_index=infos[0].round_index)
-            infos[0].n_generated, infos[0].n_filtered = gen, filt
+            gen, filt, unsent = st.trimmer.observe_batch(task_id, latencies, round_index=infos[0].round_index)
+            infos[0].n_generated, infos[0].n_filtered, infos[0].n_not_sent = gen, filt, unsent
         except Exception as exc:  # noqa: BLE001 - Trimmer must never lose measurements
             log.exception("Trimmer failed to observe a batch")
             st.sink_errors.append(f"trimmer: {exc!r}")

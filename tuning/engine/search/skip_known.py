@@ -113,10 +113,13 @@ class SkipKnownSearch(PySearchStrategy):
             with self.state.lock:
                 fresh = new_candidates(cands, keys, self.state.known_keys)
             self.n_skipped += len(cands) - len(fresh)
+            if fresh and self.budget is not None:
+                fresh = fresh[: self.budget.take(len(fresh))]
+            self._note_not_sent(len(cands) - len(fresh))
             if fresh:
-                if self.budget is not None:
-                    fresh = fresh[: self.budget.take(len(fresh))]
-                return fresh or None
+                return fresh
+            if self.budget is not None and self.budget.left <= 0:
+                return None
             skipped = True
         log.info(
             "task %d (%s): the search proposed only measured candidates %d times; left for this call",
@@ -125,6 +128,13 @@ class SkipKnownSearch(PySearchStrategy):
             MAX_ASKS,
         )
         return None
+
+    def _note_not_sent(self, n: int) -> None:
+        """Trimmer's filter (the inner search, when it is one) counted the batch it just kept as sent:
+        tell it how many of those this wrapper dropped, so its counts add up to what is measured."""
+        runtime = getattr(self.inner, "runtime", None)
+        if n > 0 and runtime is not None:
+            runtime.note_not_sent(self.task_index, n)
 
     def _exhausted(self) -> None:
         """Nothing new to measure: the task is done (Trimmer hears it as a round without improvement)."""

@@ -80,7 +80,10 @@ class TrimmerRuntime:
                 self.budget.best[i] = float(b)
                 self.tracker.best[i] = float(b)
         self.budget.trials.update({int(k): int(v) for k, v in (initial_trials or {}).items()})
-        self._generated: dict[int, deque[tuple[int, int]]] = {i: deque() for i in self.weights}
+        # per task, the filter's batches not measured yet: [generated, filtered, not sent]
+        self._generated: dict[int, deque[list[int]]] = {i: deque() for i in self.weights}
+        # per task, batches the filter produced of which nothing was sent: joined to the next batch
+        self._unsent_carry: dict[int, list[int]] = {}
         self.filter_ranked = 0  # filter rounds judged by the task's trained predictor
         self.filter_unranked = 0  # ... kept in the search's own order (predictor not trained yet)
         self.vetoed = 0  # candidates the search would have measured, vetoed by the predictor
@@ -147,9 +150,34 @@ class TrimmerRuntime:
                     self.filter_ranked += 1
                 else:
                     self.filter_unranked += 1
-            self._generated.setdefault(task, deque()).append((int(generated), int(filtered)))
+            batch = [int(generated), int(filtered), 0]
+            carry = self._unsent_carry.pop(task, None)
+            if carry:
+                batch = [a + b for a, b in zip(batch, carry)]
+            self._generated.setdefault(task, deque()).append(batch)
             out = self.budget.outstanding
             out[task] = out.get(task, 0) + int(generated) - int(filtered)
+
+    def note_not_sent(self, task: int, n: int) -> None:
+        """``n`` of the candidates the filter just kept for ``task`` (its last noted batch) are not sent
+        to be measured: the run measured them already, or its trial budget ran out. A batch left with
+        nothing to send is joined to the task's next one, so a measured batch always satisfies
+        generated = filtered + not sent + measured."""
+        n = int(n)
+        with self.lock:
+            gen = self._generated.get(task)
+            if n <= 0 or not gen:
+                return
+            batch = gen[-1]
+            n = min(n, batch[0] - batch[1] - batch[2])
+            batch[2] += n
+            out = self.budget.outstanding
+            out[task] = max(0, out.get(task, 0) - n)
+            if batch[0] - batch[1] - batch[2] <= 0:
+                gen.pop()
+                carry = self._unsent_carry.setdefault(task, [0, 0, 0])
+                for k in range(3):
+                    carry[k] += batch[k]
 
     def note_vetoed(self, task: int, vetoed: Sequence[dict]) -> None:
         """Candidates the search would have measured that the predictor vetoed (``task``'s batch);
@@ -204,21 +232,21 @@ class TrimmerRuntime:
 
     def observe_batch(
         self, task: int, latencies: Sequence[float | None], *, round_index: int, exhausted: bool = False
-    ) -> tuple[int | None, int | None]:
+    ) -> tuple[int | None, int | None, int | None]:
         """One measured batch of ``task`` (None = failed candidate; ``exhausted``: the search had
-        no candidate left). Returns the batch's (generated, filtered) counts when the filter
-        produced it."""
+        no candidate left). Returns the batch's (generated, filtered, not sent) counts when the
+        filter produced it."""
         with self.lock:
             gen = self._generated.get(task)
-            counts: tuple[int | None, int | None] = (None, None)
-            if gen:
-                g, f = gen.popleft()
-                counts = (g, f)
+            counts: tuple[int | None, int | None, int | None] = (None, None, None)
+            if gen and latencies:
+                g, f, d = gen.popleft()
+                counts = (g, f, d)
                 out = self.budget.outstanding
-                out[task] = max(0, out.get(task, 0) - (g - f))
-            if gen is not None and counts[0]:
+                out[task] = max(0, out.get(task, 0) - (g - f - d))
+            if counts[0]:
                 self.state.record_filter_round(
-                    round_index=round_index, task=task, generated=g, filtered=f, measured=len(latencies)
+                    round_index=round_index, task=task, generated=g, filtered=f, not_sent=d, measured=len(latencies)
                 )
             else:
                 self.state.measured += len(latencies)

@@ -203,15 +203,27 @@ class TrimmerState:
     model_stop_reason: str | None = None
     generated: int = 0
     filtered: int = 0
+    # kept by the filter but never sent: measured earlier in the run, or past the run's trial budget
+    not_sent: int = 0
     measured: int = 0
     rounds: list[dict] = dataclasses.field(default_factory=list)
 
-    def record_filter_round(self, *, round_index: int, task: int, generated: int, filtered: int, measured: int) -> None:
+    def record_filter_round(
+        self, *, round_index: int, task: int, generated: int, filtered: int, measured: int, not_sent: int = 0
+    ) -> None:
         self.generated += generated
         self.filtered += filtered
+        self.not_sent += not_sent
         self.measured += measured
         self.rounds.append(
-            {"round": round_index, "task": task, "generated": generated, "filtered": filtered, "measured": measured}
+            {
+                "round": round_index,
+                "task": task,
+                "generated": generated,
+                "filtered": filtered,
+                "not_sent": not_sent,
+                "measured": measured,
+            }
         )
 
     def to_dict(self) -> dict:
