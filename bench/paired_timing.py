@@ -20,11 +20,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine_info, write_json  # noqa: E402
+
+REFERENCE = "onnxruntime"
 
 
 def job_threads(job: dict) -> int | None:
@@ -32,30 +35,26 @@ def job_threads(job: dict) -> int | None:
     return job.get("threads") or job["target"].get("num-cores")
 
 
-def _tvm_side(work_dir: str, job: dict, model, inputs, tmp: str):
-    """Sample function of one work directory's tuned build (compiled from a snapshot of its records)."""
-    from bench.tuned_tasks import snapshot
-    from tuning.engine.compile.passes import use_passes
-    from tuning.engine.compile.pipeline import compile_model, onnx_to_relax, run_and_time_samples
-    from tuning.engine.workdir import open_database
+def tvm_sampler(executable, inputs, target, threads: int | None) -> Callable[[], float]:
+    """One sample (seconds) of a compiled model per call: ``time_evaluator``, one call per repeat, at least
+    50 ms of runs; warmed up once here."""
+    from tuning.engine.compile.pipeline import run_and_time_samples
 
-    target, threads = job["target"], job_threads(job)
-    with use_passes(job.get("passes")):
-        snap = snapshot(work_dir, os.path.join(tmp, Path(work_dir).name))
-        exe = compile_model(onnx_to_relax(model), target, database=open_database(snap))
-    run_and_time_samples(exe, inputs, target, number=1, repeat=1, threads=threads)  # warm-up
+    run_and_time_samples(executable, inputs, target, number=1, repeat=1, threads=threads)  # warm-up
 
     def sample() -> float:
-        _, secs = run_and_time_samples(exe, inputs, target, number=1, repeat=1, threads=threads, min_repeat_ms=50)
+        _, secs = run_and_time_samples(executable, inputs, target, number=1, repeat=1, threads=threads,
+                                       min_repeat_ms=50)
         return secs[0]
 
     return sample
 
 
-def _ort_side(model, inputs, threads: int):
+def ort_sampler(model, inputs, threads: int) -> Callable[[], float]:
+    """One sample (seconds) of onnxruntime per call: the yardstick's own session and timer (what every bench
+    row's onnxruntime figure uses), at least 50 ms of runs; warmed up here."""
     from tuning.engine.yardstick import _model_bytes, _provider_for, _runner, _session, _time_runs
 
-    # the yardstick's own session and timer (what every bench row's onnxruntime figure uses)
     sess = _session(_model_bytes(model), _provider_for("cpu"), threads, 0)
     run, _ = _runner(sess, inputs, "cpu", 0)
     _time_runs(run, 10, 1, 50.0)  # warm-up
@@ -67,11 +66,45 @@ def _ort_side(model, inputs, threads: int):
     return sample
 
 
+def interleave(sides: dict[str, Callable[[], float]], rounds: int, settle_s: float = 0.0) -> dict[str, list[float]]:
+    """``rounds`` rounds of one sample of every side, back to back, the order rotated each round."""
+    names = list(sides)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[: r % len(names)]:
+            if settle_s:
+                time.sleep(settle_s)
+            samples[n].append(sides[n]())
+    return samples
+
+
+def summarize(samples: dict[str, list[float]], reference: str = REFERENCE) -> dict[str, dict]:
+    """Per side: median and IQR (ms) and the median over rounds of its sample / the reference's."""
+    from tuning.engine.yardstick import _iqr
+
+    ref = samples[reference]
+    return {n: {"median_ms": statistics.median(s) * 1e3, "iqr_ms": _iqr(s) * 1e3,
+                "vs_onnxruntime_paired": statistics.median(a / b for a, b in zip(s, ref, strict=True))}
+            for n, s in samples.items()}
+
+
+def _tvm_side(work_dir: str, job: dict, model, inputs, tmp: str) -> Callable[[], float]:
+    """Sampler of one work directory's tuned build (compiled from a snapshot of its records)."""
+    from bench.tuned_tasks import snapshot
+    from tuning.engine.compile.passes import use_passes
+    from tuning.engine.compile.pipeline import compile_model, onnx_to_relax
+    from tuning.engine.workdir import open_database
+
+    with use_passes(job.get("passes")):
+        snap = snapshot(work_dir, os.path.join(tmp, Path(work_dir).name))
+        exe = compile_model(onnx_to_relax(model), job["target"], database=open_database(snap))
+    return tvm_sampler(exe, inputs, job["target"], job_threads(job))
+
+
 def pair(jobs: dict[str, dict], rounds: int, settle_s: float = 0.0) -> dict:
     """``jobs``: work directory -> its ``bench_job.json`` (``tuned_tasks.load_job``)."""
     from bench.tuned_tasks import _model
     from tuning.engine.compile.pipeline import random_inputs
-    from tuning.engine.yardstick import _iqr
 
     models: dict[str, list[str]] = {}
     for w, job in jobs.items():
@@ -82,22 +115,12 @@ def pair(jobs: dict[str, dict], rounds: int, settle_s: float = 0.0) -> dict:
             model = _model(model_name)
             inputs = random_inputs(model, seed=0)
             threads = job_threads(jobs[dirs[0]])
-            sides = {"onnxruntime": _ort_side(model, inputs, threads)}
+            sides = {REFERENCE: ort_sampler(model, inputs, threads)}
             for w in dirs:
                 sides[Path(w).name] = _tvm_side(w, jobs[w], model, inputs, tmp)
-            names = list(sides)
-            samples: dict[str, list[float]] = {n: [] for n in names}
-            for r in range(rounds):
-                for n in names[r % len(names):] + names[: r % len(names)]:
-                    if settle_s:
-                        time.sleep(settle_s)
-                    samples[n].append(sides[n]())
-            ort = samples["onnxruntime"]
             out[model_name] = {
                 "threads": threads, "rounds": rounds,
-                "sides": {n: {"median_ms": statistics.median(s) * 1e3, "iqr_ms": _iqr(s) * 1e3,
-                              "vs_onnxruntime_paired": statistics.median(a / b for a, b in zip(s, ort, strict=True))}
-                          for n, s in samples.items()},
+                "sides": summarize(interleave(sides, rounds, settle_s)),
                 "jobs": {Path(w).name: jobs[w] for w in dirs},
             }
     return out
@@ -136,7 +159,7 @@ def main(argv=None) -> int:
         for n, s in res["sides"].items():
             print(f"  {n:32s} {s['median_ms']:10.3f} {s['iqr_ms']:8.3f} {s['vs_onnxruntime_paired']:13.3f}")
     overall = {f"{m}:{n}": s["vs_onnxruntime_paired"] for m, r in result.items() for n, s in r["sides"].items()
-               if n != "onnxruntime"}
+               if n != REFERENCE}
     write_json({"machine": machine_info(), "models": result, "overall": overall}, args.json)
     return 0
 

@@ -19,10 +19,13 @@ Each job, in order: onnxruntime (CPU provider, intra-op threads = ``--threads``,
 untuned TVM build, tuning (a sink follows the best-so-far end-to-end estimate,
 sum over tasks of weight x best measured latency, and records the trials and
 wall seconds at which it first reached onnxruntime's latency), then onnxruntime
-again and the tuned build, one after the other, so the final ratio compares
-timings taken in the same minutes. TVM is timed with ``time_evaluator``
+again and the tuned build, one after the other (``ratio_blocks``). TVM is timed with ``time_evaluator``
 (median of ``--repeat`` repeats, each at least 50 ms of runs, after one output
-run and TVM's own warm-up call). Outputs of both TVM builds are checked against
+run and TVM's own warm-up call). Then the row's verdict, ``ratio``: ``--paired-rounds`` interleaved
+rounds of one sample of each engine (``bench/paired_timing.py``'s samplers, order rotated per round),
+the median of the per-round ratios, so a host that drifts between two blocks of timings moves both
+engines alike (``paired`` holds both medians and IQRs; ``--paired-rounds 0``: ``ratio`` = ``ratio_blocks``).
+Outputs of both TVM builds are checked against
 onnxruntime's (|tvm - ort| <= 1e-4 * max(1, max|ort|) + 1e-4 * |ort|).
 Last, once those timings are taken, ``bench/tuned_tasks.py`` reads the job's work directory: the row's
 ``tasks`` (per task: weight, trials, best measured latency, share of the estimate, the trial that found
@@ -197,6 +200,7 @@ def _tune_and_compare(spec: dict) -> dict:
     tuned = compile_model(mod, target, database=open_database(spec["work_dir"]))
     tuned_out, tuned_ms = _time_tvm(tuned, inputs, target, spec)
     ort_after = _yardstick(model, inputs, spec, tvm_outputs=tuned_out)
+    paired = _paired(tuned, model, inputs, target, spec)
     from tuning.engine.yardstick import compare_outputs
 
     untuned_agree, untuned_err = compare_outputs(untuned_out, ort_after.outputs)
@@ -220,8 +224,25 @@ def _tune_and_compare(spec: dict) -> dict:
         "estimate_vs_compiled": abs(estimate_ms - tuned_ms) / tuned_ms if estimate_ms else None,
         "budget_minutes": spec.get("budget_minutes"), "status": summary.status, "stop_reason": summary.stop_reason,
         "parity": sink.parity, "trajectory": sink.trajectory[:: max(1, len(sink.trajectory) // 40)],
-        "ratio": tuned_ms / ort_after.latency_median_ms,
+        "paired": paired, "ratio_blocks": tuned_ms / ort_after.latency_median_ms,
+        "ratio": paired["ratio"] if paired else tuned_ms / ort_after.latency_median_ms,
     }
+
+
+def _paired(tuned, model, inputs, target, spec) -> dict | None:
+    """The tuned build and onnxruntime timed in interleaved rounds (``bench/paired_timing.py``): the row's
+    verdict, since two blocks of timings a minute apart can differ by the host's drift alone."""
+    rounds = spec.get("paired_rounds") or 0
+    if rounds <= 0:
+        return None
+    from bench.paired_timing import REFERENCE, interleave, ort_sampler, summarize, tvm_sampler
+
+    sides = {"tvm": tvm_sampler(tuned, inputs, target, spec["threads"]),
+             REFERENCE: ort_sampler(model, inputs, spec["threads"])}
+    summary = summarize(interleave(sides, rounds))
+    return {"rounds": rounds, "tvm_median_ms": summary["tvm"]["median_ms"], "tvm_iqr_ms": summary["tvm"]["iqr_ms"],
+            "ort_median_ms": summary[REFERENCE]["median_ms"], "ort_iqr_ms": summary[REFERENCE]["iqr_ms"],
+            "ratio": summary["tvm"]["vs_onnxruntime_paired"]}
 
 
 def child_main(spec: dict) -> None:
@@ -248,6 +269,9 @@ def _parse(argv):
     ap.add_argument("--evaluator", choices=sorted(EVALUATORS), default="warm",
                     help="how tuning times candidates: warm (TVM's default) or cold (cache flushed per sample)")
     ap.add_argument("--repeat", type=int, default=10, help="timing repeats, both engines")
+    ap.add_argument("--paired-rounds", type=int, default=30,
+                    help="interleaved rounds timing the tuned build and onnxruntime side by side, whose median "
+                         "per-round ratio is the row's ratio (0: the ratio of the two blocks of timings)")
     ap.add_argument("--population", type=int, default=None, help="evolutionary population (quick: 128, else 512)")
     ap.add_argument("--genetic-iters", type=int, default=None, help="genetic iterations (quick: 2, else 4)")
     ap.add_argument("--seed", type=int, default=1)
@@ -258,6 +282,8 @@ def _parse(argv):
         ap.error("--budget-minutes must be positive")
     if args.trials is not None and args.trials <= 0:
         ap.error("--trials must be positive")
+    if args.paired_rounds < 0 or 0 < args.paired_rounds < 4:
+        ap.error("--paired-rounds must be 0 or at least 4 (a median and an IQR)")
     if args.ablation and args.passes is not None:
         ap.error("--ablation runs its own pass selections; drop --passes")
     try:
@@ -294,7 +320,7 @@ def _specs(args, root: Path, threads: int) -> list[dict]:
                 "label": label, "model": name, "variant": variant, "row": row, "threads": threads,
                 "trials": args.trials or trials, "per_round": per_round, "seed": args.seed,
                 "budget_minutes": args.budget_minutes, "evaluator": EVALUATORS[args.evaluator],
-                "passes": list(normalize_passes(passes)), "repeat": args.repeat,
+                "passes": list(normalize_passes(passes)), "repeat": args.repeat, "paired_rounds": args.paired_rounds,
                 "population": args.population or (128 if args.quick else None),
                 "genetic_iters": args.genetic_iters or (2 if args.quick else None),
                 "work_dir": str(root / label), "out": str(root / f"{label}.json"),
@@ -320,7 +346,7 @@ def _rows(results: dict) -> list[dict]:
 def _print_table(rows: list[dict]) -> None:
     print()
     print(f"{'model':14s} {'row':24s} {'tasks':>5s} {'trials':>6s} {'ORT ms':>9s} {'untuned':>10s} {'tuned':>9s} "
-          f"{'est ms':>9s} {'ratio':>6s} {'parity trials/wall':>19s} {'agree':>5s} {'tune s':>7s}")
+          f"{'est ms':>9s} {'ratio':>6s} {'blocks':>6s} {'parity trials/wall':>19s} {'agree':>5s} {'tune s':>7s}")
     for row in rows:
         for label, r in row["jobs"].items():
             if "error" in r:
@@ -330,7 +356,7 @@ def _print_table(rows: list[dict]) -> None:
             par_s = f"{par['trials']} / {par['wall_s']:.0f} s" if par else "not reached"
             print(f"{row['model']:14s} {label:24s} {r['n_tasks']:5d} {r['trials']:6d} {_fmt(r['ort']['latency_median_ms']):>9s} "
                   f"{_fmt(r['untuned_ms']):>10s} {_fmt(r['tuned_ms']):>9s} {_fmt(r['estimate_ms']):>9s} "
-                  f"{_fmt(r['ratio'], 2):>6s} {par_s:>19s} "
+                  f"{_fmt(r['ratio'], 2):>6s} {_fmt(r.get('ratio_blocks'), 2):>6s} {par_s:>19s} "
                   f"{str(bool(r['tuned_outputs_agree'] and r['untuned_outputs_agree'])):>5s} {r['tuning_wall_s']:7.0f}")
 
 

@@ -1,4 +1,4 @@
-"""bench/paired_timing.py: what it refuses before compiling anything."""
+"""bench/paired_timing.py: what it refuses before compiling anything, and how it pairs the samples."""
 
 import pytest
 
@@ -22,3 +22,22 @@ def test_a_directory_without_a_job_is_refused_by_name(tmp_path, capsys):
         paired_timing.main([str(tmp_path)])
     assert exc.value.code == 2
     assert "bench_job.json" in capsys.readouterr().err
+
+
+def test_rounds_rotate_the_order_and_the_verdict_is_the_median_per_round_ratio():
+    order = []
+    drift = iter([1.0, 1.0, 3.0, 3.0, 5.0, 5.0, 7.0, 7.0])  # the host slows down between rounds
+
+    def side(name, scale):
+        def sample():
+            order.append(name)
+            return scale * next(drift)
+        return sample
+
+    samples = paired_timing.interleave({"onnxruntime": side("ort", 1.0), "tvm": side("tvm", 0.9)}, rounds=4)
+    assert order == ["ort", "tvm", "tvm", "ort", "ort", "tvm", "tvm", "ort"]
+    summary = paired_timing.summarize(samples)
+    # the blocks' medians move with the drift; every paired round says 0.9
+    assert summary["tvm"]["vs_onnxruntime_paired"] == pytest.approx(0.9)
+    assert summary["onnxruntime"]["vs_onnxruntime_paired"] == pytest.approx(1.0)
+    assert summary["tvm"]["median_ms"] == pytest.approx(0.9 * 4.0 * 1e3)

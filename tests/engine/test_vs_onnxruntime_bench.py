@@ -55,6 +55,8 @@ def test_cold_evaluator_is_its_own_row_and_reaches_the_engine_config():
     (["--budget-minutes", "-3"], "--budget-minutes must be positive"),
     (["--budget-minutes", "soon"], "invalid float value"),
     (["--trials", "0"], "--trials must be positive"),
+    (["--paired-rounds", "2"], "--paired-rounds must be 0 or at least 4"),
+    (["--paired-rounds", "-1"], "--paired-rounds must be 0 or at least 4"),
     (["--passes", "fold_batchnorm,rm -rf"], "unknown graph pass"),
     (["--ablation", "--passes", "none"], "drop --passes"),
     (["--variants", "mcpu,../../etc"], "unknown variant"),
@@ -98,6 +100,10 @@ def test_the_bench_runs_on_small_cnn_within_a_wall_budget(tmp_path):
     assert job["status"] == "succeeded" and job["stop_reason"] == FINISHED_BY_SINK
     assert job["final_remeasure_s"] is not None
     assert result["overall"]["tvm_vs_ort_latency_ratio"] == pytest.approx(job["ratio"])
+    # the verdict is the interleaved (paired) timing's, the two blocks' ratio kept beside it
+    paired = job["paired"]
+    assert paired["rounds"] == 30 and job["ratio"] == paired["ratio"] and job["ratio_blocks"] > 0
+    assert paired["tvm_median_ms"] > 0 and paired["ort_median_ms"] > 0 and paired["tvm_iqr_ms"] >= 0
     # every job row carries its task table and where its compiled model's time goes
     assert "analysis_error" not in job
     assert sum(t["trials"] for t in job["tasks"]) == job["trials"]
