@@ -44,6 +44,9 @@ class StartRunForm(forms.Form):
     num_cores = bounded_integer("num_cores", label="CPU cores", required=False,
                                 help_text="For llvm targets: the cores TVM schedules for.")
     max_trials = bounded_integer("max_trials", label="Trials (measurements)", initial=64)
+    max_minutes = bounded_integer("max_minutes", label="Time budget (minutes)", required=False,
+                                  help_text="Optional: tuning finishes when this much time is spent, or the trials "
+                                            "are, whichever comes first; the best schedules found are compiled.")
     trials_per_round = bounded_integer("trials_per_round", label="Trials per round", initial=32)
     measurement_mode = forms.ChoiceField(label="Measurement mode", choices=TuningRun.Mode.choices,
                                          initial=TuningRun.Mode.DOPPLER)

@@ -122,10 +122,12 @@ def fmt_wall(run: TuningRun, seconds: float, running_since: str | None) -> str:
 
 
 def eta_seconds(run: TuningRun, elapsed: float) -> float | None:
-    """Time left at this run's pace so far (trials per second); None before the first trial."""
+    """Time left at this run's pace so far (trials per second), or of its time budget when that ends it
+    sooner; None before the first trial."""
     if run.status != TuningRun.Status.RUNNING or not run.trials_done or elapsed <= 0:
         return None
-    return max(0, run.max_trials - run.trials_done) * elapsed / run.trials_done
+    at_pace = max(0, run.max_trials - run.trials_done) * elapsed / run.trials_done
+    return min(at_pace, max(0.0, run.max_minutes * 60 - elapsed)) if run.max_minutes else at_pace
 
 
 def fmt_eta(run: TuningRun, eta: float | None) -> str:
@@ -600,6 +602,7 @@ def _settings_of(run: TuningRun) -> dict[str, str]:
         "Measurement mode": run.get_measurement_mode_display(),
         "DOP": f"fixed {run.dop_fixed}" if run.dop_fixed else "automatic",
         "Trial budget": f"{run.max_trials:,}",
+        "Time budget": f"{run.max_minutes:,} min" if run.max_minutes else "none (trials only)",
         "Trials per round": f"{run.trials_per_round:,}",
         "Threads per measurement": str(run.threads) if run.threads else "the target's cores",
         "Trimmer": "on" if run.trimmer_enabled else "off",

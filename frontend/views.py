@@ -193,6 +193,7 @@ def run_list(request):
 
 
 SERVICE_FIELD_TO_FORM = {"target": "target_kind", "dop": "dop_fixed", "max_trials": "max_trials",
+                         "max_minutes": "max_minutes",
                          "trials_per_round": "trials_per_round", "measurement_mode": "measurement_mode",
                          "threads": "threads"}  # other fields (e.g. trimmer_options) show above the form
 
@@ -214,7 +215,8 @@ def run_start(request):
         trimmer, trimmer_options = form.trimmer()
         try:
             run = tuning_services.start_run(
-                actor=request.user, model=data["model"], max_trials=data["max_trials"], target=form.target(),
+                actor=request.user, model=data["model"], max_trials=data["max_trials"],
+                max_minutes=data.get("max_minutes"), target=form.target(),
                 trials_per_round=data["trials_per_round"], measurement_mode=data["measurement_mode"],
                 dop=form.dop(), threads=data.get("threads"), options=form.options(),
                 trimmer=trimmer, trimmer_options=trimmer_options)

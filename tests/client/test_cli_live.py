@@ -109,6 +109,13 @@ def test_upload_list_show_tune_and_control_a_run(dlopt, logged_in, team_a, small
     run = TuningRun.objects.get(pk=started.json["id"])
     assert (run.model, run.max_trials, run.dop_fixed, run.status) == (model, 16, 2, TuningRun.Status.QUEUED)
     assert no_broker == [run.pk]
+    timed = dlopt("tune", "tiny-cnn", "--trials", 16, "--minutes", 20, "--team", team_a.slug)
+    assert timed.code == 0 and "16 trials or 20 min" in timed.err
+    timed_run = TuningRun.objects.latest("pk")
+    assert timed_run.max_minutes == 20
+    assert dlopt("tune", "tiny-cnn", "--trials", 16, "--minutes", 0).code == 2  # refused before any request
+    TuningRun.objects.filter(pk=timed_run.pk).delete()
+    no_broker.remove(timed_run.pk)
 
     assert [r["id"] for r in dlopt("runs", "list", "--model", "tiny-cnn", "--json").json] == [run.pk]
     assert dlopt("runs", "list", "--status", "succeeded", "--json").json == []

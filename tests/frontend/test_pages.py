@@ -198,6 +198,16 @@ def start_form(model, **overrides):
     return data
 
 
+def test_start_run_form_takes_a_time_budget_and_the_run_page_shows_it(owner_client, model_a, celery_outbox):
+    resp = owner_client.post("/runs/new/", start_form(model_a, max_minutes=45))
+    run = TuningRun.objects.get()
+    assert resp.status_code == 302 and run.max_minutes == 45
+    page = owner_client.get(resp["Location"]).content.decode()
+    assert 'data-max-seconds="2700"' in page  # the live "time left" is capped by it
+    bad = owner_client.post("/runs/new/", start_form(model_a, max_minutes=0)).content.decode()
+    assert "greater than or equal to 1" in bad and TuningRun.objects.count() == 1
+
+
 def test_start_run_form_queues_a_run(owner_client, model_a, celery_outbox, django_capture_on_commit_callbacks):
     """The form starts a run and, once the request's transaction commits, sends it to Celery."""
     page = owner_client.get(f"/runs/new/?model={model_a.pk}").content.decode()

@@ -1,7 +1,7 @@
 """Where an engine event becomes a row: `DatabaseSink` is the engine's `TuningSink` for a run. It streams
 tasks, measurements (as each one lands, before TVM's join), DOP rounds, what is in flight and the final
 serial re-measures into the database, heartbeats the run's lease and answers the engine's `control()`
-with cancel/pause (requested or at the energy quota)."""
+with cancel/pause (requested or at the energy quota) or finish (the run's time budget is spent)."""
 from __future__ import annotations
 
 import threading
@@ -21,6 +21,8 @@ from .energy import run_energy_model
 from .ledger import charge_run_usage
 from .workdir import public_text, run_work_dir
 
+# the engine's control() answer that ends the search as a spent trial budget does (the run succeeds)
+FINISH = "finish"
 MAX_ERROR_CHARS = 5000  # of one candidate's build/run error (a TextField: a cap, not a column width)
 
 
@@ -32,6 +34,7 @@ class DatabaseSink:
     """The engine's TuningSink: streams tasks, measurements and rounds into the database."""
 
     HEARTBEAT_EVERY_S = 2.0
+    clock = staticmethod(time.monotonic)  # the heartbeat's and the time budget's
 
     def __init__(self, run_id: int, lease: str, meter=None):
         self.run_id, self.lease = run_id, lease
@@ -39,7 +42,7 @@ class DatabaseSink:
         self._task_ids: dict[int, int] = dict(TuningTask.objects.filter(run_id=run_id).values_list("index", "pk"))
         self._last_beat = 0.0
         run = TuningRun.objects.only("team_id", "energy_joules", "energy_build_joules", "energy_measure_joules",
-                                     "threads", "target", "energy_model").get(pk=run_id)
+                                     "threads", "target", "energy_model", "max_minutes", "wall_seconds").get(pk=run_id)
         self.team_id = run.team_id
         self.cpu_watts_per_core = run_energy_model(run)["cpu_watts_per_core"]
         self.threads = run.threads or run.target.get("num-cores") or 1
@@ -49,6 +52,10 @@ class DatabaseSink:
         self._build_cpu_s = 0.0
         self._measure_cpu_s = 0.0
         self.stop_reason = ""
+        # the time budget: what is left of it after earlier attempts, counted from this attempt's start
+        self.max_minutes = run.max_minutes
+        self._budget_left_s = None if run.max_minutes is None else run.max_minutes * 60.0 - run.wall_seconds
+        self._started = self.clock()
         # the engine may report measurements from its progress thread while its tuning thread
         # asks control(): one writer at a time keeps the CPU-second counters consistent
         self._lock = threading.RLock()
@@ -202,6 +209,7 @@ class DatabaseSink:
                           "n_candidates": info.n_candidates, "n_remeasured": info.n_remeasured,
                           "n_failures": info.n_failures, "n_generated": getattr(info, "n_generated", None),
                           "n_filtered": getattr(info, "n_filtered", None),
+                          "n_not_sent": getattr(info, "n_not_sent", None),
                           "wall_secs": getattr(info, "wall_secs", None),
                           "parallel_wall_secs": getattr(info, "parallel_wall_secs", None),
                           "serial_wall_secs": getattr(info, "serial_wall_secs", None)})
@@ -216,7 +224,7 @@ class DatabaseSink:
             return self._control()
 
     def _control(self) -> str | None:
-        now = time.monotonic()
+        now = self.clock()
         run = self._check_lease()
         if now - self._last_beat > self.HEARTBEAT_EVERY_S:
             TuningRun.objects.filter(pk=self.run_id, lease=self.lease).update(
@@ -226,7 +234,18 @@ class DatabaseSink:
             return run.requested_action
         if self._energy_quota_reached():
             return TuningRun.Action.CANCEL
+        if self._time_budget_spent(now):
+            return FINISH
         return None
+
+    def _time_budget_spent(self, now: float) -> bool:
+        """The run's wall-time budget is spent (earlier attempts' time included): tuning finishes between
+        rounds as at a spent trial budget, so the best schedules found are compiled and compared."""
+        if self._budget_left_s is None or now - self._started < self._budget_left_s:
+            return False
+        self.stop_reason = (f"Finished at the run's time budget ({self.max_minutes} min of tuning); the best "
+                            f"schedules found by then are compiled.")
+        return True
 
     def _energy_quota_reached(self) -> bool:
         budget_kwh = Quota.objects.filter(team_id=self.team_id).values_list("energy_kwh_per_month", flat=True).first()

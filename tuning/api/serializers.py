@@ -82,7 +82,7 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     class Meta:
         model = TuningRun
         fields = [
-            "id", "team", "model", "model_name", "target", "target_kind", "max_trials", "trials_per_round",
+            "id", "team", "model", "model_name", "target", "target_kind", "max_trials", "max_minutes", "trials_per_round",
             "measurement_mode", "dop", "threads", "options", "status", "requested_action", "queue_position",
             "waiting_since",
             "error", "created_at", "started_at", "finished_at", "archived_at", "attempts", "worker", "trials_done",
@@ -104,6 +104,9 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
 class TuningRunCreateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     model = TeamModelField(help_text="A model of one of your teams.")
     max_trials = bounded_integer("max_trials")
+    max_minutes = bounded_integer("max_minutes", required=False, allow_null=True, help_text=(
+        "Wall-time budget in minutes beside max_trials: once spent (earlier attempts included), tuning finishes "
+        "between rounds and the best schedules found are compiled. Omitted: the trial budget alone."))
     target = serializers.JSONField(required=False, help_text=(
         'The target, from a closed set of fields: {"kind": "llvm", "num-cores": N, "mcpu": NAME} (mcpu only as a '
         'registered node reports it, see /api/nodes/; default: the executing host\'s CPU) or {"kind": "cuda", '

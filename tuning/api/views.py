@@ -106,7 +106,8 @@ class TuningRunViewSet(RowListMixin, mixins.ListModelMixin, mixins.RetrieveModel
         options = {k: data[k] for k in ("search_population", "seed", "measure_queues")
                    if data.get(k) not in (None, [])}
         run = services.start_run(
-            actor=request.user, model=data["model"], max_trials=data["max_trials"], target=data.get("target"),
+            actor=request.user, model=data["model"], max_trials=data["max_trials"], max_minutes=data.get("max_minutes"),
+            target=data.get("target"),
             trials_per_round=data["trials_per_round"], measurement_mode=data["measurement_mode"],
             dop=data["dop"] or "auto", threads=data.get("threads"), options=options,
             trimmer=data["trimmer"], trimmer_options=data.get("trimmer_options") or None,

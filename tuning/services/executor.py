@@ -208,7 +208,7 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
             sink.flush()
             if status in ("cancelled", "paused"):
                 return finish_interrupted(run.pk, lease, status, reason=sink.stop_reason)
-            finish_succeeded(run.pk, lease, model_proto, summary, work_dir)
+            finish_succeeded(run.pk, lease, model_proto, summary, work_dir, stop_reason=sink.stop_reason)
         record_cache.record_run_outcome(run_id=run.pk, model_proto=model_proto)  # publish, verdicts
         return TuningRun.Status.SUCCEEDED
     except LeaseLost as exc:

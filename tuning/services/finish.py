@@ -27,9 +27,10 @@ class NoMeasurement(ServiceError):
     pass
 
 
-def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Path) -> None:
+def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Path, stop_reason: str = "") -> None:
     """Compile and compare the tuned model, then store everything in one transaction: a failure at any
-    write (or a lost lease) leaves the run, its tasks and the media directory as they were."""
+    write (or a lost lease) leaves the run, its tasks and the media directory as they were. ``stop_reason``:
+    why the caller ended tuning before its trial budget (the run's time budget), when it did."""
     run = TuningRun.objects.get(pk=run_id)
     comparison = adapters.compile_and_compare(model_proto, work_dir, run)
     wait_for_database(within_s=lease_margin_s())  # the compile takes minutes: the connection may have dropped
@@ -59,6 +60,8 @@ def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Pa
             run.trials_done = Measurement.objects.filter(run_id=run_id).count()
             if run.trimmer_enabled:
                 _store_trimmer_results(run, trim, getattr(summary, "stop_reason", None))
+            if stop_reason:  # the caller's reason: the engine's own only says the caller finished it
+                run.stop_reason = fit_to_field(TuningRun, "stop_reason", stop_reason)
             run.status, run.finished_at, run.lease = TuningRun.Status.SUCCEEDED, timezone.now(), ""
             run.requested_action = ""
             run.save()

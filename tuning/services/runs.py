@@ -90,11 +90,13 @@ def remote_cpu_for(run: TuningRun) -> dict:
     return {"mcpu": mcpu, "mtriple": triple} if mcpu and triple else {}
 
 
-def validate_run_bounds(*, max_trials, trials_per_round, threads, options: dict) -> None:
+def validate_run_bounds(*, max_trials, trials_per_round, threads, options: dict, max_minutes=None) -> None:
     """RUN_LIMITS, checked here for every entry point (API, dashboard, `manage.py tune`)."""
     bounded = {"max_trials": max_trials, "trials_per_round": trials_per_round}
     if threads is not None:
         bounded["threads"] = threads
+    if max_minutes is not None:
+        bounded["max_minutes"] = max_minutes
     bounded.update({k: options[k] for k in ("search_population", "seed") if options.get(k) is not None})
     for name, value in bounded.items():
         error = run_bound_error(name, value)
@@ -129,6 +131,7 @@ def start_run(
     actor: AbstractBaseUser,
     model: DLModel,
     max_trials: int,
+    max_minutes: int | None = None,
     target: dict | str | None = None,
     trials_per_round: int = 32,
     measurement_mode: str = TuningRun.Mode.DOPPLER,
@@ -142,12 +145,14 @@ def start_run(
 ) -> TuningRun:
     """Validate and store a run, and send it to a worker (`enqueue`) when one of the team's concurrent-run
     slots is free; otherwise it waits in the team's queue, or, with `queue_when_busy=False` (a caller that
-    executes the run itself), it is refused with 429."""
+    executes the run itself), it is refused with 429. `max_minutes`: a wall-time budget beside the trial
+    budget (tuning finishes at whichever is spent first)."""
     require_team_writer(actor, model.team_id, CONTROL_RUNS)
     require_ready(model)
     target = validate_target(target or settings.DEFAULT_TUNING_TARGET)
     options = dict(options or {})
-    validate_run_bounds(max_trials=max_trials, trials_per_round=trials_per_round, threads=threads, options=options)
+    validate_run_bounds(max_trials=max_trials, trials_per_round=trials_per_round, threads=threads, options=options,
+                        max_minutes=max_minutes)
     validate_budget(max_trials=max_trials, model=model)
     trials_per_round = rounds_that_reach_every_task(trials_per_round=trials_per_round, max_trials=max_trials,
                                                     model=model)
@@ -174,7 +179,8 @@ def start_run(
                                 "waits for a slot.", quota="max_concurrent_runs")
         run = TuningRun.objects.create(
             team_id=model.team_id, model=model, created_by=actor, target=target, target_kind=target["kind"],
-            max_trials=max_trials, trials_per_round=trials_per_round, measurement_mode=measurement_mode,
+            max_trials=max_trials, max_minutes=max_minutes, trials_per_round=trials_per_round,
+            measurement_mode=measurement_mode,
             dop_fixed=dop_fixed, threads=threads, options=options,
             trimmer_enabled=bool(trimmer), trimmer_options=trimmer_cfg if trimmer else {},
             grid_intensity_g_per_kwh=grid if grid is not None else platform_energy.grid_intensity_g_per_kwh,

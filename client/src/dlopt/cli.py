@@ -197,6 +197,8 @@ def _run_lines(run: Json) -> list[str]:
         lines.append(f"  onnxruntime {_spread(run, 'ort_latency')}, tuned/onnxruntime {_num(run.get('ratio_to_ort'))}")
     if run.get("deploy_verdict"):
         lines.append(f"  {run['deploy_verdict']}")
+    if run.get("stop_reason") and run["status"] == "succeeded":
+        lines.append(f"  {run['stop_reason']}")
     if run.get("estimated_latency_s"):
         lines.append(f"  estimate (sum of per-task bests, not measured end to end): "
                      f"{_ms(run['estimated_latency_s'])} ms")
@@ -272,10 +274,12 @@ def cmd_tune(args: argparse.Namespace, out: Output) -> int:
         if not args.team:
             raise UsageError("--team is required to upload an ONNX file.")
         model_ref = str(_upload(client, model_ref, args.team, None, "", args.interval, out)["id"])
-    run = client.tune(model_ref, trials=args.trials, team=args.team, trials_per_round=args.trials_per_round,
+    run = client.tune(model_ref, trials=args.trials, minutes=args.minutes, team=args.team,
+                      trials_per_round=args.trials_per_round,
                       target=_target(args.target), mode=args.mode, dop=args.dop, threads=args.threads,
                       seed=args.seed, trimmer=args.trimmer)
-    out.note(f"Run {run['id']}: {run['model_name']} on {json.dumps(run['target'])}, {run['max_trials']} trials, "
+    budget = f"{run['max_trials']} trials" + (f" or {run['max_minutes']} min" if run.get("max_minutes") else "")
+    out.note(f"Run {run['id']}: {run['model_name']} on {json.dumps(run['target'])}, {budget}, "
              f"mode {run['measurement_mode']}, DOP {run['dop']}: {run['status']}")
     if args.wait:
         return _follow(client, run, args.interval, out)
@@ -404,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune = command(commands, "tune", cmd_tune, "start a tuning run", parents=[waiting])
     tune.add_argument("model", help="model id or name, or an .onnx file to upload first (needs --team)")
     tune.add_argument("--trials", type=_positive, required=True, help="total trial budget")
+    tune.add_argument("--minutes", type=_positive,
+                      help="time budget: tuning finishes after this many minutes, or the trials, whichever comes "
+                           "first, and the best schedules found are compiled")
     tune.add_argument("--team", help="team slug, name or id")
     tune.add_argument("--trials-per-round", type=_positive)
     tune.add_argument("--target", help='TVM target as JSON (\'{"kind": "llvm", "num-cores": 4}\') or a kind')

@@ -190,14 +190,16 @@ class Client:
 
     # --- runs -----------------------------------------------------------------------------------------
 
-    def tune(self, model: str | int, *, trials: int, team: str | int | None = None,
+    def tune(self, model: str | int, *, trials: int, minutes: int | None = None, team: str | int | None = None,
              trials_per_round: int | None = None, target: Json | None = None, mode: str | None = None,
              dop: str | int | None = None, threads: int | None = None, seed: int | None = None,
              trimmer: bool = False, trimmer_options: Json | None = None) -> Json:
-        """Start a tuning run of a model (id or name); the queued run."""
+        """Start a tuning run of a model (id or name); the queued run. ``minutes``: a time budget beside the
+        trials (tuning finishes at whichever is spent first)."""
         model_id = int(model) if str(model).isdigit() else self.model(model, team=team)["id"]
         body: Json = {"model": model_id, "max_trials": trials, "trimmer": trimmer}
-        optional = {"trials_per_round": trials_per_round, "target": target, "measurement_mode": mode,
+        optional = {"max_minutes": minutes, "trials_per_round": trials_per_round, "target": target,
+                    "measurement_mode": mode,
                     "dop": None if dop is None else str(dop), "threads": threads, "seed": seed,
                     "trimmer_options": trimmer_options}
         body.update({k: v for k, v in optional.items() if v is not None})

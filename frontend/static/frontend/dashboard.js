@@ -149,6 +149,8 @@
     var done = eta ? Number(eta.getAttribute("data-trials-done")) : 0;
     if (eta && done > 0) {
       var left = Math.max(0, Number(eta.getAttribute("data-max-trials")) - done) * elapsed / done;
+      var budget = Number(eta.getAttribute("data-max-seconds"));  // the run's time budget, 0: none
+      if (budget > 0) { left = Math.min(left, Math.max(0, budget - elapsed)); }
       eta.textContent = eta.textContent.replace(/^about .*? \(/, "about " + fmtDuration(left) + " (");
     }
   }

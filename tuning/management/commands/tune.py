@@ -28,6 +28,9 @@ class Command(BaseCommand):
         parser.add_argument("--team", help="Team slug or name (required for a name or a file)")
         parser.add_argument("--trials", type=int, default=64,
                             help=f"Total trial budget (default 64, at most {RUN_LIMITS['max_trials'][1]})")
+        parser.add_argument("--minutes", type=int, default=None,
+                            help=f"Time budget: tuning finishes after this many minutes (or the trials, whichever "
+                                 f"comes first; at most {RUN_LIMITS['max_minutes'][1]}) and compiles the best found")
         parser.add_argument("--trials-per-round", type=int, default=32)
         parser.add_argument("--target", default=None,
                             help='Target as JSON from the closed set of fields: \'{"kind": "llvm", "num-cores": 2}\' '
@@ -85,14 +88,15 @@ class Command(BaseCommand):
             raise CommandError(f"--{exc}") from None
         try:
             run = services.start_run(
-                actor=owner.user, model=model, max_trials=opt["trials"], target=target,
+                actor=owner.user, model=model, max_trials=opt["trials"], max_minutes=opt["minutes"], target=target,
                 trials_per_round=opt["trials_per_round"], measurement_mode=opt["mode"], dop=dop,
                 threads=opt["threads"], options=options, enqueue=opt["worker"],
                 queue_when_busy=opt["worker"])  # run here: no waiting for a slot the queue would give
         except ServiceError as exc:
             raise CommandError(str(exc)) from exc
         out = sys.stderr if opt["json"] else self.stdout
-        out.write(f"Run {run.pk}: {model.name} on {run.target}, {run.max_trials} trials, mode {run.measurement_mode}, "
+        budget = f"{run.max_trials} trials" + (f" or {run.max_minutes} min" if run.max_minutes else "")
+        out.write(f"Run {run.pk}: {model.name} on {run.target}, {budget}, mode {run.measurement_mode}, "
                   f"DOP {run.dop_mode}\n")
         stop = threading.Event()
         bar = None if opt["no_progress"] else threading.Thread(target=self._progress, args=(run.pk, stop), daemon=True)
@@ -137,6 +141,7 @@ class Command(BaseCommand):
         return {
             "run": run.pk, "model": run.model.name, "status": run.status, "wall_seconds": round(wall, 2),
             "tuning_wall_seconds": round(run.wall_seconds, 2), "measurements": run.trials_done,
+            "max_trials": run.max_trials, "max_minutes": run.max_minutes, "stop_reason": run.stop_reason or None,
             "final_dop": run.final_dop, "mean_parallel_error": run.mean_parallel_error,
             "tuned_latency_ms": _ms(run.tuned_latency_s), "tuned_latency_iqr_ms": _ms(run.tuned_latency_iqr_s),
             "untuned_latency_ms": run.untuned_latency_s * 1e3 if run.untuned_latency_s else None,
@@ -160,6 +165,8 @@ class Command(BaseCommand):
     def _print(self, s: dict) -> None:
         self.stdout.write(f"\nRun {s['run']} {s['status']} in {s['wall_seconds']} s, {s['measurements']} measurements, "
                           f"final DOP {s['final_dop']}")
+        if s["stop_reason"]:
+            self.stdout.write(s["stop_reason"])
         if s["resolved_target"]:  # what the worker resolved the requested target to (its CPU, triple, threads)
             self.stdout.write(f"Target as built and measured: {json.dumps(s['resolved_target'], sort_keys=True)}")
         for t in s["tasks"]:
