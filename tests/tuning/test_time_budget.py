@@ -91,3 +91,14 @@ def test_a_run_at_its_time_budget_succeeds_with_what_it_measured(model_a, user_o
     assert run.stop_reason.startswith("Finished at the run's time budget (1 min")
     summary = json.loads(json.dumps(run.summary))
     assert summary.get("stop_reason")  # the engine's own record: the caller finished it
+
+
+def test_the_command_prints_why_tuning_ended():
+    from tuning.management.commands.tune import Command
+
+    out = io.StringIO()
+    summary = {"run": 1, "status": "succeeded", "wall_seconds": 61.0, "measurements": 40, "final_dop": 1,
+               "resolved_target": None, "tasks": [], "tuned_latency_ms": None, "onnxruntime_latency_ms": None,
+               "onnxruntime_error": "", "stop_reason": "Finished at the run's time budget (1 min of tuning); ..."}
+    Command(stdout=out)._print(summary)
+    assert "Finished at the run's time budget (1 min" in out.getvalue()

@@ -165,7 +165,7 @@ class Command(BaseCommand):
     def _print(self, s: dict) -> None:
         self.stdout.write(f"\nRun {s['run']} {s['status']} in {s['wall_seconds']} s, {s['measurements']} measurements, "
                           f"final DOP {s['final_dop']}")
-        if s["stop_reason"]:
+        if s.get("stop_reason"):  # why tuning ended before its trial budget (the time budget, Trimmer)
             self.stdout.write(s["stop_reason"])
         if s["resolved_target"]:  # what the worker resolved the requested target to (its CPU, triple, threads)
             self.stdout.write(f"Target as built and measured: {json.dumps(s['resolved_target'], sort_keys=True)}")
