@@ -101,10 +101,7 @@ def test_candidates_the_filter_kept_but_the_call_dropped_are_told_to_trimmer():
 
     runtime = TrimmerRuntime(TrimmerConfig(), [TaskInfo(0, "t0", 1e6, 1.0)], max_trials=100)
 
-    class FilterStandIn:  # the part of FilteredSearch the wrapper sees: a batch, and its runtime
-        def __init__(self):
-            self.runtime = runtime
-
+    class FilterStandIn:  # the part of FilteredSearch the wrapper sees: a batch noted with the run's Trimmer
         def generate_measure_candidates(self):
             runtime.note_generated(0, 12, 8)  # 4 kept
             return [SimpleNamespace(sch=SimpleNamespace(trace=k)) for k in ("a", "b", "c", "d")]

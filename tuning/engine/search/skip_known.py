@@ -130,11 +130,11 @@ class SkipKnownSearch(PySearchStrategy):
         return None
 
     def _note_not_sent(self, n: int) -> None:
-        """Trimmer's filter (the inner search, when it is one) counted the batch it just kept as sent:
-        tell it how many of those this wrapper dropped, so its counts add up to what is measured."""
-        runtime = getattr(self.inner, "runtime", None)
-        if n > 0 and runtime is not None:
-            runtime.note_not_sent(self.task_index, n)
+        """Trimmer's filter counted the batch it just kept as sent: tell the run's Trimmer how many of those
+        this wrapper dropped, so its counts add up to what is measured (without the filter it noted no
+        batch, and there is nothing to amend)."""
+        if n > 0 and self.state.trimmer is not None:
+            self.state.trimmer.note_not_sent(self.task_index, n)
 
     def _exhausted(self) -> None:
         """Nothing new to measure: the task is done (Trimmer hears it as a round without improvement)."""
