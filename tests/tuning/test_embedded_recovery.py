@@ -59,6 +59,16 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
+def _cmdline(pid: int) -> str:
+    """The process's command line, or "" once it has gone (a short-lived measuring worker can end between
+    listing /proc and reading it)."""
+    try:
+        with open(f"/proc/{pid}/cmdline") as fh:
+            return fh.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -88,7 +98,7 @@ def test_embedded_worker_killed_mid_run_is_recovered_by_the_next_worker(tmp_path
         wait_for(lambda: _state(env, run_id)["trials_done"] >= 4, 300, "the first measurements",
                  lambda: first_log.read_text(errors="replace"), interval=1.0)
         tree = _descendants(first.pid)  # the worker's pool, its beat, the run's engine and its workers
-        [engine] = [p for p in tree if "_isolated_child" in open(f"/proc/{p}/cmdline").read()]
+        [engine] = [p for p in tree if "_isolated_child" in _cmdline(p)]
         engine_tree = {engine} | _descendants(engine)
         with open(f"/proc/{engine}/stat") as fh:
             executor = int(fh.read().rsplit(")", 1)[1].split()[1])
@@ -98,7 +108,7 @@ def test_embedded_worker_killed_mid_run_is_recovered_by_the_next_worker(tmp_path
     finally:
         _kill(first)
     wait_for(lambda: not [p for p in tree if _alive(p)], 30, "every process of the killed worker to end",
-             lambda: str([(p, open(f"/proc/{p}/cmdline").read()) for p in tree if _alive(p)]))
+             lambda: str([(p, _cmdline(p)) for p in tree if _alive(p)]))
     assert "beat: Starting" in first_log.read_text(errors="replace")  # make run's worker runs beat
     before = _state(env, run_id)
     assert before["status"] == "running" and before["attempts"] == 1
