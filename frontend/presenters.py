@@ -168,8 +168,12 @@ def fmt_energy_saved(run: TuningRun, energy: dict | None) -> str:
 def fmt_filtered(run: TuningRun) -> str:
     if not run.candidates_generated:
         return DASH
-    return (f"{run.candidates_filtered:,} of {run.candidates_generated:,} scored candidates dropped before "
+    text = (f"{run.candidates_filtered:,} of {run.candidates_generated:,} scored candidates dropped before "
             "building (replaced by better-scored ones)")
+    if run.candidates_not_sent:
+        text += (f"; {run.candidates_not_sent:,} kept but not measured (measured earlier in the run, or past "
+                 "its trial budget)")
+    return text
 
 
 def fmt_charged(run: TuningRun) -> str:
@@ -206,7 +210,7 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "dop_rounds": dop_rounds, "energy": energy, "actions": run_actions(run),
         "trimmer_enabled": run.trimmer_enabled, "trimmer_options": run.trimmer_options,
         "candidates_generated": run.candidates_generated, "candidates_filtered": run.candidates_filtered,
-        "stop_reason": run.stop_reason, "builds_in_flight": run.builds_in_flight,
+        "candidates_not_sent": run.candidates_not_sent, "stop_reason": run.stop_reason, "builds_in_flight": run.builds_in_flight,
         "measurements_in_flight": run.measurements_in_flight, **onnxruntime_numbers(run),
     }
     pending = {"cancel": " (cancel requested)", "pause": " (pause requested)"}.get(run.requested_action or "", "")

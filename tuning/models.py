@@ -264,6 +264,9 @@ class TuningRun(models.Model):
     trimmer_options = models.JSONField(default=dict, blank=True)
     candidates_generated = models.PositiveIntegerField(default=0)
     candidates_filtered = models.PositiveIntegerField(default=0)
+    # kept by the filter but not measured (measured earlier in the run, or past the trial budget):
+    # generated = filtered + not sent + measured
+    candidates_not_sent = models.PositiveIntegerField(default=0)
 
     # Energy: `energy_source` says how it was obtained ("rapl", "nvml", "modeled", or a
     # combination such as "rapl+nvml"); figures are never shown without it.

@@ -176,6 +176,18 @@ def test_zero_energy_saved_says_why_beside_the_filtered_count(owner_client, user
     assert "48 of 64 scored candidates dropped before building" in page
     saved = page.split('data-field="energy_saved">')[1].split("</dd>")[0]
     assert saved.startswith("0 J: Trimmer did not stop the run") and "does not measure fewer" in saved
+    assert "not measured" not in page.split('data-field="filtered">')[1].split("</dd>")[0]
+
+
+def test_the_filtered_count_says_how_many_kept_candidates_were_not_measured(owner_client, user_owner, model_a):
+    """generated = filtered + not sent + measured: the page names the third part when there is one."""
+    run = TuningRunFactory(model=model_a, created_by=user_owner, succeeded=True, trials_done=40,
+                           trimmer_enabled=True, candidates_generated=64, candidates_filtered=16,
+                           candidates_not_sent=8)
+    filtered = owner_client.get(f"/runs/{run.pk}/").content.decode().split('data-field="filtered">')[1]
+    assert filtered.split("</dd>")[0] == ("16 of 64 scored candidates dropped before building (replaced by "
+                                          "better-scored ones); 8 kept but not measured (measured earlier in "
+                                          "the run, or past its trial budget)")
 
 
 # --- compare: a row per setting that differs, onnxruntime's line ---------------------------------------

@@ -38,6 +38,7 @@ def test_execute_run_with_trimmer_stores_preemptions_and_savings(model_a, user_o
     assert run.candidates_generated > run.candidates_filtered > 0
     rounds = DopRound.objects.filter(run=run, n_generated__isnull=False)
     assert rounds.exists() and all(r.n_generated - r.n_filtered - r.n_not_sent == r.n_candidates for r in rounds)
+    assert run.candidates_not_sent == sum(r.n_not_sent for r in rounds)  # the run's total, on the run
 
     assert run.stop_reason  # why Trimmer ended a successful run early
     assert 0 < run.trials_done < run.max_trials

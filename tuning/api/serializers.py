@@ -93,7 +93,7 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "ort_outputs_agree", "verdict", "verdict_flag", "timing_load", "estimate_gap", "deploy_verdict",
             "parity_trials",
             "parity_wall_s", "pipeline_key", "result_identity", "summary", "stop_reason",
-            "trimmer", "trimmer_options", "candidates_generated", "candidates_filtered",
+            "trimmer", "trimmer_options", "candidates_generated", "candidates_filtered", "candidates_not_sent",
             "energy_joules", "energy_kwh", "energy_source", "energy_build_joules", "energy_measure_joules",
             "energy_saved_joules", "energy_saved_kind", "trials_saved", "savings_basis", "grid_intensity_g_per_kwh",
             "carbon_g", "builds_in_flight", "measurements_in_flight",

@@ -18,6 +18,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name='tuningrun',
+            name='candidates_not_sent',
+            field=models.PositiveIntegerField(default=0),
+        ),
+        migrations.AddField(
+            model_name='tuningrun',
             name='max_minutes',
             field=models.PositiveIntegerField(blank=True, help_text='Tuning wall-time budget in minutes, over all attempts: once spent, tuning finishes between rounds and the best schedules found are compiled. Empty: the trial budget alone.', null=True, validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(10080)]),
         ),

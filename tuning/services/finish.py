@@ -187,9 +187,11 @@ def _store_trimmer_results(run: TuningRun, trim: dict, stop_reason: str | None) 
     """Trimmer's counts and savings on the run (saved by the caller). Savings are counted only when
     Trimmer ended the run before its budget: the trials it did not measure, priced at this run's own
     mean energy per measured trial."""
-    rounds = DopRound.objects.filter(run_id=run.pk).aggregate(g=Sum("n_generated"), f=Sum("n_filtered"))
+    rounds = DopRound.objects.filter(run_id=run.pk).aggregate(g=Sum("n_generated"), f=Sum("n_filtered"),
+                                                              n=Sum("n_not_sent"))
     run.candidates_generated = rounds["g"] or int(trim.get("generated") or 0)
     run.candidates_filtered = rounds["f"] or int(trim.get("filtered") or 0)
+    run.candidates_not_sent = rounds["n"] or int(trim.get("not_sent") or 0)
     if stop_reason:
         run.stop_reason = fit_to_field(TuningRun, "stop_reason", stop_reason)
     measured = run.trials_done
