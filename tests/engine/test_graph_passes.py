@@ -118,6 +118,39 @@ def test_pass_selection_by_name():
         gp.inference_passes(stage="later")
 
 
+@pytest.mark.parametrize("target", [None, {"kind": "llvm", "mcpu": "znver4"}, '{"kind": "llvm"}', "llvm -mcpu=x"])
+def test_cpu_targets_get_the_layout_passes(target):
+    assert gp.default_passes(target) == gp.selected_passes(target) == gp.LAYOUT
+    assert gp.pipeline_key(target=target).endswith(":fold_batchnorm+convert_layout+layout_rewrite")
+
+
+@pytest.mark.parametrize("target", [{"kind": "cuda", "arch": "sm_90"}, '{"kind": "cuda"}', "cuda -arch=sm_80"])
+def test_cuda_targets_keep_the_v1_pipeline_until_it_is_measured_on_a_gpu(target):
+    assert gp.default_passes(target) == gp.selected_passes(target) == gp.GPU_DEFAULT == gp.SHIPPED_V1
+    assert gp.pipeline_key(target=target) != gp.pipeline_key(target={"kind": "llvm"})
+    graph = [p.info.name for p in gp.inference_passes(stage=gp.GRAPH, target=target)]
+    assert graph == ["FoldBatchnormToConv2D", "FoldConstant"]
+    assert gp.inference_passes(stage=gp.TASKS, target=target) == []  # no layout-free weights marked
+    with gp.use_passes(gp.LAYOUT):  # an ablation's explicit choice holds for every target
+        assert gp.selected_passes(target) == gp.LAYOUT
+    assert gp.selected_passes(target) == gp.SHIPPED_V1
+    with gp.use_passes(None):
+        assert gp.selected_passes(target) == gp.SHIPPED_V1 and gp.selected_passes() == gp.LAYOUT
+
+
+def test_the_pipeline_selects_the_passes_for_its_target():
+    """The pipeline hands its target to the pass selection: a CUDA build converts no layout."""
+    import tvm
+
+    def names(target):
+        return [p.info.name for p in rp._fuse_passes(tvm.target.Target(target))]
+
+    cpu, cuda = names({"kind": "llvm"}), names({"kind": "cuda", "arch": "sm_80", "host": {"kind": "llvm"}})
+    assert "ConvertLayout" in cpu and "AttachAttrLayoutFreeBuffers" in cpu
+    assert "ConvertLayout" not in cuda and "AttachAttrLayoutFreeBuffers" not in cuda
+    assert "FoldBatchnormToConv2D" in cpu and "FoldBatchnormToConv2D" in cuda
+
+
 def test_no_pass_returns_the_module_unchanged(model):
     mod = rp.onnx_to_relax(model)
     assert gp.optimize_for_inference(mod, gp.NONE) is mod
@@ -150,9 +183,9 @@ def test_convert_layout_is_a_named_graph_pass_after_fold_batchnorm():
     assert gp.inference_passes(["convert_layout"], gp.GRAPH)
     assert gp.inference_passes(["convert_layout"], gp.TASKS) == []
     assert gp.inference_passes(["convert_layout"], gp.TUNED) == []
-    # selectable by name; the default waits for a quiet, full-budget ablation (graph_passes' docstring)
+    # the CPU default since the quiet 30-minute rows (graph_passes' docstring); CUDA keeps v1 until measured
     assert gp.LAYOUT == ("fold_batchnorm", "convert_layout", "layout_rewrite")
-    assert gp.DEFAULT == gp.SHIPPED_V1
+    assert gp.DEFAULT == gp.LAYOUT
     assert gp.pipeline_key(gp.LAYOUT) == f"{gp.PIPELINE_NAME}/{gp.PIPELINE_VERSION}:fold_batchnorm+convert_layout+layout_rewrite"
 
 

@@ -143,8 +143,8 @@ def test_onnx_model_tune_and_compare(tmp_path, cpu_target):
     model = tiny_cnn_onnx()
     sink = ListSink()
     s = run_tuning(model, _cfg(cpu_target, tmp_path, 20, trials_per_round=4, search_population=32), sink)
-    assert s.status == "succeeded" and len(s.tasks) == 5
-    assert {r.task_index for r in sink.records} == set(range(5))
+    assert s.status == "succeeded" and len(s.tasks) == 6  # NHWC: the input's transpose is a task too
+    assert {r.task_index for r in sink.records} == set(range(6))
     res = compile_and_compare(model, str(tmp_path), cpu_target, threads=1, number=5, repeat=3)
     assert res["outputs_match"], res
     assert res["tuned_latency_s"] > 0 and res["untuned_latency_s"] > 0
@@ -244,8 +244,8 @@ def test_rounds_are_lowered_so_the_budget_reaches_every_task():
 
 def test_every_task_gets_measured_when_rounds_would_overrun_the_budget(tmp_path, cpu_target):
     """The engine fits the round to the budget itself (the bench and the CLI call it directly, not only
-    the platform's start service): 5 tasks, 20 trials, 8 asked per round -> every task measured."""
+    the platform's start service): 6 tasks, 20 trials, 8 asked per round -> every task measured."""
     sink = ListSink()
     s = run_tuning(tiny_cnn_onnx(), _cfg(cpu_target, tmp_path, 20, trials_per_round=8, search_population=32), sink)
-    assert s.status == "succeeded" and len(s.tasks) == 5
-    assert {r.task_index for r in sink.records if not r.error} == set(range(5))
+    assert s.status == "succeeded" and len(s.tasks) == 6
+    assert {r.task_index for r in sink.records if not r.error} == set(range(6))

@@ -11,6 +11,7 @@ import pytest
 
 from bench import tuned_tasks as tt
 from bench import vs_onnxruntime as bench
+from tuning.engine.compile import passes as gp
 from tuning.engine.compile.pipeline import compile_model, make_target, onnx_to_relax, random_inputs
 from tuning.engine.compile.workloads import collect_tasks
 from tuning.engine.config import TuningConfig
@@ -114,8 +115,17 @@ class _KeepingSink(bench.ParitySink):
         super().on_measurements(records)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def v1_pipeline():
+    """These tests run the v1 pipeline (fold_batchnorm alone, the CUDA default), where tiny_cnn keeps a task
+    the compiled model runs as a VM view (its reshape): the table's rows for such a task are part of what
+    they check. Every extraction and compile of the module, the CLI's included, uses it."""
+    with gp.use_passes(gp.SHIPPED_V1):
+        yield
+
+
 @pytest.fixture(scope="module")
-def tuned_job(tmp_path_factory):
+def tuned_job(tmp_path_factory, v1_pipeline):
     """tiny_cnn tuned a few rounds as the bench tunes (DOPpler, final serial re-measure), counted by the
     bench's own sink."""
     work_dir = str(tmp_path_factory.mktemp("tuned_job"))

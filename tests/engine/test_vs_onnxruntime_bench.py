@@ -74,17 +74,18 @@ def _job(variant, passes, ratio, estimate_ms, tuned_ms):
 
 
 def test_overall_takes_the_default_selection_and_the_largest_estimate_gap():
-    rows = [{"model": "a", "jobs": {"mcpu shipped": _job("mcpu", gp.SHIPPED_V1, 2.0, 1.0, 2.0),
+    rows = [{"model": "a", "jobs": {"mcpu v1": _job("mcpu", gp.SHIPPED_V1, 2.0, 1.0, 2.0),
                                     "mcpu +both": _job("mcpu", gp.LAYOUT, 0.5, 1.0, 1.1)}},
-            {"model": "b", "jobs": {"mcpu shipped": _job("mcpu", gp.SHIPPED_V1, 8.0, 4.0, 4.0),
+            {"model": "b", "jobs": {"mcpu v1": _job("mcpu", gp.SHIPPED_V1, 8.0, 4.0, 4.0),
                                     "mcpu +both": _job("mcpu", gp.LAYOUT, 2.0, 3.0, 3.0),
                                     "mcpu +both failed": {"error": "boom"}}}]
     overall = bench._overall(rows)
-    assert overall["tvm_vs_ort_latency_ratio"] == pytest.approx(4.0)  # geomean(2.0, 8.0): the default rows
-    assert overall["by_row"] == {"mcpu shipped": pytest.approx(4.0), "mcpu +both": pytest.approx(1.0)}
-    assert overall["estimate_vs_compiled"] == pytest.approx(0.5)  # model a, shipped: |1 - 2| / 2
+    assert gp.DEFAULT == gp.LAYOUT
+    assert overall["tvm_vs_ort_latency_ratio"] == pytest.approx(1.0)  # geomean(0.5, 2.0): the default rows
+    assert overall["by_row"] == {"mcpu v1": pytest.approx(4.0), "mcpu +both": pytest.approx(1.0)}
+    assert overall["estimate_vs_compiled"] == pytest.approx(0.5)  # model a, v1: |1 - 2| / 2 (every row)
     assert overall["tvm_vs_ort_latency_ratio_no_mcpu"] is None
-    assert overall["models_at_or_below_parity"] == []
+    assert overall["models_at_or_below_parity"] == ["a"]
 
 
 @pytest.mark.slow

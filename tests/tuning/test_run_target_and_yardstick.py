@@ -54,6 +54,54 @@ def test_a_run_executed_here_records_this_hosts_mcpu(model_a, user_owner, monkey
     assert run.result_identity == identity_of(run.target_key, run.pipeline_key)
 
 
+def _resumed_run(model, user, pipeline_key: str):
+    """A run an earlier attempt resolved (under `pipeline_key`) and measured, queued again."""
+    from tests.factories import MeasurementFactory, TuningTaskFactory
+    from tuning.engine.compile.targets import canonical_key, resolve_cpu_target
+
+    run = services.start_run(actor=user, model=model, max_trials=8, threads=1,
+                             target={"kind": "llvm", "num-cores": 1}, enqueue=False)
+    resolved = {"kind": "llvm", **resolve_cpu_target(num_cores=1)}
+    TuningRun.objects.filter(pk=run.pk).update(resolved_target=resolved, target_key=canonical_key(resolved),
+                                               pipeline_key=pipeline_key, attempts=1)
+    MeasurementFactory.create_batch(3, task=TuningTaskFactory(run=run))
+    return run
+
+
+def test_a_run_resumed_under_another_pipeline_fails_saying_so_and_keeps_its_measurements(model_a, user_owner,
+                                                                                         monkeypatch):
+    """A run resolved before an upgrade changed the pipeline (the v1 default, here) is not tuned on with
+    tasks its records do not match: it fails before the engine starts, naming both pipelines."""
+    from tuning.engine.compile import passes as gp
+    from tuning.models import Measurement
+
+    old = gp.pipeline_key(gp.SHIPPED_V1)
+    run = _resumed_run(model_a, user_owner, old)
+    engine_calls = []
+    monkeypatch.setattr("tuning.adapters.run_engine", lambda *a, **k: engine_calls.append(a))
+    assert services.execute_run(run_id=run.pk, worker="t") == TuningRun.Status.FAILED
+    run.refresh_from_db()
+    now = gp.pipeline_key(target=run.resolved_target)
+    assert now != old and not engine_calls
+    assert f"tuned under the pipeline {old}" in run.error and f"compiles with {now}" in run.error, run.error
+    assert "start a new run" in run.error
+    assert run.pipeline_key == old and Measurement.objects.filter(run=run).count() == 3  # nothing rewritten
+
+
+def test_a_run_resumed_under_its_own_pipeline_goes_on(model_a, user_owner, monkeypatch):
+    from tuning.engine.compile import passes as gp
+
+    run = _resumed_run(model_a, user_owner, gp.pipeline_key(target={"kind": "llvm"}))
+
+    def engine_stops_at_once(sink, model_proto, config):
+        raise RuntimeError("the engine started")
+
+    monkeypatch.setattr("tuning.adapters.run_engine", engine_stops_at_once)
+    services.execute_run(run_id=run.pk, worker="t")
+    run.refresh_from_db()
+    assert "the engine started" in run.error, run.error
+
+
 def test_a_target_built_for_another_cpu_is_refused_with_the_reason(model_a, user_owner):
     """The real engine child refuses before extracting tasks: the run fails saying which CPUs differ. A
     target names a CPU only as a registered node reports it (the closed target schema)."""

@@ -53,7 +53,8 @@ def test_zoo_model_tuned_end_to_end_on_a_worker(redis_url, cnn, user_owner, tmp_
     assert Measurement.objects.filter(run=run).count() == run.trials_done
     assert len(seen_progress) >= 2  # progress was visible while it ran, not only at the end
     assert run.records_file and run.module_file
-    assert run.tasks.count() == 5  # conv, conv, pool, reshape, dense after fusion
+    # the NHWC pipeline: input transpose, conv, conv, pool, transpose+reshape, dense after fusion
+    assert run.tasks.count() == 6
     assert run.tasks.filter(best_latency_s__isnull=False).count() >= 4
     assert run.energy_joules > 0 and run.energy_source in ("modeled", "rapl")
     assert run.dop_rounds.exists() and run.final_dop >= 1

@@ -22,6 +22,7 @@ from tuning.distributed import celery_submit
 from tuning.engine.process.isolate import Abort, EngineCrashed, EngineError, EngineStopped, call_isolated
 from tuning.engine.process.lifeline import WorkDirBusy
 from tuning.engine import compare, session
+from tuning.engine.compile import passes as engine_passes
 from tuning.engine.compile import targets as engine_targets
 from tuning.engine.process import procpool
 from tuning.engine.records import check_replay
@@ -48,8 +49,8 @@ IMPORT_CHECK_TIMEOUT_S = 600
 
 __all__ = ["IMPORT_CHECK_TIMEOUT_S", "Abort", "RecordError", "TargetRefused", "WorkDirBusy", "WorkerError",
            "WorkerTimeout", "build_engine_config", "call_engine", "check_import", "checked_target",
-           "commit_stored_journal", "compile_and_compare", "database_records", "engine_error_text",
-           "engine_target", "fenced",
+           "commit_stored_journal", "compile_and_compare", "current_pipeline_key", "database_records",
+           "engine_error_text", "engine_target", "fenced",
            "has_imported", "precheck", "recheck_output", "resolve_target", "run_engine", "stored_journal_settled",
            "trimmer_options", "write_imported"]
 
@@ -191,6 +192,12 @@ def resolve_target(run: TuningRun, remote_cpu: dict | None = None) -> dict:
         target = checked_target(target)  # the node registry's names too
     return call_engine(engine_targets.resolve_run_target, target, run.threads, writable=(),
                        what="resolving the run's target on this host")
+
+
+def current_pipeline_key(run: TuningRun) -> str:
+    """The pipeline this platform's engine extracts and compiles `run`'s resolved target with now (no TVM
+    needed): a resumed run's stored `pipeline_key` must still be it."""
+    return engine_passes.pipeline_key(target=run.resolved_target or run.target)
 
 
 def database_records(model_proto, work_dir: Path, run: TuningRun) -> list:

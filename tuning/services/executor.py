@@ -267,10 +267,22 @@ def _step_back(run_id: int, lease: str) -> None:
             dispatch_run(run)
 
 
+class PipelineChanged(Exception):
+    """A resumed run's stored pipeline is not the one this engine compiles with."""
+
+
 def resolve_run_target(run: TuningRun, lease: str) -> None:
     """Name the CPU (or GPU) the run tunes for, on the host that executes it, once: a resumed run keeps
-    its first resolution, and the engine refuses to measure it on a host with another CPU."""
+    its first resolution, and the engine refuses to measure it on a host with another CPU, or with another
+    pipeline than the one its records were tuned under (`PipelineChanged`)."""
     if run.resolved_target:
+        now = adapters.current_pipeline_key(run)
+        if run.pipeline_key and run.pipeline_key != now:
+            raise PipelineChanged(
+                f"This run was tuned under the pipeline {run.pipeline_key}; this platform now extracts and compiles "
+                f"with {now} (it was upgraded while the run was unfinished), so the records measured so far do not "
+                "match its tasks. Its measurements stay on the run; start a new run of the model to tune it under the "
+                "new pipeline.")
         return
     resolved = adapters.resolve_target(run, remote_cpu=remote_cpu_for(run))
     run.resolved_target, run.target_key = resolved["target"], fit_to_field(TuningRun, "target_key", resolved["key"])

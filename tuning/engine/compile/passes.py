@@ -1,8 +1,9 @@
 """Inference graph optimizations of the platform's one Relax pipeline.
 
 Django-free. ``relax_pipeline._fuse_passes`` (task extraction, the tuned build and the
-untuned baseline alike) runs the *selected* passes (:func:`selected_passes`, default
-:data:`DEFAULT`; :func:`use_passes` changes it for a block) in three stages
+untuned baseline alike) runs the passes selected for its target (:func:`selected_passes`: the
+target's :func:`default_passes`, :data:`DEFAULT` on CPUs; :func:`use_passes` changes it for a block) in
+three stages
 (:data:`STAGES`): ``graph`` on the imported module, before DecomposeOpsForInference
 (which decomposes ``batch_norm`` into elementwise ops, after which no BatchNorm is left
 to fold); ``tasks`` after FuseTIR, on the module tasks are extracted from; ``tuned``
@@ -42,15 +43,16 @@ and three constant inputs from every conv task of resnet18 (untuned resnet18 1,8
 1,892 ms: the same), so it is in :data:`DEFAULT`. ``eliminate_common_subexpr`` changed
 no task on any zoo model. ``layout_rewrite`` marks every conv task's weights
 layout-free. ``convert_layout`` + ``layout_rewrite`` (:data:`LAYOUT`): on an Intel host
-(resnet18 at ~920-990 trials, tuned/onnxruntime) the shipped pipeline gave 2.43,
+(resnet18 at ~920-990 trials, tuned/onnxruntime) the v1 pipeline (``fold_batchnorm``) gave 2.43,
 + layout_rewrite 2.15, + NHWC conversion and the rewrite 1.20; a small depthwise-separable
-CNN at ~180-190 trials 2.49 -> 0.93, the same budgets: the CNN gap was data layout. They
-are not in :data:`DEFAULT` yet: on the loaded 2-core AMD host of the ablation
-(``bench/vs_onnxruntime.py --ablation``; docs/research/tuning-vs-onnxruntime.md, "Data
-layout") small_cnn did not gain and resnet18 could not be tuned far enough to tell, so
-the default waits for a quiet, full-budget ablation. ``convert_layout`` changes only
-graphs with convs; ``layout_rewrite`` also lets MetaSchedule repack a transformer's matmul
-weights (not measured on bert_encoder yet).
+CNN at ~180-190 trials 2.49 -> 0.93, the same budgets: the CNN gap was data layout. At 30 minutes of
+tuning on a quiet 2-core AMD znver4 host resnet18 and mobilenet_v2 reach onnxruntime with them and stay
+far behind without (docs/research/tuning-vs-onnxruntime.md, "The layout passes become the CPU default"),
+so :data:`LAYOUT` is the CPU default. ``convert_layout`` changes only graphs with convs;
+``layout_rewrite`` also lets MetaSchedule repack a transformer's matmul weights, as TVM's own
+``static_shape_tuning`` pipeline does for every model. CUDA targets keep :data:`GPU_DEFAULT` (v1) until the
+layout passes are measured on a GPU: :func:`default_passes` picks by the target's kind, and the pipeline
+key a run stores says which it got.
 ``CombineParallelMatmul`` did not fire on bert_encoder's Q/K/V projections (their
 weights are constants), so it is not offered.
 """
@@ -58,13 +60,17 @@ weights are constants), so it is not offered.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "PASS_ORDER",
     "DEFAULT",
     "SHIPPED_V1",
     "LAYOUT",
+    "GPU_DEFAULT",
+    "default_passes",
     "CONV_LAYOUTS",
     "NONE",
     "PIPELINE_NAME",
@@ -143,14 +149,15 @@ _PASSES: dict[str, Callable[[], dict[str, list]]] = {
     "layout_rewrite": _layout_rewrite,
 }
 PASS_ORDER: tuple[str, ...] = tuple(_PASSES)
-# The default stays the first pipeline's until a quiet-host ablation at real budgets supports the layout
-# passes here (docs/research/tuning-vs-onnxruntime.md, "Data layout": on a loaded 2-core AMD host small_cnn
-# at 96 trials read 0.58 of onnxruntime with it and 0.64 with both layout passes, within that host's noise)
 SHIPPED_V1: tuple[str, ...] = ("fold_batchnorm",)
-DEFAULT: tuple[str, ...] = SHIPPED_V1
-# What the layout ablation selects: NHWC convs and MetaSchedule's weight repacking (the issue's Intel
-# figures: resnet18 tuned/onnxruntime 2.43 -> 1.20 at the same budget)
+# NHWC convs and MetaSchedule's weight repacking: the CPU default. At the same budget it took resnet18 from
+# 2.43x to 1.20x onnxruntime on an Intel host, and at 30 minutes of tuning on a quiet AMD znver4 host
+# resnet18 and mobilenet_v2 reach onnxruntime with it where the v1 pipeline stays far behind
+# (docs/research/tuning-vs-onnxruntime.md, "The layout passes become the CPU default")
 LAYOUT: tuple[str, ...] = ("fold_batchnorm", "convert_layout", "layout_rewrite")
+# CUDA keeps v1 until the layout passes are measured on a GPU (RewriteLayout is a CPU postproc)
+GPU_DEFAULT: tuple[str, ...] = SHIPPED_V1
+DEFAULT: tuple[str, ...] = LAYOUT  # the CPU default (a target-less call means the host's CPU)
 NONE: tuple[str, ...] = ()
 # The pipeline's name and version are part of :func:`pipeline_key`: bump the version whenever the
 # passes after these (``relax_pipeline._fuse_passes``) change what a task's workload is, so records
@@ -159,9 +166,34 @@ PIPELINE_NAME = "dlopt-relax"
 # 2: convert_layout lifts ONNX Clip to Relax ops before converting (ReLU6 follows the NHWC conv)
 PIPELINE_VERSION = 2
 
-# The selection every extraction and compilation of this process uses (``relax_pipeline``); changed only
-# through :func:`use_passes` (ablations: one selection per process, as bench/vs_onnxruntime.py runs it).
-_selected: tuple[str, ...] = DEFAULT
+# The selection every extraction and compilation of this process uses (``relax_pipeline``): None = the
+# target's default (:func:`default_passes`); changed only through :func:`use_passes` (ablations: one selection
+# per process, as bench/vs_onnxruntime.py runs it).
+_selected: tuple[str, ...] | None = None
+
+
+def _target_kind(target: Any) -> str:
+    """The kind ("llvm", "cuda", ...) of a target spec dict, its JSON text, a ``tvm.target.Target`` or a
+    target string (None: the host's CPU). Needs no TVM."""
+    if target is None:
+        return "llvm"
+    if isinstance(target, Mapping):
+        return str(target.get("kind") or "llvm")
+    kind = getattr(target, "kind", None)
+    if kind is not None:
+        return str(getattr(kind, "name", kind))
+    text = str(target).strip()
+    if text.startswith("{"):
+        try:
+            return _target_kind(json.loads(text))
+        except ValueError:
+            return "llvm"
+    return text.split()[0] if text else "llvm"
+
+
+def default_passes(target: Any = None) -> tuple[str, ...]:
+    """The selection a target gets when none was chosen: :data:`LAYOUT` on CPUs, :data:`GPU_DEFAULT` on CUDA."""
+    return GPU_DEFAULT if _target_kind(target) == "cuda" else DEFAULT
 
 
 def normalize_passes(passes: Iterable[str] | str | None) -> tuple[str, ...]:
@@ -178,37 +210,38 @@ def normalize_passes(passes: Iterable[str] | str | None) -> tuple[str, ...]:
     return tuple(name for name in PASS_ORDER if name in chosen)
 
 
-def selected_passes() -> tuple[str, ...]:
-    """The pass selection this process extracts tasks and compiles with."""
-    return _selected
+def selected_passes(target: Any = None) -> tuple[str, ...]:
+    """The pass selection this process extracts tasks and compiles with for ``target``."""
+    return _selected if _selected is not None else default_passes(target)
 
 
 @contextlib.contextmanager
 def use_passes(passes: Iterable[str] | str | None):
-    """Extract, tune and compile with another selection inside the block (an ablation)."""
+    """Extract, tune and compile with another selection inside the block (an ablation); ``None``: the
+    target's default."""
     global _selected
-    previous, _selected = _selected, normalize_passes(passes)
+    previous, _selected = _selected, None if passes is None else normalize_passes(passes)
     try:
-        yield _selected
+        yield selected_passes()
     finally:
         _selected = previous
 
 
-def pipeline_key(passes: Iterable[str] | str | None = None) -> str:
-    """Stable name + version of the pipeline a selection gives (default: the selected one), e.g.
-    ``dlopt-relax/2:fold_batchnorm+convert_layout+layout_rewrite`` (``...:none`` when empty): stored on every run and part of what
-    identifies a tuning result (``targets.result_identity``)."""
-    chosen = _selected if passes is None else normalize_passes(passes)
+def pipeline_key(passes: Iterable[str] | str | None = None, target: Any = None) -> str:
+    """Stable name + version of the pipeline a selection gives (default: the one selected for ``target``),
+    e.g. ``dlopt-relax/2:fold_batchnorm+convert_layout+layout_rewrite`` (``...:none`` when empty): stored on
+    every run and part of what identifies a tuning result (``targets.result_identity``)."""
+    chosen = selected_passes(target) if passes is None else normalize_passes(passes)
     return f"{PIPELINE_NAME}/{PIPELINE_VERSION}:{'+'.join(chosen) if chosen else 'none'}"
 
 
-def inference_passes(passes: Sequence[str] | str | None = None, stage: str = GRAPH) -> list:
-    """The TVM passes of a selection (default: the selected one) for one stage, in order. ``graph``: the
-    head of ``relax_pipeline._fuse_passes``, before DecomposeOpsForInference / LegalizeOps; ``tasks``:
-    its tail, after FuseTIR; ``tuned``: after MetaScheduleApplyDatabase in ``compile_model``."""
+def inference_passes(passes: Sequence[str] | str | None = None, stage: str = GRAPH, target: Any = None) -> list:
+    """The TVM passes of a selection (default: the one selected for ``target``) for one stage, in order.
+    ``graph``: the head of ``relax_pipeline._fuse_passes``, before DecomposeOpsForInference / LegalizeOps;
+    ``tasks``: its tail, after FuseTIR; ``tuned``: after MetaScheduleApplyDatabase in ``compile_model``."""
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
-    chosen = _selected if passes is None else normalize_passes(passes)
+    chosen = selected_passes(target) if passes is None else normalize_passes(passes)
     return [p for name in chosen for p in _PASSES[name]().get(stage, [])]
 
 

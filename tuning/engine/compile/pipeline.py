@@ -186,9 +186,8 @@ def _fuse_passes(target) -> list:
     except (ValueError, AttributeError):
         dispatch = []
     return [
-        *graph_passes.inference_passes(
-            stage=graph_passes.GRAPH
-        ),  # before DecomposeOpsForInference, which leaves no BatchNorm to fold
+        # before DecomposeOpsForInference, which leaves no BatchNorm to fold
+        *graph_passes.inference_passes(stage=graph_passes.GRAPH, target=target),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.CanonicalizeBindings(),
         *dispatch,
@@ -197,7 +196,7 @@ def _fuse_passes(target) -> list:
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
-        *graph_passes.inference_passes(stage=graph_passes.TASKS),
+        *graph_passes.inference_passes(stage=graph_passes.TASKS, target=target),
     ]
 
 
@@ -290,7 +289,7 @@ def compile_model(model, target, database=None):
         m = tvm.transform.Sequential(_fuse_passes(target_obj))(m)
         if database is not None:
             m = MetaScheduleApplyDatabase(enable_warning=False)(m)
-        m = tvm.transform.Sequential(graph_passes.inference_passes(stage=graph_passes.TUNED))(m)
+        m = tvm.transform.Sequential(graph_passes.inference_passes(stage=graph_passes.TUNED, target=target_obj))(m)
         if is_gpu:
             from tvm.s_tir import dlight as dl
 

@@ -284,10 +284,10 @@ def identity_of(target_key: str, pipeline_key: str) -> str:
 
 def result_identity(target: Any, pipeline_key: str | None = None) -> str:
     """The identity of what tuning for ``target`` here produces: :func:`canonical_key` of the target and
-    the pipeline's key (default: the pipeline this process extracts and compiles with)."""
+    the pipeline's key (default: the pipeline this process extracts and compiles with for that target)."""
     from tuning.engine.compile.passes import pipeline_key as current_pipeline_key
 
-    return identity_of(canonical_key(target), pipeline_key or current_pipeline_key())
+    return identity_of(canonical_key(target), pipeline_key or current_pipeline_key(target=canonical_target(target)))
 
 
 # --------------------------------------------------------------------------- refusal
@@ -368,4 +368,4 @@ def resolve_run_target(target: Mapping, threads: int | None = None) -> dict:
             spec["arch"] = arch
     from tuning.engine.compile.passes import pipeline_key
 
-    return {"target": spec, "key": canonical_key(spec), "pipeline_key": pipeline_key()}
+    return {"target": spec, "key": canonical_key(spec), "pipeline_key": pipeline_key(target=spec)}
