@@ -79,6 +79,8 @@ def test_a_run_resumed_under_another_pipeline_fails_saying_so_and_keeps_its_meas
     run = _resumed_run(model_a, user_owner, old)
     engine_calls = []
     monkeypatch.setattr("tuning.adapters.run_engine", lambda *a, **k: engine_calls.append(a))
+    # nor are the old pipeline's journal records committed against the new pipeline's tasks
+    monkeypatch.setattr("tuning.adapters.commit_stored_journal", lambda *a, **k: engine_calls.append(a))
     assert services.execute_run(run_id=run.pk, worker="t") == TuningRun.Status.FAILED
     run.refresh_from_db()
     now = gp.pipeline_key(target=run.resolved_target)

@@ -231,7 +231,8 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
         log.exception("run %s failed", run_id)
         _add_wall(run.pk, lease, time.perf_counter() - started)
         sink.flush()
-        settle_tvm_database(run, model_proto, work_dir)  # an engine that crashed left its stream uncommitted
+        if not isinstance(exc, PipelineChanged):  # its journal's records belong to the old pipeline's tasks
+            settle_tvm_database(run, model_proto, work_dir)  # an engine that crashed left its stream uncommitted
         error = adapters.public_text(adapters.engine_error_text(exc), work_dir)[:MAX_RUN_ERROR_CHARS]
         if TuningRun.objects.filter(pk=run.pk, lease=lease).update(
                 status=TuningRun.Status.FAILED, error=error, finished_at=timezone.now()):
