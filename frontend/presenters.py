@@ -210,8 +210,9 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "dop_rounds": dop_rounds, "energy": energy, "actions": run_actions(run),
         "trimmer_enabled": run.trimmer_enabled, "trimmer_options": run.trimmer_options,
         "candidates_generated": run.candidates_generated, "candidates_filtered": run.candidates_filtered,
-        "candidates_not_sent": run.candidates_not_sent, "stop_reason": run.stop_reason, "builds_in_flight": run.builds_in_flight,
-        "measurements_in_flight": run.measurements_in_flight, **onnxruntime_numbers(run),
+        "candidates_not_sent": run.candidates_not_sent, "stop_reason": run.stop_reason,
+        "builds_in_flight": run.builds_in_flight, "measurements_in_flight": run.measurements_in_flight,
+        **onnxruntime_numbers(run),
     }
     pending = {"cancel": " (cancel requested)", "pause": " (pause requested)"}.get(run.requested_action or "", "")
     position = run.queue_position

@@ -287,7 +287,7 @@ def result_identity(target: Any, pipeline_key: str | None = None) -> str:
     the pipeline's key (default: the pipeline this process extracts and compiles with for that target)."""
     from tuning.engine.compile.passes import pipeline_key as current_pipeline_key
 
-    return identity_of(canonical_key(target), pipeline_key or current_pipeline_key(target=canonical_target(target)))
+    return identity_of(canonical_key(target), pipeline_key or current_pipeline_key(target=target))
 
 
 # --------------------------------------------------------------------------- refusal
