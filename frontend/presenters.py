@@ -301,6 +301,7 @@ def onnxruntime_display(run: TuningRun) -> dict:
     return {
         "resolved_target": fmt_target(run.resolved_target) if run.resolved_target
         else "resolved when a worker starts the run",
+        "pipeline": run.pipeline_words or "resolved when a worker starts the run",
         "ort": fmt_spread(run.ort_latency_s, run.ort_latency_iqr_s),
         "estimate_gap": fmt_estimate_gap(run),
         "ratio_to_ort": fmt_number(run.ratio_to_ort, 2, "×"),

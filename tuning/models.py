@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from common.units import joules_to_kwh
 from core.models import DLModel, Team, UsageCharge
+from tuning.engine.compile.passes import describe_pipeline
 from tuning.engine.compile.targets import identity_of
 from tuning.engine import verdict as verdict_rule
 
@@ -372,6 +373,11 @@ class TuningRun(models.Model):
     def result_identity(self) -> str:
         """What identifies this run's tuning results: its resolved target and its pipeline."""
         return identity_of(self.target_key, self.pipeline_key)
+
+    @property
+    def pipeline_words(self) -> str:
+        """The graph passes this run was tuned and compiled with, in words ("" until a worker resolved it)."""
+        return describe_pipeline(self.pipeline_key) if self.pipeline_key else ""
 
     @property
     def queue_position(self) -> int | None:

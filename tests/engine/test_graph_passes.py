@@ -151,6 +151,17 @@ def test_the_pipeline_selects_the_passes_for_its_target():
     assert "FoldBatchnormToConv2D" in cpu and "FoldBatchnormToConv2D" in cuda
 
 
+def test_a_pipeline_key_reads_in_words():
+    version = f"{gp.PIPELINE_NAME}/{gp.PIPELINE_VERSION}"
+    assert gp.describe_pipeline(gp.pipeline_key(gp.LAYOUT)) == (
+        f"BatchNorm folded into the convs; convs in NHWC; weights pre-packed for their schedules ({version})")
+    assert gp.describe_pipeline(gp.pipeline_key([])) == f"no graph passes ({version})"
+    assert all(gp.PASS_WORDS[name] for name in gp.PASS_ORDER)  # every pass has its words
+    # a key stored by another version names a pass this one does not know as it is
+    assert gp.describe_pipeline("dlopt-relax/9:fold_batchnorm+fuse_more") == (
+        "BatchNorm folded into the convs; fuse_more (dlopt-relax/9)")
+
+
 def test_no_pass_returns_the_module_unchanged(model):
     mod = rp.onnx_to_relax(model)
     assert gp.optimize_for_inference(mod, gp.NONE) is mod

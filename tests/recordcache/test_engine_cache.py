@@ -35,6 +35,16 @@ def test_hardware_fingerprint_names_cpu_model_and_core_layout():
     assert cache_key.hardware_fingerprint({"kind": "llvm"}) == cache_key.cpu_fingerprint()
 
 
+def test_hardware_fingerprint_reads_the_kind_of_every_target_form(monkeypatch):
+    # a target stored as JSON text, a TVM-style string and a dict name the same machine: a CUDA target's
+    # records describe the GPU, never the host CPU (the kind of a JSON string once read as '{"kind":')
+    monkeypatch.setattr(cache_key, "gpu_fingerprint", lambda: "the gpu")
+    for target in ({"kind": "cuda", "arch": "sm_90"}, '{"kind": "cuda", "arch": "sm_90"}', "cuda -arch=sm_90"):
+        assert cache_key.hardware_fingerprint(target) == "the gpu", target
+    for target in ({"kind": "llvm"}, '{"kind": "llvm", "num-cores": 2}', "llvm -num-cores=2"):
+        assert cache_key.hardware_fingerprint(target) == cache_key.cpu_fingerprint(), target
+
+
 def test_gpu_fingerprint_without_nvml_is_unknown_not_an_error():
     class NoDriver:
         def nvmlInit(self):

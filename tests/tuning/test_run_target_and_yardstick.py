@@ -205,6 +205,9 @@ def test_a_tiny_run_stores_serves_and_shows_the_onnxruntime_comparison(model_a, 
     html = client.get(f"/runs/{run.pk}/").content.decode()
     assert "onnxruntime latency" in html and (SLOWER in html) == (run.faster_engine == "onnxruntime")
     assert summary["deploy_verdict"] == run.deploy_verdict and summary["pipeline_key"] == run.pipeline_key
+    # the graph passes it was tuned with, in words, on the page and in the summary (the CPU default: NHWC)
+    assert summary["pipeline"] == run.pipeline_words and "convs in NHWC" in run.pipeline_words
+    assert run.pipeline_words in html
     assert summary["untuned_latency_ms"] and summary["tuned_latency_ms"]
     # time to parity, from the stored curve: consistent with the final estimate and onnxruntime
     from tuning.selectors import time_to_parity
@@ -232,8 +235,9 @@ def test_the_tune_command_says_which_target_it_built_for():
     summary = {"run": 1, "status": "succeeded", "wall_seconds": 1.0, "measurements": 8, "final_dop": 1,
                "resolved_target": {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}, "tasks": [],
                "tuned_latency_ms": None, "onnxruntime_latency_ms": None, "onnxruntime_error": ""}
-    cmd._print(summary)
+    cmd._print({**summary, "pipeline": "BatchNorm folded into the convs (dlopt-relax/2)"})
     assert 'Target as built and measured: {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}' in out.getvalue()
+    assert "Graph passes: BatchNorm folded into the convs (dlopt-relax/2)" in out.getvalue()
     out.truncate(0)
     cmd._print({**summary, "resolved_target": None})
-    assert "Target as built" not in out.getvalue()
+    assert "Target as built" not in out.getvalue() and "Graph passes" not in out.getvalue()

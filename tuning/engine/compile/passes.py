@@ -60,9 +60,10 @@ weights are constants), so it is not offered.
 from __future__ import annotations
 
 import contextlib
-import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+from tuning.engine.compile.target_schema import target_kind
 
 __all__ = [
     "PASS_ORDER",
@@ -71,6 +72,7 @@ __all__ = [
     "LAYOUT",
     "GPU_DEFAULT",
     "default_passes",
+    "describe_pipeline",
     "CONV_LAYOUTS",
     "NONE",
     "PIPELINE_NAME",
@@ -149,6 +151,13 @@ _PASSES: dict[str, Callable[[], dict[str, list]]] = {
     "layout_rewrite": _layout_rewrite,
 }
 PASS_ORDER: tuple[str, ...] = tuple(_PASSES)
+# What each pass does to the model, in words (the run page names a run's pipeline with them)
+PASS_WORDS: dict[str, str] = {
+    "fold_batchnorm": "BatchNorm folded into the convs",
+    "eliminate_common_subexpr": "common subexpressions removed",
+    "convert_layout": "convs in NHWC",
+    "layout_rewrite": "weights pre-packed for their schedules",
+}
 SHIPPED_V1: tuple[str, ...] = ("fold_batchnorm",)
 # NHWC convs and MetaSchedule's weight repacking: the CPU default. At the same budget it took resnet18 from
 # 2.43x to 1.20x onnxruntime on an Intel host, and at 30 minutes of tuning on a quiet AMD znver4 host
@@ -172,28 +181,9 @@ PIPELINE_VERSION = 2
 _selected: tuple[str, ...] | None = None
 
 
-def _target_kind(target: Any) -> str:
-    """The kind ("llvm", "cuda", ...) of a target spec dict, its JSON text, a ``tvm.target.Target`` or a
-    target string (None: the host's CPU). Needs no TVM."""
-    if target is None:
-        return "llvm"
-    if isinstance(target, Mapping):
-        return str(target.get("kind") or "llvm")
-    kind = getattr(target, "kind", None)
-    if kind is not None:
-        return str(getattr(kind, "name", kind))
-    text = str(target).strip()
-    if text.startswith("{"):
-        try:
-            return _target_kind(json.loads(text))
-        except ValueError:
-            return "llvm"
-    return text.split()[0] if text else "llvm"
-
-
 def default_passes(target: Any = None) -> tuple[str, ...]:
     """The selection a target gets when none was chosen: :data:`LAYOUT` on CPUs, :data:`GPU_DEFAULT` on CUDA."""
-    return GPU_DEFAULT if _target_kind(target) == "cuda" else DEFAULT
+    return GPU_DEFAULT if target_kind(target) == "cuda" else DEFAULT
 
 
 def normalize_passes(passes: Iterable[str] | str | None) -> tuple[str, ...]:
@@ -233,6 +223,16 @@ def pipeline_key(passes: Iterable[str] | str | None = None, target: Any = None) 
     every run and part of what identifies a tuning result (``targets.result_identity``)."""
     chosen = selected_passes(target) if passes is None else normalize_passes(passes)
     return f"{PIPELINE_NAME}/{PIPELINE_VERSION}:{'+'.join(chosen) if chosen else 'none'}"
+
+
+def describe_pipeline(key: str) -> str:
+    """A stored :func:`pipeline_key` in words, e.g. ``BatchNorm folded into the convs; convs in NHWC;
+    weights pre-packed for their schedules (dlopt-relax/2)``; a pass this version does not know (a key
+    stored by another version) is named as it is."""
+    identity, _, chosen = key.partition(":")
+    names = [name for name in chosen.split("+") if name and name != "none"]
+    words = "; ".join(PASS_WORDS.get(name, name) for name in names) or "no graph passes"
+    return f"{words} ({identity})"
 
 
 def inference_passes(passes: Sequence[str] | str | None = None, stage: str = GRAPH, target: Any = None) -> list:

@@ -30,6 +30,7 @@ __all__ = [
     "valid_mcpu",
     "valid_triple",
     "valid_arch",
+    "target_kind",
 ]
 
 # "generic" (or no mcpu) is baseline code that runs on every CPU of the triple's architecture
@@ -218,3 +219,23 @@ def check_target(target: Any, *, _nested: bool = False) -> dict:
             value = _check_value(key, value, max_cores=MAX_CORES)
         out[key] = value
     return out
+
+
+def target_kind(target: Any) -> str:
+    """The kind ("llvm", "cuda", ...) of a target spec dict, its JSON text, a ``tvm.target.Target`` or a
+    target string (None: the host's CPU). Reads the kind only; it validates nothing (:func:`check_target`
+    does)."""
+    if target is None:
+        return "llvm"
+    if isinstance(target, Mapping):
+        return str(target.get("kind") or "llvm")
+    kind = getattr(target, "kind", None)
+    if kind is not None:
+        return str(getattr(kind, "name", kind))
+    text = str(target).strip()
+    if text.startswith("{"):
+        try:
+            return target_kind(json.loads(text))
+        except ValueError:
+            return "llvm"
+    return text.split()[0] if text else "llvm"

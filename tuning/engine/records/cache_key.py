@@ -19,6 +19,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from tuning.engine.compile.target_schema import target_kind
+
 __all__ = [
     "tvm_version",
     "cpu_fingerprint",
@@ -86,10 +88,9 @@ def gpu_fingerprint(device_index: int = 0, nvml: Any = None) -> str:
         close_nvml(nv)
 
 
-def hardware_fingerprint(target: dict | str) -> str:
+def hardware_fingerprint(target: Any) -> str:
     """The machine a target's measurements describe: this host's CPU for llvm, its GPU otherwise."""
-    kind = target.get("kind") if isinstance(target, dict) else str(target).split()[0]
-    return cpu_fingerprint() if kind == "llvm" else gpu_fingerprint()
+    return cpu_fingerprint() if target_kind(target) == "llvm" else gpu_fingerprint()
 
 
 def cache_target_key(target_key: str, pipeline_key: str | None = None) -> str:

@@ -154,7 +154,7 @@ class Command(BaseCommand):
             "onnxruntime_outputs_agree": run.ort_outputs_agree,
             "onnxruntime_error": (run.summary or {}).get("onnxruntime_error") or "",
             "untuned_ratio_to_onnxruntime": (run.summary or {}).get("untuned_ratio_to_onnxruntime"),
-            "deploy_verdict": run.deploy_verdict, "pipeline_key": run.pipeline_key,
+            "deploy_verdict": run.deploy_verdict, "pipeline_key": run.pipeline_key, "pipeline": run.pipeline_words,
             "result_identity": run.result_identity,
             "parity": {"trials": run.parity_trials, "wall_s": run.parity_wall_s} if run.parity_trials else None,
             "tasks": [{"index": t.index, "name": t.name, "trials": t.trials,
@@ -169,6 +169,8 @@ class Command(BaseCommand):
             self.stdout.write(s["stop_reason"])
         if s["resolved_target"]:  # what the worker resolved the requested target to (its CPU, triple, threads)
             self.stdout.write(f"Target as built and measured: {json.dumps(s['resolved_target'], sort_keys=True)}")
+        if s.get("pipeline"):
+            self.stdout.write(f"Graph passes: {s['pipeline']}")
         for t in s["tasks"]:
             best = f"{t['best_latency_ms']:.4f} ms" if t["best_latency_ms"] else "-"
             self.stdout.write(f"  task {t['index']:>2} {t['name'][:48]:<48} {t['trials']:>5} trials  best {best}")
