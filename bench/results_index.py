@@ -80,6 +80,8 @@ def host_of(data: dict) -> str:
     cores = machine.get("cores") or machine.get("cpu_count")
     if not cpu:
         return "not recorded"
+    if machine.get("cpu_id"):  # two VM generations can share a model name ("AMD EPYC")
+        cpu = f"{cpu} ({machine['cpu_id']})"
     return f"{cpu}, {cores} cores" if cores else str(cpu)
 
 

@@ -39,3 +39,15 @@ def test_scratch_results_are_neither_listed_nor_kept(tmp_path, monkeypatch):
                     "| 2026-12-05 | abc1234 |"]
     gitignore = (results_index.ROOT / ".gitignore").read_text().split()
     assert "/bench/results/scratch/" in gitignore and "/bench/results/" not in gitignore
+
+
+def test_a_result_that_records_the_cpu_family_names_it_in_the_index():
+    """lscpu's model name can be one for two CPU generations (Zen 3 and Zen 4 VMs both read "AMD EPYC");
+    a result that recorded family and model (bench/common.py machine_info) shows them."""
+    from bench.common import machine_info
+
+    info = machine_info()
+    assert "cpu_id" in info and isinstance(info["caches"], dict)
+    machine = {"cpu": "AMD EPYC", "cores": 2, "cpu_id": "family 25 model 1"}
+    assert results_index.host_of({"machine": machine}) == "AMD EPYC (family 25 model 1), 2 cores"
+    assert results_index.host_of({"machine": {"cpu": "AMD EPYC", "cores": 2}}) == "AMD EPYC, 2 cores"
