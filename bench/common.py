@@ -35,19 +35,9 @@ def chosen_sides(ap, option: str, value: str, known: Iterable[str], always: Iter
     return [side for side in known if side in names | set(always)]
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def cpu_id() -> str:
-    """The CPU's vendor family and model numbers ("family 25 model 1"): cloud VMs of two generations can
-    share a model name ("AMD EPYC" for Zen 3 and Zen 4 alike); empty where /proc/cpuinfo does not say."""
+def _first_cpu_fields() -> dict[str, str]:
+    """The first processor's block of /proc/cpuinfo as fields ({"model name": ..., "cpu family": ...});
+    empty where it cannot be read."""
     fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -56,7 +46,18 @@ def cpu_id() -> str:
             key, _, value = line.partition(":")
             fields[key.strip()] = value.strip()
     except OSError:
-        return ""
+        pass
+    return fields
+
+
+def cpu_model() -> str:
+    return _first_cpu_fields().get("model name") or platform.processor() or "unknown"
+
+
+def cpu_id() -> str:
+    """The CPU's vendor family and model numbers ("family 25 model 1"): cloud VMs of two generations can
+    share a model name ("AMD EPYC" for Zen 3 and Zen 4 alike); empty where /proc/cpuinfo does not say."""
+    fields = _first_cpu_fields()
     family, model = fields.get("cpu family"), fields.get("model")
     return f"family {family} model {model}" if family and model else ""
 

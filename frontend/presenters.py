@@ -297,11 +297,14 @@ def fmt_estimate_gap(run: TuningRun) -> str:
     return gap["note"] if gap else ""
 
 
+# what the run page says of a run's target and graph passes before a worker has resolved them
+NOT_RESOLVED_YET = "resolved when a worker starts the run"
+
+
 def onnxruntime_display(run: TuningRun) -> dict:
     return {
-        "resolved_target": fmt_target(run.resolved_target) if run.resolved_target
-        else "resolved when a worker starts the run",
-        "pipeline": run.pipeline_words or "resolved when a worker starts the run",
+        "resolved_target": fmt_target(run.resolved_target) if run.resolved_target else NOT_RESOLVED_YET,
+        "pipeline": run.pipeline_words or NOT_RESOLVED_YET,
         "ort": fmt_spread(run.ort_latency_s, run.ort_latency_iqr_s),
         "estimate_gap": fmt_estimate_gap(run),
         "ratio_to_ort": fmt_number(run.ratio_to_ort, 2, "×"),
