@@ -73,6 +73,7 @@ if __package__ in (None, ""):
 
 from bench.common import geomean, machine_info, run_child, tuning_config, write_result  # noqa: E402
 from tuning.engine.events import NullSink  # noqa: E402 - data classes only, no TVM
+from tuning.engine.measuring.timer import COLD_CPU_EVALUATOR, default_evaluator  # noqa: E402 - TVM imported lazily
 
 SCRIPT = str(Path(__file__).resolve())
 
@@ -85,13 +86,17 @@ BUDGETS = {
 }
 QUICK = {"small_cnn": (160, 16)}
 VARIANTS = ("mcpu", "no-mcpu")
-# How candidates are timed while tuning (--evaluator). "warm": TVM's default (>= 100 ms of back-to-back calls
-# per sample: the weights stay in cache). "cold": MetaSchedule's cache-flush option as TVM documents it (flush
-# every argument but the data input before each sample, one call per sample), so a conv is tuned for weights
-# read from memory, as it runs inside the model (resnet18's layer-4 convs: +63 % in the model vs alone)
+# How candidates are timed while tuning (--evaluator). "auto": what the product does (``timer.choose_evaluator``:
+# cold when the model's weights outgrow this host's last-level cache, else warm). "warm": TVM's default (>= 100
+# ms of back-to-back calls per sample: the weights stay in cache). "cold": MetaSchedule's cache-flush option as
+# TVM documents it (flush every argument but the data input before each sample, one call per sample), so a conv
+# is tuned for weights read from memory, as it runs inside the model (resnet18's layer-4 convs: +63 % in the
+# model vs alone)
+AUTO = "auto"
 EVALUATORS = {
-    "warm": None,
-    "cold": {"number": 1, "repeat": 10, "min_repeat_ms": 0, "enable_cpu_cache_flush": True},
+    AUTO: AUTO,
+    "warm": default_evaluator("cpu").to_dict(),
+    "cold": COLD_CPU_EVALUATOR.to_dict(),
 }
 # --ablation: (row label, pass selection); the label says what is added to the v1 pipeline (fold_batchnorm,
 # the default before the layout passes; "+both" is today's CPU default)
@@ -189,6 +194,7 @@ def _tune_and_compare(spec: dict) -> dict:
     model = build_model(spec["model"])
     inputs = random_inputs(model, seed=0)
     target = _target(spec["variant"], spec["threads"])
+    spec = dict(spec, evaluator=_evaluator(spec.get("evaluator"), model))
     write_job(spec["work_dir"], model=spec["model"], target=target, passes=spec["passes"], threads=spec["threads"])
     mod = onnx_to_relax(model)
     ort_before = _yardstick(model, inputs, spec)
@@ -231,6 +237,16 @@ def _tune_and_compare(spec: dict) -> dict:
     }
 
 
+def _evaluator(choice, model) -> dict:
+    """The job's evaluator as a dict; "auto": the product's choice for this model on this host, with why."""
+    if choice != AUTO:
+        return dict(choice)
+    from core.onnx_models.features import weight_bytes
+    from tuning.engine.measuring.timer import choose_evaluator, host_llc_bytes
+
+    return choose_evaluator("cpu", weight_bytes=weight_bytes(model), llc_bytes=host_llc_bytes()).to_dict()
+
+
 def _paired(tuned, model, inputs, target, spec) -> dict | None:
     """The tuned build and onnxruntime timed in interleaved rounds (``bench/paired_timing.py``): the row's
     verdict, since two blocks of timings a minute apart can differ by the host's drift alone."""
@@ -268,8 +284,10 @@ def _parse(argv):
     ap.add_argument("--passes", default=None, help="graph passes, comma list or 'none' (default: graph_passes.DEFAULT)")
     ap.add_argument("--ablation", action="store_true",
                     help="one job per pass selection: v1, +layout_rewrite, +convert_layout, +both (the default)")
-    ap.add_argument("--evaluator", choices=sorted(EVALUATORS), default="warm",
-                    help="how tuning times candidates: warm (TVM's default) or cold (cache flushed per sample)")
+    ap.add_argument("--evaluator", choices=sorted(EVALUATORS), default=AUTO,
+                    help="how tuning times candidates: auto (the product's choice: cold when the model's weights "
+                         "outgrow this host's last-level cache), warm (TVM's default) or cold (cache flushed per "
+                         "sample)")
     ap.add_argument("--repeat", type=int, default=10, help="timing repeats, both engines")
     ap.add_argument("--paired-rounds", type=int, default=30,
                     help="interleaved rounds timing the tuned build and onnxruntime side by side, whose median "
@@ -315,7 +333,7 @@ def _specs(args, root: Path, threads: int) -> list[dict]:
             trials = UNBOUNDED_TRIALS
         for variant, row, passes in (jobs if i % 2 == 0 else list(reversed(jobs))):
             row = f"{variant} {row}" if row else variant
-            if args.evaluator != "warm":
+            if args.evaluator != AUTO:
                 row = f"{row} {args.evaluator}"
             label = f"{name}__{row.replace(' ', '_').replace('+', 'with_')}"
             specs.append({

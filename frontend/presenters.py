@@ -267,7 +267,7 @@ def onnxruntime_numbers(run: TuningRun) -> dict:
             "estimate_gap": run.estimate_gap,
             "deploy_verdict": run.deploy_verdict, "slower_than_ort": run.slower_than_ort,
             "parity_trials": run.parity_trials, "parity_wall_s": run.parity_wall_s,
-            "pipeline_key": run.pipeline_key}
+            "pipeline_key": run.pipeline_key, "evaluator": run.evaluator}
 
 
 def fmt_estimate(run: TuningRun, missing: list[str]) -> str:
@@ -297,7 +297,7 @@ def fmt_estimate_gap(run: TuningRun) -> str:
     return gap["note"] if gap else ""
 
 
-# what the run page says of a run's target and graph passes before a worker has resolved them
+# what the run page says of a run's target, graph passes and timing before a worker has resolved them
 NOT_RESOLVED_YET = "resolved when a worker starts the run"
 
 
@@ -305,6 +305,7 @@ def onnxruntime_display(run: TuningRun) -> dict:
     return {
         "resolved_target": fmt_target(run.resolved_target) if run.resolved_target else NOT_RESOLVED_YET,
         "pipeline": run.pipeline_words or NOT_RESOLVED_YET,
+        "timing": run.timing_words or NOT_RESOLVED_YET,
         "ort": fmt_spread(run.ort_latency_s, run.ort_latency_iqr_s),
         "estimate_gap": fmt_estimate_gap(run),
         "ratio_to_ort": fmt_number(run.ratio_to_ort, 2, "×"),

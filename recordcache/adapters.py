@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuning.adapters import call_engine, checked_target, engine_target, run_work_dir
+from tuning.adapters import call_engine, checked_target, engine_target, run_evaluator, run_work_dir
 from tuning.engine.process import procpool
 from tuning.engine.records import cache_key, exchange, publish, seeds
 from tuning.engine.records.cost_model_file import CostModelFileError, check_cost_model_file
@@ -29,9 +29,10 @@ export_lines = exchange.export_lines
 
 def cache_key_of(run: TuningRun) -> dict:
     """The cache key parts a run's records are stored under and looked up with, on the executing host:
-    target (canonical key + graph-pass pipeline when the run has one), hardware, TVM version."""
+    target (canonical key + graph-pass pipeline when the run has one + cold timing), hardware, TVM version."""
     pipeline = getattr(run, "pipeline_key", "") or (run.options or {}).get("pipeline_key")
-    return {"target_key": cache_key.cache_target_key(run.target_key, pipeline),
+    cold = run_evaluator(run).enable_cpu_cache_flush
+    return {"target_key": cache_key.cache_target_key(run.target_key, pipeline, cold_timing=cold),
             "hardware": cache_key.hardware_fingerprint(run.engine_target), "tvm_version": cache_key.tvm_version()}
 
 

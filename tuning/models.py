@@ -174,6 +174,10 @@ class TuningRun(models.Model):
     pipeline_key = models.CharField(max_length=200, blank=True, editable=False,
                                     help_text="Name, version and graph passes of the Relax pipeline the run's tasks "
                                               "were extracted and its modules compiled with (part of result keys).")
+    evaluator = models.JSONField(default=dict, blank=True, editable=False,
+                                 help_text="How the run's candidates are timed, chosen with the target on the executing "
+                                           "host (cold when the model's weights outgrow the measuring CPU's last-level "
+                                           "cache), and why; empty: TVM's default.")
     max_trials = models.PositiveIntegerField(validators=run_bound_validators("max_trials"))
     max_minutes = models.PositiveIntegerField(
         null=True, blank=True, validators=run_bound_validators("max_minutes"),
@@ -378,6 +382,15 @@ class TuningRun(models.Model):
     def pipeline_words(self) -> str:
         """The graph passes this run was tuned and compiled with, in words ("" until a worker resolved it)."""
         return describe_pipeline(self.pipeline_key) if self.pipeline_key else ""
+
+    @property
+    def timing_words(self) -> str:
+        """How the run's candidates are timed, and why, in words ("" until a worker resolved the run)."""
+        if (self.options or {}).get("evaluator"):
+            return "as the run's options set it"
+        if self.evaluator:
+            return f"{self.evaluator.get('regime', '')}: {self.evaluator.get('why', '')}"
+        return "warm: timed back to back (TVM's default)" if self.resolved_target else ""
 
     @property
     def queue_position(self) -> int | None:

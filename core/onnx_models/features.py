@@ -60,7 +60,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-__all__ = ["DATA_MOVEMENT_OPS", "GraphFeatures", "compute_features", "features_at_batch_in_child", "layer_class"]
+__all__ = [
+    "DATA_MOVEMENT_OPS",
+    "GraphFeatures",
+    "compute_features",
+    "features_at_batch_in_child",
+    "layer_class",
+    "weight_bytes",
+]
 
 
 #: Ops that copy data without arithmetic (counted in ``bytes_moved``).
@@ -675,6 +682,22 @@ def compute_features(model: onnx.ModelProto, *, batch_size: int | None = None) -
         batch_size=int(batch),
         bytes_moved=int(bytes_moved),
     )
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's floating-point initializers and Constant tensors: what one inference reads
+    of weights (how candidates are timed depends on whether they fit a CPU's cache). From the tensors'
+    dims and types, without reading their data."""
+    total = 0
+    for t in model.graph.initializer:
+        if t.data_type in _FLOAT_TYPES:
+            total += int(math.prod(t.dims)) * _itemsize(t.data_type)
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value" and a.t.data_type in _FLOAT_TYPES:
+                    total += int(math.prod(a.t.dims)) * _itemsize(a.t.data_type)
+    return total
 
 
 def features_at_batch_in_child(*, data: bytes, batch_size: int) -> dict[str, Any]:

@@ -36,17 +36,33 @@ def test_ablation_gives_one_job_per_pass_selection():
     assert len({s["work_dir"] for s in specs}) == len(specs)
 
 
-def test_cold_evaluator_is_its_own_row_and_reaches_the_engine_config():
-    """--evaluator cold: the cache-flush timing TVM documents (one call per sample) in the job's TuningConfig, and a
-    row label of its own so warm and cold results never share a row."""
+def test_a_forced_evaluator_is_its_own_row_and_reaches_the_engine_config():
+    """--evaluator cold/warm: the cache-flush timing TVM documents (one call per sample) or TVM's default in the
+    job's TuningConfig, each with a row label of its own, so forced and product-chosen results never share a
+    row; without it, the job is timed as the product would time that model on this host."""
     from bench.common import tuning_config
+    from tuning.engine.measuring import timer
 
-    (warm,) = _specs(["--models", "small_cnn", "--variants", "mcpu", "--trials", "8"])
+    (auto,) = _specs(["--models", "small_cnn", "--variants", "mcpu", "--trials", "8"])
+    (warm,) = _specs(["--models", "small_cnn", "--variants", "mcpu", "--trials", "8", "--evaluator", "warm"])
     (cold,) = _specs(["--models", "small_cnn", "--variants", "mcpu", "--trials", "8", "--evaluator", "cold"])
-    assert warm["row"] == "mcpu" and cold["row"] == "mcpu cold"
+    assert (auto["row"], warm["row"], cold["row"]) == ("mcpu", "mcpu warm", "mcpu cold")
     ev = tuning_config(dict(cold, target={"kind": "llvm", "num-cores": 2})).evaluator
     assert ev.enable_cpu_cache_flush and ev.number == 1 and ev.min_repeat_ms == 0
-    assert not tuning_config(dict(warm, target={"kind": "llvm", "num-cores": 2})).evaluator.enable_cpu_cache_flush
+    assert tuning_config(dict(warm, target={"kind": "llvm", "num-cores": 2})).evaluator == timer.default_evaluator("cpu")
+    # auto: the product's rule for the model's weights on this host's cache, with its reason in the row
+    for name, model_bytes in (("small_cnn", 1 << 18), ("resnet18", 1 << 40)):
+        chosen = bench._evaluator(auto["evaluator"], _model_with_weights(model_bytes))
+        expected = timer.choose_evaluator("cpu", weight_bytes=model_bytes, llc_bytes=timer.host_llc_bytes())
+        assert chosen == expected.to_dict() and chosen["why"], name
+
+
+def _model_with_weights(n_bytes: int):
+    """A model whose only weight is ``n_bytes`` of float32 (dims only: the data is never read)."""
+    from onnx import TensorProto, helper
+
+    w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[n_bytes // 4])
+    return helper.make_model(helper.make_graph([], "g", [], [], initializer=[w]))
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -54,6 +54,51 @@ def test_a_run_executed_here_records_this_hosts_mcpu(model_a, user_owner, monkey
     assert run.result_identity == identity_of(run.target_key, run.pipeline_key)
 
 
+def test_a_run_is_timed_cold_when_its_weights_outgrow_this_hosts_cache(model_a, user_owner, monkeypatch):
+    """The choice is made with the target, in the engine's child, from this host's last-level cache; it is
+    stored on the run, the engine measures with it, the cache key keeps its records apart, the page says
+    it. (The test model's weights are made to look large: a real one this size takes minutes to tune.)"""
+    from recordcache.adapters import cache_key_of
+    from tuning.engine.measuring.timer import COLD_CPU_EVALUATOR, EvaluatorConfig, default_evaluator, host_llc_bytes
+
+    seen = {}
+
+    def engine_stops_at_once(sink, model_proto, config):
+        seen["evaluator"] = config.evaluator
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr("core.onnx_models.features.weight_bytes", lambda model: 1 << 40)
+    monkeypatch.setattr("tuning.adapters.run_engine", engine_stops_at_once)
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, threads=1, enqueue=False)
+    services.execute_run(run_id=run.pk, worker="t")
+    run.refresh_from_db()
+    if host_llc_bytes() is None:  # a host whose sysfs names no cache keeps TVM's default, saying why
+        assert run.evaluator["regime"] == "warm" and seen["evaluator"] == default_evaluator("cpu")
+        return
+    assert run.evaluator["regime"] == "cold"
+    assert seen["evaluator"] == COLD_CPU_EVALUATOR == EvaluatorConfig.from_any(run.evaluator)
+    assert cache_key_of(run)["target_key"].endswith("|timing=cold")
+    assert run.timing_words.startswith("cold: its weights (1048576.0 MiB) outgrow")
+    # a run whose options set an evaluator (tests, benches) is measured with that one
+    TuningRun.objects.filter(pk=run.pk).update(options={**run.options, **FAST})
+    run.refresh_from_db()
+    from tuning import adapters
+
+    assert adapters.build_engine_config(run, adapters.run_work_dir(run.pk)).evaluator == EvaluatorConfig.from_any(
+        FAST["evaluator"])
+    assert run.timing_words == "as the run's options set it"
+
+
+def test_a_run_measured_on_remote_queues_keeps_tvms_default_timing(model_a, user_owner):
+    """The nodes behind a run's remote CPU queues do not report their caches: TVM's default, saying why."""
+    from tuning import adapters
+
+    run = services.start_run(actor=user_owner, model=model_a, max_trials=8, threads=1, enqueue=False)
+    run.options = {"measure_queues": ["measure.node1.cpu"]}
+    chosen = adapters.resolve_target(run, remote_cpu={}, weight_bytes=1 << 40)["evaluator"]
+    assert chosen["regime"] == "warm" and "unknown" in chosen["why"] and not chosen["enable_cpu_cache_flush"]
+
+
 def _resumed_run(model, user, pipeline_key: str):
     """A run an earlier attempt resolved (under `pipeline_key`) and measured, queued again."""
     from tests.factories import MeasurementFactory, TuningTaskFactory
@@ -208,6 +253,10 @@ def test_a_tiny_run_stores_serves_and_shows_the_onnxruntime_comparison(model_a, 
     # the graph passes it was tuned with, in words, on the page and in the summary (the CPU default: NHWC)
     assert summary["pipeline"] == run.pipeline_words and "convs in NHWC" in run.pipeline_words
     assert run.pipeline_words in html
+    # how its candidates were chosen to be timed (the test model is small: warm), and why; this test's
+    # options set a fast evaluator, which the page says the run was measured with
+    assert run.evaluator["regime"] == "warm" and summary["evaluator"] == run.evaluator
+    assert summary["timing"] == run.timing_words == "as the run's options set it" and run.timing_words in html
     assert summary["untuned_latency_ms"] and summary["tuned_latency_ms"]
     # time to parity, from the stored curve: consistent with the final estimate and onnxruntime
     from tuning.selectors import time_to_parity
@@ -235,9 +284,11 @@ def test_the_tune_command_says_which_target_it_built_for():
     summary = {"run": 1, "status": "succeeded", "wall_seconds": 1.0, "measurements": 8, "final_dop": 1,
                "resolved_target": {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}, "tasks": [],
                "tuned_latency_ms": None, "onnxruntime_latency_ms": None, "onnxruntime_error": ""}
-    cmd._print({**summary, "pipeline": "BatchNorm folded into the convs (dlopt-relax/2)"})
+    cmd._print({**summary, "pipeline": "BatchNorm folded into the convs (dlopt-relax/2)", "timing": "cold: why"})
     assert 'Target as built and measured: {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}' in out.getvalue()
     assert "Graph passes: BatchNorm folded into the convs (dlopt-relax/2)" in out.getvalue()
+    assert "Candidate timing: cold: why" in out.getvalue()
     out.truncate(0)
     cmd._print({**summary, "resolved_target": None})
     assert "Target as built" not in out.getvalue() and "Graph passes" not in out.getvalue()
+    assert "Candidate timing" not in out.getvalue()

@@ -30,6 +30,7 @@ from .engine import (
     recheck_output,
     resolve_target,
     run_engine,
+    run_evaluator,
     stored_journal_settled,
     trimmer_options,
     write_imported,
@@ -45,5 +46,6 @@ __all__ = [
     "delete_run_files", "energy_model_snapshot",
     "engine_error_text", "engine_target", "fenced", "has_imported", "make_energy_meter",
     "precheck", "public_json", "public_text", "recheck_output", "resolve_target", "run_energy_model", "run_engine",
+    "run_evaluator",
     "run_files_dir", "run_work_dir", "stored_journal_settled", "trimmer_options", "write_imported", "zip_database",
 ]

@@ -38,7 +38,7 @@ from tuning.engine.workdir import (
     write_imported,
 )
 from tuning.engine.compile.targets import TargetRefused, check_target
-from tuning.engine.measuring.timer import EvaluatorConfig
+from tuning.engine.measuring.timer import EvaluatorConfig, choose_evaluator, host_llc_bytes
 from tuning.engine.trimmer.rules import TrimmerConfig
 from tuning.models import Measurement, TuningRun
 
@@ -51,7 +51,8 @@ __all__ = ["IMPORT_CHECK_TIMEOUT_S", "Abort", "RecordError", "TargetRefused", "W
            "WorkerTimeout", "build_engine_config", "call_engine", "check_import", "checked_target",
            "commit_stored_journal", "compile_and_compare", "current_pipeline_key", "database_records",
            "engine_error_text", "engine_target", "fenced",
-           "has_imported", "precheck", "recheck_output", "resolve_target", "run_engine", "stored_journal_settled",
+           "has_imported", "precheck", "recheck_output", "resolve_target", "run_engine", "run_evaluator",
+           "stored_journal_settled",
            "trimmer_options", "write_imported"]
 
 # the executor's fence over the engine calls it makes (its Abort, how long a failing sink is borne)
@@ -103,13 +104,19 @@ def build_engine_config(run: TuningRun, work_dir: Path) -> TuningConfig:
     return TuningConfig(
         target=target, max_trials=run.max_trials, trials_per_round=run.trials_per_round,
         mode=run.measurement_mode, dop=run.dop_fixed or "auto", threads=run.threads, work_dir=str(work_dir),
-        seed=opts.get("seed"), evaluator=EvaluatorConfig.from_any(opts.get("evaluator")),
+        seed=opts.get("seed"), evaluator=run_evaluator(run),
         search_population=opts.get("search_population"), genetic_num_iters=opts.get("genetic_num_iters"),
         trimmer=TrimmerConfig.from_dict(run.trimmer_options) if run.trimmer_enabled else None, **distributed,
         trials_spent=trials_stored(run),
         # a recovered run's old engine lets go of the work dir at its executor's next heartbeat at the latest
         work_dir_wait_s=settings.TUNING_STALE_AFTER_S / 2 + 10,
     )
+
+
+def run_evaluator(run: TuningRun) -> EvaluatorConfig:
+    """How `run`'s candidates are timed: an evaluator its options set (tests, benches), else the one chosen
+    when its target was resolved (`resolve_target`), else TVM's default (a run resolved before the choice)."""
+    return EvaluatorConfig.from_any((run.options or {}).get("evaluator") or run.evaluator or None)
 
 
 def trials_stored(run: TuningRun) -> int:
@@ -181,17 +188,23 @@ def compile_and_compare(model_proto, work_dir: Path, run: TuningRun) -> dict:
                        what="compiling the tuned and untuned model and comparing their outputs")
 
 
-def resolve_target(run: TuningRun, remote_cpu: dict | None = None) -> dict:
-    """`run.target` resolved on this (the executing) host: `{"target": ..., "key": ..., "pipeline_key": ...}`.
-    A run measured on remote CPU queues builds for `remote_cpu` (`{"mcpu", "mtriple"}` their nodes registered),
-    else portable code. In a child: resolving loads TVM, which a worker process must not do (it forks)."""
+def resolve_target(run: TuningRun, remote_cpu: dict | None = None, weight_bytes: int | None = None) -> dict:
+    """`run.target` resolved on this (the executing) host: `{"target": ..., "key": ..., "pipeline_key": ...,
+    "evaluator": ...}`. A run measured on remote CPU queues builds for `remote_cpu` (`{"mcpu", "mtriple"}` their
+    nodes registered), else portable code; its candidates are timed by TVM's default there (the nodes do not
+    report their caches), else as this host's cache and the model's `weight_bytes` say. In a child: resolving
+    loads TVM, which a worker process must not do (it forks)."""
     target = checked_target(run.target)
+    remote = bool((run.options or {}).get("measure_queues")) and run.measurement_mode == TuningRun.Mode.DOPPLER
     if (run.options or {}).get("measure_queues") and target.get("kind") == "llvm":
         for key, value in (remote_cpu or {"mcpu": "generic"}).items():
             target.setdefault(key, value)
         target = checked_target(target)  # the node registry's names too
-    return call_engine(engine_targets.resolve_run_target, target, run.threads, writable=(),
-                       what="resolving the run's target on this host")
+    resolved = call_engine(engine_targets.resolve_run_target, target, run.threads, writable=(),
+                           what="resolving the run's target on this host")
+    device = "cpu" if target.get("kind") == "llvm" else str(target.get("kind"))
+    llc = None if remote else host_llc_bytes()  # sysfs of this host, the one that measures
+    return {**resolved, "evaluator": choose_evaluator(device, weight_bytes=weight_bytes, llc_bytes=llc).to_dict()}
 
 
 def current_pipeline_key(run: TuningRun) -> str:

@@ -92,7 +92,7 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "resolved_target", "target_key", "ort_latency_s", "ort_latency_iqr_s", "ratio_to_ort", "faster_engine",
             "ort_outputs_agree", "verdict", "verdict_flag", "timing_load", "estimate_gap", "deploy_verdict",
             "parity_trials",
-            "parity_wall_s", "pipeline_key", "result_identity", "summary", "stop_reason",
+            "parity_wall_s", "pipeline_key", "evaluator", "result_identity", "summary", "stop_reason",
             "trimmer", "trimmer_options", "candidates_generated", "candidates_filtered", "candidates_not_sent",
             "energy_joules", "energy_kwh", "energy_source", "energy_build_joules", "energy_measure_joules",
             "energy_saved_joules", "energy_saved_kind", "trials_saved", "savings_basis", "grid_intensity_g_per_kwh",

@@ -5,7 +5,7 @@ A cache entry is one tuning record the platform measured *serially* itself, keye
 - the workload's structural hash under MetaSchedule's module equality (:func:`structural_hash`, what
   ``JSONDatabase`` matches records with: ``tvm_ffi.structural_hash`` of the task's IRModule);
 - the run's canonical target key (``targets.canonical_key``: ``mcpu``/``arch`` included) and, when the
-  run has one, the graph-pass pipeline key (:func:`cache_target_key` joins them);
+  run has one, the graph-pass pipeline key and cold timing (:func:`cache_target_key` joins them);
 - a hardware fingerprint (:func:`hardware_fingerprint`: CPU model and core layout, or GPU name, memory
   and driver);
 - the TVM version (:func:`tvm_version`).
@@ -93,10 +93,14 @@ def hardware_fingerprint(target: Any) -> str:
     return cpu_fingerprint() if target_kind(target) == "llvm" else gpu_fingerprint()
 
 
-def cache_target_key(target_key: str, pipeline_key: str | None = None) -> str:
+def cache_target_key(target_key: str, pipeline_key: str | None = None, *, cold_timing: bool = False) -> str:
     """The target part of the cache key: the run's canonical target key and, when the run has one, the
-    graph-pass pipeline that made its tasks (records of another pipeline schedule other workloads)."""
-    return f"{target_key}|pipeline={pipeline_key}" if pipeline_key else target_key
+    graph-pass pipeline that made its tasks (records of another pipeline schedule other workloads), and
+    ``timing=cold`` for records timed with the CPU caches flushed (``timer.choose_evaluator``): a schedule
+    that wins timed warm may lose timed cold, so the two never settle each other's tasks. Warm keys are
+    the ones written before the timing was chosen per model."""
+    key = f"{target_key}|pipeline={pipeline_key}" if pipeline_key else target_key
+    return f"{key}|timing=cold" if cold_timing else key
 
 
 def trace_digest(trace_text: str) -> str:

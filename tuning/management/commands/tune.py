@@ -155,6 +155,7 @@ class Command(BaseCommand):
             "onnxruntime_error": (run.summary or {}).get("onnxruntime_error") or "",
             "untuned_ratio_to_onnxruntime": (run.summary or {}).get("untuned_ratio_to_onnxruntime"),
             "deploy_verdict": run.deploy_verdict, "pipeline_key": run.pipeline_key, "pipeline": run.pipeline_words,
+            "evaluator": run.evaluator, "timing": run.timing_words,
             "result_identity": run.result_identity,
             "parity": {"trials": run.parity_trials, "wall_s": run.parity_wall_s} if run.parity_trials else None,
             "tasks": [{"index": t.index, "name": t.name, "trials": t.trials,
@@ -171,6 +172,8 @@ class Command(BaseCommand):
             self.stdout.write(f"Target as built and measured: {json.dumps(s['resolved_target'], sort_keys=True)}")
         if s.get("pipeline"):
             self.stdout.write(f"Graph passes: {s['pipeline']}")
+        if s.get("timing"):
+            self.stdout.write(f"Candidate timing: {s['timing']}")
         for t in s["tasks"]:
             best = f"{t['best_latency_ms']:.4f} ms" if t["best_latency_ms"] else "-"
             self.stdout.write(f"  task {t['index']:>2} {t['name'][:48]:<48} {t['trials']:>5} trials  best {best}")
