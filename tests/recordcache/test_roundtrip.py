@@ -13,6 +13,8 @@ from recordcache import adapters, selectors, services
 from recordcache.models import CacheEntry
 from tests.factories import TuningRunFactory
 from tests.helpers import client_for
+from tuning.engine.compile.passes import pipeline_key
+from tuning.engine.compile.targets import canonical_key
 from tuning.engine.testing import design_space_database, matmul_primfunc, tuning_database
 
 from .cachedata import final_entries, give_final_database, opt_in
@@ -50,6 +52,11 @@ def test_export_import_round_trip_lands_pending(tmp_path, monkeypatch, user_staf
     assert "null" in pending[0].record_json and "0.001" not in pending[0].record_json  # the times were dropped
     key = {"target_key": pending[0].target_key, "hardware": "another host", "tvm_version": "apache-tvm 0.27.0"}
     assert selectors.trusted_entries(key) == []  # an import is never trusted by itself
+    # stored under the key a run of that target looks up with (this platform's pipeline for it), not under
+    # the bare target, where no run would ever find it
+    importer = TuningRunFactory(target_key=canonical_key(cpu_target), pipeline_key=pipeline_key(target=cpu_target))
+    lookup_key = {**adapters.cache_key_of(importer), "hardware": "another host", "tvm_version": "apache-tvm 0.27.0"}
+    assert {e["workload_hash"] for e in entries} <= set(selectors.lookup(lookup_key, [e["workload_hash"] for e in entries], 2))
 
 
 def test_hostile_import_refused_by_tvm_nothing_written(user_staff, cpu_target):

@@ -15,7 +15,7 @@ import re
 
 from common.jsonsafe import loads_finite
 from tuning.engine.events import ffi_to_py, record_json, trace_json
-from tuning.engine.records.cache_key import structural_hash, trace_digest
+from tuning.engine.records.cache_key import cache_target_key, structural_hash, trace_digest
 from tuning.engine.records.check import (
     MAX_RECORD_LINE,
     MAX_WORKLOAD_LINE,
@@ -84,8 +84,10 @@ def recheck_cache_entries(entries: list[dict]) -> None:
 def check_cache_import(workloads: bytes, records: bytes, target, max_records: int) -> dict:
     """A staff import into the cache, checked as a run's import is (``records.check``: bounds, MetaSchedule's
     own instructions and annotations, plain names, replay) against the records' own workloads (a cache
-    has no model). Run in a sandboxed worker. Returns ``{"errors": [...]}`` or ``{"entries": [...]}``:
-    entries without run times, ``latency_s`` None: untrusted until a run measures them."""
+    has no model). Run in a sandboxed worker. Returns ``{"errors": [...]}`` or ``{"entries": [...],
+    "target_key": ...}``: entries without run times, ``latency_s`` None: untrusted until a run measures them,
+    under the key runs of ``target`` look them up with (this engine's pipeline for it; timed warm: a cold
+    run re-times its seeds anyway, but looks up its own key)."""
     from tvm.s_tir import meta_schedule as ms
 
     from tuning.engine.compile.pipeline import make_target
@@ -121,6 +123,9 @@ def check_cache_import(workloads: bytes, records: bytes, target, max_records: in
                 "latency_s": None,
             }
         )
+    from tuning.engine.compile.passes import pipeline_key
     from tuning.engine.compile.targets import canonical_key
 
-    return {"errors": errors} if errors else {"entries": out, "target_key": canonical_key(tgt)}
+    if errors:
+        return {"errors": errors}
+    return {"entries": out, "target_key": cache_target_key(canonical_key(tgt), pipeline_key(target=target))}
