@@ -152,7 +152,7 @@ def choose_evaluator(device_type: str, *, weight_bytes: int | None, llc_bytes: i
     cold timing is the one that misleads. Measured (AMD EPYC, 32 MiB L3, 30-minute runs; research notes'
     "cold evaluator" section): resnet18 (44.6 MiB of weights) tuned cold had its per-task estimate within
     7-8 % of the compiled model (18 % warm); mobilenet_v2 (14 MiB) tuned cold had its records overstate
-    its kernels by 34 %; resnet18 on a 320 MiB L3 host ran the same cold or warm. GPUs: the device
+    its kernels by 34 %; resnet18 on a 300 MiB L3 host ran the same cold or warm. GPUs: the device
     default (:func:`default_evaluator`). Unknown sizes keep the warm default."""
     if device_type not in ("cpu", "llvm"):
         return EvaluatorChoice(default_evaluator(device_type), "gpu", "timed on the device (CUDA events)")
