@@ -50,26 +50,35 @@ def _first_cpu_fields() -> dict[str, str]:
     return fields
 
 
-def cpu_model(fields: dict[str, str]) -> str:
-    """The CPU's model name from /proc/cpuinfo's ``fields`` (:func:`_first_cpu_fields`)."""
-    return fields.get("model name") or platform.processor() or "unknown"
+def cpu_model() -> str:
+    return _first_cpu_fields().get("model name") or platform.processor() or "unknown"
 
 
-def cpu_id(fields: dict[str, str]) -> str:
-    """The CPU's vendor family and model numbers ("family 25 model 1") from /proc/cpuinfo's ``fields``: cloud
-    VMs of two generations can share a model name ("AMD EPYC" for Zen 3 and Zen 4 alike); empty where it
-    does not say."""
+def cpu_id() -> str:
+    """The CPU's vendor family and model numbers ("family 25 model 1"): cloud VMs of two generations can
+    share a model name ("AMD EPYC" for Zen 3 and Zen 4 alike); empty where /proc/cpuinfo does not say."""
+    fields = _first_cpu_fields()
     family, model = fields.get("cpu family"), fields.get("model")
     return f"family {family} model {model}" if family and model else ""
 
 
-def machine_info(**extra) -> dict:
-    from tuning.engine.measuring.timer import cpu_caches  # the sysfs reader the evaluator's cache-fit rule uses
+def cpu_caches() -> dict[str, str]:
+    """This CPU's caches as sysfs gives them for its first core ({"L1d": "32K", "L2": "512K", "L3": "32768K"})."""
+    caches: dict[str, str] = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        if kind != "Instruction":
+            caches[f"L{level}" + ("d" if kind == "Data" else "")] = size
+    return caches
 
-    cpuinfo = _first_cpu_fields()
+
+def machine_info(**extra) -> dict:
     info = {
-        "cpu": cpu_model(cpuinfo),
-        "cpu_id": cpu_id(cpuinfo),
+        "cpu": cpu_model(),
+        "cpu_id": cpu_id(),
         "caches": cpu_caches(),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "python": platform.python_version(),
