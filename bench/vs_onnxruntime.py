@@ -204,7 +204,7 @@ def _tune_and_compare(spec: dict) -> dict:
     untuned_wall = time.perf_counter() - t0
     budget_s = spec["budget_minutes"] * 60 if spec.get("budget_minutes") else None
     sink = ParitySink(ort_before.latency_median_ms / 1e3, budget_s)
-    summary = run_tuning(mod, tuning_config(dict(spec, target=target)), sink)
+    summary = run_tuning(mod, tuning_config(dict(spec, target=target), time_budget_s=budget_s), sink)
     tuned = compile_model(mod, target, database=open_database(spec["work_dir"]))
     tuned_out, tuned_ms = _time_tvm(tuned, inputs, target, spec)
     ort_after = _yardstick(model, inputs, spec, tvm_outputs=tuned_out)
@@ -223,6 +223,7 @@ def _tune_and_compare(spec: dict) -> dict:
         "evaluator": spec.get("evaluator"),
         "target": target, "target_key": canonical_key(target), "pipeline_key": pipeline_key(),
         "n_tasks": len(summary.tasks), "tasks_without_records": [t.name for t in summary.tasks if not t.n_records],
+        "late_first_rounds": list(summary.late_first_rounds),
         "ort_before": ort_before.to_dict(), "ort": ort_after.to_dict(),
         "untuned_ms": untuned_ms, "untuned_compile_and_time_s": untuned_wall, "tuned_ms": tuned_ms,
         "tuned_outputs_agree": ort_after.outputs_agree, "tuned_max_abs_err": ort_after.max_abs_err,

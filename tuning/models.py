@@ -384,6 +384,11 @@ class TuningRun(models.Model):
         return describe_pipeline(self.pipeline_key) if self.pipeline_key else ""
 
     @property
+    def time_budget_left_s(self) -> float | None:
+        """Seconds of the run's time budget its earlier attempts left (None: no time budget)."""
+        return None if self.max_minutes is None else self.max_minutes * 60.0 - self.wall_seconds
+
+    @property
     def timing_words(self) -> str:
         """How the run's candidates are timed, and why, in words ("" until a worker resolved the run)."""
         if (self.options or {}).get("evaluator"):

@@ -73,6 +73,24 @@ def test_a_run_without_a_time_budget_is_never_finished_by_the_sink(model_a, user
     assert sink.control() is None
 
 
+def test_the_engine_is_given_what_is_left_of_the_time_budget(model_a, user_owner, monkeypatch):
+    """The sink finishes the search at the budget; the engine gets the same seconds (earlier attempts'
+    time taken off) to pace its first round robin so that every task gets a turn before then."""
+    seen = []
+
+    def engine_stops_at_once(sink, model_proto, config):
+        seen.append(config.time_budget_s)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr("tuning.adapters.run_engine", engine_stops_at_once)
+    timed = services.start_run(actor=user_owner, model=model_a, max_trials=8, max_minutes=2, enqueue=False)
+    TuningRun.objects.filter(pk=timed.pk).update(wall_seconds=30.0)  # an earlier attempt tuned for 30 s
+    services.execute_run(run_id=timed.pk, worker="t")
+    untimed = services.start_run(actor=user_owner, model=model_a, max_trials=8, enqueue=False)
+    services.execute_run(run_id=untimed.pk, worker="t")
+    assert seen == [90.0, None]
+
+
 @pytest.mark.slow
 def test_a_run_at_its_time_budget_succeeds_with_what_it_measured(model_a, user_owner, monkeypatch):
     """The real engine, in its child process: the sink's clock moves 25 s a poll, so the one-minute budget
@@ -91,6 +109,10 @@ def test_a_run_at_its_time_budget_succeeds_with_what_it_measured(model_a, user_o
     assert run.stop_reason.startswith("Finished at the run's time budget (1 min")
     summary = json.loads(json.dumps(run.summary))
     assert summary.get("stop_reason")  # the engine's own record: the caller finished it
+    # the budget ended at the third poll, two tasks into the round robin: the others got one short round
+    # each past it rather than TVM's default schedule, and the reason says so
+    assert not run.tasks.filter(measurements__isnull=True).exists()
+    assert summary["late_first_rounds"] and "got one short round past the budget" in run.stop_reason
 
 
 def test_the_command_prints_why_tuning_ended():

@@ -108,6 +108,9 @@ def build_engine_config(run: TuningRun, work_dir: Path) -> TuningConfig:
         search_population=opts.get("search_population"), genetic_num_iters=opts.get("genetic_num_iters"),
         trimmer=TrimmerConfig.from_dict(run.trimmer_options) if run.trimmer_enabled else None, **distributed,
         trials_spent=trials_stored(run),
+        # the sink finishes the search at the time budget (`DatabaseSink._time_budget_spent`, counted from the
+        # same attempt's start); the engine paces its first rounds by it so every task gets one
+        time_budget_s=None if run.time_budget_left_s is None else max(1.0, run.time_budget_left_s),
         # a recovered run's old engine lets go of the work dir at its executor's next heartbeat at the latest
         work_dir_wait_s=settings.TUNING_STALE_AFTER_S / 2 + 10,
     )

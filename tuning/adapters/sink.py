@@ -54,7 +54,7 @@ class DatabaseSink:
         self.stop_reason = ""
         # the time budget: what is left of it after earlier attempts, counted from this attempt's start
         self.max_minutes = run.max_minutes
-        self._budget_left_s = None if run.max_minutes is None else run.max_minutes * 60.0 - run.wall_seconds
+        self._budget_left_s = run.time_budget_left_s
         self._started = self.clock()
         # the engine may report measurements from its progress thread while its tuning thread
         # asks control(): one writer at a time keeps the CPU-second counters consistent

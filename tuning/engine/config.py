@@ -63,6 +63,9 @@ class TuningConfig:
     # Trimmer (per-task pre-emption, whole-model stop, ML candidate filter): a
     # TrimmerConfig or its dict; None or enabled=False = off
     trimmer: Any = None
+    # the caller's wall-time budget for this call, in seconds from its start: the caller's sink still ends the
+    # search ("finish"); the engine uses it to size first rounds so that it reaches every task (first_round)
+    time_budget_s: float | None = None
     # trials the caller already stored for this run (a resumed run): the budget left is counted from the
     # larger of this and the records in TVM's database, so a store ahead of the database is not re-spent
     trials_spent: int = 0
@@ -74,6 +77,8 @@ class TuningConfig:
             raise ValueError("mode must be 'stock' or 'doppler'")
         if self.dop != "auto" and (isinstance(self.dop, bool) or not isinstance(self.dop, int) or self.dop < 1):
             raise ValueError(f"dop must be 'auto' or a whole number of at least 1, not {self.dop!r}")
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            raise ValueError(f"time_budget_s must be a positive number of seconds or None, not {self.time_budget_s!r}")
         self.evaluator = EvaluatorConfig.from_any(self.evaluator)
         if isinstance(self.trimmer, dict):
             self.trimmer = TrimmerConfig.from_dict(self.trimmer)
@@ -143,6 +148,8 @@ class TuningSummary:
     # reallocations); None when Trimmer was off
     trimmer: dict | None = None
     stop_reason: str | None = None  # why a "succeeded" run ended before its budget (Trimmer)
+    # tasks that had no record when the caller asked to finish and got one short batch past it (first_round)
+    late_first_rounds: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def best_latency_s(self) -> float | None:

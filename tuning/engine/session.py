@@ -90,6 +90,7 @@ class _Run:
     dop_rule: DopRule | None = None
     status: str = "succeeded"
     final_rows: list[dict] = dataclasses.field(default_factory=list)
+    deadline: float | None = None  # when the caller's time budget ends (time.perf_counter), if it gave one
 
 
 def _prepare(model, cfg: TuningConfig, sink: TuningSink) -> _Run:
@@ -324,6 +325,7 @@ def _tune(run: _Run) -> None:
                         budget=run.remaining,
                         resumed=bool(run.n_existing),
                         phases=run.phases,
+                        deadline=run.deadline,
                     )
                 finally:
                     streamer.close()
@@ -419,6 +421,7 @@ def _summary(run: _Run, wall_secs: float) -> TuningSummary:
         sink_errors=list(state.sink_errors) if state else [],
         trimmer=trimmer.to_dict() if trimmer is not None else None,
         stop_reason=run_stop_reason(run.status, trimmer, state),
+        late_first_rounds=[run.tasks[i].name for i in state.pacer.late] if state and state.pacer else [],
     )
 
 
@@ -431,6 +434,8 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
     # first to go, or refuses (WorkDirBusy), so two never write one TVM database
     with lock_work_dir(os.path.abspath(config.work_dir), wait_s=config.work_dir_wait_s):
         run = _prepare(model, config, sink or NullSink())
+        if config.time_budget_s:
+            run.deadline = t_start + float(config.time_budget_s)
         try:
             run.sink.on_tasks(run.infos)
         except Exception:  # noqa: BLE001

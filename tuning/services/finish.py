@@ -61,7 +61,7 @@ def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Pa
             if run.trimmer_enabled:
                 _store_trimmer_results(run, trim, getattr(summary, "stop_reason", None))
             if stop_reason:  # the caller's reason: the engine's own only says the caller finished it
-                run.stop_reason = fit_to_field(TuningRun, "stop_reason", stop_reason)
+                run.stop_reason = fit_to_field(TuningRun, "stop_reason", stop_reason + _late_rounds_words(summary))
             run.status, run.finished_at, run.lease = TuningRun.Status.SUCCEEDED, timezone.now(), ""
             run.requested_action = ""
             run.save()
@@ -181,6 +181,16 @@ def require_a_measurement(run: TuningRun) -> None:
         return  # nothing to tune (all candidates were already in the database), or tuned
     common = (stored.values("error").annotate(n=Count("id")).order_by("-n").first() or {}).get("error", "")
     raise NoMeasurement(f"No measurement succeeded ({stored.count()} tried); the most common error: {common}")
+
+
+def _late_rounds_words(summary) -> str:
+    """The tasks that had no record when the time budget ended and were given one short round past it."""
+    late = (summary.get("late_first_rounds") if isinstance(summary, dict)
+            else getattr(summary, "late_first_rounds", None)) or []
+    if not late:
+        return ""
+    return (f" {len(late)} task(s) without a measurement by then got one short round past the budget first, so "
+            f"none is compiled on TVM's default schedule.")
 
 
 def _store_trimmer_results(run: TuningRun, trim: dict, stop_reason: str | None) -> None:

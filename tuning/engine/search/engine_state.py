@@ -78,6 +78,8 @@ class EngineState:
         # batch or runs join callbacks while batches may be in flight (set by session._pace
         # when measurements must not share their cores with that work); None: they overlap
         self.wait_measured: Any = None
+        # first_round.FirstRoundPacer: sizes the first batch of tasks without a record (set by the search)
+        self.pacer: Any = None
 
     def poll_control(self) -> str | None:
         try:

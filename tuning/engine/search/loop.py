@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 import warnings
@@ -24,6 +25,7 @@ from tuning.engine.records.cost_model_file import (
 from tuning.engine.runners.measure_jobs import is_infrastructure_failure
 from tuning.engine.search.callbacks import StreamingMeasureCallback
 from tuning.engine.search.engine_state import EngineState
+from tuning.engine.search.first_round import FirstRoundPacer
 from tuning.engine.search.skip_known import CallBudget, SkipKnownSearch
 from tuning.engine.search.task_scheduler import ControlledScheduler
 from tuning.engine.trimmer.filter import make_filtered_search
@@ -188,10 +190,12 @@ def search(
     budget: int,
     resumed: bool,
     phases: dict[str, float],
+    deadline: float | None = None,
 ) -> str:
     """Spend up to ``budget`` trials on ``tasks``; returns the run's status ("succeeded", or
     "cancelled" / "paused" when the sink asked). ``resumed``: the database held records already
-    (the saved cost model is loaded). Times "setup" and "tune" into ``phases``."""
+    (the saved cost model is loaded). ``deadline``: when the caller's time budget ends
+    (``time.perf_counter``), to pace the first round robin. Times "setup" and "tune" into ``phases``."""
     t0 = time.perf_counter()
     trimmer = state.trimmer
     if cfg.light_intrinsics:
@@ -203,6 +207,11 @@ def search(
         trimmer.cost_model = cost_model  # the filter scores with the tuner's own model
     callbacks = list(ms.MeasureCallback.create("default")) + [StreamingMeasureCallback(state)]
     scheduler = ControlledScheduler(state, seed=cfg.seed, max_trials=budget)
+    state.pacer = FirstRoundPacer(
+        (i for i in range(len(tasks)) if not math.isfinite(state.best.get(i, math.inf))),
+        deadline=deadline,
+        measured=lambda: state.n_reported,
+    )
     phases["setup"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     scheduler.tune(

@@ -113,6 +113,9 @@ class SkipKnownSearch(PySearchStrategy):
             with self.state.lock:
                 fresh = new_candidates(cands, keys, self.state.known_keys)
             self.n_skipped += len(cands) - len(fresh)
+            pacer = getattr(self.state, "pacer", None)
+            if fresh and pacer is not None:  # a task's first batch, sized so the time budget reaches every task
+                fresh = fresh[: pacer.first_batch(self.task_index, len(fresh))]
             if fresh and self.budget is not None:
                 fresh = fresh[: self.budget.take(len(fresh))]
             self._note_not_sent(len(cands) - len(fresh))

@@ -6,7 +6,9 @@ alpha * (best[n-1-w] - best[n-1]) / w + (1 - alpha) * best[n-1] / n, ties
 broken at random), but ``next_task_id`` first asks the sink whether the run
 must stop ("cancel" / "pause", or "finish": the search ends as if its budget
 were spent); if so it joins the tasks still measuring (their records are
-streamed) and returns -1, which ends TVM's tuning loop cleanly between rounds.
+streamed) and returns -1, which ends TVM's tuning loop cleanly between rounds. A "finish" that
+comes during the first round robin waits until each task still to come without a record has had one
+short batch (``first_round``: no task compiled on TVM's default schedule for want of a turn).
 
 The per-task best-latency history comes from :class:`EngineState` (filled by
 the streaming callback), because TVM does not expose it to Python. Which task
@@ -26,6 +28,7 @@ latency) instead of using the gradient.
 
 from __future__ import annotations
 
+import logging
 import random
 
 from tvm.ir.utils import derived_object
@@ -35,6 +38,8 @@ from tuning.engine.latency import is_failed_latency
 from tuning.engine.search.engine_state import EngineState
 
 __all__ = ["ControlledScheduler"]
+
+log = logging.getLogger(__name__)
 
 
 @derived_object
@@ -72,6 +77,20 @@ class ControlledScheduler(PyTaskScheduler):
         if self.state.wait_measured is not None:
             self.state.wait_measured()
 
+    def _first_batches_owed(self, tasks) -> bool:
+        """The caller asked to finish: True (and the pacer switches to short late batches) while a task
+        still to come in the round robin has no record, so that no task is compiled on TVM's default
+        schedule for want of one batch; cancel and pause are never deferred."""
+        pacer = self.state.pacer
+        if pacer is None or self._rr >= len(tasks):
+            return False
+        if not any(pacer.owes(i) and not tasks[i].is_terminated for i in range(self._rr, len(tasks))):
+            return False
+        if not pacer.finishing:
+            pacer.finishing = True
+            log.info("the caller asked to finish: tasks without a record get one short batch first")
+        return True
+
     def _launch(self, task_id: int) -> int:
         """``task_id`` is the task TVM searches, builds and sends to the runner next."""
         self._wait_measured()  # the search leaves the cores to the batches still measuring
@@ -108,6 +127,8 @@ class ControlledScheduler(PyTaskScheduler):
         n = len(tasks)
 
         cmd = st.poll_control()
+        if cmd == "finish" and self._first_batches_owed(tasks):
+            cmd = None  # the round robin gives each task still without a record one short batch first
         if cmd is not None:
             st.stop_reason = cmd
             self._join_all(outer)
@@ -119,15 +140,21 @@ class ControlledScheduler(PyTaskScheduler):
             return -1
 
         # Phase 1: round robin, no joins (measuring overlaps the next task's search)
+        finishing = st.pacer is not None and st.pacer.finishing
         while self._rr < n:
             tid = self._rr
             self._rr += 1
+            if finishing and not st.pacer.owes(tid):
+                continue  # past the caller's finish: only the tasks without a record
             if not tasks[tid].is_terminated and not (st.trimmer is not None and st.trimmer.is_preempted(tid)):
                 self._join(outer, tid)
                 return self._launch(tid)
         if self._rr == n:
             self._rr += 1
             self._join_all(outer)
+            if finishing:
+                st.stop_reason = "finish"
+                return -1
             if self._trim(outer):
                 return -1
 
