@@ -35,50 +35,27 @@ def chosen_sides(ap, option: str, value: str, known: Iterable[str], always: Iter
     return [side for side in known if side in names | set(always)]
 
 
-def _first_cpu_fields() -> dict[str, str]:
-    """The first processor's block of /proc/cpuinfo as fields ({"model name": ..., "cpu family": ...});
-    empty where it cannot be read."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if not line.strip():
-                break  # the first processor's block is enough
-            key, _, value = line.partition(":")
-            fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    return fields
+def cpu_model(fields: dict[str, str]) -> str:
+    """The CPU's model name from /proc/cpuinfo's ``fields`` (``targets.cpuinfo_fields``)."""
+    return fields.get("model name") or platform.processor() or "unknown"
 
 
-def cpu_model() -> str:
-    return _first_cpu_fields().get("model name") or platform.processor() or "unknown"
-
-
-def cpu_id() -> str:
-    """The CPU's vendor family and model numbers ("family 25 model 1"): cloud VMs of two generations can
-    share a model name ("AMD EPYC" for Zen 3 and Zen 4 alike); empty where /proc/cpuinfo does not say."""
-    fields = _first_cpu_fields()
+def cpu_id(fields: dict[str, str]) -> str:
+    """The CPU's vendor family and model numbers ("family 25 model 1") from /proc/cpuinfo's ``fields``: cloud
+    VMs of two generations can share a model name ("AMD EPYC" for Zen 3 and Zen 4 alike); empty where it
+    does not say."""
     family, model = fields.get("cpu family"), fields.get("model")
     return f"family {family} model {model}" if family and model else ""
 
 
-def cpu_caches() -> dict[str, str]:
-    """This CPU's caches as sysfs gives them for its first core ({"L1d": "32K", "L2": "512K", "L3": "32768K"})."""
-    caches: dict[str, str] = {}
-    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
-        try:
-            level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
-        except OSError:
-            continue
-        if kind != "Instruction":
-            caches[f"L{level}" + ("d" if kind == "Data" else "")] = size
-    return caches
-
-
 def machine_info(**extra) -> dict:
+    from tuning.engine.compile.targets import cpuinfo_fields  # the reader the targets' CPU flags come from
+    from tuning.engine.measuring.timer import cpu_caches  # the sysfs reader the evaluator's cache-fit rule uses
+
+    cpuinfo = cpuinfo_fields()
     info = {
-        "cpu": cpu_model(),
-        "cpu_id": cpu_id(),
+        "cpu": cpu_model(cpuinfo),
+        "cpu_id": cpu_id(cpuinfo),
         "caches": cpu_caches(),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "python": platform.python_version(),

@@ -50,6 +50,7 @@ def test_the_last_level_cache_is_read_from_sysfs(tmp_path):
     _cache_level(tmp_path, "index1", 1, "Instruction", "32K")
     _cache_level(tmp_path, "index2", 2, "Unified", "512K")
     _cache_level(tmp_path, "index3", 3, "Unified", "32768K")
+    assert timer.cpu_caches(str(tmp_path)) == {"L1d": "32K", "L2": "512K", "L3": "32768K"}
     assert timer.host_llc_bytes(str(tmp_path)) == 32 * MIB
     assert timer.host_llc_bytes(str(tmp_path / "absent")) is None
 

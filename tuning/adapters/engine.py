@@ -95,12 +95,11 @@ def build_engine_config(run: TuningRun, work_dir: Path) -> TuningConfig:
     CPU queues (through Celery) when it has any and measures DOPpler-style."""
     target = engine_target(run)
     opts = dict(run.options or {})
-    queues = opts.get("measure_queues") or []
     distributed = {}
-    if queues and run.measurement_mode == TuningRun.Mode.DOPPLER:
+    if measures_remotely(run):
         # the measuring workers check the candidates were built for their CPU
         distributed = {"distributed_submit": functools.partial(celery_submit, target=target),
-                       "device_queue": list(queues)}
+                       "device_queue": list(opts["measure_queues"])}
     return TuningConfig(
         target=target, max_trials=run.max_trials, trials_per_round=run.trials_per_round,
         mode=run.measurement_mode, dop=run.dop_fixed or "auto", threads=run.threads, work_dir=str(work_dir),
@@ -114,6 +113,11 @@ def build_engine_config(run: TuningRun, work_dir: Path) -> TuningConfig:
         # a recovered run's old engine lets go of the work dir at its executor's next heartbeat at the latest
         work_dir_wait_s=settings.TUNING_STALE_AFTER_S / 2 + 10,
     )
+
+
+def measures_remotely(run: TuningRun) -> bool:
+    """Whether `run`'s candidates are measured on its remote CPU queues (DOPpler-style runs that name some)."""
+    return bool((run.options or {}).get("measure_queues")) and run.measurement_mode == TuningRun.Mode.DOPPLER
 
 
 def run_evaluator(run: TuningRun) -> EvaluatorConfig:
@@ -198,16 +202,15 @@ def resolve_target(run: TuningRun, remote_cpu: dict | None = None, weight_bytes:
     report their caches), else as this host's cache and the model's `weight_bytes` say. In a child: resolving
     loads TVM, which a worker process must not do (it forks)."""
     target = checked_target(run.target)
-    remote = bool((run.options or {}).get("measure_queues")) and run.measurement_mode == TuningRun.Mode.DOPPLER
     if (run.options or {}).get("measure_queues") and target.get("kind") == "llvm":
         for key, value in (remote_cpu or {"mcpu": "generic"}).items():
             target.setdefault(key, value)
         target = checked_target(target)  # the node registry's names too
     resolved = call_engine(engine_targets.resolve_run_target, target, run.threads, writable=(),
                            what="resolving the run's target on this host")
-    device = "cpu" if target.get("kind") == "llvm" else str(target.get("kind"))
-    llc = None if remote else host_llc_bytes()  # sysfs of this host, the one that measures
-    return {**resolved, "evaluator": choose_evaluator(device, weight_bytes=weight_bytes, llc_bytes=llc).to_dict()}
+    llc = None if measures_remotely(run) else host_llc_bytes()  # sysfs of this host, the one that measures
+    chosen = choose_evaluator(str(target.get("kind")), weight_bytes=weight_bytes, llc_bytes=llc)
+    return {**resolved, "evaluator": chosen.to_dict()}
 
 
 def current_pipeline_key(run: TuningRun) -> str:

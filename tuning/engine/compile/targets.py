@@ -74,6 +74,7 @@ __all__ = [
     "valid_mcpu",
     "valid_triple",
     "valid_arch",
+    "cpuinfo_fields",
     "host_cpu_flags",
     "isa_flags",
 ]
@@ -117,18 +118,27 @@ _X86_ISA_FLAG = re.compile(
 )
 
 
-def host_cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> list[str]:
-    """This host's CPU feature flags as /proc/cpuinfo lists them (x86 ``flags``, Arm ``Features``);
-    empty where the file does not exist."""
+def cpuinfo_fields(cpuinfo_path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The first processor's block of /proc/cpuinfo as fields (``{"model name": ..., "cpu family": ...,
+    "flags": ...}``); empty where the file cannot be read."""
+    fields: dict[str, str] = {}
     try:
         with open(cpuinfo_path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
+                if not line.strip():
+                    break  # the first processor's block is enough
                 key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return sorted(set(value.split()))
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
-        return []
-    return []
+        return {}
+    return fields
+
+
+def host_cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> list[str]:
+    """This host's CPU feature flags as /proc/cpuinfo lists them (x86 ``flags``, Arm ``Features``);
+    empty where the file does not exist."""
+    fields = cpuinfo_fields(cpuinfo_path)
+    return sorted(set((fields.get("flags") or fields.get("Features") or "").split()))
 
 
 def isa_flags(flags, triple: str = "") -> list[str]:

@@ -35,6 +35,7 @@ __all__ = [
     "EvaluatorChoice",
     "choose_evaluator",
     "host_llc_bytes",
+    "cpu_caches",
     "time_module",
     "check_device",
     "load_device_runtime",
@@ -117,25 +118,34 @@ class EvaluatorChoice:
         return {**self.config.to_dict(), "regime": self.regime, "why": self.why}
 
 
-def host_llc_bytes(cache_dir: str = _SYSFS_CACHE) -> int | None:
-    """Size of this host's last-level CPU cache as one core sees it (sysfs ``index*/level`` and
-    ``size``: the highest level's; on AMD the L3 of its core complex), None where sysfs does not say."""
-    levels: dict[int, int] = {}
+def cpu_caches(cache_dir: str = _SYSFS_CACHE) -> dict[str, str]:
+    """This host's data and unified CPU caches as sysfs gives them for its first core (``{"L1d": "32K",
+    "L2": "512K", "L3": "32768K"}``; instruction caches left out); empty where sysfs does not say."""
+    caches: dict[str, str] = {}
     for index in sorted(Path(cache_dir).glob("index*")):
         try:
             level = int((index / "level").read_text())
             kind = (index / "type").read_text().strip() if (index / "type").exists() else "Unified"
-            size = (index / "size").read_text().strip().upper()
+            size = (index / "size").read_text().strip()
         except (OSError, ValueError):
             continue
-        if kind == "Instruction" or not size:
-            continue
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1], 1)
+        if kind != "Instruction" and size:
+            caches[f"L{level}" + ("d" if kind == "Data" else "")] = size
+    return caches
+
+
+def host_llc_bytes(cache_dir: str = _SYSFS_CACHE) -> int | None:
+    """Size of this host's last-level CPU cache as one core sees it (:func:`cpu_caches`' highest level
+    whose size reads; on AMD the L3 of its core complex), None where sysfs does not say."""
+    by_level = sorted(cpu_caches(cache_dir).items(), key=lambda item: int(item[0][1:].rstrip("d")), reverse=True)
+    for _, size in by_level:
+        text = size.upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
         try:
-            levels[level] = int(size.rstrip("KMG")) * scale
+            return int(text.rstrip("KMG")) * scale
         except ValueError:
             continue
-    return levels[max(levels)] if levels else None
+    return None
 
 
 def _mib(n: int) -> str:
