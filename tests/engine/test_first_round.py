@@ -51,10 +51,19 @@ def test_a_short_budget_shrinks_the_first_batches_so_every_task_gets_one():
     assert pacer.first_batch(2, 32) == MIN_FIRST_BATCH
 
 
+def test_a_rate_from_a_one_candidate_task_is_not_trusted():
+    """resnet18 opens with a reshape (one schedule): a whole search for one candidate is no rate."""
+    pacer, clock, counter = _pacer(20, budget_s=1800)
+    assert pacer.first_batch(0, 1) == 1
+    clock.now += 20.0
+    counter["n"] = 1  # 20 s for one candidate: taken as a rate, the next round would be cut to the floor
+    assert pacer.first_batch(1, 32) == 32
+
+
 def test_the_pacing_never_asks_more_than_the_search_offers_nor_touches_later_batches():
     pacer, clock, counter = _pacer(3, budget_s=60, reached={2})
     clock.now += 50.0
-    counter["n"] = 10
+    counter["n"] = 20  # past half the budget: the pacing gives the floor
     assert pacer.first_batch(0, 5) == 5  # fewer offered than the floor: all of them
     assert pacer.first_batch(0, 32) == 32  # its second batch: not the pacer's business
     assert pacer.first_batch(2, 32) == 32  # had records before this call

@@ -11,8 +11,8 @@ model onnxruntime runs in 3.6 ms.
 
 - with a known deadline, it sizes each such task's first batch so that the first round robin fits in
   ``FIRST_ROUND_SHARE`` of the time the search starts with, from the seconds a trial has cost so far in the
-  search (its search, build and measurement together), never below ``MIN_FIRST_BATCH`` nor above the
-  round. A budget that affords full rounds is left alone;
+  search (its search, build and measurement together, once ``MIN_RATE_SAMPLE`` candidates were measured),
+  never below ``MIN_FIRST_BATCH`` nor above the round. A budget that affords full rounds is left alone;
 - once the caller asks to finish, the scheduler (``ControlledScheduler``) still gives each task still to come
   in the round robin without a record one batch of ``LATE_FIRST_BATCH`` candidates, then stops: a bounded
   overrun (one short batch a task) instead of a task compiled untuned.
@@ -25,13 +25,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-__all__ = ["FIRST_ROUND_SHARE", "LATE_FIRST_BATCH", "MIN_FIRST_BATCH", "FirstRoundPacer"]
+__all__ = ["FIRST_ROUND_SHARE", "LATE_FIRST_BATCH", "MIN_FIRST_BATCH", "MIN_RATE_SAMPLE", "FirstRoundPacer"]
 
 # the first round robin may take up to this share of the search's time; the rest goes to the tasks whose
 # gradient says more trials pay
 FIRST_ROUND_SHARE = 0.5
 # the smallest first batch the pacing gives a task (the platform refuses budgets under 8 trials a task)
 MIN_FIRST_BATCH = 8
+# the pacing waits for this many measured candidates before it trusts the rate: a first task with a one-schedule
+# space (resnet18 opens with a reshape) costs a whole search for one candidate, and a rate taken from it cut the
+# next tasks' first rounds to the floor
+MIN_RATE_SAMPLE = 16
 # a task reached only after the caller asked to finish gets this many candidates: the best of a few sampled
 # schedules is far from TVM's default one (loop nests without tiling or vectorisation), and the overrun stays short
 LATE_FIRST_BATCH = 4
@@ -81,8 +85,8 @@ class FirstRoundPacer:
         if self.first_round_s is None:
             return 1 << 30
         n = self.measured() - self.measured_at_start
-        if n <= 0:
-            return 1 << 30  # no rate yet: the first task gets the full round
+        if n < MIN_RATE_SAMPLE:
+            return 1 << 30  # no trustworthy rate yet: the first tasks get the full round
         elapsed = self.clock() - self.started
         per_trial_s = elapsed / n
         share_s = (self.first_round_s - elapsed) / tasks_left
