@@ -15,13 +15,13 @@ class Clock:
         return self.now
 
 
-def _pacer(n_tasks, *, budget_s, reached=(), measured=None):
+def _pacer(n_tasks, *, budget_s, reached=()):
     clock = Clock()
     counter = {"n": 0}
     pacer = FirstRoundPacer(
         (i for i in range(n_tasks) if i not in reached),
         deadline=None if budget_s is None else clock.now + budget_s,
-        measured=measured or (lambda: counter["n"]),
+        measured=lambda: counter["n"],
         clock=clock,
     )
     return pacer, clock, counter

@@ -36,7 +36,7 @@ def finish_succeeded(run_id: int, lease: str, model_proto, summary, work_dir: Pa
     wait_for_database(within_s=lease_margin_s())  # the compile takes minutes: the connection may have dropped
     require_a_measurement(run)
     records_zip = adapters.zip_database(work_dir)
-    trim = (summary.get("trimmer") if isinstance(summary, dict) else getattr(summary, "trimmer", None)) or {}
+    trim = _summary_field(summary, "trimmer") or {}
     summary_dict = summary.to_dict() if hasattr(summary, "to_dict") else dict(getattr(summary, "__dict__", {}))
     saved_files: list = []
     try:
@@ -183,10 +183,14 @@ def require_a_measurement(run: TuningRun) -> None:
     raise NoMeasurement(f"No measurement succeeded ({stored.count()} tried); the most common error: {common}")
 
 
+def _summary_field(summary, name: str):
+    """A field of the engine's summary, given as a TuningSummary or as its dict (None when absent)."""
+    return summary.get(name) if isinstance(summary, dict) else getattr(summary, name, None)
+
+
 def _late_rounds_words(summary) -> str:
     """The tasks that had no record when the time budget ended and were given one short round past it."""
-    late = (summary.get("late_first_rounds") if isinstance(summary, dict)
-            else getattr(summary, "late_first_rounds", None)) or []
+    late = _summary_field(summary, "late_first_rounds") or []
     if not late:
         return ""
     return (f" {len(late)} task(s) without a measurement by then got one short round past the budget first, so "

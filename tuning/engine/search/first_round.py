@@ -55,7 +55,6 @@ class FirstRoundPacer:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.unreached = set(unreached)
-        self.deadline = deadline
         self.measured = measured
         self.clock = clock
         self.started = clock()
