@@ -32,7 +32,7 @@ class NodeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Node
-        fields = ["id", "name", "hostname", "cpu_cores", "cpu_mcpu", "cpu_triple", "memory_mb", "queues",
+        fields = ["id", "name", "hostname", "cpu_cores", "cpu_mcpu", "cpu_triple", "cpu_llc_bytes", "memory_mb", "queues",
                   "nvml_available", "nvml_error", "driver_version", "drained", "gpu_count", "gpu_note",
                   "registered_at", "last_seen"]
         read_only_fields = fields

@@ -20,6 +20,7 @@ from core.fieldtext import fit_to_field
 from tuning.engine.process.isolate import call_isolated
 from tuning.engine.compile.target_schema import valid_mcpu, valid_triple
 from tuning.engine.compile.targets import host_cpu_facts
+from tuning.engine.measuring.timer import host_llc_bytes
 
 from .. import telemetry
 from ..models import GPU, GpuTelemetry, Node, gpu_queue_name
@@ -36,6 +37,11 @@ class HostFacts:
     memory_mb: int
     cpu_mcpu: str = ""
     cpu_triple: str = ""
+    cpu_llc_bytes: int | None = None
+
+
+# a last-level cache a node may report: from a small core's 64 KiB to far beyond today's largest (1.1 GiB)
+LLC_BYTES_RANGE = (64 << 10, 64 << 30)
 
 
 @functools.cache
@@ -55,7 +61,7 @@ def local_host_facts() -> HostFacts:
     mem = int(psutil.virtual_memory().total // (1024 * 1024))
     mcpu, triple = _llvm_cpu()
     return HostFacts(hostname=socket.gethostname(), cpu_cores=os.cpu_count() or 0, memory_mb=mem,
-                     cpu_mcpu=mcpu, cpu_triple=triple)
+                     cpu_mcpu=mcpu, cpu_triple=triple, cpu_llc_bytes=host_llc_bytes())
 
 
 def _gpu_values(node: Node, sample: telemetry.GpuSample) -> dict[str, Any]:
@@ -77,6 +83,7 @@ def register_node(
     now: dt.datetime | None = None,
     cpu_mcpu: str = "",
     cpu_triple: str = "",
+    cpu_llc_bytes: int | None = None,
 ) -> Node:
     """Create or refresh a node and its GPUs from an NVML reading (a host with no GPU registers none).
 
@@ -91,6 +98,11 @@ def register_node(
         raise ServiceError(f"cpu_mcpu {str(cpu_mcpu)[:40]!r} is not an LLVM CPU name.", field="cpu_mcpu")
     if cpu_triple and not valid_triple(cpu_triple):
         raise ServiceError(f"cpu_triple {str(cpu_triple)[:40]!r} is not an LLVM triple.", field="cpu_triple")
+    # it decides how the runs measured on the node time their candidates (cold or warm)
+    if cpu_llc_bytes is not None and (isinstance(cpu_llc_bytes, bool) or not isinstance(cpu_llc_bytes, int)
+                                      or not LLC_BYTES_RANGE[0] <= cpu_llc_bytes <= LLC_BYTES_RANGE[1]):
+        raise ServiceError(f"cpu_llc_bytes {str(cpu_llc_bytes)[:40]!r} is not a cache size in bytes "
+                           f"({LLC_BYTES_RANGE[0]} to {LLC_BYTES_RANGE[1]}).", field="cpu_llc_bytes")
     now = now or timezone.now()
     node, _ = Node.objects.select_for_update().get_or_create(name=name)
     node.hostname = hostname or node.hostname
@@ -98,6 +110,7 @@ def register_node(
     node.memory_mb = memory_mb or node.memory_mb
     node.cpu_mcpu = fit_to_field(Node, "cpu_mcpu", cpu_mcpu) or node.cpu_mcpu
     node.cpu_triple = fit_to_field(Node, "cpu_triple", cpu_triple) or node.cpu_triple
+    node.cpu_llc_bytes = cpu_llc_bytes or node.cpu_llc_bytes
     node.queues = sorted(set(node.queues or []) | set(queues or []))
     node.nvml_available = reading.available
     node.nvml_error = "" if reading.available else reading.error
@@ -150,7 +163,7 @@ def record_heartbeat(
     with transaction.atomic():
         node = register_node(name=name, reading=reading, hostname=facts.hostname, cpu_cores=facts.cpu_cores,
                              memory_mb=facts.memory_mb, queues=queues, now=now, cpu_mcpu=facts.cpu_mcpu,
-                             cpu_triple=facts.cpu_triple)
+                             cpu_triple=facts.cpu_triple, cpu_llc_bytes=facts.cpu_llc_bytes)
         by_index = {g.index: g for g in GPU.objects.filter(node=node, present=True)}
         rows = [
             GpuTelemetry(gpu=by_index[s.index], ts=now, util_pct=s.util_pct, mem_used_mb=s.mem_used_mb,

@@ -22,19 +22,20 @@ def _other_cpu() -> str:
     return "skylake" if host_cpu_facts()["mcpu"] != "skylake" else "znver3"
 
 
-def _run_on_remote_queue(model, actor, monkeypatch) -> TuningRun:
+def _run_on_remote_queue(model, actor, monkeypatch, queues=(QUEUE,)) -> TuningRun:
     seen = {}
 
     def engine_stops_at_once(sink, model_proto, config):
         seen["submit"] = config.distributed_submit
+        seen["evaluator"] = config.evaluator
         raise RuntimeError("stop here")
 
     run = services.start_run(actor=actor, model=model, max_trials=8, threads=1, target={"kind": "llvm"},
-                             options={"measure_queues": [QUEUE]}, enqueue=False)
+                             options={"measure_queues": list(queues)}, enqueue=False)
     monkeypatch.setattr("tuning.adapters.run_engine", engine_stops_at_once)
     services.execute_run(run_id=run.pk, worker="t")
     run.refresh_from_db()
-    run.seen_submit = seen.get("submit")
+    run.seen_submit, run.seen_evaluator = seen.get("submit"), seen.get("evaluator")
     return run
 
 
@@ -49,6 +50,37 @@ def test_a_remote_run_builds_for_the_nodes_registered_cpu(model_a, user_owner, m
 def test_a_node_that_named_no_cpu_gets_portable_code(model_a, user_owner, monkeypatch):
     NodeFactory(name="hosta")
     assert _run_on_remote_queue(model_a, user_owner, monkeypatch).resolved_target["mcpu"] == "generic"
+
+
+def test_a_remote_run_is_timed_by_the_cache_its_nodes_registered_not_this_hosts(model_a, user_owner, monkeypatch):
+    """The cache-fit rule reads the measuring nodes' last-level cache: a model (made to look 2 MiB) that
+    outgrows a node's 1 MiB cache is timed cold there, whatever this host's cache; one (made to look 200 MiB)
+    that fits a node's 1 GiB cache is timed warm, though it outgrows many a host's."""
+    from tuning.engine.measuring.timer import COLD_CPU_EVALUATOR, EvaluatorConfig, default_evaluator
+
+    monkeypatch.setattr("core.onnx_models.features.weight_bytes", lambda model: 2 << 20)
+    NodeFactory(name="hosta", cpu_llc_bytes=1 << 20)
+    run = _run_on_remote_queue(model_a, user_owner, monkeypatch)
+    assert run.evaluator["regime"] == "cold" and "(1.0 MiB)" in run.evaluator["why"], run.evaluator
+    assert run.seen_evaluator == COLD_CPU_EVALUATOR == EvaluatorConfig.from_any(run.evaluator)
+
+    monkeypatch.setattr("core.onnx_models.features.weight_bytes", lambda model: 200 << 20)
+    NodeFactory(name="hostb", cpu_llc_bytes=1 << 30)
+    run = _run_on_remote_queue(model_a, user_owner, monkeypatch, queues=["measure.hostb.cpu"])
+    assert run.evaluator["regime"] == "warm" and "(1024.0 MiB)" in run.evaluator["why"], run.evaluator
+    assert run.seen_evaluator == default_evaluator("cpu")
+
+
+def test_a_remote_run_whose_nodes_caches_are_unknown_or_differ_keeps_tvms_default(model_a, user_owner,
+                                                                                   monkeypatch):
+    monkeypatch.setattr("core.onnx_models.features.weight_bytes", lambda model: 1 << 40)
+    NodeFactory(name="hosta")  # registered no cache size
+    run = _run_on_remote_queue(model_a, user_owner, monkeypatch)
+    assert run.evaluator["regime"] == "warm" and "unknown" in run.evaluator["why"]
+    NodeFactory(name="hostb", cpu_llc_bytes=1 << 20)
+    NodeFactory(name="hostc", cpu_llc_bytes=32 << 20)
+    run = _run_on_remote_queue(model_a, user_owner, monkeypatch, queues=["measure.hostb.cpu", "measure.hostc.cpu"])
+    assert run.evaluator["regime"] == "warm" and "unknown" in run.evaluator["why"]
 
 
 def test_a_measuring_worker_refuses_a_candidate_built_for_another_cpu():
@@ -67,11 +99,17 @@ def test_registration_stores_the_nodes_cpu():
     # a later registration that names no CPU keeps the one known
     node = scheduling_services.register_node(name="hostc", reading=reading)
     assert node.cpu_mcpu == "znver3"
+    node = scheduling_services.register_node(name="hostc", reading=reading, cpu_llc_bytes=32 << 20)
+    assert node.cpu_llc_bytes == 32 << 20
+    assert scheduling_services.register_node(name="hostc", reading=reading).cpu_llc_bytes == 32 << 20
 
 
 def test_a_heartbeat_registers_this_hosts_cpu():
     scheduling_services.record_heartbeat(node_name="hostd", nvml=None)
     from scheduling.models import Node
 
+    from tuning.engine.measuring.timer import host_llc_bytes
+
     node = Node.objects.get(name="hostd")
     assert node.cpu_mcpu == host_cpu_facts()["mcpu"] and node.cpu_triple == host_triple()
+    assert node.cpu_llc_bytes == host_llc_bytes()

@@ -89,14 +89,19 @@ def test_a_run_is_timed_cold_when_its_weights_outgrow_this_hosts_cache(model_a, 
     assert run.timing_words == "as the run's options set it"
 
 
-def test_a_run_measured_on_remote_queues_keeps_tvms_default_timing(model_a, user_owner):
-    """The nodes behind a run's remote CPU queues do not report their caches: TVM's default, saying why."""
+def test_a_run_measured_on_remote_queues_is_timed_by_their_nodes_cache_never_this_hosts(model_a, user_owner):
+    """The cache-fit rule reads the cache of the host that measures: the remote nodes' (None: unknown, TVM's
+    default, saying why), not this one's."""
     from tuning import adapters
 
     run = services.start_run(actor=user_owner, model=model_a, max_trials=8, threads=1, enqueue=False)
     run.options = {"measure_queues": ["measure.node1.cpu"]}
     chosen = adapters.resolve_target(run, remote_cpu={}, weight_bytes=1 << 40)["evaluator"]
     assert chosen["regime"] == "warm" and "unknown" in chosen["why"] and not chosen["enable_cpu_cache_flush"]
+    chosen = adapters.resolve_target(run, remote_cpu={}, weight_bytes=1 << 30, remote_llc_bytes=1 << 36)["evaluator"]
+    assert chosen["regime"] == "warm" and "fit" in chosen["why"]  # this host's cache would say cold
+    chosen = adapters.resolve_target(run, remote_cpu={}, weight_bytes=2 << 20, remote_llc_bytes=1 << 20)["evaluator"]
+    assert chosen["regime"] == "cold" and chosen["enable_cpu_cache_flush"]
 
 
 def _resumed_run(model, user, pipeline_key: str):

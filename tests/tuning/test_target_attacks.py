@@ -192,6 +192,19 @@ def test_node_registration_refuses_names_llvm_could_read_as_options():
     assert node.cpu_mcpu == "znver3"
 
 
+def test_node_registration_refuses_a_cache_size_that_is_not_one():
+    """The size decides how the node's runs are timed: only a whole number of bytes in a cache's range."""
+    from core.exceptions import ServiceError
+    from scheduling.models import Node
+
+    reading = NvmlReading(available=False, error="no driver", driver_version="", gpus=[])
+    for hostile in (-1, 0, 1 << 50, True, 3.5, "32M", [1 << 20]):
+        with pytest.raises(ServiceError) as exc:
+            scheduling_services.register_node(name="hostile", reading=reading, cpu_llc_bytes=hostile)
+        assert exc.value.field == "cpu_llc_bytes"
+    assert not Node.objects.filter(name="hostile").exists()  # nothing half-written
+
+
 def test_a_node_row_written_around_registration_is_not_a_known_cpu(api_owner, model_a):
     """A row whose triple LLVM could read as options does not make its CPU one a target may name."""
     NodeFactory(name="forged", cpu_mcpu="znver3", cpu_triple="x86_64 -cl-opt=-load=/tmp/evil.so")

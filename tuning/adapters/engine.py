@@ -195,12 +195,14 @@ def compile_and_compare(model_proto, work_dir: Path, run: TuningRun) -> dict:
                        what="compiling the tuned and untuned model and comparing their outputs")
 
 
-def resolve_target(run: TuningRun, remote_cpu: dict | None = None, weight_bytes: int | None = None) -> dict:
+def resolve_target(run: TuningRun, remote_cpu: dict | None = None, weight_bytes: int | None = None,
+                   remote_llc_bytes: int | None = None) -> dict:
     """`run.target` resolved on this (the executing) host: `{"target": ..., "key": ..., "pipeline_key": ...,
     "evaluator": ...}`. A run measured on remote CPU queues builds for `remote_cpu` (`{"mcpu", "mtriple"}` their
-    nodes registered), else portable code; its candidates are timed by TVM's default there (the nodes do not
-    report their caches), else as this host's cache and the model's `weight_bytes` say. In a child: resolving
-    loads TVM, which a worker process must not do (it forks)."""
+    nodes registered), else portable code; its candidates are timed as the model's `weight_bytes` and the
+    last-level cache of the host that measures them say: `remote_llc_bytes` (what its nodes registered; None,
+    unknown: TVM's default) for a run measured remotely, else this host's. In a child: resolving loads TVM,
+    which a worker process must not do (it forks)."""
     target = checked_target(run.target)
     if (run.options or {}).get("measure_queues") and target.get("kind") == "llvm":
         for key, value in (remote_cpu or {"mcpu": "generic"}).items():
@@ -208,7 +210,7 @@ def resolve_target(run: TuningRun, remote_cpu: dict | None = None, weight_bytes:
         target = checked_target(target)  # the node registry's names too
     resolved = call_engine(engine_targets.resolve_run_target, target, run.threads, writable=(),
                            what="resolving the run's target on this host")
-    llc = None if measures_remotely(run) else host_llc_bytes()  # sysfs of this host, the one that measures
+    llc = remote_llc_bytes if measures_remotely(run) else host_llc_bytes()  # the host that measures
     chosen = choose_evaluator(str(target.get("kind")), weight_bytes=weight_bytes, llc_bytes=llc)
     return {**resolved, "evaluator": chosen.to_dict()}
 

@@ -35,7 +35,7 @@ from tuning.adapters.reconnect import (
 from tuning.models import Measurement, TuningRun
 
 from .finish import announce_run_end, finish_succeeded
-from .runs import dispatch_run, remote_cpu_for
+from .runs import dispatch_run, remote_cpu_for, remote_llc_for
 from .settle import settle_tvm_database, settle_when_ended_without_executor
 
 log = logging.getLogger(__name__)
@@ -288,7 +288,8 @@ def resolve_run_target(run: TuningRun, lease: str, weight_bytes: int | None = No
                 "match its tasks. Its measurements stay on the run; start a new run of the model to tune it under the "
                 "new pipeline.")
         return
-    resolved = adapters.resolve_target(run, remote_cpu=remote_cpu_for(run), weight_bytes=weight_bytes)
+    resolved = adapters.resolve_target(run, remote_cpu=remote_cpu_for(run), weight_bytes=weight_bytes,
+                                       remote_llc_bytes=remote_llc_for(run))
     run.resolved_target, run.target_key = resolved["target"], fit_to_field(TuningRun, "target_key", resolved["key"])
     run.pipeline_key = fit_to_field(TuningRun, "pipeline_key", resolved.get("pipeline_key", ""))
     run.evaluator = resolved.get("evaluator") or {}
