@@ -60,8 +60,17 @@ def _llvm_cpu() -> tuple[str, str]:
 def local_host_facts() -> HostFacts:
     mem = int(psutil.virtual_memory().total // (1024 * 1024))
     mcpu, triple = _llvm_cpu()
+    llc = host_llc_bytes()
+    if llc is not None and not _is_cache_size(llc):  # an odd sysfs must not stop the node registering
+        log.warning("this host's last-level cache reads %s bytes: not reported", llc)
+        llc = None
     return HostFacts(hostname=socket.gethostname(), cpu_cores=os.cpu_count() or 0, memory_mb=mem,
-                     cpu_mcpu=mcpu, cpu_triple=triple, cpu_llc_bytes=host_llc_bytes())
+                     cpu_mcpu=mcpu, cpu_triple=triple, cpu_llc_bytes=llc)
+
+
+def _is_cache_size(value: object) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and LLC_BYTES_RANGE[0] <= value <= LLC_BYTES_RANGE[1])
 
 
 def _gpu_values(node: Node, sample: telemetry.GpuSample) -> dict[str, Any]:
@@ -99,8 +108,7 @@ def register_node(
     if cpu_triple and not valid_triple(cpu_triple):
         raise ServiceError(f"cpu_triple {str(cpu_triple)[:40]!r} is not an LLVM triple.", field="cpu_triple")
     # it decides how the runs measured on the node time their candidates (cold or warm)
-    if cpu_llc_bytes is not None and (isinstance(cpu_llc_bytes, bool) or not isinstance(cpu_llc_bytes, int)
-                                      or not LLC_BYTES_RANGE[0] <= cpu_llc_bytes <= LLC_BYTES_RANGE[1]):
+    if cpu_llc_bytes is not None and not _is_cache_size(cpu_llc_bytes):
         raise ServiceError(f"cpu_llc_bytes {str(cpu_llc_bytes)[:40]!r} is not a cache size in bytes "
                            f"({LLC_BYTES_RANGE[0]} to {LLC_BYTES_RANGE[1]}).", field="cpu_llc_bytes")
     now = now or timezone.now()

@@ -113,3 +113,11 @@ def test_a_heartbeat_registers_this_hosts_cpu():
     node = Node.objects.get(name="hostd")
     assert node.cpu_mcpu == host_cpu_facts()["mcpu"] and node.cpu_triple == host_triple()
     assert node.cpu_llc_bytes == host_llc_bytes()
+
+
+def test_a_heartbeat_from_a_host_whose_cache_reads_oddly_still_registers(monkeypatch):
+    monkeypatch.setattr("scheduling.services.nodes.host_llc_bytes", lambda: 512)  # a sysfs gone wrong
+    scheduling_services.record_heartbeat(node_name="hoste", nvml=None)
+    from scheduling.models import Node
+
+    assert Node.objects.get(name="hoste").cpu_llc_bytes is None  # registered, size unknown
