@@ -107,7 +107,6 @@ def test_registration_stores_the_nodes_cpu():
 def test_a_heartbeat_registers_this_hosts_cpu():
     scheduling_services.record_heartbeat(node_name="hostd", nvml=None)
     from scheduling.models import Node
-
     from tuning.engine.measuring.timer import host_llc_bytes
 
     node = Node.objects.get(name="hostd")
