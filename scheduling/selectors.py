@@ -69,18 +69,22 @@ def is_node_fresh(node: Node, now: dt.datetime | None = None) -> bool:
     return node.last_seen is not None and node.last_seen >= now - dt.timedelta(seconds=node_stale_after_s())
 
 
+def nodes_serving(queues: list[str]) -> list[Node]:
+    """The nodes whose CPU queue is one of `queues`."""
+    wanted = set(queues)
+    return [n for n in Node.objects.all() if n.cpu_queue in wanted]
+
+
 def cpus_serving(queues: list[str]) -> set[tuple[str, str]]:
     """The (LLVM CPU name, triple) pairs the nodes whose CPU queue is one of `queues` registered ("" when a
     node has not named its CPU)."""
-    wanted = set(queues)
-    return {(n.cpu_mcpu, n.cpu_triple) for n in Node.objects.all() if n.cpu_queue in wanted}
+    return {(n.cpu_mcpu, n.cpu_triple) for n in nodes_serving(queues)}
 
 
 def llcs_serving(queues: list[str]) -> set[int | None]:
     """The last-level cache sizes (bytes) the nodes whose CPU queue is one of `queues` registered (None when
     a node has not reported one)."""
-    wanted = set(queues)
-    return {n.cpu_llc_bytes for n in Node.objects.all() if n.cpu_queue in wanted}
+    return {n.cpu_llc_bytes for n in nodes_serving(queues)}
 
 
 def registered_cpus() -> dict[str, str]:
