@@ -28,6 +28,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -117,22 +118,30 @@ def analyse_job(work_dir: str, at: list[str | float], rounds: int) -> dict:
             if not n or len(best) < len(tasks):  # a task without a record has no estimate yet
                 points.append({"at": point, "records": n, "skipped": "not every task has a record by then"})
                 continue
-            points.append({"at": point, "records": n,
+            started = time.perf_counter()
+            executable = compile_model(mod, target, database=memory_database(records[:n], tasks))
+            points.append({"at": point, "records": n, "compile_s": time.perf_counter() - started,
                            "estimate_s": sum(float(tasks[i].weight) * best[i] for i in best),
-                           "executable": compile_model(mod, target, database=memory_database(records[:n], tasks))})
-        end = {"records": len(records), "estimate_s": end_estimate_s,
-               "executable": compile_model(mod, target, database=open_database(snap))}
+                           "executable": executable})
+        started = time.perf_counter()
+        executable = compile_model(mod, target, database=open_database(snap))
+        end = {"records": len(records), "estimate_s": end_estimate_s, "compile_s": time.perf_counter() - started,
+               "executable": executable}
         inputs = random_inputs(model, seed=0)
         timed = [p for p in points if "executable" in p] + [end]
         samples: list[list[float]] = [[] for _ in timed]
+        timing_s = [0.0 for _ in timed]
         for _ in range(rounds):  # alternating: drift falls on every build alike
             for k, p in enumerate(timed):
+                started = time.perf_counter()
                 samples[k].append(run_and_time(p["executable"], inputs, target, number=1, repeat=10,
                                                threads=threads, min_repeat_ms=50)[1])
+                timing_s[k] += time.perf_counter() - started
         for k, p in enumerate(timed):
             del p["executable"]
             p["compiled_s"] = statistics.median(samples[k])
             p["compiled_samples_s"] = samples[k]
+            p["timing_s_a_round"] = timing_s[k] / rounds  # what one timing of the build costs
     end_gap = abs(end["compiled_s"] - end["estimate_s"]) / end["compiled_s"]
     for p in points:
         if "compiled_s" not in p:
@@ -189,7 +198,8 @@ def main(argv=None) -> int:
     for j in jobs:
         e = j["end"]
         print(f"# {j['model']} ({j['n_tasks']} tasks, {e['records']} records): end estimate "
-              f"{e['estimate_s'] * 1e3:.3f} ms, compiled {e['compiled_s'] * 1e3:.3f} ms, gap {j['end_gap']:.1%}")
+              f"{e['estimate_s'] * 1e3:.3f} ms, compiled {e['compiled_s'] * 1e3:.3f} ms, gap {j['end_gap']:.1%} "
+              f"(compiled in {e['compile_s']:.1f} s, timed in {e['timing_s_a_round']:.1f} s a round)")
         for p in j["checkpoints"]:
             if "skipped" in p:
                 print(f"  at {p['at']}: skipped ({p['skipped']})")
@@ -197,7 +207,8 @@ def main(argv=None) -> int:
             print(f"  at {p['at']} ({p['records']} records): estimate {p['estimate_s'] * 1e3:.3f} ms, compiled "
                   f"{p['compiled_s'] * 1e3:.3f} ms (offset {p['offset_s'] * 1e3:+.3f} ms, x{p['ratio']:.3f}) -> "
                   f"end estimate added {p['added_estimate_s'] * 1e3:.3f} ms (gap {p['added_gap']:.1%}), "
-                  f"scaled {p['scaled_estimate_s'] * 1e3:.3f} ms (gap {p['scaled_gap']:.1%})")
+                  f"scaled {p['scaled_estimate_s'] * 1e3:.3f} ms (gap {p['scaled_gap']:.1%}); compiled in "
+                  f"{p['compile_s']:.1f} s")
     print("overall:", json.dumps(result["overall"], indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))

@@ -100,6 +100,7 @@ def test_each_checkpoint_compiles_what_was_committed_by_then_and_carries_its_gap
     assert end["records"] == 2 * n and end["estimate_s"] == pytest.approx(10e-6 * sum(weights))
     for p in (first, late, end):
         assert p["compiled_s"] > 0 and len(p["compiled_samples_s"]) == 1
+        assert p["compile_s"] > 0 and p["timing_s_a_round"] > 0  # what a checkpoint would cost a run
     assert first["added_estimate_s"] == pytest.approx(end["estimate_s"] + first["compiled_s"] - first["estimate_s"])
     assert first["scaled_estimate_s"] == pytest.approx(end["estimate_s"] * first["compiled_s"] / first["estimate_s"])
     assert first["added_gap"] == pytest.approx(abs(end["compiled_s"] - first["added_estimate_s"]) / end["compiled_s"])
