@@ -50,7 +50,7 @@ def parse_at(text: str) -> list[str | float]:
     return out
 
 
-def best_by_task(records, n_tasks: int) -> dict[int, float]:
+def best_by_task(records) -> dict[int, float]:
     """Task index -> least valid latency (seconds) among ``records`` ((task, record) pairs)."""
     from tuning.engine.workdir import record_latency
 
@@ -114,7 +114,7 @@ def analyse_job(work_dir: str, at: list[str | float], rounds: int) -> dict:
         points = []
         for point in at:
             n = first_round_end(records, len(tasks)) if point == FIRST_ROUND else max(1, round(point * len(records)))
-            best = best_by_task(records[:n], len(tasks)) if n else {}
+            best = best_by_task(records[:n]) if n else {}
             if not n or len(best) < len(tasks):  # a task without a record has no estimate yet
                 points.append({"at": point, "records": n, "skipped": "not every task has a record by then"})
                 continue

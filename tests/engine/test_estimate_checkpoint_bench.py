@@ -68,9 +68,9 @@ def test_the_first_round_ends_at_the_record_that_gives_the_last_task_a_valid_one
     assert len(records) == n + 3
     assert ec.first_round_end(records, n) == n + 2
     assert ec.first_round_end(records[: n + 1], n) is None
-    best = ec.best_by_task(records[: n + 2], n)
+    best = ec.best_by_task(records[: n + 2])
     assert best[0] == pytest.approx(2e-6) and best[1] == pytest.approx(5e-6)  # not yet the later 1 us
-    assert ec.best_by_task(records, n)[0] == pytest.approx(1e-6)
+    assert ec.best_by_task(records)[0] == pytest.approx(1e-6)
 
 
 @pytest.mark.slow
