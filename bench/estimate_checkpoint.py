@@ -91,24 +91,17 @@ def memory_database(records, tasks):
 
 
 def analyse_job(work_dir: str, at: list[str | float], rounds: int) -> dict:
-    from bench.tuned_tasks import _model, load_job, snapshot, task_table
+    from bench.paired_timing import interleave, job_threads
+    from bench.tuned_tasks import load_job, open_snapshot, task_table
     from tuning.engine.compile.passes import use_passes
-    from tuning.engine.compile.pipeline import (compile_model, make_target, onnx_to_relax, random_inputs,
-                                                run_and_time)
-    from tuning.engine.compile.workloads import collect_tasks
-    from tuning.engine.workdir import (commit_streamed, journal_settled, open_database, open_json_db,
-                                       records_in_commit_order)
+    from tuning.engine.compile.pipeline import compile_model, random_inputs, run_and_time
+    from tuning.engine.workdir import open_database, records_in_commit_order
 
     job = load_job(work_dir)
     target = job["target"]
-    threads = job.get("threads") or target.get("num-cores")
+    threads = job_threads(job)
     with tempfile.TemporaryDirectory(prefix="estimate_checkpoint_") as tmp, use_passes(job.get("passes")):
-        snap = snapshot(work_dir, tmp)
-        model = _model(job["model"])
-        mod = onnx_to_relax(model)
-        tasks = collect_tasks(mod, make_target(target))
-        if not journal_settled(snap, 0):
-            commit_streamed(snap, open_json_db(snap), tasks, make_target(target))
+        snap, model, mod, tasks, _ = open_snapshot(work_dir, job, tmp)
         records = records_in_commit_order(snap, tasks)
         end_estimate_s = sum(r["estimate_us"] or 0 for r in task_table(snap, tasks)) / 1e6
         points = []
@@ -129,18 +122,23 @@ def analyse_job(work_dir: str, at: list[str | float], rounds: int) -> dict:
                "executable": executable}
         inputs = random_inputs(model, seed=0)
         timed = [p for p in points if "executable" in p] + [end]
-        samples: list[list[float]] = [[] for _ in timed]
         timing_s = [0.0 for _ in timed]
-        for _ in range(rounds):  # alternating: drift falls on every build alike
-            for k, p in enumerate(timed):
+
+        def sampler(k: int):
+            def sample() -> float:  # median of ten timings, and what taking it cost
                 started = time.perf_counter()
-                samples[k].append(run_and_time(p["executable"], inputs, target, number=1, repeat=10,
-                                               threads=threads, min_repeat_ms=50)[1])
+                secs = run_and_time(timed[k]["executable"], inputs, target, number=1, repeat=10, threads=threads,
+                                    min_repeat_ms=50)[1]
                 timing_s[k] += time.perf_counter() - started
+                return secs
+            return sample
+
+        # rounds of one sample of every build, the order rotated: drift falls on every build alike
+        samples = interleave({str(k): sampler(k) for k in range(len(timed))}, rounds)
         for k, p in enumerate(timed):
             del p["executable"]
-            p["compiled_s"] = statistics.median(samples[k])
-            p["compiled_samples_s"] = samples[k]
+            p["compiled_s"] = statistics.median(samples[str(k)])
+            p["compiled_samples_s"] = samples[str(k)]
             p["timing_s_a_round"] = timing_s[k] / rounds  # what one timing of the build costs
     end_gap = abs(end["compiled_s"] - end["estimate_s"]) / end["compiled_s"]
     for p in points:
@@ -181,10 +179,10 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     if args.rounds < 1:
         ap.error("--rounds must be positive")
+    from bench.paired_timing import job_threads
     from bench.tuned_tasks import load_job
 
-    jobs_read = [load_job(w) for w in args.work_dirs]
-    threads = {job.get("threads") or job["target"].get("num-cores") for job in jobs_read}
+    threads = {job_threads(load_job(w)) for w in args.work_dirs}
     if len(threads) == 1 and None not in threads:  # before TVM's thread pool starts
         os.environ["TVM_NUM_THREADS"] = str(threads.pop())
     import logging

@@ -416,25 +416,35 @@ def analyse_executables(work_dir: str, mod, target, inputs, *, tuned, untuned, t
     return {"tasks": table, "profile": time_breakdown(table, tuned_profile, kernels)}
 
 
+def open_snapshot(work_dir: str, job: dict, dest: str) -> tuple:
+    """(snapshot dir, ONNX model, Relax module, tasks, results committed from the journal) of a job, its
+    records snapshotted to ``dest``; call under the job's graph passes (``use_passes``)."""
+    from tuning.engine.compile.pipeline import make_target, onnx_to_relax
+    from tuning.engine.compile.workloads import collect_tasks
+    from tuning.engine.workdir import commit_streamed, journal_settled, open_json_db
+
+    snap = snapshot(work_dir, dest)
+    model = _model(job["model"])
+    mod = onnx_to_relax(model)
+    tasks = collect_tasks(mod, make_target(job["target"]))
+    # what a killed or still-running job measured but TVM's joins had not committed, committed to the
+    # copy as the engine's next call on the work dir would (not when the run settled its journal itself)
+    committed = 0 if journal_settled(snap, 0) else commit_streamed(snap, open_json_db(snap), tasks,
+                                                                    make_target(job["target"]))
+    return snap, model, mod, tasks, committed
+
+
 def analyse(work_dir: str, job: dict, *, profile: bool = False, repeat: int = 10) -> dict:
     """The task table of a job's work directory and, with ``profile``, where its compiled model's time goes
     (both builds compiled here, the tuned one from a snapshot of the records, as the bench compiles it)."""
     from tuning.engine.compile.passes import use_passes
-    from tuning.engine.compile.pipeline import compile_model, make_target, onnx_to_relax, random_inputs
-    from tuning.engine.compile.workloads import collect_tasks
-    from tuning.engine.workdir import commit_streamed, journal_settled, open_database, open_json_db
+    from tuning.engine.compile.pipeline import compile_model, random_inputs
+    from tuning.engine.workdir import open_database
 
     target = job["target"]
     with tempfile.TemporaryDirectory(prefix="tuned_tasks_") as tmp, use_passes(job.get("passes")):
-        snap = snapshot(work_dir, tmp)
-        model = _model(job["model"])
-        mod = onnx_to_relax(model)
-        tasks = collect_tasks(mod, make_target(target))
-        # what a killed or still-running job measured but TVM's joins had not committed, committed to the
-        # copy as the engine's next call on the work dir would (not when the run settled its journal itself)
-        settled = journal_settled(snap, 0)
-        result: dict = {"work_dir": work_dir, "job": job, "journal_committed":
-                        0 if settled else commit_streamed(snap, open_json_db(snap), tasks, make_target(target))}
+        snap, model, mod, tasks, committed = open_snapshot(work_dir, job, tmp)
+        result: dict = {"work_dir": work_dir, "job": job, "journal_committed": committed}
         if not profile:
             result["tasks"] = task_table(snap, tasks)
             return result
