@@ -52,7 +52,9 @@ unbounded unless ``--trials`` is given too). ``--ablation`` tunes each model onc
 onnxruntime; ``..._no_mcpu`` the same for the portable target; ``by_row`` the
 geomean of every row; ``estimate_vs_compiled`` the largest relative gap between
 a job's end-to-end estimate (sum over tasks of weight x best measured latency)
-and its compiled tuned latency.
+and its compiled tuned latency; ``calibrated_estimate_vs_compiled`` the same for the estimate
+calibrated by the run's compiled checkpoint (``tuning.engine.checkpoint``: the model compiled and timed
+once every task had a record), over the jobs that took one.
 On a shared machine every figure is noisy: the load average is in the JSON.
 """
 
@@ -74,6 +76,7 @@ if __package__ in (None, ""):
 from bench.common import geomean, machine_info, run_child, tuning_config, write_result  # noqa: E402
 from tuning.engine.events import NullSink  # noqa: E402 - data classes only, no TVM
 from tuning.engine.measuring.timer import COLD_CPU_EVALUATOR, default_evaluator  # noqa: E402 - TVM imported lazily
+from tuning.engine.verdict import calibrated_estimate, checkpoint_note  # noqa: E402 - pure
 
 SCRIPT = str(Path(__file__).resolve())
 
@@ -213,6 +216,7 @@ def _tune_and_compare(spec: dict) -> dict:
 
     untuned_agree, untuned_err = compare_outputs(untuned_out, ort_after.outputs)
     estimate_ms = (summary.best_latency_s or 0) * 1e3 or None
+    calibrated_ms = (calibrated_estimate(summary.best_latency_s, summary.compiled_checkpoint) or 0) * 1e3 or None
     try:  # after the timings above, which stay side by side; a failure here must not lose the job
         analysis = analyse_executables(spec["work_dir"], mod, target, inputs, tuned=tuned, untuned=untuned,
                                        threads=spec["threads"], repeat=spec["repeat"])
@@ -231,6 +235,9 @@ def _tune_and_compare(spec: dict) -> dict:
         "tuning_wall_s": summary.wall_secs, "final_remeasure_s": summary.phase_secs.get("final_remeasure"),
         "trials": sink.trials, "estimate_ms": estimate_ms,
         "estimate_vs_compiled": abs(estimate_ms - tuned_ms) / tuned_ms if estimate_ms else None,
+        # the product's compiled checkpoint (tuning.engine.checkpoint) and the estimate it calibrates
+        "checkpoint": summary.compiled_checkpoint, "calibrated_estimate_ms": calibrated_ms,
+        "calibrated_estimate_vs_compiled": abs(calibrated_ms - tuned_ms) / tuned_ms if calibrated_ms else None,
         "budget_minutes": spec.get("budget_minutes"), "status": summary.status, "stop_reason": summary.stop_reason,
         "parity": sink.parity, "trajectory": sink.trajectory[:: max(1, len(sink.trajectory) // 40)],
         "paired": paired, "ratio_blocks": tuned_ms / ort_after.latency_median_ms,
@@ -390,8 +397,10 @@ def _print_tasks(rows: list[dict]) -> None:
         for label, r in row["jobs"].items():
             if "error" in r:
                 continue
-            print(f"\n## {row['model']} {label}: tuned {_fmt(r['tuned_ms'])} ms, estimate {_fmt(r['estimate_ms'])} ms, "
-                  f"onnxruntime {_fmt(r['ort']['latency_median_ms'])} ms")
+            print(f"\n## {row['model']} {label}: tuned {_fmt(r['tuned_ms'])} ms, estimate {_fmt(r['estimate_ms'])} ms "
+                  f"(calibrated {_fmt(r.get('calibrated_estimate_ms'))}), onnxruntime {_fmt(r['ort']['latency_median_ms'])} ms")
+            if r.get("checkpoint"):
+                print(f"   compiled checkpoint: {checkpoint_note(r['checkpoint'], None)}")
             if r.get("tasks"):
                 print_task_table(r["tasks"])
             if r.get("profile"):
@@ -415,7 +424,7 @@ def _overall(rows: list[dict]) -> dict:
         return [job["ratio"] for job in (_headline(row, variant) for row in rows) if job is not None]
 
     by_row: dict[str, list[float]] = {}
-    gaps = []
+    gaps, calibrated_gaps = [], []
     for row in rows:
         for label, r in row["jobs"].items():
             if "error" in r:
@@ -423,11 +432,15 @@ def _overall(rows: list[dict]) -> dict:
             by_row.setdefault(label, []).append(r["ratio"])
             if r.get("estimate_vs_compiled") is not None:
                 gaps.append(r["estimate_vs_compiled"])
+            if r.get("calibrated_estimate_vs_compiled") is not None:
+                calibrated_gaps.append(r["calibrated_estimate_vs_compiled"])
     return {
         "tvm_vs_ort_latency_ratio": geomean(ratios("mcpu")),
         "tvm_vs_ort_latency_ratio_no_mcpu": geomean(ratios("no-mcpu")),
         "by_row": {label: geomean(values) for label, values in by_row.items()},
         "estimate_vs_compiled": max(gaps) if gaps else None,
+        # the same, for the estimate calibrated by a compiled checkpoint (jobs that took one)
+        "calibrated_estimate_vs_compiled": max(calibrated_gaps) if calibrated_gaps else None,
         "models_at_or_below_parity": [row["model"] for row in rows
                                       if (job := _headline(row, "mcpu")) is not None and job["ratio"] <= 1.0],
     }
@@ -461,7 +474,8 @@ def main(argv=None) -> int:
     overall = _overall(rows)
     print(f"\noverall tuned TVM / onnxruntime (geomean): mcpu {_fmt(overall['tvm_vs_ort_latency_ratio'], 2)}, "
           f"no-mcpu {_fmt(overall['tvm_vs_ort_latency_ratio_no_mcpu'], 2)}; estimate vs compiled, largest gap "
-          f"{_fmt(overall['estimate_vs_compiled'], 2)}")
+          f"{_fmt(overall['estimate_vs_compiled'], 2)}, calibrated by the compiled checkpoint "
+          f"{_fmt(overall['calibrated_estimate_vs_compiled'], 2)}")
     for label, ratio in overall["by_row"].items():
         print(f"  {label:24s} geomean ratio {_fmt(ratio, 2)}")
     machine["loadavg_end"] = list(os.getloadavg())

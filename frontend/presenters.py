@@ -212,6 +212,7 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "candidates_generated": run.candidates_generated, "candidates_filtered": run.candidates_filtered,
         "candidates_not_sent": run.candidates_not_sent, "stop_reason": run.stop_reason,
         "builds_in_flight": run.builds_in_flight, "measurements_in_flight": run.measurements_in_flight,
+        "compiled_checkpoint": run.compiled_checkpoint, "calibrated_estimate_s": run.calibrated_estimate_s,
         **onnxruntime_numbers(run),
     }
     pending = {"cancel": " (cancel requested)", "pause": " (pause requested)"}.get(run.requested_action or "", "")
@@ -226,6 +227,7 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "wall": fmt_wall(run, wall_so_far, running_since),
         "eta": fmt_eta(run, eta),
         "estimate": fmt_estimate(run, raw["tasks_missing_from_estimate"]),
+        "checkpoint": run.checkpoint_note or DASH,
         "final_dop": str(run.final_dop) if run.final_dop else DASH,
         "mean_error": fmt_number(run.mean_parallel_error * 100 if run.mean_parallel_error is not None else None,
                                  2, " %"),

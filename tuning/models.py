@@ -15,6 +15,7 @@ from common.units import joules_to_kwh
 from core.models import DLModel, Team, UsageCharge
 from tuning.engine.compile.passes import describe_pipeline
 from tuning.engine.compile.targets import identity_of
+from tuning.engine import checkpoint as compiled_checkpoint
 from tuning.engine import verdict as verdict_rule
 
 # (min, max) of each bound of a run: the model, the service, the API serializer, the dashboard form and
@@ -370,8 +371,24 @@ class TuningRun(models.Model):
 
     @property
     def estimate_gap(self) -> dict | None:
-        """The per-task estimate's distance from the compiled latency, with why, when above 15 %."""
-        return verdict_rule.estimate_gap(self.estimated_latency_s, self.tuned_latency_s)
+        """The per-task estimate's distance from the compiled latency, with why, when above 15 % (and the
+        calibrated estimate's, when the run took a compiled checkpoint)."""
+        return verdict_rule.estimate_gap(self.estimated_latency_s, self.tuned_latency_s, self.compiled_checkpoint)
+
+    @property
+    def compiled_checkpoint(self) -> dict | None:
+        """The model compiled and timed once every task had a record (the engine's checkpoint), or None."""
+        return compiled_checkpoint.as_reported((self.summary or {}).get("compiled_checkpoint"))
+
+    @property
+    def calibrated_estimate_s(self) -> float | None:
+        """The per-task estimate plus what the compiled model added to it at the checkpoint; None without one."""
+        return verdict_rule.calibrated_estimate(self.estimated_latency_s, self.compiled_checkpoint)
+
+    @property
+    def checkpoint_note(self) -> str:
+        """The compiled checkpoint in words ("" when none was taken), as the page and the CLI show it."""
+        return verdict_rule.checkpoint_note(self.compiled_checkpoint, self.estimated_latency_s)
 
     @property
     def result_identity(self) -> str:

@@ -15,6 +15,7 @@ from common.units import JOULES_PER_KWH
 from core.fieldtext import fit_to_field
 from core.models import Quota
 from core.selectors import month_start
+from tuning.engine import checkpoint as compiled_checkpoint
 from tuning.models import DopRound, Measurement, TuningRun, TuningTask, team_usage_since
 
 from .energy import run_energy_model
@@ -213,6 +214,22 @@ class DatabaseSink:
                           "wall_secs": getattr(info, "wall_secs", None),
                           "parallel_wall_secs": getattr(info, "parallel_wall_secs", None),
                           "serial_wall_secs": getattr(info, "serial_wall_secs", None)})
+            self._touch_run()
+
+    def on_checkpoint(self, checkpoint) -> None:
+        """The engine's compiled checkpoint, kept in the run's summary (the page, API and CLI read it there;
+        the summary the run ends with carries it again)."""
+        clean = compiled_checkpoint.as_reported(checkpoint)
+        if clean is None:
+            return
+        if "error" in clean:
+            clean["error"] = public_text(clean["error"], self.work_dir)
+        with transaction.atomic():
+            run = TuningRun.objects.select_for_update().only("summary", "lease").get(pk=self.run_id)
+            if run.lease != self.lease:
+                raise LeaseLost(f"run {self.run_id} was taken over by another executor")
+            TuningRun.objects.filter(pk=self.run_id).update(
+                summary={**(run.summary or {}), "compiled_checkpoint": clean})
             self._touch_run()
 
     def _touch_run(self) -> None:

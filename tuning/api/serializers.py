@@ -73,6 +73,15 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
     estimate_gap = serializers.JSONField(read_only=True, allow_null=True, help_text=(
         "When the per-task estimate (estimated_latency_s) is more than 15 % away from the compiled latency: "
         "{ratio: compiled / estimate, gap, note: why}. null otherwise. The verdict never uses the estimate."))
+    compiled_checkpoint = serializers.JSONField(read_only=True, allow_null=True, help_text=(
+        "The model compiled and timed once every task had a record, while the search waited (long runs): "
+        "{at, trials, estimate_s (the per-task estimate then), compiled_s, compiled_iqr_s, compile_s, timing_s, "
+        "wall_s}, or {at, trials, estimate_s, error} when it failed; null when none was taken."))
+    calibrated_estimate_s = serializers.FloatField(read_only=True, allow_null=True, help_text=(
+        "estimated_latency_s plus what the compiled model added to the estimate at the checkpoint "
+        "(compiled_s - estimate_s); an estimate, labelled so. null without a checkpoint."))
+    checkpoint_note = serializers.CharField(read_only=True, help_text=(
+        "The compiled checkpoint in words, as the run page and the CLIs print it; empty when none was taken."))
     result_identity = ResultIdentityField(read_only=True, help_text=(
         "What identifies this run's tuning results: the resolved target and the pipeline key."))
     energy_saved_kind = serializers.CharField(read_only=True, allow_null=True,
@@ -87,7 +96,8 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "waiting_since",
             "error", "created_at", "started_at", "finished_at", "archived_at", "attempts", "worker", "trials_done",
             "progress",
-            "wall_seconds", "estimated_latency_s", "final_dop", "mean_parallel_error", "tuned_latency_s",
+            "wall_seconds", "estimated_latency_s", "compiled_checkpoint", "calibrated_estimate_s", "checkpoint_note",
+            "final_dop", "mean_parallel_error", "tuned_latency_s",
             "tuned_latency_iqr_s", "untuned_latency_s", "speedup", "outputs_match", "max_abs_diff",
             "resolved_target", "target_key", "ort_latency_s", "ort_latency_iqr_s", "ratio_to_ort", "faster_engine",
             "ort_outputs_agree", "verdict", "verdict_flag", "timing_load", "estimate_gap", "deploy_verdict",

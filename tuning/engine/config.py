@@ -69,6 +69,9 @@ class TuningConfig:
     # trials the caller already stored for this run (a resumed run): the budget left is counted from the
     # larger of this and the records in TVM's database, so a store ahead of the database is not re-spent
     trials_spent: int = 0
+    # compile and time the model once every task has a record (checkpoint): None: in doppler mode on CPUs
+    # measured here, when the search has enough ahead of it (checkpoint.worth_taking); True: always there
+    compiled_checkpoint: bool | None = None
     # how long a run waits for another engine to leave its work dir (a dying one lets go in a second or two)
     work_dir_wait_s: float = 30.0
 
@@ -150,6 +153,8 @@ class TuningSummary:
     stop_reason: str | None = None  # why a "succeeded" run ended before its budget (Trimmer)
     # tasks that had no record when the caller asked to finish and got one short batch past it (first_round)
     late_first_rounds: list[str] = dataclasses.field(default_factory=list)
+    # the model compiled and timed once every task had a record (checkpoint.take); None: not taken
+    compiled_checkpoint: dict | None = None
 
     @property
     def best_latency_s(self) -> float | None:

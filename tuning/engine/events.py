@@ -103,7 +103,8 @@ class TuningSink(Protocol):
     ``on_measurements`` is called as candidates are measured, from the tuning thread or from the
     engine's progress thread (never two calls at once), before or after the task's join.
     ``on_progress(info)`` (optional, a :class:`ProgressInfo`): builds and measurements in flight,
-    whenever they change."""
+    whenever they change. ``on_checkpoint(checkpoint)`` (optional, a dict: :func:`checkpoint.take`'s): the
+    model compiled and timed once every task had a record, or why that failed (``error``)."""
 
     def on_tasks(self, tasks: list[TaskInfo]) -> None: ...
 
@@ -136,6 +137,9 @@ class NullSink:
     def on_progress(self, info):
         pass
 
+    def on_checkpoint(self, checkpoint):
+        pass
+
     def control(self):
         return None
 
@@ -150,6 +154,7 @@ class ListSink:
         self.rounds: list[RoundInfo] = []
         self.serial_remeasures: list[tuple] = []  # (task_index, candidate_key, serial_secs | None)
         self.progress: list[ProgressInfo] = []
+        self.checkpoints: list[dict] = []
         self.stop_after_records = stop_after_records
         self.command = command
         self.control_calls = 0
@@ -174,6 +179,10 @@ class ListSink:
     def on_progress(self, info):
         with self._lock:
             self.progress.append(info)
+
+    def on_checkpoint(self, checkpoint):
+        with self._lock:
+            self.checkpoints.append(checkpoint)
 
     def control(self):
         self.control_calls += 1

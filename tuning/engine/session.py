@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import time
 from typing import Any
 
+from tuning.engine import checkpoint as compiled_checkpoint
 from tuning.engine.compile.pipeline import make_target, target_device_type
 from tuning.engine.compile.targets import check_measurable_here
 from tuning.engine.compile.workloads import Task, collect_tasks, round_size
@@ -35,6 +37,7 @@ from tuning.engine.events import (
     TuningSink,
     candidate_key,
 )
+from tuning.engine.latency import is_failed_latency
 from tuning.engine.process import sandbox
 from tuning.engine.process.lifeline import lock_work_dir
 from tuning.engine.process.procpool import available_cpus, unpin_current_thread
@@ -47,6 +50,7 @@ from tuning.engine.workdir import (
     has_imported,
     has_journal,
     journal_size,
+    load_checkpoint,
     load_final_rows,
     load_trimmer_preempted,
     next_round_offset,
@@ -91,6 +95,7 @@ class _Run:
     status: str = "succeeded"
     final_rows: list[dict] = dataclasses.field(default_factory=list)
     deadline: float | None = None  # when the caller's time budget ends (time.perf_counter), if it gave one
+    model: Any = None  # what is tuned (the compiled checkpoint compiles it)
 
 
 def _prepare(model, cfg: TuningConfig, sink: TuningSink) -> _Run:
@@ -248,6 +253,51 @@ def _apply_cache_seeds(run: _Run, retime) -> None:
     cache_settle.apply_seed_decisions(state.trimmer.budget, decisions)
 
 
+def _checkpoint_hook(run: _Run, search_budget: int):
+    """The compiled checkpoint for the scheduler's first round robin (``state.after_first_round``), or None
+    where none is taken: one taken by an earlier call, ``compiled_checkpoint`` False (stock mode's default),
+    a GPU, or kernels timed on another host."""
+    cfg = run.cfg
+    wanted = cfg.compiled_checkpoint if cfg.compiled_checkpoint is not None else cfg.mode == "doppler"
+    if not wanted or run.device_type != "cpu" or cfg.runner not in LOCAL_RUNNERS:
+        return None
+    if not compiled_checkpoint.runs_end_to_end(run.model):
+        return None
+    if load_checkpoint(run.work_dir) is not None:
+        return None
+
+    def take() -> None:
+        state = run.state
+        best = [state.best.get(t.index, math.inf) for t in run.infos]
+        if any(not math.isfinite(b) or is_failed_latency(b) for b in best):
+            return  # a task without a measured candidate: no estimate to calibrate
+        pacer, now = state.pacer, time.perf_counter()
+        if (
+            cfg.compiled_checkpoint is None
+            and pacer is not None
+            and not compiled_checkpoint.worth_taking(
+                trials_done=state.trials_done,
+                budget=search_budget,
+                elapsed_s=now - pacer.started,
+                deadline_left_s=None if run.deadline is None else run.deadline - now,
+            )
+        ):
+            return
+        taken = compiled_checkpoint.take(
+            run.model,
+            work_dir=run.work_dir,
+            target=cfg.target,
+            threads=run.threads,
+            estimate_s=sum(t.weight * b for t, b in zip(run.infos, best)),
+            trials=run.n_existing + state.n_reported,
+        )
+        run.phases["checkpoint"] = taken["wall_s"]
+        if hasattr(run.sink, "on_checkpoint"):
+            state.notify_sink("on_checkpoint", taken)
+
+    return take
+
+
 def _tune(run: _Run) -> None:
     """Make the builder and runner, measure the imported seeds, search, re-measure the best."""
     # TVM's compiler, imported when a run starts, not when a web process imports this module
@@ -312,6 +362,7 @@ def _tune(run: _Run) -> None:
             if run.remaining > 0:
                 # results reach the sink as each measurement lands, not at TVM's joins (see callbacks)
                 streamer = ProgressStreamer(state)
+                state.after_first_round = _checkpoint_hook(run, run.remaining)
                 try:
                     run.status = search.search(
                         run.tasks,
@@ -422,6 +473,7 @@ def _summary(run: _Run, wall_secs: float) -> TuningSummary:
         trimmer=trimmer.to_dict() if trimmer is not None else None,
         stop_reason=run_stop_reason(run.status, trimmer, state),
         late_first_rounds=[run.tasks[i].name for i in state.pacer.late] if state and state.pacer else [],
+        compiled_checkpoint=load_checkpoint(run.work_dir),
     )
 
 
@@ -434,6 +486,7 @@ def run_tuning(model, config: TuningConfig, sink: TuningSink | None = None) -> T
     # first to go, or refuses (WorkDirBusy), so two never write one TVM database
     with lock_work_dir(os.path.abspath(config.work_dir), wait_s=config.work_dir_wait_s):
         run = _prepare(model, config, sink or NullSink())
+        run.model = model
         if config.time_budget_s:
             run.deadline = t_start + float(config.time_budget_s)
         try:

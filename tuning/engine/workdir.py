@@ -67,7 +67,8 @@ TRIMMER_STATE = "trimmer_state.json"
 EXHAUSTED_FILE = "exhausted_tasks.json"  # tasks whose search space ran out (with or without Trimmer)
 ROUNDS_FILE = "rounds.txt"
 STREAM_JOURNAL = "streamed_records.jsonl"
-JOURNAL_SETTLED = "streamed_records.settled.json"  # how much of the journal TVM's database is known to hold
+JOURNAL_SETTLED = "streamed_records.settled.json"
+CHECKPOINT_FILE = "compiled_checkpoint.json"  # the model compiled and timed once mid-run (checkpoint)  # how much of the journal TVM's database is known to hold
 
 
 def _db_paths(work_dir: str, final: bool = False) -> tuple[str, str]:
@@ -442,3 +443,24 @@ def save_final_rows(work_dir: str, saved: dict) -> None:
         os.replace(path + ".tmp", path)
     except (OSError, TypeError, ValueError):  # a full disk: the next call re-measures (and charges) again
         log.exception("could not save the final re-measure")
+
+
+def load_checkpoint(work_dir: str) -> dict | None:
+    """The compiled checkpoint an earlier call of this run took (``checkpoint.take``), or None."""
+    try:
+        with open(os.path.join(work_dir, CHECKPOINT_FILE)) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def save_checkpoint(work_dir: str, checkpoint: dict) -> None:
+    """Written whole or not at all (a rename); a call that cannot write it takes no other (logged)."""
+    path = os.path.join(work_dir, CHECKPOINT_FILE)
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(json_safe(checkpoint), f)
+        os.replace(path + ".tmp", path)
+    except (OSError, TypeError, ValueError):
+        log.exception("could not save the compiled checkpoint")

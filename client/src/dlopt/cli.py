@@ -202,6 +202,8 @@ def _run_lines(run: Json) -> list[str]:
     if run.get("estimated_latency_s"):
         lines.append(f"  estimate (sum of per-task bests, not measured end to end): "
                      f"{_ms(run['estimated_latency_s'])} ms")
+    if run.get("checkpoint_note"):
+        lines.append(f"  compiled checkpoint: {run['checkpoint_note']}")
     if run.get("estimate_gap"):
         lines.append(f"  {run['estimate_gap']['note']}")
     if run.get("energy_kwh"):

@@ -35,6 +35,7 @@ __all__ = [
     "make_target",
     "target_device_type",
     "onnx_input_specs",
+    "relax_input_specs",
     "onnx_to_relax",
     "prepare_for_tuning",
     "extract_tasks",
@@ -310,11 +311,23 @@ def compile_model(model, target, database=None):
 
 
 # --------------------------------------------------------------------------- run
+def relax_input_specs(mod) -> dict[str, tuple[tuple[int, ...], str]]:
+    """A Relax module's ``main`` parameters (what its VM is called with) -> (shape, dtype); every dimension
+    must be static (``onnx_to_relax``'s modules are)."""
+    specs: dict[str, tuple[tuple[int, ...], str]] = {}
+    for param in mod["main"].params:
+        tensor = param.ty  # a relax TensorType (TVM 0.27 names a Relax var's struct info ``ty``)
+        specs[str(param.name)] = (tuple(int(d) for d in tensor.shape), str(tensor.dtype))
+    return specs
+
+
 def random_inputs(model, seed: int = 0) -> dict[str, np.ndarray]:
-    """Deterministic random inputs for every graph input of an ONNX model."""
+    """Deterministic random inputs for every graph input of an ONNX model (or parameter of a Relax
+    module's ``main``)."""
     rng = np.random.default_rng(seed)
     out = {}
-    for name, (shape, dtype) in onnx_input_specs(model).items():
+    specs = onnx_input_specs(model) if hasattr(model, "graph") else relax_input_specs(model)
+    for name, (shape, dtype) in specs.items():
         if dtype.startswith("float"):
             out[name] = rng.standard_normal(shape).astype(dtype)
         elif dtype == "bool":

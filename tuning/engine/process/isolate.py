@@ -45,7 +45,15 @@ __all__ = ["Abort", "EngineCrashed", "EngineError", "EngineStopped", "call_isola
 log = logging.getLogger(__name__)
 _ROOT = str(Path(__file__).resolve().parents[3])
 _CHILD = str(Path(__file__).resolve().with_name("_isolated_child.py"))
-SINK_METHODS = ("on_tasks", "on_measurements", "on_round", "on_serial_remeasure", "on_progress", "control")
+SINK_METHODS = (
+    "on_tasks",
+    "on_measurements",
+    "on_round",
+    "on_serial_remeasure",
+    "on_progress",
+    "on_checkpoint",
+    "control",
+)
 
 
 class EngineCrashed(RuntimeError):

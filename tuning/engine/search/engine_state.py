@@ -78,6 +78,9 @@ class EngineState:
         # batch or runs join callbacks while batches may be in flight (set by session._pace
         # when measurements must not share their cores with that work); None: they overlap
         self.wait_measured: Any = None
+        # called once by the scheduler when its first round robin has ended and been joined (every task
+        # reached; the session's compiled checkpoint); None: nothing to do
+        self.after_first_round: Any = None
         # first_round.FirstRoundPacer: sizes the first batch of tasks without a record (set by the search)
         self.pacer: Any = None
 

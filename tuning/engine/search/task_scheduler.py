@@ -98,6 +98,16 @@ class ControlledScheduler(PyTaskScheduler):
         self.state.launching = task_id  # the StreamingRunner files the batch TVM now sends under it
         return task_id
 
+    def _after_first_round(self) -> None:
+        """The first round robin is joined: its records are in TVM's database (the compiled checkpoint)."""
+        hook, self.state.after_first_round = self.state.after_first_round, None
+        if hook is None:
+            return
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 - an informative step must not end the search
+            log.exception("the first round's hook failed")
+
     def _trim(self, outer) -> bool:
         """Apply Trimmer's decisions; True when the run must stop (whole-model stop)."""
         tr = self.state.trimmer
@@ -155,6 +165,7 @@ class ControlledScheduler(PyTaskScheduler):
             if finishing:
                 st.stop_reason = "finish"
                 return -1
+            self._after_first_round()
             if self._trim(outer):
                 return -1
 
