@@ -144,10 +144,12 @@ def run_child(script: str, spec: dict, *, timeout: float, env: dict | None = Non
 def tuning_config(spec: dict, **extra):
     """The engine's TuningConfig for a child job's spec (the fields every tuning benchmark sets the same
     way: DOPpler measurement, the default evaluator unless the spec names one, the spec's budget and search);
-    ``extra`` adds the rest."""
+    ``extra`` adds the rest. No compiled checkpoint unless ``extra`` asks for one: it spends a compile from one
+    side's budget, and these benchmarks credit other mechanisms (vs_onnxruntime measures the product's default)."""
     from tuning.engine.config import TuningConfig
     from tuning.engine.measuring.timer import EvaluatorConfig
 
+    extra.setdefault("compiled_checkpoint", False)
     return TuningConfig(
         target=spec["target"],
         max_trials=spec["trials"],

@@ -72,7 +72,9 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
         "when the two IQRs overlap, 'No verdict: host load ...' on an overloaded host. Empty before the comparison."))
     estimate_gap = serializers.JSONField(read_only=True, allow_null=True, help_text=(
         "When the per-task estimate (estimated_latency_s) is more than 15 % away from the compiled latency: "
-        "{ratio: compiled / estimate, gap, note: why}. null otherwise. The verdict never uses the estimate."))
+        "{ratio: compiled / estimate, gap, calibrated_s and calibrated_gap (the estimate calibrated by the "
+        "compiled checkpoint and its gap; null without one), note: why}. null otherwise. The verdict never uses "
+        "the estimate."))
     compiled_checkpoint = serializers.JSONField(read_only=True, allow_null=True, help_text=(
         "The model compiled and timed once every task had a record, while the search waited (long runs): "
         "{at, trials, estimate_s (the per-task estimate then), compiled_s, compiled_iqr_s, compile_s, timing_s, "
