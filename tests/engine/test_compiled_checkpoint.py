@@ -54,7 +54,7 @@ def test_the_calibrated_estimate_adds_what_the_whole_model_added_at_the_checkpoi
     gap = verdict.estimate_gap(1.69e-3, 2.31e-3, checkpoint)
     assert gap["gap"] == pytest.approx(0.367, abs=1e-3) and gap["calibrated_s"] == pytest.approx(2.09e-3)
     assert gap["calibrated_gap"] == pytest.approx(2.31 / 2.09 - 1)
-    assert "checkpoint after 995 trials" in gap["note"] and "2.09 ms, 11 % below the compiled latency" in gap["note"]
+    assert "the estimate reads 2.09 ms; the compiled model measured 11 % above that." in gap["note"]
     assert verdict.estimate_gap(1.69e-3, 2.31e-3)["calibrated_s"] is None
 
 
@@ -100,7 +100,8 @@ def test_a_run_takes_one_checkpoint_once_every_task_has_a_record_and_a_resumed_c
     more = ListSink()
     resumed = run_tuning(model, _cfg(cpu_target, tmp_path, compiled_checkpoint=True, max_trials=40), more)
     assert resumed.status == "succeeded" and more.records  # it tuned on
-    assert more.checkpoints == [] and resumed.compiled_checkpoint == taken  # and took no second checkpoint
+    # and took no second checkpoint: the first is reported again (its report may not have reached the caller)
+    assert more.checkpoints == [taken] and resumed.compiled_checkpoint == taken
 
 
 def test_no_checkpoint_when_switched_off_or_for_a_kernel(tmp_path, cpu_target):
@@ -161,5 +162,48 @@ def test_a_relax_module_is_compiled_and_timed_as_an_onnx_model_is(tmp_path, cpu_
     mod = onnx_to_relax(model)
     assert cp.runs_end_to_end(mod) and cp.runs_end_to_end(model) and not cp.runs_end_to_end(matmul_primfunc(64))
     assert relax_input_specs(mod) == {"x": ((1, 3, 16, 16), "float32")}
-    timed = cp.compile_and_time(mod, str(tmp_path), cpu_target, 1)  # no records yet: TVM's default schedules
+    timed = cp.compile_and_time(mod, b"", b"", cpu_target, 1)  # no records: TVM's default schedules
     assert timed["compiled_s"] > 0 and timed["compiled_iqr_s"] >= 0 and timed["compile_s"] > 0
+
+
+def _empty_database(work_dir) -> None:
+    from tuning.engine.workdir import DB_RECORDS, DB_WORKLOAD
+
+    for name in (DB_WORKLOAD, DB_RECORDS):
+        (work_dir / name).write_bytes(b"")
+
+
+@pytest.mark.parametrize("should_stop, limit_s, why", [
+    (lambda: "cancel", 300.0, "EngineStopped: the run was asked to cancel during the checkpoint"),
+    (lambda: None, 0.5, "EngineStopped: the checkpoint took more than 0 s"),
+])
+def test_a_checkpoint_stops_when_the_run_is_asked_to_or_past_its_limit(tmp_path, cpu_target, should_stop, limit_s,
+                                                                     why):
+    """The search waits for the checkpoint: a cancel, pause or spent time budget must not wait for a compile."""
+    _empty_database(tmp_path)
+    stopped = cp.take(tiny_cnn_onnx(), work_dir=str(tmp_path), target=cpu_target, threads=1, estimate_s=1e-3,
+                      trials=8, limit_s=limit_s, should_stop=should_stop)
+    assert stopped["error"] == why and "compiled_s" not in stopped
+    assert load_checkpoint(str(tmp_path)) == stopped  # kept: the run takes no other
+
+
+def test_a_linked_database_or_checkpoint_file_is_not_read(tmp_path, cpu_target):
+    """Sandboxed children may write the work dir: a link planted there must not hand the sandbox a file the
+    worker can read, nor put a file of its choosing into the run's summary."""
+    from tuning.engine.workdir import DB_WORKLOAD
+
+    _empty_database(tmp_path)
+    secret = tmp_path / "worker-secret"
+    secret.write_text("SECRET_KEY=...")
+    (tmp_path / DB_WORKLOAD).unlink()
+    (tmp_path / DB_WORKLOAD).symlink_to(secret)
+    refused = cp.take(tiny_cnn_onnx(), work_dir=str(tmp_path), target=cpu_target, threads=1, estimate_s=1e-3,
+                      trials=8)
+    assert refused["error"].startswith("OSError") and "symbolic links" in refused["error"]  # O_NOFOLLOW
+    assert "compiled_s" not in refused
+
+    (tmp_path / CHECKPOINT_FILE).unlink()
+    planted = tmp_path / "planted.json"
+    planted.write_text('{"estimate_s": 1e-3, "compiled_s": 1e-3, "note": "<script>"}')
+    (tmp_path / CHECKPOINT_FILE).symlink_to(planted)
+    assert load_checkpoint(str(tmp_path)) is None

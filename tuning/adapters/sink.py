@@ -224,7 +224,7 @@ class DatabaseSink:
             return
         if "error" in clean:
             clean["error"] = public_text(clean["error"], self.work_dir)
-        with transaction.atomic():
+        with self._lock, transaction.atomic():
             run = TuningRun.objects.select_for_update().only("summary", "lease").get(pk=self.run_id)
             if run.lease != self.lease:
                 raise LeaseLost(f"run {self.run_id} was taken over by another executor")

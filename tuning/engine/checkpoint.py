@@ -12,8 +12,10 @@ two 30-minute models and was mixed on three 5-minute ones, so the raw estimate s
 Cost: one compile (12-22 s for resnet18 / mobilenet_v2 on 2 cores) and about a second of timing, spent from the
 run's budget; so it is taken only while the search has enough ahead of it for a calibrated estimate to be
 read (:func:`worth_taking`). The compile runs in a sandboxed child, as the final compile does (the user's
-graph goes through TVM's compiler there), from a copy of the records: the run's database stays the engine's.
-A checkpoint that fails is recorded with its error and the run goes on; the final compile decides the run.
+graph goes through TVM's compiler there), from the records' bytes sent over its pipe: the run's database
+stays the engine's. It is stopped when the run is asked to stop (cancel, pause, its time budget) or past
+:data:`MAX_CHECKPOINT_S`. A checkpoint that fails is recorded with its error and the run goes on; the final
+compile decides the run.
 
 CPU targets measured on this host only: a GPU's measuring workers hold its timing lock, and a remote run's
 kernels are timed on another machine.
@@ -25,8 +27,10 @@ import logging
 import math
 import os
 import shutil
-import statistics
+import tempfile
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tuning.engine.workdir import DB_RECORDS, DB_WORKLOAD, save_checkpoint
@@ -34,6 +38,8 @@ from tuning.engine.workdir import DB_RECORDS, DB_WORKLOAD, save_checkpoint
 __all__ = [
     "CHECKPOINT_MIN_REPEAT_MS",
     "CHECKPOINT_REPEATS",
+    "MAX_CHECKPOINT_S",
+    "MAX_DATABASE_BYTES",
     "MIN_SECONDS_LEFT",
     "MIN_SHARE_LEFT",
     "as_reported",
@@ -52,6 +58,11 @@ CHECKPOINT_MIN_REPEAT_MS = 50
 # a checkpoint close to the end tells little more than the final compile that follows it
 MIN_SHARE_LEFT = 0.25
 MIN_SECONDS_LEFT = 120.0
+# the longest a checkpoint may hold the search (the session lowers it to a quarter of a time budget's rest);
+# past it the child is stopped and the checkpoint recorded as failed
+MAX_CHECKPOINT_S = 300.0
+# a run's record database larger than this is not sent to a checkpoint's child
+MAX_DATABASE_BYTES = 512 * 1024 * 1024
 
 
 def runs_end_to_end(model) -> bool:
@@ -84,14 +95,27 @@ def worth_taking(*, trials_done: int, budget: int, elapsed_s: float, deadline_le
     return share >= MIN_SHARE_LEFT and seconds >= MIN_SECONDS_LEFT
 
 
-def compile_and_time(model, database_dir: str, target, threads: int | None, seed: int = 0) -> dict[str, float]:
-    """Compile ``model`` with the records in ``database_dir`` and time it as the final timing does (repeats
-    of at least :data:`CHECKPOINT_MIN_REPEAT_MS`; median and IQR). Runs in the sandboxed child."""
+def compile_and_time(
+    model, workload: bytes, records: bytes, target, threads: int | None, seed: int = 0
+) -> dict[str, float]:
+    """Compile ``model`` with the given database (the bytes of its two JSON files) and time it as the final
+    timing does (repeats of at least :data:`CHECKPOINT_MIN_REPEAT_MS`; median and IQR as
+    :func:`verdict.spread` takes them). Runs in the sandboxed child: the files live in its private folder
+    only until TVM has read them, so a child killed mid-compile leaves no copy of the run's records."""
     from tuning.engine.compile.pipeline import compile_model, random_inputs, run_and_time_samples
+    from tuning.engine.verdict import spread
     from tuning.engine.workdir import open_json_db
 
     t0 = time.perf_counter()
-    executable = compile_model(model, target, database=open_json_db(database_dir))
+    folder = tempfile.mkdtemp(prefix="checkpoint-")
+    try:
+        for name, data in ((DB_WORKLOAD, workload), (DB_RECORDS, records)):
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(data)
+        database = open_json_db(folder)  # TVM's JSONDatabase reads both files when it opens
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    executable = compile_model(model, target, database=database)
     t1 = time.perf_counter()
     _, samples = run_and_time_samples(
         executable,
@@ -102,39 +126,69 @@ def compile_and_time(model, database_dir: str, target, threads: int | None, seed
         threads=threads,
         min_repeat_ms=CHECKPOINT_MIN_REPEAT_MS,
     )
-    q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
+    median, q25, q75 = spread(samples)
     return {
-        "compiled_s": float(statistics.median(samples)),
-        "compiled_iqr_s": float(q[2] - q[0]),
+        "compiled_s": median,
+        "compiled_iqr_s": q75 - q25,
         "compile_s": t1 - t0,
         "timing_s": time.perf_counter() - t1,
     }
 
 
-def take(model, *, work_dir: str, target, threads: int | None, estimate_s: float, trials: int) -> dict[str, Any]:
+def take(
+    model,
+    *,
+    work_dir: str,
+    target,
+    threads: int | None,
+    estimate_s: float,
+    trials: int,
+    limit_s: float = MAX_CHECKPOINT_S,
+    should_stop: Callable[[], str | None] | None = None,
+) -> dict[str, Any]:
     """Compile and time ``model`` from the records ``work_dir``'s database holds now, in a sandboxed child;
-    ``estimate_s``: the per-task estimate at this point, ``trials``: the run's records so far. Saved in
-    ``work_dir`` (a resumed run keeps it and takes no other) and returned; a failure is returned (and
-    saved) with its ``error`` and no ``compiled_s``."""
-    from tuning.engine.process.isolate import call_isolated
-    from tuning.engine.process.sandbox import private_dir, remove_dir
+    ``estimate_s``: the per-task estimate at this point, ``trials``: the run's records so far. The child is
+    stopped after ``limit_s`` seconds, or as soon as ``should_stop()`` (polled each second: the caller's
+    control) names a command. Saved in ``work_dir`` (a resumed run keeps it and takes no other) and
+    returned; a failure is returned (and saved) with its ``error`` and no ``compiled_s``."""
+    from tuning.engine.process.isolate import Abort, call_isolated
+    from tuning.engine.process.sandbox import read_untrusted_file
 
     checkpoint: dict[str, Any] = {"at": "first round", "trials": int(trials), "estimate_s": float(estimate_s)}
     t0 = time.perf_counter()
-    copy = private_dir()
+    abort, done = Abort(), threading.Event()
+
+    def watch() -> None:
+        while not done.wait(1.0):
+            command = should_stop() if should_stop is not None else None
+            if command:
+                abort.trigger(f"the run was asked to {command} during the checkpoint")
+            elif time.perf_counter() - t0 > limit_s:
+                abort.trigger(f"the checkpoint took more than {limit_s:.0f} s")
+            if abort.is_set():
+                return
+
+    watcher = threading.Thread(target=watch, name="checkpoint-watch", daemon=True)
     try:
-        for name in (DB_WORKLOAD, DB_RECORDS):
-            shutil.copyfile(os.path.join(work_dir, name), os.path.join(copy, name))
+        # sandboxed children may write the work dir (the final compile): its files are read only if they are
+        # regular files, not links, so no file the worker can read is handed to the sandbox instead
+        files = [
+            read_untrusted_file(os.path.join(work_dir, name), max_bytes=MAX_DATABASE_BYTES, magic=b"")
+            for name in (DB_WORKLOAD, DB_RECORDS)
+        ]
+        if any(data is None for data in files):
+            raise ValueError(f"the run's database is not two regular files of at most {MAX_DATABASE_BYTES} bytes")
+        watcher.start()
         timed = call_isolated(
             compile_and_time,
             model,
-            copy,
+            *files,
             target,
             threads,
             what="compiling and timing the model at its checkpoint",
             scrub=True,
             sandbox_user=True,
-            writable=(copy,),
+            abort=abort,
         )
         if not (isinstance(timed, dict) and math.isfinite(timed.get("compiled_s", math.nan))):
             raise ValueError(f"the checkpoint's child answered {timed!r}")
@@ -143,7 +197,7 @@ def take(model, *, work_dir: str, target, threads: int | None, estimate_s: float
         log.warning("the compiled checkpoint failed: %s", exc)
         checkpoint["error"] = f"{type(exc).__name__}: {exc}"[:2000]
     finally:
-        remove_dir(copy)
+        done.set()
     checkpoint["wall_s"] = time.perf_counter() - t0
     save_checkpoint(work_dir, checkpoint)
     return checkpoint

@@ -272,30 +272,42 @@ def _checkpoint_hook(run: _Run, search_budget: int):
         if any(not math.isfinite(b) or is_failed_latency(b) for b in best):
             return  # a task without a measured candidate: no estimate to calibrate
         pacer, now = state.pacer, time.perf_counter()
-        if (
-            cfg.compiled_checkpoint is None
-            and pacer is not None
-            and not compiled_checkpoint.worth_taking(
+        deadline_left = None if run.deadline is None else run.deadline - now
+        if cfg.compiled_checkpoint is None and (
+            pacer is None
+            or not compiled_checkpoint.worth_taking(
                 trials_done=state.trials_done,
                 budget=search_budget,
                 elapsed_s=now - pacer.started,
-                deadline_left_s=None if run.deadline is None else run.deadline - now,
+                deadline_left_s=deadline_left,
             )
         ):
             return
+        limit = compiled_checkpoint.MAX_CHECKPOINT_S
         taken = compiled_checkpoint.take(
             run.model,
             work_dir=run.work_dir,
             target=cfg.target,
             threads=run.threads,
             estimate_s=sum(t.weight * b for t, b in zip(run.infos, best)),
-            trials=run.n_existing + state.n_reported,
+            # the run's trials so far, as the caller counts them (its store may be ahead of TVM's database)
+            trials=max(run.n_existing, int(cfg.trials_spent or 0)) + state.n_reported,
+            limit_s=limit if deadline_left is None else max(1.0, min(limit, deadline_left / 4)),
+            should_stop=state.poll_control,
         )
         run.phases["checkpoint"] = taken["wall_s"]
         if hasattr(run.sink, "on_checkpoint"):
             state.notify_sink("on_checkpoint", taken)
 
     return take
+
+
+def _report_saved_checkpoint(run: _Run, state) -> None:
+    """A checkpoint an earlier call took is reported again: that call's report may not have reached the
+    caller (its store was unreachable, the call was killed right after), and this call takes no other."""
+    saved = compiled_checkpoint.as_reported(load_checkpoint(run.work_dir))
+    if saved is not None and hasattr(run.sink, "on_checkpoint"):
+        state.notify_sink("on_checkpoint", saved)
 
 
 def _tune(run: _Run) -> None:
@@ -340,6 +352,7 @@ def _tune(run: _Run) -> None:
                 journal=StreamJournal(run.work_dir, [t.mod for t in run.tasks]),
             )
             _pace(run, builder, runner, state)
+            _report_saved_checkpoint(run, state)
             for i, b in run.best0.items():
                 state.best_history[i].append(b)
             if run.remaining > 0 and has_imported(run.work_dir):
@@ -473,7 +486,7 @@ def _summary(run: _Run, wall_secs: float) -> TuningSummary:
         trimmer=trimmer.to_dict() if trimmer is not None else None,
         stop_reason=run_stop_reason(run.status, trimmer, state),
         late_first_rounds=[run.tasks[i].name for i in state.pacer.late] if state and state.pacer else [],
-        compiled_checkpoint=load_checkpoint(run.work_dir),
+        compiled_checkpoint=compiled_checkpoint.as_reported(load_checkpoint(run.work_dir)),
     )
 
 

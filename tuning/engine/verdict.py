@@ -201,16 +201,12 @@ def checkpoint_note(checkpoint: dict | None, estimate_s: float | None) -> str:
 
 def _checkpoint_words(estimate_s: float, compiled_s: float, checkpoint: dict | None) -> str:
     calibrated = calibrated_estimate(estimate_s, checkpoint)
-    if calibrated is None or checkpoint is None:
+    if calibrated is None:
         return ""
     off = (compiled_s - calibrated) / calibrated
-    trials = checkpoint.get("trials")
     return (
-        f" A compiled checkpoint after {f'{trials:,}' if isinstance(trials, int) else 'the first round of'} trials "
-        "(every task had a record) timed the "
-        f"model at {_ms(checkpoint['compiled_s'])} against the estimate's {_ms(checkpoint['estimate_s'])} then; the "
-        f"estimate plus that difference reads {_ms(calibrated)}, {abs(off) * 100:.0f} % "
-        f"{'below' if off > 0 else 'above'} the compiled latency."
+        f" Calibrated by the compiled checkpoint, the estimate reads {_ms(calibrated)}; the compiled model "
+        f"measured {abs(off) * 100:.0f} % {'above' if off > 0 else 'below'} that."
     )
 
 

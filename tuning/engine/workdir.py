@@ -19,6 +19,7 @@ from typing import Any
 
 from common.jsonsafe import json_safe, loads_finite
 from tuning.engine.latency import TVM_FAILED_RUN_SECS, is_failed_latency
+from tuning.engine.process.sandbox import read_untrusted_file
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,8 @@ TRIMMER_STATE = "trimmer_state.json"
 EXHAUSTED_FILE = "exhausted_tasks.json"  # tasks whose search space ran out (with or without Trimmer)
 ROUNDS_FILE = "rounds.txt"
 STREAM_JOURNAL = "streamed_records.jsonl"
-JOURNAL_SETTLED = "streamed_records.settled.json"
-CHECKPOINT_FILE = "compiled_checkpoint.json"  # the model compiled and timed once mid-run (checkpoint)  # how much of the journal TVM's database is known to hold
+JOURNAL_SETTLED = "streamed_records.settled.json"  # how much of the journal TVM's database is known to hold
+CHECKPOINT_FILE = "compiled_checkpoint.json"  # the model compiled and timed once mid-run (checkpoint)
 
 
 def _db_paths(work_dir: str, final: bool = False) -> tuple[str, str]:
@@ -435,21 +436,18 @@ def load_final_rows(work_dir: str) -> dict | None:
 
 
 def save_final_rows(work_dir: str, saved: dict) -> None:
-    """Written whole or not at all (a rename): a killed call leaves the previous state."""
-    path = os.path.join(work_dir, FINAL_ROWS)
-    try:
-        with open(path + ".tmp", "w") as f:
-            json.dump(saved, f)
-        os.replace(path + ".tmp", path)
-    except (OSError, TypeError, ValueError):  # a full disk: the next call re-measures (and charges) again
-        log.exception("could not save the final re-measure")
+    """Written whole or not at all (a rename): a killed call leaves the previous state; a full disk: the next
+    call re-measures (and charges) again."""
+    _write_whole(os.path.join(work_dir, FINAL_ROWS), saved, "the final re-measure")
 
 
 def load_checkpoint(work_dir: str) -> dict | None:
-    """The compiled checkpoint an earlier call of this run took (``checkpoint.take``), or None."""
+    """The compiled checkpoint an earlier call of this run took (``checkpoint.take``), or None. Sandboxed
+    children may write the work dir (the final compile): the file is read only if it is a regular file, not a
+    link, of at most 64 KiB; the caller keeps only the fields it knows (``checkpoint.as_reported``)."""
     try:
-        with open(os.path.join(work_dir, CHECKPOINT_FILE)) as f:
-            saved = json.load(f)
+        data = read_untrusted_file(os.path.join(work_dir, CHECKPOINT_FILE), max_bytes=64 * 1024, magic=b"{")
+        saved = json.loads(data) if data is not None else None
     except (OSError, ValueError):
         return None
     return saved if isinstance(saved, dict) else None
@@ -457,10 +455,16 @@ def load_checkpoint(work_dir: str) -> dict | None:
 
 def save_checkpoint(work_dir: str, checkpoint: dict) -> None:
     """Written whole or not at all (a rename); a call that cannot write it takes no other (logged)."""
-    path = os.path.join(work_dir, CHECKPOINT_FILE)
+    _write_whole(os.path.join(work_dir, CHECKPOINT_FILE), json_safe(checkpoint), "the compiled checkpoint")
+
+
+def _write_whole(path: str, value: Any, what: str) -> bool:
+    """``value`` as JSON at ``path``, written whole or not at all (a rename); False (logged) when it could not be."""
     try:
         with open(path + ".tmp", "w") as f:
-            json.dump(json_safe(checkpoint), f)
+            json.dump(value, f)
         os.replace(path + ".tmp", path)
+        return True
     except (OSError, TypeError, ValueError):
-        log.exception("could not save the compiled checkpoint")
+        log.exception("could not save %s", what)
+        return False

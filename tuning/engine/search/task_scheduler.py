@@ -165,9 +165,9 @@ class ControlledScheduler(PyTaskScheduler):
             if finishing:
                 st.stop_reason = "finish"
                 return -1
-            self._after_first_round()
             if self._trim(outer):
                 return -1
+            self._after_first_round()  # not for a run that Trimmer just stopped
 
         # Phase 2: gradient (Trimmer: share of the end-to-end latency)
         alive = []

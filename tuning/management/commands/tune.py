@@ -150,7 +150,7 @@ class Command(BaseCommand):
             "onnxruntime_latency_ms": _ms(run.ort_latency_s), "onnxruntime_latency_iqr_ms": _ms(run.ort_latency_iqr_s),
             "estimated_latency_ms": _ms(run.estimated_latency_s), "estimate_gap": run.estimate_gap,
             "compiled_checkpoint": run.compiled_checkpoint, "calibrated_estimate_ms": _ms(run.calibrated_estimate_s),
-            "checkpoint": run.checkpoint_note,
+            "checkpoint_note": run.checkpoint_note,
             "verdict": run.verdict or None, "verdict_flag": run.verdict_flag, "timing_load": run.timing_load,
             "ratio_to_onnxruntime": run.ratio_to_ort, "faster_engine": run.faster_engine or None,
             "onnxruntime_outputs_agree": run.ort_outputs_agree,
@@ -186,8 +186,8 @@ class Command(BaseCommand):
         if s.get("estimated_latency_ms"):
             self.stdout.write(f"Estimate (sum of per-task bests, not measured end to end): "
                               f"{s['estimated_latency_ms']:.4f} ms")
-        if s.get("checkpoint"):
-            self.stdout.write(f"Compiled checkpoint: {s['checkpoint']}")
+        if s.get("checkpoint_note"):
+            self.stdout.write(f"Compiled checkpoint: {s['checkpoint_note']}")
         if s.get("estimate_gap"):
             self.stdout.write(s["estimate_gap"]["note"])
         if s["onnxruntime_latency_ms"]:
