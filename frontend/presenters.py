@@ -212,7 +212,7 @@ def run_numbers(run: TuningRun, *, dop_rounds: int | None = None) -> dict:
         "candidates_generated": run.candidates_generated, "candidates_filtered": run.candidates_filtered,
         "candidates_not_sent": run.candidates_not_sent, "stop_reason": run.stop_reason,
         "builds_in_flight": run.builds_in_flight, "measurements_in_flight": run.measurements_in_flight,
-        "compiled_checkpoint": run.compiled_checkpoint, "calibrated_estimate_s": run.calibrated_estimate_s,
+        "compiled_checkpoint": run.compiled_checkpoint,
         **onnxruntime_numbers(run),
     }
     pending = {"cancel": " (cancel requested)", "pause": " (pause requested)"}.get(run.requested_action or "", "")

@@ -371,9 +371,8 @@ class TuningRun(models.Model):
 
     @property
     def estimate_gap(self) -> dict | None:
-        """The per-task estimate's distance from the compiled latency, with why, when above 15 % (and the
-        calibrated estimate's, when the run took a compiled checkpoint)."""
-        return verdict_rule.estimate_gap(self.estimated_latency_s, self.tuned_latency_s, self.compiled_checkpoint)
+        """The per-task estimate's distance from the compiled latency, with why, when above 15 %."""
+        return verdict_rule.estimate_gap(self.estimated_latency_s, self.tuned_latency_s)
 
     @property
     def compiled_checkpoint(self) -> dict | None:
@@ -381,14 +380,9 @@ class TuningRun(models.Model):
         return compiled_checkpoint.as_reported((self.summary or {}).get("compiled_checkpoint"))
 
     @property
-    def calibrated_estimate_s(self) -> float | None:
-        """The per-task estimate plus what the compiled model added to it at the checkpoint; None without one."""
-        return verdict_rule.calibrated_estimate(self.estimated_latency_s, self.compiled_checkpoint)
-
-    @property
     def checkpoint_note(self) -> str:
         """The compiled checkpoint in words ("" when none was taken), as the page and the CLI show it."""
-        return verdict_rule.checkpoint_note(self.compiled_checkpoint, self.estimated_latency_s)
+        return verdict_rule.checkpoint_note(self.compiled_checkpoint)
 
     @property
     def result_identity(self) -> str:

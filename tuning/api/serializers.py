@@ -72,16 +72,12 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
         "when the two IQRs overlap, 'No verdict: host load ...' on an overloaded host. Empty before the comparison."))
     estimate_gap = serializers.JSONField(read_only=True, allow_null=True, help_text=(
         "When the per-task estimate (estimated_latency_s) is more than 15 % away from the compiled latency: "
-        "{ratio: compiled / estimate, gap, calibrated_s and calibrated_gap (the estimate calibrated by the "
-        "compiled checkpoint and its gap; null without one), note: why}. null otherwise. The verdict never uses "
-        "the estimate."))
+        "{ratio: compiled / estimate, gap, note: why}. null otherwise. The verdict never uses the estimate."))
     compiled_checkpoint = serializers.JSONField(read_only=True, allow_null=True, help_text=(
         "The model compiled and timed once every task had a record, while the search waited (long runs): "
         "{at, trials, estimate_s (the per-task estimate then), compiled_s, compiled_iqr_s, compile_s, timing_s, "
-        "wall_s}, or {at, trials, estimate_s, error} when it failed; null when none was taken."))
-    calibrated_estimate_s = serializers.FloatField(read_only=True, allow_null=True, help_text=(
-        "estimated_latency_s plus what the compiled model added to the estimate at the checkpoint "
-        "(compiled_s - estimate_s); an estimate, labelled so. null without a checkpoint."))
+        "wall_s}, or {at, trials, estimate_s, error} when it failed; null when none was taken. A measurement "
+        "of the model as it stood then: the run's result is the final compiled latency."))
     checkpoint_note = serializers.CharField(read_only=True, help_text=(
         "The compiled checkpoint in words, as the run page and the CLIs print it; empty when none was taken."))
     result_identity = ResultIdentityField(read_only=True, help_text=(
@@ -98,7 +94,7 @@ class TuningRunSerializer(FastRepresentationMixin, serializers.ModelSerializer):
             "waiting_since",
             "error", "created_at", "started_at", "finished_at", "archived_at", "attempts", "worker", "trials_done",
             "progress",
-            "wall_seconds", "estimated_latency_s", "compiled_checkpoint", "calibrated_estimate_s", "checkpoint_note",
+            "wall_seconds", "estimated_latency_s", "compiled_checkpoint", "checkpoint_note",
             "final_dop", "mean_parallel_error", "tuned_latency_s",
             "tuned_latency_iqr_s", "untuned_latency_s", "speedup", "outputs_match", "max_abs_diff",
             "resolved_target", "target_key", "ort_latency_s", "ort_latency_iqr_s", "ratio_to_ort", "faster_engine",

@@ -2,18 +2,19 @@
 compiled from the records committed by then and timed, while the search waits.
 
 Why: until the end of a run the only end-to-end number was the per-task estimate (weight x best kernel, each
-kernel timed alone), and on models of many short kernels it ran well below the compiled model (19-21 % on
-mobilenet_v2's 30-minute runs, 23 % on bert_encoder's 5-minute one). A checkpoint puts a real compiled
-latency on the run while it tunes, and calibrates the estimate from then on
-(:func:`tuning.engine.verdict.calibrated_estimate`: the estimate plus what the whole model added at the
-checkpoint). Replayed on kept jobs (``bench/estimate_checkpoint.py``) the calibration narrowed the gap on the
-two 30-minute models and was mixed on three 5-minute ones, so the raw estimate stays beside it, each labelled.
+kernel timed alone), and it runs below the compiled model, most while the search is young (resnet18 on a
+2-core ``znver3`` VM: 47.6 ms estimated against 66.7 ms compiled at the first round's end). A checkpoint puts
+a real compiled latency on the run while it tunes, beside the estimate of that moment. It is not used to
+correct the estimate: carried to the end as a fixed overhead it narrowed the gap on some kept jobs and
+widened it on others (resnet18 in that run: 18 % raw, 44 % so corrected; docs/research/tuning-vs-onnxruntime.md),
+because the kernels change too much after the first round.
 
-Cost: one compile (12-22 s for resnet18 / mobilenet_v2 on 2 cores) and about a second of timing, spent from the
-run's budget; so it is taken only while the search has enough ahead of it for a calibrated estimate to be
-read (:func:`worth_taking`). The compile runs in a sandboxed child, as the final compile does (the user's
-graph goes through TVM's compiler there), from the records' bytes sent over its pipe: the run's database
-stays the engine's. It is stopped when the run is asked to stop (cancel, pause, its time budget) or past
+Cost: one compile and its timing, spent from the run's budget (resnet18 on a 2-core ``znver3`` VM: 33 s in
+all, 22 s of it the compile; compiles of 12-22 s for resnet18 / mobilenet_v2 on ``znver5``); so it is taken
+only while the search has enough ahead of it for the measurement to be worth reading before the final one
+(:func:`worth_taking`). The compile runs in a sandboxed child, as the final compile does (the user's graph
+goes through TVM's compiler there), from the records' bytes sent over its pipe: the run's database stays the
+engine's. It is stopped when the run is asked to stop (cancel, pause, its time budget) or past
 :data:`MAX_CHECKPOINT_S`. A checkpoint that fails is recorded with its error and the run goes on; the final
 compile decides the run.
 

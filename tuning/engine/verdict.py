@@ -12,8 +12,8 @@ range (IQR, 25th to 75th percentile). The rule, in order:
 
 The per-task estimate (sum over tasks of weight x best kernel latency) is never part of the verdict; when it
 is more than :data:`ESTIMATE_GAP_LIMIT` away from the compiled latency, :func:`estimate_gap` says so and why.
-A run that took a compiled checkpoint mid-run (``tuning.engine.checkpoint``) also has a *calibrated* estimate:
-the per-task estimate plus what the whole model added at the checkpoint (:func:`calibrated_estimate`).
+A run that took a compiled checkpoint mid-run (``tuning.engine.checkpoint``) shows it beside the estimate
+(:func:`checkpoint_note`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ __all__ = [
     "SLOWER",
     "Verdict",
     "WITHIN_NOISE",
-    "calibrated_estimate",
     "checkpoint_note",
     "estimate_gap",
     "spread",
@@ -161,59 +160,30 @@ def verdict(
     return judged(FASTER if tuned.median < ort.median else SLOWER)
 
 
-def calibrated_estimate(estimate_s: float | None, checkpoint: dict | None) -> float | None:
-    """The per-task estimate plus what the compiled model added to it at a compiled checkpoint (its
-    ``compiled_s`` minus the estimate it was taken at, ``estimate_s``): the overhead per-task timings do not
-    see (dispatch, allocation, operators that are not tasks, data moving between kernels) carried as a fixed
-    amount. None without an estimate or a checkpoint that timed the model."""
-    if not estimate_s or not isinstance(checkpoint, dict):
-        return None
-    compiled, at = checkpoint.get("compiled_s"), checkpoint.get("estimate_s")
-    if not isinstance(compiled, (int, float)) or not isinstance(at, (int, float)) or compiled <= 0 or at <= 0:
-        return None
-    return max(float(estimate_s) + float(compiled) - float(at), 0.0) or None
-
-
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.4g} ms"
 
 
-def checkpoint_note(checkpoint: dict | None, estimate_s: float | None) -> str:
-    """The compiled checkpoint in words, as the run page and the CLI show it ("" when none was taken):
-    the compiled latency then, the estimate then, and the estimate ``estimate_s`` calibrated by them."""
+def checkpoint_note(checkpoint: dict | None) -> str:
+    """The compiled checkpoint in words, as the run page and the CLIs show it ("" when none was taken): the
+    compiled latency then, and the per-task estimate then with its distance from it."""
     if not isinstance(checkpoint, dict):
         return ""
     trials = checkpoint.get("trials")
     after = f"after {trials:,} trials" if isinstance(trials, int) else "once every task had a record"
-    if checkpoint.get("error") or not isinstance(checkpoint.get("compiled_s"), (int, float)):
+    compiled, estimate = checkpoint.get("compiled_s"), checkpoint.get("estimate_s")
+    if checkpoint.get("error") or not isinstance(compiled, (int, float)) or not isinstance(estimate, (int, float)):
         return f"not timed {after}: {checkpoint.get('error') or 'no latency'}"
     iqr = checkpoint.get("compiled_iqr_s")
-    spread = f" (IQR {_ms(iqr)})" if isinstance(iqr, (int, float)) else ""
-    words = (
-        f"{_ms(checkpoint['compiled_s'])}{spread} compiled {after}, when the per-task estimate read "
-        f"{_ms(checkpoint['estimate_s'])}"
-    )
-    calibrated = calibrated_estimate(estimate_s, checkpoint)
-    if calibrated is not None:
-        words += f"; calibrated estimate now {_ms(calibrated)} (the estimate plus that difference)"
-    return words
+    iqr_words = f" (IQR {_ms(iqr)})" if isinstance(iqr, (int, float)) else ""
+    gap = (compiled - estimate) / estimate if estimate > 0 else None
+    off = "" if gap is None else f": {abs(gap) * 100:.0f} % {'above' if gap >= 0 else 'below'} it"
+    return f"{_ms(compiled)}{iqr_words} compiled {after}, when the per-task estimate read {_ms(estimate)}{off}"
 
 
-def _checkpoint_words(estimate_s: float, compiled_s: float, checkpoint: dict | None) -> str:
-    calibrated = calibrated_estimate(estimate_s, checkpoint)
-    if calibrated is None:
-        return ""
-    off = (compiled_s - calibrated) / calibrated
-    return (
-        f" Calibrated by the compiled checkpoint, the estimate reads {_ms(calibrated)}; the compiled model "
-        f"measured {abs(off) * 100:.0f} % {'above' if off > 0 else 'below'} that."
-    )
-
-
-def estimate_gap(estimate_s: float | None, compiled_s: float | None, checkpoint: dict | None = None) -> dict | None:
+def estimate_gap(estimate_s: float | None, compiled_s: float | None) -> dict | None:
     """How far the per-task estimate is from the compiled model's measured latency, and why, when the gap
-    exceeds :data:`ESTIMATE_GAP_LIMIT`; None when it does not, or either number is missing. With a compiled
-    ``checkpoint`` the note also gives the calibrated estimate (:func:`calibrated_estimate`) and its gap."""
+    exceeds :data:`ESTIMATE_GAP_LIMIT`; None when it does not, or either number is missing."""
     if not estimate_s or not compiled_s:
         return None
     gap = (compiled_s - estimate_s) / estimate_s
@@ -232,13 +202,9 @@ def estimate_gap(estimate_s: float | None, compiled_s: float | None, checkpoint:
             "compile time, caches warmed by the previous kernel) or the host was busier while tasks were "
             "tuned than at the final timing"
         )
-    calibrated = calibrated_estimate(estimate_s, checkpoint)
     return {
         "ratio": compiled_s / estimate_s,
         "gap": gap,
-        "calibrated_s": calibrated,
-        "calibrated_gap": None if calibrated is None else (compiled_s - calibrated) / calibrated,
         "note": f"The compiled model measured {abs(gap) * 100:.0f} % {'above' if gap > 0 else 'below'} the "
-        f"per-task estimate: {why}.{_checkpoint_words(estimate_s, compiled_s, checkpoint)} The verdict uses the "
-        "compiled measurement only.",
+        f"per-task estimate: {why}. The verdict uses the compiled measurement only.",
     }

@@ -149,7 +149,7 @@ class Command(BaseCommand):
             "resolved_target": run.resolved_target, "target_key": run.target_key,
             "onnxruntime_latency_ms": _ms(run.ort_latency_s), "onnxruntime_latency_iqr_ms": _ms(run.ort_latency_iqr_s),
             "estimated_latency_ms": _ms(run.estimated_latency_s), "estimate_gap": run.estimate_gap,
-            "compiled_checkpoint": run.compiled_checkpoint, "calibrated_estimate_ms": _ms(run.calibrated_estimate_s),
+            "compiled_checkpoint": run.compiled_checkpoint,
             "checkpoint_note": run.checkpoint_note,
             "verdict": run.verdict or None, "verdict_flag": run.verdict_flag, "timing_load": run.timing_load,
             "ratio_to_onnxruntime": run.ratio_to_ort, "faster_engine": run.faster_engine or None,
