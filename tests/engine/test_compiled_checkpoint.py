@@ -111,13 +111,12 @@ def test_no_checkpoint_when_switched_off_or_for_a_kernel(tmp_path, cpu_target):
 def test_where_the_default_takes_no_checkpoint(tmp_path, cpu_target, kw, device_type, runner):
     from types import SimpleNamespace
 
-    from tuning.engine.session import _checkpoint_hook
 
     cfg = _cfg(cpu_target, tmp_path, **kw)
     run = SimpleNamespace(cfg=cfg, device_type=device_type, model=tiny_cnn_onnx(), work_dir=str(tmp_path))
-    assert _checkpoint_hook(run, 1000) is None
+    assert cp.hook(run, 1000) is None
     if device_type == "cpu" and runner is None:  # the same run in doppler mode gets one
-        assert _checkpoint_hook(SimpleNamespace(**{**vars(run), "cfg": _cfg(cpu_target, tmp_path)}), 1000)
+        assert cp.hook(SimpleNamespace(**{**vars(run), "cfg": _cfg(cpu_target, tmp_path)}), 1000)
 
 
 def test_a_checkpoint_that_fails_is_recorded_and_the_run_goes_on(tmp_path, cpu_target, monkeypatch):

@@ -34,7 +34,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tuning.engine.workdir import DB_RECORDS, DB_WORKLOAD, save_checkpoint
+from tuning.engine.config import LOCAL_RUNNERS
+from tuning.engine.latency import is_failed_latency
+from tuning.engine.workdir import DB_RECORDS, DB_WORKLOAD, load_checkpoint, save_checkpoint
 
 __all__ = [
     "CHECKPOINT_MIN_REPEAT_MS",
@@ -46,6 +48,9 @@ __all__ = [
     "as_reported",
     "runs_end_to_end",
     "compile_and_time",
+    "hook",
+    "report_saved",
+    "saved",
     "take",
     "worth_taking",
 ]
@@ -227,3 +232,65 @@ def as_reported(value: Any) -> dict[str, Any] | None:
     if "estimate_s" not in out or ("compiled_s" not in out and "error" not in out):
         return None
     return out
+
+
+def saved(work_dir: str) -> dict[str, Any] | None:
+    """The checkpoint an earlier call on ``work_dir`` took, as reported (:func:`as_reported`), or None."""
+    return as_reported(load_checkpoint(work_dir))
+
+
+def hook(run, search_budget: int):
+    """The compiled checkpoint for the scheduler's first round robin (``state.after_first_round``) of the
+    session's run (``session._Run``), or None where none is taken: one taken by an earlier call,
+    ``compiled_checkpoint`` False (stock mode's default), a GPU, or kernels timed on another host."""
+    cfg = run.cfg
+    wanted = cfg.compiled_checkpoint if cfg.compiled_checkpoint is not None else cfg.mode == "doppler"
+    if not wanted or run.device_type != "cpu" or cfg.runner not in LOCAL_RUNNERS:
+        return None
+    if not runs_end_to_end(run.model):
+        return None
+    if load_checkpoint(run.work_dir) is not None:
+        return None
+
+    def take_now() -> None:
+        state = run.state
+        best = [state.best.get(t.index, math.inf) for t in run.infos]
+        if any(not math.isfinite(b) or is_failed_latency(b) for b in best):
+            return  # a task without a measured candidate: no estimate to set it beside
+        pacer, now = state.pacer, time.perf_counter()
+        deadline_left = None if run.deadline is None else run.deadline - now
+        if cfg.compiled_checkpoint is None and (
+            pacer is None
+            or not worth_taking(
+                trials_done=state.trials_done,
+                budget=search_budget,
+                elapsed_s=now - pacer.started,
+                deadline_left_s=deadline_left,
+            )
+        ):
+            return
+        limit = MAX_CHECKPOINT_S
+        taken = take(
+            run.model,
+            work_dir=run.work_dir,
+            target=cfg.target,
+            threads=run.threads,
+            estimate_s=sum(t.weight * b for t, b in zip(run.infos, best)),
+            # the run's trials so far, as the caller counts them (its store may be ahead of TVM's database)
+            trials=max(run.n_existing, int(cfg.trials_spent or 0)) + state.n_reported,
+            limit_s=limit if deadline_left is None else max(1.0, min(limit, deadline_left / 4)),
+            should_stop=state.poll_control,
+        )
+        run.phases["checkpoint"] = taken["wall_s"]
+        if hasattr(run.sink, "on_checkpoint"):
+            state.notify_sink("on_checkpoint", taken)
+
+    return take_now
+
+
+def report_saved(run, state) -> None:
+    """A checkpoint an earlier call took is reported again: that call's report may not have reached the
+    caller (its store was unreachable, the call was killed right after), and this call takes no other."""
+    earlier = saved(run.work_dir)
+    if earlier is not None and hasattr(run.sink, "on_checkpoint"):
+        state.notify_sink("on_checkpoint", earlier)

@@ -1,16 +1,13 @@
-"""One tuning run: tasks -> MetaSchedule with our builder/runner/callback ->
-TVM's JSONDatabase in ``work_dir`` -> (DOPpler) final serial re-measure.
+"""One tuning run: tasks -> MetaSchedule with our builder/runner/callback -> TVM's JSONDatabase in ``work_dir``
+-> (DOPpler) final serial re-measure.
 
-``run_tuning`` is resumable: the state is TVM's JSONDatabase (and the XGBoost
-cost model saved next to it), never only memory. Called again on a
-``work_dir`` that holds records, it tunes the remaining budget
-(``max_trials`` minus records already stored for these tasks) and does not
-report stored candidates again (``candidate_key`` de-dup).
+``run_tuning`` is resumable: the state is TVM's JSONDatabase (and the XGBoost cost model saved next to it), never
+only memory. Called again on a ``work_dir`` that holds records, it tunes the remaining budget (``max_trials``
+minus records already stored for these tasks) and does not report stored candidates again (``candidate_key``).
 
-Builders and runners come from ``plugins`` by name (``TuningConfig.builder`` / ``.runner``).
-This module stays cheap to import (web processes import it for ``TuningConfig``): the steps that
-need TVM's compiler (``plugins``, ``search``, ``remeasure``, ``callbacks``) are imported when a
-run starts, in :func:`_tune`.
+Builders and runners come from ``plugins`` by name (``TuningConfig.builder`` / ``.runner``). This module stays
+cheap to import (web processes import it for ``TuningConfig``): the steps that need TVM's compiler (``plugins``,
+``search``, ``remeasure``, ``callbacks``) are imported when a run starts, in :func:`_tune`.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import time
 from typing import Any
@@ -30,14 +26,7 @@ from tuning.engine.compile.workloads import Task, collect_tasks, round_size
 from tuning.engine.config import LOCAL_RUNNERS, TaskResult, TuningConfig, TuningSummary
 from tuning.engine.doppler.rounds import serial_totals
 from tuning.engine.doppler.rule import DopRule
-from tuning.engine.events import (
-    MeasurementRecord,
-    NullSink,
-    TaskInfo,
-    TuningSink,
-    candidate_key,
-)
-from tuning.engine.latency import is_failed_latency
+from tuning.engine.events import MeasurementRecord, NullSink, TaskInfo, TuningSink, candidate_key
 from tuning.engine.process import sandbox
 from tuning.engine.process.lifeline import lock_work_dir
 from tuning.engine.process.procpool import available_cpus, unpin_current_thread
@@ -50,7 +39,6 @@ from tuning.engine.workdir import (
     has_imported,
     has_journal,
     journal_size,
-    load_checkpoint,
     load_final_rows,
     load_trimmer_preempted,
     next_round_offset,
@@ -253,63 +241,6 @@ def _apply_cache_seeds(run: _Run, retime) -> None:
     cache_settle.apply_seed_decisions(state.trimmer.budget, decisions)
 
 
-def _checkpoint_hook(run: _Run, search_budget: int):
-    """The compiled checkpoint for the scheduler's first round robin (``state.after_first_round``), or None
-    where none is taken: one taken by an earlier call, ``compiled_checkpoint`` False (stock mode's default),
-    a GPU, or kernels timed on another host."""
-    cfg = run.cfg
-    wanted = cfg.compiled_checkpoint if cfg.compiled_checkpoint is not None else cfg.mode == "doppler"
-    if not wanted or run.device_type != "cpu" or cfg.runner not in LOCAL_RUNNERS:
-        return None
-    if not compiled_checkpoint.runs_end_to_end(run.model):
-        return None
-    if load_checkpoint(run.work_dir) is not None:
-        return None
-
-    def take() -> None:
-        state = run.state
-        best = [state.best.get(t.index, math.inf) for t in run.infos]
-        if any(not math.isfinite(b) or is_failed_latency(b) for b in best):
-            return  # a task without a measured candidate: no estimate to calibrate
-        pacer, now = state.pacer, time.perf_counter()
-        deadline_left = None if run.deadline is None else run.deadline - now
-        if cfg.compiled_checkpoint is None and (
-            pacer is None
-            or not compiled_checkpoint.worth_taking(
-                trials_done=state.trials_done,
-                budget=search_budget,
-                elapsed_s=now - pacer.started,
-                deadline_left_s=deadline_left,
-            )
-        ):
-            return
-        limit = compiled_checkpoint.MAX_CHECKPOINT_S
-        taken = compiled_checkpoint.take(
-            run.model,
-            work_dir=run.work_dir,
-            target=cfg.target,
-            threads=run.threads,
-            estimate_s=sum(t.weight * b for t, b in zip(run.infos, best)),
-            # the run's trials so far, as the caller counts them (its store may be ahead of TVM's database)
-            trials=max(run.n_existing, int(cfg.trials_spent or 0)) + state.n_reported,
-            limit_s=limit if deadline_left is None else max(1.0, min(limit, deadline_left / 4)),
-            should_stop=state.poll_control,
-        )
-        run.phases["checkpoint"] = taken["wall_s"]
-        if hasattr(run.sink, "on_checkpoint"):
-            state.notify_sink("on_checkpoint", taken)
-
-    return take
-
-
-def _report_saved_checkpoint(run: _Run, state) -> None:
-    """A checkpoint an earlier call took is reported again: that call's report may not have reached the
-    caller (its store was unreachable, the call was killed right after), and this call takes no other."""
-    saved = compiled_checkpoint.as_reported(load_checkpoint(run.work_dir))
-    if saved is not None and hasattr(run.sink, "on_checkpoint"):
-        state.notify_sink("on_checkpoint", saved)
-
-
 def _tune(run: _Run) -> None:
     """Make the builder and runner, measure the imported seeds, search, re-measure the best."""
     # TVM's compiler, imported when a run starts, not when a web process imports this module
@@ -352,7 +283,7 @@ def _tune(run: _Run) -> None:
                 journal=StreamJournal(run.work_dir, [t.mod for t in run.tasks]),
             )
             _pace(run, builder, runner, state)
-            _report_saved_checkpoint(run, state)
+            compiled_checkpoint.report_saved(run, state)
             for i, b in run.best0.items():
                 state.best_history[i].append(b)
             if run.remaining > 0 and has_imported(run.work_dir):
@@ -375,7 +306,7 @@ def _tune(run: _Run) -> None:
             if run.remaining > 0:
                 # results reach the sink as each measurement lands, not at TVM's joins (see callbacks)
                 streamer = ProgressStreamer(state)
-                state.after_first_round = _checkpoint_hook(run, run.remaining)
+                state.after_first_round = compiled_checkpoint.hook(run, run.remaining)
                 try:
                     run.status = search.search(
                         run.tasks,
@@ -486,7 +417,7 @@ def _summary(run: _Run, wall_secs: float) -> TuningSummary:
         trimmer=trimmer.to_dict() if trimmer is not None else None,
         stop_reason=run_stop_reason(run.status, trimmer, state),
         late_first_rounds=[run.tasks[i].name for i in state.pacer.late] if state and state.pacer else [],
-        compiled_checkpoint=compiled_checkpoint.as_reported(load_checkpoint(run.work_dir)),
+        compiled_checkpoint=compiled_checkpoint.saved(run.work_dir),
     )
 
 
