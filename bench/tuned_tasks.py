@@ -16,7 +16,8 @@ over the task's last quarter of trials, else ``flat``.
 the bench does) and the untuned one, and times every VM call of one inference with the VM's
 instrument hook (TVM 0.27's Relax VM has no ``profile=True``): each tuned kernel in the model, each
 tuned kernel alone (``time_evaluator`` on the kernel with the arguments the model gave it, timed as
-tuning times a candidate), VM builtins (allocation, reshape views, shape checks), kernels no task
+tuning times a candidate, warm, and as the cold evaluator does: ``alone_regimes`` says which of the two
+sums the kernels' time in the model more closely), VM builtins (allocation, reshape views, shape checks), kernels no task
 names, and the VM's own time between calls. The rows add up to the instrumented inference; the
 uninstrumented compiled latency is timed in the same process. Kernels are matched to tasks by the
 structure of the fused functions tasks are extracted from (``layout_rewrite`` renames a kernel
@@ -184,7 +185,9 @@ def task_of(symbol: str, kernels: dict[str, int]) -> int | None:
 def profile_executable(executable, inputs, target, *, threads: int | None = None, repeat: int = 10,
                        standalone: bool = True, time_compiled: bool = True) -> dict:
     """Every VM call of one inference, timed: ``calls`` symbol -> {count, in_model_us (per inference, median
-    over ``repeat`` instrumented runs after one warm-up), standalone_us (per call, kernels only)},
+    over ``repeat`` instrumented runs after one warm-up), standalone_us (per call, kernels only, timed warm
+    as tuning's default evaluator times a candidate), standalone_cold_us (the same, timed as the cold
+    evaluator does: the cache flushed before each of ten single calls)},
     ``profiled_us`` (the instrumented inference, median), ``compiled_us`` (uninstrumented, median of
     ``repeat``; None without ``time_compiled``). A call's window also holds the VM handing the call's
     arguments to the instrument's second callback: 0.3-1 us a call (``vm.builtin.null_value``, which does
@@ -237,6 +240,7 @@ def profile_executable(executable, inputs, target, *, threads: int | None = None
             "count": len(runs[0][symbol]),
             "in_model_us": statistics.median(sum(r.get(symbol, [])) for r in runs),
             "standalone_us": None,
+            "standalone_cold_us": None,
         }
     if standalone:
         libs = [rt, *rt.imports]  # the kernels live in the executable's imported library
@@ -247,6 +251,10 @@ def profile_executable(executable, inputs, target, *, threads: int | None = None
             try:  # as tuning times a candidate (EvaluatorConfig's defaults), median of three
                 timer = lib.time_evaluator(symbol, dev, number=3, repeat=3, min_repeat_ms=100)
                 calls[symbol]["standalone_us"] = statistics.median(timer(*call_args).results) * 1e6
+                if device_type == "cpu":  # as the cold evaluator times one (timer.COLD_CPU_EVALUATOR)
+                    timer = lib.time_evaluator(symbol, dev, number=1, repeat=10, min_repeat_ms=0,
+                                               f_preproc="cache_flush_cpu_non_first_arg")
+                    calls[symbol]["standalone_cold_us"] = statistics.median(timer(*call_args).results) * 1e6
             except Exception:  # noqa: BLE001 - a kernel that cannot be timed alone keeps its in-model time
                 pass
     return {"calls": calls, "profiled_us": statistics.median(walls),
@@ -281,11 +289,13 @@ def time_breakdown(table: Sequence[dict], profile: dict, kernels: dict[str, int]
         symbols = by_task.get(r["index"], [])
         calls = [profile["calls"][s] for s in symbols]
         alone = [c["standalone_us"] * c["count"] for c in calls if c["standalone_us"] is not None]
+        cold = [c["standalone_cold_us"] * c["count"] for c in calls if c.get("standalone_cold_us") is not None]
         rows.append({
             "row": r["name"], "kind": "task" if symbols else "task, no kernel in the compiled model",
             "kernels": symbols, "calls": sum(c["count"] for c in calls), "weight": r["weight"],
             "estimate_us": r["estimate_us"],
             "standalone_us": sum(alone) if symbols and len(alone) == len(calls) else None,
+            "standalone_cold_us": sum(cold) if symbols and len(cold) == len(calls) else None,
             "in_model_us": sum(c["in_model_us"] for c in calls),
         })
     for symbol in sorted(rest, key=lambda s: -profile["calls"][s]["in_model_us"]):
@@ -312,7 +322,24 @@ def time_breakdown(table: Sequence[dict], profile: dict, kernels: dict[str, int]
         "vm_rest_us": profile["compiled_us"] - called,
     }
     return {"rows": rows, "profiled_us": profile["profiled_us"], "compiled_us": profile["compiled_us"],
-            "estimate_us": estimate, "steps": steps}
+            "estimate_us": estimate, "steps": steps, "alone_regimes": alone_regimes(tasks)}
+
+
+def alone_regimes(tasks: Sequence[dict]) -> dict | None:
+    """Which way of timing a kernel alone predicts it inside the model (the evaluator rule,
+    ``timer.choose_evaluator``): over the tasks whose kernels were timed both warm and cold, their
+    in-model sum, each regime's sum, and each regime's median relative error per task. None where no
+    task was timed cold (a GPU target)."""
+    both = [x for x in tasks if x["standalone_us"] is not None and x.get("standalone_cold_us") is not None
+            and x["in_model_us"] > 0]
+    if not both:
+        return None
+    out: dict = {"tasks": len(both), "in_model_us": sum(x["in_model_us"] for x in both)}
+    for regime, key in (("warm", "standalone_us"), ("cold", "standalone_cold_us")):
+        out[f"{regime}_us"] = sum(x[key] for x in both)
+        out[f"{regime}_median_error"] = statistics.median(abs(x[key] - x["in_model_us"]) / x["in_model_us"]
+                                                          for x in both)
+    return out
 
 
 def print_breakdown(breakdown: dict, file=None) -> None:
@@ -337,6 +364,13 @@ def print_breakdown(breakdown: dict, file=None) -> None:
                        ("vm_rest_us", "the rest: compiled latency less every call timed (VM dispatch, less "
                                       "the instrument's share of the calls' windows)")):
         print(f"  {s[key]:+12,.1f} us  {label}", file=out)
+    regimes = breakdown.get("alone_regimes")
+    if regimes:
+        inside = regimes["in_model_us"]
+        print(f"the {regimes['tasks']} tasks' kernels: {inside:,.1f} us in the model; alone, timed warm "
+              f"{regimes['warm_us']:,.1f} us ({regimes['warm_us'] / inside - 1:+.1%}, median task off by "
+              f"{regimes['warm_median_error']:.1%}), timed cold {regimes['cold_us']:,.1f} us "
+              f"({regimes['cold_us'] / inside - 1:+.1%}, {regimes['cold_median_error']:.1%})", file=out)
 
 
 # --------------------------------------------------------------------------- the job

@@ -175,7 +175,13 @@ def test_the_profile_rows_cover_the_compiled_latency(tuned_job):
     # each tuned task of tiny_cnn is one kernel called once; the reshape task runs as the VM's reshape view
     assert {name: x["calls"] for name, x in kernels.items()} == {
         r["name"]: int(r["weight"]) for r in table if r["name"] != "reshape"}
-    assert all(x["in_model_us"] > 0 and x["standalone_us"] > 0 for x in kernels.values())
+    assert all(x["in_model_us"] > 0 and x["standalone_us"] > 0 and x["standalone_cold_us"] > 0
+               for x in kernels.values())
+    # the evaluator rule's evidence: both ways of timing a kernel alone, summed over the same tasks
+    regimes = prof["alone_regimes"]
+    assert regimes["tasks"] == len(kernels)
+    assert regimes["warm_us"] == pytest.approx(sum(x["standalone_us"] for x in kernels.values()))
+    assert regimes["cold_us"] == pytest.approx(sum(x["standalone_cold_us"] for x in kernels.values()))
     assert [x["kind"] for x in rows if x["row"] == "reshape"] == ["task, no kernel in the compiled model"]
     assert {"vm.builtin.alloc_storage", "vm.builtin.reshape", tt.VM_GAP} <= {x["row"] for x in rows}
     # the untuned build's kernels give the table its default-schedule latencies
