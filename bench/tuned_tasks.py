@@ -17,8 +17,8 @@ the bench does) and the untuned one, and times every VM call of one inference wi
 instrument hook (TVM 0.27's Relax VM has no ``profile=True``): each tuned kernel in the model, each
 tuned kernel alone (``time_evaluator`` on the kernel with the arguments the model gave it, timed as
 tuning times a candidate, warm, and as the cold evaluator does: ``alone_regimes`` says which of the two
-sums the kernels' time in the model more closely), VM builtins (allocation, reshape views, shape checks), kernels no task
-names, and the VM's own time between calls. The rows add up to the instrumented inference; the
+sums the kernels' time in the model more closely), VM builtins (allocation, reshape views, shape checks),
+kernels no task names, and the VM's own time between calls. The rows add up to the instrumented inference; the
 uninstrumented compiled latency is timed in the same process. Kernels are matched to tasks by the
 structure of the fused functions tasks are extracted from (``layout_rewrite`` renames a kernel
 ``<name>_prepacked``). The untuned build's per-call kernel times fill the table's ``untuned_us``.
@@ -197,6 +197,7 @@ def profile_executable(executable, inputs, target, *, threads: int | None = None
     from tvm import relax
 
     from tuning.engine.compile.pipeline import run_and_time, set_runtime_threads, target_device_type
+    from tuning.engine.measuring.timer import COLD_CPU_EVALUATOR, CPU_CACHE_FLUSH
 
     compiled_s = None
     if time_compiled:  # as the bench times the model
@@ -251,9 +252,11 @@ def profile_executable(executable, inputs, target, *, threads: int | None = None
             try:  # as tuning times a candidate (EvaluatorConfig's defaults), median of three
                 timer = lib.time_evaluator(symbol, dev, number=3, repeat=3, min_repeat_ms=100)
                 calls[symbol]["standalone_us"] = statistics.median(timer(*call_args).results) * 1e6
-                if device_type == "cpu":  # as the cold evaluator times one (timer.COLD_CPU_EVALUATOR)
-                    timer = lib.time_evaluator(symbol, dev, number=1, repeat=10, min_repeat_ms=0,
-                                               f_preproc="cache_flush_cpu_non_first_arg")
+                if device_type == "cpu":  # as the cold evaluator times one
+                    timer = lib.time_evaluator(symbol, dev, number=COLD_CPU_EVALUATOR.number,
+                                               repeat=COLD_CPU_EVALUATOR.repeat,
+                                               min_repeat_ms=COLD_CPU_EVALUATOR.min_repeat_ms,
+                                               f_preproc=CPU_CACHE_FLUSH)
                     calls[symbol]["standalone_cold_us"] = statistics.median(timer(*call_args).results) * 1e6
             except Exception:  # noqa: BLE001 - a kernel that cannot be timed alone keeps its in-model time
                 pass

@@ -111,7 +111,6 @@ def test_no_checkpoint_when_switched_off_or_for_a_kernel(tmp_path, cpu_target):
 def test_where_the_default_takes_no_checkpoint(tmp_path, cpu_target, kw, device_type, runner):
     from types import SimpleNamespace
 
-
     cfg = _cfg(cpu_target, tmp_path, **kw)
     run = SimpleNamespace(cfg=cfg, device_type=device_type, model=tiny_cnn_onnx(), work_dir=str(tmp_path))
     assert cp.hook(run, 1000) is None

@@ -32,6 +32,7 @@ __all__ = [
     "EvaluatorConfig",
     "default_evaluator",
     "COLD_CPU_EVALUATOR",
+    "CPU_CACHE_FLUSH",
     "EvaluatorChoice",
     "choose_evaluator",
     "host_llc_bytes",
@@ -102,6 +103,8 @@ def default_evaluator(device_type: str) -> EvaluatorConfig:
 # One call per sample with every argument but the data input flushed from the CPU caches first (TVM's
 # documented cache-flush option), ten samples: a kernel is timed reading its weights from memory.
 COLD_CPU_EVALUATOR = EvaluatorConfig(number=1, repeat=10, min_repeat_ms=0, enable_cpu_cache_flush=True)
+# TVM's registered ``f_preproc`` that flushes every argument but the first from the CPU caches
+CPU_CACHE_FLUSH = "cache_flush_cpu_non_first_arg"
 
 _SYSFS_CACHE = "/sys/devices/system/cpu/cpu0/cache"
 
@@ -249,7 +252,7 @@ def time_module(rt_mod, device, args, cfg: EvaluatorConfig | Mapping | None = No
     On GPUs the samples come from device-side event timing (see module doc)."""
     cfg = EvaluatorConfig.from_any(cfg)
     is_cpu = device.dlpack_device_type() == 1 if hasattr(device, "dlpack_device_type") else True
-    f_preproc = "cache_flush_cpu_non_first_arg" if (cfg.enable_cpu_cache_flush and is_cpu) else ""
+    f_preproc = CPU_CACHE_FLUSH if (cfg.enable_cpu_cache_flush and is_cpu) else ""
     evaluator = rt_mod.time_evaluator(
         rt_mod.entry_name,
         device,
