@@ -91,11 +91,10 @@ BUDGETS = {
 QUICK = {"small_cnn": (160, 16)}
 VARIANTS = ("mcpu", "no-mcpu")
 # How candidates are timed while tuning (--evaluator). "auto": what the product does (``timer.choose_evaluator``:
-# cold when the model's weights outgrow this host's last-level cache, else warm). "warm": TVM's default (>= 100
-# ms of back-to-back calls per sample: the weights stay in cache). "cold": MetaSchedule's cache-flush option as
-# TVM documents it (flush every argument but the data input before each sample, one call per sample), so a conv
-# is tuned for weights read from memory, as it runs inside the model (resnet18's layer-4 convs: +63 % in the
-# model vs alone)
+# cold on every CPU). "warm": TVM's default (>= 100 ms of back-to-back calls per sample: operands stay in
+# cache). "cold": MetaSchedule's cache-flush option as TVM documents it (flush every argument but the data input
+# before each sample, one call per sample), so a kernel is timed as it runs inside the model, once, after the
+# other layers evicted what it reads
 AUTO = "auto"
 EVALUATORS = {
     AUTO: AUTO,
@@ -198,7 +197,7 @@ def _tune_and_compare(spec: dict) -> dict:
     model = build_model(spec["model"])
     inputs = random_inputs(model, seed=0)
     target = _target(spec["variant"], spec["threads"])
-    spec = dict(spec, evaluator=_evaluator(spec.get("evaluator"), model))
+    spec = dict(spec, evaluator=_evaluator(spec.get("evaluator")))
     write_job(spec["work_dir"], model=spec["model"], target=target, passes=spec["passes"], threads=spec["threads"])
     mod = onnx_to_relax(model)
     ort_before = _yardstick(model, inputs, spec)
@@ -261,14 +260,13 @@ def _calibrated_ms(estimate_s: float | None, checkpoint: dict | None) -> float |
     return (estimate_s + checkpoint["compiled_s"] - checkpoint["estimate_s"]) * 1e3
 
 
-def _evaluator(choice, model) -> dict:
-    """The job's evaluator as a dict; "auto": the product's choice for this model on this host, with why."""
+def _evaluator(choice) -> dict:
+    """The job's evaluator as a dict; "auto": the product's choice for a CPU target, with why."""
     if choice != AUTO:
         return dict(choice)
-    from core.onnx_models.features import weight_bytes
-    from tuning.engine.measuring.timer import choose_evaluator, host_llc_bytes
+    from tuning.engine.measuring.timer import choose_evaluator
 
-    return choose_evaluator("cpu", weight_bytes=weight_bytes(model), llc_bytes=host_llc_bytes()).to_dict()
+    return choose_evaluator("cpu").to_dict()
 
 
 def _paired(tuned, model, inputs, target, spec) -> dict | None:
@@ -309,9 +307,8 @@ def _parse(argv):
     ap.add_argument("--ablation", action="store_true",
                     help="one job per pass selection: v1, +layout_rewrite, +convert_layout, +both (the default)")
     ap.add_argument("--evaluator", choices=sorted(EVALUATORS), default=AUTO,
-                    help="how tuning times candidates: auto (the product's choice: cold when the model's weights "
-                         "outgrow this host's last-level cache), warm (TVM's default) or cold (cache flushed per "
-                         "sample)")
+                    help="how tuning times candidates: auto (the product's choice: cold on CPUs), warm (TVM's "
+                         "default) or cold (cache flushed per sample)")
     ap.add_argument("--repeat", type=int, default=10, help="timing repeats, both engines")
     ap.add_argument("--paired-rounds", type=int, default=30,
                     help="interleaved rounds timing the tuned build and onnxruntime side by side, whose median "

@@ -25,8 +25,7 @@ class Node(models.Model):
     cpu_triple = models.CharField(max_length=100, blank=True, help_text="The node's LLVM target triple.")
     cpu_llc_bytes = models.PositiveBigIntegerField(
         null=True, blank=True,
-        help_text="The node's last-level CPU cache as one core sees it, in bytes (sysfs); empty where unknown. "
-                  "Runs measured on its CPU queue time their candidates cold when the model's weights outgrow it.")
+        help_text="The node's last-level CPU cache as one core sees it, in bytes (sysfs); empty where unknown.")
     memory_mb = models.PositiveBigIntegerField(default=0, help_text="Host RAM in MB.")
     queues = models.JSONField(default=list, blank=True,
                               help_text="Celery queues this node's workers serve, e.g. measure.<node>.gpu0.")

@@ -81,12 +81,6 @@ def cpus_serving(queues: list[str]) -> set[tuple[str, str]]:
     return {(n.cpu_mcpu, n.cpu_triple) for n in nodes_serving(queues)}
 
 
-def llcs_serving(queues: list[str]) -> set[int | None]:
-    """The last-level cache sizes (bytes) the nodes whose CPU queue is one of `queues` registered (None when
-    a node has not reported one)."""
-    return {n.cpu_llc_bytes for n in nodes_serving(queues)}
-
-
 def registered_cpus() -> dict[str, str]:
     """``{LLVM CPU name: triple}`` the nodes registered: the only CPU names a run's target may name (the
     first triple in sorted order when nodes of one CPU name several). Names that fail the engine's

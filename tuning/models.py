@@ -177,8 +177,8 @@ class TuningRun(models.Model):
                                               "were extracted and its modules compiled with (part of result keys).")
     evaluator = models.JSONField(default=dict, blank=True, editable=False,
                                  help_text="How the run's candidates are timed, chosen with the target on the executing "
-                                           "host (cold when the model's weights outgrow the measuring CPU's last-level "
-                                           "cache), and why; empty: TVM's default.")
+                                           "host (cold on CPUs: caches flushed, one call a sample), and why; empty: "
+                                           "TVM's default.")
     max_trials = models.PositiveIntegerField(validators=run_bound_validators("max_trials"))
     max_minutes = models.PositiveIntegerField(
         null=True, blank=True, validators=run_bound_validators("max_minutes"),

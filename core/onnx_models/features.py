@@ -66,7 +66,6 @@ __all__ = [
     "compute_features",
     "features_at_batch_in_child",
     "layer_class",
-    "weight_bytes",
 ]
 
 
@@ -682,22 +681,6 @@ def compute_features(model: onnx.ModelProto, *, batch_size: int | None = None) -
         batch_size=int(batch),
         bytes_moved=int(bytes_moved),
     )
-
-
-def weight_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of the model's floating-point initializers and Constant tensors: what one inference reads
-    of weights (how candidates are timed depends on whether they fit a CPU's cache). From the tensors'
-    dims and types, without reading their data."""
-    total = 0
-    for t in model.graph.initializer:
-        if t.data_type in _FLOAT_TYPES:
-            total += int(math.prod(t.dims)) * _itemsize(t.data_type)
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            for a in node.attribute:
-                if a.name == "value" and a.t.data_type in _FLOAT_TYPES:
-                    total += int(math.prod(a.t.dims)) * _itemsize(a.t.data_type)
-    return total
 
 
 def features_at_batch_in_child(*, data: bytes, batch_size: int) -> dict[str, Any]:

@@ -32,9 +32,10 @@ def test_a_run_publishes_and_the_next_one_is_seeded_and_served(model_a, user_own
     first = _tune(model_a)
     entries = CacheEntry.objects.filter(source_run=first)
     assert entries.exists() and all(e.status == "trusted" and e.run_secs and e.latency_s > 1e-7 for e in entries)
-    # keyed by the run's canonical target and the graph-pass pipeline that made its tasks
-    assert first.pipeline_key
-    assert {e.target_key for e in entries} == {f"{first.target_key}|pipeline={first.pipeline_key}"}
+    # keyed by the run's canonical target, the graph-pass pipeline that made its tasks and its timing (a CPU
+    # run: cold)
+    assert first.pipeline_key and first.evaluator["regime"] == "cold"
+    assert {e.target_key for e in entries} == {f"{first.target_key}|pipeline={first.pipeline_key}|timing=cold"}
     second = _tune(model_a)
     lookups = list(CacheLookup.objects.filter(run=second).order_by("task_index"))
     assert lookups and any(c.hit for c in lookups)

@@ -52,9 +52,13 @@ def test_export_import_round_trip_lands_pending(tmp_path, monkeypatch, user_staf
     assert "null" in pending[0].record_json and "0.001" not in pending[0].record_json  # the times were dropped
     key = {"target_key": pending[0].target_key, "hardware": "another host", "tvm_version": "apache-tvm 0.27.0"}
     assert selectors.trusted_entries(key) == []  # an import is never trusted by itself
-    # stored under the key a run of that target looks up with (this platform's pipeline for it), not under
-    # the bare target, where no run would ever find it
-    importer = TuningRunFactory(target_key=canonical_key(cpu_target), pipeline_key=pipeline_key(target=cpu_target))
+    # stored under the key a run of that target looks up with (this platform's pipeline for it, timed as a
+    # run of it is now: cold on a CPU), not under the bare target, where no run would ever find it
+    from tuning.engine.measuring.timer import choose_evaluator
+
+    importer = TuningRunFactory(target_key=canonical_key(cpu_target), pipeline_key=pipeline_key(target=cpu_target),
+                                evaluator=choose_evaluator("llvm").to_dict())
+    assert pending[0].target_key.endswith("|timing=cold")
     lookup_key = {**adapters.cache_key_of(importer), "hardware": "another host", "tvm_version": "apache-tvm 0.27.0"}
     assert {e["workload_hash"] for e in entries} <= set(selectors.lookup(lookup_key, [e["workload_hash"] for e in entries], 2))
 

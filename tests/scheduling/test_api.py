@@ -64,7 +64,7 @@ def test_gpuless_node_says_why(db, api_owner, settings, use_nvml, no_nvml):
     assert node["gpu_note"] == "no NVIDIA GPU found (pynvml: NVML Shared Library Not Found)"
     from tuning.engine.measuring.timer import host_llc_bytes
 
-    assert node["cpu_llc_bytes"] == host_llc_bytes()  # the cache a remote run's timing is chosen by
+    assert node["cpu_llc_bytes"] == host_llc_bytes()  # the node's last-level cache, as sysfs gives it
 
 
 def test_telemetry_filters_by_gpu_and_time_and_paginates(gpu_node, api_owner):

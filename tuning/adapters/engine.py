@@ -38,7 +38,7 @@ from tuning.engine.workdir import (
     write_imported,
 )
 from tuning.engine.compile.targets import TargetRefused, check_target
-from tuning.engine.measuring.timer import EvaluatorConfig, choose_evaluator, host_llc_bytes
+from tuning.engine.measuring.timer import EvaluatorConfig, choose_evaluator
 from tuning.engine.trimmer.rules import TrimmerConfig
 from tuning.models import Measurement, TuningRun
 
@@ -195,14 +195,12 @@ def compile_and_compare(model_proto, work_dir: Path, run: TuningRun) -> dict:
                        what="compiling the tuned and untuned model and comparing their outputs")
 
 
-def resolve_target(run: TuningRun, remote_cpu: dict | None = None, weight_bytes: int | None = None,
-                   remote_llc_bytes: int | None = None) -> dict:
+def resolve_target(run: TuningRun, remote_cpu: dict | None = None) -> dict:
     """`run.target` resolved on this (the executing) host: `{"target": ..., "key": ..., "pipeline_key": ...,
     "evaluator": ...}`. A run measured on remote CPU queues builds for `remote_cpu` (`{"mcpu", "mtriple"}` their
-    nodes registered), else portable code; its candidates are timed as the model's `weight_bytes` and the
-    last-level cache of the host that measures them say: `remote_llc_bytes` (what its nodes registered; None,
-    unknown: TVM's default) for a run measured remotely, else this host's. In a child: resolving loads TVM,
-    which a worker process must not do (it forks)."""
+    nodes registered), else portable code; its candidates are timed as `timer.choose_evaluator` says for the
+    target's kind (cold on CPUs). In a child: resolving loads TVM, which a worker process must not do (it
+    forks)."""
     target = checked_target(run.target)
     if (run.options or {}).get("measure_queues") and target.get("kind") == "llvm":
         for key, value in (remote_cpu or {"mcpu": "generic"}).items():
@@ -210,9 +208,7 @@ def resolve_target(run: TuningRun, remote_cpu: dict | None = None, weight_bytes:
         target = checked_target(target)  # the node registry's names too
     resolved = call_engine(engine_targets.resolve_run_target, target, run.threads, writable=(),
                            what="resolving the run's target on this host")
-    llc = remote_llc_bytes if measures_remotely(run) else host_llc_bytes()  # the host that measures
-    chosen = choose_evaluator(str(target.get("kind")), weight_bytes=weight_bytes, llc_bytes=llc)
-    return {**resolved, "evaluator": chosen.to_dict()}
+    return {**resolved, "evaluator": choose_evaluator(str(target.get("kind"))).to_dict()}
 
 
 def current_pipeline_key(run: TuningRun) -> str:

@@ -35,7 +35,7 @@ from tuning.adapters.reconnect import (
 from tuning.models import Measurement, TuningRun
 
 from .finish import announce_run_end, finish_succeeded
-from .runs import dispatch_run, remote_cpu_for, remote_llc_for
+from .runs import dispatch_run, remote_cpu_for
 from .settle import settle_tvm_database, settle_when_ended_without_executor
 
 log = logging.getLogger(__name__)
@@ -179,8 +179,6 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
     crashes TVM fails its run with a clear error, and this worker goes on serving other runs."""
     import onnx  # loaded when a run executes, not when a worker imports its tasks
 
-    from core.onnx_models.features import weight_bytes
-
     lease = claim_run(run_id, worker=worker or f"pid{os.getpid()}")
     if lease is None:
         return None
@@ -195,7 +193,7 @@ def execute_run(*, run_id: int, worker: str = "") -> str | None:
             model_proto = onnx.load_model_from_string(f.read())
         with heartbeat_while_executing(run.pk, lease, abort), \
                 adapters.fenced(abort, sink_give_up_after_s=lease_margin_s()):
-            resolve_run_target(run, lease, weight_bytes=weight_bytes(model_proto))
+            resolve_run_target(run, lease)
             record_cache.seed_before_engine(run=run, model_proto=model_proto)  # cache hits become verified seeds
             # measured under an earlier lease but not stored (its executor died between TVM's commit and
             # ours): stored now, before the engine counts the budget left, and again after it
@@ -274,7 +272,7 @@ class PipelineChanged(Exception):
     """A resumed run's stored pipeline is not the one this engine compiles with."""
 
 
-def resolve_run_target(run: TuningRun, lease: str, weight_bytes: int | None = None) -> None:
+def resolve_run_target(run: TuningRun, lease: str) -> None:
     """Name the CPU (or GPU) the run tunes for, and how its candidates are timed, on the host that executes
     it, once: a resumed run keeps its first resolution (its records were timed that way), and the engine
     refuses to measure it on a host with another CPU, or with another pipeline than the one its records
@@ -288,8 +286,7 @@ def resolve_run_target(run: TuningRun, lease: str, weight_bytes: int | None = No
                 "match its tasks. Its measurements stay on the run; start a new run of the model to tune it under the "
                 "new pipeline.")
         return
-    resolved = adapters.resolve_target(run, remote_cpu=remote_cpu_for(run), weight_bytes=weight_bytes,
-                                       remote_llc_bytes=remote_llc_for(run))
+    resolved = adapters.resolve_target(run, remote_cpu=remote_cpu_for(run))
     run.resolved_target, run.target_key = resolved["target"], fit_to_field(TuningRun, "target_key", resolved["key"])
     run.pipeline_key = fit_to_field(TuningRun, "pipeline_key", resolved.get("pipeline_key", ""))
     run.evaluator = resolved.get("evaluator") or {}

@@ -90,15 +90,6 @@ def remote_cpu_for(run: TuningRun) -> dict:
     return {"mcpu": mcpu, "mtriple": triple} if mcpu and triple else {}
 
 
-def remote_llc_for(run: TuningRun) -> int | None:
-    """The last-level cache of the nodes that measure a run on remote queues, when they all reported one
-    and the same size (the cache-fit rule then chooses how candidates are timed, as it does on this host);
-    None when one did not report it or their sizes differ (one timing would mislead on some of them)."""
-    queues = (run.options or {}).get("measure_queues") or []
-    sizes = scheduling_selectors.llcs_serving(queues) if queues else set()
-    return next(iter(sizes)) if len(sizes) == 1 else None
-
-
 def validate_run_bounds(*, max_trials, trials_per_round, threads, options: dict, max_minutes=None) -> None:
     """RUN_LIMITS, checked here for every entry point (API, dashboard, `manage.py tune`)."""
     bounded = {"max_trials": max_trials, "trials_per_round": trials_per_round}

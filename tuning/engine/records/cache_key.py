@@ -97,8 +97,8 @@ def cache_target_key(target_key: str, pipeline_key: str | None = None, *, cold_t
     """The target part of the cache key: the run's canonical target key and, when the run has one, the
     graph-pass pipeline that made its tasks (records of another pipeline schedule other workloads), and
     ``timing=cold`` for records timed with the CPU caches flushed (``timer.choose_evaluator``): a schedule
-    that wins timed warm may lose timed cold, so the two never settle each other's tasks. Warm keys are
-    the ones written before the timing was chosen per model."""
+    that wins timed warm may lose timed cold, so the two never settle each other's tasks. Warm CPU keys
+    are the ones written before every CPU run was timed cold."""
     key = f"{target_key}|pipeline={pipeline_key}" if pipeline_key else target_key
     return f"{key}|timing=cold" if cold_timing else key
 

@@ -14,7 +14,9 @@ import json
 import re
 
 from common.jsonsafe import loads_finite
+from tuning.engine.compile.target_schema import target_kind
 from tuning.engine.events import ffi_to_py, record_json, trace_json
+from tuning.engine.measuring.timer import choose_evaluator
 from tuning.engine.records.cache_key import cache_target_key, structural_hash, trace_digest
 from tuning.engine.records.check import (
     MAX_RECORD_LINE,
@@ -86,8 +88,8 @@ def check_cache_import(workloads: bytes, records: bytes, target, max_records: in
     own instructions and annotations, plain names, replay) against the records' own workloads (a cache
     has no model). Run in a sandboxed worker. Returns ``{"errors": [...]}`` or ``{"entries": [...],
     "target_key": ...}``: entries without run times, ``latency_s`` None: untrusted until a run measures them,
-    under the key runs of ``target`` look them up with (this engine's pipeline for it; timed warm: a cold
-    run re-times its seeds anyway, but looks up its own key)."""
+    under the key runs of ``target`` look them up with (this engine's pipeline for it, and the timing
+    ``timer.choose_evaluator`` gives its kind: cold on CPUs; a run re-times its seeds anyway)."""
     from tvm.s_tir import meta_schedule as ms
 
     from tuning.engine.compile.pipeline import make_target
@@ -128,4 +130,8 @@ def check_cache_import(workloads: bytes, records: bytes, target, max_records: in
 
     if errors:
         return {"errors": errors}
-    return {"entries": out, "target_key": cache_target_key(canonical_key(tgt), pipeline_key(target=target))}
+    cold = choose_evaluator(target_kind(target)).config.enable_cpu_cache_flush
+    return {
+        "entries": out,
+        "target_key": cache_target_key(canonical_key(tgt), pipeline_key(target=target), cold_timing=cold),
+    }
