@@ -5,7 +5,6 @@ model's size, the device's default on GPUs (``timer.choose_evaluator``); the hos
 
 from __future__ import annotations
 
-
 from tuning.engine.measuring import timer
 from tuning.engine.measuring.timer import COLD_CPU_EVALUATOR, EvaluatorConfig, choose_evaluator, default_evaluator
 from tuning.engine.records.cache_key import cache_target_key

@@ -56,7 +56,7 @@ def test_a_run_executed_here_records_this_hosts_mcpu(model_a, user_owner, monkey
 
 def test_a_cpu_run_is_timed_cold(model_a, user_owner, monkeypatch):
     """The choice is made with the target, in the engine's child: a CPU run's candidates are timed cold
-    whatever its model's size (the test model's weights are 0.1 MiB). It is stored on the run, the engine
+    whatever its model's size (this one's weights fit any cache). It is stored on the run, the engine
     measures with it, the cache key keeps its records apart from warm ones, the page says it."""
     from recordcache.adapters import cache_key_of
     from tuning.engine.measuring.timer import COLD_CPU_EVALUATOR, EvaluatorConfig

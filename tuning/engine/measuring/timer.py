@@ -161,9 +161,11 @@ def choose_evaluator(device_type: str) -> EvaluatorChoice:
     models, ``bench/tuned_tasks.py --profile``; research notes' "which way of timing a kernel alone
     predicts it in the model"): summed over each model's tuned kernels, cold timing came within -14..+7 %
     of their time in the compiled model, warm -4..-18 %, and closer on all five, small_cnn (0.3 MiB of
-    weights) included; mobilenet_v2 tuned cold for 30 minutes had its estimate 5 % from its compiled
-    model (warm: 26-39 %) and ran faster, one cold sample costing a few calls instead of >= 100 ms (27-45 %
-    more trials per budget). GPUs: the device default (:func:`default_evaluator`)."""
+    weights) included; on an Intel ``rocketlake`` whose 480 MiB L3 holds every zoo model, cold +0.5 % and
+    +8.9 % (resnet18, mobilenet_v2), warm -13.7 % and -21.6 %. mobilenet_v2 tuned cold for 30 minutes had
+    its estimate 5 % from its compiled model (warm: 26-39 %) and ran faster, one cold sample costing a few
+    calls instead of >= 100 ms (27-45 % more trials per budget). GPUs: the device default
+    (:func:`default_evaluator`)."""
     if device_type not in ("cpu", "llvm"):
         return EvaluatorChoice(default_evaluator(device_type), "gpu", "timed on the device (CUDA events)")
     return EvaluatorChoice(
