@@ -15,9 +15,9 @@ over the task's last quarter of trials, else ``flat``.
 ``--profile`` compiles the tuned model from the records (``compile_model`` with the run's database, as
 the bench does) and the untuned one, and times every VM call of one inference with the VM's
 instrument hook (TVM 0.27's Relax VM has no ``profile=True``): each tuned kernel in the model, each
-tuned kernel alone (``time_evaluator`` on the kernel with the arguments the model gave it, timed as
-tuning times a candidate, warm, and as the cold evaluator does: ``alone_regimes`` says which of the two
-sums the kernels' time in the model more closely), VM builtins (allocation, reshape views, shape checks),
+tuned kernel alone (``time_evaluator`` on the kernel with the arguments the model gave it, timed warm, as
+TVM's default evaluator does, and cold, as the product's CPU evaluator does: ``alone_regimes`` says which of
+the two sums the kernels' time in the model more closely), VM builtins (allocation, reshape views, shape checks),
 kernels no task names, and the VM's own time between calls. The rows add up to the instrumented inference; the
 uninstrumented compiled latency is timed in the same process. Kernels are matched to tasks by the
 structure of the fused functions tasks are extracted from (``layout_rewrite`` renames a kernel
@@ -186,8 +186,8 @@ def profile_executable(executable, inputs, target, *, threads: int | None = None
                        standalone: bool = True, time_compiled: bool = True) -> dict:
     """Every VM call of one inference, timed: ``calls`` symbol -> {count, in_model_us (per inference, median
     over ``repeat`` instrumented runs after one warm-up), standalone_us (per call, kernels only, timed warm
-    as tuning's default evaluator times a candidate), standalone_cold_us (the same, timed as the cold
-    evaluator does: the cache flushed before each of ten single calls)},
+    as TVM's default evaluator times a candidate), standalone_cold_us (the same, timed as the cold
+    evaluator, the product's on CPUs, does: the cache flushed before each of ten single calls)},
     ``profiled_us`` (the instrumented inference, median), ``compiled_us`` (uninstrumented, median of
     ``repeat``; None without ``time_compiled``). A call's window also holds the VM handing the call's
     arguments to the instrument's second callback: 0.3-1 us a call (``vm.builtin.null_value``, which does
@@ -197,7 +197,7 @@ def profile_executable(executable, inputs, target, *, threads: int | None = None
     from tvm import relax
 
     from tuning.engine.compile.pipeline import run_and_time, set_runtime_threads, target_device_type
-    from tuning.engine.measuring.timer import COLD_CPU_EVALUATOR, CPU_CACHE_FLUSH
+    from tuning.engine.measuring.timer import COLD_CPU_EVALUATOR, CPU_CACHE_FLUSH, EvaluatorConfig
 
     compiled_s = None
     if time_compiled:  # as the bench times the model
@@ -244,13 +244,14 @@ def profile_executable(executable, inputs, target, *, threads: int | None = None
             "standalone_cold_us": None,
         }
     if standalone:
+        warm = EvaluatorConfig()  # TVM MetaSchedule's own defaults
         libs = [rt, *rt.imports]  # the kernels live in the executable's imported library
         for symbol, call_args in captured.items():
             lib = next((m for m in libs if m.implements_function(symbol)), None)
             if lib is None:
                 continue
-            try:  # as tuning times a candidate (EvaluatorConfig's defaults), median of three
-                timer = lib.time_evaluator(symbol, dev, number=3, repeat=3, min_repeat_ms=100)
+            try:  # warm, as TVM's default evaluator times a candidate; median of three samples
+                timer = lib.time_evaluator(symbol, dev, number=warm.number, repeat=3, min_repeat_ms=warm.min_repeat_ms)
                 calls[symbol]["standalone_us"] = statistics.median(timer(*call_args).results) * 1e6
                 if device_type == "cpu":  # as the cold evaluator times one
                     timer = lib.time_evaluator(symbol, dev, number=COLD_CPU_EVALUATOR.number,
