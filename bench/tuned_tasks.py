@@ -19,7 +19,10 @@ tuned kernel alone (``time_evaluator`` on the kernel with the arguments the mode
 TVM's default evaluator does, and cold, as the product's CPU evaluator does: ``alone_regimes`` says which of
 the two sums the kernels' time in the model more closely), VM builtins (allocation, reshape views, shape checks),
 kernels no task names, and the VM's own time between calls. The rows add up to the instrumented inference; the
-uninstrumented compiled latency is timed in the same process. Kernels are matched to tasks by the
+uninstrumented compiled latency is timed in the same process. The ``steps`` walk from the estimate to it through
+the kernels timed alone the way the job's tuning timed its candidates (the job's evaluator; cold on a CPU unless
+the job said otherwise): "alone vs their records" is then the search's own error, "in the model vs alone" what
+that way of timing misses. Kernels are matched to tasks by the
 structure of the fused functions tasks are extracted from (``layout_rewrite`` renames a kernel
 ``<name>_prepacked``). The untuned build's per-call kernel times fill the table's ``untuned_us``.
 
@@ -277,12 +280,29 @@ def untuned_per_call(profile: dict, kernels: dict[str, int]) -> dict[int, float]
     return {task: us / count for task, (us, count) in total.items() if count}
 
 
-def time_breakdown(table: Sequence[dict], profile: dict, kernels: dict[str, int]) -> dict:
+def tuning_regime(evaluator: dict | None, target: dict | str) -> str:
+    """How the job's tuning timed its candidates: "cold" (caches flushed before each sample) or "warm";
+    without the job's evaluator, what the product chooses for the target's kind (cold on CPUs)."""
+    if evaluator is not None:
+        return "cold" if evaluator.get("enable_cpu_cache_flush") else "warm"
+    from tuning.engine.compile.target_schema import target_kind
+    from tuning.engine.measuring.timer import choose_evaluator
+
+    regime = choose_evaluator(target_kind(target)).regime
+    return regime if regime == "cold" else "warm"
+
+
+def time_breakdown(table: Sequence[dict], profile: dict, kernels: dict[str, int], *, regime: str = "cold") -> dict:
     """Where the compiled model's time goes, next to the estimate: one row per task (estimate, its kernels
     alone, its kernels in the model), then the calls no task accounts for and the VM's time between
     calls (the instrumented inference less every call: medians do not add up, so this row also takes
     their difference). The ``in_model_us`` of the rows adds up to ``profiled_us``; ``steps`` walks from the estimate
-    to the compiled latency in parts that add up exactly."""
+    to the compiled latency in parts that add up exactly, through the kernels timed alone as the tuning timed
+    its candidates (``regime``, :func:`tuning_regime`): so "alone vs tuning records" is the search's own error
+    and "in the model vs alone" what timing a kernel alone that way misses."""
+    if regime not in ("warm", "cold"):
+        raise ValueError(f"regime must be 'warm' or 'cold', not {regime!r}")
+    alone_key = "standalone_cold_us" if regime == "cold" else "standalone_us"
     by_task: dict[int, list[str]] = {}
     rest = []
     for symbol in profile["calls"]:
@@ -313,20 +333,20 @@ def time_breakdown(table: Sequence[dict], profile: dict, kernels: dict[str, int]
                  "standalone_us": None, "in_model_us": profile["profiled_us"] - called})
     tasks = [x for x in rows if x["kind"] == "task"]
     estimate = sum(r["estimate_us"] or 0 for r in table)
-    timed = [x for x in tasks if x["standalone_us"] is not None and x["estimate_us"] is not None]
+    timed = [x for x in tasks if x.get(alone_key) is not None and x["estimate_us"] is not None]
     steps = {
         "estimate_us": estimate,
         "tasks_without_kernel_us": -sum(x["estimate_us"] or 0 for x in rows if x["kind"].startswith("task, no")),
         "kernels_untimed_alone_us": sum(x["in_model_us"] - (x["estimate_us"] or 0) for x in tasks if x not in timed),
-        "alone_vs_tuning_us": sum(x["standalone_us"] - x["estimate_us"] for x in timed),
-        "in_model_vs_alone_us": sum(x["in_model_us"] - x["standalone_us"] for x in timed),
+        "alone_vs_tuning_us": sum(x[alone_key] - x["estimate_us"] for x in timed),
+        "in_model_vs_alone_us": sum(x["in_model_us"] - x[alone_key] for x in timed),
         "calls_without_task_us": sum(x["in_model_us"] for x in rows if x["kind"] in ("VM builtin", "kernel, no task")),
         # the uninstrumented inference less every call timed: the VM's dispatch between calls (the
         # instrumented runs' VM row also holds the instrument's Python callbacks)
         "vm_rest_us": profile["compiled_us"] - called,
     }
     return {"rows": rows, "profiled_us": profile["profiled_us"], "compiled_us": profile["compiled_us"],
-            "estimate_us": estimate, "steps": steps, "alone_regimes": alone_regimes(tasks)}
+            "estimate_us": estimate, "steps": steps, "steps_regime": regime, "alone_regimes": alone_regimes(tasks)}
 
 
 def alone_regimes(tasks: Sequence[dict]) -> dict | None:
@@ -348,21 +368,23 @@ def alone_regimes(tasks: Sequence[dict]) -> dict | None:
 
 def print_breakdown(breakdown: dict, file=None) -> None:
     out = file or sys.stdout
-    print(f"{'where the time goes':40s} {'kind':>9s} {'calls':>5s} {'estimate us':>11s} {'alone us':>10s} "
+    regime = breakdown.get("steps_regime", "warm")  # results written before the steps followed the tuning's
+    alone_key = "standalone_cold_us" if regime == "cold" else "standalone_us"
+    print(f"{'where the time goes':40s} {'kind':>9s} {'calls':>5s} {'estimate us':>11s} {'alone ' + regime:>10s} "
           f"{'in model us':>11s} {'model-est':>9s}", file=out)
     for x in breakdown["rows"]:
         gap = x["in_model_us"] - x["estimate_us"] if x["estimate_us"] is not None else None
         kind = {"task": "task", "task, no kernel in the compiled model": "no kernel",
                 "VM builtin": "builtin", "kernel, no task": "no task", "VM": "VM"}[x["kind"]]
         print(f"{x['row'][:40]:40s} {kind:>9s} {_f(x['calls'], 0):>5s} {_f(x['estimate_us']):>11s} "
-              f"{_f(x['standalone_us']):>10s} {_f(x['in_model_us']):>11s} {_f(gap):>9s}", file=out)
+              f"{_f(x.get(alone_key)):>10s} {_f(x['in_model_us']):>11s} {_f(gap):>9s}", file=out)
     s = breakdown["steps"]
     gap = (breakdown["compiled_us"] - s["estimate_us"]) / breakdown["compiled_us"]
     print(f"estimate {s['estimate_us']:,.1f} us -> compiled {breakdown['compiled_us']:,.1f} us ({gap:+.1%} of it; "
           f"instrumented {breakdown['profiled_us']:,.1f} us):", file=out)
     for key, label in (("tasks_without_kernel_us", "tasks the compiled model runs no kernel of"),
-                       ("alone_vs_tuning_us", "tuned kernels timed alone vs their tuning records"),
-                       ("in_model_vs_alone_us", "the same kernels in the model vs alone"),
+                       ("alone_vs_tuning_us", f"tuned kernels timed alone ({regime}, as tuned) vs their records"),
+                       ("in_model_vs_alone_us", f"the same kernels in the model vs alone ({regime})"),
                        ("kernels_untimed_alone_us", "kernels not timed alone, in the model vs estimate"),
                        ("calls_without_task_us", "calls no task accounts for (builtins, untuned kernels)"),
                        ("vm_rest_us", "the rest: compiled latency less every call timed (VM dispatch, less "
@@ -378,11 +400,12 @@ def print_breakdown(breakdown: dict, file=None) -> None:
 
 
 # --------------------------------------------------------------------------- the job
-def write_job(work_dir: str, *, model: str, target: dict, passes: Sequence[str], threads: int | None = None) -> None:
+def write_job(work_dir: str, *, model: str, target: dict, passes: Sequence[str], threads: int | None = None,
+              evaluator: dict | None = None) -> None:
     """What this tool needs to analyse a work directory later (bench/vs_onnxruntime.py writes it)."""
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     Path(work_dir, JOB_FILE).write_text(json.dumps({"model": model, "target": target, "passes": list(passes),
-                                                    "threads": threads}))
+                                                    "threads": threads, "evaluator": evaluator}))
 
 
 def load_job(work_dir: str, *, model: str | None = None, target: str | dict | None = None,
@@ -397,7 +420,7 @@ def load_job(work_dir: str, *, model: str | None = None, target: str | dict | No
     elif row.exists():
         saved = json.loads(row.read_text())
         job = {"model": Path(work_dir).name.split("__")[0], "target": saved.get("target"),
-               "passes": saved.get("passes")}
+               "passes": saved.get("passes"), "evaluator": saved.get("evaluator")}
     if model:
         job["model"] = model
     if target:
@@ -438,10 +461,11 @@ def _model(name: str):
 
 
 def analyse_executables(work_dir: str, mod, target, inputs, *, tuned, untuned, threads: int | None = None,
-                        repeat: int = 10, untuned_repeat: int = 2) -> dict:
+                        repeat: int = 10, untuned_repeat: int = 2, evaluator: dict | None = None) -> dict:
     """The task table (with the untuned kernels' latencies) and where the tuned executable's time goes, for a
     job whose tuning database is in ``work_dir`` and whose Relax module ``mod`` was compiled to ``tuned`` and
-    ``untuned`` (under the job's graph passes)."""
+    ``untuned`` (under the job's graph passes); ``evaluator``: how the job timed its candidates (None: the
+    product's choice for the target), which the breakdown's steps walk through."""
     from tuning.engine.compile.pipeline import make_target
     from tuning.engine.compile.workloads import collect_tasks
 
@@ -451,7 +475,8 @@ def analyse_executables(work_dir: str, mod, target, inputs, *, tuned, untuned, t
                                          standalone=False, time_compiled=False)
     tuned_profile = profile_executable(tuned, inputs, target, threads=threads, repeat=repeat)
     table = task_table(work_dir, tasks, untuned_us=untuned_per_call(untuned_profile, kernels))
-    return {"tasks": table, "profile": time_breakdown(table, tuned_profile, kernels)}
+    return {"tasks": table,
+            "profile": time_breakdown(table, tuned_profile, kernels, regime=tuning_regime(evaluator, target))}
 
 
 def open_snapshot(work_dir: str, job: dict, dest: str) -> tuple:
@@ -489,7 +514,7 @@ def analyse(work_dir: str, job: dict, *, profile: bool = False, repeat: int = 10
         result.update(analyse_executables(
             snap, mod, target, random_inputs(model, seed=0),
             tuned=compile_model(mod, target, database=open_database(snap)), untuned=compile_model(mod, target),
-            threads=job.get("threads") or target.get("num-cores"), repeat=repeat))
+            threads=job.get("threads") or target.get("num-cores"), repeat=repeat, evaluator=job.get("evaluator")))
         return result
 
 

@@ -198,7 +198,8 @@ def _tune_and_compare(spec: dict) -> dict:
     inputs = random_inputs(model, seed=0)
     target = _target(spec["variant"], spec["threads"])
     spec = dict(spec, evaluator=_evaluator(spec.get("evaluator")))
-    write_job(spec["work_dir"], model=spec["model"], target=target, passes=spec["passes"], threads=spec["threads"])
+    write_job(spec["work_dir"], model=spec["model"], target=target, passes=spec["passes"], threads=spec["threads"],
+              evaluator=spec["evaluator"])
     mod = onnx_to_relax(model)
     ort_before = _yardstick(model, inputs, spec)
     t0 = time.perf_counter()
@@ -225,7 +226,7 @@ def _tune_and_compare(spec: dict) -> dict:
     calibrated_ms = _calibrated_ms(search_estimate_s, summary.compiled_checkpoint)
     try:  # after the timings above, which stay side by side; a failure here must not lose the job
         analysis = analyse_executables(spec["work_dir"], mod, target, inputs, tuned=tuned, untuned=untuned,
-                                       threads=spec["threads"], repeat=spec["repeat"])
+                                       threads=spec["threads"], repeat=spec["repeat"], evaluator=spec["evaluator"])
     except Exception as exc:  # noqa: BLE001
         analysis = {"analysis_error": f"{type(exc).__name__}: {exc}"[:2000]}
     return {**analysis,

@@ -44,6 +44,66 @@ def test_the_last_quarter_rounds_up_and_the_gain_is_relative_to_the_best_before_
     assert label == tt.FALLING and gain == pytest.approx(0.25)
 
 
+# --------------------------------------------------------------------------- the breakdown's steps, hand-made
+HAND_TABLE = [{"index": 0, "name": "conv", "weight": 2.0, "estimate_us": 260.0},
+              {"index": 1, "name": "dense", "weight": 1.0, "estimate_us": 40.0}]
+HAND_KERNELS = {"conv": 0, "dense": 1}
+
+
+def _hand_profile():
+    """Two tuned kernels (conv called twice), a builtin, and 20 us of VM dispatch in the uninstrumented run;
+    per call, each kernel timed alone reads 100 / 30 us warm and 140 / 45 us cold."""
+    return {"calls": {
+        "conv": {"count": 2, "in_model_us": 300.0, "standalone_us": 100.0, "standalone_cold_us": 140.0},
+        "dense": {"count": 1, "in_model_us": 50.0, "standalone_us": 30.0, "standalone_cold_us": 45.0},
+        "vm.builtin.alloc_storage": {"count": 3, "in_model_us": 5.0, "standalone_us": None,
+                                     "standalone_cold_us": None},
+    }, "profiled_us": 400.0, "compiled_us": 375.0}
+
+
+@pytest.mark.parametrize("regime, alone_vs_tuning, in_model_vs_alone", [
+    ("cold", (280 - 260) + (45 - 40), (300 - 280) + (50 - 45)),
+    ("warm", (200 - 260) + (30 - 40), (300 - 200) + (50 - 30)),
+])
+def test_the_steps_walk_through_the_kernels_timed_as_the_tuning_timed_them(regime, alone_vs_tuning,
+                                                                          in_model_vs_alone):
+    prof = tt.time_breakdown(HAND_TABLE, _hand_profile(), HAND_KERNELS, regime=regime)
+    steps = prof["steps"]
+    assert prof["steps_regime"] == regime
+    assert steps["alone_vs_tuning_us"] == pytest.approx(alone_vs_tuning)
+    assert steps["in_model_vs_alone_us"] == pytest.approx(in_model_vs_alone)
+    assert steps["calls_without_task_us"] == pytest.approx(5.0) and steps["vm_rest_us"] == pytest.approx(20.0)
+    assert sum(steps.values()) == pytest.approx(prof["compiled_us"])  # the walk ends at the compiled latency
+    # both columns stay in the rows and in the regimes' comparison, whichever the steps walk through
+    assert prof["alone_regimes"]["warm_us"] == pytest.approx(230.0)
+    assert prof["alone_regimes"]["cold_us"] == pytest.approx(325.0)
+    text = io.StringIO()
+    tt.print_breakdown(prof, file=text)
+    assert f"alone {regime}" in text.getvalue() and f"({regime}, as tuned)" in text.getvalue()
+
+
+def test_the_tuning_regime_is_the_jobs_evaluator_else_the_products_choice():
+    assert tt.tuning_regime({"enable_cpu_cache_flush": True, "number": 1}, TARGET) == "cold"
+    assert tt.tuning_regime(bench._evaluator(bench.EVALUATORS["warm"]), TARGET) == "warm"
+    assert tt.tuning_regime(bench._evaluator(bench.AUTO), TARGET) == "cold"  # the product on a CPU
+    assert tt.tuning_regime(None, TARGET) == "cold"
+    assert tt.tuning_regime(None, {"kind": "cuda", "arch": "sm_90"}) == "warm"  # a GPU has no cold column
+    with pytest.raises(ValueError, match="regime"):
+        tt.time_breakdown(HAND_TABLE, _hand_profile(), HAND_KERNELS, regime="gpu")
+
+
+def test_an_older_jobs_row_gives_its_evaluator_to_the_cli(tmp_path):
+    work_dir = tmp_path / "resnet18__mcpu"
+    work_dir.mkdir()
+    (tmp_path / "resnet18__mcpu.json").write_text(json.dumps(
+        {"target": TARGET, "passes": ["fold_batchnorm"], "evaluator": bench._evaluator(bench.EVALUATORS["warm"])}))
+    job = tt.load_job(str(work_dir))
+    assert job["model"] == "resnet18" and tt.tuning_regime(job["evaluator"], job["target"]) == "warm"
+    tt.write_job(str(work_dir), model="resnet18", target=TARGET, passes=["fold_batchnorm"],
+                 evaluator=bench._evaluator(bench.AUTO))
+    assert tt.tuning_regime(tt.load_job(str(work_dir))["evaluator"], TARGET) == "cold"
+
+
 # --------------------------------------------------------------------------- commit order, hand-made
 def _commit(work_dir, task, latencies_and_tags):
     """Commit one record per (latency s | None for a failed run, tag) to the run's database, in this order;
