@@ -20,18 +20,19 @@ TVM's default evaluator does, and cold, as the product's CPU evaluator does: ``a
 the two sums the kernels' time in the model more closely), VM builtins (allocation, reshape views, shape checks),
 kernels no task names, and the VM's own time between calls. The rows add up to the instrumented inference; the
 uninstrumented compiled latency is timed in the same process. The ``steps`` walk from the estimate to it through
-the kernels timed alone the way the job's tuning timed its candidates (the job's evaluator; cold on a CPU unless
-the job said otherwise): "alone vs their records" is then the search's own error, "in the model vs alone" what
-that way of timing misses. Kernels are matched to tasks by the
+the kernels timed alone the way the job's tuning timed its candidates (the job's evaluator; a bench row that
+saved none was tuned warm, TVM's default then; a work directory no bench wrote: the product's choice, cold on
+CPUs): "alone vs their records" is then the search's own error, "in the model vs alone" what that way of timing
+misses. Kernels are matched to tasks by the
 structure of the fused functions tasks are extracted from (``layout_rewrite`` renames a kernel
 ``<name>_prepacked``). The untuned build's per-call kernel times fill the table's ``untuned_us``.
 
     .venv/bin/python bench/tuned_tasks.py WORK_DIR [--json] [--profile] [--repeat 10]
                                           [--model NAME|FILE.onnx] [--target JSON] [--passes LIST]
 
-The job (model, target, graph passes) is read from ``WORK_DIR/bench_job.json`` (bench/vs_onnxruntime.py
-writes it), else from the bench's row next to the work directory (``WORK_DIR.json``, the model from the
-directory's label); the flags override. The tool reads a snapshot of the work directory's database
+The job (model, target, graph passes, evaluator) is read from ``WORK_DIR/bench_job.json``
+(bench/vs_onnxruntime.py writes it), else from the bench's row next to the work directory (``WORK_DIR.json``,
+the model from the directory's label); the flags override. The tool reads a snapshot of the work directory's database
 files (copied to a temporary directory): it never writes where a run may still be tuning.
 """
 
@@ -282,7 +283,8 @@ def untuned_per_call(profile: dict, kernels: dict[str, int]) -> dict[int, float]
 
 def tuning_regime(evaluator: dict | None, target: dict | str) -> str:
     """How the job's tuning timed its candidates: "cold" (caches flushed before each sample) or "warm";
-    without the job's evaluator, what the product chooses for the target's kind (cold on CPUs)."""
+    without the job's evaluator (a work directory no bench wrote), what the product chooses for the target's
+    kind (cold on CPUs). :func:`load_job` gives older bench jobs their evaluator."""
     if evaluator is not None:
         return "cold" if evaluator.get("enable_cpu_cache_flush") else "warm"
     from tuning.engine.compile.target_schema import target_kind
@@ -410,17 +412,23 @@ def write_job(work_dir: str, *, model: str, target: dict, passes: Sequence[str],
 
 def load_job(work_dir: str, *, model: str | None = None, target: str | dict | None = None,
              passes: str | None = None) -> dict:
-    """The job's model, target and passes: the flags, else ``bench_job.json``, else the bench's row next
-    to the work directory (its label starts with the model's name)."""
+    """The job's model, target, passes and evaluator: the flags, else ``bench_job.json``, else the bench's row
+    next to the work directory (its label starts with the model's name). A job file without an evaluator takes
+    the row's; a row that saved none (``null`` or no key: rows written before the bench saved the product's
+    choice) was tuned warm, with TVM's default evaluator."""
     job: dict = {}
     with_file = Path(work_dir, JOB_FILE)
     row = Path(str(Path(work_dir)) + ".json")
+    saved = json.loads(row.read_text()) if row.exists() else None
     if with_file.exists():
         job = json.loads(with_file.read_text())
-    elif row.exists():
-        saved = json.loads(row.read_text())
+    elif saved is not None:
         job = {"model": Path(work_dir).name.split("__")[0], "target": saved.get("target"),
-               "passes": saved.get("passes"), "evaluator": saved.get("evaluator")}
+               "passes": saved.get("passes")}
+    if job.get("evaluator") is None and saved is not None:
+        from tuning.engine.measuring.timer import EvaluatorConfig
+
+        job["evaluator"] = saved.get("evaluator") or EvaluatorConfig().to_dict()
     if model:
         job["model"] = model
     if target:

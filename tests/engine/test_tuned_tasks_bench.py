@@ -92,16 +92,32 @@ def test_the_tuning_regime_is_the_jobs_evaluator_else_the_products_choice():
         tt.time_breakdown(HAND_TABLE, _hand_profile(), HAND_KERNELS, regime="gpu")
 
 
-def test_an_older_jobs_row_gives_its_evaluator_to_the_cli(tmp_path):
+@pytest.mark.parametrize("saved, regime", [
+    ({"evaluator": bench._evaluator(bench.AUTO)}, "cold"),
+    ({"evaluator": bench._evaluator(bench.EVALUATORS["cold"])}, "cold"),
+    ({"evaluator": bench._evaluator(bench.EVALUATORS["warm"])}, "warm"),
+    ({"evaluator": None}, "warm"),  # rows of the bench when its default was TVM's warm evaluator
+    ({}, "warm"),  # rows from before the bench saved an evaluator
+])
+def test_a_jobs_regime_comes_from_its_row_when_its_job_file_has_none(tmp_path, saved, regime):
     work_dir = tmp_path / "resnet18__mcpu"
     work_dir.mkdir()
-    (tmp_path / "resnet18__mcpu.json").write_text(json.dumps(
-        {"target": TARGET, "passes": ["fold_batchnorm"], "evaluator": bench._evaluator(bench.EVALUATORS["warm"])}))
-    job = tt.load_job(str(work_dir))
-    assert job["model"] == "resnet18" and tt.tuning_regime(job["evaluator"], job["target"]) == "warm"
-    tt.write_job(str(work_dir), model="resnet18", target=TARGET, passes=["fold_batchnorm"],
+    (tmp_path / "resnet18__mcpu.json").write_text(json.dumps({"target": TARGET, "passes": ["fold_batchnorm"], **saved}))
+    job = tt.load_job(str(work_dir))  # no job file: the row
+    assert job["model"] == "resnet18" and tt.tuning_regime(job["evaluator"], job["target"]) == regime
+    # an older job file (model, target, passes) beside the row: the row's evaluator still decides
+    (work_dir / tt.JOB_FILE).write_text(json.dumps({"model": "resnet18", "target": TARGET,
+                                                    "passes": ["fold_batchnorm"], "threads": 2}))
+    assert tt.tuning_regime(tt.load_job(str(work_dir))["evaluator"], TARGET) == regime
+
+
+def test_a_new_job_file_says_how_its_tuning_timed(tmp_path):
+    tt.write_job(str(tmp_path), model="resnet18", target=TARGET, passes=["fold_batchnorm"],
+                 evaluator=bench._evaluator(bench.EVALUATORS["warm"]))
+    assert tt.tuning_regime(tt.load_job(str(tmp_path))["evaluator"], TARGET) == "warm"
+    tt.write_job(str(tmp_path), model="resnet18", target=TARGET, passes=["fold_batchnorm"],
                  evaluator=bench._evaluator(bench.AUTO))
-    assert tt.tuning_regime(tt.load_job(str(work_dir))["evaluator"], TARGET) == "cold"
+    assert tt.tuning_regime(tt.load_job(str(tmp_path))["evaluator"], TARGET) == "cold"
 
 
 # --------------------------------------------------------------------------- commit order, hand-made
