@@ -61,6 +61,8 @@ TREND_GAIN = 0.02  # "still falling": its best improved by more than this over t
 MIN_TREND_TRIALS = 4  # fewer: a quarter is no window
 PREPACKED = "_prepacked"  # SplitLayoutRewritePreproc's name for a kernel reading prepacked weights
 VM_GAP = "VM between calls, instrumented"
+# a kernel timed alone, per way of timing it: the profile's column for each
+ALONE_COLUMN = {"warm": "standalone_us", "cold": "standalone_cold_us"}
 
 
 # --------------------------------------------------------------------------- task table
@@ -302,9 +304,9 @@ def time_breakdown(table: Sequence[dict], profile: dict, kernels: dict[str, int]
     to the compiled latency in parts that add up exactly, through the kernels timed alone as the tuning timed
     its candidates (``regime``, :func:`tuning_regime`): so "alone vs tuning records" is the search's own error
     and "in the model vs alone" what timing a kernel alone that way misses."""
-    if regime not in ("warm", "cold"):
+    if regime not in ALONE_COLUMN:
         raise ValueError(f"regime must be 'warm' or 'cold', not {regime!r}")
-    alone_key = "standalone_cold_us" if regime == "cold" else "standalone_us"
+    alone_key = ALONE_COLUMN[regime]
     by_task: dict[int, list[str]] = {}
     rest = []
     for symbol in profile["calls"]:
@@ -361,7 +363,7 @@ def alone_regimes(tasks: Sequence[dict]) -> dict | None:
     if not both:
         return None
     out: dict = {"tasks": len(both), "in_model_us": sum(x["in_model_us"] for x in both)}
-    for regime, key in (("warm", "standalone_us"), ("cold", "standalone_cold_us")):
+    for regime, key in ALONE_COLUMN.items():
         out[f"{regime}_us"] = sum(x[key] for x in both)
         out[f"{regime}_median_error"] = statistics.median(abs(x[key] - x["in_model_us"]) / x["in_model_us"]
                                                           for x in both)
@@ -371,7 +373,7 @@ def alone_regimes(tasks: Sequence[dict]) -> dict | None:
 def print_breakdown(breakdown: dict, file=None) -> None:
     out = file or sys.stdout
     regime = breakdown.get("steps_regime", "warm")  # results written before the steps followed the tuning's
-    alone_key = "standalone_cold_us" if regime == "cold" else "standalone_us"
+    alone_key = ALONE_COLUMN[regime]
     print(f"{'where the time goes':40s} {'kind':>9s} {'calls':>5s} {'estimate us':>11s} {'alone ' + regime:>10s} "
           f"{'in model us':>11s} {'model-est':>9s}", file=out)
     for x in breakdown["rows"]:
