@@ -1,6 +1,7 @@
 """A run's rows and files as the engine's deployment package (tuning.engine.deploy.package)."""
 from __future__ import annotations
 
+from tuning.engine.compare import FINAL_MIN_REPEAT_MS
 from tuning.engine.deploy.package import MEMBERS, USAGE, build_package
 from tuning.models import TuningRun
 
@@ -19,6 +20,7 @@ def _latency(run: TuningRun) -> dict:
         "threads": run.threads or (run.engine_target or {}).get("num-cores"),
         "timer": "median and IQR over repeats on the build host (tuned module: TVM time_evaluator; "
                  "onnxruntime: perf_counter), same inputs and thread count",
+        "min_repeat_ms": FINAL_MIN_REPEAT_MS,  # each repeat runs the model for at least this long
     }
 
 
