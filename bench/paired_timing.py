@@ -10,17 +10,23 @@ paired figure, its median the verdict. Both engines run in this one process, as 
 
 Each work directory is one ``bench/vs_onnxruntime.py --keep`` job (``bench_job.json`` names the model,
 target, passes and threads); directories of the same model are compared with one onnxruntime session.
+
+``--vm-exec-modes bytecode,compiled`` builds each directory once per Relax VM execution mode (the product
+builds ``bytecode``, Relax's default; ``compiled`` turns the VM's instruction stream into native code) and
+pairs them all: the ablation of the VM's own time, the same kernels on both sides.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import machine_info, write_json  # noqa: E402
 
 REFERENCE = "onnxruntime"
+EXEC_MODES = ("bytecode", "compiled")  # tvm.relax.build's exec_mode values
 
 
 def job_threads(job: dict) -> int | None:
@@ -88,21 +95,40 @@ def summarize(samples: dict[str, list[float]], reference: str = REFERENCE) -> di
             for n, s in samples.items()}
 
 
-def _tvm_side(work_dir: str, job: dict, model, inputs, tmp: str) -> Callable[[], float]:
+@contextlib.contextmanager
+def vm_exec_mode(mode: str | None):
+    """``compile_model``'s ``relax.build`` with ``exec_mode=mode`` (None: as the product builds). An ablation
+    lives here, not as a mode of the product's compile."""
+    if mode is None:
+        yield
+        return
+    from tvm import relax
+
+    build = relax.build
+    relax.build = functools.partial(build, exec_mode=mode)
+    try:
+        yield
+    finally:
+        relax.build = build
+
+
+def _tvm_side(work_dir: str, job: dict, model, inputs, tmp: str, exec_mode: str | None = None
+              ) -> Callable[[], float]:
     """Sampler of one work directory's tuned build (compiled from a snapshot of its records)."""
     from bench.tuned_tasks import snapshot
     from tuning.engine.compile.passes import use_passes
     from tuning.engine.compile.pipeline import compile_model, onnx_to_relax
     from tuning.engine.workdir import open_database
 
-    with use_passes(job.get("passes")):
-        snap = snapshot(work_dir, os.path.join(tmp, Path(work_dir).name))
+    with use_passes(job.get("passes")), vm_exec_mode(exec_mode):
+        snap = snapshot(work_dir, os.path.join(tmp, Path(work_dir).name, exec_mode or "default"))
         exe = compile_model(onnx_to_relax(model), job["target"], database=open_database(snap))
     return tvm_sampler(exe, inputs, job["target"], job_threads(job))
 
 
-def pair(jobs: dict[str, dict], rounds: int, settle_s: float = 0.0) -> dict:
-    """``jobs``: work directory -> its ``bench_job.json`` (``tuned_tasks.load_job``)."""
+def pair(jobs: dict[str, dict], rounds: int, settle_s: float = 0.0, exec_modes: Sequence[str] = ()) -> dict:
+    """``jobs``: work directory -> its ``bench_job.json`` (``tuned_tasks.load_job``); ``exec_modes``: build
+    each directory once per Relax VM execution mode (side ``DIR[mode]``), or once as the product does."""
     from bench.tuned_tasks import _model
     from tuning.engine.compile.pipeline import random_inputs
 
@@ -117,9 +143,11 @@ def pair(jobs: dict[str, dict], rounds: int, settle_s: float = 0.0) -> dict:
             threads = job_threads(jobs[dirs[0]])
             sides = {REFERENCE: ort_sampler(model, inputs, threads)}
             for w in dirs:
-                sides[Path(w).name] = _tvm_side(w, jobs[w], model, inputs, tmp)
+                for mode in exec_modes or (None,):
+                    name = Path(w).name + (f"[{mode}]" if mode else "")
+                    sides[name] = _tvm_side(w, jobs[w], model, inputs, tmp, mode)
             out[model_name] = {
-                "threads": threads, "rounds": rounds,
+                "threads": threads, "rounds": rounds, "vm_exec_modes": list(exec_modes) or None,
                 "sides": summarize(interleave(sides, rounds, settle_s)),
                 "jobs": {Path(w).name: jobs[w] for w in dirs},
             }
@@ -133,10 +161,17 @@ def main(argv=None) -> int:
     ap.add_argument("--settle-ms", type=float, default=0.0,
                     help="idle time before each sample (default none: on the 2-core VM a 200 ms pause made "
                          "every side 10-50 %% slower and noisier, each sample starting from an idle CPU)")
+    ap.add_argument("--vm-exec-modes", default="",
+                    help="comma-separated Relax VM execution modes to build each directory with "
+                         f"({', '.join(EXEC_MODES)}); default: once, as the product builds")
     ap.add_argument("--json", default=None, help="write the result JSON here")
     args = ap.parse_args(argv)
     if args.rounds < 4:
         ap.error("--rounds must be at least 4 (a median and an IQR)")
+    exec_modes = [m.strip() for m in args.vm_exec_modes.split(",") if m.strip()]
+    unknown = sorted(set(exec_modes) - set(EXEC_MODES))
+    if unknown:
+        ap.error(f"--vm-exec-modes: unknown {', '.join(unknown)} (known: {', '.join(EXEC_MODES)})")
     missing = [w for w in args.work_dirs if not Path(w).is_dir()]
     if missing:
         ap.error(f"not a directory: {', '.join(missing)}")
@@ -152,7 +187,7 @@ def main(argv=None) -> int:
     import logging
 
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-    result = pair(jobs, args.rounds, args.settle_ms / 1e3)
+    result = pair(jobs, args.rounds, args.settle_ms / 1e3, exec_modes)
     for model_name, res in result.items():
         print(f"\n{model_name} ({res['rounds']} interleaved rounds, {res['threads']} threads)")
         print(f"  {'side':32s} {'median ms':>10s} {'IQR ms':>8s} {'/ ORT paired':>13s}")

@@ -9,6 +9,7 @@ from bench import paired_timing
     (["{tmp}", "--rounds", "2"], "--rounds must be at least 4"),
     (["{tmp}/absent"], "not a directory"),
     (["{tmp}", "--rounds", "many"], "invalid int value"),
+    (["{tmp}", "--vm-exec-modes", "compiled,jit"], "--vm-exec-modes: unknown jit"),
 ])
 def test_bad_options_are_refused_with_a_message(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -41,3 +42,14 @@ def test_rounds_rotate_the_order_and_the_verdict_is_the_median_per_round_ratio()
     assert summary["tvm"]["vs_onnxruntime_paired"] == pytest.approx(0.9)
     assert summary["onnxruntime"]["vs_onnxruntime_paired"] == pytest.approx(1.0)
     assert summary["tvm"]["median_ms"] == pytest.approx(0.9 * 4.0 * 1e3)
+
+
+def test_an_exec_mode_ablation_builds_with_that_mode_and_restores_the_products_build():
+    from tvm import relax
+
+    product_build = relax.build
+    with paired_timing.vm_exec_mode("compiled"):
+        assert relax.build is not product_build and relax.build.keywords == {"exec_mode": "compiled"}
+    assert relax.build is product_build
+    with paired_timing.vm_exec_mode(None):
+        assert relax.build is product_build
