@@ -164,9 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         help="an input as a .npy file (repeat per input); others are random",
     )
     parser.add_argument("--runs", type=int, default=50, help="calls timed one by one from Python (default 50)")
-    parser.add_argument("--repeats", type=int, default=15,
-                        help="time_evaluator repeats, each at least 50 ms of runs, as on the build host (default 15; "
-                             "0 skips)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=15,
+        help="time_evaluator repeats, each at least 50 ms of runs, as on the build host (default 15; 0 skips)",
+    )
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument("--save-outputs", metavar="FILE.npz", help="write the outputs there")
@@ -230,21 +233,28 @@ def main(argv: list[str] | None = None) -> int:
     threads = os.environ.get("TVM_NUM_THREADS") or "TVM's default"
     if args.repeats:
         min_repeat_ms = int(latency.get("min_repeat_ms") or DEFAULT_MIN_REPEAT_MS)
-        timer = vm.time_evaluator(manifest.get("entry", "main"), dev, number=1, repeat=args.repeats,
-                                  min_repeat_ms=min_repeat_ms)
+        timer = vm.time_evaluator(
+            manifest.get("entry", "main"), dev, number=1, repeat=args.repeats, min_repeat_ms=min_repeat_ms
+        )
         median, iqr = _median_iqr([float(s) for s in timer(*tensors).results])
-        print(f"latency: median {median * 1e3:.4f} ms (IQR {iqr * 1e3:.4f} ms) over {args.repeats} repeats of at "
-              f"least {min_repeat_ms} ms (TVM time_evaluator, threads: {threads}; the build host's timer)")
+        print(
+            f"latency: median {median * 1e3:.4f} ms (IQR {iqr * 1e3:.4f} ms) over {args.repeats} repeats of at "
+            f"least {min_repeat_ms} ms (TVM time_evaluator, threads: {threads}; the build host's timer)"
+        )
     median, iqr = _median_iqr(times)
-    print(f"per call from Python: median {median * 1e3:.4f} ms (IQR {iqr * 1e3:.4f} ms) over {args.runs} runs "
-          "(each call timed alone: what an application sees)")
+    print(
+        f"per call from Python: median {median * 1e3:.4f} ms (IQR {iqr * 1e3:.4f} ms) over {args.runs} runs "
+        "(each call timed alone: what an application sees)"
+    )
     measured = latency.get("tuned_median_s")
     if measured:
         spread = f" (IQR {latency['tuned_iqr_s'] * 1e3:.4f} ms)" if latency.get("tuned_iqr_s") is not None else ""
         built_threads = latency.get("threads") or target.get("num_cores")
         with_threads = f", threads: {built_threads}" if built_threads else ""
-        print(f"measured when tuned: median {measured * 1e3:.4f} ms{spread} on the build host{with_threads}, "
-              "TVM time_evaluator")
+        print(
+            f"measured when tuned: median {measured * 1e3:.4f} ms{spread} on the build host{with_threads}, "
+            "TVM time_evaluator"
+        )
     return 0
 
 
