@@ -147,6 +147,7 @@ def test_onnx_model_tune_and_compare(tmp_path, cpu_target):
     assert {r.task_index for r in sink.records} == set(range(6))
     res = compile_and_compare(model, str(tmp_path), cpu_target, threads=1, number=5, repeat=3)
     assert res["outputs_match"], res
+    assert res["tuned_timer"] == {"number": 5, "repeat": 3, "min_repeat_ms": 50}  # what run.py repeats
     assert res["tuned_latency_s"] > 0 and res["untuned_latency_s"] > 0
     # the yardstick: onnxruntime on the same inputs and thread count, outputs compared with the tuned module
     assert res["onnxruntime"]["threads"] == 1 and res["onnxruntime_latency_s"] > 0, res

@@ -49,7 +49,8 @@ def _succeeded_run(team, user, tiny_module, *, name="dense") -> TuningRun:
         status=TuningRun.Status.SUCCEEDED, resolved_target=target, target_key="key-of-target",
         pipeline_key="relax-pipeline/1", tuned_latency_s=2e-6, tuned_latency_iqr_s=1e-7, untuned_latency_s=3e-6,
         ort_latency_s=4e-6, ort_latency_iqr_s=2e-7, ratio_to_ort=0.5, faster_engine="tvm", verdict="faster",
-        estimated_latency_s=1.5e-6, summary={"build_host": build_host})
+        estimated_latency_s=1.5e-6,
+        summary={"build_host": build_host, "tuned_timer": {"number": 1, "repeat": 15, "min_repeat_ms": 50}})
     run.refresh_from_db()
     run.module_file.save(f"run{run.pk}-tuned.so", ContentFile(module), save=True)
     return run
@@ -84,14 +85,15 @@ def test_the_package_runs_anywhere_its_target_runs(team_a, user_owner, tiny_modu
     assert (latency["tuned_median_s"], latency["tuned_iqr_s"]) == (2e-6, 1e-7)
     assert (latency["onnxruntime_median_s"], latency["onnxruntime_iqr_s"]) == (4e-6, 2e-7)
     assert latency["verdict"] == "faster" and latency["verdict_sentence"] == run.deploy_verdict
+    assert (latency["repeats"], latency["min_repeat_ms"]) == (15, 50)  # how the run timed its figure
     assert manifest["run"]["model_name"] == "dense"
 
     result = _run_py(folder, "--runs", "5", "--warmup", "1")
     assert result.returncode == 0, result.stderr
     assert "output y: shape [1, 16] float32" in result.stdout
-    # the build host's timer beside the manifest's figure, and the per-call time an application sees
+    # the manifest figure's timer beside that figure, and the per-call time an application sees
     assert "latency: median " in result.stdout and "over 15 repeats of at least 50 ms" in result.stdout
-    assert "TVM time_evaluator, threads: 1;" in result.stdout
+    assert "TVM time_evaluator, threads: 1; the timer of the manifest's figure" in result.stdout
     assert "per call from Python: median " in result.stdout and "over 5 runs" in result.stdout
     assert "measured when tuned: median 0.0020 ms (IQR 0.0001 ms) on the build host" in result.stdout
 
@@ -156,3 +158,45 @@ def test_the_run_page_offers_the_package_and_says_how_to_use_it(team_a, user_own
     assert f'href="/api/runs/{run.pk}/package/"' in html
     for line in services.package.package_usage(run):
         assert line in html
+
+
+def _with_latency(folder: Path, **values) -> None:
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["latency"].update(values)
+    path.write_text(json.dumps(manifest))
+
+
+def test_run_py_times_the_module_as_the_manifest_says_and_ignores_an_edited_timer(team_a, user_owner, tiny_module,
+                                                                                  tmp_path):
+    folder = _unzip(build_run_package(run=_succeeded_run(team_a, user_owner, tiny_module)), tmp_path / "pkg")
+    _with_latency(folder, repeats=3, min_repeat_ms=1)
+    result = _run_py(folder, "--runs", "1", "--warmup", "0")
+    assert result.returncode == 0, result.stderr
+    assert "over 3 repeats of at least 1 ms" in result.stdout and "IQR n/a: one sample" in result.stdout
+    assert "over 2 repeats" in _run_py(folder, "--runs", "1", "--repeats", "2").stdout  # the user's choice wins
+
+    for bad in ("abc", -1, 10**12, 2.5, True):
+        _with_latency(folder, repeats=2, min_repeat_ms=bad)
+        result = _run_py(folder, "--runs", "1")
+        assert result.returncode == 0, result.stderr
+        assert f"latency.min_repeat_ms is {bad!r}, not a whole number from 0 to 10000; ignored" in result.stderr
+        assert "over 2 repeats of at least 50 ms" in result.stdout
+        assert "the manifest does not record how its figure was timed" in result.stdout
+    _with_latency(folder, tuned_median_s="fast", tuned_iqr_s=None)
+    result = _run_py(folder, "--runs", "1", "--repeats", "0")
+    assert result.returncode == 0 and "measured when tuned" not in result.stdout and "time_evaluator" not in result.stdout
+    assert _run_py(folder, "--repeats", "-1").returncode == 2
+
+
+def test_a_run_finished_before_its_timer_was_recorded_packages_without_one(team_a, user_owner, tiny_module,
+                                                                           tmp_path):
+    run = _succeeded_run(team_a, user_owner, tiny_module)
+    TuningRun.objects.filter(pk=run.pk).update(summary={"build_host": run.summary["build_host"]})
+    run.refresh_from_db()
+    folder = _unzip(build_run_package(run=run), tmp_path / "pkg")
+    assert json.loads((folder / "manifest.json").read_text())["latency"]["min_repeat_ms"] is None
+    result = _run_py(folder, "--runs", "1", "--repeats", "2")
+    assert result.returncode == 0, result.stderr
+    assert "over 2 repeats of at least 50 ms" in result.stdout
+    assert "the manifest does not record how its figure was timed" in result.stdout

@@ -228,6 +228,8 @@ def test_a_tiny_run_stores_serves_and_shows_the_onnxruntime_comparison(model_a, 
     assert run.tuned_latency_iqr_s >= 0 and run.ort_latency_iqr_s >= 0 and run.timing_load is not None
     assert summary["tuned_latency_iqr_ms"] == pytest.approx(run.tuned_latency_iqr_s * 1e3)
     assert run.summary["build_host"]["cpu_flags"] and len(run.summary["tuned_samples_s"]) > 1
+    # how the tuned module was timed, kept for the deployment package's run.py
+    assert run.summary["tuned_timer"] == {"number": 1, "repeat": 15, "min_repeat_ms": 50}
     assert summary["onnxruntime_latency_ms"] == pytest.approx(run.ort_latency_s * 1e3)
     assert summary["ratio_to_onnxruntime"] == run.ratio_to_ort and summary["onnxruntime_outputs_agree"] is True
     ort = run.summary["onnxruntime"]

@@ -1,7 +1,6 @@
 """A run's rows and files as the engine's deployment package (tuning.engine.deploy.package)."""
 from __future__ import annotations
 
-from tuning.engine.compare import FINAL_MIN_REPEAT_MS
 from tuning.engine.deploy.package import MEMBERS, USAGE, build_package
 from tuning.models import TuningRun
 
@@ -10,6 +9,7 @@ __all__ = ["MEMBERS", "USAGE", "package_bytes"]
 
 def _latency(run: TuningRun) -> dict:
     outcome = run.result_verdict
+    timer = (run.summary or {}).get("tuned_timer") or {}  # absent for runs finished before it was recorded
     return {
         "tuned_median_s": run.tuned_latency_s, "tuned_iqr_s": run.tuned_latency_iqr_s,
         "untuned_median_s": run.untuned_latency_s,
@@ -20,7 +20,8 @@ def _latency(run: TuningRun) -> dict:
         "threads": run.threads or (run.engine_target or {}).get("num-cores"),
         "timer": "median and IQR over repeats on the build host (tuned module: TVM time_evaluator; "
                  "onnxruntime: perf_counter), same inputs and thread count",
-        "min_repeat_ms": FINAL_MIN_REPEAT_MS,  # each repeat runs the model for at least this long
+        # the tuned module's timer (repeats of at least min_repeat_ms of runs): run.py times it the same way
+        "repeats": timer.get("repeat"), "min_repeat_ms": timer.get("min_repeat_ms"),
     }
 
 

@@ -155,6 +155,8 @@ def compile_and_compare(
         "faster_engine": outcome.faster_engine,
         "verdict": outcome.to_dict(),
         "timing_attempts": attempts,
+        # how the tuned module was timed: the deployment package's run.py times it the same way
+        "tuned_timer": {"number": number, "repeat": repeat, "min_repeat_ms": min_repeat_ms},
         "build_host": build_host,
     }
 

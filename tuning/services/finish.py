@@ -136,10 +136,10 @@ def _store_time_to_parity(run: TuningRun) -> None:
 def _comparison_summary(comparison: dict) -> dict:
     """What the summary keeps of the comparison: onnxruntime's measurement (timer, repeats, provider,
     version, samples) and why it is missing, if it is; why nothing was timed (a target of another host);
-    the verdict, the tuned module's samples and the host load of each timing attempt; the build host's CPU
-    flags (the deployment package's host check)."""
+    the verdict, the tuned module's samples, its timer and the host load of each timing attempt; the build
+    host's CPU flags (the deployment package's host check)."""
     keys = ("onnxruntime", "onnxruntime_error", "untuned_ratio_to_onnxruntime", "not_measured_here", "verdict",
-            "timing_attempts", "tuned_samples_s", "build_host")
+            "timing_attempts", "tuned_samples_s", "tuned_timer", "build_host")
     return {k: comparison[k] for k in keys if k in comparison}
 
 

@@ -8,7 +8,8 @@ path inside it):
   instruction-set flags its code may use (so a host is checked without TVM's compiler), the TVM and
   runtime versions, the pipeline identity and the measured latencies;
 - ``run.py`` (:mod:`tuning.engine.deploy.package_run`): standard library + numpy + the ``tvm`` runtime; checks
-  the host, runs the module on given or random inputs and prints the latency.
+  the host, runs the module on given or random inputs and prints its latencies (the timer of the manifest's
+  figure, and each call from Python).
 """
 
 from __future__ import annotations

@@ -4,9 +4,10 @@
     python run.py                          # random inputs
     python run.py --input x=x.npy --runs 100 --save-outputs out.npz
 
-It prints two latencies: TVM's ``time_evaluator`` over repeats of at least 50 ms (the timer the build host's
-figure in the manifest used, so the two compare), and the time of each call from Python (what an application
-sees: it adds the Python call, which on a sub-millisecond model is a visible share).
+It prints two latencies: TVM's ``time_evaluator`` over the repeats the manifest records (15 of at least 50 ms
+of runs each when the run was timed so; the timer behind the manifest's figure, so the two compare), and the
+time of each call from Python (what an application sees: it adds the Python call, which on a sub-millisecond
+model is a visible share).
 
 Needs only the standard library, numpy and the TVM runtime. Before loading the module it checks that this
 host can run code built for the package's target (CPU instruction sets from /proc/cpuinfo, architecture,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -26,7 +28,9 @@ import time
 from pathlib import Path
 
 EXIT_USAGE, EXIT_HOST_MISMATCH = 2, 3
-DEFAULT_MIN_REPEAT_MS = 50  # the build host's final timing (tuning.engine.compare); manifests record theirs
+# the final timing's (tuning.engine.compare), for a manifest that does not record how its figure was timed
+DEFAULT_REPEATS, DEFAULT_MIN_REPEAT_MS = 15, 50
+MAX_REPEATS, MAX_MIN_REPEAT_MS = 1000, 10_000
 HERE = Path(__file__).resolve().parent
 
 
@@ -147,11 +151,37 @@ def _flatten(result) -> list:
     return [result]
 
 
-def _median_iqr(values: list[float]) -> tuple[float, float]:
+def _spread(values: list[float]) -> str:
+    """``median X ms (IQR Y ms)`` of seconds; one value has no spread."""
+    median = statistics.median(values) * 1e3
     if len(values) < 2:
-        return values[0], 0.0
+        return f"median {median:.4f} ms (IQR n/a: one sample)"
     q = statistics.quantiles(values, n=4, method="inclusive")
-    return statistics.median(values), q[2] - q[0]
+    return f"median {median:.4f} ms (IQR {(q[2] - q[0]) * 1e3:.4f} ms)"
+
+
+def recorded_setting(latency: dict, key: str, lowest: int, highest: int) -> int | None:
+    """The manifest's ``latency[key]`` when it is a whole number from ``lowest`` to ``highest``; None when
+    absent, and None with a warning when it is anything else (the file may have been edited)."""
+    value = latency.get(key)
+    if value is None:
+        return None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or value != int(value) or not lowest <= value <= highest:
+        print(
+            f"run.py: warning: the manifest's latency.{key} is {value!r}, not a whole number from {lowest} to "
+            f"{highest}; ignored.",
+            file=sys.stderr,
+        )
+        return None
+    return int(value)
+
+
+def _seconds(value, lowest: float = 0.0) -> float | None:
+    """A manifest's figure in seconds if it is a finite number above ``lowest`` (or equal to 0 where that is
+    the lowest), else None."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok and (value > lowest or value == lowest == 0.0) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,15 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeats",
         type=int,
-        default=15,
-        help="time_evaluator repeats, each at least 50 ms of runs, as on the build host (default 15; 0 skips)",
+        default=None,
+        help="time_evaluator repeats (default: the manifest's, else 15), each at least the manifest's min_repeat_ms "
+        "(else 50) of runs; 0 skips",
     )
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument("--save-outputs", metavar="FILE.npz", help="write the outputs there")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.warmup < 0 or args.repeats < 0:
-        return _usage("--runs must be at least 1, --warmup and --repeats at least 0")
+    if args.runs < 1 or args.warmup < 0 or (args.repeats is not None and not 0 <= args.repeats <= MAX_REPEATS):
+        return _usage(f"--runs must be at least 1, --warmup at least 0 and --repeats from 0 to {MAX_REPEATS}")
 
     manifest = json.loads((HERE / "manifest.json").read_text(encoding="utf-8"))
     target = manifest["target"]
@@ -229,28 +260,36 @@ def main(argv: list[str] | None = None) -> int:
         # numpy >= 2.1 types savez's keyword-only allow_pickle, which **named could hit; older numpy, which
         # run.py also serves, has no such parameter, so passing it explicitly is not an option
         np.savez(args.save_outputs, **named)  # type: ignore[arg-type]
-    latency = manifest.get("latency", {})
-    threads = os.environ.get("TVM_NUM_THREADS") or "TVM's default"
-    if args.repeats:
-        min_repeat_ms = int(latency.get("min_repeat_ms") or DEFAULT_MIN_REPEAT_MS)
+    latency = manifest.get("latency") if isinstance(manifest.get("latency"), dict) else {}
+    is_gpu = target.get("kind") == "cuda"
+    threads = "" if is_gpu else f", threads: {os.environ.get('TVM_NUM_THREADS') or 'TVM default'}"
+    recorded_repeats = recorded_setting(latency, "repeats", 1, MAX_REPEATS)
+    recorded_min_ms = recorded_setting(latency, "min_repeat_ms", 0, MAX_MIN_REPEAT_MS)
+    repeats = args.repeats if args.repeats is not None else (recorded_repeats or DEFAULT_REPEATS)
+    if repeats:
+        min_repeat_ms = DEFAULT_MIN_REPEAT_MS if recorded_min_ms is None else recorded_min_ms
         timer = vm.time_evaluator(
-            manifest.get("entry", "main"), dev, number=1, repeat=args.repeats, min_repeat_ms=min_repeat_ms
+            manifest.get("entry", "main"), dev, number=1, repeat=repeats, min_repeat_ms=min_repeat_ms
         )
-        median, iqr = _median_iqr([float(s) for s in timer(*tensors).results])
+        how = (
+            "the timer of the manifest's figure"
+            if recorded_min_ms is not None
+            else "the manifest does not record how its figure was timed"
+        )
         print(
-            f"latency: median {median * 1e3:.4f} ms (IQR {iqr * 1e3:.4f} ms) over {args.repeats} repeats of at "
-            f"least {min_repeat_ms} ms (TVM time_evaluator, threads: {threads}; the build host's timer)"
+            f"latency: {_spread([float(x) for x in timer(*tensors).results])} over {repeats} repeats of at least "
+            f"{min_repeat_ms} ms (TVM time_evaluator{threads}; {how})"
         )
-    median, iqr = _median_iqr(times)
     print(
-        f"per call from Python: median {median * 1e3:.4f} ms (IQR {iqr * 1e3:.4f} ms) over {args.runs} runs "
-        "(each call timed alone: what an application sees)"
+        f"per call from Python: {_spread(times)} over {args.runs} runs (each call timed alone: what an application "
+        "sees)"
     )
-    measured = latency.get("tuned_median_s")
+    measured = _seconds(latency.get("tuned_median_s"), lowest=1e-12)
     if measured:
-        spread = f" (IQR {latency['tuned_iqr_s'] * 1e3:.4f} ms)" if latency.get("tuned_iqr_s") is not None else ""
+        iqr = _seconds(latency.get("tuned_iqr_s"))
+        spread = f" (IQR {iqr * 1e3:.4f} ms)" if iqr is not None else ""
         built_threads = latency.get("threads") or target.get("num_cores")
-        with_threads = f", threads: {built_threads}" if built_threads else ""
+        with_threads = f", threads: {built_threads}" if built_threads and not is_gpu else ""
         print(
             f"measured when tuned: median {measured * 1e3:.4f} ms{spread} on the build host{with_threads}, "
             "TVM time_evaluator"
