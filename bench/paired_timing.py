@@ -13,7 +13,9 @@ target, passes and threads); directories of the same model are compared with one
 
 ``--vm-exec-modes bytecode,compiled`` builds each directory once per Relax VM execution mode (the product
 builds ``bytecode``, Relax's default; ``compiled`` turns the VM's instruction stream into native code) and
-pairs them all: the ablation of the VM's own time, the same kernels on both sides.
+pairs them all: the ablation of the VM's own time, the same kernels on both sides. Each mode after the first
+also gets its per-round ratio to the first mode's build of the same directory (``vs_<first mode>_paired``),
+which does not go through onnxruntime's spread.
 """
 
 from __future__ import annotations
@@ -112,6 +114,15 @@ def vm_exec_mode(mode: str | None):
         relax.build = build
 
 
+def against_first_mode(samples: dict[str, list[float]], dirs: Sequence[str], exec_modes: Sequence[str]
+                       ) -> dict[str, float]:
+    """Side ``DIR[mode]`` -> the median over rounds of its sample / ``DIR[first mode]``'s, for every mode after
+    the first."""
+    return {f"{d}[{mode}]": statistics.median(a / b for a, b in zip(samples[f"{d}[{mode}]"],
+                                                                      samples[f"{d}[{exec_modes[0]}]"], strict=True))
+            for d in dirs for mode in exec_modes[1:]}
+
+
 def _tvm_side(work_dir: str, job: dict, model, inputs, tmp: str, exec_mode: str | None = None
               ) -> Callable[[], float]:
     """Sampler of one work directory's tuned build (compiled from a snapshot of its records)."""
@@ -146,10 +157,13 @@ def pair(jobs: dict[str, dict], rounds: int, settle_s: float = 0.0, exec_modes: 
                 for mode in exec_modes or (None,):
                     name = Path(w).name + (f"[{mode}]" if mode else "")
                     sides[name] = _tvm_side(w, jobs[w], model, inputs, tmp, mode)
+            samples = interleave(sides, rounds, settle_s)
+            summary = summarize(samples)
+            for side, ratio in against_first_mode(samples, [Path(w).name for w in dirs], exec_modes).items():
+                summary[side][f"vs_{exec_modes[0]}_paired"] = ratio
             out[model_name] = {
                 "threads": threads, "rounds": rounds, "vm_exec_modes": list(exec_modes) or None,
-                "sides": summarize(interleave(sides, rounds, settle_s)),
-                "jobs": {Path(w).name: jobs[w] for w in dirs},
+                "sides": summary, "jobs": {Path(w).name: jobs[w] for w in dirs},
             }
     return out
 
@@ -168,7 +182,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 4:
         ap.error("--rounds must be at least 4 (a median and an IQR)")
-    exec_modes = [m.strip() for m in args.vm_exec_modes.split(",") if m.strip()]
+    exec_modes = list(dict.fromkeys(m.strip() for m in args.vm_exec_modes.split(",") if m.strip()))
     unknown = sorted(set(exec_modes) - set(EXEC_MODES))
     if unknown:
         ap.error(f"--vm-exec-modes: unknown {', '.join(unknown)} (known: {', '.join(EXEC_MODES)})")
@@ -192,7 +206,9 @@ def main(argv=None) -> int:
         print(f"\n{model_name} ({res['rounds']} interleaved rounds, {res['threads']} threads)")
         print(f"  {'side':32s} {'median ms':>10s} {'IQR ms':>8s} {'/ ORT paired':>13s}")
         for n, s in res["sides"].items():
-            print(f"  {n:32s} {s['median_ms']:10.3f} {s['iqr_ms']:8.3f} {s['vs_onnxruntime_paired']:13.3f}")
+            also = "".join(f"  {k[:-len('_paired')]} paired {v:.3f}" for k, v in s.items()
+                           if k.endswith("_paired") and k != "vs_onnxruntime_paired")
+            print(f"  {n:32s} {s['median_ms']:10.3f} {s['iqr_ms']:8.3f} {s['vs_onnxruntime_paired']:13.3f}{also}")
     overall = {f"{m}:{n}": s["vs_onnxruntime_paired"] for m, r in result.items() for n, s in r["sides"].items()
                if n != REFERENCE}
     write_json({"machine": machine_info(), "models": result, "overall": overall}, args.json)

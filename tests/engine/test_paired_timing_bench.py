@@ -44,12 +44,34 @@ def test_rounds_rotate_the_order_and_the_verdict_is_the_median_per_round_ratio()
     assert summary["tvm"]["median_ms"] == pytest.approx(0.9 * 4.0 * 1e3)
 
 
-def test_an_exec_mode_ablation_builds_with_that_mode_and_restores_the_products_build():
+def test_an_exec_mode_ablation_reaches_the_products_build_and_restores_it(monkeypatch):
+    import onnx
     from tvm import relax
 
-    product_build = relax.build
+    from tests.tuning.onnx_builders import tiny_dense
+    from tuning.engine.compile.pipeline import compile_model
+    from tuning.engine.compile.targets import resolve_cpu_target
+
+    seen = []
+    build = relax.build
+
+    def recording_build(*args, **kwargs):
+        seen.append(kwargs.get("exec_mode", "bytecode"))
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(relax, "build", recording_build)
+    model = onnx.load_from_string(tiny_dense())
     with paired_timing.vm_exec_mode("compiled"):
-        assert relax.build is not product_build and relax.build.keywords == {"exec_mode": "compiled"}
-    assert relax.build is product_build
+        compile_model(model, resolve_cpu_target(num_cores=1))
+    assert relax.build is recording_build  # restored
     with paired_timing.vm_exec_mode(None):
-        assert relax.build is product_build
+        compile_model(model, resolve_cpu_target(num_cores=1))
+    assert seen == ["compiled", "bytecode"]  # the product's compile built with the ablation's mode, then its own
+
+
+def test_each_later_mode_is_paired_with_the_first_modes_build_of_the_same_job():
+    samples = {"onnxruntime": [1.0, 9.0, 1.0], "r18[bytecode]": [2.0, 20.0, 2.0], "r18[compiled]": [1.8, 19.0, 2.2],
+               "mb2[bytecode]": [1.0, 1.0, 1.0], "mb2[compiled]": [1.0, 1.0, 1.0]}
+    ratios = paired_timing.against_first_mode(samples, ["r18", "mb2"], ["bytecode", "compiled"])
+    assert ratios == pytest.approx({"r18[compiled]": 0.95, "mb2[compiled]": 1.0})
+    assert paired_timing.against_first_mode(samples, ["r18"], ["bytecode"]) == {}
