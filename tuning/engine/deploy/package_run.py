@@ -6,8 +6,8 @@
 
 It prints two latencies: TVM's ``time_evaluator`` over the repeats the manifest records (15 of at least 50 ms
 of runs each when the run was timed so; the timer behind the manifest's figure, so the two compare), and the
-time of each call from Python (what an application sees: it adds the Python call, which on a sub-millisecond
-model is a visible share).
+time of each call from Python (what an application sees, the Python call and a cold start of each call
+included; a different measurement, not to be compared one to one with the manifest's).
 
 Needs only the standard library, numpy and the TVM runtime. Before loading the module it checks that this
 host can run code built for the package's target (CPU instruction sets from /proc/cpuinfo, architecture,
