@@ -123,16 +123,13 @@ def against_first_mode(samples: dict[str, list[float]], dirs: Sequence[str], exe
             for d in dirs for mode in exec_modes[1:]}
 
 
-def _tvm_side(work_dir: str, job: dict, model, inputs, tmp: str, exec_mode: str | None = None
-              ) -> Callable[[], float]:
-    """Sampler of one work directory's tuned build (compiled from a snapshot of its records)."""
-    from bench.tuned_tasks import snapshot
+def _tvm_side(snap: str, job: dict, model, inputs, exec_mode: str | None = None) -> Callable[[], float]:
+    """Sampler of one work directory's tuned build, compiled from ``snap``, a snapshot of its records."""
     from tuning.engine.compile.passes import use_passes
     from tuning.engine.compile.pipeline import compile_model, onnx_to_relax
     from tuning.engine.workdir import open_database
 
     with use_passes(job.get("passes")), vm_exec_mode(exec_mode):
-        snap = snapshot(work_dir, os.path.join(tmp, Path(work_dir).name, exec_mode or "default"))
         exe = compile_model(onnx_to_relax(model), job["target"], database=open_database(snap))
     return tvm_sampler(exe, inputs, job["target"], job_threads(job))
 
@@ -140,7 +137,7 @@ def _tvm_side(work_dir: str, job: dict, model, inputs, tmp: str, exec_mode: str 
 def pair(jobs: dict[str, dict], rounds: int, settle_s: float = 0.0, exec_modes: Sequence[str] = ()) -> dict:
     """``jobs``: work directory -> its ``bench_job.json`` (``tuned_tasks.load_job``); ``exec_modes``: build
     each directory once per Relax VM execution mode (side ``DIR[mode]``), or once as the product does."""
-    from bench.tuned_tasks import _model
+    from bench.tuned_tasks import _model, snapshot
     from tuning.engine.compile.pipeline import random_inputs
 
     models: dict[str, list[str]] = {}
@@ -154,9 +151,11 @@ def pair(jobs: dict[str, dict], rounds: int, settle_s: float = 0.0, exec_modes: 
             threads = job_threads(jobs[dirs[0]])
             sides = {REFERENCE: ort_sampler(model, inputs, threads)}
             for w in dirs:
+                # one snapshot for every mode: a job still tuning must not give the modes different records
+                snap = snapshot(w, os.path.join(tmp, Path(w).name))
                 for mode in exec_modes or (None,):
                     name = Path(w).name + (f"[{mode}]" if mode else "")
-                    sides[name] = _tvm_side(w, jobs[w], model, inputs, tmp, mode)
+                    sides[name] = _tvm_side(snap, jobs[w], model, inputs, mode)
             samples = interleave(sides, rounds, settle_s)
             summary = summarize(samples)
             for side, ratio in against_first_mode(samples, [Path(w).name for w in dirs], exec_modes).items():

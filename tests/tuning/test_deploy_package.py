@@ -200,3 +200,12 @@ def test_a_run_finished_before_its_timer_was_recorded_packages_without_one(team_
     assert result.returncode == 0, result.stderr
     assert "over 2 repeats of at least 50 ms" in result.stdout
     assert "the manifest does not record how its figure was timed" in result.stdout
+
+
+def test_run_pys_fallback_timer_is_the_final_timings():
+    # run.py cannot import the project: its fallback for a manifest without a timer is a copy of compare's
+    from tuning.engine import compare
+    from tuning.engine.deploy import package_run
+
+    assert (package_run.DEFAULT_REPEATS, package_run.DEFAULT_MIN_REPEAT_MS) == (
+        compare.FINAL_REPEATS, compare.FINAL_MIN_REPEAT_MS)

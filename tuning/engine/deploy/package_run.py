@@ -160,14 +160,17 @@ def _spread(values: list[float]) -> str:
     return f"median {median:.4f} ms (IQR {(q[2] - q[0]) * 1e3:.4f} ms)"
 
 
+def _is_finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def recorded_setting(latency: dict, key: str, lowest: int, highest: int) -> int | None:
     """The manifest's ``latency[key]`` when it is a whole number from ``lowest`` to ``highest``; None when
     absent, and None with a warning when it is anything else (the file may have been edited)."""
     value = latency.get(key)
     if value is None:
         return None
-    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not number or value != int(value) or not lowest <= value <= highest:
+    if not _is_finite_number(value) or value != int(value) or not lowest <= value <= highest:
         print(
             f"run.py: warning: the manifest's latency.{key} is {value!r}, not a whole number from {lowest} to "
             f"{highest}; ignored.",
@@ -180,7 +183,7 @@ def recorded_setting(latency: dict, key: str, lowest: int, highest: int) -> int 
 def _seconds(value, lowest: float = 0.0) -> float | None:
     """A manifest's figure in seconds if it is a finite number above ``lowest`` (or equal to 0 where that is
     the lowest), else None."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = _is_finite_number(value)
     return float(value) if ok and (value > lowest or value == lowest == 0.0) else None
 
 
